@@ -1,0 +1,213 @@
+"""Every candidate node's answer for one task shape, as arrays.
+
+For a task of k GPUs this computes, for all requested nodes at once: why a
+node cannot take it (the first failing check, in the order a person would
+look: static constraints, node design, availability, health, free GPUs,
+topology now), and for the rest the exact set the node would give with its
+ring, pair bandwidth, quality and fragmentation. Exact classes are served
+by gathers from the class registry's answer tables; nodes with more than
+16 GPUs by the greedy search, one by one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+from numpy.typing import NDArray
+
+from placement.eligibility import gpu_eligible, labels_ok, model_matches, region_ok
+from placement.node_choice import NO_SET, SetQuery
+from placement.outcome import Cause
+from placement.ranking import RankInputs
+from placement.request import PlacementRequest
+
+if TYPE_CHECKING:
+    from placement.cluster import ClusterState
+
+CAUSES: tuple[Cause, ...] = tuple(Cause)
+_CODE = {c: i for i, c in enumerate(CAUSES)}
+FITS = -1
+
+I64 = NDArray[np.int64]
+
+
+def query_for(request: PlacementRequest, k: int) -> SetQuery:
+    return SetQuery(
+        k=k,
+        require_nvlink=request.locality == "nvlink" and k > 1,
+        numa_required=request.numa == "required",
+        balanced=request.objective == "balanced",
+        max_ring_loss=request.max_ring_loss if request.objective == "balanced" else 0.0,
+    )
+
+
+@dataclass
+class Analysis:
+    slots: I64
+    cause: I64  # FITS or an index into CAUSES
+    chosen: I64  # set mask, NO_SET where the node does not fit
+    ring: NDArray[np.float64]
+    pair: NDArray[np.float64]
+    connected: NDArray[np.bool_]
+    numa_span: I64
+    quality: NDArray[np.float64]
+    fragmentation: NDArray[np.float64]
+    free_after: I64
+    gpu_count: I64
+
+    def fits(self) -> NDArray[np.bool_]:
+        return np.asarray(self.cause == FITS, dtype=np.bool_)
+
+    def causes(self) -> list[Cause]:
+        return [CAUSES[c] for c in self.cause[self.cause != FITS].tolist()]
+
+    def rank_inputs(
+        self, sel: NDArray[np.bool_], state: ClusterState, protected: NDArray[np.bool_]
+    ) -> RankInputs:
+        return RankInputs(
+            ring=self.ring[sel],
+            pair=self.pair[sel],
+            quality=self.quality[sel],
+            fragmentation=self.fragmentation[sel],
+            connected=self.connected[sel],
+            free_after=self.free_after[sel],
+            gpu_count=self.gpu_count[sel],
+            protected=protected[self.slots[sel]],
+            name_rank=state.name_rank[self.slots[sel]],
+        )
+
+    def set_cause(self, index: int, cause: Cause) -> None:
+        self.cause[index] = _CODE[cause]
+        self.chosen[index] = NO_SET
+
+
+def requested_slots(state: ClusterState, request: PlacementRequest) -> I64:
+    if request.nodes is None:
+        slots = np.flatnonzero(state.present[: state.slot_count]).astype(np.int64)
+    else:
+        wanted = [state.entries[n].slot for n in dict.fromkeys(request.nodes) if n in state.entries]
+        slots = np.asarray(wanted, dtype=np.int64)
+    if request.exclude_nodes:
+        drop = {state.entries[n].slot for n in request.exclude_nodes if n in state.entries}
+        slots = np.asarray([s for s in slots.tolist() if s not in drop], dtype=np.int64)
+    return slots
+
+
+def analyse(
+    state: ClusterState,
+    request: PlacementRequest,
+    k: int,
+    slots: I64,
+    free_all: I64 | None = None,
+) -> Analysis:
+    """free_all: per-slot free masks to use instead of the live ones (gang planning)."""
+    q = query_for(request, k)
+    free_all = state.free if free_all is None else free_all
+    elig = gpu_eligible(state, request)[slots]
+    potential = state.potential[slots] & elig
+    free_live = free_all[slots]
+    free = free_live & elig
+    cause = np.full(slots.size, FITS, dtype=np.int64)
+
+    def mark(cond: NDArray[np.bool_], why: Cause) -> None:
+        cause[(cause == FITS) & cond] = _CODE[why]
+
+    mark(~region_ok(state, request.regions)[slots], Cause.REGION)
+    mark(~labels_ok(state, request.node_labels)[slots], Cause.LABELS)
+    too_few = np.bitwise_count(potential) < k
+    if request.gpu_models:
+        models = state.potential[slots] & model_matches(state, request)[slots]
+        mark(too_few & (np.bitwise_count(models) < k), Cause.GPU_MODEL)
+    if request.min_gpu_memory_mib:
+        mark(too_few & (np.bitwise_count(state.potential[slots]) >= k), Cause.GPU_MEMORY)
+    mark(too_few, Cause.TOO_FEW_GPUS)
+
+    cids = state.cid[slots]
+    ideal = _choose(state, q, cids, potential, cause == FITS)
+    never = Cause.NO_NVLINK_SET_EVER if q.require_nvlink else Cause.NO_NUMA_SET_EVER
+    mark(ideal == NO_SET, never)
+    mark(~state.available[slots], Cause.UNAVAILABLE)
+    mark(np.bitwise_count(state.healthy[slots] & elig) < k, Cause.UNHEALTHY)
+    mark(np.bitwise_count(free) < k, Cause.BUSY)
+    chosen = _choose(state, q, cids, free, cause == FITS)
+    now = Cause.NO_NVLINK_SET_NOW if q.require_nvlink else Cause.NO_NUMA_SET_NOW
+    mark(chosen == NO_SET, now)
+    chosen = np.where(cause == FITS, chosen, NO_SET)
+
+    ring, pair, connected, span, ideal_ring, cap_before, cap_after = _metrics(
+        state, cids, chosen, ideal, free_live
+    )
+    quality = np.where(ideal_ring > 0, ring / np.where(ideal_ring > 0, ideal_ring, 1.0), 1.0)
+    fragmentation = np.where(
+        cap_before > 0, cap_after / np.where(cap_before > 0, cap_before, 1.0), 1.0
+    )
+    return Analysis(
+        slots=slots,
+        cause=cause,
+        chosen=chosen,
+        ring=ring,
+        pair=pair,
+        connected=connected,
+        numa_span=span,
+        quality=np.minimum(quality, 1.0),
+        fragmentation=np.clip(fragmentation, 0.0, 1.0),
+        free_after=np.bitwise_count(free_live).astype(np.int64) - k,
+        gpu_count=np.bitwise_count(state.potential[slots]).astype(np.int64),
+    )
+
+
+def _choose(
+    state: ClusterState, q: SetQuery, cids: I64, masks: I64, active: NDArray[np.bool_]
+) -> I64:
+    out = np.full(cids.size, NO_SET, dtype=np.int64)
+    reg = state.registry
+    offsets = reg.offsets[cids]
+    exact = active & (offsets >= 0)
+    if exact.any():
+        out[exact] = reg.choose(q, offsets[exact] + masks[exact])
+    for i in np.flatnonzero(active & (offsets < 0)).tolist():
+        out[i] = reg.choose_one(int(cids[i]), int(masks[i]), q)
+    return out
+
+
+def _metrics(
+    state: ClusterState, cids: I64, chosen: I64, ideal: I64, free_live: I64
+) -> tuple[
+    NDArray[np.float64],
+    NDArray[np.float64],
+    NDArray[np.bool_],
+    I64,
+    NDArray[np.float64],
+    NDArray[np.float64],
+    NDArray[np.float64],
+]:
+    reg = state.registry
+    n = cids.size
+    ring = np.zeros(n)
+    pair = np.zeros(n)
+    connected = np.zeros(n, dtype=np.bool_)
+    span = np.zeros(n, dtype=np.int64)
+    ideal_ring = np.zeros(n)
+    cap_before = np.zeros(n)
+    cap_after = np.zeros(n)
+    offsets = reg.offsets[cids]
+    fits = chosen != NO_SET
+    exact = fits & (offsets >= 0)
+    if exact.any():
+        at = offsets[exact] + chosen[exact]
+        ring[exact] = reg.ring[at]
+        pair[exact] = reg.pair[at]
+        connected[exact] = reg.connected[at]
+        span[exact] = reg.numa_span[at]
+        ideal_ring[exact] = reg.ring[offsets[exact] + ideal[exact]]
+        cap_before[exact] = reg.capability[offsets[exact] + free_live[exact]]
+        cap_after[exact] = reg.capability[offsets[exact] + (free_live[exact] & ~chosen[exact])]
+    for i in np.flatnonzero(fits & (offsets < 0)).tolist():
+        cid, mask = int(cids[i]), int(chosen[i])
+        ring[i], pair[i], connected[i], span[i] = reg.set_metrics(cid, mask)
+        ideal_ring[i] = reg.set_metrics(cid, int(ideal[i]))[0]
+        cap_before[i] = reg.capability_of(cid, int(free_live[i]))
+        cap_after[i] = reg.capability_of(cid, int(free_live[i]) & ~mask)
+    return ring, pair, connected, span, ideal_ring, cap_before, cap_after

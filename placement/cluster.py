@@ -1,0 +1,258 @@
+"""The engine's cluster state and its public entry points.
+
+Contract (where the engine meets the service):
+
+1. ``ClusterState`` is owned by one writer. ``upsert``, ``remove``,
+   ``set_available``, ``allocate`` and ``release`` change it and must not
+   run concurrently with anything else on the same instance (the service
+   holds one lock around them).
+2. ``place`` and ``evaluate`` never change nodes or allocations; they only
+   fill answer caches whose entries are pure functions of their keys. They
+   may run concurrently with each other, not with a writer.
+3. ``place`` does not reserve: it returns a plan. The caller commits it
+   (e.g. in a database transaction) and then calls ``allocate`` with the
+   same GPUs; ``allocate`` refuses GPUs already held, so a stale plan fails
+   loudly instead of double-booking.
+4. Everything is deterministic: the same sequence of calls gives the same
+   answers. Inputs (snapshots, requests) are immutable values and are never
+   modified.
+5. Errors: unknown nodes or GPUs raise ``UnknownNodeError`` /
+   ``AllocationError`` (a ValueError); nothing is changed when they do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+from numpy.typing import NDArray
+
+from placement.bandwidth import DEFAULT_BANDWIDTH, BandwidthTable
+from placement.class_registry import ClassRegistry
+from placement.node_entry import NodeEntry
+from placement.outcome import NodeVerdict, Outcome, Placement, TaskPlacement
+from placement.request import PlacementRequest
+from placement.snapshot import NodeSnapshot
+
+# Node labels naming the network block a node sits in, most specific first.
+DEFAULT_BLOCK_LABELS: tuple[str, ...] = (
+    "topoplace.io/block",
+    "topoplace.io/rack",
+    "topology.kubernetes.io/block",
+    "topology.kubernetes.io/rack",
+)
+
+
+class UnknownNodeError(ValueError):
+    pass
+
+
+class AllocationError(ValueError):
+    """An allocate/release that does not match the node's state."""
+
+
+class ClusterState:
+    def __init__(
+        self,
+        bandwidth: BandwidthTable = DEFAULT_BANDWIDTH,
+        block_labels: Sequence[str] = DEFAULT_BLOCK_LABELS,
+    ) -> None:
+        self.bandwidth = bandwidth
+        self.block_labels = tuple(block_labels)
+        self.registry = ClassRegistry(bandwidth)
+        self.entries: dict[str, NodeEntry] = {}
+        self._slots: list[NodeEntry | None] = []
+        self._free_slots: list[int] = []
+        self.version = 0  # bumps when membership, labels or wiring change
+        cap = 0
+        self.cid = np.zeros(cap, dtype=np.int64)
+        self.free = np.zeros(cap, dtype=np.int64)
+        self.healthy = np.zeros(cap, dtype=np.int64)
+        self.potential = np.zeros(cap, dtype=np.int64)
+        self.present = np.zeros(cap, dtype=np.bool_)
+        self.available = np.zeros(cap, dtype=np.bool_)
+        self.name_rank = np.zeros(cap, dtype=np.int64)
+        self._static_cache: dict[object, NDArray[np.generic]] = {}
+
+    # Membership ----------------------------------------------------------
+
+    def upsert(self, snapshot: NodeSnapshot) -> None:
+        """Add a node or replace its snapshot, keeping its allocations (by UUID)."""
+        cid = self.registry.class_for(snapshot)
+        entry = self.entries.get(snapshot.name)
+        if entry is None:
+            slot = self._free_slots.pop() if self._free_slots else self._grow()
+            entry = NodeEntry(slot=slot, snapshot=snapshot, cid=cid)
+            self.entries[snapshot.name] = entry
+            self._slots[slot] = entry
+            self._rerank()
+        else:
+            entry.snapshot = snapshot
+            entry.cid = cid
+            entry.refresh_islands()
+        self.version += 1
+        self._static_cache.clear()
+        self._sync(entry)
+
+    def remove(self, name: str) -> None:
+        entry = self._entry(name)
+        del self.entries[name]
+        self._slots[entry.slot] = None
+        self._free_slots.append(entry.slot)
+        self.present[entry.slot] = False
+        self.available[entry.slot] = False
+        self.version += 1
+        self._static_cache.clear()
+        self._rerank()
+
+    def set_available(self, name: str, available: bool) -> None:
+        """Cordon/uncordon, or mark stale: unavailable nodes get no placements."""
+        entry = self._entry(name)
+        entry.available = available
+        self.available[entry.slot] = available
+
+    def node(self, name: str) -> NodeEntry:
+        return self._entry(name)
+
+    def names(self) -> list[str]:
+        return sorted(self.entries)
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.entries
+
+    # Allocations ---------------------------------------------------------
+
+    def allocate(
+        self,
+        node: str,
+        gpu_uuids: Iterable[str] = (),
+        mig_uuids: Iterable[str] = (),
+        cpus: Iterable[int] = (),
+    ) -> None:
+        """Mark GPUs / MIG instances / CPUs held. All or nothing: conflicts change nothing."""
+        entry = self._entry(node)
+        gpus, migs, cpu_set = set(gpu_uuids), set(mig_uuids), set(cpus)
+        known = {g.uuid for g in entry.snapshot.gpus}
+        known_mig = {m.uuid for m in entry.snapshot.mig_instances}
+        if unknown := sorted(gpus - known):
+            raise AllocationError(f"node {node} has no GPU {unknown[0]}")
+        if unknown := sorted(migs - known_mig):
+            raise AllocationError(f"node {node} has no MIG instance {unknown[0]}")
+        if taken := sorted(gpus & entry.busy):
+            raise AllocationError(f"GPU {taken[0]} on {node} is already allocated")
+        if taken := sorted(migs & entry.busy_mig):
+            raise AllocationError(f"MIG instance {taken[0]} on {node} is already allocated")
+        if clash := sorted(cpu_set & entry.used_cpus):
+            raise AllocationError(f"CPU {clash[0]} on {node} is already allocated")
+        entry.busy |= gpus
+        entry.busy_mig |= migs
+        entry.used_cpus |= cpu_set
+        self._sync(entry)
+
+    def release(
+        self,
+        node: str,
+        gpu_uuids: Iterable[str] = (),
+        mig_uuids: Iterable[str] = (),
+        cpus: Iterable[int] = (),
+    ) -> None:
+        """Free what an allocation held; releasing something not held is a no-op."""
+        entry = self.entries.get(node)
+        if entry is None:
+            return  # the node left; its allocations went with it
+        entry.busy -= set(gpu_uuids)
+        entry.busy_mig -= set(mig_uuids)
+        entry.used_cpus -= set(cpus)
+        self._sync(entry)
+
+    def apply(self, placement: Placement) -> None:
+        """Allocate every task of a placement, all or nothing."""
+        done: list[int] = []
+        try:
+            for i, task in enumerate(placement.tasks):
+                self.allocate(task.node, _whole_gpus(task), task.mig_uuids, task.cpus)
+                done.append(i)
+        except AllocationError:
+            for i in done:
+                task = placement.tasks[i]
+                self.release(task.node, _whole_gpus(task), task.mig_uuids, task.cpus)
+            raise
+
+    def unapply(self, placement: Placement) -> None:
+        for task in placement.tasks:
+            self.release(task.node, _whole_gpus(task), task.mig_uuids, task.cpus)
+
+    # Decisions -----------------------------------------------------------
+
+    def place(self, request: PlacementRequest, waiting: Sequence[PlacementRequest] = ()) -> Outcome:
+        """Choose node(s) and GPUs for a request; reserves nothing (see contract)."""
+        from placement.decide import decide
+
+        return decide(self, request, waiting)
+
+    def evaluate(self, request: PlacementRequest) -> list[NodeVerdict]:
+        """Every requested node's verdict for one task of the request, best first."""
+        from placement.decide import verdicts
+
+        return verdicts(self, request)
+
+    # Internals -----------------------------------------------------------
+
+    def entry_at(self, slot: int) -> NodeEntry:
+        entry = self._slots[slot]
+        assert entry is not None
+        return entry
+
+    def static_cache(self) -> dict[object, NDArray[np.generic]]:
+        return self._static_cache
+
+    def _entry(self, name: str) -> NodeEntry:
+        entry = self.entries.get(name)
+        if entry is None:
+            raise UnknownNodeError(f"no node named {name!r}")
+        return entry
+
+    def _grow(self) -> int:
+        slot = len(self._slots)
+        self._slots.append(None)
+        if slot >= self.cid.size:
+            cap = max(16, self.cid.size * 2)
+            for attr in (
+                "cid",
+                "free",
+                "healthy",
+                "potential",
+                "present",
+                "available",
+                "name_rank",
+            ):
+                old = getattr(self, attr)
+                new = np.zeros(cap, dtype=old.dtype)
+                new[: old.size] = old
+                setattr(self, attr, new)
+        return slot
+
+    def _sync(self, entry: NodeEntry) -> None:
+        s = entry.slot
+        self.cid[s] = entry.cid
+        self.free[s] = entry.free_mask()
+        self.healthy[s] = entry.healthy_mask()
+        self.potential[s] = entry.potential_mask()
+        self.present[s] = True
+        self.available[s] = entry.available
+
+    def _rerank(self) -> None:
+        for rank, name in enumerate(sorted(self.entries)):
+            self.name_rank[self.entries[name].slot] = rank
+
+    @property
+    def slot_count(self) -> int:
+        return len(self._slots)
+
+
+def _whole_gpus(task: TaskPlacement) -> tuple[str, ...]:
+    """A MIG task names its parent GPU for information; it holds only the instance."""
+    return () if task.mig_uuids else task.gpu_uuids

@@ -1,0 +1,133 @@
+"""From a request to an outcome: dispatch and the single-task case."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from placement.analysis import Analysis, analyse, requested_slots
+from placement.explain import cause_message, group_reasons, not_placed
+from placement.outcome import Cause, NodeVerdict, Outcome, Placement, ScoreParts, TaskPlacement
+from placement.ranking import best_index, rank_keys, rank_order, scores
+from placement.request import PlacementRequest
+from placement.task_builder import build_task
+
+if TYPE_CHECKING:
+    from placement.cluster import ClusterState
+
+
+def decide(
+    state: ClusterState, request: PlacementRequest, waiting: Sequence[PlacementRequest]
+) -> Outcome:
+    from placement.gang import place_gang, protected_slots
+    from placement.mig import place_mig
+
+    if request.mig_profile is not None:
+        return place_mig(state, request)
+    protected = protected_slots(state, waiting)
+    if request.tasks > 1:
+        return place_gang(state, request, protected)
+    analysis = analyse(state, request, request.gpus, requested_slots(state, request))
+    fits = analysis.fits()
+    where = np.flatnonzero(fits)
+    if where.size:
+        keys = rank_keys(analysis.rank_inputs(fits, state, protected), request)
+        remaining = np.arange(where.size, dtype=np.int64)
+        while remaining.size:
+            best = best_index(keys, remaining)
+            index = int(where[best])
+            task = task_at(state, analysis, index, request, 0)
+            if task is not None:
+                placement = Placement(
+                    tasks=(task,), ring_gbps=task.score.ring_gbps, reason=task.reason
+                )
+                return Outcome(status="placed", placement=placement)
+            analysis.set_cause(index, Cause.CPUS)
+            remaining = remaining[remaining != best]
+    return not_placed(group_reasons(analysis.causes(), request), request)
+
+
+def ranked(
+    state: ClusterState, analysis: Analysis, request: PlacementRequest, protected: np.ndarray
+) -> list[tuple[int, float]]:
+    """(index into analysis, 0..100 score) of fitting nodes, best first."""
+    fits = analysis.fits()
+    where = np.flatnonzero(fits)
+    if not where.size:
+        return []
+    inputs = analysis.rank_inputs(fits, state, protected)
+    order = rank_order(inputs, request)
+    summary = scores(inputs, request)
+    return [(int(where[i]), float(summary[i])) for i in order.tolist()]
+
+
+def parts_at(analysis: Analysis, index: int) -> ScoreParts:
+    return ScoreParts(
+        ring_gbps=float(analysis.ring[index]),
+        pair_sum_gbps=float(analysis.pair[index]),
+        bandwidth=round(float(analysis.quality[index]), 6),
+        fragmentation=round(float(analysis.fragmentation[index]), 6),
+        numa_nodes=int(analysis.numa_span[index]),
+        free_after=int(analysis.free_after[index]),
+    )
+
+
+def task_at(
+    state: ClusterState, analysis: Analysis, index: int, request: PlacementRequest, task: int
+) -> TaskPlacement | None:
+    slot = int(analysis.slots[index])
+    return build_task(
+        state, slot, int(analysis.chosen[index]), request, task, parts_at(analysis, index)
+    )
+
+
+def verdicts(state: ClusterState, request: PlacementRequest) -> list[NodeVerdict]:
+    """Per requested node: fits (with the task it would get, rank, score) or why not."""
+    if request.mig_profile is not None:
+        from placement.mig import mig_verdicts
+
+        return mig_verdicts(state, request)
+    analysis = analyse(state, request, request.gpus, requested_slots(state, request))
+    protected = np.zeros(state.slot_count, dtype=np.bool_)
+    out: list[NodeVerdict] = []
+    rank = 0
+    for index, score in ranked(state, analysis, request, protected):
+        task = task_at(state, analysis, index, request, 0)
+        if task is None:
+            analysis.set_cause(index, Cause.CPUS)
+            continue
+        rank += 1
+        out.append(NodeVerdict(node=task.node, fits=True, rank=rank, score=score, task=task))
+    failed = np.flatnonzero(~analysis.fits())
+    for index in failed.tolist():
+        cause = Cause(_cause_at(analysis, index))
+        out.append(
+            NodeVerdict(
+                node=state.entry_at(int(analysis.slots[index])).name,
+                fits=False,
+                cause=cause,
+                message=cause_message(cause, request),
+                resolvable=cause.resolvable,
+            )
+        )
+    if request.nodes is not None:
+        for name in dict.fromkeys(request.nodes):
+            if name not in state.entries:
+                cause = Cause.NOT_REGISTERED
+                out.append(
+                    NodeVerdict(
+                        node=name, fits=False, cause=cause, message=cause_message(cause, request)
+                    )
+                )
+    return out
+
+
+def _cause_at(analysis: Analysis, index: int) -> str:
+    from placement.analysis import CAUSES
+
+    return CAUSES[int(analysis.cause[index])].value
+
+
+__all__ = ["decide", "group_reasons", "verdicts"]

@@ -1,0 +1,238 @@
+"""Gangs: N tasks x k GPUs, all or nothing, possibly across nodes.
+
+1. Capacity: each node is asked for its best k-set, then for the best k-set
+   of what is left, and so on; the sets it gives are its capacity (greedy
+   per node: each task still gets its node's exact best set at that point).
+2. Group: a multi-node NVLink domain (NVML clique) that holds all N tasks
+   wins; among several, the tightest fit, so larger domains stay whole for
+   larger gangs. Then the fewest network blocks (node labels such as
+   topoplace.io/block or rack): one block if one fits (tightest), else the
+   largest blocks until the gang fits.
+3. Inside the group, nodes that hold the most tasks come first, so the gang
+   spans as few nodes as possible.
+
+``protected_slots`` implements "never leave a clique unusable for a waiting
+gang when another choice exists": for each waiting gang, the domain it
+would get now is marked, and other requests rank its nodes last.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+from numpy.typing import NDArray
+
+from placement.analysis import analyse, requested_slots
+from placement.decide import parts_at
+from placement.explain import group_reasons, not_placed
+from placement.node_choice import indices_to_mask
+from placement.outcome import Cause, Outcome, Placement, ReasonGroup, ScoreParts, TaskPlacement
+from placement.request import PlacementRequest
+from placement.task_builder import build_task
+
+if TYPE_CHECKING:
+    from placement.cluster import ClusterState
+
+
+@dataclass
+class _NodeSets:
+    slot: int
+    sets: list[tuple[int, ScoreParts]] = field(default_factory=list)
+
+    @property
+    def capacity(self) -> int:
+        return len(self.sets)
+
+    @property
+    def quality(self) -> float:
+        return self.sets[0][1].bandwidth if self.sets else 0.0
+
+
+@dataclass
+class _Capacity:
+    nodes: dict[int, _NodeSets]
+    first_causes: list[Cause]
+
+
+def _capacity(
+    state: ClusterState, request: PlacementRequest, slots: NDArray[np.int64]
+) -> _Capacity:
+    free = state.free.copy()
+    nodes: dict[int, _NodeSets] = {}
+    active = slots
+    first_causes: list[Cause] = []
+    for round_no in range(request.tasks):
+        if not active.size:
+            break
+        analysis = analyse(state, request, request.gpus, active, free)
+        if round_no == 0:
+            first_causes = analysis.causes()
+        fits = np.flatnonzero(analysis.fits())
+        for i in fits.tolist():
+            slot = int(analysis.slots[i])
+            nodes.setdefault(slot, _NodeSets(slot)).sets.append(
+                (int(analysis.chosen[i]), parts_at(analysis, i))
+            )
+        free[analysis.slots[fits]] &= ~analysis.chosen[fits]
+        active = analysis.slots[fits]
+    return _Capacity(nodes, first_causes)
+
+
+def _domain(state: ClusterState, slot: int) -> str | None:
+    return state.entry_at(slot).snapshot.fabric_domain()
+
+
+def _block(state: ClusterState, slot: int) -> str:
+    snap = state.entry_at(slot).snapshot
+    for key in state.block_labels:
+        if key in snap.labels:
+            return f"{key}={snap.labels[key]}"
+    return f"node={snap.name}"  # unknown network position: a block of its own
+
+
+def _node_order(state: ClusterState, cap: _Capacity, slots: list[int]) -> list[int]:
+    return sorted(
+        slots,
+        key=lambda s: (-cap.nodes[s].capacity, -cap.nodes[s].quality, int(state.name_rank[s])),
+    )
+
+
+def _choose_group(
+    state: ClusterState, cap: _Capacity, needed: int, protected: NDArray[np.bool_]
+) -> tuple[list[int], str | None, tuple[str, ...]] | None:
+    domains: dict[str, list[int]] = defaultdict(list)
+    blocks: dict[str, list[int]] = defaultdict(list)
+    for slot in cap.nodes:
+        dom = _domain(state, slot)
+        if dom is not None:
+            domains[dom].append(slot)
+        blocks[_block(state, slot)].append(slot)
+
+    def total(members: list[int]) -> int:
+        return sum(cap.nodes[s].capacity for s in members)
+
+    def fit_key(name: str, members: list[int]) -> tuple[bool, int, float, str]:
+        spare = total(members) - needed
+        quality = float(np.mean([cap.nodes[s].quality for s in members]))
+        return (any(bool(protected[s]) for s in members), spare, -quality, name)
+
+    fitting = [(fit_key(d, m), d) for d, m in domains.items() if total(m) >= needed]
+    if fitting:
+        dom = min(fitting)[1]
+        members = domains[dom]
+        return members, dom, tuple(sorted({_block(state, s) for s in members}))
+    fitting = [(fit_key(b, m), b) for b, m in blocks.items() if total(m) >= needed]
+    if fitting:
+        block = min(fitting)[1]
+        return blocks[block], None, (block,)
+    chosen: list[int] = []
+    used: list[str] = []
+    for block, members in sorted(blocks.items(), key=lambda bm: (-total(bm[1]), bm[0])):
+        if total(chosen) >= needed:
+            break
+        chosen += members
+        used.append(block)
+    if total(chosen) < needed:
+        return None
+    return chosen, None, tuple(used)
+
+
+def place_gang(
+    state: ClusterState, request: PlacementRequest, protected: NDArray[np.bool_]
+) -> Outcome:
+    slots = requested_slots(state, request)
+    cap = _capacity(state, request, slots)
+    group = _choose_group(state, cap, request.tasks, protected)
+    if group is None:
+        have = sum(n.capacity for n in cap.nodes.values())
+        reasons = group_reasons(cap.first_causes, request)
+        gang = ReasonGroup(
+            cause=Cause.GANG,
+            nodes=len(cap.nodes),
+            message=(
+                f"together they hold only {have} of {request.tasks} tasks of {request.gpus} GPUs"
+            ),
+            resolvable=True,
+        )
+        # A gang that cannot fit even an empty cluster is unresolvable; the
+        # per-node causes say so when every node fails for good.
+        if cap.nodes or any(g.resolvable for g in reasons):
+            reasons = (gang, *reasons)
+        return not_placed(reasons, request)
+    members, domain, blocks = group
+    tasks: list[TaskPlacement] = []
+    reserved_cpus: dict[int, set[int]] = defaultdict(set)
+    for slot in _node_order(state, cap, members):
+        for mask, parts in cap.nodes[slot].sets:
+            if len(tasks) == request.tasks:
+                break
+            task = build_task(state, slot, mask, request, len(tasks), parts, reserved_cpus[slot])
+            if task is None:
+                continue  # this set's NUMA node is out of CPUs; try the next set
+            reserved_cpus[slot] |= set(task.cpus)
+            tasks.append(task)
+    if len(tasks) < request.tasks:
+        return not_placed(group_reasons([Cause.CPUS] * len(members), request), request)
+    ring = gang_ring(state, tasks, domain, blocks)
+    nodes = list(dict.fromkeys(t.node for t in tasks))
+    where = f"fabric domain {domain}" if domain else f"{len(blocks)} network block(s)"
+    summary = (
+        f"{request.tasks} tasks x {request.gpus} GPUs on {len(nodes)} node(s) in {where}, "
+        f"gang ring {ring:g} GB/s"
+    )
+    return Outcome(
+        status="placed",
+        placement=Placement(
+            tasks=tuple(tasks),
+            ring_gbps=ring,
+            fabric_domain=domain,
+            network_blocks=blocks,
+            reason=summary,
+        ),
+    )
+
+
+def gang_ring(
+    state: ClusterState, tasks: Sequence[TaskPlacement], domain: str | None, blocks: tuple[str, ...]
+) -> float:
+    """Predicted ring over all the gang's GPUs: per node the ring of its share, then the network."""
+    by_node: dict[str, list[int]] = defaultdict(list)
+    for task in tasks:
+        by_node[task.node] += task.gpu_indices
+    rings = []
+    for node, indices in by_node.items():
+        if len(indices) > 1:
+            entry = state.node(node)
+            rings.append(state.registry.set_metrics(entry.cid, indices_to_mask(indices))[0])
+    if len(by_node) > 1:
+        if domain is None:
+            table = state.bandwidth
+            rings.append(table.network_gbps if len(blocks) == 1 else table.cross_block_gbps)
+        else:
+            rings.append(min(_best_nvlink(state, node) for node in by_node))
+    return float(min(rings)) if rings else 0.0
+
+
+def _best_nvlink(state: ClusterState, node: str) -> float:
+    """Inside one NVLink domain, nodes reach each other at their GPUs' NVLink rate."""
+    entry = state.node(node)
+    tc = state.registry.classes[entry.cid]
+    bw = tc.wiring.bw
+    nv = bw[tc.wiring.nvlink]
+    return float(nv.max()) if nv.size else float(bw.max())
+
+
+def protected_slots(state: ClusterState, waiting: Sequence[PlacementRequest]) -> NDArray[np.bool_]:
+    out = np.zeros(state.slot_count, dtype=np.bool_)
+    for gang in waiting:
+        if gang.tasks <= 1 or gang.mig_profile is not None:
+            continue
+        cap = _capacity(state, gang, requested_slots(state, gang))
+        group = _choose_group(state, cap, gang.tasks, out)
+        if group is not None and group[1] is not None:
+            out[np.asarray(group[0], dtype=np.int64)] = True
+    return out

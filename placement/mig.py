@@ -1,0 +1,223 @@
+"""MIG: a task gets one free MIG instance of the requested profile.
+
+Instances are created by the operator (e.g. with a MIG partition manager);
+the engine chooses among the ones a node reports. Inside a node it keeps the
+largest free slice runs whole: it prefers the instance after whose
+allocation its GPU still has the longest run of free slices, then the GPU
+with the fewest free slices (fill partly used GPUs first), then the lowest
+slice. Across nodes ``pack`` prefers the node with the fewest free slices
+left, ``spread`` the most. A gang of MIG tasks is all or nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from placement.cpuset import format_cpuset
+from placement.explain import cause_message, group_reasons, not_placed
+from placement.node_entry import NodeEntry
+from placement.outcome import Cause, NodeVerdict, Outcome, Placement, ScoreParts, TaskPlacement
+from placement.request import PlacementRequest
+from placement.snapshot import Health, MigInstance
+
+if TYPE_CHECKING:
+    from placement.cluster import ClusterState
+
+
+@dataclass(frozen=True, slots=True)
+class _Pick:
+    instance: MigInstance
+    key: tuple[int, int, int, int]  # smaller is better
+    free_slices_after: int
+
+
+def _busy_slices(entry: NodeEntry, gpu: int, held: set[str]) -> set[int]:
+    out: set[int] = set()
+    for inst in entry.snapshot.mig_instances:
+        if inst.parent_gpu == gpu and (inst.uuid in held or inst.health is not Health.HEALTHY):
+            out.update(range(inst.placement_start, inst.placement_start + inst.placement_size))
+    return out
+
+
+def _longest_run(free: list[bool]) -> int:
+    best = run = 0
+    for ok in free:
+        run = run + 1 if ok else 0
+        best = max(best, run)
+    return best
+
+
+def _slices(entry: NodeEntry, gpu: int) -> int:
+    ends = [
+        i.placement_start + i.placement_size
+        for i in entry.snapshot.mig_instances
+        if i.parent_gpu == gpu
+    ]
+    return max(ends, default=0)
+
+
+def _gpu_free(entry: NodeEntry, gpu: int, held: set[str]) -> list[bool]:
+    busy = _busy_slices(entry, gpu, held)
+    return [s not in busy for s in range(_slices(entry, gpu))]
+
+
+def best_instance(entry: NodeEntry, profile: str, held: set[str]) -> _Pick | None:
+    snap = entry.snapshot
+    picks: list[_Pick] = []
+    for inst in snap.mig_instances:
+        gpu = snap.gpus[inst.parent_gpu]
+        if inst.profile != profile or inst.uuid in held or inst.health is not Health.HEALTHY:
+            continue
+        if gpu.health is not Health.HEALTHY:
+            continue
+        free = _gpu_free(entry, inst.parent_gpu, held)
+        after = list(free)
+        for s in range(inst.placement_start, inst.placement_start + inst.placement_size):
+            after[s] = False
+        key = (-_longest_run(after), sum(free), inst.parent_gpu, inst.placement_start)
+        picks.append(_Pick(inst, key, 0))
+    if not picks:
+        return None
+    best = min(picks, key=lambda p: p.key)
+    total_free = sum(
+        sum(_gpu_free(entry, g.index, held | {best.instance.uuid}))
+        for g in snap.gpus
+        if g.mig_enabled
+    )
+    return _Pick(best.instance, best.key, total_free)
+
+
+def _node_cause(state: ClusterState, entry: NodeEntry, request: PlacementRequest) -> Cause | None:
+    profile = request.mig_profile or ""
+    snap = entry.snapshot
+    if request.regions and snap.region not in request.regions:
+        return Cause.REGION
+    if any(snap.labels.get(k) != v for k, v in request.node_labels.items()):
+        return Cause.LABELS
+    if not any(i.profile == profile for i in snap.mig_instances):
+        return Cause.NO_MIG_PROFILE
+    if not entry.available:
+        return Cause.UNAVAILABLE
+    return None
+
+
+def _candidates(state: ClusterState, request: PlacementRequest) -> list[NodeEntry]:
+    names = request.nodes if request.nodes is not None else state.names()
+    skip = set(request.exclude_nodes)
+    return [state.entries[n] for n in dict.fromkeys(names) if n in state.entries and n not in skip]
+
+
+def _task(entry: NodeEntry, pick: _Pick, task: int) -> TaskPlacement:
+    inst = pick.instance
+    gpu = entry.snapshot.gpus[inst.parent_gpu]
+    parts = ScoreParts(
+        ring_gbps=0.0,
+        pair_sum_gbps=0.0,
+        bandwidth=1.0,
+        fragmentation=1.0,
+        numa_nodes=1 if gpu.numa_node is not None else 0,
+        free_after=pick.free_slices_after,
+    )
+    numa = (gpu.numa_node,) if gpu.numa_node is not None else ()
+    cpus = entry.snapshot.numa_cpus(gpu.numa_node) if gpu.numa_node is not None else ()
+    return TaskPlacement(
+        task=task,
+        node=entry.name,
+        gpu_indices=(gpu.index,),
+        gpu_uuids=(gpu.uuid,),
+        mig_uuids=(inst.uuid,),
+        cpuset=format_cpuset(cpus),
+        numa_nodes=numa,
+        islands=(entry.island_of[gpu.index],),
+        nvlink_connected=True,
+        score=parts,
+        reason=(
+            f"MIG {inst.profile} at slice {inst.placement_start} of GPU {gpu.index}"
+            f" on {entry.name}; "
+            f"{pick.free_slices_after} free slices left on the node"
+        ),
+    )
+
+
+def place_mig(state: ClusterState, request: PlacementRequest) -> Outcome:
+    profile = request.mig_profile or ""
+    causes: list[Cause] = []
+    usable: list[NodeEntry] = []
+    for entry in _candidates(state, request):
+        cause = _node_cause(state, entry, request)
+        if cause is None and best_instance(entry, profile, entry.busy_mig) is None:
+            cause = Cause.NO_FREE_MIG
+        if cause is None:
+            usable.append(entry)
+        else:
+            causes.append(cause)
+    held = {e.name: set(e.busy_mig) for e in usable}
+    tasks: list[TaskPlacement] = []
+    while len(tasks) < request.tasks:
+        options = []
+        for entry in usable:
+            pick = best_instance(entry, profile, held[entry.name])
+            if pick is not None:
+                after = pick.free_slices_after
+                order = after if request.policy == "pack" else -after
+                options.append(((order, *pick.key, int(state.name_rank[entry.slot])), entry, pick))
+        if not options:
+            break
+        _, entry, pick = min(options, key=lambda o: o[0])
+        held[entry.name].add(pick.instance.uuid)
+        tasks.append(_task(entry, pick, len(tasks)))
+    if len(tasks) < request.tasks:
+        if usable:
+            causes.append(Cause.GANG)
+        return not_placed(group_reasons(causes, request), request)
+    reason = (
+        tasks[0].reason
+        if len(tasks) == 1
+        else f"{len(tasks)} MIG {profile} instances: " + "; ".join(t.reason for t in tasks)
+    )
+    return Outcome(
+        status="placed", placement=Placement(tasks=tuple(tasks), ring_gbps=0.0, reason=reason)
+    )
+
+
+def mig_verdicts(state: ClusterState, request: PlacementRequest) -> list[NodeVerdict]:
+    profile = request.mig_profile or ""
+    fits: list[tuple[tuple[int, ...], TaskPlacement]] = []
+    out: list[NodeVerdict] = []
+    for entry in _candidates(state, request):
+        cause = _node_cause(state, entry, request)
+        pick = best_instance(entry, profile, entry.busy_mig) if cause is None else None
+        if cause is None and pick is None:
+            cause = Cause.NO_FREE_MIG
+        if cause is not None or pick is None:
+            assert cause is not None
+            out.append(
+                NodeVerdict(
+                    node=entry.name,
+                    fits=False,
+                    cause=cause,
+                    message=cause_message(cause, request),
+                    resolvable=cause.resolvable,
+                )
+            )
+            continue
+        after = pick.free_slices_after
+        order = (
+            after if request.policy == "pack" else -after,
+            *pick.key,
+            int(state.name_rank[entry.slot]),
+        )
+        fits.append((order, _task(entry, pick, 0)))
+    fits.sort(key=lambda f: f[0])
+    ranked = [
+        NodeVerdict(
+            node=t.node,
+            fits=True,
+            rank=i + 1,
+            score=round(100.0 * (len(fits) - i) / len(fits), 3),
+            task=t,
+        )
+        for i, (_, t) in enumerate(fits)
+    ]
+    return ranked + out

@@ -1,0 +1,65 @@
+"""CPUs for a task, taken from the NUMA node(s) of its GPUs."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+
+from placement.cpuset import format_cpuset
+from placement.request import NumaMode
+from placement.snapshot import NodeSnapshot
+
+
+@dataclass(frozen=True, slots=True)
+class CpuChoice:
+    cpus: tuple[int, ...]  # reserved CPUs (empty when none were asked for)
+    cpuset: str  # what the task should be pinned to
+    numa_nodes: tuple[int, ...]
+
+
+def gpu_numa_nodes(snapshot: NodeSnapshot, gpu_indices: Sequence[int]) -> tuple[int, ...]:
+    """NUMA nodes of the GPUs, the one holding most of them first."""
+    counts = Counter(
+        g.numa_node for g in (snapshot.gpus[i] for i in gpu_indices) if g.numa_node is not None
+    )
+    return tuple(sorted(counts, key=lambda numa: (-counts[numa], numa)))
+
+
+def choose_cpus(
+    snapshot: NodeSnapshot,
+    gpu_indices: Sequence[int],
+    cpus_needed: int,
+    used_cpus: Collection[int],
+    numa: NumaMode,
+) -> CpuChoice | None:
+    """Pick CPUs near the GPUs; None when the request's NUMA rule cannot be met.
+
+    With no CPUs asked for, the task is pinned to its GPUs' NUMA nodes and
+    nothing is reserved (the node's own scheduler accounts CPUs). Otherwise
+    the lowest free CPU numbers of those NUMA nodes are reserved: Linux
+    numbers one thread of every core before the SMT siblings, so low numbers
+    spread over physical cores. ``numa="required"`` never spills to another
+    NUMA node; the other modes do, nearest GPUs' NUMA nodes first.
+    """
+    local = gpu_numa_nodes(snapshot, gpu_indices)
+    if cpus_needed == 0:
+        cpus = [c for numa_id in local for c in snapshot.numa_cpus(numa_id)]
+        return CpuChoice((), format_cpuset(cpus), local)
+    if not snapshot.numa_nodes:
+        return None
+    used = set(used_cpus)
+    order = list(local)
+    if numa != "required":
+        order += [n.id for n in snapshot.numa_nodes if n.id not in local]
+    picked: list[int] = []
+    touched: list[int] = []
+    for numa_id in order:
+        free = [c for c in snapshot.numa_cpus(numa_id) if c not in used]
+        take = free[: cpus_needed - len(picked)]
+        if take:
+            picked += take
+            touched.append(numa_id)
+        if len(picked) == cpus_needed:
+            return CpuChoice(tuple(sorted(picked)), format_cpuset(picked), tuple(touched))
+    return None

@@ -1,0 +1,84 @@
+"""What a caller asks for: the placement request.
+
+A request is ``tasks`` x ``gpus`` whole GPUs (a gang when tasks > 1: all or
+nothing), or ``tasks`` MIG instances of ``mig_profile``. The two axes of
+choice are independent:
+
+- ``objective`` decides which GPUs inside a node: ``performance`` (default)
+  takes the best ring bandwidth; ``balanced`` accepts up to
+  ``max_ring_loss`` less ring bandwidth when that leaves the node (and the
+  cluster) better able to serve the requests that come next.
+- ``policy`` decides which node: ``pack`` fills busy nodes first (best fit),
+  ``spread`` prefers the emptiest nodes.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+Locality = Literal["nvlink", "prefer", "any"]
+Policy = Literal["pack", "spread"]
+Objective = Literal["performance", "balanced"]
+NumaMode = Literal["required", "preferred", "ignore"]
+
+
+class PlacementRequest(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    gpus: int = Field(default=1, ge=1, le=64, description="GPUs per task")
+    tasks: int = Field(default=1, ge=1, le=4096, description="tasks in the gang, all or nothing")
+    mig_profile: str | None = Field(
+        default=None, description="MIG profile per task (e.g. '1g.10gb') instead of whole GPUs"
+    )
+    locality: Locality = "prefer"
+    policy: Policy = "pack"
+    objective: Objective = "performance"
+    max_ring_loss: float = Field(
+        default=0.5,
+        ge=0.0,
+        lt=1.0,
+        description="balanced only: share of ring bandwidth it may give up",
+    )
+    numa: NumaMode = "preferred"
+    cpus_per_task: int = Field(default=0, ge=0, le=4096)
+    gpu_models: tuple[str, ...] = Field(
+        default=(), description="accepted GPU models, matched as case-insensitive substrings"
+    )
+    min_gpu_memory_mib: int = Field(default=0, ge=0)
+    node_labels: dict[str, str] = Field(default_factory=dict, description="required node labels")
+    regions: tuple[str, ...] = Field(default=(), description="allowed regions; empty = any")
+    nodes: tuple[str, ...] | None = Field(
+        default=None, description="consider only these nodes (e.g. a scheduler's candidates)"
+    )
+    exclude_nodes: tuple[str, ...] = ()
+    priority: int = 0
+    job_id: str | None = Field(default=None, max_length=256)
+
+    @field_validator("mig_profile")
+    @classmethod
+    def _lower_profile(cls, value: str | None) -> str | None:
+        return value.strip().lower() if value else None
+
+    @field_validator("gpu_models")
+    @classmethod
+    def _models(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        cleaned = tuple(m.strip() for m in value if m.strip())
+        return cleaned
+
+    @model_validator(mode="after")
+    def _consistent(self) -> PlacementRequest:
+        if self.mig_profile is not None and self.gpus != 1:
+            raise ValueError("gpus must be 1 with mig_profile: each task gets one MIG instance")
+        if self.mig_profile is not None and self.locality == "nvlink":
+            raise ValueError("locality 'nvlink' does not apply to MIG instances")
+        return self
+
+    @property
+    def is_gang(self) -> bool:
+        return self.tasks > 1
+
+    @property
+    def total_gpus(self) -> int:
+        return self.gpus * self.tasks

@@ -1,0 +1,367 @@
+"""What a node reports: the node snapshot model.
+
+A snapshot is everything the engine needs to know about one machine: its
+GPUs, how they are wired to each other and to the CPUs and NICs, their MIG
+instances, the multi-node NVLink fabric they belong to, and health. Agents
+build snapshots; the service stores them; the engine reads them. Snapshots
+are immutable values, validated on construction: an inconsistent snapshot
+(asymmetric link matrix, unknown link label, duplicate UUID, a matrix whose
+size does not match the GPU list) is refused with an error whose location
+names the offending field, e.g. ``links.2.5``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from datetime import datetime
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
+
+from placement.cpuset import CpusetError, parse_cpuset
+from placement.links import Link, LinkKind, LinkLabelError, parse_link
+
+CpuIsa = Literal["x86_64", "aarch64", "riscv64"]
+FabricState = Literal["not_supported", "not_started", "in_progress", "completed"]
+CpuLinkKind = Literal["nvlink-c2c", "nvlink-fusion", "pcie"]
+
+# Kubernetes label syntax: an optional DNS-subdomain prefix, a name of at most
+# 63 characters, and a value of at most 63 characters (may be empty). Slurm
+# features and Kubernetes node labels are both derived from these, so they
+# must be valid in both worlds.
+_LABEL_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+_LABEL_KEY_RE = re.compile(rf"^([a-z0-9]([-a-z0-9.]{{0,251}}[a-z0-9])?/)?{_LABEL_NAME}$")
+_LABEL_VALUE_RE = re.compile(rf"^({_LABEL_NAME})?$")
+_NODE_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+_MIG_PROFILE_RE = re.compile(r"^(\d+c\.)?\d+g\.\d+gb(\+[a-z0-9.]+)?$")
+
+NonNegInt = Annotated[int, Field(ge=0)]
+
+
+class Health(StrEnum):
+    HEALTHY = "healthy"
+    UNHEALTHY = "unhealthy"
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class NumaNode(_Frozen):
+    id: NonNegInt
+    cpus: str = Field(description="Linux cpuset of the node's CPUs, e.g. '0-47,96-143'")
+    memory_mib: NonNegInt = 0
+
+    @field_validator("cpus")
+    @classmethod
+    def _valid_cpuset(cls, value: str) -> str:
+        try:
+            parse_cpuset(value)
+        except CpusetError as exc:
+            raise ValueError(str(exc)) from None
+        return value.strip()
+
+    @property
+    def cpu_list(self) -> tuple[int, ...]:
+        return parse_cpuset(self.cpus)
+
+
+class Gpu(_Frozen):
+    index: NonNegInt
+    uuid: str = Field(min_length=1, max_length=128)
+    model: str = Field(min_length=1, max_length=128)
+    memory_mib: NonNegInt = 0
+    pci_bus_id: str = ""
+    numa_node: NonNegInt | None = None
+    health: Health = Health.HEALTHY
+    health_reason: str = ""
+    mig_enabled: bool = False
+
+
+class MigInstance(_Frozen):
+    uuid: str = Field(min_length=1, max_length=128)
+    parent_gpu: NonNegInt
+    profile: str = Field(description="MIG profile name, e.g. '1g.10gb' or '3g.40gb'")
+    placement_start: NonNegInt
+    placement_size: int = Field(ge=1)
+    health: Health = Health.HEALTHY
+
+    @field_validator("profile")
+    @classmethod
+    def _valid_profile(cls, value: str) -> str:
+        profile = value.strip().lower()
+        if not _MIG_PROFILE_RE.match(profile):
+            raise ValueError(f"{value!r} is not a MIG profile name such as '1g.10gb' or '3g.40gb'")
+        return profile
+
+
+class Nic(_Frozen):
+    name: str = Field(min_length=1, max_length=64)
+    links: list[str] = Field(description="PCIe relation to each GPU, by GPU index (PIX, PXB, ...)")
+
+    @field_validator("links")
+    @classmethod
+    def _valid_labels(cls, value: list[str]) -> list[str]:
+        out = []
+        for i, label in enumerate(value):
+            try:
+                link = parse_link(label)
+            except LinkLabelError as exc:
+                raise ValueError(f"links[{i}]: {exc}") from None
+            out.append(link.label)
+        return out
+
+
+class CpuLink(_Frozen):
+    """A GPU's own link to the host CPU, when it is not plain PCIe."""
+
+    gpu: NonNegInt
+    kind: CpuLinkKind
+    lanes: NonNegInt | None = None
+    bandwidth_gbps: float | None = Field(default=None, ge=0)
+
+
+class Fabric(_Frozen):
+    """The multi-node NVLink domain this node's GPUs belong to (NVML GPU fabric info)."""
+
+    cluster_uuid: str = Field(min_length=1, max_length=64)
+    clique_id: NonNegInt
+    state: FabricState = "completed"
+    healthy: bool = True
+
+    @property
+    def usable(self) -> bool:
+        # NVML only vouches for the identity once registration completed.
+        return self.state == "completed" and self.healthy
+
+    @property
+    def domain(self) -> str:
+        return f"{self.cluster_uuid}/{self.clique_id}"
+
+
+class NodeSnapshot(_Frozen):
+    name: str = Field(min_length=1, max_length=253)
+    region: str = Field(default="default", min_length=1, max_length=63)
+    labels: dict[str, str] = Field(default_factory=dict)
+    hostname: str = ""
+    cpu_isa: CpuIsa = "x86_64"
+    numa_nodes: list[NumaNode] = Field(default_factory=list)
+    gpus: list[Gpu] = Field(default_factory=list, max_length=64)
+    links: list[list[str]] = Field(
+        default_factory=list,
+        description="GPU-GPU link labels, row i column j, as nvidia-smi topo -m prints them",
+    )
+    cpu_links: list[CpuLink] = Field(default_factory=list)
+    nics: list[Nic] = Field(default_factory=list)
+    mig_instances: list[MigInstance] = Field(default_factory=list)
+    fabric: Fabric | None = None
+    driver_version: str | None = None
+    cuda_version: str | None = None
+    seq: NonNegInt = 0
+    # Set by the reporter; the engine never reads a clock (None: not reported).
+    timestamp: datetime | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _valid_name(cls, value: str) -> str:
+        if not _NODE_NAME_RE.match(value):
+            raise ValueError(
+                f"{value!r} is not a valid node name: lower-case letters, digits, '-' and '.',"
+                " starting and ending with a letter or digit"
+            )
+        return value
+
+    @field_validator("labels")
+    @classmethod
+    def _valid_labels(cls, value: dict[str, str]) -> dict[str, str]:
+        for key, val in value.items():
+            if not _LABEL_KEY_RE.match(key):
+                raise ValueError(f"label key {key!r} is not a valid Kubernetes label key")
+            if not _LABEL_VALUE_RE.match(val):
+                raise ValueError(
+                    f"label {key}={val!r}: value is not a valid Kubernetes label value"
+                )
+        return value
+
+    @field_validator("links")
+    @classmethod
+    def _normalize_links(cls, value: list[list[str]]) -> list[list[str]]:
+        # Spelling only (SOC -> SYS, nv4 -> NV4); unknown labels are left as
+        # they are for _check_links, which reports them with their cell.
+        return [[_normalized_or_raw(cell) for cell in row] for row in value]
+
+    @model_validator(mode="after")
+    def _consistent(self) -> NodeSnapshot:
+        errors = list(_check_gpus(self)) + list(_check_links(self)) + list(_check_devices(self))
+        if errors:
+            raise ValidationError.from_exception_data("NodeSnapshot", errors)
+        return self
+
+    # Derived views -----------------------------------------------------
+
+    @property
+    def gpu_count(self) -> int:
+        return len(self.gpus)
+
+    def link(self, i: int, j: int) -> Link:
+        return parse_link(self.links[i][j])
+
+    def numa_cpus(self, numa_id: int) -> tuple[int, ...]:
+        for node in self.numa_nodes:
+            if node.id == numa_id:
+                return node.cpu_list
+        return ()
+
+    def fabric_domain(self) -> str | None:
+        """The multi-node NVLink domain name, only when NVML vouches for it."""
+        if self.fabric is None or not self.fabric.usable:
+            return None
+        return self.fabric.domain
+
+
+def _normalized_or_raw(cell: str) -> str:
+    try:
+        return parse_link(cell).label
+    except LinkLabelError:
+        return cell
+
+
+def _error(loc: tuple[str | int, ...], message: str, value: Any) -> InitErrorDetails:
+    return {
+        "type": PydanticCustomError("inconsistent_snapshot", message),
+        "loc": loc,
+        "input": value,
+    }
+
+
+def _check_gpus(snap: NodeSnapshot) -> Sequence[InitErrorDetails]:
+    errors: list[InitErrorDetails] = []
+    seen: dict[str, tuple[str | int, ...]] = {}
+    numa_ids = {n.id for n in snap.numa_nodes}
+    if len(numa_ids) != len(snap.numa_nodes):
+        errors.append(_error(("numa_nodes",), "NUMA node ids must be unique", None))
+    for pos, gpu in enumerate(snap.gpus):
+        if gpu.index != pos:
+            errors.append(
+                _error(
+                    ("gpus", pos, "index"),
+                    f"GPU at position {pos} has index {gpu.index}; GPUs must be listed by"
+                    " index 0..n-1 without gaps",
+                    gpu.index,
+                )
+            )
+        if gpu.uuid in seen:
+            errors.append(_error(("gpus", pos, "uuid"), f"duplicate UUID {gpu.uuid!r}", gpu.uuid))
+        seen[gpu.uuid] = ("gpus", pos, "uuid")
+        if gpu.numa_node is not None and numa_ids and gpu.numa_node not in numa_ids:
+            errors.append(
+                _error(
+                    ("gpus", pos, "numa_node"),
+                    f"NUMA node {gpu.numa_node} is not among numa_nodes {sorted(numa_ids)}",
+                    gpu.numa_node,
+                )
+            )
+    for pos, mig in enumerate(snap.mig_instances):
+        if mig.uuid in seen:
+            errors.append(
+                _error(("mig_instances", pos, "uuid"), f"duplicate UUID {mig.uuid!r}", mig.uuid)
+            )
+        seen[mig.uuid] = ("mig_instances", pos, "uuid")
+    return errors
+
+
+def _check_links(snap: NodeSnapshot) -> Sequence[InitErrorDetails]:
+    n = len(snap.gpus)
+    if len(snap.links) != n:
+        return [
+            _error(
+                ("links",),
+                f"link matrix has {len(snap.links)} rows but the snapshot lists {n} GPUs",
+                len(snap.links),
+            )
+        ]
+    errors: list[InitErrorDetails] = []
+    for i, row in enumerate(snap.links):
+        if len(row) != n:
+            errors.append(
+                _error(("links", i), f"row {i} has {len(row)} cells but there are {n} GPUs", row)
+            )
+    if errors:
+        return errors
+    for i in range(n):
+        for j in range(n):
+            try:
+                parse_link(snap.links[i][j])
+            except LinkLabelError as exc:
+                errors.append(_error(("links", i, j), str(exc), snap.links[i][j]))
+    if errors:
+        return errors
+    for i in range(n):
+        for j in range(n):
+            link = parse_link(snap.links[i][j])
+            if (i == j) != (link.kind is LinkKind.SELF):
+                expected = (
+                    "X on the diagonal" if i == j else "a link label, not X, off the diagonal"
+                )
+                errors.append(_error(("links", i, j), f"expected {expected}", snap.links[i][j]))
+            elif j > i and snap.links[i][j] != snap.links[j][i]:
+                errors.append(
+                    _error(
+                        ("links", i, j),
+                        f"matrix is not symmetric: links[{i}][{j}]={snap.links[i][j]!r}"
+                        f" but links[{j}][{i}]={snap.links[j][i]!r}",
+                        snap.links[i][j],
+                    )
+                )
+    return errors
+
+
+def _check_devices(snap: NodeSnapshot) -> Sequence[InitErrorDetails]:
+    n = len(snap.gpus)
+    errors: list[InitErrorDetails] = []
+    for pos, nic in enumerate(snap.nics):
+        if len(nic.links) != n:
+            errors.append(
+                _error(
+                    ("nics", pos, "links"),
+                    f"NIC {nic.name} lists {len(nic.links)} GPU relations but there are {n} GPUs",
+                    nic.links,
+                )
+            )
+    for pos, cpu_link in enumerate(snap.cpu_links):
+        if cpu_link.gpu >= n:
+            errors.append(
+                _error(("cpu_links", pos, "gpu"), f"no GPU with index {cpu_link.gpu}", cpu_link.gpu)
+            )
+    taken: dict[int, list[tuple[int, int]]] = {}
+    for pos, mig in enumerate(snap.mig_instances):
+        loc = ("mig_instances", pos)
+        if mig.parent_gpu >= n:
+            errors.append(
+                _error((*loc, "parent_gpu"), f"no GPU with index {mig.parent_gpu}", mig.parent_gpu)
+            )
+            continue
+        if not snap.gpus[mig.parent_gpu].mig_enabled:
+            errors.append(
+                _error(
+                    (*loc, "parent_gpu"),
+                    f"GPU {mig.parent_gpu} has MIG instances but mig_enabled is false",
+                    mig.parent_gpu,
+                )
+            )
+        span = (mig.placement_start, mig.placement_start + mig.placement_size)
+        for other in taken.get(mig.parent_gpu, []):
+            if span[0] < other[1] and other[0] < span[1]:
+                errors.append(
+                    _error(
+                        (*loc, "placement_start"),
+                        f"slices {span[0]}..{span[1] - 1} overlap another instance on"
+                        f" GPU {mig.parent_gpu}",
+                        mig.placement_start,
+                    )
+                )
+        taken.setdefault(mig.parent_gpu, []).append(span)
+    return errors

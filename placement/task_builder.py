@@ -1,0 +1,69 @@
+"""Turning a chosen GPU set on a node into a TaskPlacement with its reason."""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from typing import TYPE_CHECKING
+
+from placement.node_choice import mask_to_indices
+from placement.numa import choose_cpus
+from placement.outcome import ScoreParts, TaskPlacement
+from placement.request import PlacementRequest
+
+if TYPE_CHECKING:
+    from placement.cluster import ClusterState
+
+
+def build_task(
+    state: ClusterState,
+    slot: int,
+    mask: int,
+    request: PlacementRequest,
+    task: int,
+    parts: ScoreParts,
+    extra_used_cpus: Collection[int] = (),
+) -> TaskPlacement | None:
+    """None when the CPUs the request asks for are not there (NUMA rule)."""
+    entry = state.entry_at(slot)
+    snap = entry.snapshot
+    indices = mask_to_indices(mask)
+    used = entry.used_cpus | set(extra_used_cpus) if extra_used_cpus else entry.used_cpus
+    cpus = choose_cpus(snap, indices, request.cpus_per_task, used, request.numa)
+    if cpus is None:
+        return None
+    island_names = tuple(dict.fromkeys(entry.island_of[i] for i in indices))
+    connected = state.registry.set_metrics(entry.cid, mask)[2]
+    return TaskPlacement(
+        task=task,
+        node=snap.name,
+        gpu_indices=indices,
+        gpu_uuids=tuple(snap.gpus[i].uuid for i in indices),
+        cpuset=cpus.cpuset,
+        cpus=cpus.cpus,
+        numa_nodes=cpus.numa_nodes,
+        islands=island_names,
+        nvlink_connected=connected,
+        score=parts,
+        reason=task_reason(snap.name, indices, island_names, connected, parts, cpus.numa_nodes),
+    )
+
+
+def task_reason(
+    node: str,
+    indices: tuple[int, ...],
+    island_names: tuple[str, ...],
+    connected: bool,
+    parts: ScoreParts,
+    numa_nodes: tuple[int, ...],
+) -> str:
+    gpus = ",".join(str(i) for i in indices)
+    where = f"GPU {gpus} on {node}"
+    if len(indices) == 1:
+        link = f"island {island_names[0]}"
+    elif connected:
+        link = f"NVLink-connected in {'+'.join(island_names)}, ring {parts.ring_gbps:g} GB/s"
+    else:
+        link = f"not NVLink-connected, ring {parts.ring_gbps:g} GB/s"
+    quality = f"{parts.bandwidth:.0%} of the best this node design gives"
+    numa = f"NUMA {','.join(str(n) for n in numa_nodes)}" if numa_nodes else "NUMA unknown"
+    return f"{where}: {link} ({quality}); {numa}; {parts.free_after} GPUs left free"

@@ -1,0 +1,92 @@
+"""Brute-force references the engine is checked against (deliberately naive)."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+
+def ring_bruteforce(bw: np.ndarray, members: tuple[int, ...]) -> float:
+    """Max over cyclic orders of the min consecutive bandwidth (all orders tried)."""
+    k = len(members)
+    if k < 2:
+        return 0.0
+    if k == 2:
+        return float(bw[members[0], members[1]])
+    if k <= 8:
+        first, rest = members[0], members[1:]
+        best = -1.0
+        for perm in itertools.permutations(rest):
+            cycle = (first, *perm)
+            best = max(best, min(float(bw[cycle[i], cycle[(i + 1) % k]]) for i in range(k)))
+        return best
+    return _ring_by_thresholds(bw, members)
+
+
+def _ring_by_thresholds(bw: np.ndarray, members: tuple[int, ...]) -> float:
+    """For larger sets: the largest threshold whose graph has a Hamiltonian cycle (plain DFS)."""
+    levels = sorted({float(bw[a, b]) for a in members for b in members if a != b}, reverse=True)
+    for t in levels:
+        if _hamiltonian(bw, members, t):
+            return t
+    return 0.0
+
+
+def _hamiltonian(bw: np.ndarray, members: tuple[int, ...], t: float) -> bool:
+    k = len(members)
+    start = members[0]
+    seen = {start}
+
+    def dfs(v: int) -> bool:
+        if len(seen) == k:
+            return bool(bw[v, start] >= t)
+        for u in members:
+            if u not in seen and bw[v, u] >= t:
+                seen.add(u)
+                if dfs(u):
+                    return True
+                seen.remove(u)
+        return False
+
+    return dfs(start)
+
+
+def pair_sum(bw: np.ndarray, members: tuple[int, ...]) -> float:
+    return float(sum(bw[a, b] for a, b in itertools.combinations(members, 2)))
+
+
+def nvlink_connected(nvlink: np.ndarray, members: tuple[int, ...]) -> bool:
+    if not members:
+        return False
+    seen = {members[0]}
+    stack = [members[0]]
+    while stack:
+        v = stack.pop()
+        for u in members:
+            if u not in seen and nvlink[v, u]:
+                seen.add(u)
+                stack.append(u)
+    return len(seen) == len(members)
+
+
+def best_value(
+    bw: np.ndarray,
+    nvlink: np.ndarray,
+    numa: tuple[int, ...],
+    free: tuple[int, ...],
+    k: int,
+    require_nvlink: bool = False,
+    numa_required: bool = False,
+) -> tuple[float, float] | None:
+    """The optimum (ring, pair) over every k-subset of the free GPUs, or None."""
+    best: tuple[float, float] | None = None
+    for subset in itertools.combinations(free, k):
+        if require_nvlink and not nvlink_connected(nvlink, subset):
+            continue
+        if numa_required and len({numa[i] for i in subset}) > 1:
+            continue
+        value = (ring_bruteforce(bw, subset), round(pair_sum(bw, subset), 6))
+        if best is None or value > best:
+            best = value
+    return best

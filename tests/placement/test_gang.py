@@ -1,0 +1,80 @@
+"""Gangs: all or nothing, one NVLink domain first, then the fewest network blocks."""
+
+from __future__ import annotations
+
+from placement import Cause, ClusterState, PlacementRequest
+from placement.profiles import build_profile, gb200_nvl72_rack
+
+
+def _rack_cluster() -> ClusterState:
+    state = ClusterState()
+    for snap in gb200_nvl72_rack("rack-a", clique_id=1):
+        state.upsert(snap)
+    for snap in gb200_nvl72_rack("rack-b", clique_id=2)[:8]:  # a partial rack: 8 trays
+        state.upsert(snap)
+    return state
+
+
+def test_gang_lands_in_one_clique_tightest_fit() -> None:
+    state = _rack_cluster()
+    outcome = state.place(PlacementRequest(gpus=4, tasks=6, locality="nvlink"))
+    assert outcome.placement is not None
+    nodes = outcome.placement.nodes
+    assert len(nodes) == 6 and all(n.startswith("rack-b") for n in nodes)
+    assert outcome.placement.fabric_domain is not None
+    assert outcome.placement.ring_gbps == 900.0
+
+
+def test_gang_too_big_for_any_clique_uses_fewest_blocks() -> None:
+    state = _rack_cluster()
+    outcome = state.place(PlacementRequest(gpus=4, tasks=20))
+    assert outcome.placement is not None
+    assert outcome.placement.fabric_domain is None
+    assert set(outcome.placement.network_blocks) == {
+        "topoplace.io/rack=rack-a",
+        "topoplace.io/rack=rack-b",
+    }
+    # across blocks the gang is limited by the network between them
+    assert outcome.placement.ring_gbps == state.bandwidth.cross_block_gbps
+
+
+def test_gang_is_all_or_nothing() -> None:
+    state = _rack_cluster()
+    outcome = state.place(PlacementRequest(gpus=4, tasks=27))
+    assert outcome.status == "unschedulable"
+    assert outcome.reasons[0].cause is Cause.GANG
+    assert "26 of 27 tasks" in outcome.reasons[0].message
+    assert all(not e.busy for e in state.entries.values())
+
+
+def test_gang_tasks_share_a_node_when_it_has_room() -> None:
+    state = ClusterState()
+    state.upsert(build_profile("hgx-h100", "h0"))
+    state.upsert(build_profile("hgx-h100", "h1"))
+    outcome = state.place(PlacementRequest(gpus=4, tasks=2))
+    assert outcome.placement is not None
+    assert outcome.placement.nodes == ("h0",)
+    a, b = outcome.placement.tasks
+    assert not set(a.gpu_indices) & set(b.gpu_indices)
+    assert outcome.placement.ring_gbps == 450.0
+
+
+def test_waiting_gang_keeps_its_clique_whole() -> None:
+    state = ClusterState()
+    for snap in gb200_nvl72_rack("rack-a", clique_id=1)[:4]:
+        state.upsert(snap)
+    state.upsert(build_profile("hgx-b200", "solo"))
+    waiting = [PlacementRequest(gpus=4, tasks=4, locality="nvlink")]
+    single = PlacementRequest(gpus=4, policy="pack")
+    free = state.place(single)
+    assert free.placement is not None and free.placement.tasks[0].node.startswith("rack-a")
+    guarded = state.place(single, waiting=waiting)
+    assert guarded.placement is not None and guarded.placement.tasks[0].node == "solo"
+
+
+def test_gang_ring_inside_one_node_uses_the_union_of_its_sets() -> None:
+    state = ClusterState()
+    state.upsert(build_profile("dgx1-v100", "d0"))
+    outcome = state.place(PlacementRequest(gpus=2, tasks=4))
+    assert outcome.placement is not None and outcome.placement.nodes == ("d0",)
+    assert outcome.placement.ring_gbps == 50.0  # all 8 GPUs: the NV2 ring of the cube-mesh

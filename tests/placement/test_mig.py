@@ -1,0 +1,80 @@
+"""MIG: one instance per task, largest free slice runs kept whole."""
+
+from __future__ import annotations
+
+from placement import Cause, ClusterState, PlacementRequest
+from placement.profiles import build_profile
+
+
+def _state() -> ClusterState:
+    state = ClusterState()
+    state.upsert(build_profile("dgx-a100-mig", "mig0"))
+    return state
+
+
+def test_mig_request_gets_an_instance_of_that_profile() -> None:
+    state = _state()
+    outcome = state.place(PlacementRequest(mig_profile="2g.20gb"))
+    assert outcome.placement is not None
+    task = outcome.placement.tasks[0]
+    snap = state.node("mig0").snapshot
+    inst = next(i for i in snap.mig_instances if i.uuid == task.mig_uuids[0])
+    assert inst.profile == "2g.20gb" and task.gpu_indices == (inst.parent_gpu,)
+
+
+def test_small_instance_goes_where_it_breaks_no_large_run() -> None:
+    state = _state()
+    snap = state.node("mig0").snapshot
+    # GPU 1 has 3x 2g.20gb + 1g.10gb@6; GPU 3 has 4g@0, 2g@4, 1g@6: taking a
+    # 1g at slice 6 leaves runs of 6 slices on GPU 1 or 3, while GPU 0's
+    # seven 1g instances would lose the middle of its run. The engine must
+    # not take a 1g from the middle of a run.
+    outcome = state.place(PlacementRequest(mig_profile="1g.10gb"))
+    assert outcome.placement is not None
+    inst = next(i for i in snap.mig_instances if i.uuid == outcome.placement.tasks[0].mig_uuids[0])
+    assert inst.placement_start in (0, 6)
+
+
+def test_mig_instances_are_not_given_twice_and_run_out() -> None:
+    state = _state()
+    given: set[str] = set()
+    for _ in range(2):
+        outcome = state.place(PlacementRequest(mig_profile="3g.40gb"))
+        assert outcome.placement is not None
+        state.apply(outcome.placement)
+        given |= set(outcome.placement.tasks[0].mig_uuids)
+    assert len(given) == 2
+    outcome = state.place(PlacementRequest(mig_profile="3g.40gb"))
+    assert outcome.status == "unschedulable"
+    assert outcome.reasons[0].cause is Cause.NO_FREE_MIG
+
+
+def test_unknown_profile_is_unresolvable() -> None:
+    outcome = _state().place(PlacementRequest(mig_profile="7g.80gb"))
+    assert outcome.status == "unresolvable"
+    assert outcome.reasons[0].cause is Cause.NO_MIG_PROFILE
+
+
+def test_mig_gpus_are_not_given_as_whole_gpus() -> None:
+    state = _state()
+    outcome = state.place(PlacementRequest(gpus=4))
+    assert outcome.placement is not None
+    assert set(outcome.placement.tasks[0].gpu_indices) <= {4, 5, 6, 7}
+    assert state.place(PlacementRequest(gpus=5)).status == "unresolvable"
+
+
+def test_mig_gang_is_all_or_nothing() -> None:
+    state = _state()
+    outcome = state.place(PlacementRequest(mig_profile="3g.40gb", tasks=3))
+    assert outcome.status == "unschedulable"
+    ok = state.place(PlacementRequest(mig_profile="1g.10gb", tasks=9))
+    assert ok.placement is not None and len({t.mig_uuids[0] for t in ok.placement.tasks}) == 9
+
+
+def test_mig_verdicts() -> None:
+    state = _state()
+    state.upsert(build_profile("hgx-h100", "plain"))
+    verdicts = state.evaluate(PlacementRequest(mig_profile="1g.10gb"))
+    by_node = {v.node: v for v in verdicts}
+    assert by_node["mig0"].fits and by_node["mig0"].rank == 1
+    assert by_node["plain"].cause is Cause.NO_MIG_PROFILE and not by_node["plain"].resolvable

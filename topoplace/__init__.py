@@ -1,0 +1,1 @@
+"""The `topoplace` command: one entry point for the engine, service and agent."""

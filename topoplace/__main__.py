@@ -1,0 +1,3 @@
+from topoplace.cli import main
+
+raise SystemExit(main())

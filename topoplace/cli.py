@@ -1,0 +1,22 @@
+"""Command-line entry point: `topoplace <command> ...`."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+from topoplace import plan_cmd, profiles_cmd
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="topoplace", description="Topology-aware GPU placement.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    plan_cmd.add_parser(sub)
+    profiles_cmd.add_parser(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    code: int = args.func(args)
+    return code
