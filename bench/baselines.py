@@ -203,9 +203,7 @@ class BaselineCluster:
         nodes = []
         for snap in sorted(snapshots, key=lambda s: s.name):
             usable = sum(
-                1 << g.index
-                for g in snap.gpus
-                if not g.mig_enabled and g.health is Health.HEALTHY
+                1 << g.index for g in snap.gpus if not g.mig_enabled and g.health is Health.HEALTHY
             )
             wiring = wiring_of(snap, bandwidth)
             nodes.append(

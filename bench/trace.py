@@ -104,9 +104,7 @@ def slice_snapshot(snapshot: NodeSnapshot, k: int, model: str | None = None) -> 
             "gpus": [g.model_dump() for g in gpus],
             "links": [row[:k] for row in snapshot.links[:k]],
             "numa_nodes": [n.model_dump() for n in snapshot.numa_nodes if n.id in numa_ids],
-            "nics": [
-                Nic(name=nic.name, links=nic.links[:k]).model_dump() for nic in snapshot.nics
-            ],
+            "nics": [Nic(name=nic.name, links=nic.links[:k]).model_dump() for nic in snapshot.nics],
             "cpu_links": [c.model_dump() for c in snapshot.cpu_links if c.gpu < k],
             "mig_instances": [m.model_dump() for m in snapshot.mig_instances if m.parent_gpu < k],
         }

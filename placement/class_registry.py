@@ -79,12 +79,16 @@ class ClassRegistry:
     def is_exact(self, cid: int) -> bool:
         return isinstance(self.classes[cid], TopologyClass)
 
-    def choose(self, query: SetQuery, states: NDArray[np.int64]) -> NDArray[np.int64]:
-        """Best set mask for each flat state (exact classes only); NO_SET where none."""
+    def _table(self, query: SetQuery) -> NDArray[np.int64]:
         table = self._answers.get(query)
         if table is None:
             table = np.full(self._size, UNKNOWN, dtype=np.int64)
             self._answers[query] = table
+        return table
+
+    def choose(self, query: SetQuery, states: NDArray[np.int64]) -> NDArray[np.int64]:
+        """Best set mask for each flat state (exact classes only); NO_SET where none."""
+        table = self._table(query)
         out = table[states]
         missing = out == UNKNOWN
         if missing.any():
@@ -103,8 +107,13 @@ class ClassRegistry:
         """Best set on one node of class cid, exact or large."""
         tc = self.classes[cid]
         if isinstance(tc, TopologyClass):
-            state = np.asarray([int(self.offsets[cid]) + free], dtype=np.int64)
-            return int(self.choose(query, state)[0])
+            table = self._table(query)
+            state = int(self.offsets[cid]) + free
+            answer = int(table[state])
+            if answer == UNKNOWN:
+                answer = best_set(tc, free, query)
+                table[state] = answer
+            return answer
         return tc.best_set(free, query)
 
     def set_metrics(self, cid: int, mask: int) -> tuple[float, float, bool, int]:

@@ -29,6 +29,7 @@ from numpy.typing import NDArray
 
 from placement.bandwidth import DEFAULT_BANDWIDTH, BandwidthTable
 from placement.class_registry import ClassRegistry
+from placement.fast_path import ShapeCaches
 from placement.node_entry import NodeEntry
 from placement.outcome import NodeVerdict, Outcome, Placement, TaskPlacement
 from placement.request import PlacementRequest
@@ -41,6 +42,9 @@ DEFAULT_BLOCK_LABELS: tuple[str, ...] = (
     "topology.kubernetes.io/block",
     "topology.kubernetes.io/rack",
 )
+
+
+_CHANGE_LOG = 32_768
 
 
 class UnknownNodeError(ValueError):
@@ -71,8 +75,19 @@ class ClusterState:
         self.potential = np.zeros(cap, dtype=np.int64)
         self.present = np.zeros(cap, dtype=np.bool_)
         self.available = np.zeros(cap, dtype=np.bool_)
-        self.name_rank = np.zeros(cap, dtype=np.int64)
+        self._name_rank = np.zeros(cap, dtype=np.int64)
+        # Bumped whenever anything about a slot changes: answer caches keyed
+        # per slot (placement.fast_path) recompute exactly the slots that moved.
+        self.slot_version = np.zeros(cap, dtype=np.int64)
+        self._clock = 0
+        # Slots touched, in clock order: changes[i] was touched at clock
+        # changes_base + i + 1. Bounded: old entries are dropped, and a reader
+        # that fell further behind compares every slot's version instead.
+        self.changes: list[int] = []
+        self.changes_base = 0
+        self._ranks_stale = False
         self._static_cache: dict[object, NDArray[np.generic]] = {}
+        self.shape_caches = ShapeCaches()
 
     # Membership ----------------------------------------------------------
 
@@ -89,7 +104,7 @@ class ClusterState:
         else:
             entry.snapshot = snapshot
             entry.cid = cid
-            entry.refresh_islands()
+            entry.refresh()
         self.version += 1
         self._static_cache.clear()
         self._sync(entry)
@@ -101,6 +116,7 @@ class ClusterState:
         self._free_slots.append(entry.slot)
         self.present[entry.slot] = False
         self.available[entry.slot] = False
+        self._touch(entry.slot)
         self.version += 1
         self._static_cache.clear()
         self._rerank()
@@ -110,6 +126,7 @@ class ClusterState:
         entry = self._entry(name)
         entry.available = available
         self.available[entry.slot] = available
+        self._touch(entry.slot)
 
     def node(self, name: str) -> NodeEntry:
         return self._entry(name)
@@ -135,11 +152,9 @@ class ClusterState:
         """Mark GPUs / MIG instances / CPUs held. All or nothing: conflicts change nothing."""
         entry = self._entry(node)
         gpus, migs, cpu_set = set(gpu_uuids), set(mig_uuids), set(cpus)
-        known = {g.uuid for g in entry.snapshot.gpus}
-        known_mig = {m.uuid for m in entry.snapshot.mig_instances}
-        if unknown := sorted(gpus - known):
+        if unknown := sorted(gpus - entry.bit_of.keys()):
             raise AllocationError(f"node {node} has no GPU {unknown[0]}")
-        if unknown := sorted(migs - known_mig):
+        if migs and (unknown := sorted(migs - {m.uuid for m in entry.snapshot.mig_instances})):
             raise AllocationError(f"node {node} has no MIG instance {unknown[0]}")
         if taken := sorted(gpus & entry.busy):
             raise AllocationError(f"GPU {taken[0]} on {node} is already allocated")
@@ -147,7 +162,7 @@ class ClusterState:
             raise AllocationError(f"MIG instance {taken[0]} on {node} is already allocated")
         if clash := sorted(cpu_set & entry.used_cpus):
             raise AllocationError(f"CPU {clash[0]} on {node} is already allocated")
-        entry.busy |= gpus
+        entry.hold(gpus)
         entry.busy_mig |= migs
         entry.used_cpus |= cpu_set
         self._sync(entry)
@@ -163,7 +178,7 @@ class ClusterState:
         entry = self.entries.get(node)
         if entry is None:
             return  # the node left; its allocations went with it
-        entry.busy -= set(gpu_uuids)
+        entry.drop(set(gpu_uuids))
         entry.busy_mig -= set(mig_uuids)
         entry.used_cpus -= set(cpus)
         self._sync(entry)
@@ -227,7 +242,8 @@ class ClusterState:
                 "potential",
                 "present",
                 "available",
-                "name_rank",
+                "_name_rank",
+                "slot_version",
             ):
                 old = getattr(self, attr)
                 new = np.zeros(cap, dtype=old.dtype)
@@ -239,14 +255,43 @@ class ClusterState:
         s = entry.slot
         self.cid[s] = entry.cid
         self.free[s] = entry.free_mask()
-        self.healthy[s] = entry.healthy_mask()
-        self.potential[s] = entry.potential_mask()
+        self.healthy[s] = entry.healthy
+        self.potential[s] = entry.potential
         self.present[s] = True
         self.available[s] = entry.available
+        self._touch(s)
+
+    def _touch(self, slot: int) -> None:
+        self._clock += 1
+        self.slot_version[slot] = self._clock
+        self.changes.append(slot)
+        if len(self.changes) > 2 * _CHANGE_LOG:
+            drop = len(self.changes) - _CHANGE_LOG
+            del self.changes[:drop]
+            self.changes_base += drop
+
+    @property
+    def clock(self) -> int:
+        return self._clock
+
+    def touched_since(self, clock: int) -> list[int] | None:
+        """Slots changed after `clock`, or None when the log no longer reaches back that far."""
+        if clock < self.changes_base:
+            return None
+        return sorted(set(self.changes[clock - self.changes_base :]))
 
     def _rerank(self) -> None:
-        for rank, name in enumerate(sorted(self.entries)):
-            self.name_rank[self.entries[name].slot] = rank
+        # Deferred: adding 10,000 nodes one by one must not sort 10,000 times.
+        self._ranks_stale = True
+
+    @property
+    def name_rank(self) -> NDArray[np.int64]:
+        """Per slot, the node's position in name order (the final tie-break)."""
+        if self._ranks_stale:
+            for rank, name in enumerate(sorted(self.entries)):
+                self._name_rank[self.entries[name].slot] = rank
+            self._ranks_stale = False
+        return self._name_rank
 
     @property
     def slot_count(self) -> int:

@@ -9,6 +9,7 @@ import numpy as np
 
 from placement.analysis import Analysis, analyse, requested_slots
 from placement.explain import cause_message, group_reasons, not_placed
+from placement.fast_path import fast_place
 from placement.outcome import Cause, NodeVerdict, Outcome, Placement, ScoreParts, TaskPlacement
 from placement.ranking import best_index, rank_keys, rank_order, scores
 from placement.request import PlacementRequest
@@ -26,6 +27,10 @@ def decide(
 
     if request.mig_profile is not None:
         return place_mig(state, request)
+    if request.tasks == 1 and request.nodes is None and not waiting:
+        task = fast_place(state, request)
+        if task is not None:
+            return placed_one(task)
     protected = protected_slots(state, waiting)
     if request.tasks > 1:
         return place_gang(state, request, protected)
@@ -40,13 +45,15 @@ def decide(
             index = int(where[best])
             task = task_at(state, analysis, index, request, 0)
             if task is not None:
-                placement = Placement(
-                    tasks=(task,), ring_gbps=task.score.ring_gbps, reason=task.reason
-                )
-                return Outcome(status="placed", placement=placement)
+                return placed_one(task)
             analysis.set_cause(index, Cause.CPUS)
             remaining = remaining[remaining != best]
     return not_placed(group_reasons(analysis.causes(), request), request)
+
+
+def placed_one(task: TaskPlacement) -> Outcome:
+    placement = Placement(tasks=(task,), ring_gbps=task.score.ring_gbps, reason=task.reason)
+    return Outcome(status="placed", placement=placement)
 
 
 def ranked(

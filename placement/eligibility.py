@@ -7,6 +7,7 @@ dictionary lookup on the hot path once warm.
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -57,12 +58,23 @@ def gpu_eligible(state: ClusterState, request: PlacementRequest) -> NDArray[np.i
         for entry in state.entries.values():
             mask = 0
             for gpu in entry.snapshot.gpus:
-                model_ok = not models or any(m in gpu.model.upper() for m in models)
+                model_ok = not models or any(model_matches_name(m, gpu.model) for m in models)
                 if model_ok and gpu.memory_mib >= request.min_gpu_memory_mib:
                     mask |= 1 << gpu.index
             cached[entry.slot] = mask
         state.static_cache()[key] = cached
     return cached.astype(np.int64, copy=False)
+
+
+def model_matches_name(wanted: str, model: str) -> bool:
+    """Whether a requested model names this GPU: a whole token, case-insensitive.
+
+    "A100" matches "NVIDIA A100-SXM4-80GB" and "h100" matches "NVIDIA H100
+    80GB HBM3", but "A10" does not match an A100 and "B200" does not match a
+    GB200: a plain substring test would hand a job the wrong GPU.
+    """
+    pattern = rf"(?<![A-Z0-9]){re.escape(wanted.upper())}(?![A-Z0-9])"
+    return re.search(pattern, model.upper()) is not None
 
 
 def model_matches(state: ClusterState, request: PlacementRequest) -> NDArray[np.int64]:

@@ -19,39 +19,44 @@ class NodeEntry:
     used_cpus: set[int] = field(default_factory=set)
     island_list: tuple[Island, ...] = ()
     island_of: tuple[str, ...] = ()
+    # Derived from the snapshot once, so that allocate/release stay O(GPUs held).
+    bit_of: dict[str, int] = field(default_factory=dict)
+    potential: int = 0  # GPUs whole-GPU requests could ever get: all but MIG-enabled
+    healthy: int = 0  # ... and healthy
+    busy_bits: int = 0  # bits of busy GPUs present in this snapshot
 
     def __post_init__(self) -> None:
-        self.refresh_islands()
+        self.refresh()
 
-    def refresh_islands(self) -> None:
-        self.island_list = islands(self.snapshot)
-        names = [""] * self.snapshot.gpu_count
+    def refresh(self) -> None:
+        """Recompute everything derived from the snapshot (after a new one arrives)."""
+        snap = self.snapshot
+        self.island_list = islands(snap)
+        names = [""] * snap.gpu_count
         for island in self.island_list:
             for gpu in island.gpus:
                 names[gpu] = island.name
         self.island_of = tuple(names)
+        self.bit_of = {g.uuid: 1 << g.index for g in snap.gpus}
+        self.potential = sum(1 << g.index for g in snap.gpus if not g.mig_enabled)
+        self.healthy = sum(
+            1 << g.index for g in snap.gpus if not g.mig_enabled and g.health is Health.HEALTHY
+        )
+        self.busy_bits = sum(self.bit_of.get(u, 0) for u in self.busy)
 
     @property
     def name(self) -> str:
         return self.snapshot.name
 
-    def potential_mask(self) -> int:
-        """GPUs that whole-GPU requests could ever get: all but MIG-enabled ones."""
-        return sum(1 << g.index for g in self.snapshot.gpus if not g.mig_enabled)
-
-    def healthy_mask(self) -> int:
-        return sum(
-            1 << g.index
-            for g in self.snapshot.gpus
-            if not g.mig_enabled and g.health is Health.HEALTHY
-        )
-
     def free_mask(self) -> int:
-        return sum(
-            1 << g.index
-            for g in self.snapshot.gpus
-            if not g.mig_enabled and g.health is Health.HEALTHY and g.uuid not in self.busy
-        )
+        return self.healthy & ~self.busy_bits
 
-    def uuid_index(self) -> dict[str, int]:
-        return {g.uuid: g.index for g in self.snapshot.gpus}
+    def hold(self, gpus: set[str]) -> None:
+        self.busy |= gpus
+        for uuid in gpus:
+            self.busy_bits |= self.bit_of.get(uuid, 0)
+
+    def drop(self, gpus: set[str]) -> None:
+        self.busy -= gpus
+        for uuid in gpus:
+            self.busy_bits &= ~self.bit_of.get(uuid, 0)

@@ -44,8 +44,7 @@ def choose_cpus(
     """
     local = gpu_numa_nodes(snapshot, gpu_indices)
     if cpus_needed == 0:
-        cpus = [c for numa_id in local for c in snapshot.numa_cpus(numa_id)]
-        return CpuChoice((), format_cpuset(cpus), local)
+        return CpuChoice((), snapshot.numa_cpuset(local), local)
     if not snapshot.numa_nodes:
         return None
     used = set(used_cpus)

@@ -14,10 +14,9 @@ reads "9,950 nodes: fewer than 4 free GPUs", not 10,000 lines.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Literal
-
-from pydantic import BaseModel, ConfigDict, Field
 
 
 class Cause(StrEnum):
@@ -61,83 +60,75 @@ _RESOLVABLE = frozenset(
 )
 
 
-class ScoreParts(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    ring_gbps: float = Field(description="bottleneck of the best ring through the GPUs")
-    pair_sum_gbps: float = Field(description="sum of pairwise bandwidths")
-    bandwidth: float = Field(
-        description="ring relative to the best this node design can give, 0..1"
-    )
-    fragmentation: float = Field(
-        description="what the node can still serve afterwards relative to before, 0..1 (1: no loss)"
-    )
-    numa_nodes: int = Field(description="NUMA nodes the GPUs touch")
-    free_after: int = Field(description="GPUs left free on the node")
+# Results are plain frozen dataclasses, not pydantic models: /place builds
+# several per decision and validation would cost more than the decision
+# itself. Every field comes from validated inputs. The service maps them to
+# its own API schemas.
 
 
-class TaskPlacement(BaseModel):
-    model_config = ConfigDict(frozen=True)
+@dataclass(frozen=True, slots=True)
+class ScoreParts:
+    ring_gbps: float  # bottleneck of the best ring through the GPUs
+    pair_sum_gbps: float  # sum of pairwise bandwidths
+    bandwidth: float  # ring relative to the best this node design can give, 0..1
+    fragmentation: float  # what the node can still serve afterwards vs before, 0..1 (1: no loss)
+    numa_nodes: int  # NUMA nodes the GPUs touch
+    free_after: int  # GPUs left free on the node
 
+
+@dataclass(frozen=True, slots=True)
+class TaskPlacement:
     task: int
     node: str
     gpu_indices: tuple[int, ...]
     gpu_uuids: tuple[str, ...]
-    mig_uuids: tuple[str, ...] = ()
-    cpuset: str = ""
-    cpus: tuple[int, ...] = Field(
-        default=(), description="CPUs reserved for the task, if any asked"
-    )
-    numa_nodes: tuple[int, ...] = ()
-    islands: tuple[str, ...] = ()
     nvlink_connected: bool
     score: ScoreParts
     reason: str
+    mig_uuids: tuple[str, ...] = ()
+    cpuset: str = ""
+    cpus: tuple[int, ...] = ()  # CPUs reserved for the task, when the request asked for some
+    numa_nodes: tuple[int, ...] = ()
+    islands: tuple[str, ...] = ()
 
 
-class Placement(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
+@dataclass(frozen=True, slots=True)
+class Placement:
     tasks: tuple[TaskPlacement, ...]
-    ring_gbps: float = Field(description="predicted ring bandwidth across all tasks' GPUs")
-    fabric_domain: str | None = Field(default=None, description="multi-node NVLink domain used")
-    network_blocks: tuple[str, ...] = ()
+    ring_gbps: float  # predicted ring bandwidth across all tasks' GPUs
     reason: str
+    fabric_domain: str | None = None  # multi-node NVLink domain used
+    network_blocks: tuple[str, ...] = ()
 
     @property
     def nodes(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(t.node for t in self.tasks))
 
 
-class ReasonGroup(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
+@dataclass(frozen=True, slots=True)
+class ReasonGroup:
     cause: Cause
     nodes: int
     message: str
     resolvable: bool
 
 
-class NodeVerdict(BaseModel):
+@dataclass(frozen=True, slots=True)
+class NodeVerdict:
     """One node's answer to a request, for scoring and scheduler filters."""
-
-    model_config = ConfigDict(frozen=True)
 
     node: str
     fits: bool
     cause: Cause | None = None
     message: str = ""
     resolvable: bool = True
-    rank: int | None = Field(default=None, description="1 = best node; None when it does not fit")
-    score: float = Field(
-        default=0.0, description="0..100, higher is better; 0 when it does not fit"
-    )
+    rank: int | None = None  # 1 = best node; None when it does not fit
+    score: float = 0.0  # 0..100, higher is better; 0 when it does not fit
     task: TaskPlacement | None = None
 
 
-class Outcome(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
+@dataclass(frozen=True, slots=True)
+class Outcome:
     status: Literal["placed", "unschedulable", "unresolvable"]
     placement: Placement | None = None
     reasons: tuple[ReasonGroup, ...] = ()

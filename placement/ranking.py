@@ -19,6 +19,7 @@ All keys are arrays over the candidate nodes; one ``np.lexsort`` orders them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -42,28 +43,62 @@ class RankInputs:
     name_rank: NDArray[np.int64]
 
 
-def rank_keys(inputs: RankInputs, request: PlacementRequest) -> list[NDArray[np.generic]]:
-    """The ordering keys, most important first; smaller is better for every key."""
-    quality = np.round(inputs.quality / _QUANTUM) * _QUANTUM
-    pack_key = inputs.free_after if request.policy == "pack" else -inputs.free_after
-    keys: list[NDArray[np.generic]] = [inputs.protected.astype(np.int8)]
+KeyFn = Callable[[NDArray[np.int64]], NDArray[np.generic]]
+
+
+def rank_keys(inputs: RankInputs, request: PlacementRequest) -> list[KeyFn]:
+    """The ordering keys, most important first, as functions of candidate indices.
+
+    Smaller is better for every key. They are functions so that the hot
+    path evaluates each key only on the candidates still tied before it.
+    """
+    quantum = _QUANTUM
+    loss_floor = (1.0 - request.max_ring_loss) - _QUANTUM
+
+    def quantized(i: NDArray[np.int64]) -> NDArray[np.float64]:
+        return np.asarray(np.round(inputs.quality[i] / quantum) * quantum, dtype=np.float64)
+
+    def quality(i: NDArray[np.int64]) -> NDArray[np.generic]:
+        return -quantized(i)
+
+    def pack(i: NDArray[np.int64]) -> NDArray[np.generic]:
+        free_after = inputs.free_after[i]
+        return free_after if request.policy == "pack" else -free_after
+
+    keys: list[KeyFn] = [lambda i: inputs.protected[i].astype(np.int8)]
     if request.locality == "prefer":
-        keys.append(-inputs.connected.astype(np.int8))
+        keys.append(lambda i: -inputs.connected[i].astype(np.int8))
     if request.objective == "balanced":
-        within = quality >= (1.0 - request.max_ring_loss) - _QUANTUM
-        keys += [-within.astype(np.int8), pack_key, -inputs.fragmentation, -quality]
+        keys += [
+            lambda i: -(quantized(i) >= loss_floor).astype(np.int8),
+            pack,
+            lambda i: -inputs.fragmentation[i],
+            quality,
+        ]
     else:
-        keys += [-quality, pack_key]
-    keys += [-inputs.ring, -inputs.pair, -inputs.fragmentation, inputs.name_rank]
+        keys += [quality, pack]
+    keys += [
+        lambda i: -inputs.ring[i],
+        lambda i: -inputs.pair[i],
+        lambda i: -inputs.fragmentation[i],
+        lambda i: inputs.name_rank[i],
+    ]
     return keys
+
+
+def leading_keys(request: PlacementRequest) -> int:
+    """How many of ``rank_keys`` come before ring: the ones the hot path packs into one int."""
+    return 1 + (request.locality == "prefer") + 2
 
 
 def rank_order(inputs: RankInputs, request: PlacementRequest) -> NDArray[np.int64]:
     """Indices into the inputs, best node first (a full sort: for scoring every node)."""
-    return np.lexsort(tuple(reversed(rank_keys(inputs, request)))).astype(np.int64)
+    everyone = np.arange(inputs.ring.size, dtype=np.int64)
+    columns = [key(everyone) for key in rank_keys(inputs, request)]
+    return np.lexsort(tuple(reversed(columns))).astype(np.int64)
 
 
-def best_index(keys: list[NDArray[np.generic]], among: NDArray[np.int64]) -> int:
+def best_index(keys: list[KeyFn], among: NDArray[np.int64]) -> int:
     """The best of ``among`` without sorting everything: narrow key by key.
 
     The hot path of /place needs one node, not an order: each key keeps only
@@ -74,7 +109,7 @@ def best_index(keys: list[NDArray[np.generic]], among: NDArray[np.int64]) -> int
     for key in keys:
         if idx.size == 1:
             break
-        values = key[idx]
+        values = key(idx)
         idx = idx[values == values.min()]
     return int(idx[0])
 

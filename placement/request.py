@@ -44,7 +44,7 @@ class PlacementRequest(BaseModel):
     numa: NumaMode = "preferred"
     cpus_per_task: int = Field(default=0, ge=0, le=4096)
     gpu_models: tuple[str, ...] = Field(
-        default=(), description="accepted GPU models, matched as case-insensitive substrings"
+        default=(), description="accepted GPU models, each matched as a whole token of the GPU name"
     )
     min_gpu_memory_mib: int = Field(default=0, ge=0)
     node_labels: dict[str, str] = Field(default_factory=dict, description="required node labels")

@@ -16,12 +16,13 @@ import re
 from collections.abc import Sequence
 from datetime import datetime
 from enum import StrEnum
+from functools import cached_property
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from placement.cpuset import CpusetError, parse_cpuset
+from placement.cpuset import CpusetError, format_cpuset, parse_cpuset
 from placement.links import Link, LinkKind, LinkLabelError, parse_link
 
 CpuIsa = Literal["x86_64", "aarch64", "riscv64"]
@@ -64,7 +65,7 @@ class NumaNode(_Frozen):
             raise ValueError(str(exc)) from None
         return value.strip()
 
-    @property
+    @cached_property
     def cpu_list(self) -> tuple[int, ...]:
         return parse_cpuset(self.cpus)
 
@@ -210,10 +211,25 @@ class NodeSnapshot(_Frozen):
         return parse_link(self.links[i][j])
 
     def numa_cpus(self, numa_id: int) -> tuple[int, ...]:
-        for node in self.numa_nodes:
-            if node.id == numa_id:
-                return node.cpu_list
-        return ()
+        node = self._numa_by_id.get(numa_id)
+        return node.cpu_list if node is not None else ()
+
+    def numa_cpuset(self, numa_ids: tuple[int, ...]) -> str:
+        """The cpuset string of some NUMA nodes (memoised: every placement asks)."""
+        memo = self._cpuset_memo
+        found = memo.get(numa_ids)
+        if found is None:
+            found = format_cpuset(c for numa_id in numa_ids for c in self.numa_cpus(numa_id))
+            memo[numa_ids] = found
+        return found
+
+    @cached_property
+    def _numa_by_id(self) -> dict[int, NumaNode]:
+        return {node.id: node for node in self.numa_nodes}
+
+    @cached_property
+    def _cpuset_memo(self) -> dict[tuple[int, ...], str]:
+        return {}
 
     def fabric_domain(self) -> str | None:
         """The multi-node NVLink domain name, only when NVML vouches for it."""

@@ -38,6 +38,7 @@ def build_task(
         node=snap.name,
         gpu_indices=indices,
         gpu_uuids=tuple(snap.gpus[i].uuid for i in indices),
+        mig_uuids=(),
         cpuset=cpus.cpuset,
         cpus=cpus.cpus,
         numa_nodes=cpus.numa_nodes,

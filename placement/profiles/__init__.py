@@ -22,7 +22,7 @@ from placement.profiles._common import Identity, Machine, assemble
 from placement.profiles.dgx1 import dgx1_v100
 from placement.profiles.gb200 import RACK_LABEL, gb200_nvl72_rack, gb200_tray
 from placement.profiles.mig import dgx_a100_mig, hgx_h100_mig
-from placement.profiles.nvswitch import A100_40GB, dgx_a100, hgx_b200, hgx_h100
+from placement.profiles.nvswitch import A100_40GB, dgx2_v100, dgx_a100, hgx_b200, hgx_h100
 from placement.profiles.pcie import pcie_8x_l40s, workstation_2x_a6000
 from placement.profiles.riscv import riscv_nvlfusion_4
 from placement.snapshot import Fabric, NodeSnapshot
@@ -63,6 +63,10 @@ _PROFILES: MappingProxyType[str, _Profile] = MappingProxyType(
         "hgx-h100": _Profile(
             hgx_h100,
             "HGX H100: 8x H100 80GB HBM3 on NVSwitch (NVS18), 2 NUMA nodes, 8 NICs",
+        ),
+        "dgx2-v100": _Profile(
+            dgx2_v100,
+            "DGX-2: 16x Tesla V100-SXM3-32GB, every pair over NVSwitch (NVS6), 2 NUMA nodes",
         ),
         "hgx-b200": _Profile(
             hgx_b200,

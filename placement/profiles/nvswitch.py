@@ -13,6 +13,9 @@ on H100 (18 NVLink 4 lanes) and B200 (18 NVLink 5 lanes).
   (data/topologies/hgx-h100.txt): GPUs 0-3 on NUMA 0 (0-47,96-143), 4-7 on
   NUMA 1 (48-95,144-191). One ConnectX-7 per GPU, PIX to it. Bus IDs as on
   a DGX H100.
+- DGX-2: 16 GPUs (V100-SXM3-32GB) on two baseboards whose 12 NVSwitches
+  are trunked together, so every pair sees NVS6; two 24-core Xeon Platinum
+  8168 (96 CPUs), GPUs 0-7 on NUMA 0 and 8-15 on NUMA 1, one NIC per GPU pair.
 - HGX B200: two 56-core Xeon Platinum 8570 (224 CPUs), GPUs 0-3 on NUMA 0,
   4-7 on NUMA 1, one ConnectX-7 per GPU. Bus IDs as on a DGX B200.
 """
@@ -96,4 +99,43 @@ def hgx_b200() -> Machine:
             NumaSpec(1, cpus((56, 111), (168, 223)), 2097152),
         ),
         nics=_one_nic_per_gpu(_TWO_SOCKETS),
+    )
+
+
+def dgx2_v100() -> Machine:
+    model, memory_mib = ("Tesla V100-SXM3-32GB", 32768)
+    gpu_numa = (0,) * 8 + (1,) * 8
+    buses = bus_ids(
+        0,
+        (
+            0x34,
+            0x36,
+            0x39,
+            0x3B,
+            0x57,
+            0x59,
+            0x5C,
+            0x5E,
+            0xB7,
+            0xB9,
+            0xBC,
+            0xBE,
+            0xE0,
+            0xE2,
+            0xE5,
+            0xE7,
+        ),
+    )
+    nics = tuple(
+        NicSpec(f"mlx5_{n}", nic_links((2 * n, 2 * n + 1), gpu_numa, "PXB", "NODE", "SYS"))
+        for n in range(8)
+    )
+    return Machine(
+        gpus=tuple(GpuSpec(model, memory_mib, buses[i], gpu_numa[i]) for i in range(16)),
+        links=uniform_links(16, "NVS6"),
+        numa_nodes=(
+            NumaSpec(0, cpus((0, 23), (48, 71)), 786432),
+            NumaSpec(1, cpus((24, 47), (72, 95)), 786432),
+        ),
+        nics=nics,
     )

@@ -233,3 +233,17 @@ def test_empty_cluster_is_unschedulable_not_unresolvable() -> None:
     outcome = ClusterState().place(PlacementRequest(gpus=1))
     assert outcome.status == "unschedulable"
     assert "no nodes" in outcome.summary()
+
+
+def test_gpu_model_matches_whole_tokens_only() -> None:
+    from placement.eligibility import model_matches_name
+
+    assert model_matches_name("A100", "NVIDIA A100-SXM4-80GB")
+    assert model_matches_name("h100", "NVIDIA H100 80GB HBM3")
+    assert not model_matches_name("A10", "NVIDIA A100-SXM4-80GB")
+    assert not model_matches_name("B200", "NVIDIA GB200")
+    assert model_matches_name("V100M16", "V100M16")
+    state = ClusterState()
+    state.upsert(build_profile("dgx-a100", "a100"))
+    outcome = state.place(PlacementRequest(gpus=1, gpu_models=("A10",)))
+    assert outcome.status == "unresolvable"
