@@ -28,9 +28,6 @@ engine's own reported values are checked against them.
 from __future__ import annotations
 
 import argparse
-import os
-import platform
-import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -47,6 +44,7 @@ from bench.baselines import (
     place_best_effort,
     place_first_fit,
 )
+from bench.machine import describe
 from bench.trace import DEFAULT_TRACE_DIR, NODE_FILE, Pod, build_cluster, read_nodes, read_pods
 from placement import ClusterState, NodeSnapshot, PlacementRequest
 from placement.bandwidth import DEFAULT_BANDWIDTH
@@ -379,25 +377,7 @@ def _num(x: float, digits: int = 1) -> str:
 
 
 def machine_lines() -> list[str]:
-    uname = platform.uname()
-    cpu = platform.processor() or _cpuinfo_model() or uname.machine
-    return [
-        f"machine : {uname.system} {uname.release} {uname.machine}",
-        f"cpu     : {cpu} ({os.cpu_count()} logical CPUs)",
-        f"python  : {sys.version.split()[0]} ({platform.python_implementation()}),"
-        f" numpy {np.__version__}",
-    ]
-
-
-def _cpuinfo_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
+    return [f"machine : {describe()}", f"numpy   : {np.__version__}"]
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:

@@ -11,7 +11,7 @@ from placement.analysis import Analysis, analyse, requested_slots
 from placement.explain import cause_message, group_reasons, not_placed
 from placement.fast_path import fast_place
 from placement.outcome import Cause, NodeVerdict, Outcome, Placement, ScoreParts, TaskPlacement
-from placement.ranking import best_index, rank_keys, rank_order, scores
+from placement.ranking import best_of, rank_order, rank_words, scores
 from placement.request import PlacementRequest
 from placement.task_builder import build_task
 
@@ -38,10 +38,11 @@ def decide(
     fits = analysis.fits()
     where = np.flatnonzero(fits)
     if where.size:
-        keys = rank_keys(analysis.rank_inputs(fits, state, protected), request)
+        inputs = analysis.rank_inputs(fits, state, protected)
+        words = rank_words(inputs, request)
         remaining = np.arange(where.size, dtype=np.int64)
         while remaining.size:
-            best = best_index(keys, remaining)
+            best = best_of(words, inputs.name_rank, remaining)
             index = int(where[best])
             task = task_at(state, analysis, index, request, 0)
             if task is not None:

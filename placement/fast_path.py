@@ -6,22 +6,22 @@ each shape we keep, per node slot, the chosen set, its metrics and a primary
 ranking key, stamped with the slot's version. A decision then recomputes
 only the slots whose version moved since the last decision of that shape
 (usually the one or two nodes the previous decision and release touched),
-and ranks 10,000 nodes with one max over the primary key plus a narrowing
-among the few nodes tied on it. Filters that do not change a node's answer
+and ranks 10,000 nodes with a max over the first packed ranking word, then
+over the next words among the few nodes tied on it. Filters that do not change a node's answer
 (regions, labels, excluded nodes) are applied at selection time.
 
 What it costs: ~70 bytes per slot per shape, at most MAX_SHAPES shapes (the
 oldest is dropped). What it does not do: gangs, MIG, explicit node lists,
 waiting-gang protection and failures fall back to the full path in
 ``decide``, which also produces the grouped reasons. Both paths share
-``analyse`` and ``rank_keys``, so they agree (a test checks it).
+``analyse`` and ``rank_words``, so they agree (a test checks it).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -30,7 +30,7 @@ from placement.analysis import FITS, Analysis, analyse, query_for
 from placement.eligibility import gpu_eligible, labels_ok, region_ok
 from placement.node_choice import NO_SET
 from placement.outcome import ScoreParts
-from placement.ranking import RankInputs, best_index, leading_keys, rank_keys
+from placement.ranking import best_of, pack_words, rank_columns
 from placement.request import PlacementRequest
 
 if TYPE_CHECKING:
@@ -38,9 +38,8 @@ if TYPE_CHECKING:
     from placement.outcome import TaskPlacement
 
 MAX_SHAPES = 64
+SCALAR_LIMIT = 8  # below this many stale slots, per-node Python beats numpy's call overhead
 _NONE = np.iinfo(np.int64).min
-_QUALITY_STEPS = 1 << 28  # quality ratios are compared at this resolution
-_PACK_BITS = 20
 
 
 def shape_of(request: PlacementRequest) -> PlacementRequest:
@@ -72,22 +71,22 @@ def _shape_key(request: PlacementRequest) -> tuple[object, ...]:
     )
 
 
+_PER_SLOT = ("chosen", "ring", "pair", "quality", "fragmentation", "numa_span", "free_after")
+
+
 @dataclass
 class _ShapeCache:
     shape: PlacementRequest
     seen: int  # the cluster clock this cache is current with (-1: never)
-    version: NDArray[np.int64]
+    version: NDArray[np.int64]  # per slot: the slot version its entries were computed at
+    words: list[NDArray[np.int64]]  # rank_words per slot; words[0] is _NONE where it does not fit
     chosen: NDArray[np.int64]
-    primary: NDArray[np.int64]
     ring: NDArray[np.float64]
     pair: NDArray[np.float64]
     quality: NDArray[np.float64]
     fragmentation: NDArray[np.float64]
-    connected: NDArray[np.bool_]
     numa_span: NDArray[np.int64]
     free_after: NDArray[np.int64]
-    gpu_count: NDArray[np.int64]
-    protected: NDArray[np.bool_]  # always False: protection takes the full path
 
     @classmethod
     def empty(cls, size: int, shape: PlacementRequest) -> _ShapeCache:
@@ -95,26 +94,26 @@ class _ShapeCache:
             shape=shape,
             seen=-1,
             version=np.full(size, -1, dtype=np.int64),
-            chosen=np.full(size, -1, dtype=np.int64),
-            primary=np.full(size, _NONE, dtype=np.int64),
+            words=[],
+            chosen=np.zeros(size, dtype=np.int64),
             ring=np.zeros(size),
             pair=np.zeros(size),
             quality=np.zeros(size),
             fragmentation=np.zeros(size),
-            connected=np.zeros(size, dtype=np.bool_),
             numa_span=np.zeros(size, dtype=np.int64),
             free_after=np.zeros(size, dtype=np.int64),
-            gpu_count=np.zeros(size, dtype=np.int64),
-            protected=np.zeros(size, dtype=np.bool_),
         )
 
     def grow(self, size: int) -> None:
-        for name, old in vars(self).items():
-            if isinstance(old, np.ndarray) and old.size < size:
-                fill = -1 if name in ("version", "chosen") else (_NONE if name == "primary" else 0)
-                new = np.full(size, fill, dtype=old.dtype)
-                new[: old.size] = old
-                setattr(self, name, new)
+        def grown(old: NDArray[Any], fill: int) -> NDArray[Any]:
+            new = np.full(size, fill, dtype=old.dtype)
+            new[: old.size] = old
+            return new
+
+        self.version = grown(self.version, -1)
+        self.words = [grown(w, _NONE if i == 0 else 0) for i, w in enumerate(self.words)]
+        for name in _PER_SLOT:
+            setattr(self, name, grown(getattr(self, name), 0))
 
 
 class ShapeCaches:
@@ -136,60 +135,53 @@ class ShapeCaches:
         return cache
 
 
-def _primary(
-    request: PlacementRequest, fits: bool, quality: float, free_after: int, connected: bool
-) -> int:
-    """The leading ranking keys of ``rank_keys`` packed into one int (larger is better)."""
-    if not fits:
-        return int(_NONE)
-    pack = (1 << _PACK_BITS) - 1 - free_after if request.policy == "pack" else free_after
-    conn = int(connected) if request.locality == "prefer" else 0
-    if request.objective == "balanced":
-        within = quality >= (1.0 - request.max_ring_loss) - 1e-9
-        return (conn << 62) | (int(within) << 61) | pack
-    return (conn << 62) | (round(quality * _QUALITY_STEPS) << _PACK_BITS) | pack
-
-
-SCALAR_LIMIT = 8  # below this many stale slots, per-node Python beats numpy's call overhead
-
-
-def _refresh(state: ClusterState, cache: _ShapeCache, shape: PlacementRequest) -> None:
-    if cache.seen == state.clock:
-        return
+def _stale_slots(state: ClusterState, cache: _ShapeCache) -> NDArray[np.int64]:
     n = state.slot_count
     touched = state.touched_since(cache.seen)
     if touched is None:
-        stale = np.flatnonzero(cache.version[:n] != state.slot_version[:n]).astype(np.int64)
-    else:
-        stale = np.asarray(touched, dtype=np.int64)
+        return np.flatnonzero(cache.version[:n] != state.slot_version[:n]).astype(np.int64)
+    return np.asarray(touched, dtype=np.int64)
+
+
+def _refresh(state: ClusterState, cache: _ShapeCache) -> None:
+    if cache.seen == state.clock:
+        return
+    stale = _stale_slots(state, cache)
     cache.seen = state.clock
     if not stale.size:
         return
+    shape = cache.shape
     if stale.size <= SCALAR_LIMIT:
         a = _analyse_few(state, shape, stale)
     else:
         a = analyse(state, shape, shape.gpus, stale)
     cache.version[stale] = state.slot_version[stale]
-    cache.chosen[stale] = a.chosen
-    fits = a.fits() & state.present[stale]
-    cache.primary[stale] = [
-        _primary(shape, ok, q, f, c)
-        for ok, q, f, c in zip(
-            fits.tolist(),
-            a.quality.tolist(),
-            a.free_after.tolist(),
-            a.connected.tolist(),
-            strict=True,
-        )
+    for name in _PER_SLOT:
+        getattr(cache, name)[stale] = getattr(a, name)
+    fits = (a.fits() & state.present[stale]).tolist()
+    rows = zip(
+        a.ring.tolist(),
+        a.pair.tolist(),
+        a.quality.tolist(),
+        a.fragmentation.tolist(),
+        a.connected.tolist(),
+        a.free_after.tolist(),
+        strict=True,
+    )
+    # Protection of waiting gangs takes the full path: never protected here.
+    per_slot = [
+        pack_words(rank_columns(ring, pair, quality, frag, conn, free_after, False, shape))
+        for ring, pair, quality, frag, conn, free_after in rows
     ]
-    cache.ring[stale] = a.ring
-    cache.pair[stale] = a.pair
-    cache.quality[stale] = a.quality
-    cache.fragmentation[stale] = a.fragmentation
-    cache.connected[stale] = a.connected
-    cache.numa_span[stale] = a.numa_span
-    cache.free_after[stale] = a.free_after
-    cache.gpu_count[stale] = a.gpu_count
+    words = [list(column) for column in zip(*per_slot, strict=True)]
+    words[0] = [w if ok else int(_NONE) for w, ok in zip(words[0], fits, strict=True)]
+    if not cache.words:
+        size = cache.version.size
+        cache.words = [
+            np.full(size, _NONE if i == 0 else 0, dtype=np.int64) for i in range(len(words))
+        ]
+    for stored, fresh in zip(cache.words, words, strict=True):
+        stored[stale] = fresh
 
 
 def _analyse_few(
@@ -259,40 +251,25 @@ def fast_place(state: ClusterState, request: PlacementRequest) -> TaskPlacement 
     from placement.task_builder import build_task
 
     cache = state.shape_caches.get(request, state.slot_count)
-    _refresh(state, cache, cache.shape)
+    _refresh(state, cache)
     n = state.slot_count
-    primary = cache.primary[:n]
+    if not n or not cache.words:
+        return None
+    first = cache.words[0][:n]
     if request.regions:
-        primary = np.where(region_ok(state, request.regions)[:n], primary, _NONE)
+        first = np.where(region_ok(state, request.regions)[:n], first, _NONE)
     if request.node_labels:
-        primary = np.where(labels_ok(state, request.node_labels)[:n], primary, _NONE)
+        first = np.where(labels_ok(state, request.node_labels)[:n], first, _NONE)
     if request.exclude_nodes:
-        primary = primary.copy()
+        first = first.copy()
         for name in request.exclude_nodes:
             if name in state.entries:
-                primary[state.entries[name].slot] = _NONE
-    top = primary.max() if n else _NONE
+                first[state.entries[name].slot] = _NONE
+    top = first.max()
     if top == _NONE:
         return None
-    tied = np.flatnonzero(primary == top).astype(np.int64)
-    if tied.size > 1:
-        # Keys index the cache arrays by slot: nothing is gathered for keys
-        # that the first one or two already decide.
-        inputs = RankInputs(
-            ring=cache.ring,
-            pair=cache.pair,
-            quality=cache.quality,
-            fragmentation=cache.fragmentation,
-            connected=cache.connected,
-            free_after=cache.free_after,
-            gpu_count=cache.gpu_count,
-            protected=cache.protected,
-            name_rank=state.name_rank,
-        )
-        keys = rank_keys(inputs, request)[leading_keys(request) :]
-        slot = best_index(keys, tied)
-    else:
-        slot = int(tied[0])
+    tied = np.flatnonzero(first == top).astype(np.int64)
+    slot = best_of(cache.words[1:], state.name_rank, tied)
     parts = ScoreParts(
         ring_gbps=float(cache.ring[slot]),
         pair_sum_gbps=float(cache.pair[slot]),

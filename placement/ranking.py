@@ -19,15 +19,23 @@ All keys are arrays over the candidate nodes; one ``np.lexsort`` orders them.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
 from placement.request import PlacementRequest
 
-_QUANTUM = 1e-9  # quality ratios equal up to float noise rank equal
+# Every key is compared as an integer: bandwidth at 1/64 GB/s, ratios at
+# 2^-24 (quality) and 2^-20 (fragmentation). Float noise can then never
+# split a tie, and keys pack into a few int64 words that both the full path
+# (one lexsort) and the hot path (a max per word) read the same way.
+QUALITY_STEPS = 1 << 24
+FRAG_STEPS = 1 << 20
+GBPS_STEPS = 64
+_PACK_LIMIT = 1 << 20  # GPUs left free; far above any node
+_WORD_BITS = 62
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,75 +51,107 @@ class RankInputs:
     name_rank: NDArray[np.int64]
 
 
-KeyFn = Callable[[NDArray[np.int64]], NDArray[np.generic]]
+def _q(values: Any, steps: int) -> Any:
+    if isinstance(values, np.ndarray):
+        return np.asarray(np.round(values * steps), dtype=np.int64)
+    return round(values * steps)
 
 
-def rank_keys(inputs: RankInputs, request: PlacementRequest) -> list[KeyFn]:
-    """The ordering keys, most important first, as functions of candidate indices.
+def _int(flags: Any) -> Any:
+    return flags.astype(np.int64) if isinstance(flags, np.ndarray) else int(flags)
 
-    Smaller is better for every key. They are functions so that the hot
-    path evaluates each key only on the candidates still tied before it.
+
+def rank_columns(
+    ring: Any,
+    pair: Any,
+    quality: Any,
+    fragmentation: Any,
+    connected: Any,
+    free_after: Any,
+    protected: Any,
+    request: PlacementRequest,
+) -> list[tuple[Any, int]]:
+    """(key, bits) in order of importance, larger is better; the node name comes last, apart.
+
+    Works on arrays (many nodes) and on plain numbers (one node): the hot
+    path refreshes one or two nodes per decision, where numpy's per-call cost
+    would dominate.
     """
-    quantum = _QUANTUM
-    loss_floor = (1.0 - request.max_ring_loss) - _QUANTUM
-
-    def quantized(i: NDArray[np.int64]) -> NDArray[np.float64]:
-        return np.asarray(np.round(inputs.quality[i] / quantum) * quantum, dtype=np.float64)
-
-    def quality(i: NDArray[np.int64]) -> NDArray[np.generic]:
-        return -quantized(i)
-
-    def pack(i: NDArray[np.int64]) -> NDArray[np.generic]:
-        free_after = inputs.free_after[i]
-        return free_after if request.policy == "pack" else -free_after
-
-    keys: list[KeyFn] = [lambda i: inputs.protected[i].astype(np.int8)]
-    if request.locality == "prefer":
-        keys.append(lambda i: -inputs.connected[i].astype(np.int8))
+    quality_q = _q(quality, QUALITY_STEPS)
+    pack = _PACK_LIMIT - 1 - free_after if request.policy == "pack" else free_after
+    fragmentation_q = _q(fragmentation, FRAG_STEPS)
+    columns: list[tuple[Any, int]] = [
+        (1 - _int(protected), 1),
+        (_int(connected) if request.locality == "prefer" else 0 * pack, 1),
+    ]
     if request.objective == "balanced":
-        keys += [
-            lambda i: -(quantized(i) >= loss_floor).astype(np.int8),
-            pack,
-            lambda i: -inputs.fragmentation[i],
-            quality,
+        floor = round((1.0 - request.max_ring_loss) * QUALITY_STEPS)
+        columns += [
+            (_int(quality_q >= floor), 1),
+            (pack, 21),
+            (fragmentation_q, 21),
+            (quality_q, 25),
         ]
     else:
-        keys += [quality, pack]
-    keys += [
-        lambda i: -inputs.ring[i],
-        lambda i: -inputs.pair[i],
-        lambda i: -inputs.fragmentation[i],
-        lambda i: inputs.name_rank[i],
-    ]
-    return keys
+        columns += [(quality_q, 25), (pack, 21)]
+    columns += [(_q(ring, GBPS_STEPS), 22), (_q(pair, GBPS_STEPS), 30), (fragmentation_q, 21)]
+    return columns
 
 
-def leading_keys(request: PlacementRequest) -> int:
-    """How many of ``rank_keys`` come before ring: the ones the hot path packs into one int."""
-    return 1 + (request.locality == "prefer") + 2
+def pack_words(columns: list[tuple[Any, int]]) -> list[Any]:
+    """Columns packed greedily into int64 words (or ints), compared lexicographically."""
+    words: list[Any] = []
+    word: Any = None
+    used = 0
+    for values, bits in columns:
+        if word is None or used + bits > _WORD_BITS:
+            if word is not None:
+                words.append(word)
+            word, used = 0 * values, 0
+        word = (word << bits) | values
+        used += bits
+    if word is not None:
+        words.append(word)
+    return words
+
+
+def rank_words(inputs: RankInputs, request: PlacementRequest) -> list[NDArray[np.int64]]:
+    """The ranking keys of every input node packed into int64 words."""
+    columns = rank_columns(
+        inputs.ring,
+        inputs.pair,
+        inputs.quality,
+        inputs.fragmentation,
+        inputs.connected,
+        np.asarray(inputs.free_after, dtype=np.int64),
+        inputs.protected,
+        request,
+    )
+    return [np.asarray(w, dtype=np.int64) for w in pack_words(columns)]
 
 
 def rank_order(inputs: RankInputs, request: PlacementRequest) -> NDArray[np.int64]:
     """Indices into the inputs, best node first (a full sort: for scoring every node)."""
-    everyone = np.arange(inputs.ring.size, dtype=np.int64)
-    columns = [key(everyone) for key in rank_keys(inputs, request)]
-    return np.lexsort(tuple(reversed(columns))).astype(np.int64)
+    words = rank_words(inputs, request)
+    keys = (inputs.name_rank, *(-w for w in reversed(words)))
+    return np.lexsort(keys).astype(np.int64)
 
 
-def best_index(keys: list[KeyFn], among: NDArray[np.int64]) -> int:
-    """The best of ``among`` without sorting everything: narrow key by key.
+def best_of(
+    words: list[NDArray[np.int64]], name_rank: NDArray[np.int64], among: NDArray[np.int64]
+) -> int:
+    """The best of ``among`` without sorting: keep the maxima word by word, then the first name.
 
-    The hot path of /place needs one node, not an order: each key keeps only
-    the entries at its minimum, so after the first key or two a handful are
-    left. Cost O(n) for the first key instead of O(n log n) x keys.
+    The hot path needs one node, not an order: the first word usually leaves
+    a handful of nodes, so this costs a few passes over the candidates.
     """
     idx = among
-    for key in keys:
+    for word in words:
         if idx.size == 1:
             break
-        values = key(idx)
-        idx = idx[values == values.min()]
-    return int(idx[0])
+        values = word[idx]
+        idx = idx[values == values.max()]
+    return int(idx[np.argmin(name_rank[idx])])
 
 
 def scores(inputs: RankInputs, request: PlacementRequest) -> NDArray[np.float64]:
