@@ -78,6 +78,9 @@ class Analysis:
             name_rank=state.name_rank[self.slots[sel]],
         )
 
+    def cause_of(self, index: int) -> Cause:
+        return CAUSES[int(self.cause[index])]
+
     def set_cause(self, index: int, cause: Cause) -> None:
         self.cause[index] = _CODE[cause]
         self.chosen[index] = NO_SET

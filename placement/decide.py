@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from placement.analysis import Analysis, analyse, requested_slots
-from placement.explain import cause_message, group_reasons, not_placed
+from placement.explain import group_reasons, not_placed, refusal
 from placement.fast_path import fast_place
 from placement.outcome import Cause, NodeVerdict, Outcome, Placement, ScoreParts, TaskPlacement
 from placement.ranking import best_of, rank_order, rank_words, scores
@@ -108,34 +108,13 @@ def verdicts(state: ClusterState, request: PlacementRequest) -> list[NodeVerdict
             continue
         rank += 1
         out.append(NodeVerdict(node=task.node, fits=True, rank=rank, score=score, task=task))
-    failed = np.flatnonzero(~analysis.fits())
-    for index in failed.tolist():
-        cause = Cause(_cause_at(analysis, index))
-        out.append(
-            NodeVerdict(
-                node=state.entry_at(int(analysis.slots[index])).name,
-                fits=False,
-                cause=cause,
-                message=cause_message(cause, request),
-                resolvable=cause.resolvable,
-            )
-        )
+    for index in np.flatnonzero(~analysis.fits()).tolist():
+        name = state.entry_at(int(analysis.slots[index])).name
+        out.append(refusal(name, analysis.cause_of(index), request))
     if request.nodes is not None:
-        for name in dict.fromkeys(request.nodes):
-            if name not in state.entries:
-                cause = Cause.NOT_REGISTERED
-                out.append(
-                    NodeVerdict(
-                        node=name, fits=False, cause=cause, message=cause_message(cause, request)
-                    )
-                )
+        out += [
+            refusal(name, Cause.NOT_REGISTERED, request)
+            for name in dict.fromkeys(request.nodes)
+            if name not in state.entries
+        ]
     return out
-
-
-def _cause_at(analysis: Analysis, index: int) -> str:
-    from placement.analysis import CAUSES
-
-    return CAUSES[int(analysis.cause[index])].value
-
-
-__all__ = ["decide", "group_reasons", "verdicts"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 
-from placement.outcome import Cause, Outcome, ReasonGroup
+from placement.outcome import Cause, NodeVerdict, Outcome, ReasonGroup
 from placement.request import PlacementRequest
 
 
@@ -63,3 +63,14 @@ def not_placed(groups: tuple[ReasonGroup, ...], request: PlacementRequest) -> Ou
         )
     resolvable = any(g.resolvable for g in groups)
     return Outcome(status="unschedulable" if resolvable else "unresolvable", reasons=groups)
+
+
+def refusal(node: str, cause: Cause, request: PlacementRequest) -> NodeVerdict:
+    """A node's verdict when it cannot take the request."""
+    return NodeVerdict(
+        node=node,
+        fits=False,
+        cause=cause,
+        message=cause_message(cause, request),
+        resolvable=cause.resolvable,
+    )

@@ -26,11 +26,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numpy.typing import NDArray
 
-from placement.analysis import FITS, Analysis, analyse, query_for
+from placement.analysis import analyse, query_for
 from placement.eligibility import gpu_eligible, labels_ok, region_ok
 from placement.node_choice import NO_SET
 from placement.outcome import ScoreParts
-from placement.ranking import best_of, pack_words, rank_columns
+from placement.ranking import RankInputs, best_of, pack_words, rank_columns, rank_words
 from placement.request import PlacementRequest
 
 if TYPE_CHECKING:
@@ -71,6 +71,7 @@ def _shape_key(request: PlacementRequest) -> tuple[object, ...]:
     )
 
 
+# Per-slot fields, in the order _Row carries them after the fit flag.
 _PER_SLOT = ("chosen", "ring", "pair", "quality", "fragmentation", "numa_span", "free_after")
 
 
@@ -143,6 +144,10 @@ def _stale_slots(state: ClusterState, cache: _ShapeCache) -> NDArray[np.int64]:
     return np.asarray(touched, dtype=np.int64)
 
 
+# One node's cached answer: fits, then _PER_SLOT's fields, then what the rank words need.
+_Row = tuple[bool, int, float, float, float, float, int, int, bool]
+
+
 def _refresh(state: ClusterState, cache: _ShapeCache) -> None:
     if cache.seen == state.clock:
         return
@@ -150,100 +155,107 @@ def _refresh(state: ClusterState, cache: _ShapeCache) -> None:
     cache.seen = state.clock
     if not stale.size:
         return
-    shape = cache.shape
+    words: list[Any]  # per word, one value per stale slot (a list or an array)
     if stale.size <= SCALAR_LIMIT:
-        a = _analyse_few(state, shape, stale)
+        rows = _rows_few(state, cache.shape, stale)
+        columns = list(zip(*rows, strict=True))
+        for name, column in zip(_PER_SLOT, columns[1:8], strict=True):
+            getattr(cache, name)[stale] = column
+        words = _words_few(rows, cache.shape)
     else:
-        a = analyse(state, shape, shape.gpus, stale)
-    cache.version[stale] = state.slot_version[stale]
-    for name in _PER_SLOT:
-        getattr(cache, name)[stale] = getattr(a, name)
-    fits = (a.fits() & state.present[stale]).tolist()
-    rows = zip(
-        a.ring.tolist(),
-        a.pair.tolist(),
-        a.quality.tolist(),
-        a.fragmentation.tolist(),
-        a.connected.tolist(),
-        a.free_after.tolist(),
-        strict=True,
-    )
-    # Protection of waiting gangs takes the full path: never protected here.
-    per_slot = [
-        pack_words(rank_columns(ring, pair, quality, frag, conn, free_after, False, shape))
-        for ring, pair, quality, frag, conn, free_after in rows
-    ]
-    words = [list(column) for column in zip(*per_slot, strict=True)]
-    words[0] = [w if ok else int(_NONE) for w, ok in zip(words[0], fits, strict=True)]
+        words = _store_many(state, cache, stale)
     if not cache.words:
         size = cache.version.size
         cache.words = [
             np.full(size, _NONE if i == 0 else 0, dtype=np.int64) for i in range(len(words))
         ]
-    for stored, fresh in zip(cache.words, words, strict=True):
-        stored[stale] = fresh
+    for i, stored in enumerate(cache.words):
+        stored[stale] = words[i]
+    cache.version[stale] = state.slot_version[stale]
 
 
-def _analyse_few(
-    state: ClusterState, shape: PlacementRequest, slots: NDArray[np.int64]
-) -> Analysis:
+def _store_many(
+    state: ClusterState, cache: _ShapeCache, stale: NDArray[np.int64]
+) -> list[NDArray[np.int64]]:
+    """Many stale slots (a new shape, churn): the array path, stored; returns the rank words."""
+    shape = cache.shape
+    a = analyse(state, shape, shape.gpus, stale)
+    for name in _PER_SLOT:
+        getattr(cache, name)[stale] = getattr(a, name)
+    inputs = RankInputs(
+        ring=a.ring,
+        pair=a.pair,
+        quality=a.quality,
+        fragmentation=a.fragmentation,
+        connected=a.connected,
+        free_after=a.free_after,
+        gpu_count=a.gpu_count,
+        protected=np.zeros(stale.size, dtype=np.bool_),  # protection takes the full path
+        name_rank=np.zeros(stale.size, dtype=np.int64),
+    )
+    words = rank_words(inputs, shape)
+    words[0] = np.where(a.fits() & state.present[stale], words[0], _NONE)
+    return words
+
+
+def _words_few(rows: list[_Row], shape: PlacementRequest) -> list[list[int]]:
+    per_slot = [
+        pack_words(rank_columns(ring, pair, quality, frag, conn, free_after, False, shape))
+        for _, _, ring, pair, quality, frag, _, free_after, conn in rows
+    ]
+    words = [list(column) for column in zip(*per_slot, strict=True)]
+    words[0] = [w if row[0] else int(_NONE) for w, row in zip(words[0], rows, strict=True)]
+    return words
+
+
+def _rows_few(state: ClusterState, shape: PlacementRequest, slots: NDArray[np.int64]) -> list[_Row]:
     """``analyse`` for a handful of slots, one node at a time in plain Python.
 
-    Same checks in the same order as ``analyse`` (a test holds them to the
-    same answers); it only reports fit or no fit, which is all the cache needs.
+    Same checks in the same order as ``analyse`` (a test holds the two paths
+    to the same answers); it only tells fit from no fit, which is all the
+    cache needs.
     """
     k = shape.gpus
     query = query_for(shape, k)
     reg = state.registry
     constrained = bool(shape.gpu_models) or shape.min_gpu_memory_mib > 0
     eligible = gpu_eligible(state, shape) if constrained else None
-    rows: list[tuple[int, float, float, bool, int, float, float, int, int]] = []
+    rows: list[_Row] = []
     for slot in slots.tolist():
         cid = int(state.cid[slot])
         elig = -1 if eligible is None else int(eligible[slot])
         free_live = int(state.free[slot])
         potential = int(state.potential[slot]) & elig
-        answer = (NO_SET, 0.0, 0.0, False, 0, 0.0, 0.0, 0, 0)
         ideal = NO_SET if potential.bit_count() < k else reg.choose_one(cid, potential, query)
         fits = (
             ideal != NO_SET
+            and bool(state.present[slot])
             and bool(state.available[slot])
             and (int(state.healthy[slot]) & elig).bit_count() >= k
             and (free_live & elig).bit_count() >= k
         )
         chosen = reg.choose_one(cid, free_live & elig, query) if fits else NO_SET
-        if chosen != NO_SET:
-            ring, pair, connected, span = reg.set_metrics(cid, chosen)
-            ideal_ring = reg.set_metrics(cid, ideal)[0]
-            before = reg.capability_of(cid, free_live)
-            after = reg.capability_of(cid, free_live & ~chosen)
-            answer = (
+        if chosen == NO_SET:
+            rows.append((False, NO_SET, 0.0, 0.0, 0.0, 0.0, 0, 0, False))
+            continue
+        ring, pair, connected, span = reg.set_metrics(cid, chosen)
+        ideal_ring = reg.set_metrics(cid, ideal)[0]
+        before = reg.capability_of(cid, free_live)
+        after = reg.capability_of(cid, free_live & ~chosen)
+        rows.append(
+            (
+                True,
                 chosen,
                 ring,
                 pair,
-                connected,
-                span,
                 min(ring / ideal_ring, 1.0) if ideal_ring > 0 else 1.0,
                 min(max(after / before, 0.0), 1.0) if before > 0 else 1.0,
+                span,
                 free_live.bit_count() - k,
-                int(state.potential[slot]).bit_count(),
+                connected,
             )
-        rows.append(answer)
-    columns = list(zip(*rows, strict=True))
-    chosen_col = np.asarray(columns[0], dtype=np.int64)
-    return Analysis(
-        slots=slots,
-        cause=np.where(chosen_col == NO_SET, 0, FITS).astype(np.int64),
-        chosen=chosen_col,
-        ring=np.asarray(columns[1], dtype=np.float64),
-        pair=np.asarray(columns[2], dtype=np.float64),
-        connected=np.asarray(columns[3], dtype=np.bool_),
-        numa_span=np.asarray(columns[4], dtype=np.int64),
-        quality=np.asarray(columns[5], dtype=np.float64),
-        fragmentation=np.asarray(columns[6], dtype=np.float64),
-        free_after=np.asarray(columns[7], dtype=np.int64),
-        gpu_count=np.asarray(columns[8], dtype=np.int64),
-    )
+        )
+    return rows
 
 
 def fast_place(state: ClusterState, request: PlacementRequest) -> TaskPlacement | None:

@@ -14,8 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from placement.cpuset import format_cpuset
-from placement.explain import cause_message, group_reasons, not_placed
+from placement.explain import group_reasons, not_placed, refusal
 from placement.node_entry import NodeEntry
 from placement.outcome import Cause, NodeVerdict, Outcome, Placement, ScoreParts, TaskPlacement
 from placement.request import PlacementRequest
@@ -88,14 +87,13 @@ def best_instance(entry: NodeEntry, profile: str, held: set[str]) -> _Pick | Non
     return _Pick(best.instance, best.key, total_free)
 
 
-def _node_cause(state: ClusterState, entry: NodeEntry, request: PlacementRequest) -> Cause | None:
-    profile = request.mig_profile or ""
+def _static_cause(entry: NodeEntry, request: PlacementRequest) -> Cause | None:
     snap = entry.snapshot
     if request.regions and snap.region not in request.regions:
         return Cause.REGION
     if any(snap.labels.get(k) != v for k, v in request.node_labels.items()):
         return Cause.LABELS
-    if not any(i.profile == profile for i in snap.mig_instances):
+    if not any(i.profile == request.mig_profile for i in snap.mig_instances):
         return Cause.NO_MIG_PROFILE
     if not entry.available:
         return Cause.UNAVAILABLE
@@ -108,69 +106,75 @@ def _candidates(state: ClusterState, request: PlacementRequest) -> list[NodeEntr
     return [state.entries[n] for n in dict.fromkeys(names) if n in state.entries and n not in skip]
 
 
+def _assess(
+    state: ClusterState, request: PlacementRequest, held: dict[str, set[str]]
+) -> tuple[list[tuple[tuple[int, ...], NodeEntry, _Pick]], list[tuple[NodeEntry, Cause]]]:
+    """Every candidate node's best instance with its rank key (smaller first), or its cause."""
+    profile = request.mig_profile or ""
+    options: list[tuple[tuple[int, ...], NodeEntry, _Pick]] = []
+    refused: list[tuple[NodeEntry, Cause]] = []
+    for entry in _candidates(state, request):
+        cause = _static_cause(entry, request)
+        pick = None
+        if cause is None:
+            pick = best_instance(entry, profile, held.setdefault(entry.name, set(entry.busy_mig)))
+            cause = Cause.NO_FREE_MIG if pick is None else None
+        if pick is None:
+            refused.append((entry, cause or Cause.NO_FREE_MIG))
+            continue
+        after = pick.free_slices_after
+        order = (after if request.policy == "pack" else -after, *pick.key)
+        options.append(((*order, int(state.name_rank[entry.slot])), entry, pick))
+    options.sort(key=lambda option: option[0])
+    return options, refused
+
+
 def _task(entry: NodeEntry, pick: _Pick, task: int) -> TaskPlacement:
     inst = pick.instance
     gpu = entry.snapshot.gpus[inst.parent_gpu]
+    numa = (gpu.numa_node,) if gpu.numa_node is not None else ()
     parts = ScoreParts(
         ring_gbps=0.0,
         pair_sum_gbps=0.0,
         bandwidth=1.0,
         fragmentation=1.0,
-        numa_nodes=1 if gpu.numa_node is not None else 0,
+        numa_nodes=len(numa),
         free_after=pick.free_slices_after,
     )
-    numa = (gpu.numa_node,) if gpu.numa_node is not None else ()
-    cpus = entry.snapshot.numa_cpus(gpu.numa_node) if gpu.numa_node is not None else ()
     return TaskPlacement(
         task=task,
         node=entry.name,
         gpu_indices=(gpu.index,),
         gpu_uuids=(gpu.uuid,),
         mig_uuids=(inst.uuid,),
-        cpuset=format_cpuset(cpus),
+        cpuset=entry.snapshot.numa_cpuset(numa),
         numa_nodes=numa,
         islands=(entry.island_of[gpu.index],),
         nvlink_connected=True,
         score=parts,
         reason=(
             f"MIG {inst.profile} at slice {inst.placement_start} of GPU {gpu.index}"
-            f" on {entry.name}; "
-            f"{pick.free_slices_after} free slices left on the node"
+            f" on {entry.name}; {pick.free_slices_after} free slices left on the node"
         ),
     )
 
 
 def place_mig(state: ClusterState, request: PlacementRequest) -> Outcome:
-    profile = request.mig_profile or ""
-    causes: list[Cause] = []
-    usable: list[NodeEntry] = []
-    for entry in _candidates(state, request):
-        cause = _node_cause(state, entry, request)
-        if cause is None and best_instance(entry, profile, entry.busy_mig) is None:
-            cause = Cause.NO_FREE_MIG
-        if cause is None:
-            usable.append(entry)
-        else:
-            causes.append(cause)
-    held = {e.name: set(e.busy_mig) for e in usable}
+    """Tasks one by one, each on the best node at that point; all or nothing."""
+    held: dict[str, set[str]] = {}
+    options, refused = _assess(state, request, held)
+    causes = [cause for _, cause in refused]
     tasks: list[TaskPlacement] = []
-    while len(tasks) < request.tasks:
-        options = []
-        for entry in usable:
-            pick = best_instance(entry, profile, held[entry.name])
-            if pick is not None:
-                after = pick.free_slices_after
-                order = after if request.policy == "pack" else -after
-                options.append(((order, *pick.key, int(state.name_rank[entry.slot])), entry, pick))
-        if not options:
-            break
-        _, entry, pick = min(options, key=lambda o: o[0])
+    while options and len(tasks) < request.tasks:
+        _, entry, pick = options[0]
         held[entry.name].add(pick.instance.uuid)
         tasks.append(_task(entry, pick, len(tasks)))
+        options, _ = _assess(state, request, held)
     if len(tasks) < request.tasks:
-        if usable:
+        if tasks:
             causes.append(Cause.GANG)
         return not_placed(group_reasons(causes, request), request)
+    profile = request.mig_profile
     reason = (
         tasks[0].reason
         if len(tasks) == 1
@@ -182,42 +186,16 @@ def place_mig(state: ClusterState, request: PlacementRequest) -> Outcome:
 
 
 def mig_verdicts(state: ClusterState, request: PlacementRequest) -> list[NodeVerdict]:
-    profile = request.mig_profile or ""
-    fits: list[tuple[tuple[int, ...], TaskPlacement]] = []
-    out: list[NodeVerdict] = []
-    for entry in _candidates(state, request):
-        cause = _node_cause(state, entry, request)
-        pick = best_instance(entry, profile, entry.busy_mig) if cause is None else None
-        if cause is None and pick is None:
-            cause = Cause.NO_FREE_MIG
-        if cause is not None or pick is None:
-            assert cause is not None
-            out.append(
-                NodeVerdict(
-                    node=entry.name,
-                    fits=False,
-                    cause=cause,
-                    message=cause_message(cause, request),
-                    resolvable=cause.resolvable,
-                )
-            )
-            continue
-        after = pick.free_slices_after
-        order = (
-            after if request.policy == "pack" else -after,
-            *pick.key,
-            int(state.name_rank[entry.slot]),
-        )
-        fits.append((order, _task(entry, pick, 0)))
-    fits.sort(key=lambda f: f[0])
+    options, refused = _assess(state, request, {})
+    total = len(options)
     ranked = [
         NodeVerdict(
-            node=t.node,
+            node=entry.name,
             fits=True,
             rank=i + 1,
-            score=round(100.0 * (len(fits) - i) / len(fits), 3),
-            task=t,
+            score=round(100.0 * (total - i) / total, 3),
+            task=_task(entry, pick, 0),
         )
-        for i, (_, t) in enumerate(fits)
+        for i, (_, entry, pick) in enumerate(options)
     ]
-    return ranked + out
+    return ranked + [refusal(entry.name, cause, request) for entry, cause in refused]
