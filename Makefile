@@ -25,6 +25,7 @@ test: lint
 bench: install
 	$(BIN)/python -m bench.engine_speed
 	$(BIN)/python -m bench.quality
+	$(BIN)/python -m bench.gang_quality
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
