@@ -75,7 +75,6 @@ class Analysis:
             free_after=self.free_after[sel],
             gpu_count=self.gpu_count[sel],
             protected=protected[self.slots[sel]],
-            name_rank=state.name_rank[self.slots[sel]],
         )
 
     def cause_of(self, index: int) -> Cause:
@@ -90,8 +89,8 @@ def requested_slots(state: ClusterState, request: PlacementRequest) -> I64:
     if request.nodes is None:
         slots = np.flatnonzero(state.present[: state.slot_count]).astype(np.int64)
     else:
-        wanted = [state.entries[n].slot for n in dict.fromkeys(request.nodes) if n in state.entries]
-        slots = np.asarray(wanted, dtype=np.int64)
+        wanted = {state.entries[n].slot for n in request.nodes if n in state.entries}
+        slots = np.asarray(sorted(wanted), dtype=np.int64)  # slot order breaks ties
     if request.exclude_nodes:
         drop = {state.entries[n].slot for n in request.exclude_nodes if n in state.entries}
         slots = np.asarray([s for s in slots.tolist() if s not in drop], dtype=np.int64)

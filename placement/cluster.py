@@ -14,8 +14,9 @@ Contract (where the engine meets the service):
    same GPUs; ``allocate`` refuses GPUs already held, so a stale plan fails
    loudly instead of double-booking.
 4. Everything is deterministic: the same sequence of calls gives the same
-   answers. Inputs (snapshots, requests) are immutable values and are never
-   modified.
+   answers. Among nodes that rank equal, the one added first wins (callers
+   that rebuild a state add nodes in name order, so replicas agree).
+   Inputs (snapshots, requests) are immutable values, never modified.
 5. Errors: unknown nodes or GPUs raise ``UnknownNodeError`` /
    ``AllocationError`` (a ValueError); nothing is changed when they do.
 """
@@ -75,7 +76,6 @@ class ClusterState:
         self.potential = np.zeros(cap, dtype=np.int64)
         self.present = np.zeros(cap, dtype=np.bool_)
         self.available = np.zeros(cap, dtype=np.bool_)
-        self._name_rank = np.zeros(cap, dtype=np.int64)
         # Bumped whenever anything about a slot changes: answer caches keyed
         # per slot (placement.fast_path) recompute exactly the slots that moved.
         self.slot_version = np.zeros(cap, dtype=np.int64)
@@ -85,7 +85,6 @@ class ClusterState:
         # that fell further behind compares every slot's version instead.
         self.changes: list[int] = []
         self.changes_base = 0
-        self._ranks_stale = False
         self._static_cache: dict[object, NDArray[np.generic]] = {}
         self.shape_caches = ShapeCaches()
 
@@ -100,7 +99,6 @@ class ClusterState:
             entry = NodeEntry(slot=slot, snapshot=snapshot, cid=cid)
             self.entries[snapshot.name] = entry
             self._slots[slot] = entry
-            self._rerank()
         else:
             entry.snapshot = snapshot
             entry.cid = cid
@@ -119,7 +117,6 @@ class ClusterState:
         self._touch(entry.slot)
         self.version += 1
         self._static_cache.clear()
-        self._rerank()
 
     def set_available(self, name: str, available: bool) -> None:
         """Cordon/uncordon, or mark stale: unavailable nodes get no placements."""
@@ -242,7 +239,6 @@ class ClusterState:
                 "potential",
                 "present",
                 "available",
-                "_name_rank",
                 "slot_version",
             ):
                 old = getattr(self, attr)
@@ -279,19 +275,6 @@ class ClusterState:
         if clock < self.changes_base:
             return None
         return sorted(set(self.changes[clock - self.changes_base :]))
-
-    def _rerank(self) -> None:
-        # Deferred: adding 10,000 nodes one by one must not sort 10,000 times.
-        self._ranks_stale = True
-
-    @property
-    def name_rank(self) -> NDArray[np.int64]:
-        """Per slot, the node's position in name order (the final tie-break)."""
-        if self._ranks_stale:
-            for rank, name in enumerate(sorted(self.entries)):
-                self._name_rank[self.entries[name].slot] = rank
-            self._ranks_stale = False
-        return self._name_rank
 
     @property
     def slot_count(self) -> int:

@@ -42,7 +42,7 @@ def decide(
         words = rank_words(inputs, request)
         remaining = np.arange(where.size, dtype=np.int64)
         while remaining.size:
-            best = best_of(words, inputs.name_rank, remaining)
+            best = best_of(words, remaining)
             index = int(where[best])
             task = task_at(state, analysis, index, request, 0)
             if task is not None:

@@ -191,7 +191,6 @@ def _store_many(
         free_after=a.free_after,
         gpu_count=a.gpu_count,
         protected=np.zeros(stale.size, dtype=np.bool_),  # protection takes the full path
-        name_rank=np.zeros(stale.size, dtype=np.int64),
     )
     words = rank_words(inputs, shape)
     words[0] = np.where(a.fits() & state.present[stale], words[0], _NONE)
@@ -281,7 +280,7 @@ def fast_place(state: ClusterState, request: PlacementRequest) -> TaskPlacement 
     if top == _NONE:
         return None
     tied = np.flatnonzero(first == top).astype(np.int64)
-    slot = best_of(cache.words[1:], state.name_rank, tied)
+    slot = best_of(cache.words[1:], tied)
     parts = ScoreParts(
         ring_gbps=float(cache.ring[slot]),
         pair_sum_gbps=float(cache.pair[slot]),

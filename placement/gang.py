@@ -97,7 +97,7 @@ def _block(state: ClusterState, slot: int) -> str:
 def _node_order(state: ClusterState, cap: _Capacity, slots: list[int]) -> list[int]:
     return sorted(
         slots,
-        key=lambda s: (-cap.nodes[s].capacity, -cap.nodes[s].quality, int(state.name_rank[s])),
+        key=lambda s: (-cap.nodes[s].capacity, -cap.nodes[s].quality, s),
     )
 
 

@@ -124,7 +124,7 @@ def _assess(
             continue
         after = pick.free_slices_after
         order = (after if request.policy == "pack" else -after, *pick.key)
-        options.append(((*order, int(state.name_rank[entry.slot])), entry, pick))
+        options.append(((*order, entry.slot), entry, pick))
     options.sort(key=lambda option: option[0])
     return options, refused
 

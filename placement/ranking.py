@@ -12,7 +12,7 @@ Order, best first (each key breaks the ties of the ones before it):
    ``spread`` the one left with the most;
 5. ``balanced``: fragmentation, then quality;
 6. ring, pair bandwidth, fragmentation (what the node can still serve), and
-   finally the node name, so equal inputs give equal answers.
+   finally the order nodes were added in, so equal inputs give equal answers.
 
 All keys are arrays over the candidate nodes; one ``np.lexsort`` orders them.
 """
@@ -34,7 +34,7 @@ from placement.request import PlacementRequest
 QUALITY_STEPS = 1 << 24
 FRAG_STEPS = 1 << 20
 GBPS_STEPS = 64
-_PACK_LIMIT = 1 << 20  # GPUs left free; far above any node
+_PACK_LIMIT = 1 << 7  # GPUs left free on one node: at most 64
 _WORD_BITS = 62
 
 
@@ -48,7 +48,6 @@ class RankInputs:
     free_after: NDArray[np.int64]
     gpu_count: NDArray[np.int64]
     protected: NDArray[np.bool_]
-    name_rank: NDArray[np.int64]
 
 
 def _q(values: Any, steps: int) -> Any:
@@ -71,7 +70,7 @@ def rank_columns(
     protected: Any,
     request: PlacementRequest,
 ) -> list[tuple[Any, int]]:
-    """(key, bits) in order of importance, larger is better; the node name comes last, apart.
+    """(key, bits) in order of importance, larger is better; insertion order breaks ties.
 
     Works on arrays (many nodes) and on plain numbers (one node): the hot
     path refreshes one or two nodes per decision, where numpy's per-call cost
@@ -88,12 +87,12 @@ def rank_columns(
         floor = round((1.0 - request.max_ring_loss) * QUALITY_STEPS)
         columns += [
             (_int(quality_q >= floor), 1),
-            (pack, 21),
+            (pack, 8),
             (fragmentation_q, 21),
             (quality_q, 25),
         ]
     else:
-        columns += [(quality_q, 25), (pack, 21)]
+        columns += [(quality_q, 25), (pack, 8)]
     columns += [(_q(ring, GBPS_STEPS), 22), (_q(pair, GBPS_STEPS), 30), (fragmentation_q, 21)]
     return columns
 
@@ -133,14 +132,12 @@ def rank_words(inputs: RankInputs, request: PlacementRequest) -> list[NDArray[np
 def rank_order(inputs: RankInputs, request: PlacementRequest) -> NDArray[np.int64]:
     """Indices into the inputs, best node first (a full sort: for scoring every node)."""
     words = rank_words(inputs, request)
-    keys = (inputs.name_rank, *(-w for w in reversed(words)))
-    return np.lexsort(keys).astype(np.int64)
+    # lexsort is stable: among equal keys the input order (slot order) stays.
+    return np.lexsort(tuple(-w for w in reversed(words))).astype(np.int64)
 
 
-def best_of(
-    words: list[NDArray[np.int64]], name_rank: NDArray[np.int64], among: NDArray[np.int64]
-) -> int:
-    """The best of ``among`` without sorting: keep the maxima word by word, then the first name.
+def best_of(words: list[NDArray[np.int64]], among: NDArray[np.int64]) -> int:
+    """The best of ``among`` (ascending) without sorting: maxima word by word, then the first.
 
     The hot path needs one node, not an order: the first word usually leaves
     a handful of nodes, so this costs a few passes over the candidates.
@@ -151,7 +148,7 @@ def best_of(
             break
         values = word[idx]
         idx = idx[values == values.max()]
-    return int(idx[np.argmin(name_rank[idx])])
+    return int(idx[0])
 
 
 def scores(inputs: RankInputs, request: PlacementRequest) -> NDArray[np.float64]:
