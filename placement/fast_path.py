@@ -19,8 +19,9 @@ waiting-gang protection and failures fall back to the full path in
 
 from __future__ import annotations
 
+import heapq
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -88,6 +89,9 @@ class _ShapeCache:
     fragmentation: NDArray[np.float64]
     numa_span: NDArray[np.int64]
     free_after: NDArray[np.int64]
+    # Best node first: (-word0, -word1, ..., slot, version). Entries whose
+    # version is no longer the slot's are dropped lazily when they surface.
+    heap: list[tuple[int, ...]] = field(default_factory=list)
 
     @classmethod
     def empty(cls, size: int, shape: PlacementRequest) -> _ShapeCache:
@@ -172,6 +176,34 @@ def _refresh(state: ClusterState, cache: _ShapeCache) -> None:
     for i, stored in enumerate(cache.words):
         stored[stale] = words[i]
     cache.version[stale] = state.slot_version[stale]
+    _push(cache, stale)
+
+
+def _push(cache: _ShapeCache, stale: NDArray[np.int64]) -> None:
+    """Keep the heap in step with the words; rebuilt when mostly stale entries remain."""
+    if stale.size > SCALAR_LIMIT or len(cache.heap) > 4 * cache.version.size + 64:
+        live = np.flatnonzero(cache.words[0] != _NONE)
+        columns = [(-w[live]).tolist() for w in cache.words]
+        cache.heap = list(zip(*columns, live.tolist(), cache.version[live].tolist(), strict=True))
+        heapq.heapify(cache.heap)
+        return
+    versions = cache.version[stale].tolist()
+    for i, slot in enumerate(stale.tolist()):
+        if cache.words[0][slot] != _NONE:
+            entry = (*(-int(w[slot]) for w in cache.words), slot, versions[i])
+            heapq.heappush(cache.heap, entry)
+
+
+def _heap_best(cache: _ShapeCache) -> int | None:
+    """The best slot, in O(log n): stale entries on top are popped and forgotten."""
+    heap = cache.heap
+    while heap:
+        top = heap[0]
+        slot, version = top[-2], top[-1]
+        if cache.version[slot] == version and cache.words[0][slot] != _NONE:
+            return slot
+        heapq.heappop(heap)
+    return None
 
 
 def _store_many(
@@ -259,13 +291,14 @@ def _rows_few(state: ClusterState, shape: PlacementRequest, slots: NDArray[np.in
 
 def fast_place(state: ClusterState, request: PlacementRequest) -> TaskPlacement | None:
     """The best node's task for a single-task whole-GPU request, or None to use the full path."""
-    from placement.task_builder import build_task
-
     cache = state.shape_caches.get(request, state.slot_count)
     _refresh(state, cache)
     n = state.slot_count
     if not n or not cache.words:
         return None
+    if not (request.regions or request.node_labels or request.exclude_nodes):
+        best = _heap_best(cache)
+        return None if best is None else _task(state, cache, request, best)
     first = cache.words[0][:n]
     if request.regions:
         first = np.where(region_ok(state, request.regions)[:n], first, _NONE)
@@ -280,7 +313,14 @@ def fast_place(state: ClusterState, request: PlacementRequest) -> TaskPlacement 
     if top == _NONE:
         return None
     tied = np.flatnonzero(first == top).astype(np.int64)
-    slot = best_of(cache.words[1:], tied)
+    return _task(state, cache, request, best_of(cache.words[1:], tied))
+
+
+def _task(
+    state: ClusterState, cache: _ShapeCache, request: PlacementRequest, slot: int
+) -> TaskPlacement | None:
+    from placement.task_builder import build_task
+
     parts = ScoreParts(
         ring_gbps=float(cache.ring[slot]),
         pair_sum_gbps=float(cache.pair[slot]),
