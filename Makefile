@@ -1,10 +1,10 @@
-# One entry point for people and CI. `make test` works on a fresh machine:
-# it creates the virtualenv, installs the project, lints, type-checks and
-# runs the whole test suite.
+# One entry point for people and CI, on a fresh machine: `make demo` installs
+# the project and runs the service with a simulated cluster; `make test`
+# installs, lints, type-checks and runs the whole test suite.
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: install lint test bench clean
+.PHONY: install lint test demo bench clean
 
 $(BIN)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -21,6 +21,9 @@ lint: install
 
 test: lint
 	$(BIN)/pytest -q
+
+demo: install
+	$(BIN)/topoplace serve --demo
 
 bench: install
 	$(BIN)/python -m bench.engine_speed

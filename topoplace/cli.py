@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from topoplace import plan_cmd, profiles_cmd
+from topoplace import plan_cmd, profiles_cmd, serve_cmd
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -13,6 +13,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     plan_cmd.add_parser(sub)
     profiles_cmd.add_parser(sub)
+    serve_cmd.add_parsers(sub)
     return parser
 
 

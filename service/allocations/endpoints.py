@@ -1,0 +1,88 @@
+"""HTTP routes for /place, /score and allocations."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Header, Query, Response, status
+
+from service.allocations import service
+from service.allocations.schemas import (
+    AllocationList,
+    AllocationState,
+    AllocationView,
+    ExtendRequest,
+    PlaceRequest,
+    ReleaseResult,
+    ScoreRequest,
+    ScoreResult,
+)
+from service.deps import get_state
+from service.state import ServiceState
+
+router = APIRouter(prefix="/v1", tags=["placement"])
+State = Annotated[ServiceState, Depends(get_state)]
+
+
+@router.post(
+    "/place",
+    response_model=AllocationView,
+    status_code=status.HTTP_201_CREATED,
+    responses={200: {"description": "an Idempotency-Key replay: the allocation made before"}},
+)
+def place(
+    body: PlaceRequest,
+    response: Response,
+    state: State,
+    idempotency_key: Annotated[str | None, Header(max_length=256)] = None,
+) -> AllocationView:
+    """Choose node(s) and GPUs and reserve them (pending until confirmed or expired)."""
+    allocation, created = service.place(state, body, idempotency_key)
+    if not created:
+        response.status_code = status.HTTP_200_OK
+        response.headers["Idempotent-Replayed"] = "true"
+    return allocation
+
+
+@router.post("/score", response_model=ScoreResult)
+def score(body: ScoreRequest, state: State) -> ScoreResult:
+    """Rank nodes for a request without reserving: per node the GPUs it would get, or why not."""
+    return ScoreResult(nodes=service.score(state, body))
+
+
+@router.get("/allocations", response_model=AllocationList)
+def list_allocations(
+    state: State,
+    job_id: str | None = None,
+    node: str | None = None,
+    allocation_state: Annotated[AllocationState | None, Query(alias="state")] = None,
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 500,
+) -> AllocationList:
+    return AllocationList(allocations=service.listing(state, job_id, node, allocation_state, limit))
+
+
+@router.get("/allocations/{allocation_id}", response_model=AllocationView)
+def get_allocation(allocation_id: str, state: State) -> AllocationView:
+    return service.get(state, allocation_id)
+
+
+@router.post("/allocations/{allocation_id}/confirm", response_model=AllocationView)
+def confirm(allocation_id: str, state: State) -> AllocationView:
+    """pending -> active (the scheduler bound the job); active allocations never expire."""
+    return service.confirm(state, allocation_id)
+
+
+@router.post("/allocations/{allocation_id}/extend", response_model=AllocationView)
+def extend(allocation_id: str, body: ExtendRequest, state: State) -> AllocationView:
+    return service.extend(state, allocation_id, body.ttl_s)
+
+
+@router.post("/allocations/{allocation_id}/release", response_model=ReleaseResult)
+def release(allocation_id: str, state: State) -> ReleaseResult:
+    return ReleaseResult(released=service.release(state, allocation_id))
+
+
+@router.post("/jobs/{job_id}/release", response_model=ReleaseResult)
+def release_job(job_id: str, state: State) -> ReleaseResult:
+    """Release every live allocation of a job (e.g. from a Slurm epilog)."""
+    return ReleaseResult(released=service.release_job(state, job_id))

@@ -1,0 +1,98 @@
+"""API shapes for placements and allocations."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from placement import PlacementRequest
+
+AllocationState = Literal["pending", "active", "degraded", "released", "expired"]
+
+
+class PlaceRequest(PlacementRequest):
+    """A placement request plus what the service keeps about the reservation."""
+
+    owner: str | None = Field(default=None, max_length=256, description="who asked (user, team)")
+    ttl_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="seconds the reservation stays pending before it expires unless confirmed;"
+        " the service default when omitted",
+    )
+
+    def engine_request(self) -> PlacementRequest:
+        return PlacementRequest.model_validate(self.model_dump(exclude={"owner", "ttl_s"}))
+
+
+class ScoreView(BaseModel):
+    ring_gbps: float
+    pair_sum_gbps: float
+    bandwidth: float = Field(description="ring relative to the best this node design gives, 0..1")
+    fragmentation: float = Field(description="what the node can still serve afterwards, 0..1")
+    numa_nodes: int
+    free_after: int
+
+
+class TaskView(BaseModel):
+    task: int
+    node: str
+    gpu_indices: list[int]
+    gpu_uuids: list[str]
+    mig_uuids: list[str]
+    cpuset: str
+    cpus: list[int]
+    numa_nodes: list[int]
+    islands: list[str]
+    nvlink_connected: bool
+    score: ScoreView
+    reason: str
+    env: dict[str, str] = Field(description="environment for the task, e.g. CUDA_VISIBLE_DEVICES")
+
+
+class AllocationView(BaseModel):
+    id: str
+    state: AllocationState
+    job_id: str | None
+    owner: str | None
+    tasks: list[TaskView]
+    ring_gbps: float
+    fabric_domain: str | None
+    network_blocks: list[str]
+    reason: str
+    created_at: datetime
+    expires_at: datetime | None
+    ended_at: datetime | None
+
+
+class AllocationList(BaseModel):
+    allocations: list[AllocationView]
+
+
+class ReleaseResult(BaseModel):
+    released: list[str] = Field(description="ids of the allocations released by this call")
+
+
+class ExtendRequest(BaseModel):
+    ttl_s: float = Field(gt=0, description="new time to live from now, in seconds")
+
+
+class ScoreRequest(PlacementRequest):
+    """Rank nodes for a request without reserving anything (``nodes``: only these)."""
+
+
+class NodeScoreView(BaseModel):
+    node: str
+    fits: bool
+    rank: int | None
+    score: float
+    cause: str | None
+    message: str
+    resolvable: bool
+    task: TaskView | None
+
+
+class ScoreResult(BaseModel):
+    nodes: list[NodeScoreView]

@@ -1,0 +1,315 @@
+"""Placements and allocations: choose in memory, reserve in the database, never twice.
+
+The write path for /place (style: snapshot in, plan out, commit optimistically):
+
+1. under the state lock, the engine chooses and the choice is applied to the
+   in-memory state at once, so concurrent requests in this process see it;
+2. the allocation and one ``gpu_holds`` row per GPU are inserted in one
+   transaction; the holds' primary key makes a GPU held twice impossible at
+   the database level, whichever process or replica wrote first;
+3. if the insert fails on a hold, another replica got there first: the
+   tentative choice is undone, that replica's holds are read into memory and
+   the decision is made again on fresh state (a few times, then 409).
+
+An ``Idempotency-Key`` is stored with the allocation (unique), so a retried
+request gets the same allocation back, never a second one.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import datetime, timedelta
+
+import sqlalchemy as sa
+from sqlalchemy.exc import IntegrityError, OperationalError
+
+from placement import Outcome, Placement, TaskPlacement
+from service.allocations import repository
+from service.allocations.schemas import (
+    AllocationView,
+    NodeScoreView,
+    PlaceRequest,
+    ScoreRequest,
+    ScoreView,
+    TaskView,
+)
+from service.errors import BadRequest, Conflict, NotFound, Unavailable, Unresolvable, Unschedulable
+from service.state import ServiceState
+
+PLACE_ATTEMPTS = 4
+
+
+def task_view(task: TaskPlacement) -> TaskView:
+    devices = task.mig_uuids or task.gpu_uuids
+    visible = ",".join(devices)
+    env = {"CUDA_VISIBLE_DEVICES": visible, "NVIDIA_VISIBLE_DEVICES": visible}
+    if task.cpuset:
+        env["TOPOPLACE_CPUSET"] = task.cpuset
+    return TaskView(
+        task=task.task,
+        node=task.node,
+        gpu_indices=list(task.gpu_indices),
+        gpu_uuids=list(task.gpu_uuids),
+        mig_uuids=list(task.mig_uuids),
+        cpuset=task.cpuset,
+        cpus=list(task.cpus),
+        numa_nodes=list(task.numa_nodes),
+        islands=list(task.islands),
+        nvlink_connected=task.nvlink_connected,
+        score=ScoreView(
+            ring_gbps=task.score.ring_gbps,
+            pair_sum_gbps=task.score.pair_sum_gbps,
+            bandwidth=task.score.bandwidth,
+            fragmentation=task.score.fragmentation,
+            numa_nodes=task.score.numa_nodes,
+            free_after=task.score.free_after,
+        ),
+        reason=task.reason,
+        env=env,
+    )
+
+
+def _holds(placement: Placement) -> list[tuple[str, str, str]]:
+    out: list[tuple[str, str, str]] = []
+    for task in placement.tasks:
+        if task.mig_uuids:
+            out += [(task.node, m, "mig") for m in task.mig_uuids]
+        else:
+            out += [(task.node, g, "gpu") for g in task.gpu_uuids]
+    return out
+
+
+def _view(row: sa.RowMapping) -> AllocationView:
+    placed = json.loads(row["placement"])
+    return AllocationView(
+        id=row["id"],
+        state=row["state"],
+        job_id=row["job_id"],
+        owner=row["owner"],
+        tasks=[TaskView.model_validate(t) for t in placed["tasks"]],
+        ring_gbps=placed["ring_gbps"],
+        fabric_domain=placed["fabric_domain"],
+        network_blocks=placed["network_blocks"],
+        reason=placed["reason"],
+        created_at=row["created_at"],
+        expires_at=row["expires_at"],
+        ended_at=row["ended_at"],
+    )
+
+
+def _refuse(outcome: Outcome) -> Exception:
+    detail = {
+        "reasons": [
+            {
+                "cause": g.cause.value,
+                "nodes": g.nodes,
+                "message": g.message,
+                "resolvable": g.resolvable,
+            }
+            for g in outcome.reasons
+        ]
+    }
+    message = outcome.summary()
+    if outcome.status == "unresolvable":
+        return Unresolvable(f"no node can ever hold this request: {message}", detail)
+    return Unschedulable(f"nothing fits now: {message}", detail)
+
+
+def _ttl(state: ServiceState, requested: float | None) -> float:
+    ttl = state.settings.reservation_ttl_s if requested is None else requested
+    if ttl > state.settings.max_reservation_ttl_s:
+        raise BadRequest(
+            f"ttl_s {ttl:g} is over the limit of {state.settings.max_reservation_ttl_s:g} seconds",
+            {"field": "ttl_s"},
+        )
+    return ttl
+
+
+def place(
+    state: ServiceState, body: PlaceRequest, idempotency_key: str | None
+) -> tuple[AllocationView, bool]:
+    """Choose and reserve; returns (allocation, created). A replayed key returns created=False."""
+    request_json = body.model_dump_json()
+    if idempotency_key is not None:
+        replay = _replay(state, idempotency_key, request_json)
+        if replay is not None:
+            return replay, False
+    ttl = _ttl(state, body.ttl_s)
+    request = body.engine_request()
+    for _ in range(PLACE_ATTEMPTS):
+        with state.lock:
+            state.refresh_availability()
+            outcome = state.cluster.place(request)
+            if outcome.placement is None:
+                raise _refuse(outcome)
+            placement = outcome.placement
+            state.cluster.apply(placement)  # tentative: concurrent requests here skip these GPUs
+        now = state.clock()
+        row = {
+            "id": str(uuid.uuid4()),
+            "state": "pending",
+            "job_id": body.job_id,
+            "owner": body.owner,
+            "idempotency_key": idempotency_key,
+            "request": request_json,
+            "placement": json.dumps(_placement_json(placement)),
+            "created_at": now,
+            "expires_at": now + timedelta(seconds=ttl),
+            "ended_at": None,
+        }
+        try:
+            with state.engine.begin() as conn:
+                repository.insert(conn, row, _holds(placement))
+        except IntegrityError:
+            with state.lock:
+                state.cluster.unapply(placement)
+            if idempotency_key is not None:
+                replay = _replay(state, idempotency_key, request_json)
+                if replay is not None:
+                    return replay, False
+            _catch_up(state, placement)
+            continue
+        except OperationalError as exc:
+            with state.lock:
+                state.cluster.unapply(placement)
+            raise Unavailable(f"the database did not answer: {exc.orig}") from None
+        with state.engine.connect() as conn:
+            stored = repository.by_id(conn, str(row["id"]))
+        assert stored is not None
+        return _view(stored), True
+    raise Unschedulable(
+        f"other replicas took the chosen GPUs {PLACE_ATTEMPTS} times in a row; retry",
+        {"reasons": []},
+    )
+
+
+def _placement_json(placement: Placement) -> dict[str, object]:
+    return {
+        "tasks": [task_view(t).model_dump(mode="json") for t in placement.tasks],
+        "ring_gbps": placement.ring_gbps,
+        "fabric_domain": placement.fabric_domain,
+        "network_blocks": list(placement.network_blocks),
+        "reason": placement.reason,
+    }
+
+
+def _replay(state: ServiceState, key: str, request_json: str) -> AllocationView | None:
+    with state.engine.connect() as conn:
+        row = repository.by_idempotency_key(conn, key)
+    if row is None:
+        return None
+    if row["request"] != request_json:
+        raise Conflict(
+            "this Idempotency-Key was used for a different request; use a new key",
+            {"allocation_id": row["id"]},
+        )
+    return _view(row)
+
+
+def _catch_up(state: ServiceState, placement: Placement) -> None:
+    """Read into memory what other replicas hold on the nodes we lost the race on."""
+    nodes = sorted({t.node for t in placement.tasks})
+    with state.engine.connect() as conn:
+        holds = repository.holds_on(conn, nodes)
+    state.add_holds(holds)
+
+
+def get(state: ServiceState, allocation_id: str) -> AllocationView:
+    with state.engine.connect() as conn:
+        row = repository.by_id(conn, allocation_id)
+    if row is None:
+        raise NotFound(f"no allocation {allocation_id!r}")
+    return _view(row)
+
+
+def listing(
+    state: ServiceState, job_id: str | None, node: str | None, status: str | None, limit: int
+) -> list[AllocationView]:
+    with state.engine.connect() as conn:
+        rows = repository.listing(conn, job_id=job_id, node=node, state=status, limit=limit)
+    return [_view(r) for r in rows]
+
+
+def confirm(state: ServiceState, allocation_id: str) -> AllocationView:
+    with state.engine.begin() as conn:
+        row = repository.by_id(conn, allocation_id)
+        if row is None:
+            raise NotFound(f"no allocation {allocation_id!r}")
+        if row["state"] == "pending":
+            repository.set_state(conn, allocation_id, "active", None)
+        elif row["state"] not in ("active", "degraded"):
+            raise Conflict(
+                f"allocation {allocation_id} is {row['state']};"
+                " only a pending one can be confirmed",
+                {"state": row["state"]},
+            )
+    return get(state, allocation_id)
+
+
+def extend(state: ServiceState, allocation_id: str, ttl_s: float) -> AllocationView:
+    ttl = _ttl(state, ttl_s)
+    with state.engine.begin() as conn:
+        row = repository.by_id(conn, allocation_id)
+        if row is None:
+            raise NotFound(f"no allocation {allocation_id!r}")
+        if row["state"] != "pending":
+            raise Conflict(
+                f"allocation {allocation_id} is {row['state']}; only a pending one has a TTL",
+                {"state": row["state"]},
+            )
+        repository.set_state(conn, allocation_id, "pending", state.clock() + timedelta(seconds=ttl))
+    return get(state, allocation_id)
+
+
+def _end(state: ServiceState, ids: list[str], final: str) -> list[str]:
+    now = state.clock()
+    with state.engine.begin() as conn:
+        holds = repository.holds_of(conn, ids) if ids else []
+        ended = repository.end(conn, ids, final, now) if ids else []
+    with state.lock:
+        for hold in holds:
+            if hold["allocation_id"] not in ended or hold["node"] not in state.cluster:
+                continue
+            if hold["kind"] == "mig":
+                state.cluster.release(hold["node"], mig_uuids=[hold["device"]])
+            else:
+                state.cluster.release(hold["node"], gpu_uuids=[hold["device"]])
+    return ended
+
+
+def release(state: ServiceState, allocation_id: str) -> list[str]:
+    get(state, allocation_id)  # 404 for an unknown id; releasing twice is a no-op
+    return _end(state, [allocation_id], "released")
+
+
+def release_job(state: ServiceState, job_id: str) -> list[str]:
+    with state.engine.connect() as conn:
+        ids = repository.live_ids_for_job(conn, job_id)
+    return _end(state, ids, "released")
+
+
+def sweep(state: ServiceState, now: datetime | None = None) -> list[str]:
+    """Expire pending reservations whose TTL passed; returns their ids."""
+    with state.engine.connect() as conn:
+        ids = repository.expired_ids(conn, now or state.clock())
+    return _end(state, ids, "expired")
+
+
+def score(state: ServiceState, body: ScoreRequest) -> list[NodeScoreView]:
+    with state.lock:
+        state.refresh_availability()
+        verdicts = state.cluster.evaluate(body)
+    return [
+        NodeScoreView(
+            node=v.node,
+            fits=v.fits,
+            rank=v.rank,
+            score=v.score,
+            cause=v.cause.value if v.cause else None,
+            message=v.message or (v.task.reason if v.task else ""),
+            resolvable=v.resolvable,
+            task=task_view(v.task) if v.task else None,
+        )
+        for v in verdicts
+    ]

@@ -1,0 +1,146 @@
+"""The FastAPI application: routers, the one error shape, health, and background work."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import sqlalchemy as sa
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from sqlalchemy.exc import OperationalError
+
+from service import cluster_view, migrate
+from service.allocations import endpoints as allocation_routes
+from service.allocations import service as allocation_service
+from service.db import make_engine
+from service.demo import heartbeat_demo_cluster, register_demo_cluster
+from service.errors import ServiceError, TooLarge, Unavailable
+from service.nodes import endpoints as node_routes
+from service.settings import Settings
+from service.state import Clock, ServiceState, utc_now
+
+log = logging.getLogger("topoplace.service")
+SWEEP_INTERVAL_S = 2.0
+
+
+def _error_response(error: ServiceError) -> JSONResponse:
+    headers = {"Retry-After": str(error.retry_after)} if error.retry_after else None
+    return JSONResponse(error.body(), status_code=error.status, headers=headers)
+
+
+def _validation_response(exc: RequestValidationError) -> JSONResponse:
+    errors = exc.errors()
+    first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
+    field = ".".join(str(p) for p in first["loc"] if p != "body")
+    message = f"{field}: {first['msg']}" if field else str(first["msg"])
+    detail = {
+        "field": field,
+        "errors": [
+            {"field": ".".join(str(p) for p in e["loc"] if p != "body"), "message": e["msg"]}
+            for e in errors
+        ],
+    }
+    body = {"error": {"code": "invalid_request", "message": message, "detail": detail}}
+    return JSONResponse(body, status_code=422)
+
+
+async def _background(state: ServiceState, demo_nodes: list[str]) -> None:
+    """Expire stale reservations; keep the demo nodes' heartbeats fresh."""
+    interval = min(SWEEP_INTERVAL_S, state.settings.heartbeat_ttl_s / 3)
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            await asyncio.to_thread(allocation_service.sweep, state)
+            if demo_nodes:
+                await asyncio.to_thread(heartbeat_demo_cluster, state, demo_nodes)
+        except Exception:  # the loop must outlive a database hiccup
+            log.exception("background sweep failed; retrying")
+
+
+def create_app(
+    settings: Settings | None = None,
+    *,
+    demo: bool = False,
+    clock: Clock = utc_now,
+    background: bool = True,
+) -> FastAPI:
+    settings = settings or Settings()
+    engine = make_engine(settings.database_url)
+    state = ServiceState(settings, engine, clock)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if settings.migrate_on_start:
+            await asyncio.to_thread(migrate.upgrade, settings.database_url)
+        await asyncio.to_thread(state.load)
+        demo_nodes = await asyncio.to_thread(register_demo_cluster, state) if demo else []
+        task = asyncio.create_task(_background(state, demo_nodes)) if background else None
+        try:
+            yield
+        finally:
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            engine.dispose()
+
+    app = FastAPI(
+        title="topoplace",
+        version="1",
+        description="Topology-aware GPU placement: chooses the node and the exact GPUs.",
+        lifespan=lifespan,
+    )
+    app.state.service = state
+    app.include_router(node_routes.router)
+    app.include_router(allocation_routes.router)
+    app.include_router(cluster_view.router)
+
+    @app.exception_handler(ServiceError)
+    async def _service_error(_: Request, exc: ServiceError) -> JSONResponse:
+        return _error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return _validation_response(exc)
+
+    @app.exception_handler(OperationalError)
+    async def _db_down(_: Request, exc: OperationalError) -> JSONResponse:
+        return _error_response(Unavailable(f"the database did not answer: {exc.orig}"))
+
+    @app.middleware("http")
+    async def _limit_body(
+        request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > settings.max_body_bytes:
+            return _error_response(
+                TooLarge(
+                    f"request body of {length} bytes is over the limit of"
+                    f" {settings.max_body_bytes} (TOPOPLACE_MAX_BODY_BYTES)"
+                )
+            )
+        return await call_next(request)
+
+    @app.get("/healthz", tags=["health"])
+    def healthz() -> dict[str, str]:
+        """The process is up."""
+        return {"status": "ok"}
+
+    @app.get("/readyz", tags=["health"], responses={503: {"description": "not ready"}})
+    def readyz() -> Any:
+        """The database answers and the in-memory state is loaded."""
+        try:
+            with engine.connect() as conn:
+                conn.execute(sa.text("SELECT 1"))
+        except OperationalError as exc:
+            return _error_response(Unavailable(f"the database did not answer: {exc.orig}"))
+        if not state.loaded:
+            return JSONResponse({"status": "loading"}, status_code=503)
+        return {"status": "ready", "nodes": len(state.cluster)}
+
+    return app

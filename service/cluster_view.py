@@ -1,0 +1,67 @@
+"""GET /v1/cluster: capacity, free GPUs, fragmentation, counts by state."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import sqlalchemy as sa
+from fastapi import APIRouter, Depends
+from pydantic import BaseModel, Field
+
+from service import schema
+from service.deps import get_state
+from service.state import ServiceState
+
+router = APIRouter(prefix="/v1", tags=["cluster"])
+
+
+class ClusterView(BaseModel):
+    nodes: dict[str, int] = Field(description="node counts: total, ready, stale, cordoned")
+    gpus: dict[str, int] = Field(description="GPU counts: total, healthy, free, mig_enabled")
+    fragmentation: float = Field(
+        description="share of free GPUs outside the largest free NVLink island of their node"
+        " (0: every free GPU can join its node's biggest NVLink job)"
+    )
+    allocations: dict[str, int] = Field(description="allocation counts by state")
+
+
+def cluster_view(state: ServiceState) -> ClusterView:
+    with state.engine.connect() as conn:
+        rows = conn.execute(
+            sa.select(schema.allocations.c.state, sa.func.count()).group_by(
+                schema.allocations.c.state
+            )
+        ).all()
+    nodes = {"total": 0, "ready": 0, "stale": 0, "cordoned": 0}
+    gpus = {"total": 0, "healthy": 0, "free": 0, "mig_enabled": 0}
+    stranded = 0
+    with state.lock:
+        for name in state.cluster.names():
+            entry = state.cluster.node(name)
+            nodes["total"] += 1
+            if name in state.cordoned:
+                nodes["cordoned"] += 1
+            elif state.is_stale(name):
+                nodes["stale"] += 1
+            else:
+                nodes["ready"] += 1
+            snap = entry.snapshot
+            free = entry.free_mask()
+            gpus["total"] += snap.gpu_count
+            gpus["healthy"] += entry.healthy.bit_count()
+            gpus["free"] += free.bit_count()
+            gpus["mig_enabled"] += sum(g.mig_enabled for g in snap.gpus)
+            island_free = [sum(free >> g & 1 for g in i.gpus) for i in entry.island_list]
+            stranded += free.bit_count() - max(island_free, default=0)
+    fragmentation = stranded / gpus["free"] if gpus["free"] else 0.0
+    return ClusterView(
+        nodes=nodes,
+        gpus=gpus,
+        fragmentation=round(fragmentation, 4),
+        allocations={state_name: int(count) for state_name, count in rows},
+    )
+
+
+@router.get("/cluster", response_model=ClusterView)
+def get_cluster(state: Annotated[ServiceState, Depends(get_state)]) -> ClusterView:
+    return cluster_view(state)

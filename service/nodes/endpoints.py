@@ -1,0 +1,65 @@
+"""HTTP routes for nodes: thin, everything is in service.nodes.service."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Response, status
+
+from service.deps import get_state
+from service.nodes import service
+from service.nodes.schemas import NodeList, NodeView, SnapshotAccepted, SnapshotReport, TopologyView
+from service.state import ServiceState
+
+router = APIRouter(prefix="/v1/nodes", tags=["nodes"])
+State = Annotated[ServiceState, Depends(get_state)]
+
+
+@router.put("/{name}/snapshot", response_model=SnapshotAccepted)
+def put_snapshot(name: str, report: SnapshotReport, state: State) -> SnapshotAccepted:
+    """An agent reports its node's full snapshot (on start and whenever it changes)."""
+    return service.report_snapshot(state, name, report)
+
+
+@router.post("/{name}/heartbeat", status_code=status.HTTP_204_NO_CONTENT)
+def post_heartbeat(name: str, state: State) -> Response:
+    service.heartbeat(state, name)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)
+
+
+@router.get("", response_model=NodeList)
+def list_nodes(state: State) -> NodeList:
+    return NodeList(nodes=service.list_nodes(state))
+
+
+@router.get("/{name}", response_model=NodeView)
+def get_node(name: str, state: State) -> NodeView:
+    return service.get_node(state, name)
+
+
+@router.get("/{name}/topology", response_model=TopologyView)
+def get_topology(name: str, state: State) -> TopologyView:
+    """The link matrix, its bandwidths, and the same as `nvidia-smi topo -m` text."""
+    return service.topology(state, name)
+
+
+@router.get("/{name}/snapshots")
+def get_snapshots(name: str, state: State) -> list[dict[str, Any]]:
+    """Stored snapshot history, newest first (bounded by TOPOPLACE_SNAPSHOT_HISTORY)."""
+    return service.snapshot_history(state, name)
+
+
+@router.post("/{name}/cordon", response_model=NodeView)
+def cordon(name: str, state: State) -> NodeView:
+    return service.set_cordoned(state, name, True)
+
+
+@router.post("/{name}/uncordon", response_model=NodeView)
+def uncordon(name: str, state: State) -> NodeView:
+    return service.set_cordoned(state, name, False)
+
+
+@router.delete("/{name}", status_code=status.HTTP_204_NO_CONTENT)
+def delete_node(name: str, state: State) -> Response:
+    service.remove_node(state, name)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)

@@ -1,0 +1,71 @@
+"""API shapes for nodes."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from pydantic import BaseModel, Field
+
+from placement import NodeSnapshot
+
+
+class SnapshotReport(BaseModel):
+    """What an agent PUTs: its full snapshot and, optionally, its signature over it."""
+
+    snapshot: NodeSnapshot
+    signature: str | None = Field(
+        default=None, max_length=512, description="Ed25519 signature (stored, not yet enforced)"
+    )
+
+
+class SnapshotAccepted(BaseModel):
+    node: str
+    seq: int
+    changed: bool = Field(description="false when this snapshot equals the stored one")
+
+
+class IslandView(BaseModel):
+    name: str
+    gpus: list[int]
+    free: list[int]
+
+
+class NodeGpuView(BaseModel):
+    index: int
+    uuid: str
+    model: str
+    memory_mib: int
+    numa_node: int | None
+    health: str
+    mig_enabled: bool
+    free: bool
+    island: str
+
+
+class NodeView(BaseModel):
+    name: str
+    region: str
+    labels: dict[str, str]
+    cpu_isa: str
+    gpu_count: int
+    free_gpus: list[int]
+    gpus: list[NodeGpuView]
+    islands: list[IslandView]
+    fabric_domain: str | None
+    state: str = Field(description="ready, cordoned or stale")
+    seq: int
+    reported_at: datetime
+    heartbeat_at: datetime
+    allocations: list[str] = Field(description="ids of live allocations holding GPUs here")
+
+
+class NodeList(BaseModel):
+    nodes: list[NodeView]
+
+
+class TopologyView(BaseModel):
+    node: str
+    gpus: list[str] = Field(description="column and row labels, GPU0..GPUn-1")
+    links: list[list[str]]
+    bandwidth_gbps: list[list[float]]
+    text: str = Field(description="the matrix as nvidia-smi topo -m prints it")

@@ -1,0 +1,269 @@
+"""Node operations: snapshots in, views out. Handlers stay thin; SQL lives in repository."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+
+import sqlalchemy as sa
+
+from placement import Health, NodeSnapshot, bandwidth_matrix
+from placement.topo_text import render_topo_matrix
+from service import schema
+from service.errors import BadRequest, Conflict, NotFound
+from service.nodes import repository
+from service.nodes.schemas import (
+    IslandView,
+    NodeGpuView,
+    NodeView,
+    SnapshotAccepted,
+    SnapshotReport,
+    TopologyView,
+)
+from service.state import ServiceState
+
+
+def report_snapshot(state: ServiceState, name: str, report: SnapshotReport) -> SnapshotAccepted:
+    snap = report.snapshot
+    if snap.name != name:
+        raise BadRequest(
+            f"snapshot.name is {snap.name!r} but the URL names node {name!r}",
+            {"field": "snapshot.name"},
+        )
+    body = snap.model_dump_json()
+    now = state.clock()
+    with state.engine.begin() as conn:
+        row = repository.get(conn, name)
+        if row is not None and snap.seq < row["seq"]:
+            raise Conflict(
+                f"snapshot seq {snap.seq} is older than the stored seq {row['seq']}:"
+                " a replay or an agent whose counter went back",
+                {"field": "snapshot.seq", "stored_seq": row["seq"]},
+            )
+        changed = row is None or row["snapshot"] != body
+        if row is not None and snap.seq == row["seq"] and changed:
+            raise Conflict(
+                f"snapshot seq {snap.seq} was already reported with different content;"
+                " agents must increase seq with every change",
+                {"field": "snapshot.seq"},
+            )
+        repository.upsert_snapshot(
+            conn,
+            name=name,
+            region=snap.region,
+            snapshot_json=body,
+            seq=snap.seq,
+            signature=report.signature,
+            now=now,
+            exists=row is not None,
+        )
+        if changed:
+            repository.add_history(
+                conn,
+                name=name,
+                snapshot_json=body,
+                seq=snap.seq,
+                signature=report.signature,
+                now=now,
+                keep=state.settings.snapshot_history,
+            )
+            _mark_degraded(conn, snap)
+    with state.lock:
+        if changed:
+            state.cluster.upsert(snap)
+        state.heartbeats[name] = now
+        state.refresh_availability()
+    return SnapshotAccepted(node=name, seq=snap.seq, changed=changed)
+
+
+def _mark_degraded(conn: sa.Connection, snap: NodeSnapshot) -> None:
+    """Allocations on GPUs that vanished or turned unhealthy become `degraded`, not dropped."""
+    healthy = {g.uuid for g in snap.gpus if g.health is Health.HEALTHY}
+    healthy |= {
+        m.uuid
+        for m in snap.mig_instances
+        if m.health is Health.HEALTHY
+        and m.parent_gpu < len(snap.gpus)
+        and snap.gpus[m.parent_gpu].health is Health.HEALTHY
+    }
+    holds = conn.execute(
+        sa.select(schema.gpu_holds.c.device, schema.gpu_holds.c.allocation_id).where(
+            schema.gpu_holds.c.node == snap.name
+        )
+    ).all()
+    broken = {allocation for device, allocation in holds if device not in healthy}
+    if broken:
+        conn.execute(
+            sa.update(schema.allocations)
+            .where(
+                schema.allocations.c.id.in_(broken),
+                schema.allocations.c.state.in_(("pending", "active")),
+            )
+            .values(state="degraded")
+        )
+
+
+def heartbeat(state: ServiceState, name: str) -> None:
+    now = state.clock()
+    with state.engine.begin() as conn:
+        if not repository.touch_heartbeat(conn, name, now):
+            raise NotFound(f"no node named {name!r}; report a snapshot first")
+    with state.lock:
+        state.heartbeats[name] = now
+        state.refresh_availability()
+
+
+def set_cordoned(state: ServiceState, name: str, cordoned: bool) -> NodeView:
+    with state.engine.begin() as conn:
+        if not repository.set_cordoned(conn, name, cordoned):
+            raise NotFound(f"no node named {name!r}")
+    with state.lock:
+        if cordoned:
+            state.cordoned.add(name)
+        else:
+            state.cordoned.discard(name)
+        state.refresh_availability()
+    return get_node(state, name)
+
+
+def remove_node(state: ServiceState, name: str) -> None:
+    with state.engine.begin() as conn:
+        held = conn.execute(
+            sa.select(sa.func.count())
+            .select_from(schema.gpu_holds)
+            .where(schema.gpu_holds.c.node == name)
+        ).scalar_one()
+        if held:
+            raise Conflict(
+                f"node {name!r} still holds {held} allocated device(s); release them first",
+                {"held": held},
+            )
+        if not repository.delete(conn, name):
+            raise NotFound(f"no node named {name!r}")
+    with state.lock:
+        if name in state.cluster:
+            state.cluster.remove(name)
+        state.heartbeats.pop(name, None)
+        state.cordoned.discard(name)
+
+
+def _allocations_by_node(state: ServiceState, names: list[str] | None) -> dict[str, list[str]]:
+    query = sa.select(schema.gpu_holds.c.node, schema.gpu_holds.c.allocation_id).distinct()
+    if names is not None:
+        query = query.where(schema.gpu_holds.c.node.in_(names))
+    with state.engine.connect() as conn:
+        rows = conn.execute(query).all()
+    out: dict[str, list[str]] = defaultdict(list)
+    for node, allocation in rows:
+        out[node].append(allocation)
+    return {node: sorted(ids) for node, ids in out.items()}
+
+
+def _times(state: ServiceState, names: list[str] | None) -> dict[str, sa.RowMapping]:
+    query = sa.select(
+        schema.nodes.c.name,
+        schema.nodes.c.seq,
+        schema.nodes.c.reported_at,
+        schema.nodes.c.heartbeat_at,
+    )
+    if names is not None:
+        query = query.where(schema.nodes.c.name.in_(names))
+    with state.engine.connect() as conn:
+        return {row["name"]: row for row in conn.execute(query).mappings().all()}
+
+
+def _view(state: ServiceState, name: str, row: sa.RowMapping, allocations: list[str]) -> NodeView:
+    entry = state.cluster.node(name)
+    snap = entry.snapshot
+    free = entry.free_mask()
+    free_list = [g.index for g in snap.gpus if free >> g.index & 1]
+    status = (
+        "cordoned" if name in state.cordoned else ("stale" if state.is_stale(name) else "ready")
+    )
+    return NodeView(
+        name=name,
+        region=snap.region,
+        labels=snap.labels,
+        cpu_isa=snap.cpu_isa,
+        gpu_count=snap.gpu_count,
+        free_gpus=free_list,
+        gpus=[
+            NodeGpuView(
+                index=g.index,
+                uuid=g.uuid,
+                model=g.model,
+                memory_mib=g.memory_mib,
+                numa_node=g.numa_node,
+                health=g.health.value,
+                mig_enabled=g.mig_enabled,
+                free=bool(free >> g.index & 1),
+                island=entry.island_of[g.index],
+            )
+            for g in snap.gpus
+        ],
+        islands=[
+            IslandView(name=i.name, gpus=list(i.gpus), free=[g for g in i.gpus if free >> g & 1])
+            for i in entry.island_list
+        ],
+        fabric_domain=snap.fabric_domain(),
+        state=status,
+        seq=int(row["seq"]),
+        reported_at=row["reported_at"],
+        heartbeat_at=state.heartbeats[name],
+        allocations=allocations,
+    )
+
+
+def get_node(state: ServiceState, name: str) -> NodeView:
+    with state.lock:
+        if name not in state.cluster:
+            raise NotFound(f"no node named {name!r}")
+    times = _times(state, [name])
+    if name not in times:
+        raise NotFound(f"no node named {name!r}")
+    allocations = _allocations_by_node(state, [name]).get(name, [])
+    with state.lock:
+        return _view(state, name, times[name], allocations)
+
+
+def list_nodes(state: ServiceState) -> list[NodeView]:
+    times = _times(state, None)
+    allocations = _allocations_by_node(state, None)
+    with state.lock:
+        return [
+            _view(state, name, times[name], allocations.get(name, []))
+            for name in state.cluster.names()
+            if name in times
+        ]
+
+
+def topology(state: ServiceState, name: str) -> TopologyView:
+    with state.lock:
+        if name not in state.cluster:
+            raise NotFound(f"no node named {name!r}")
+        snap = state.cluster.node(name).snapshot
+        table = state.cluster.bandwidth
+    matrix = bandwidth_matrix(snap, table)
+    return TopologyView(
+        node=name,
+        gpus=[f"GPU{g.index}" for g in snap.gpus],
+        links=snap.links,
+        bandwidth_gbps=[[float(v) for v in row] for row in matrix],
+        text=render_topo_matrix(snap),
+    )
+
+
+def snapshot_history(state: ServiceState, name: str) -> list[dict[str, object]]:
+    with state.engine.connect() as conn:
+        rows = repository.history(conn, name)
+    if not rows:
+        raise NotFound(f"no node named {name!r}")
+    return [
+        {
+            "seq": row["seq"],
+            "received_at": row["received_at"],
+            "signature": row["signature"],
+            "snapshot": json.loads(row["snapshot"]),
+        }
+        for row in rows
+    ]

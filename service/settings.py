@@ -1,0 +1,48 @@
+"""Service settings: one typed object, read from TOPOPLACE_* environment variables."""
+
+from __future__ import annotations
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_DATABASE_URL = "sqlite:///./topoplace.sqlite3"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="TOPOPLACE_", extra="ignore")
+
+    database_url: str = Field(
+        default=DEFAULT_DATABASE_URL,
+        description="SQLAlchemy URL: the embedded SQLite file by default, "
+        "postgresql+psycopg://user@host/db in production",
+    )
+    host: str = "127.0.0.1"
+    port: int = Field(default=8080, ge=1, le=65535)
+    migrate_on_start: bool = True
+    reservation_ttl_s: float = Field(
+        default=300.0, gt=0, description="how long a pending reservation lives unconfirmed"
+    )
+    max_reservation_ttl_s: float = Field(default=86_400.0, gt=0)
+    heartbeat_ttl_s: float = Field(
+        default=90.0, gt=0, description="a node whose last heartbeat is older is stale"
+    )
+    snapshot_history: int = Field(
+        default=20, ge=1, description="snapshots kept per node, newest first"
+    )
+    max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
+
+    @field_validator("database_url")
+    @classmethod
+    def _known_driver(cls, value: str) -> str:
+        if not value.startswith(("sqlite", "postgresql")):
+            raise ValueError(
+                "TOPOPLACE_DATABASE_URL must be sqlite:///PATH or postgresql+psycopg://..."
+            )
+        if value.startswith("postgresql://") or value.startswith("postgres://"):
+            # psycopg 3 is the only driver installed; say so instead of failing on import.
+            return "postgresql+psycopg://" + value.split("://", 1)[1]
+        return value
+
+    @property
+    def is_sqlite(self) -> bool:
+        return self.database_url.startswith("sqlite")

@@ -1,0 +1,146 @@
+"""/place, /score and allocations: reservations that never double-book."""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from fastapi.testclient import TestClient
+
+from placement import Health
+from service import schema
+from service.app import create_app
+from service.settings import Settings
+from tests.service.conftest import FakeClock
+from tests.service.helpers import add_nodes, report
+
+
+def test_place_reserves_and_returns_the_environment(client: TestClient) -> None:
+    add_nodes(client, ("dgx1-v100", "dgx0"))
+    response = client.post("/v1/place", json={"gpus": 4, "job_id": "j1", "owner": "ana"})
+    assert response.status_code == 201, response.text
+    allocation = response.json()
+    task = allocation["tasks"][0]
+    assert allocation["state"] == "pending" and allocation["expires_at"] is not None
+    assert task["gpu_indices"] in ([0, 1, 2, 3], [4, 5, 6, 7])
+    assert task["env"]["CUDA_VISIBLE_DEVICES"] == ",".join(task["gpu_uuids"])
+    assert task["score"]["ring_gbps"] == 25.0
+    node = client.get("/v1/nodes/dgx0").json()
+    assert len(node["free_gpus"]) == 4 and node["allocations"] == [allocation["id"]]
+    assert client.get(f"/v1/allocations/{allocation['id']}").json()["id"] == allocation["id"]
+
+
+def test_idempotency_key_returns_the_same_allocation(client: TestClient) -> None:
+    add_nodes(client, ("hgx-h100", "h0"))
+    headers = {"Idempotency-Key": "pod-uid-123"}
+    first = client.post("/v1/place", json={"gpus": 2}, headers=headers)
+    again = client.post("/v1/place", json={"gpus": 2}, headers=headers)
+    assert first.status_code == 201 and again.status_code == 200
+    assert again.headers["Idempotent-Replayed"] == "true"
+    assert again.json()["id"] == first.json()["id"]
+    assert len(client.get("/v1/allocations").json()["allocations"]) == 1
+    assert len(client.get("/v1/nodes/h0").json()["free_gpus"]) == 6
+    reused = client.post("/v1/place", json={"gpus": 3}, headers=headers)
+    assert reused.status_code == 409 and reused.json()["error"]["code"] == "conflict"
+
+
+def test_unschedulable_and_unresolvable_are_told_apart(client: TestClient) -> None:
+    add_nodes(client, ("dgx1-v100", "dgx0"))
+    never = client.post("/v1/place", json={"gpus": 16, "locality": "nvlink"})
+    assert never.status_code == 422 and never.json()["error"]["code"] == "unresolvable"
+    client.post("/v1/place", json={"gpus": 8})
+    busy = client.post("/v1/place", json={"gpus": 2})
+    assert busy.status_code == 409 and busy.json()["error"]["code"] == "unschedulable"
+    assert busy.headers["Retry-After"] == "5"
+    assert busy.json()["error"]["detail"]["reasons"][0]["cause"] == "busy"
+
+
+def test_bad_requests_name_the_field(client: TestClient) -> None:
+    response = client.post("/v1/place", json={"gpus": 0})
+    assert response.status_code == 422 and response.json()["error"]["detail"]["field"] == "gpus"
+    response = client.post("/v1/place", json={"gpus": 1, "colour": "red"})
+    assert response.json()["error"]["detail"]["field"] == "colour"
+    assert client.get("/v1/allocations/nope").status_code == 404
+    huge = client.post(
+        "/v1/place",
+        content=b"{" + b" " * (5 * 1024 * 1024) + b"}",
+        headers={"content-type": "application/json"},
+    )
+    assert huge.status_code == 413 and huge.json()["error"]["code"] == "payload_too_large"
+
+
+def test_confirm_extend_release_and_expiry(client: TestClient, clock: FakeClock) -> None:
+    add_nodes(client, ("hgx-h100", "h0"))
+    keep = client.post("/v1/place", json={"gpus": 2, "job_id": "keep"}).json()
+    lapse = client.post("/v1/place", json={"gpus": 2, "job_id": "lapse", "ttl_s": 30}).json()
+    assert client.post(f"/v1/allocations/{keep['id']}/confirm").json()["state"] == "active"
+    extended = client.post(f"/v1/allocations/{lapse['id']}/extend", json={"ttl_s": 60}).json()
+    assert extended["state"] == "pending"
+    clock.advance(61)
+    client.post("/v1/nodes/h0/heartbeat")
+    from service.allocations.service import sweep
+
+    state = client.app.state.service  # type: ignore[attr-defined]
+    assert sweep(state) == [lapse["id"]]
+    assert client.get(f"/v1/allocations/{lapse['id']}").json()["state"] == "expired"
+    assert client.get(f"/v1/allocations/{keep['id']}").json()["state"] == "active"
+    assert len(client.get("/v1/nodes/h0").json()["free_gpus"]) == 6
+    released = client.post("/v1/jobs/keep/release").json()["released"]
+    assert (
+        released == [keep["id"]] and client.post("/v1/jobs/keep/release").json()["released"] == []
+    )
+    assert len(client.get("/v1/nodes/h0").json()["free_gpus"]) == 8
+    listed = client.get("/v1/allocations", params={"state": "released"}).json()["allocations"]
+    assert [a["id"] for a in listed] == [keep["id"]]
+
+
+def test_unhealthy_gpu_degrades_its_allocation(client: TestClient) -> None:
+    snap = add_nodes(client, ("workstation-2x-a6000", "ws"))[0]
+    allocation = client.post("/v1/place", json={"gpus": 2}).json()
+    sick = snap.model_copy(
+        update={
+            "seq": 1,
+            "gpus": [snap.gpus[0].model_copy(update={"health": Health.UNHEALTHY}), snap.gpus[1]],
+        }
+    )
+    assert report(client, sick).status_code == 200
+    assert client.get(f"/v1/allocations/{allocation['id']}").json()["state"] == "degraded"
+
+
+def test_two_replicas_never_hand_out_a_gpu_twice(settings: Settings, clock: FakeClock) -> None:
+    # Replica B loads its state before replica A reserves: B's memory is stale
+    # and it picks the same GPUs; the database refuses, B catches up and retries.
+    a_app = create_app(settings, clock=clock, background=False)
+    with TestClient(a_app) as a:
+        add_nodes(a, ("workstation-2x-a6000", "ws"), ("hgx-h100", "h0"))
+        b_app = create_app(settings, clock=clock, background=False)
+        with TestClient(b_app) as b:
+            first = a.post("/v1/place", json={"gpus": 8}).json()
+            second = b.post("/v1/place", json={"gpus": 8})
+            assert second.status_code == 409  # h0 is taken; ws has only 2 GPUs
+            third = b.post("/v1/place", json={"gpus": 2})
+            assert third.status_code == 201
+            assert third.json()["tasks"][0]["node"] == "ws"
+            assert first["tasks"][0]["node"] == "h0"
+    engine = sa.create_engine(settings.database_url)
+    with engine.connect() as conn:
+        holds = conn.execute(sa.select(schema.gpu_holds.c.device)).scalars().all()
+    engine.dispose()
+    assert len(holds) == len(set(holds)) == 10
+
+
+def test_score_ranks_without_reserving(client: TestClient) -> None:
+    add_nodes(client, ("dgx1-v100", "dgx0"), ("pcie-8x-l40s", "pcie0"))
+    result = client.post("/v1/score", json={"gpus": 4, "locality": "nvlink"}).json()["nodes"]
+    by_node = {n["node"]: n for n in result}
+    assert by_node["dgx0"]["fits"] and by_node["dgx0"]["rank"] == 1
+    assert by_node["pcie0"]["cause"] == "no_nvlink_set_ever" and not by_node["pcie0"]["resolvable"]
+    assert client.get("/v1/allocations").json()["allocations"] == []
+
+
+def test_cluster_summary_and_health(client: TestClient) -> None:
+    add_nodes(client, ("hgx-h100", "h0"), ("dgx1-v100", "d0"))
+    client.post("/v1/place", json={"gpus": 3})
+    summary = client.get("/v1/cluster").json()
+    assert summary["nodes"]["ready"] == 2 and summary["gpus"]["total"] == 16
+    assert summary["gpus"]["free"] == 13 and summary["allocations"] == {"pending": 1}
+    assert client.get("/healthz").json() == {"status": "ok"}
+    assert client.get("/readyz").json()["status"] == "ready"

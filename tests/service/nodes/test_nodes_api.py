@@ -1,0 +1,84 @@
+"""Nodes over real HTTP handling (TestClient) on a real database."""
+
+from __future__ import annotations
+
+from fastapi.testclient import TestClient
+
+from placement.profiles import build_profile
+from tests.service.conftest import FakeClock
+from tests.service.helpers import add_nodes, report
+
+
+def test_report_list_get_and_topology(client: TestClient) -> None:
+    add_nodes(client, ("dgx1-v100", "dgx0"), ("hgx-h100", "h0"))
+    listing = client.get("/v1/nodes").json()["nodes"]
+    assert [n["name"] for n in listing] == ["dgx0", "h0"]
+    node = client.get("/v1/nodes/dgx0").json()
+    assert node["state"] == "ready" and node["gpu_count"] == 8
+    assert node["free_gpus"] == list(range(8)) and node["islands"][0]["name"] == "nvl0"
+    topo = client.get("/v1/nodes/dgx0/topology").json()
+    assert topo["links"][0][3] == "NV2" and topo["bandwidth_gbps"][0][3] == 50.0
+    assert topo["text"].splitlines()[0].split("\t")[1] == "GPU0"
+
+
+def test_same_snapshot_again_is_idempotent_and_history_is_bounded(client: TestClient) -> None:
+    snap = build_profile("hgx-h100", "h0")
+    assert report(client, snap).json()["changed"] is True
+    assert report(client, snap).json()["changed"] is False
+    for seq in range(1, 30):
+        assert (
+            report(
+                client, snap.model_copy(update={"seq": seq, "labels": {"v": str(seq)}})
+            ).status_code
+            == 200
+        )
+    history = client.get("/v1/nodes/h0/snapshots").json()
+    assert len(history) == 20 and history[0]["seq"] == 29
+
+
+def test_replayed_or_mismatched_snapshots_are_refused(client: TestClient) -> None:
+    snap = build_profile("hgx-h100", "h0", seq=5)
+    report(client, snap)
+    older = client.put(
+        "/v1/nodes/h0/snapshot",
+        json={"snapshot": snap.model_copy(update={"seq": 4}).model_dump(mode="json")},
+    )
+    assert older.status_code == 409 and older.json()["error"]["detail"]["field"] == "snapshot.seq"
+    other = client.put("/v1/nodes/zz/snapshot", json={"snapshot": snap.model_dump(mode="json")})
+    assert other.status_code == 400 and other.json()["error"]["code"] == "bad_request"
+
+
+def test_invalid_snapshot_names_the_field_and_writes_nothing(client: TestClient) -> None:
+    body = build_profile("workstation-2x-a6000", "ws").model_dump(mode="json")
+    body["links"][0][1] = "NV9"
+    response = client.put("/v1/nodes/ws/snapshot", json={"snapshot": body})
+    assert response.status_code == 422
+    error = response.json()["error"]
+    assert error["code"] == "invalid_request" and error["detail"]["field"] == "snapshot.links.0.1"
+    assert client.get("/v1/nodes/ws").status_code == 404
+
+
+def test_stale_nodes_get_no_placements_until_they_heartbeat(
+    client: TestClient, clock: FakeClock
+) -> None:
+    add_nodes(client, ("hgx-h100", "h0"))
+    clock.advance(61)
+    assert client.get("/v1/nodes/h0").json()["state"] == "stale"
+    response = client.post("/v1/place", json={"gpus": 1})
+    assert response.status_code == 409
+    assert response.json()["error"]["detail"]["reasons"][0]["cause"] == "unavailable"
+    assert client.post("/v1/nodes/h0/heartbeat").status_code == 204
+    assert client.post("/v1/place", json={"gpus": 1}).status_code == 201
+
+
+def test_cordon_uncordon_and_remove(client: TestClient) -> None:
+    add_nodes(client, ("hgx-h100", "h0"))
+    assert client.post("/v1/nodes/h0/cordon").json()["state"] == "cordoned"
+    assert client.post("/v1/place", json={"gpus": 1}).status_code == 409
+    assert client.post("/v1/nodes/h0/uncordon").json()["state"] == "ready"
+    allocation = client.post("/v1/place", json={"gpus": 1}).json()
+    assert client.delete("/v1/nodes/h0").status_code == 409  # still holds a GPU
+    client.post(f"/v1/allocations/{allocation['id']}/release")
+    assert client.delete("/v1/nodes/h0").status_code == 204
+    assert client.get("/v1/nodes/h0").status_code == 404
+    assert client.post("/v1/nodes/nope/heartbeat").status_code == 404

@@ -1,0 +1,73 @@
+"""`topoplace serve` and `topoplace db upgrade`."""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from service.settings import Settings
+
+
+def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    serve = sub.add_parser(
+        "serve",
+        help="run the placement service",
+        description=(
+            "Run the placement service (FastAPI under uvicorn). Settings come from TOPOPLACE_*"
+            " environment variables; the database defaults to ./topoplace.sqlite3."
+        ),
+    )
+    serve.add_argument("--host", help="listen address (TOPOPLACE_HOST, default 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="listen port (TOPOPLACE_PORT, default 8080)")
+    serve.add_argument("--database-url", help="TOPOPLACE_DATABASE_URL")
+    serve.add_argument(
+        "--demo", action="store_true", help="also run a small simulated cluster in-process"
+    )
+    serve.add_argument(
+        "--no-migrate", action="store_true", help="do not apply database migrations on start"
+    )
+    serve.set_defaults(func=run_serve)
+
+    db = sub.add_parser("db", help="database maintenance")
+    db_sub = db.add_subparsers(dest="db_command", required=True)
+    upgrade = db_sub.add_parser("upgrade", help="apply the schema migrations")
+    upgrade.add_argument("--database-url", help="TOPOPLACE_DATABASE_URL")
+    upgrade.add_argument("revision", nargs="?", default="head")
+    upgrade.set_defaults(func=run_upgrade)
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    from service.settings import Settings
+
+    overrides: dict[str, Any] = {
+        key: value
+        for key, value in {
+            "host": getattr(args, "host", None),
+            "port": getattr(args, "port", None),
+            "database_url": getattr(args, "database_url", None),
+            "migrate_on_start": False if getattr(args, "no_migrate", False) else None,
+        }.items()
+        if value is not None
+    }
+    return Settings.model_validate(overrides)
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from service.app import create_app
+
+    settings = _settings(args)
+    app = create_app(settings, demo=args.demo)
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level="info")
+    return 0
+
+
+def run_upgrade(args: argparse.Namespace) -> int:
+    from service import migrate
+
+    settings = _settings(args)
+    migrate.upgrade(settings.database_url, args.revision)
+    print(f"database at {settings.database_url} is at revision {args.revision}")
+    return 0
