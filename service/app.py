@@ -21,6 +21,7 @@ from service.db import make_engine
 from service.demo import heartbeat_demo_cluster, register_demo_cluster
 from service.errors import ServiceError, TooLarge, Unavailable
 from service.nodes import endpoints as node_routes
+from service.notify import Listener, psycopg_dsn
 from service.settings import Settings
 from service.state import Clock, ServiceState, utc_now
 
@@ -78,6 +79,10 @@ def create_app(
         if settings.migrate_on_start:
             await asyncio.to_thread(migrate.upgrade, settings.database_url)
         await asyncio.to_thread(state.load)
+        listener = None
+        if not settings.is_sqlite:
+            listener = Listener(psycopg_dsn(settings.database_url), state)
+            listener.start()
         demo_nodes = await asyncio.to_thread(register_demo_cluster, state) if demo else []
         task = asyncio.create_task(_background(state, demo_nodes)) if background else None
         try:
@@ -87,6 +92,8 @@ def create_app(
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+            if listener is not None:
+                await asyncio.to_thread(listener.stop)
             engine.dispose()
 
     app = FastAPI(

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable, Iterable
+from collections import Counter, defaultdict
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 import sqlalchemy as sa
@@ -37,38 +38,101 @@ class ServiceState:
         self.heartbeats: dict[str, datetime] = {}
         self.cordoned: set[str] = set()
         self.loaded = False
+        # Devices chosen by this process whose commit is in flight: a sync from
+        # the database must not free them under a request that is committing.
+        self.inflight: dict[str, Counter[str]] = defaultdict(Counter)
+        self._last_refresh = _EPOCH
 
     def load(self) -> None:
-        """Build the in-memory state from the database (start-up, or after losing track)."""
-        with self.engine.connect() as conn:
-            node_rows = conn.execute(sa.select(schema.nodes)).mappings().all()
-            holds = conn.execute(sa.select(schema.gpu_holds)).mappings().all()
+        """Build the in-memory state from the database (start-up)."""
         with self.lock:
             self.cluster = ClusterState()
             self.heartbeats.clear()
             self.cordoned.clear()
-            for row in node_rows:
-                self.cluster.upsert(NodeSnapshot.model_validate(json.loads(row["snapshot"])))
-                self.heartbeats[row["name"]] = _aware(row["heartbeat_at"])
-                if row["cordoned"]:
-                    self.cordoned.add(row["name"])
-            self.add_holds(holds)
-            self.refresh_availability()
-            self.loaded = True
+        self.sync_nodes(None)
+        self.loaded = True
 
-    def add_holds(self, holds: Iterable[sa.RowMapping]) -> None:
-        """Mark held in memory what the database says is held (idempotent)."""
-        with self.lock:
+    def sync_nodes(self, names: list[str] | None) -> None:
+        """Make memory match the database for these nodes (None: all of them).
+
+        The state lock is held while reading, so a write of this process that
+        commits after the read applies itself after the sync, never before
+        it. Snapshots are fetched only for nodes whose seq moved (a seq
+        always names the same content), and nodes are added in name order so
+        that every process breaks ties the same way.
+        """
+        nodes = schema.nodes
+        node_query = sa.select(
+            nodes.c.name, nodes.c.seq, nodes.c.cordoned, nodes.c.heartbeat_at
+        ).order_by(nodes.c.name)
+        hold_query = sa.select(schema.gpu_holds)
+        if names is not None:
+            node_query = node_query.where(nodes.c.name.in_(names))
+            hold_query = hold_query.where(schema.gpu_holds.c.node.in_(names))
+        with self.lock, self.engine.connect() as conn:
+            rows = conn.execute(node_query).mappings().all()
+            moved = [
+                str(r["name"])
+                for r in rows
+                if r["name"] not in self.cluster
+                or self.cluster.node(str(r["name"])).snapshot.seq != r["seq"]
+            ]
+            snapshots = (
+                {
+                    str(name): body
+                    for name, body in conn.execute(
+                        sa.select(nodes.c.name, nodes.c.snapshot).where(nodes.c.name.in_(moved))
+                    ).all()
+                }
+                if moved
+                else {}
+            )
+            holds = conn.execute(hold_query).mappings().all()
+            held: dict[str, set[str]] = defaultdict(set)
             for hold in holds:
-                node = str(hold["node"])
-                if node not in self.cluster:
-                    continue
-                entry = self.cluster.node(node)
-                device = str(hold["device"])
-                if hold["kind"] == "mig" and device not in entry.busy_mig:
-                    self.cluster.allocate(node, mig_uuids=[device])
-                elif hold["kind"] == "gpu" and device not in entry.busy:
-                    self.cluster.allocate(node, gpu_uuids=[device])
+                held[str(hold["node"])].add(str(hold["device"]))
+            present = {str(row["name"]) for row in rows}
+            for name in [n for n in (names or self.cluster.names()) if n not in present]:
+                if name in self.cluster:
+                    self.cluster.remove(name)
+                self.heartbeats.pop(name, None)
+                self.cordoned.discard(name)
+            for row in rows:
+                name = str(row["name"])
+                if name in snapshots:
+                    snap = NodeSnapshot.model_validate(json.loads(snapshots[name]))
+                    self.cluster.upsert(snap)
+                self._sync_row(row, held.get(name, set()))
+            self.refresh_availability()
+
+    def _sync_row(self, row: sa.RowMapping, held: set[str]) -> None:
+        name = str(row["name"])
+        self.heartbeats[name] = max(_aware(row["heartbeat_at"]), self.heartbeats.get(name, _EPOCH))
+        if row["cordoned"]:
+            self.cordoned.add(name)
+        else:
+            self.cordoned.discard(name)
+        entry = self.cluster.node(name)
+        migs = {m.uuid for m in entry.snapshot.mig_instances}
+        wanted = held | set(self.inflight.get(name, ()))
+        gpus_now, migs_now = set(entry.busy), set(entry.busy_mig)
+        self.cluster.release(name, gpus_now - wanted, migs_now - wanted)
+        want_gpus = {d for d in wanted - gpus_now - migs_now if d in entry.bit_of}
+        want_migs = {d for d in wanted - gpus_now - migs_now if d in migs}
+        self.cluster.allocate(name, want_gpus, want_migs)
+
+    def begin_inflight(self, devices: list[tuple[str, str]]) -> None:
+        for node, device in devices:
+            self.inflight[node][device] += 1
+
+    def end_inflight(self, devices: list[tuple[str, str]]) -> None:
+        for node, device in devices:
+            counts = self.inflight[node]
+            counts[device] -= 1
+            if counts[device] <= 0:
+                del counts[device]
+            if not counts:
+                del self.inflight[node]
 
     def is_stale(self, node: str) -> bool:
         seen = self.heartbeats.get(node)
@@ -76,13 +140,23 @@ class ServiceState:
             return True
         return (self.clock() - seen).total_seconds() > self.settings.heartbeat_ttl_s
 
+    def refresh_if_due(self) -> None:
+        """Staleness moves with the clock: re-evaluate it at most once a second per decision."""
+        now = self.clock()
+        if (now - self._last_refresh).total_seconds() >= 1.0:
+            self.refresh_availability()
+
     def refresh_availability(self) -> None:
-        """Stale or cordoned nodes get no placements; called before each decision."""
+        """Stale or cordoned nodes get no placements."""
         with self.lock:
+            self._last_refresh = self.clock()
             for name in self.cluster.names():
                 usable = name not in self.cordoned and not self.is_stale(name)
                 if self.cluster.node(name).available != usable:
                     self.cluster.set_available(name, usable)
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def _aware(value: datetime) -> datetime:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from topoplace import plan_cmd, profiles_cmd, serve_cmd
+from topoplace import client_cmd, openapi_cmd, plan_cmd, profiles_cmd, serve_cmd
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -14,6 +14,8 @@ def build_parser() -> argparse.ArgumentParser:
     plan_cmd.add_parser(sub)
     profiles_cmd.add_parser(sub)
     serve_cmd.add_parsers(sub)
+    openapi_cmd.add_parser(sub)
+    client_cmd.add_parsers(sub)
     return parser
 
 

@@ -43,11 +43,6 @@ def holds_of(conn: Connection, allocation_ids: list[str]) -> list[sa.RowMapping]
     return list(conn.execute(query).mappings().all())
 
 
-def holds_on(conn: Connection, nodes: list[str]) -> list[sa.RowMapping]:
-    table = schema.gpu_holds
-    return list(conn.execute(sa.select(table).where(table.c.node.in_(nodes))).mappings().all())
-
-
 def end(conn: Connection, allocation_ids: list[str], state: str, now: datetime) -> list[str]:
     """Mark live allocations ended and drop their holds; returns the ids that were live."""
     table = schema.allocations

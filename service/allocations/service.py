@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Mapping
 from datetime import datetime, timedelta
+from typing import Any
 
-import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError, OperationalError
 
 from placement import Outcome, Placement, TaskPlacement
@@ -35,6 +36,7 @@ from service.allocations.schemas import (
     TaskView,
 )
 from service.errors import BadRequest, Conflict, NotFound, Unavailable, Unresolvable, Unschedulable
+from service.notify import publish
 from service.state import ServiceState
 
 PLACE_ATTEMPTS = 4
@@ -80,7 +82,7 @@ def _holds(placement: Placement) -> list[tuple[str, str, str]]:
     return out
 
 
-def _view(row: sa.RowMapping) -> AllocationView:
+def _view(row: Mapping[Any, Any]) -> AllocationView:
     placed = json.loads(row["placement"])
     return AllocationView(
         id=row["id"],
@@ -139,12 +141,14 @@ def place(
     request = body.engine_request()
     for _ in range(PLACE_ATTEMPTS):
         with state.lock:
-            state.refresh_availability()
+            state.refresh_if_due()
             outcome = state.cluster.place(request)
             if outcome.placement is None:
                 raise _refuse(outcome)
             placement = outcome.placement
             state.cluster.apply(placement)  # tentative: concurrent requests here skip these GPUs
+            devices = [(node, device) for node, device, _ in _holds(placement)]
+            state.begin_inflight(devices)
         now = state.clock()
         row = {
             "id": str(uuid.uuid4()),
@@ -161,23 +165,22 @@ def place(
         try:
             with state.engine.begin() as conn:
                 repository.insert(conn, row, _holds(placement))
+                publish(conn, placement.nodes)
         except IntegrityError:
-            with state.lock:
-                state.cluster.unapply(placement)
+            _undo(state, placement, devices)
             if idempotency_key is not None:
                 replay = _replay(state, idempotency_key, request_json)
                 if replay is not None:
                     return replay, False
-            _catch_up(state, placement)
+            # Another process holds some of these GPUs: learn what it holds, choose again.
+            state.sync_nodes(list(placement.nodes))
             continue
         except OperationalError as exc:
-            with state.lock:
-                state.cluster.unapply(placement)
+            _undo(state, placement, devices)
             raise Unavailable(f"the database did not answer: {exc.orig}") from None
-        with state.engine.connect() as conn:
-            stored = repository.by_id(conn, str(row["id"]))
-        assert stored is not None
-        return _view(stored), True
+        with state.lock:
+            state.end_inflight(devices)
+        return _view(row), True
     raise Unschedulable(
         f"other replicas took the chosen GPUs {PLACE_ATTEMPTS} times in a row; retry",
         {"reasons": []},
@@ -207,12 +210,10 @@ def _replay(state: ServiceState, key: str, request_json: str) -> AllocationView 
     return _view(row)
 
 
-def _catch_up(state: ServiceState, placement: Placement) -> None:
-    """Read into memory what other replicas hold on the nodes we lost the race on."""
-    nodes = sorted({t.node for t in placement.tasks})
-    with state.engine.connect() as conn:
-        holds = repository.holds_on(conn, nodes)
-    state.add_holds(holds)
+def _undo(state: ServiceState, placement: Placement, devices: list[tuple[str, str]]) -> None:
+    with state.lock:
+        state.end_inflight(devices)
+        state.cluster.unapply(placement)
 
 
 def get(state: ServiceState, allocation_id: str) -> AllocationView:
@@ -267,6 +268,7 @@ def _end(state: ServiceState, ids: list[str], final: str) -> list[str]:
     with state.engine.begin() as conn:
         holds = repository.holds_of(conn, ids) if ids else []
         ended = repository.end(conn, ids, final, now) if ids else []
+        publish(conn, [str(h["node"]) for h in holds])
     with state.lock:
         for hold in holds:
             if hold["allocation_id"] not in ended or hold["node"] not in state.cluster:
@@ -298,7 +300,7 @@ def sweep(state: ServiceState, now: datetime | None = None) -> list[str]:
 
 def score(state: ServiceState, body: ScoreRequest) -> list[NodeScoreView]:
     with state.lock:
-        state.refresh_availability()
+        state.refresh_if_due()
         verdicts = state.cluster.evaluate(body)
     return [
         NodeScoreView(

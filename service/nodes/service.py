@@ -20,6 +20,7 @@ from service.nodes.schemas import (
     SnapshotReport,
     TopologyView,
 )
+from service.notify import publish
 from service.state import ServiceState
 
 
@@ -58,6 +59,7 @@ def report_snapshot(state: ServiceState, name: str, report: SnapshotReport) -> S
             exists=row is not None,
         )
         if changed:
+            publish(conn, [name])
             repository.add_history(
                 conn,
                 name=name,
@@ -117,6 +119,7 @@ def set_cordoned(state: ServiceState, name: str, cordoned: bool) -> NodeView:
     with state.engine.begin() as conn:
         if not repository.set_cordoned(conn, name, cordoned):
             raise NotFound(f"no node named {name!r}")
+        publish(conn, [name])
     with state.lock:
         if cordoned:
             state.cordoned.add(name)
@@ -140,6 +143,7 @@ def remove_node(state: ServiceState, name: str) -> None:
             )
         if not repository.delete(conn, name):
             raise NotFound(f"no node named {name!r}")
+        publish(conn, [name])
     with state.lock:
         if name in state.cluster:
             state.cluster.remove(name)

@@ -1,0 +1,25 @@
+# The placement service: `docker build -t topoplace .` then `docker compose up`
+# (docker-compose.yml adds Postgres and a few simulated agents).
+FROM python:3.11-slim
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+
+WORKDIR /src
+COPY . .
+RUN pip install . \
+    && rm -rf /src/build \
+    && useradd --create-home --uid 10001 --shell /usr/sbin/nologin topoplace
+
+# Run unprivileged, from a directory the user owns (the default SQLite file
+# lands there when TOPOPLACE_DATABASE_URL is not set).
+USER topoplace
+WORKDIR /home/topoplace
+
+ENV TOPOPLACE_HOST=0.0.0.0 \
+    TOPOPLACE_PORT=8080
+EXPOSE 8080
+
+CMD ["topoplace", "serve"]

@@ -1,0 +1,245 @@
+"""Service speed: /place over HTTP on loopback with Postgres commits, and /score.
+
+One `topoplace serve` process on a fresh Postgres database holding 1,000 or
+10,000 simulated nodes (the engine benchmark's mixed fleet, written straight
+into the database and loaded by the service on start). Measured:
+
+1. /place at a fixed offered load of 200 requests/s for 10 s (open loop:
+   latency counts from the moment a request was due, so queueing shows);
+2. saturation: 32 clients sending /place back to back for 10 s;
+3. /score restricted to 500 named nodes (the Kubernetes extender's shape),
+   sequential.
+
+Each is printed with the engine's own in-process `place()` time on the same
+cluster, so the cost of HTTP, JSON and the database commit is visible.
+
+Needs a Postgres server: TOPOPLACE_BENCH_DATABASE_URL, else the local one
+(postgresql+psycopg://postgres@127.0.0.1:5432/postgres). Run:
+``python -m bench.service_speed [--quick]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+
+import httpx
+import numpy as np
+import sqlalchemy as sa
+
+from bench.engine_speed import build_cluster
+from bench.machine import describe
+from placement import ClusterState, PlacementRequest
+from service import migrate, schema
+
+DEFAULT_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+
+
+@contextmanager
+def fresh_database(base: str) -> Iterator[str]:
+    name = f"topoplace_bench_{uuid.uuid4().hex[:8]}"
+    admin = sa.create_engine(base, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield sa.make_url(base).set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as conn:
+            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+def seed(url: str, state: ClusterState) -> None:
+    migrate.upgrade(url)
+    now = datetime.now(UTC)
+    rows = [
+        {
+            "name": entry.name,
+            "region": entry.snapshot.region,
+            "snapshot": entry.snapshot.model_dump_json(),
+            "seq": entry.snapshot.seq,
+            "signature": None,
+            "cordoned": False,
+            "reported_at": now,
+            "heartbeat_at": now,
+        }
+        for entry in state.entries.values()
+    ]
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(sa.insert(schema.nodes), rows)
+    engine.dispose()
+
+
+@contextmanager
+def serve(url: str) -> Iterator[str]:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {
+        **os.environ,
+        "TOPOPLACE_DATABASE_URL": url,
+        "TOPOPLACE_HEARTBEAT_TTL_S": "86400",
+        "TOPOPLACE_RESERVATION_TTL_S": "86400",
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "topoplace", "serve", "--port", str(port), "--no-migrate"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{base}/readyz", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.5)
+        else:
+            raise TimeoutError("service did not become ready")
+        yield base
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+
+
+def _request(rng: random.Random) -> dict[str, object]:
+    return {"gpus": rng.choice([1, 1, 2, 4]), "job_id": f"bench-{rng.randrange(10**9)}"}
+
+
+def fixed_load(base: str, rate: float, seconds: float) -> tuple[list[float], int]:
+    """Open loop: request i is due at i / rate; latency is measured from that moment."""
+    client = httpx.Client(base_url=base, timeout=30, limits=httpx.Limits(max_connections=64))
+    total = int(rate * seconds)
+    latencies: list[float] = []
+    errors = 0
+    lock = threading.Lock()
+    start = time.perf_counter() + 0.2
+    rng = random.Random(1)
+    bodies = [_request(rng) for _ in range(total)]
+
+    def worker(offset: int, stride: int) -> None:
+        nonlocal errors
+        for i in range(offset, total, stride):
+            due = start + i / rate
+            delay = due - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+            response = client.post("/v1/place", json=bodies[i])
+            done = time.perf_counter()
+            with lock:
+                latencies.append(done - due)
+                errors += response.status_code != 201
+
+    threads = [threading.Thread(target=worker, args=(k, 32)) for k in range(32)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    client.close()
+    return latencies, errors
+
+
+def saturation(base: str, seconds: float, clients: int = 32) -> tuple[float, int]:
+    client = httpx.Client(base_url=base, timeout=30, limits=httpx.Limits(max_connections=64))
+    stop = time.perf_counter() + seconds
+    done = 0
+    errors = 0
+    lock = threading.Lock()
+
+    def worker(seed_: int) -> None:
+        nonlocal done, errors
+        rng = random.Random(seed_)
+        while time.perf_counter() < stop:
+            response = client.post("/v1/place", json=_request(rng))
+            with lock:
+                done += 1
+                errors += response.status_code != 201
+
+    begin = time.perf_counter()
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    client.close()
+    return done / (time.perf_counter() - begin), errors
+
+
+def score_latency(base: str, names: list[str], samples: int) -> list[float]:
+    client = httpx.Client(base_url=base, timeout=30)
+    body = {"gpus": 4, "nodes": names}
+    out = []
+    for _ in range(samples):
+        t0 = time.perf_counter()
+        response = client.post("/v1/score", json=body)
+        out.append(time.perf_counter() - t0)
+        assert response.status_code == 200
+    client.close()
+    return out
+
+
+def engine_time(state: ClusterState, decisions: int) -> float:
+    rng = random.Random(2)
+    times = []
+    for _ in range(decisions):
+        body = _request(rng)
+        request = PlacementRequest(gpus=int(str(body["gpus"])))
+        t0 = time.perf_counter()
+        state.place(request)
+        times.append(time.perf_counter() - t0)
+    return float(np.mean(times))
+
+
+def ms(values: list[float], q: float) -> float:
+    return float(np.percentile(np.asarray(values), q)) * 1e3
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    base_url = os.environ.get("TOPOPLACE_BENCH_DATABASE_URL", DEFAULT_URL)
+    print(f"machine: {describe()}")
+    seconds = 3.0 if args.quick else 10.0
+    print(
+        "\n| nodes | offered req/s | p50 ms | p99 ms | non-201 | saturation req/s (32 clients)"
+        " | engine place() ms | HTTP+DB / engine (p50) |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    score_rows = []
+    for size in (1_000,) if args.quick else (1_000, 10_000):
+        state = build_cluster(size, seed=size)
+        with fresh_database(base_url) as url:
+            seed(url, state)
+            with serve(url) as base:
+                lat, errors = fixed_load(base, 200.0, seconds)
+                rate, sat_errors = saturation(base, seconds)
+                names = sorted(state.entries)[:500]
+                scores = score_latency(base, names, 50 if args.quick else 200)
+        engine_ms = engine_time(state, 500) * 1e3
+        print(
+            f"| {size:,} | 200 | {ms(lat, 50):.1f} | {ms(lat, 99):.1f} | {errors} "
+            f"| {rate:,.0f} ({sat_errors} non-201) | {engine_ms:.3f} "
+            f"| {ms(lat, 50) / engine_ms:,.0f}x |"
+        )
+        score_rows.append(f"| {size:,} | 500 | {ms(scores, 50):.1f} | {ms(scores, 99):.1f} |")
+    print("\n| cluster nodes | nodes scored | /score p50 ms | /score p99 ms |")
+    print("|---|---|---|---|")
+    print("\n".join(score_rows))
+
+
+if __name__ == "__main__":
+    main()

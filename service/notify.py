@@ -1,0 +1,115 @@
+"""Keeping several service processes on one Postgres in step.
+
+Every write that changes what is held or what a node looks like sends a
+Postgres notification in the same transaction (so it is delivered exactly
+when the change commits, and never for a rolled-back one). Each process
+listens on its own connection and re-reads the named nodes from the
+database: their snapshot, cordon state and GPU holds. The database stays the
+authority; the message only says where to look, so a lost or duplicated
+message costs at most a stale read until the next one, and a periodic full
+resync bounds even that.
+
+SQLite has no notifications; an embedded SQLite service is one process.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import uuid
+from collections.abc import Iterable
+
+import psycopg
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+log = logging.getLogger("topoplace.notify")
+
+CHANNEL = "topoplace"
+ORIGIN = uuid.uuid4().hex  # this process; its own messages are skipped
+_MAX_NODES = 200  # beyond this a message asks for a full reload (payloads are capped at 8 kB)
+RESYNC_S = 30.0
+
+
+def publish(conn: Connection, nodes: Iterable[str]) -> None:
+    """Announce, inside the caller's transaction, that these nodes changed."""
+    if conn.dialect.name != "postgresql":
+        return
+    names = sorted(set(nodes))
+    if not names:
+        return
+    body = {"origin": ORIGIN, "nodes": names if len(names) <= _MAX_NODES else None}
+    conn.execute(
+        sa.text("SELECT pg_notify(:channel, :body)"), {"channel": CHANNEL, "body": json.dumps(body)}
+    )
+
+
+def parse(payload: str) -> list[str] | None:
+    """The nodes a message names; None for "reload everything"; [] for our own message."""
+    try:
+        body = json.loads(payload)
+    except json.JSONDecodeError:
+        return None
+    if body.get("origin") == ORIGIN:
+        return []
+    nodes = body.get("nodes")
+    return None if nodes is None else [str(n) for n in nodes]
+
+
+class Listener:
+    """A thread with its own connection, LISTENing and syncing the state it is given."""
+
+    def __init__(self, dsn: str, state: object) -> None:
+        from service.state import ServiceState
+
+        assert isinstance(state, ServiceState)
+        self.dsn = dsn
+        self.state = state
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="topoplace-listen", daemon=True)
+        self.ready = threading.Event()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                with psycopg.connect(self.dsn, autocommit=True) as conn:
+                    conn.execute(f"LISTEN {CHANNEL}")
+                    # Anything missed while we were not listening: read it all once.
+                    self.state.sync_nodes(None)
+                    self.ready.set()
+                    self._listen(conn)
+            except Exception:
+                log.exception("notification listener lost its connection; reconnecting")
+                self._stop.wait(1.0)
+
+    def _listen(self, conn: psycopg.Connection[tuple[object, ...]]) -> None:
+        since_resync = 0.0
+        while not self._stop.is_set():
+            wanted: set[str] = set()
+            reload_all = False
+            for note in conn.notifies(timeout=1.0, stop_after=512):
+                nodes = parse(note.payload)
+                if nodes is None:
+                    reload_all = True
+                else:
+                    wanted.update(nodes)
+            since_resync += 1.0
+            if reload_all or since_resync >= RESYNC_S:
+                self.state.sync_nodes(None)
+                since_resync = 0.0
+            elif wanted:
+                self.state.sync_nodes(sorted(wanted))
+
+
+def psycopg_dsn(database_url: str) -> str:
+    """The libpq form of a SQLAlchemy URL (drop the +driver)."""
+    url = sa.make_url(database_url).set(drivername="postgresql")
+    return url.render_as_string(hide_password=False)

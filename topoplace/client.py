@@ -1,0 +1,297 @@
+"""A typed client for the topoplace service's HTTP API (``/v1``, see docs/service.md).
+
+Every method returns the service's JSON as parsed (dicts), unchanged, so
+callers see exactly what the API documents. Two kinds of failure are kept
+apart because callers react to them differently:
+
+- ``ApiError``: the service answered and said no (its ``{"error": {...}}``
+  shape: a stable ``code`` to switch on, a ``message`` for people);
+- ``ServiceUnreachable`` (a ``ConnectionError``): no answer at all, so
+  nothing is known about the request's fate.
+"""
+
+from __future__ import annotations
+
+import ssl
+from collections.abc import Mapping
+from types import TracebackType
+from typing import Any, Self
+from urllib.parse import quote, urlsplit
+
+import httpx
+
+DEFAULT_TIMEOUT_S = 10.0
+
+JSONObject = dict[str, Any]
+
+
+class ApiError(Exception):
+    """The service answered with an error status."""
+
+    def __init__(
+        self,
+        code: str,
+        message: str,
+        status: int,
+        detail: Mapping[str, Any] | None = None,
+        body: JSONObject | None = None,
+    ) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+        self.status = status
+        self.detail: JSONObject = dict(detail or {})
+        # The answer as sent, when it was JSON, so `--json` can pass it on untouched.
+        self.body = body
+
+    @classmethod
+    def from_response(cls, response: httpx.Response) -> ApiError:
+        body = _json_or_none(response)
+        error = body.get("error") if isinstance(body, dict) else None
+        if isinstance(error, dict) and isinstance(error.get("code"), str):
+            detail = error.get("detail")
+            return cls(
+                error["code"],
+                str(error.get("message") or ""),
+                response.status_code,
+                detail if isinstance(detail, dict) else None,
+                body if isinstance(body, dict) else None,
+            )
+        # Not the service's shape: a proxy in between, or something other than
+        # topoplace listening at that address. Say what came back instead.
+        text = " ".join(response.text.split())[:200]
+        answer = f"{response.request.url} answered {response.status_code} {response.reason_phrase}"
+        return cls(
+            f"http_{response.status_code}",
+            f"{answer}: {text}" if text else answer,
+            response.status_code,
+            None,
+            body if isinstance(body, dict) else None,
+        )
+
+
+class ServiceUnreachable(ConnectionError):
+    """No answer from the service: refused, unresolvable host, TLS failure or timeout."""
+
+    def __init__(self, server: str, reason: str) -> None:
+        super().__init__(f"cannot reach topoplace at {server}: {reason}")
+        self.server = server
+        self.reason = reason
+
+
+def normalize_server_url(url: str) -> str:
+    """``host:port`` becomes ``http://host:port``; anything but http(s) is refused."""
+    url = url.strip()
+    if "://" not in url:
+        url = f"http://{url}"
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ValueError(f"{url!r} is not an http:// or https:// URL")
+    return url.rstrip("/")
+
+
+def _json_or_none(response: httpx.Response) -> Any:
+    try:
+        return response.json()
+    except ValueError:
+        return None
+
+
+def _segment(value: str) -> str:
+    # Names and ids are user input: a space or '?' must stay inside its path segment.
+    return quote(value, safe="")
+
+
+class TopoplaceClient:
+    """One method per endpoint of the service; use as a context manager or call ``close``."""
+
+    def __init__(
+        self,
+        server: str,
+        *,
+        timeout: float = DEFAULT_TIMEOUT_S,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.server = normalize_server_url(server)
+        self.timeout = timeout
+        if transport is None and self.server.startswith("http://"):
+            # Plain HTTP never uses TLS, so skip loading the CA bundle: it takes
+            # tens of milliseconds, a noticeable share of a command's run. The
+            # empty context still verifies, so it would refuse any TLS peer.
+            transport = httpx.HTTPTransport(verify=ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT))
+        self._http = httpx.Client(base_url=self.server, timeout=timeout, transport=transport)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    # -- transport ---------------------------------------------------------
+
+    def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, str | int] | None = None,
+        json: Any = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> httpx.Response:
+        try:
+            response = self._http.request(method, path, params=params, json=json, headers=headers)
+        except httpx.TimeoutException as exc:
+            raise ServiceUnreachable(
+                self.server, f"no answer within {self.timeout:g} s ({type(exc).__name__})"
+            ) from exc
+        except httpx.RequestError as exc:
+            raise ServiceUnreachable(self.server, str(exc) or type(exc).__name__) from exc
+        if response.is_error:
+            raise ApiError.from_response(response)
+        return response
+
+    def _object(self, response: httpx.Response) -> JSONObject:
+        data = _json_or_none(response)
+        if not isinstance(data, dict):
+            raise ApiError(
+                "invalid_response",
+                f"{response.request.method} {response.request.url} did not answer with a JSON"
+                " object; is this a topoplace service?",
+                response.status_code,
+            )
+        return data
+
+    def _get(self, path: str, params: Mapping[str, str | int] | None = None) -> JSONObject:
+        return self._object(self._request("GET", path, params=params))
+
+    def _post(
+        self, path: str, body: Any = None, headers: Mapping[str, str] | None = None
+    ) -> JSONObject:
+        return self._object(self._request("POST", path, json=body, headers=headers))
+
+    # -- health ------------------------------------------------------------
+
+    def health(self) -> JSONObject:
+        """GET /healthz: the process is up."""
+        return self._get("/healthz")
+
+    def ready(self) -> JSONObject:
+        """GET /readyz: the database answers and the state is loaded (ApiError 503 if not)."""
+        return self._get("/readyz")
+
+    # -- nodes -------------------------------------------------------------
+
+    def nodes(self) -> JSONObject:
+        """GET /v1/nodes: ``{"nodes": [...]}``."""
+        return self._get("/v1/nodes")
+
+    def node(self, name: str) -> JSONObject:
+        """GET /v1/nodes/{name}."""
+        return self._get(f"/v1/nodes/{_segment(name)}")
+
+    def topology(self, name: str) -> JSONObject:
+        """GET /v1/nodes/{name}/topology: links, bandwidths and ``nvidia-smi topo -m`` text."""
+        return self._get(f"/v1/nodes/{_segment(name)}/topology")
+
+    def snapshots(self, name: str) -> list[JSONObject]:
+        """GET /v1/nodes/{name}/snapshots: stored snapshot history, newest first."""
+        response = self._request("GET", f"/v1/nodes/{_segment(name)}/snapshots")
+        data = _json_or_none(response)
+        if not isinstance(data, list):
+            raise ApiError(
+                "invalid_response", "snapshot history is not a JSON list", response.status_code
+            )
+        return data
+
+    def put_snapshot(
+        self, name: str, snapshot: Mapping[str, Any], signature: str | None = None
+    ) -> JSONObject:
+        """PUT /v1/nodes/{name}/snapshot: report a node's full snapshot."""
+        body: JSONObject = {"snapshot": dict(snapshot)}
+        if signature is not None:
+            body["signature"] = signature
+        path = f"/v1/nodes/{_segment(name)}/snapshot"
+        return self._object(self._request("PUT", path, json=body))
+
+    def heartbeat(self, name: str) -> None:
+        """POST /v1/nodes/{name}/heartbeat (204)."""
+        self._request("POST", f"/v1/nodes/{_segment(name)}/heartbeat")
+
+    def cordon(self, name: str) -> JSONObject:
+        """POST /v1/nodes/{name}/cordon: take the node out of placement."""
+        return self._post(f"/v1/nodes/{_segment(name)}/cordon")
+
+    def uncordon(self, name: str) -> JSONObject:
+        """POST /v1/nodes/{name}/uncordon: put the node back."""
+        return self._post(f"/v1/nodes/{_segment(name)}/uncordon")
+
+    def delete_node(self, name: str) -> None:
+        """DELETE /v1/nodes/{name} (204; 409 while it holds GPUs)."""
+        self._request("DELETE", f"/v1/nodes/{_segment(name)}")
+
+    # -- placement and allocations ------------------------------------------
+
+    def place(
+        self, request: Mapping[str, Any], *, idempotency_key: str | None = None
+    ) -> JSONObject:
+        """POST /v1/place: choose and reserve; the same key again returns the same allocation."""
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key is not None else None
+        return self._post("/v1/place", dict(request), headers)
+
+    def score(self, request: Mapping[str, Any]) -> JSONObject:
+        """POST /v1/score: rank nodes for a request without reserving."""
+        return self._post("/v1/score", dict(request))
+
+    def allocations(
+        self,
+        *,
+        job_id: str | None = None,
+        node: str | None = None,
+        state: str | None = None,
+        limit: int | None = None,
+    ) -> JSONObject:
+        """GET /v1/allocations with optional filters: ``{"allocations": [...]}``, newest first."""
+        params: dict[str, str | int] = {}
+        if job_id is not None:
+            params["job_id"] = job_id
+        if node is not None:
+            params["node"] = node
+        if state is not None:
+            params["state"] = state
+        if limit is not None:
+            params["limit"] = limit
+        return self._get("/v1/allocations", params)
+
+    def allocation(self, allocation_id: str) -> JSONObject:
+        """GET /v1/allocations/{id}."""
+        return self._get(f"/v1/allocations/{_segment(allocation_id)}")
+
+    def confirm(self, allocation_id: str) -> JSONObject:
+        """POST /v1/allocations/{id}/confirm: pending -> active."""
+        return self._post(f"/v1/allocations/{_segment(allocation_id)}/confirm")
+
+    def extend(self, allocation_id: str, ttl_s: float) -> JSONObject:
+        """POST /v1/allocations/{id}/extend: a new TTL for a pending reservation."""
+        return self._post(f"/v1/allocations/{_segment(allocation_id)}/extend", {"ttl_s": ttl_s})
+
+    def release(self, allocation_id: str) -> JSONObject:
+        """POST /v1/allocations/{id}/release: ``{"released": [ids]}`` (empty if already ended)."""
+        return self._post(f"/v1/allocations/{_segment(allocation_id)}/release")
+
+    def release_job(self, job_id: str) -> JSONObject:
+        """POST /v1/jobs/{job_id}/release: every live allocation of the job."""
+        return self._post(f"/v1/jobs/{_segment(job_id)}/release")
+
+    # -- cluster -----------------------------------------------------------
+
+    def cluster(self) -> JSONObject:
+        """GET /v1/cluster: node and GPU counts, fragmentation, allocations by state."""
+        return self._get("/v1/cluster")
