@@ -24,4 +24,6 @@ def make_engine(database_url: str) -> Engine:
             cursor.close()
 
         return engine
-    return sa.create_engine(database_url, pool_pre_ping=True, pool_size=10, max_overflow=10)
+    # No pre-ping: it costs a round trip per request on the /place path; a
+    # connection that died is recycled on its error and the request answers 503.
+    return sa.create_engine(database_url, pool_size=10, max_overflow=10, pool_recycle=1800)
