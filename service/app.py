@@ -5,14 +5,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import sqlalchemy as sa
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse
 from sqlalchemy.exc import OperationalError
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from service import cluster_view, migrate
 from service.allocations import endpoints as allocation_routes
@@ -27,6 +28,30 @@ from service.state import Clock, ServiceState, utc_now
 
 log = logging.getLogger("topoplace.service")
 SWEEP_INTERVAL_S = 2.0
+
+
+class BodyLimit:
+    """Refuse bodies over the limit before reading them (413, the one error shape).
+
+    A plain ASGI middleware: Starlette's BaseHTTPMiddleware would add a task
+    and a memory stream to every request on the /place hot path.
+    """
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            for key, value in scope.get("headers", ()):
+                if key == b"content-length" and value.isdigit() and int(value) > self.max_bytes:
+                    error = TooLarge(
+                        f"request body of {value.decode()} bytes is over the limit of"
+                        f" {self.max_bytes} (TOPOPLACE_MAX_BODY_BYTES)"
+                    )
+                    await _error_response(error)(scope, receive, send)
+                    return
+        await self.app(scope, receive, send)
 
 
 def _error_response(error: ServiceError) -> JSONResponse:
@@ -119,19 +144,7 @@ def create_app(
     async def _db_down(_: Request, exc: OperationalError) -> JSONResponse:
         return _error_response(Unavailable(f"the database did not answer: {exc.orig}"))
 
-    @app.middleware("http")
-    async def _limit_body(
-        request: Request, call_next: Callable[[Request], Awaitable[Response]]
-    ) -> Response:
-        length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > settings.max_body_bytes:
-            return _error_response(
-                TooLarge(
-                    f"request body of {length} bytes is over the limit of"
-                    f" {settings.max_body_bytes} (TOPOPLACE_MAX_BODY_BYTES)"
-                )
-            )
-        return await call_next(request)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
 
     @app.get("/healthz", tags=["health"])
     def healthz() -> dict[str, str]:
