@@ -10,10 +10,10 @@ import numpy as np
 from placement.analysis import Analysis, analyse, requested_slots
 from placement.explain import group_reasons, not_placed, refusal
 from placement.fast_path import fast_place
-from placement.outcome import Cause, NodeVerdict, Outcome, Placement, ScoreParts, TaskPlacement
+from placement.outcome import Cause, NodeVerdict, Outcome, Placement, TaskPlacement
 from placement.ranking import best_of, rank_order, rank_words, scores
 from placement.request import PlacementRequest
-from placement.task_builder import build_task
+from placement.task_builder import build_task, score_parts
 
 if TYPE_CHECKING:
     from placement.cluster import ClusterState
@@ -71,23 +71,12 @@ def ranked(
     return [(int(where[i]), float(summary[i])) for i in order.tolist()]
 
 
-def parts_at(analysis: Analysis, index: int) -> ScoreParts:
-    return ScoreParts(
-        ring_gbps=float(analysis.ring[index]),
-        pair_sum_gbps=float(analysis.pair[index]),
-        bandwidth=round(float(analysis.quality[index]), 6),
-        fragmentation=round(float(analysis.fragmentation[index]), 6),
-        numa_nodes=int(analysis.numa_span[index]),
-        free_after=int(analysis.free_after[index]),
-    )
-
-
 def task_at(
     state: ClusterState, analysis: Analysis, index: int, request: PlacementRequest, task: int
 ) -> TaskPlacement | None:
     slot = int(analysis.slots[index])
     return build_task(
-        state, slot, int(analysis.chosen[index]), request, task, parts_at(analysis, index)
+        state, slot, int(analysis.chosen[index]), request, task, score_parts(analysis, index)
     )
 
 

@@ -30,7 +30,6 @@ from numpy.typing import NDArray
 from placement.analysis import analyse, query_for
 from placement.eligibility import gpu_eligible, labels_ok, region_ok
 from placement.node_choice import NO_SET
-from placement.outcome import ScoreParts
 from placement.ranking import RankInputs, best_of, pack_words, rank_columns, rank_words
 from placement.request import PlacementRequest
 
@@ -319,14 +318,7 @@ def fast_place(state: ClusterState, request: PlacementRequest) -> TaskPlacement 
 def _task(
     state: ClusterState, cache: _ShapeCache, request: PlacementRequest, slot: int
 ) -> TaskPlacement | None:
-    from placement.task_builder import build_task
+    from placement.task_builder import build_task, score_parts
 
-    parts = ScoreParts(
-        ring_gbps=float(cache.ring[slot]),
-        pair_sum_gbps=float(cache.pair[slot]),
-        bandwidth=round(float(cache.quality[slot]), 6),
-        fragmentation=round(float(cache.fragmentation[slot]), 6),
-        numa_nodes=int(cache.numa_span[slot]),
-        free_after=int(cache.free_after[slot]),
-    )
+    parts = score_parts(cache, slot)
     return build_task(state, slot, int(cache.chosen[slot]), request, 0, parts)

@@ -27,12 +27,11 @@ import numpy as np
 from numpy.typing import NDArray
 
 from placement.analysis import analyse, requested_slots
-from placement.decide import parts_at
 from placement.explain import group_reasons, not_placed
 from placement.node_choice import indices_to_mask
 from placement.outcome import Cause, Outcome, Placement, ReasonGroup, ScoreParts, TaskPlacement
 from placement.request import PlacementRequest
-from placement.task_builder import build_task
+from placement.task_builder import build_task, score_parts
 
 if TYPE_CHECKING:
     from placement.cluster import ClusterState
@@ -75,7 +74,7 @@ def _capacity(
         for i in fits.tolist():
             slot = int(analysis.slots[i])
             nodes.setdefault(slot, _NodeSets(slot)).sets.append(
-                (int(analysis.chosen[i]), parts_at(analysis, i))
+                (int(analysis.chosen[i]), score_parts(analysis, i))
             )
         free[analysis.slots[fits]] &= ~analysis.chosen[fits]
         active = analysis.slots[fits]

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Collection
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
+
+import numpy as np
+from numpy.typing import NDArray
 
 from placement.node_choice import mask_to_indices
 from placement.numa import choose_cpus
@@ -12,6 +15,28 @@ from placement.request import PlacementRequest
 
 if TYPE_CHECKING:
     from placement.cluster import ClusterState
+
+
+class ScoreArrays(Protocol):
+    """Per-node metric arrays, as both the full analysis and the hot-path cache keep them."""
+
+    ring: NDArray[np.float64]
+    pair: NDArray[np.float64]
+    quality: NDArray[np.float64]
+    fragmentation: NDArray[np.float64]
+    numa_span: NDArray[np.int64]
+    free_after: NDArray[np.int64]
+
+
+def score_parts(arrays: ScoreArrays, index: int) -> ScoreParts:
+    return ScoreParts(
+        ring_gbps=float(arrays.ring[index]),
+        pair_sum_gbps=float(arrays.pair[index]),
+        bandwidth=round(float(arrays.quality[index]), 6),
+        fragmentation=round(float(arrays.fragmentation[index]), 6),
+        numa_nodes=int(arrays.numa_span[index]),
+        free_after=int(arrays.free_after[index]),
+    )
 
 
 def build_task(
