@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Header, Query, Response, status
+from fastapi import APIRouter, Depends, Header, Query, status
+from fastapi.responses import JSONResponse
 
 from service.allocations import service
 from service.allocations.schemas import (
@@ -21,6 +22,8 @@ from service.deps import get_state
 from service.state import ServiceState
 
 router = APIRouter(prefix="/v1", tags=["placement"])
+# Responses are built as plain data by service.py in the documented shapes
+# (response_model); returning them as JSONResponse skips a second validation.
 State = Annotated[ServiceState, Depends(get_state)]
 
 
@@ -32,22 +35,20 @@ State = Annotated[ServiceState, Depends(get_state)]
 )
 def place(
     body: PlaceRequest,
-    response: Response,
     state: State,
     idempotency_key: Annotated[str | None, Header(max_length=256)] = None,
-) -> AllocationView:
+) -> JSONResponse:
     """Choose node(s) and GPUs and reserve them (pending until confirmed or expired)."""
     allocation, created = service.place(state, body, idempotency_key)
-    if not created:
-        response.status_code = status.HTTP_200_OK
-        response.headers["Idempotent-Replayed"] = "true"
-    return allocation
+    if created:
+        return JSONResponse(allocation, status_code=status.HTTP_201_CREATED)
+    return JSONResponse(allocation, headers={"Idempotent-Replayed": "true"})
 
 
 @router.post("/score", response_model=ScoreResult)
-def score(body: ScoreRequest, state: State) -> ScoreResult:
+def score(body: ScoreRequest, state: State) -> JSONResponse:
     """Rank nodes for a request without reserving: per node the GPUs it would get, or why not."""
-    return ScoreResult(nodes=service.score(state, body))
+    return JSONResponse({"nodes": service.score(state, body)})
 
 
 @router.get("/allocations", response_model=AllocationList)
@@ -57,24 +58,25 @@ def list_allocations(
     node: str | None = None,
     allocation_state: Annotated[AllocationState | None, Query(alias="state")] = None,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 500,
-) -> AllocationList:
-    return AllocationList(allocations=service.listing(state, job_id, node, allocation_state, limit))
+) -> JSONResponse:
+    allocations = service.listing(state, job_id, node, allocation_state, limit)
+    return JSONResponse({"allocations": allocations})
 
 
 @router.get("/allocations/{allocation_id}", response_model=AllocationView)
-def get_allocation(allocation_id: str, state: State) -> AllocationView:
-    return service.get(state, allocation_id)
+def get_allocation(allocation_id: str, state: State) -> JSONResponse:
+    return JSONResponse(service.get(state, allocation_id))
 
 
 @router.post("/allocations/{allocation_id}/confirm", response_model=AllocationView)
-def confirm(allocation_id: str, state: State) -> AllocationView:
+def confirm(allocation_id: str, state: State) -> JSONResponse:
     """pending -> active (the scheduler bound the job); active allocations never expire."""
-    return service.confirm(state, allocation_id)
+    return JSONResponse(service.confirm(state, allocation_id))
 
 
 @router.post("/allocations/{allocation_id}/extend", response_model=AllocationView)
-def extend(allocation_id: str, body: ExtendRequest, state: State) -> AllocationView:
-    return service.extend(state, allocation_id, body.ttl_s)
+def extend(allocation_id: str, body: ExtendRequest, state: State) -> JSONResponse:
+    return JSONResponse(service.extend(state, allocation_id, body.ttl_s))
 
 
 @router.post("/allocations/{allocation_id}/release", response_model=ReleaseResult)

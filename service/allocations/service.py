@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Mapping
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy.exc import IntegrityError, OperationalError
@@ -28,12 +28,8 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 from placement import Outcome, Placement, TaskPlacement
 from service.allocations import repository
 from service.allocations.schemas import (
-    AllocationView,
-    NodeScoreView,
     PlaceRequest,
     ScoreRequest,
-    ScoreView,
-    TaskView,
 )
 from service.errors import BadRequest, Conflict, NotFound, Unavailable, Unresolvable, Unschedulable
 from service.notify import publish
@@ -42,34 +38,38 @@ from service.state import ServiceState
 PLACE_ATTEMPTS = 4
 
 
-def task_view(task: TaskPlacement) -> TaskView:
+def task_dict(task: TaskPlacement) -> dict[str, Any]:
+    """A task as the API shows it (TaskView), built as plain data: /place and
+    /score return many of these, and validating them again would cost more
+    than the decision."""
     devices = task.mig_uuids or task.gpu_uuids
     visible = ",".join(devices)
     env = {"CUDA_VISIBLE_DEVICES": visible, "NVIDIA_VISIBLE_DEVICES": visible}
     if task.cpuset:
         env["TOPOPLACE_CPUSET"] = task.cpuset
-    return TaskView(
-        task=task.task,
-        node=task.node,
-        gpu_indices=list(task.gpu_indices),
-        gpu_uuids=list(task.gpu_uuids),
-        mig_uuids=list(task.mig_uuids),
-        cpuset=task.cpuset,
-        cpus=list(task.cpus),
-        numa_nodes=list(task.numa_nodes),
-        islands=list(task.islands),
-        nvlink_connected=task.nvlink_connected,
-        score=ScoreView(
-            ring_gbps=task.score.ring_gbps,
-            pair_sum_gbps=task.score.pair_sum_gbps,
-            bandwidth=task.score.bandwidth,
-            fragmentation=task.score.fragmentation,
-            numa_nodes=task.score.numa_nodes,
-            free_after=task.score.free_after,
-        ),
-        reason=task.reason,
-        env=env,
-    )
+    score = task.score
+    return {
+        "task": task.task,
+        "node": task.node,
+        "gpu_indices": list(task.gpu_indices),
+        "gpu_uuids": list(task.gpu_uuids),
+        "mig_uuids": list(task.mig_uuids),
+        "cpuset": task.cpuset,
+        "cpus": list(task.cpus),
+        "numa_nodes": list(task.numa_nodes),
+        "islands": list(task.islands),
+        "nvlink_connected": task.nvlink_connected,
+        "score": {
+            "ring_gbps": score.ring_gbps,
+            "pair_sum_gbps": score.pair_sum_gbps,
+            "bandwidth": score.bandwidth,
+            "fragmentation": score.fragmentation,
+            "numa_nodes": score.numa_nodes,
+            "free_after": score.free_after,
+        },
+        "reason": task.reason,
+        "env": env,
+    }
 
 
 def _holds(placement: Placement) -> list[tuple[str, str, str]]:
@@ -82,22 +82,30 @@ def _holds(placement: Placement) -> list[tuple[str, str, str]]:
     return out
 
 
-def _view(row: Mapping[Any, Any]) -> AllocationView:
+def _time(value: datetime | None) -> str | None:
+    if value is None:
+        return None
+    aware = value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+    return aware.isoformat().replace("+00:00", "Z")
+
+
+def _view(row: Mapping[Any, Any]) -> dict[str, Any]:
+    """An allocation as the API shows it (AllocationView)."""
     placed = json.loads(row["placement"])
-    return AllocationView(
-        id=row["id"],
-        state=row["state"],
-        job_id=row["job_id"],
-        owner=row["owner"],
-        tasks=[TaskView.model_validate(t) for t in placed["tasks"]],
-        ring_gbps=placed["ring_gbps"],
-        fabric_domain=placed["fabric_domain"],
-        network_blocks=placed["network_blocks"],
-        reason=placed["reason"],
-        created_at=row["created_at"],
-        expires_at=row["expires_at"],
-        ended_at=row["ended_at"],
-    )
+    return {
+        "id": row["id"],
+        "state": row["state"],
+        "job_id": row["job_id"],
+        "owner": row["owner"],
+        "tasks": placed["tasks"],
+        "ring_gbps": placed["ring_gbps"],
+        "fabric_domain": placed["fabric_domain"],
+        "network_blocks": placed["network_blocks"],
+        "reason": placed["reason"],
+        "created_at": _time(row["created_at"]),
+        "expires_at": _time(row["expires_at"]),
+        "ended_at": _time(row["ended_at"]),
+    }
 
 
 def _refuse(outcome: Outcome) -> Exception:
@@ -130,7 +138,7 @@ def _ttl(state: ServiceState, requested: float | None) -> float:
 
 def place(
     state: ServiceState, body: PlaceRequest, idempotency_key: str | None
-) -> tuple[AllocationView, bool]:
+) -> tuple[dict[str, Any], bool]:
     """Choose and reserve; returns (allocation, created). A replayed key returns created=False."""
     request_json = body.model_dump_json()
     if idempotency_key is not None:
@@ -189,7 +197,7 @@ def place(
 
 def _placement_json(placement: Placement) -> dict[str, object]:
     return {
-        "tasks": [task_view(t).model_dump(mode="json") for t in placement.tasks],
+        "tasks": [task_dict(t) for t in placement.tasks],
         "ring_gbps": placement.ring_gbps,
         "fabric_domain": placement.fabric_domain,
         "network_blocks": list(placement.network_blocks),
@@ -197,7 +205,7 @@ def _placement_json(placement: Placement) -> dict[str, object]:
     }
 
 
-def _replay(state: ServiceState, key: str, request_json: str) -> AllocationView | None:
+def _replay(state: ServiceState, key: str, request_json: str) -> dict[str, Any] | None:
     with state.engine.connect() as conn:
         row = repository.by_idempotency_key(conn, key)
     if row is None:
@@ -216,7 +224,7 @@ def _undo(state: ServiceState, placement: Placement, devices: list[tuple[str, st
         state.cluster.unapply(placement)
 
 
-def get(state: ServiceState, allocation_id: str) -> AllocationView:
+def get(state: ServiceState, allocation_id: str) -> dict[str, Any]:
     with state.engine.connect() as conn:
         row = repository.by_id(conn, allocation_id)
     if row is None:
@@ -226,13 +234,13 @@ def get(state: ServiceState, allocation_id: str) -> AllocationView:
 
 def listing(
     state: ServiceState, job_id: str | None, node: str | None, status: str | None, limit: int
-) -> list[AllocationView]:
+) -> list[dict[str, Any]]:
     with state.engine.connect() as conn:
         rows = repository.listing(conn, job_id=job_id, node=node, state=status, limit=limit)
     return [_view(r) for r in rows]
 
 
-def confirm(state: ServiceState, allocation_id: str) -> AllocationView:
+def confirm(state: ServiceState, allocation_id: str) -> dict[str, Any]:
     with state.engine.begin() as conn:
         row = repository.by_id(conn, allocation_id)
         if row is None:
@@ -248,7 +256,7 @@ def confirm(state: ServiceState, allocation_id: str) -> AllocationView:
     return get(state, allocation_id)
 
 
-def extend(state: ServiceState, allocation_id: str, ttl_s: float) -> AllocationView:
+def extend(state: ServiceState, allocation_id: str, ttl_s: float) -> dict[str, Any]:
     ttl = _ttl(state, ttl_s)
     with state.engine.begin() as conn:
         row = repository.by_id(conn, allocation_id)
@@ -298,20 +306,21 @@ def sweep(state: ServiceState, now: datetime | None = None) -> list[str]:
     return _end(state, ids, "expired")
 
 
-def score(state: ServiceState, body: ScoreRequest) -> list[NodeScoreView]:
+def score(state: ServiceState, body: ScoreRequest) -> list[dict[str, Any]]:
+    """Every requested node's verdict as the API shows it (NodeScoreView)."""
     with state.lock:
         state.refresh_if_due()
         verdicts = state.cluster.evaluate(body)
     return [
-        NodeScoreView(
-            node=v.node,
-            fits=v.fits,
-            rank=v.rank,
-            score=v.score,
-            cause=v.cause.value if v.cause else None,
-            message=v.message or (v.task.reason if v.task else ""),
-            resolvable=v.resolvable,
-            task=task_view(v.task) if v.task else None,
-        )
+        {
+            "node": v.node,
+            "fits": v.fits,
+            "rank": v.rank,
+            "score": v.score,
+            "cause": v.cause.value if v.cause else None,
+            "message": v.message or (v.task.reason if v.task else ""),
+            "resolvable": v.resolvable,
+            "task": task_dict(v.task) if v.task else None,
+        }
         for v in verdicts
     ]

@@ -7,6 +7,7 @@ from fastapi.testclient import TestClient
 
 from placement import Health
 from service import schema
+from service.allocations.schemas import AllocationView, ScoreResult
 from service.app import create_app
 from service.settings import Settings
 from tests.service.conftest import FakeClock
@@ -23,6 +24,8 @@ def test_place_reserves_and_returns_the_environment(client: TestClient) -> None:
     assert task["gpu_indices"] in ([0, 1, 2, 3], [4, 5, 6, 7])
     assert task["env"]["CUDA_VISIBLE_DEVICES"] == ",".join(task["gpu_uuids"])
     assert task["score"]["ring_gbps"] == 25.0
+    # Responses are built as plain data: they must still match the documented schema.
+    assert AllocationView.model_validate(allocation).tasks[0].env == task["env"]
     node = client.get("/v1/nodes/dgx0").json()
     assert len(node["free_gpus"]) == 4 and node["allocations"] == [allocation["id"]]
     assert client.get(f"/v1/allocations/{allocation['id']}").json()["id"] == allocation["id"]
@@ -129,7 +132,9 @@ def test_two_replicas_never_hand_out_a_gpu_twice(settings: Settings, clock: Fake
 
 def test_score_ranks_without_reserving(client: TestClient) -> None:
     add_nodes(client, ("dgx1-v100", "dgx0"), ("pcie-8x-l40s", "pcie0"))
-    result = client.post("/v1/score", json={"gpus": 4, "locality": "nvlink"}).json()["nodes"]
+    body = client.post("/v1/score", json={"gpus": 4, "locality": "nvlink"}).json()
+    ScoreResult.model_validate(body)
+    result = body["nodes"]
     by_node = {n["node"]: n for n in result}
     assert by_node["dgx0"]["fits"] and by_node["dgx0"]["rank"] == 1
     assert by_node["pcie0"]["cause"] == "no_nvlink_set_ever" and not by_node["pcie0"]["resolvable"]
