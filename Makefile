@@ -29,6 +29,7 @@ bench: install
 	$(BIN)/python -m bench.engine_speed
 	$(BIN)/python -m bench.quality
 	$(BIN)/python -m bench.gang_quality
+	$(BIN)/python -m bench.service_speed
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
