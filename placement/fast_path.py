@@ -42,33 +42,31 @@ SCALAR_LIMIT = 8  # below this many stale slots, per-node Python beats numpy's c
 _NONE = np.iinfo(np.int64).min
 
 
+# Request fields that never change a node's own answer, with the neutral
+# value a shape gets. They are filtered at selection time or ignored here;
+# every other field of PlacementRequest is part of the shape.
+_PER_REQUEST: dict[str, object] = {
+    "regions": (),
+    "node_labels": {},
+    "nodes": None,
+    "exclude_nodes": (),
+    "job_id": None,
+    "priority": 0,
+    "cpus_per_task": 0,
+    "tasks": 1,
+}
+_SHAPE_FIELDS = tuple(f for f in PlacementRequest.model_fields if f not in _PER_REQUEST)
+
+
 def shape_of(request: PlacementRequest) -> PlacementRequest:
     """The request with everything that does not change a node's own answer removed."""
-    return request.model_copy(
-        update={
-            "regions": (),
-            "node_labels": {},
-            "nodes": None,
-            "exclude_nodes": (),
-            "job_id": None,
-            "priority": 0,
-            "cpus_per_task": 0,
-            "tasks": 1,
-        }
+    return PlacementRequest.model_validate(
+        {**{f: getattr(request, f) for f in _SHAPE_FIELDS}, **_PER_REQUEST}
     )
 
 
 def _shape_key(request: PlacementRequest) -> tuple[object, ...]:
-    return (
-        request.gpus,
-        request.locality,
-        request.objective,
-        request.max_ring_loss,
-        request.numa,
-        request.gpu_models,
-        request.min_gpu_memory_mib,
-        request.policy,
-    )
+    return tuple(getattr(request, f) for f in _SHAPE_FIELDS)
 
 
 # Per-slot fields, in the order _Row carries them after the fit flag.

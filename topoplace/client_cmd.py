@@ -377,14 +377,22 @@ def _bandwidth_matrix(labels: Sequence[str], matrix: Sequence[Sequence[float]]) 
 # -- commands -----------------------------------------------------------------------
 
 
-def show_nodes(client: TopoplaceClient, args: argparse.Namespace) -> None:
-    data = client.nodes()
+def _items_or_json(
+    data: dict[str, Any], key: str, args: argparse.Namespace, empty: str
+) -> list[dict[str, Any]]:
+    """The listed items to print as a table; [] when the JSON or the empty message was printed."""
     if args.json:
         print_json(data)
-        return
-    nodes = data.get("nodes", [])
+        return []
+    items: list[dict[str, Any]] = data.get(key, [])
+    if not items:
+        print(empty)
+    return items
+
+
+def show_nodes(client: TopoplaceClient, args: argparse.Namespace) -> None:
+    nodes = _items_or_json(client.nodes(), "nodes", args, "no nodes have reported to this service")
     if not nodes:
-        print("no nodes have reported to this service")
         return
     rows = [
         [
@@ -500,12 +508,8 @@ def do_release(client: TopoplaceClient, args: argparse.Namespace) -> None:
 
 def show_allocations(client: TopoplaceClient, args: argparse.Namespace) -> None:
     data = client.allocations(job_id=args.job, node=args.node, state=args.state, limit=args.limit)
-    if args.json:
-        print_json(data)
-        return
-    allocations = data.get("allocations", [])
+    allocations = _items_or_json(data, "allocations", args, "no allocations match")
     if not allocations:
-        print("no allocations match")
         return
     rows = [
         [

@@ -23,9 +23,6 @@ class PlaceRequest(PlacementRequest):
         " the service default when omitted",
     )
 
-    def engine_request(self) -> PlacementRequest:
-        return PlacementRequest.model_validate(self.model_dump(exclude={"owner", "ttl_s"}))
-
 
 class ScoreView(BaseModel):
     ring_gbps: float

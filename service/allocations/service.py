@@ -146,11 +146,10 @@ def place(
         if replay is not None:
             return replay, False
     ttl = _ttl(state, body.ttl_s)
-    request = body.engine_request()
     for _ in range(PLACE_ATTEMPTS):
         with state.lock:
             state.refresh_if_due()
-            outcome = state.cluster.place(request)
+            outcome = state.cluster.place(body)  # a PlacementRequest; owner and TTL stay here
             if outcome.placement is None:
                 raise _refuse(outcome)
             placement = outcome.placement
