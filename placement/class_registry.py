@@ -76,9 +76,6 @@ class ClassRegistry:
         self._by_key[key] = cid
         return cid
 
-    def is_exact(self, cid: int) -> bool:
-        return isinstance(self.classes[cid], TopologyClass)
-
     def _table(self, query: SetQuery) -> NDArray[np.int64]:
         table = self._answers.get(query)
         if table is None:

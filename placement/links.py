@@ -84,8 +84,3 @@ def parse_link(text: str) -> Link:
     if kind in (LinkKind.NVLINK, LinkKind.NVSWITCH):
         raise LinkLabelError(f"NVLink label {text!r} needs a lane count, e.g. NV4")
     return Link(kind)
-
-
-def normalize_label(text: str) -> str:
-    """The canonical spelling of a label (``soc`` -> ``SYS``, ``nv4`` -> ``NV4``)."""
-    return parse_link(text).label
