@@ -18,6 +18,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from service import cluster_view, migrate
 from service.allocations import endpoints as allocation_routes
 from service.allocations import service as allocation_service
+from service.auth import RequireToken, TokenCheck
 from service.db import make_engine
 from service.demo import heartbeat_demo_cluster, register_demo_cluster
 from service.errors import ServiceError, TooLarge, Unavailable
@@ -98,6 +99,9 @@ def create_app(
     settings = settings or Settings()
     engine = make_engine(settings.database_url)
     state = ServiceState(settings, engine, clock)
+    token_check = TokenCheck(settings.accepted_tokens())
+    if not token_check.enabled:
+        log.warning("no API tokens configured: the API accepts every caller")
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -128,6 +132,7 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.service = state
+    app.state.token_check = token_check
     app.include_router(node_routes.router)
     app.include_router(allocation_routes.router)
     app.include_router(cluster_view.router)
@@ -145,6 +150,7 @@ def create_app(
         return _error_response(Unavailable(f"the database did not answer: {exc.orig}"))
 
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(RequireToken, check=token_check)
 
     @app.get("/healthz", tags=["health"])
     def healthz() -> dict[str, str]:

@@ -30,6 +30,25 @@ class Settings(BaseSettings):
         default=20, ge=1, description="snapshots kept per node, newest first"
     )
     max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
+    api_tokens: str = Field(
+        default="",
+        description="comma-separated bearer tokens the API accepts; empty (and no token file)"
+        " leaves the API open",
+    )
+    api_token_file: str | None = Field(
+        default=None, description="a file of accepted bearer tokens, one per line"
+    )
+
+    def accepted_tokens(self) -> list[str]:
+        """Every configured token; raises ValueError naming an unreadable token file."""
+        from pathlib import Path
+
+        from service.auth import read_token_file
+
+        tokens = [t.strip() for t in self.api_tokens.split(",") if t.strip()]
+        if self.api_token_file:
+            tokens += read_token_file(Path(self.api_token_file))
+        return tokens
 
     @field_validator("database_url")
     @classmethod

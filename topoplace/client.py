@@ -111,6 +111,7 @@ class TopoplaceClient:
         *,
         timeout: float = DEFAULT_TIMEOUT_S,
         transport: httpx.BaseTransport | None = None,
+        token: str | None = None,
     ) -> None:
         self.server = normalize_server_url(server)
         self.timeout = timeout
@@ -119,7 +120,10 @@ class TopoplaceClient:
             # tens of milliseconds, a noticeable share of a command's run. The
             # empty context still verifies, so it would refuse any TLS peer.
             transport = httpx.HTTPTransport(verify=ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT))
-        self._http = httpx.Client(base_url=self.server, timeout=timeout, transport=transport)
+        headers = {"Authorization": f"Bearer {token}"} if token else None
+        self._http = httpx.Client(
+            base_url=self.server, timeout=timeout, transport=transport, headers=headers
+        )
 
     def __enter__(self) -> Self:
         return self

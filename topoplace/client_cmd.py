@@ -33,6 +33,7 @@ EXIT_USAGE = 2
 EXIT_UNREACHABLE = 3
 
 SERVER_ENV = "TOPOPLACE_SERVER"
+TOKEN_ENV = "TOPOPLACE_TOKEN"
 DEFAULT_SERVER = "http://127.0.0.1:8080"  # where `topoplace serve` listens by default
 DEFAULT_TIMEOUT_S = 10.0
 # The service's codes for a request it could not make sense of: the caller's
@@ -88,6 +89,11 @@ def _service_options() -> argparse.ArgumentParser:
         "--server",
         metavar="URL",
         help=f"the topoplace service (default: ${SERVER_ENV}, else {DEFAULT_SERVER})",
+    )
+    group.add_argument(
+        "--token-file",
+        metavar="PATH",
+        help=f"a file holding the API token (default: ${TOKEN_ENV}, else none)",
     )
     group.add_argument(
         "--json", action="store_true", help="print the service's JSON answer, errors included"
@@ -231,6 +237,17 @@ def _server(args: argparse.Namespace) -> tuple[str, str]:
     return DEFAULT_SERVER, "default server"
 
 
+def _token(args: argparse.Namespace) -> str | None:
+    """The API token: the first line of --token-file, else $TOPOPLACE_TOKEN, else none."""
+    if args.token_file:
+        try:
+            with open(args.token_file, encoding="utf-8") as handle:
+                return handle.readline().strip() or None
+        except OSError as exc:
+            raise ValueError(f"cannot read {args.token_file}: {exc.strerror}") from exc
+    return os.environ.get(TOKEN_ENV, "").strip() or None
+
+
 def _exit_code(error: ApiError) -> int:
     if error.code in USAGE_CODES:
         return EXIT_USAGE
@@ -244,7 +261,12 @@ def run(action: Action, args: argparse.Namespace) -> int:
 
     server, source = _server(args)
     try:
-        client = TopoplaceClient(server, timeout=args.timeout)
+        token = _token(args)
+    except ValueError as exc:
+        print(f"error: --token-file: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        client = TopoplaceClient(server, timeout=args.timeout, token=token)
     except ValueError as exc:
         print(f"error: {source}: {exc}", file=sys.stderr)
         return EXIT_USAGE
