@@ -89,8 +89,9 @@ def requested_slots(state: ClusterState, request: PlacementRequest) -> I64:
     if request.nodes is None:
         slots = np.flatnonzero(state.present[: state.slot_count]).astype(np.int64)
     else:
-        wanted = {state.entries[n].slot for n in request.nodes if n in state.entries}
-        slots = np.asarray(sorted(wanted), dtype=np.int64)  # slot order breaks ties
+        slot_of = state.slot_of
+        wanted = [slot_of[n] for n in request.nodes if n in slot_of]
+        slots = np.unique(np.asarray(wanted, dtype=np.int64))  # slot order breaks ties
     if request.exclude_nodes:
         drop = {state.entries[n].slot for n in request.exclude_nodes if n in state.entries}
         slots = np.asarray([s for s in slots.tolist() if s not in drop], dtype=np.int64)

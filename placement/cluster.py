@@ -24,6 +24,7 @@ Contract (where the engine meets the service):
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 from numpy.typing import NDArray
@@ -35,6 +36,9 @@ from placement.node_entry import NodeEntry
 from placement.outcome import NodeVerdict, Outcome, Placement, TaskPlacement
 from placement.request import PlacementRequest
 from placement.snapshot import NodeSnapshot
+
+if TYPE_CHECKING:
+    from placement.screen import NodeScreen
 
 # Node labels naming the network block a node sits in, most specific first.
 DEFAULT_BLOCK_LABELS: tuple[str, ...] = (
@@ -67,6 +71,8 @@ class ClusterState:
         self.registry = ClassRegistry(bandwidth)
         self.entries: dict[str, NodeEntry] = {}
         self._slots: list[NodeEntry | None] = []
+        self.slot_names: list[str] = []  # "" for a free slot; read per request by screen()
+        self.slot_of: dict[str, int] = {}
         self._free_slots: list[int] = []
         self.version = 0  # bumps when membership, labels or wiring change
         cap = 0
@@ -99,6 +105,8 @@ class ClusterState:
             entry = NodeEntry(slot=slot, snapshot=snapshot, cid=cid)
             self.entries[snapshot.name] = entry
             self._slots[slot] = entry
+            self.slot_names[slot] = snapshot.name
+            self.slot_of[snapshot.name] = slot
         else:
             entry.snapshot = snapshot
             entry.cid = cid
@@ -110,7 +118,9 @@ class ClusterState:
     def remove(self, name: str) -> None:
         entry = self._entry(name)
         del self.entries[name]
+        del self.slot_of[name]
         self._slots[entry.slot] = None
+        self.slot_names[entry.slot] = ""
         self._free_slots.append(entry.slot)
         self.present[entry.slot] = False
         self.available[entry.slot] = False
@@ -211,6 +221,12 @@ class ClusterState:
 
         return verdicts(self, request)
 
+    def screen(self, request: PlacementRequest) -> NodeScreen:
+        """Every requested node's verdict as arrays (no TaskPlacement per node): see screen.py."""
+        from placement.screen import screen
+
+        return screen(self, request)
+
     # Internals -----------------------------------------------------------
 
     def entry_at(self, slot: int) -> NodeEntry:
@@ -230,6 +246,7 @@ class ClusterState:
     def _grow(self) -> int:
         slot = len(self._slots)
         self._slots.append(None)
+        self.slot_names.append("")
         if slot >= self.cid.size:
             cap = max(16, self.cid.size * 2)
             for attr in (

@@ -1,0 +1,89 @@
+"""Every requested node's verdict as arrays, for schedulers that ask per node.
+
+kube-scheduler's extender asks "which of these N nodes can take this pod, and
+how good is each" for every pod, with N up to the whole cluster. Building a
+full TaskPlacement (UUIDs, cpuset, reason text) for each of 10,000 nodes
+would cost tens of milliseconds; a screen answers from the vectorised
+analysis alone: fits or the cause, a 0..100 score, the rank among the nodes
+that fit and the exact GPU set each would give (a bit mask over the node's
+GPU list). Turning one node's answer into a TaskPlacement is
+``ClusterState.place`` with ``nodes=[name]`` when the caller commits to it.
+
+Only whole-GPU, single-task requests are screened; MIG and gangs go through
+``ClusterState.evaluate``. The NUMA CPU rule (``cpus_per_task``) is checked
+when a task is built, not here: a node the screen passes can still be
+refused for CPUs at placement, never the other way round.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+from numpy.typing import NDArray
+
+from placement.analysis import CAUSES, FITS, analyse, requested_slots
+from placement.explain import cause_message
+from placement.node_choice import mask_to_indices
+from placement.outcome import Cause
+from placement.ranking import rank_order, scores
+from placement.request import PlacementRequest
+
+if TYPE_CHECKING:
+    from placement.cluster import ClusterState
+
+
+@dataclass(frozen=True)
+class NodeScreen:
+    """Index i describes node ``names[i]``; requested names never reported are in ``unknown``."""
+
+    names: tuple[str, ...]
+    fits: NDArray[np.bool_]
+    score: NDArray[np.float64]  # 0..100 where the node fits, 0 elsewhere
+    rank: NDArray[np.int64]  # 1 = best among the nodes that fit, 0 where it does not fit
+    masks: NDArray[np.int64]  # the GPU set each fitting node would give, over its GPU list
+    cause_codes: NDArray[np.int64]
+    unknown: tuple[str, ...]
+
+    def cause(self, index: int) -> Cause | None:
+        code = int(self.cause_codes[index])
+        return None if code == FITS else CAUSES[code]
+
+    def gpu_indices(self, index: int) -> tuple[int, ...]:
+        return mask_to_indices(int(self.masks[index])) if self.fits[index] else ()
+
+    def message(self, index: int, request: PlacementRequest) -> str:
+        """Why node ``index`` cannot take the request, as a person reads it ('' if it can)."""
+        cause = self.cause(index)
+        return "" if cause is None else cause_message(cause, request)
+
+
+def screen(state: ClusterState, request: PlacementRequest) -> NodeScreen:
+    if request.mig_profile is not None or request.tasks != 1:
+        raise ValueError("screen() answers single-task whole-GPU requests; use evaluate()")
+    slots = requested_slots(state, request)
+    analysis = analyse(state, request, request.gpus, slots)
+    fits = analysis.fits()
+    where = np.flatnonzero(fits)
+    score = np.zeros(slots.size, dtype=np.float64)
+    rank = np.zeros(slots.size, dtype=np.int64)
+    if where.size:
+        protected = np.zeros(state.slot_count, dtype=np.bool_)
+        inputs = analysis.rank_inputs(fits, state, protected)
+        score[where] = scores(inputs, request)
+        rank[where[rank_order(inputs, request)]] = np.arange(1, where.size + 1)
+    slot_names = state.slot_names
+    names = tuple([slot_names[s] for s in slots.tolist()])
+    unknown: tuple[str, ...] = ()
+    if request.nodes is not None and len(names) < len(request.nodes):
+        unknown = tuple(n for n in dict.fromkeys(request.nodes) if n not in state.slot_of)
+    return NodeScreen(
+        names=names,
+        fits=fits,
+        score=score,
+        rank=rank,
+        masks=analysis.chosen,
+        cause_codes=analysis.cause,
+        unknown=unknown,
+    )
