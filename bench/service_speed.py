@@ -21,12 +21,12 @@ Needs a Postgres server: TOPOPLACE_BENCH_DATABASE_URL, else the local one
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import socket
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -38,11 +38,13 @@ import numpy as np
 import sqlalchemy as sa
 
 from bench.engine_speed import build_cluster
+from bench.http_load import LoadResult, encode_post, fixed_rate, in_sequence, saturate
 from bench.machine import describe
 from placement import ClusterState, PlacementRequest
 from service import migrate, schema
 
 DEFAULT_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+RESERVATION_TTL_S = 3
 
 
 @contextmanager
@@ -90,7 +92,9 @@ def serve(url: str) -> Iterator[str]:
         **os.environ,
         "TOPOPLACE_DATABASE_URL": url,
         "TOPOPLACE_HEARTBEAT_TTL_S": "86400",
-        "TOPOPLACE_RESERVATION_TTL_S": "86400",
+        # Reservations expire after a few seconds (the sweeper's work is part of
+        # the measurement) so that minutes of load never fill the cluster.
+        "TOPOPLACE_RESERVATION_TTL_S": str(RESERVATION_TTL_S),
     }
     proc = subprocess.Popen(
         [sys.executable, "-m", "topoplace", "serve", "--port", str(port), "--no-migrate"],
@@ -119,76 +123,35 @@ def _request(rng: random.Random) -> dict[str, object]:
     return {"gpus": rng.choice([1, 1, 2, 4]), "job_id": f"bench-{rng.randrange(10**9)}"}
 
 
-def fixed_load(base: str, rate: float, seconds: float) -> tuple[list[float], int]:
-    """Open loop: request i is due at i / rate; latency is measured from that moment."""
-    client = httpx.Client(base_url=base, timeout=30, limits=httpx.Limits(max_connections=64))
-    total = int(rate * seconds)
-    latencies: list[float] = []
-    errors = 0
-    lock = threading.Lock()
-    start = time.perf_counter() + 0.2
+def _place_body(rng: random.Random) -> bytes:
+    return json.dumps(_request(rng)).encode()
+
+
+def fixed_load(base: str, rate: float, seconds: float) -> LoadResult:
+    """Open loop at ``rate``: latency counts from when each request was due."""
     rng = random.Random(1)
-    bodies = [_request(rng) for _ in range(total)]
-
-    def worker(offset: int, stride: int) -> None:
-        nonlocal errors
-        for i in range(offset, total, stride):
-            due = start + i / rate
-            delay = due - time.perf_counter()
-            if delay > 0:
-                time.sleep(delay)
-            response = client.post("/v1/place", json=bodies[i])
-            done = time.perf_counter()
-            with lock:
-                latencies.append(done - due)
-                errors += response.status_code != 201
-
-    threads = [threading.Thread(target=worker, args=(k, 32)) for k in range(32)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    client.close()
-    return latencies, errors
+    bodies = [encode_post(base, "/v1/place", _place_body(rng)) for _ in range(int(rate * seconds))]
+    return fixed_rate(base, bodies, rate)
 
 
-def saturation(base: str, seconds: float, clients: int = 32) -> tuple[float, int]:
-    client = httpx.Client(base_url=base, timeout=30, limits=httpx.Limits(max_connections=64))
-    stop = time.perf_counter() + seconds
-    done = 0
-    errors = 0
-    lock = threading.Lock()
-
-    def worker(seed_: int) -> None:
-        nonlocal done, errors
-        rng = random.Random(seed_)
-        while time.perf_counter() < stop:
-            response = client.post("/v1/place", json=_request(rng))
-            with lock:
-                done += 1
-                errors += response.status_code != 201
-
-    begin = time.perf_counter()
-    threads = [threading.Thread(target=worker, args=(k,)) for k in range(clients)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    client.close()
-    return done / (time.perf_counter() - begin), errors
+def saturation(base: str, seconds: float, clients: int = 32) -> LoadResult:
+    rng = random.Random(2)
+    return saturate(
+        base, lambda _: encode_post(base, "/v1/place", _place_body(rng)), seconds, clients
+    )
 
 
 def score_latency(base: str, names: list[str], samples: int) -> list[float]:
-    client = httpx.Client(base_url=base, timeout=30)
-    body = {"gpus": 4, "nodes": names}
-    out = []
+    """/score of ``names``, with a /place between samples so the cluster keeps changing
+    (a scheduler scores pod after pod while the previous ones bind)."""
+    rng = random.Random(3)
+    score = encode_post(base, "/v1/score", json.dumps({"gpus": 4, "nodes": names}).encode())
+    sent: list[bytes] = []
     for _ in range(samples):
-        t0 = time.perf_counter()
-        response = client.post("/v1/score", json=body)
-        out.append(time.perf_counter() - t0)
-        assert response.status_code == 200
-    client.close()
-    return out
+        sent += [encode_post(base, "/v1/place", _place_body(rng)), score]
+    answers = in_sequence(base, sent)
+    assert all(status in (200, 201) for _, status in answers), "a request failed"
+    return [latency for latency, _ in answers[1::2]]
 
 
 def engine_time(state: ClusterState, decisions: int) -> float:
@@ -207,6 +170,17 @@ def ms(values: list[float], q: float) -> float:
     return float(np.percentile(np.asarray(values), q)) * 1e3
 
 
+def evaluate_time(state: ClusterState, names: list[str], samples: int) -> list[float]:
+    request = PlacementRequest(gpus=4, nodes=names)
+    state.evaluate(request)  # the first call builds the class tables
+    out = []
+    for _ in range(samples):
+        t0 = time.perf_counter()
+        state.evaluate(request)
+        out.append(time.perf_counter() - t0)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true")
@@ -222,22 +196,30 @@ def main() -> None:
     score_rows = []
     for size in (1_000,) if args.quick else (1_000, 10_000):
         state = build_cluster(size, seed=size)
+        names = sorted(state.entries)[:500]
         with fresh_database(base_url) as url:
             seed(url, state)
             with serve(url) as base:
-                lat, errors = fixed_load(base, 200.0, seconds)
-                rate, sat_errors = saturation(base, seconds)
-                names = sorted(state.entries)[:500]
+                fixed = fixed_load(base, 200.0, seconds)
+                sat = saturation(base, seconds)
                 scores = score_latency(base, names, 50 if args.quick else 200)
         engine_ms = engine_time(state, 500) * 1e3
+        lat = fixed.latencies
         print(
-            f"| {size:,} | 200 | {ms(lat, 50):.1f} | {ms(lat, 99):.1f} | {errors} "
-            f"| {rate:,.0f} ({sat_errors} non-201) | {engine_ms:.3f} "
+            f"| {size:,} | 200 | {ms(lat, 50):.1f} | {ms(lat, 99):.1f} | {fixed.non(201)} "
+            f"| {sat.rate:,.0f} ({sat.non(201)} non-201) | {engine_ms:.3f} "
             f"| {ms(lat, 50) / engine_ms:,.0f}x |"
         )
-        score_rows.append(f"| {size:,} | 500 | {ms(scores, 50):.1f} | {ms(scores, 99):.1f} |")
-    print("\n| cluster nodes | nodes scored | /score p50 ms | /score p99 ms |")
-    print("|---|---|---|---|")
+        inner = evaluate_time(state, names, 50)
+        score_rows.append(
+            f"| {size:,} | 500 | {ms(scores, 50):.1f} | {ms(scores, 99):.1f}"
+            f" | {ms(inner, 50):.2f} | {ms(scores, 50) / ms(inner, 50):.1f}x |"
+        )
+    print(
+        "\n| cluster nodes | nodes scored | /score p50 ms | /score p99 ms"
+        " | engine evaluate() p50 ms | HTTP / engine (p50) |"
+    )
+    print("|---|---|---|---|---|---|")
     print("\n".join(score_rows))
 
 

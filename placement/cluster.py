@@ -93,6 +93,10 @@ class ClusterState:
         self.changes_base = 0
         self._static_cache: dict[object, NDArray[np.generic]] = {}
         self.shape_caches = ShapeCaches()
+        # (request shape, slot) -> (slot version, GPU mask, task): see decide.cached_task_at.
+        self.task_cache: dict[
+            tuple[tuple[object, ...], int], tuple[int, int, TaskPlacement | None]
+        ] = {}
 
     # Membership ----------------------------------------------------------
 

@@ -9,7 +9,7 @@ import numpy as np
 
 from placement.analysis import Analysis, analyse, requested_slots
 from placement.explain import group_reasons, not_placed, refusal
-from placement.fast_path import fast_place
+from placement.fast_path import fast_place, shape_key
 from placement.outcome import Cause, NodeVerdict, Outcome, Placement, TaskPlacement
 from placement.ranking import best_of, rank_order, rank_words, scores
 from placement.request import PlacementRequest
@@ -80,6 +80,35 @@ def task_at(
     )
 
 
+def cached_task_at(
+    state: ClusterState,
+    analysis: Analysis,
+    index: int,
+    request: PlacementRequest,
+    shape: tuple[object, ...],
+) -> TaskPlacement | None:
+    """task_at for task 0, remembered per (request shape, slot) while the slot is unchanged.
+
+    A scheduler scores the same pod shape against the same nodes again and
+    again while only a few nodes change in between; the task a node would
+    give depends only on the node's state (its slot version), the set chosen
+    and the request's shape, so the TaskPlacement built last time is reused.
+    """
+    slot = int(analysis.slots[index])
+    mask = int(analysis.chosen[index])
+    version = int(state.slot_version[slot])
+    key = (shape, slot)
+    cache = state.task_cache
+    hit = cache.get(key)
+    if hit is not None and hit[0] == version and hit[1] == mask:
+        return hit[2]
+    task = task_at(state, analysis, index, request, 0)
+    if len(cache) >= 8 * state.slot_count + 4096:
+        cache.clear()  # bounded: a burst of new shapes cannot grow it without limit
+    cache[key] = (version, mask, task)
+    return task
+
+
 def verdicts(state: ClusterState, request: PlacementRequest) -> list[NodeVerdict]:
     """Per requested node: fits (with the task it would get, rank, score) or why not."""
     if request.mig_profile is not None:
@@ -90,8 +119,9 @@ def verdicts(state: ClusterState, request: PlacementRequest) -> list[NodeVerdict
     protected = np.zeros(state.slot_count, dtype=np.bool_)
     out: list[NodeVerdict] = []
     rank = 0
+    shape = shape_key(request)
     for index, score in ranked(state, analysis, request, protected):
-        task = task_at(state, analysis, index, request, 0)
+        task = cached_task_at(state, analysis, index, request, shape)
         if task is None:
             analysis.set_cause(index, Cause.CPUS)
             continue

@@ -65,7 +65,7 @@ def shape_of(request: PlacementRequest) -> PlacementRequest:
     )
 
 
-def _shape_key(request: PlacementRequest) -> tuple[object, ...]:
+def shape_key(request: PlacementRequest) -> tuple[object, ...]:
     return tuple(getattr(request, f) for f in _SHAPE_FIELDS)
 
 
@@ -123,7 +123,7 @@ class ShapeCaches:
         self._caches: OrderedDict[tuple[object, ...], _ShapeCache] = OrderedDict()
 
     def get(self, request: PlacementRequest, size: int) -> _ShapeCache:
-        key = _shape_key(request)
+        key = shape_key(request)
         cache = self._caches.get(key)
         if cache is None:
             cache = _ShapeCache.empty(size, shape_of(request))

@@ -66,7 +66,7 @@ gpu_holds = sa.Table(
     metadata,
     sa.Column("node", sa.String(253), primary_key=True),
     sa.Column("device", sa.String(128), primary_key=True),  # GPU or MIG instance UUID
-    sa.Column("kind", sa.String(8), nullable=False),  # gpu | mig
+    sa.Column("kind", sa.String(8), nullable=False),  # gpu | mig | cpu (device "cpu:N")
     sa.Column(
         "allocation_id",
         sa.String(36),

@@ -19,6 +19,7 @@ from sqlalchemy.engine import Engine
 
 from placement import ClusterState, NodeSnapshot
 from service import schema
+from service.allocations.group_commit import GroupCommitter
 from service.settings import Settings
 
 Clock = Callable[[], datetime]
@@ -34,6 +35,7 @@ class ServiceState:
         self.engine = engine
         self.clock = clock
         self.cluster = ClusterState()
+        self.committer = GroupCommitter(engine)
         self.lock = threading.RLock()
         self.heartbeats: dict[str, datetime] = {}
         self.cordoned: set[str] = set()
@@ -115,11 +117,12 @@ class ServiceState:
         entry = self.cluster.node(name)
         migs = {m.uuid for m in entry.snapshot.mig_instances}
         wanted = held | set(self.inflight.get(name, ()))
-        gpus_now, migs_now = set(entry.busy), set(entry.busy_mig)
-        self.cluster.release(name, gpus_now - wanted, migs_now - wanted)
+        cpus = {cpu_of(d) for d in wanted if d.startswith(CPU_PREFIX)}
+        gpus_now, migs_now, cpus_now = set(entry.busy), set(entry.busy_mig), set(entry.used_cpus)
+        self.cluster.release(name, gpus_now - wanted, migs_now - wanted, cpus_now - cpus)
         want_gpus = {d for d in wanted - gpus_now - migs_now if d in entry.bit_of}
         want_migs = {d for d in wanted - gpus_now - migs_now if d in migs}
-        self.cluster.allocate(name, want_gpus, want_migs)
+        self.cluster.allocate(name, want_gpus, want_migs, cpus - cpus_now)
 
     def begin_inflight(self, devices: list[tuple[str, str]]) -> None:
         for node, device in devices:
@@ -157,6 +160,16 @@ class ServiceState:
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+CPU_PREFIX = "cpu:"
+
+
+def cpu_device(cpu: int) -> str:
+    """The gpu_holds device name of a CPU reserved with cpus_per_task."""
+    return f"{CPU_PREFIX}{cpu}"
+
+
+def cpu_of(device: str) -> int:
+    return int(device.removeprefix(CPU_PREFIX))
 
 
 def _aware(value: datetime) -> datetime:

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, Query, status
-from fastapi.responses import JSONResponse
 
 from service.allocations import service
 from service.allocations.schemas import (
@@ -19,11 +18,12 @@ from service.allocations.schemas import (
     ScoreResult,
 )
 from service.deps import get_state
+from service.responses import FastJSON
 from service.state import ServiceState
 
 router = APIRouter(prefix="/v1", tags=["placement"])
 # Responses are built as plain data by service.py in the documented shapes
-# (response_model); returning them as JSONResponse skips a second validation.
+# (response_model); returning them as FastJSON skips a second validation.
 State = Annotated[ServiceState, Depends(get_state)]
 
 
@@ -37,18 +37,18 @@ def place(
     body: PlaceRequest,
     state: State,
     idempotency_key: Annotated[str | None, Header(max_length=256)] = None,
-) -> JSONResponse:
+) -> FastJSON:
     """Choose node(s) and GPUs and reserve them (pending until confirmed or expired)."""
     allocation, created = service.place(state, body, idempotency_key)
     if created:
-        return JSONResponse(allocation, status_code=status.HTTP_201_CREATED)
-    return JSONResponse(allocation, headers={"Idempotent-Replayed": "true"})
+        return FastJSON(allocation, status_code=status.HTTP_201_CREATED)
+    return FastJSON(allocation, headers={"Idempotent-Replayed": "true"})
 
 
 @router.post("/score", response_model=ScoreResult)
-def score(body: ScoreRequest, state: State) -> JSONResponse:
+def score(body: ScoreRequest, state: State) -> FastJSON:
     """Rank nodes for a request without reserving: per node the GPUs it would get, or why not."""
-    return JSONResponse({"nodes": service.score(state, body)})
+    return FastJSON({"nodes": service.score(state, body)})
 
 
 @router.get("/allocations", response_model=AllocationList)
@@ -58,25 +58,25 @@ def list_allocations(
     node: str | None = None,
     allocation_state: Annotated[AllocationState | None, Query(alias="state")] = None,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 500,
-) -> JSONResponse:
+) -> FastJSON:
     allocations = service.listing(state, job_id, node, allocation_state, limit)
-    return JSONResponse({"allocations": allocations})
+    return FastJSON({"allocations": allocations})
 
 
 @router.get("/allocations/{allocation_id}", response_model=AllocationView)
-def get_allocation(allocation_id: str, state: State) -> JSONResponse:
-    return JSONResponse(service.get(state, allocation_id))
+def get_allocation(allocation_id: str, state: State) -> FastJSON:
+    return FastJSON(service.get(state, allocation_id))
 
 
 @router.post("/allocations/{allocation_id}/confirm", response_model=AllocationView)
-def confirm(allocation_id: str, state: State) -> JSONResponse:
+def confirm(allocation_id: str, state: State) -> FastJSON:
     """pending -> active (the scheduler bound the job); active allocations never expire."""
-    return JSONResponse(service.confirm(state, allocation_id))
+    return FastJSON(service.confirm(state, allocation_id))
 
 
 @router.post("/allocations/{allocation_id}/extend", response_model=AllocationView)
-def extend(allocation_id: str, body: ExtendRequest, state: State) -> JSONResponse:
-    return JSONResponse(service.extend(state, allocation_id, body.ttl_s))
+def extend(allocation_id: str, body: ExtendRequest, state: State) -> FastJSON:
+    return FastJSON(service.extend(state, allocation_id, body.ttl_s))
 
 
 @router.post("/allocations/{allocation_id}/release", response_model=ReleaseResult)

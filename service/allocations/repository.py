@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
 from datetime import datetime
 
 import sqlalchemy as sa
@@ -22,19 +21,6 @@ def by_idempotency_key(conn: Connection, key: str) -> sa.RowMapping | None:
     table = schema.allocations
     query = sa.select(table).where(table.c.idempotency_key == key)
     return conn.execute(query).mappings().first()
-
-
-def insert(
-    conn: Connection, row: Mapping[str, object], holds: Iterable[tuple[str, str, str]]
-) -> None:
-    """The allocation and its holds; a hold already taken raises IntegrityError."""
-    conn.execute(sa.insert(schema.allocations).values(**row))
-    rows = [
-        {"node": node, "device": device, "kind": kind, "allocation_id": row["id"]}
-        for node, device, kind in holds
-    ]
-    if rows:
-        conn.execute(sa.insert(schema.gpu_holds), rows)
 
 
 def holds_of(conn: Connection, allocation_ids: list[str]) -> list[sa.RowMapping]:

@@ -5,8 +5,9 @@ The write path for /place (style: snapshot in, plan out, commit optimistically):
 1. under the state lock, the engine chooses and the choice is applied to the
    in-memory state at once, so concurrent requests in this process see it;
 2. the allocation and one ``gpu_holds`` row per GPU are inserted in one
-   transaction; the holds' primary key makes a GPU held twice impossible at
-   the database level, whichever process or replica wrote first;
+   transaction (shared with concurrent reservations: group_commit.py); the
+   holds' primary key makes a GPU held twice impossible at the database
+   level, whichever process or replica wrote first;
 3. if the insert fails on a hold, another replica got there first: the
    tentative choice is undone, that replica's holds are read into memory and
    the decision is made again on fresh state (a few times, then 409).
@@ -33,7 +34,7 @@ from service.allocations.schemas import (
 )
 from service.errors import BadRequest, Conflict, NotFound, Unavailable, Unresolvable, Unschedulable
 from service.notify import publish
-from service.state import ServiceState
+from service.state import ServiceState, cpu_device, cpu_of
 
 PLACE_ATTEMPTS = 4
 
@@ -73,12 +74,16 @@ def task_dict(task: TaskPlacement) -> dict[str, Any]:
 
 
 def _holds(placement: Placement) -> list[tuple[str, str, str]]:
+    """(node, device, kind) rows for gpu_holds. CPUs reserved with ``cpus_per_task``
+    are held the same way (device ``cpu:N``), so they too are exclusive at the
+    database level and every replica learns of them."""
     out: list[tuple[str, str, str]] = []
     for task in placement.tasks:
         if task.mig_uuids:
             out += [(task.node, m, "mig") for m in task.mig_uuids]
         else:
             out += [(task.node, g, "gpu") for g in task.gpu_uuids]
+        out += [(task.node, cpu_device(c), "cpu") for c in task.cpus]
     return out
 
 
@@ -170,9 +175,7 @@ def place(
             "ended_at": None,
         }
         try:
-            with state.engine.begin() as conn:
-                repository.insert(conn, row, _holds(placement))
-                publish(conn, placement.nodes)
+            state.committer.commit(row, _holds(placement), placement.nodes)
         except IntegrityError:
             _undo(state, placement, devices)
             if idempotency_key is not None:
@@ -276,14 +279,22 @@ def _end(state: ServiceState, ids: list[str], final: str) -> list[str]:
         holds = repository.holds_of(conn, ids) if ids else []
         ended = repository.end(conn, ids, final, now) if ids else []
         publish(conn, [str(h["node"]) for h in holds])
-    with state.lock:
-        for hold in holds:
-            if hold["allocation_id"] not in ended or hold["node"] not in state.cluster:
-                continue
-            if hold["kind"] == "mig":
-                state.cluster.release(hold["node"], mig_uuids=[hold["device"]])
+    # One release per node, not per GPU: a sweep can end hundreds of
+    # reservations, and /place waits for the lock meanwhile.
+    freed: dict[str, tuple[list[str], list[str], list[int]]] = {}
+    live = set(ended)
+    for hold in holds:
+        if hold["allocation_id"] in live:
+            gpus, migs, cpus = freed.setdefault(str(hold["node"]), ([], [], []))
+            device = str(hold["device"])
+            if hold["kind"] == "cpu":
+                cpus.append(cpu_of(device))
             else:
-                state.cluster.release(hold["node"], gpu_uuids=[hold["device"]])
+                (migs if hold["kind"] == "mig" else gpus).append(device)
+    with state.lock:
+        for node, (gpus, migs, cpus) in freed.items():
+            if node in state.cluster:
+                state.cluster.release(node, gpu_uuids=gpus, mig_uuids=migs, cpus=cpus)
     return ended
 
 
@@ -305,6 +316,24 @@ def sweep(state: ServiceState, now: datetime | None = None) -> list[str]:
     return _end(state, ids, "expired")
 
 
+# id(task) -> (task, its view). The engine hands back the same TaskPlacement
+# for a node while the node is unchanged (decide.cached_task_at), so repeated
+# /score calls reuse its view too; holding the task keeps its id unique.
+_TASK_VIEWS: dict[int, tuple[TaskPlacement, dict[str, Any]]] = {}
+_TASK_VIEWS_MAX = 200_000
+
+
+def _task_view(task: TaskPlacement) -> dict[str, Any]:
+    hit = _TASK_VIEWS.get(id(task))
+    if hit is not None and hit[0] is task:
+        return hit[1]
+    if len(_TASK_VIEWS) >= _TASK_VIEWS_MAX:
+        _TASK_VIEWS.clear()
+    view = task_dict(task)
+    _TASK_VIEWS[id(task)] = (task, view)
+    return view
+
+
 def score(state: ServiceState, body: ScoreRequest) -> list[dict[str, Any]]:
     """Every requested node's verdict as the API shows it (NodeScoreView)."""
     with state.lock:
@@ -319,7 +348,7 @@ def score(state: ServiceState, body: ScoreRequest) -> list[dict[str, Any]]:
             "cause": v.cause.value if v.cause else None,
             "message": v.message or (v.task.reason if v.task else ""),
             "resolvable": v.resolvable,
-            "task": task_dict(v.task) if v.task else None,
+            "task": _task_view(v.task) if v.task else None,
         }
         for v in verdicts
     ]

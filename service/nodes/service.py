@@ -90,7 +90,7 @@ def _mark_degraded(conn: sa.Connection, snap: NodeSnapshot) -> None:
     }
     holds = conn.execute(
         sa.select(schema.gpu_holds.c.device, schema.gpu_holds.c.allocation_id).where(
-            schema.gpu_holds.c.node == snap.name
+            schema.gpu_holds.c.node == snap.name, schema.gpu_holds.c.kind != "cpu"
         )
     ).all()
     broken = {allocation for device, allocation in holds if device not in healthy}

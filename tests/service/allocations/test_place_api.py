@@ -149,3 +149,29 @@ def test_cluster_summary_and_health(client: TestClient) -> None:
     assert summary["gpus"]["free"] == 13 and summary["allocations"] == {"pending": 1}
     assert client.get("/healthz").json() == {"status": "ok"}
     assert client.get("/readyz").json()["status"] == "ready"
+
+
+def test_cpus_reserved_with_a_task_are_held_and_freed(
+    client: TestClient, settings: Settings, clock: FakeClock
+) -> None:
+    add_nodes(client, ("workstation-2x-a6000", "ws0"))  # 2 GPUs, CPUs 0-63
+    first = client.post("/v1/place", json={"gpus": 1, "cpus_per_task": 40})
+    assert first.status_code == 201, first.text
+    cpus = first.json()["tasks"][0]["cpus"]
+    assert len(cpus) == 40
+    # A GPU is free but not 40 CPUs: refused, and the reason says CPUs.
+    second = client.post("/v1/place", json={"gpus": 1, "cpus_per_task": 40})
+    assert second.status_code == 409, second.text
+    # Another process on the same database learns of the held CPUs from the holds.
+    with TestClient(create_app(settings, clock=clock, background=False)) as replica:
+        again = replica.post("/v1/place", json={"gpus": 1, "cpus_per_task": 40})
+        assert again.status_code == 409, again.text
+        fits = replica.post("/v1/place", json={"gpus": 1, "cpus_per_task": 24})
+        assert fits.status_code == 201, fits.text
+        assert not set(fits.json()["tasks"][0]["cpus"]) & set(cpus)
+        assert replica.post(f"/v1/allocations/{fits.json()['id']}/release").status_code == 200
+    released = client.post(f"/v1/allocations/{first.json()['id']}/release")
+    assert released.status_code == 200
+    client.app.state.service.sync_nodes(["ws0"])  # what a notification or resync does
+    third = client.post("/v1/place", json={"gpus": 1, "cpus_per_task": 40})
+    assert third.status_code == 201, third.text

@@ -1,0 +1,146 @@
+"""Group commit: concurrent reservations share one transaction.
+
+Under load most of a /place request's cost was its own transaction: begin,
+two inserts, a notification and a commit, each a round trip through the
+driver, and one WAL flush per request in Postgres. Reservations that arrive
+while a commit is running wait for it, then go together: one multi-row
+insert into ``allocations``, one into ``gpu_holds``, one notification naming
+every node touched, one commit. A quiet service commits each reservation at
+once (a batch of one), so latency is not traded for throughput.
+
+The guarantees are the single-request ones. The holds' primary key still
+refuses a GPU held twice; when it does, the whole batch rolls back and each
+of its reservations is committed again on its own, so only the one that
+lost the race sees the IntegrityError (and retries on fresh state) while the
+others succeed. A database error reaches every waiter of the batch.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import IntegrityError
+
+from service import schema
+from service.notify import publish
+
+log = logging.getLogger("topoplace.group_commit")
+MAX_BATCH = 64
+
+
+@dataclass
+class _Reservation:
+    row: Mapping[str, object]
+    holds: Sequence[tuple[str, str, str]]
+    nodes: Sequence[str]
+    done: threading.Event = field(default_factory=threading.Event)
+    error: BaseException | None = None
+
+
+def _insert(conn: Connection, batch: Sequence[_Reservation]) -> None:
+    conn.execute(sa.insert(schema.allocations), [dict(r.row) for r in batch])
+    holds = [
+        {"node": node, "device": device, "kind": kind, "allocation_id": r.row["id"]}
+        for r in batch
+        for node, device, kind in r.holds
+    ]
+    if holds:
+        conn.execute(sa.insert(schema.gpu_holds), holds)
+    publish(conn, [node for r in batch for node in r.nodes])
+
+
+class GroupCommitter:
+    """One thread writes reservations in batches; callers block until theirs is durable."""
+
+    def __init__(self, engine: Engine, max_batch: int = MAX_BATCH) -> None:
+        self.engine = engine
+        self.max_batch = max_batch
+        self._queue: queue.SimpleQueue[_Reservation | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._start_lock = threading.Lock()
+        self.batches = 0  # commits made, and reservations in them: visible to tests
+        self.committed = 0
+
+    def commit(
+        self,
+        row: Mapping[str, object],
+        holds: Sequence[tuple[str, str, str]],
+        nodes: Sequence[str],
+    ) -> None:
+        """Insert the allocation and its holds durably; raises what a lone commit would."""
+        self._ensure_started()
+        reservation = _Reservation(row, holds, nodes)
+        self._queue.put(reservation)
+        reservation.done.wait()
+        if reservation.error is not None:
+            raise reservation.error
+
+    def stop(self) -> None:
+        with self._start_lock:
+            if self._thread is not None:
+                self._queue.put(None)
+                self._thread.join()
+                self._thread = None
+
+    def _ensure_started(self) -> None:
+        if self._thread is None:
+            with self._start_lock:
+                if self._thread is None:
+                    self._thread = threading.Thread(
+                        target=self._run, name="topoplace-group-commit", daemon=True
+                    )
+                    self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            first = self._queue.get()
+            if first is None:
+                return
+            batch = [first]
+            stopping = False
+            while len(batch) < self.max_batch:
+                try:
+                    more = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None:
+                    stopping = True
+                    break
+                batch.append(more)
+            self._write(batch)
+            if stopping:
+                return
+
+    def _write(self, batch: list[_Reservation]) -> None:
+        try:
+            try:
+                with self.engine.begin() as conn:
+                    _insert(conn, batch)
+            except IntegrityError:
+                if len(batch) == 1:
+                    raise
+                # Someone in the batch lost a race: find out who, commit the rest.
+                for reservation in batch:
+                    try:
+                        with self.engine.begin() as conn:
+                            _insert(conn, [reservation])
+                    except Exception as exc:
+                        reservation.error = exc
+                    else:
+                        self.committed += 1
+                self.batches += 1
+                return
+            self.batches += 1
+            self.committed += len(batch)
+        except Exception as exc:  # the database is down, or worse: every waiter hears it
+            for reservation in batch:
+                reservation.error = exc
+        finally:
+            for reservation in batch:
+                reservation.done.set()
