@@ -33,7 +33,9 @@ class ScoreView(BaseModel):
     free_after: int
 
 
-class TaskView(BaseModel):
+class ScoreTaskView(BaseModel):
+    """What a node would give one task (/score reserves nothing, so no environment)."""
+
     task: int
     node: str
     gpu_indices: list[int]
@@ -46,6 +48,11 @@ class TaskView(BaseModel):
     nvlink_connected: bool
     score: ScoreView
     reason: str
+
+
+class TaskView(ScoreTaskView):
+    """A reserved task: what it holds and the environment to launch it with."""
+
     env: dict[str, str] = Field(description="environment for the task, e.g. CUDA_VISIBLE_DEVICES")
 
 
@@ -88,7 +95,7 @@ class NodeScoreView(BaseModel):
     cause: str | None
     message: str
     resolvable: bool
-    task: TaskView | None
+    task: ScoreTaskView | None
 
 
 class ScoreResult(BaseModel):

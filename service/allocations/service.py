@@ -39,17 +39,12 @@ from service.state import ServiceState, cpu_device, cpu_of
 PLACE_ATTEMPTS = 4
 
 
-def task_dict(task: TaskPlacement) -> dict[str, Any]:
-    """A task as the API shows it (TaskView), built as plain data: /place and
-    /score return many of these, and validating them again would cost more
-    than the decision."""
-    devices = task.mig_uuids or task.gpu_uuids
-    visible = ",".join(devices)
-    env = {"CUDA_VISIBLE_DEVICES": visible, "NVIDIA_VISIBLE_DEVICES": visible}
-    if task.cpuset:
-        env["TOPOPLACE_CPUSET"] = task.cpuset
+def task_dict(task: TaskPlacement, with_env: bool = True) -> dict[str, Any]:
+    """A task as the API shows it (TaskView, or ScoreTaskView without the
+    environment), built as plain data: /place and /score return many of
+    these, and validating them again would cost more than the decision."""
     score = task.score
-    return {
+    view: dict[str, Any] = {
         "task": task.task,
         "node": task.node,
         "gpu_indices": list(task.gpu_indices),
@@ -69,8 +64,14 @@ def task_dict(task: TaskPlacement) -> dict[str, Any]:
             "free_after": score.free_after,
         },
         "reason": task.reason,
-        "env": env,
     }
+    if with_env:
+        visible = ",".join(task.mig_uuids or task.gpu_uuids)
+        env = {"CUDA_VISIBLE_DEVICES": visible, "NVIDIA_VISIBLE_DEVICES": visible}
+        if task.cpuset:
+            env["TOPOPLACE_CPUSET"] = task.cpuset
+        view["env"] = env
+    return view
 
 
 def _holds(placement: Placement) -> list[tuple[str, str, str]]:
@@ -329,7 +330,7 @@ def _task_view(task: TaskPlacement) -> dict[str, Any]:
         return hit[1]
     if len(_TASK_VIEWS) >= _TASK_VIEWS_MAX:
         _TASK_VIEWS.clear()
-    view = task_dict(task)
+    view = task_dict(task, with_env=False)
     _TASK_VIEWS[id(task)] = (task, view)
     return view
 
