@@ -81,11 +81,18 @@ def seed(url: str, state: ClusterState) -> None:
     engine.dispose()
 
 
-@contextmanager
-def serve(url: str) -> Iterator[str]:
+def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@contextmanager
+def serve(url: str, grpc_port: int | None = None) -> Iterator[str]:
+    """One `topoplace serve` process; REST only unless a gRPC port is given."""
+    port = free_port()
+    grpc_args = ["--grpc-port", str(grpc_port)] if grpc_port is not None else ["--no-grpc"]
     env = {
         **os.environ,
         "TOPOPLACE_DATABASE_URL": url,
@@ -93,7 +100,16 @@ def serve(url: str) -> Iterator[str]:
         "TOPOPLACE_RESERVATION_TTL_S": "86400",
     }
     proc = subprocess.Popen(
-        [sys.executable, "-m", "topoplace", "serve", "--port", str(port), "--no-migrate"],
+        [
+            sys.executable,
+            "-m",
+            "topoplace",
+            "serve",
+            "--port",
+            str(port),
+            "--no-migrate",
+            *grpc_args,
+        ],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

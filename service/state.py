@@ -19,6 +19,7 @@ from sqlalchemy.engine import Engine
 
 from placement import ClusterState, NodeSnapshot
 from service import schema
+from service.events import EventHub
 from service.settings import Settings
 
 Clock = Callable[[], datetime]
@@ -42,6 +43,7 @@ class ServiceState:
         # the database must not free them under a request that is committing.
         self.inflight: dict[str, Counter[str]] = defaultdict(Counter)
         self._last_refresh = _EPOCH
+        self.events = EventHub()  # what changed, for watchers (gRPC Watch)
 
     def load(self) -> None:
         """Build the in-memory state from the database (start-up)."""

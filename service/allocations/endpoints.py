@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Header, Query, status
 from fastapi.responses import JSONResponse
 
-from service.allocations import service
+from service.allocations import observed as service
 from service.allocations.schemas import (
     AllocationList,
     AllocationState,
