@@ -58,7 +58,7 @@ class GrpcServer:
         self._thread = threading.Thread(target=self._run, name="topoplace-grpc", daemon=True)
         self._started = threading.Event()
         self._error: BaseException | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None  # the server's own event loop
         self._stop: asyncio.Event | None = None
 
     def start(self) -> int:
@@ -74,14 +74,14 @@ class GrpcServer:
         return self.port
 
     def stop(self) -> None:
-        if self._loop is not None and self._stop is not None and self._thread.is_alive():
-            self._loop.call_soon_threadsafe(self._stop.set)
+        if self.loop is not None and self._stop is not None and self._thread.is_alive():
+            self.loop.call_soon_threadsafe(self._stop.set)
             self._thread.join(timeout=STOP_GRACE_S + 5)
 
     def _run(self) -> None:
         loop = asyncio.new_event_loop()
         loop.set_default_executor(ThreadPoolExecutor(WORKERS, thread_name_prefix="topoplace-grpc"))
-        self._loop = loop
+        self.loop = loop
         try:
             loop.run_until_complete(self._serve())
         finally:

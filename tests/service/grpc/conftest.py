@@ -16,6 +16,7 @@ from grpc_status import rpc_status
 from service.app import create_app
 from service.grpc.gen import topoplace_pb2 as pb
 from service.grpc.gen import topoplace_pb2_grpc as pb_grpc
+from service.grpc.server import GrpcServer
 from service.settings import Settings
 from service.state import ServiceState
 from tests.service.conftest import FakeClock
@@ -27,7 +28,7 @@ class Running:
     channel: grpc.Channel
     stub: pb_grpc.TopoplaceStub
     state: ServiceState
-    port: int
+    server: GrpcServer
 
 
 def start(settings: Settings, clock: FakeClock | None = None) -> Iterator[Running]:
@@ -37,10 +38,10 @@ def start(settings: Settings, clock: FakeClock | None = None) -> Iterator[Runnin
         kwargs["clock"] = clock
     app = create_app(settings, **kwargs)
     with TestClient(app) as rest:
-        port = app.state.grpc.port
-        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        server = app.state.grpc
+        with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
             stub = pb_grpc.TopoplaceStub(channel)
-            yield Running(rest, channel, stub, app.state.service, port)
+            yield Running(rest, channel, stub, app.state.service, server)
 
 
 @pytest.fixture
