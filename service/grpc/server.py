@@ -47,14 +47,14 @@ class GrpcServer:
         host: str,
         port: int,
         *,
-        health_interval_s: float = HEALTH_INTERVAL_S,
+        health_interval_s: float | None = None,
     ) -> None:
         self.state = state
         self.check = check
         self.host = host
         self.requested_port = port
         self.port: int | None = None  # the bound one (port 0 picks a free one)
-        self.health_interval_s = health_interval_s
+        self.health_interval_s = health_interval_s or HEALTH_INTERVAL_S
         self._thread = threading.Thread(target=self._run, name="topoplace-grpc", daemon=True)
         self._started = threading.Event()
         self._error: BaseException | None = None
