@@ -29,7 +29,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 
@@ -135,16 +135,26 @@ def _request(rng: random.Random) -> dict[str, object]:
     return {"gpus": rng.choice([1, 1, 2, 4]), "job_id": f"bench-{rng.randrange(10**9)}"}
 
 
-def fixed_load(base: str, rate: float, seconds: float) -> tuple[list[float], int]:
+# One /place call over some transport: takes the REST JSON body, says whether it placed.
+Send = Callable[[dict[str, object]], bool]
+MakeBody = Callable[[random.Random], dict[str, object]]
+
+
+def rest_sender(client: httpx.Client) -> Send:
+    return lambda body: client.post("/v1/place", json=body).status_code == 201
+
+
+def open_loop(
+    send: Send, rate: float, seconds: float, make_body: MakeBody = _request
+) -> tuple[list[float], int]:
     """Open loop: request i is due at i / rate; latency is measured from that moment."""
-    client = httpx.Client(base_url=base, timeout=30, limits=httpx.Limits(max_connections=64))
     total = int(rate * seconds)
     latencies: list[float] = []
     errors = 0
     lock = threading.Lock()
     start = time.perf_counter() + 0.2
     rng = random.Random(1)
-    bodies = [_request(rng) for _ in range(total)]
+    bodies = [make_body(rng) for _ in range(total)]
 
     def worker(offset: int, stride: int) -> None:
         nonlocal errors
@@ -153,23 +163,24 @@ def fixed_load(base: str, rate: float, seconds: float) -> tuple[list[float], int
             delay = due - time.perf_counter()
             if delay > 0:
                 time.sleep(delay)
-            response = client.post("/v1/place", json=bodies[i])
+            placed = send(bodies[i])
             done = time.perf_counter()
             with lock:
                 latencies.append(done - due)
-                errors += response.status_code != 201
+                errors += not placed
 
     threads = [threading.Thread(target=worker, args=(k, 32)) for k in range(32)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    client.close()
     return latencies, errors
 
 
-def saturation(base: str, seconds: float, clients: int = 32) -> tuple[float, int]:
-    client = httpx.Client(base_url=base, timeout=30, limits=httpx.Limits(max_connections=64))
+def closed_loop(
+    send: Send, seconds: float, clients: int = 32, make_body: MakeBody = _request
+) -> tuple[float, int]:
+    """``clients`` callers back to back for ``seconds``: requests per second, failures."""
     stop = time.perf_counter() + seconds
     done = 0
     errors = 0
@@ -179,10 +190,10 @@ def saturation(base: str, seconds: float, clients: int = 32) -> tuple[float, int
         nonlocal done, errors
         rng = random.Random(seed_)
         while time.perf_counter() < stop:
-            response = client.post("/v1/place", json=_request(rng))
+            placed = send(make_body(rng))
             with lock:
                 done += 1
-                errors += response.status_code != 201
+                errors += not placed
 
     begin = time.perf_counter()
     threads = [threading.Thread(target=worker, args=(k,)) for k in range(clients)]
@@ -190,8 +201,17 @@ def saturation(base: str, seconds: float, clients: int = 32) -> tuple[float, int
         t.start()
     for t in threads:
         t.join()
-    client.close()
     return done / (time.perf_counter() - begin), errors
+
+
+def fixed_load(base: str, rate: float, seconds: float) -> tuple[list[float], int]:
+    with httpx.Client(base_url=base, timeout=30, limits=httpx.Limits(max_connections=64)) as client:
+        return open_loop(rest_sender(client), rate, seconds)
+
+
+def saturation(base: str, seconds: float, clients: int = 32) -> tuple[float, int]:
+    with httpx.Client(base_url=base, timeout=30, limits=httpx.Limits(max_connections=64)) as client:
+        return closed_loop(rest_sender(client), seconds, clients)
 
 
 def score_latency(base: str, names: list[str], samples: int) -> list[float]:
