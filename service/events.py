@@ -138,6 +138,16 @@ class EventHub:
                 except RuntimeError:  # its loop is closed: the watcher is gone
                     self._subscriptions.remove(sub)
 
+    def close_all(self) -> None:
+        """End every subscription (the server is stopping): their streams end cleanly."""
+        with self._lock:
+            subscriptions = list(self._subscriptions)
+        for sub in subscriptions:
+            try:
+                sub.loop.call_soon_threadsafe(sub.close)
+            except RuntimeError:  # its loop is closed already
+                self._drop(sub)
+
     def allocations(self, type_: str, views: Iterable[dict[str, Any]]) -> None:
         for view in views:
             self.publish("allocation", type_, allocation=view)

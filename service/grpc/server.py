@@ -107,6 +107,7 @@ class GrpcServer:
         probe = asyncio.create_task(self._probe(health_servicer))
         await self._stop.wait()
         probe.cancel()
+        self.state.events.close_all()  # watchers' streams end now, not after the grace period
         await health_servicer.enter_graceful_shutdown()
         await server.stop(STOP_GRACE_S)
 

@@ -9,9 +9,12 @@ import time
 import grpc
 import pytest
 import sqlalchemy as sa
+from fastapi.testclient import TestClient
 
 from service.allocations import observed
+from service.app import create_app
 from service.grpc.gen import topoplace_pb2 as pb
+from service.grpc.gen import topoplace_pb2_grpc as pb_grpc
 from service.notify import CHANNEL
 from tests.service.conftest import FakeClock
 from tests.service.grpc.conftest import Running, details, snapshot_request
@@ -123,3 +126,16 @@ def test_changes_made_by_another_replica_are_node_events(running: Running) -> No
         thread.join()
     assert (event.kind, event.type, event.node) == ("node", "changed", "h0")
     stream.cancel()
+
+
+def test_watch_streams_end_when_the_server_stops(settings, clock: FakeClock) -> None:
+    app = create_app(settings.model_copy(update={"grpc_port": 0}), clock=clock, background=False)
+    with TestClient(app):
+        channel = grpc.insecure_channel(f"127.0.0.1:{app.state.grpc.port}")
+        stream = pb_grpc.TopoplaceStub(channel).Watch(pb.WatchRequest(), timeout=60)
+        next(stream)
+        began = time.monotonic()
+    # Leaving the app ran the lifespan's shutdown, which stopped the gRPC server.
+    with channel:
+        assert list(stream) == []  # ended cleanly, without an error
+    assert time.monotonic() - began < 4, "a watcher must not hold the shutdown for its grace"
