@@ -31,7 +31,8 @@ from service.grpc.gen import topoplace_pb2_grpc as pb_grpc
 from service.grpc.servicer import TopoplaceServicer
 from service.state import ServiceState
 
-log = logging.getLogger("topoplace.grpc")
+# Announced beside uvicorn's own "running on" line, on the logger uvicorn configures.
+announce = logging.getLogger("uvicorn.error")
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Topoplace"].full_name
 WORKERS = 40  # as anyio's default thread limit, which FastAPI's sync handlers use
@@ -102,7 +103,7 @@ class GrpcServer:
             self._started.set()
             return
         self.port = port
-        log.info("gRPC API on %s:%d", self.host, port)
+        announce.info("gRPC API on %s:%d (health and reflection on)", self.host, port)
         self._started.set()
         probe = asyncio.create_task(self._probe(health_servicer))
         await self._stop.wait()
