@@ -4,7 +4,7 @@
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: install lint test demo bench clean
+.PHONY: install lint test demo bench proto clean
 
 $(BIN)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -30,6 +30,11 @@ bench: install
 	$(BIN)/python -m bench.quality
 	$(BIN)/python -m bench.gang_quality
 	$(BIN)/python -m bench.service_speed
+	$(BIN)/python -m bench.grpc_vs_rest
+
+# Regenerate service/grpc/gen/ after changing openapi/topoplace/v1/topoplace.proto.
+proto: install
+	$(BIN)/python -m service.grpc.codegen
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -27,9 +27,10 @@ import random
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -84,12 +85,18 @@ def seed(url: str, state: ClusterState) -> None:
     engine.dispose()
 
 
-@contextmanager
-def serve(url: str) -> Iterator[tuple[str, int]]:
-    """A `topoplace serve` process on a free port: (base URL, pid)."""
+def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@contextmanager
+def serve(url: str, grpc_port: int | None = None) -> Iterator[tuple[str, int]]:
+    """One `topoplace serve` process, REST only unless a gRPC port is given: (base URL, pid)."""
+    port = free_port()
+    grpc_args = ["--grpc-port", str(grpc_port)] if grpc_port is not None else ["--no-grpc"]
     env = {
         **os.environ,
         "TOPOPLACE_DATABASE_URL": url,
@@ -99,7 +106,16 @@ def serve(url: str) -> Iterator[tuple[str, int]]:
         "TOPOPLACE_RESERVATION_TTL_S": str(RESERVATION_TTL_S),
     }
     proc = subprocess.Popen(
-        [sys.executable, "-m", "topoplace", "serve", "--port", str(port), "--no-migrate"],
+        [
+            sys.executable,
+            "-m",
+            "topoplace",
+            "serve",
+            "--port",
+            str(port),
+            "--no-migrate",
+            *grpc_args,
+        ],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -123,6 +139,75 @@ def serve(url: str) -> Iterator[tuple[str, int]]:
 
 def _request(rng: random.Random) -> dict[str, object]:
     return {"gpus": rng.choice([1, 1, 2, 4]), "job_id": f"bench-{rng.randrange(10**9)}"}
+
+
+# One /place call over some transport: takes the REST JSON body, says whether it placed.
+Send = Callable[[dict[str, object]], bool]
+MakeBody = Callable[[random.Random], dict[str, object]]
+
+
+def rest_sender(client: httpx.Client) -> Send:
+    return lambda body: client.post("/v1/place", json=body).status_code == 201
+
+
+def open_loop(
+    send: Send, rate: float, seconds: float, make_body: MakeBody = _request
+) -> tuple[list[float], int]:
+    """Open loop: request i is due at i / rate; latency is measured from that moment."""
+    total = int(rate * seconds)
+    latencies: list[float] = []
+    errors = 0
+    lock = threading.Lock()
+    start = time.perf_counter() + 0.2
+    rng = random.Random(1)
+    bodies = [make_body(rng) for _ in range(total)]
+
+    def worker(offset: int, stride: int) -> None:
+        nonlocal errors
+        for i in range(offset, total, stride):
+            due = start + i / rate
+            delay = due - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+            placed = send(bodies[i])
+            done = time.perf_counter()
+            with lock:
+                latencies.append(done - due)
+                errors += not placed
+
+    threads = [threading.Thread(target=worker, args=(k, 32)) for k in range(32)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return latencies, errors
+
+
+def closed_loop(
+    send: Send, seconds: float, clients: int = 32, make_body: MakeBody = _request
+) -> tuple[float, int]:
+    """``clients`` callers back to back for ``seconds``: requests per second, failures."""
+    stop = time.perf_counter() + seconds
+    done = 0
+    errors = 0
+    lock = threading.Lock()
+
+    def worker(seed_: int) -> None:
+        nonlocal done, errors
+        rng = random.Random(seed_)
+        while time.perf_counter() < stop:
+            placed = send(make_body(rng))
+            with lock:
+                done += 1
+                errors += not placed
+
+    begin = time.perf_counter()
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return done / (time.perf_counter() - begin), errors
 
 
 def _place_body(rng: random.Random) -> bytes:

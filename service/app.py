@@ -18,11 +18,12 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from service import cluster_view, migrate
 from service.allocations import endpoints as allocation_routes
-from service.allocations import service as allocation_service
+from service.allocations import observed as allocation_service
 from service.auth import RequireToken, TokenCheck
 from service.db import make_engine
 from service.demo import heartbeat_demo_cluster, register_demo_cluster
 from service.errors import ServiceError, TooLarge, Unavailable
+from service.grpc.server import start_grpc
 from service.nodes import endpoints as node_routes
 from service.notify import Listener, psycopg_dsn
 from service.settings import Settings
@@ -129,6 +130,7 @@ def create_app(
             listener = Listener(psycopg_dsn(settings.database_url), state)
             listener.start()
         demo_nodes = await asyncio.to_thread(register_demo_cluster, state) if demo else []
+        app.state.grpc = await asyncio.to_thread(start_grpc, state, token_check)
         task = asyncio.create_task(_background(state, demo_nodes)) if background else None
         try:
             yield
@@ -137,6 +139,8 @@ def create_app(
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+            if app.state.grpc is not None:
+                await asyncio.to_thread(app.state.grpc.stop)
             if listener is not None:
                 await asyncio.to_thread(listener.stop)
             await asyncio.to_thread(state.committer.stop)

@@ -105,8 +105,12 @@ class Listener:
             if reload_all or since_resync >= RESYNC_S:
                 self.state.sync_nodes(None)
                 since_resync = 0.0
+                if reload_all:  # another replica changed many nodes: watchers list again
+                    self.state.events.publish("node", "resync")
             elif wanted:
                 self.state.sync_nodes(sorted(wanted))
+                # Another replica changed these (holds, snapshot, cordon): tell watchers.
+                self.state.events.nodes("changed", sorted(wanted))
 
 
 def psycopg_dsn(database_url: str) -> str:

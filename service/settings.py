@@ -39,6 +39,19 @@ class Settings(BaseSettings):
         default=None, description="a file of accepted bearer tokens, one per line"
     )
 
+    grpc_port: int | None = Field(
+        default=None,
+        ge=0,
+        le=65535,
+        description="port of the gRPC API (0: any free one); unset or 'off': no gRPC server."
+        " `topoplace serve` uses 50051 unless told otherwise",
+    )
+
+    @field_validator("grpc_port", mode="before")
+    @classmethod
+    def _grpc_off(cls, value: object) -> object:
+        return None if isinstance(value, str) and value.strip().lower() in ("", "off") else value
+
     def accepted_tokens(self) -> list[str]:
         """Every configured token; raises ValueError naming an unreadable token file."""
         from pathlib import Path

@@ -20,6 +20,7 @@ from sqlalchemy.engine import Engine
 from placement import ClusterState, NodeSnapshot
 from service import schema
 from service.allocations.group_commit import GroupCommitter
+from service.events import EventHub
 from service.settings import Settings
 
 Clock = Callable[[], datetime]
@@ -44,6 +45,7 @@ class ServiceState:
         # the database must not free them under a request that is committing.
         self.inflight: dict[str, Counter[str]] = defaultdict(Counter)
         self._last_refresh = _EPOCH
+        self.events = EventHub()  # what changed, for watchers (gRPC Watch)
 
     def load(self) -> None:
         """Build the in-memory state from the database (start-up)."""

@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from service.settings import Settings
 
+DEFAULT_GRPC_PORT = 50051  # gRPC's customary port
+
 
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     serve = sub.add_parser(
@@ -26,6 +28,14 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     )
     serve.add_argument(
         "--no-migrate", action="store_true", help="do not apply database migrations on start"
+    )
+    serve.add_argument(
+        "--grpc-port",
+        type=int,
+        help=f"gRPC API port (TOPOPLACE_GRPC_PORT, default {DEFAULT_GRPC_PORT}; 0: any free one)",
+    )
+    serve.add_argument(
+        "--no-grpc", action="store_true", help="serve REST only (or TOPOPLACE_GRPC_PORT=off)"
     )
     serve.set_defaults(func=run_serve)
 
@@ -47,6 +57,9 @@ def _settings(args: argparse.Namespace) -> Settings:
             "port": getattr(args, "port", None),
             "database_url": getattr(args, "database_url", None),
             "migrate_on_start": False if getattr(args, "no_migrate", False) else None,
+            "grpc_port": "off"
+            if getattr(args, "no_grpc", False)
+            else getattr(args, "grpc_port", None),
         }.items()
         if value is not None
     }
@@ -58,10 +71,17 @@ def run_serve(args: argparse.Namespace) -> int:
 
     from service.app import create_app
 
-    settings = _settings(args)
+    settings = _with_grpc_port(_settings(args))
     app = create_app(settings, demo=args.demo)
     uvicorn.run(app, host=settings.host, port=settings.port, log_level="info")
     return 0
+
+
+def _with_grpc_port(settings: Settings) -> Settings:
+    """serve starts gRPC beside REST: on --grpc-port, else TOPOPLACE_GRPC_PORT, else 50051."""
+    if "grpc_port" not in settings.model_fields_set:  # not set, not even to 'off'
+        return settings.model_copy(update={"grpc_port": DEFAULT_GRPC_PORT})
+    return settings
 
 
 def run_upgrade(args: argparse.Namespace) -> int:

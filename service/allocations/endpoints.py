@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, Query, status
 
-from service.allocations import service
+from service.allocations import observed as service
 from service.allocations.schemas import (
     AllocationList,
     AllocationState,

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Response, status
 
 from service.deps import get_state
-from service.nodes import service
+from service.nodes import observed as service
 from service.nodes.schemas import NodeList, NodeView, SnapshotAccepted, SnapshotReport, TopologyView
 from service.state import ServiceState
 

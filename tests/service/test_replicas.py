@@ -65,7 +65,7 @@ def replicas(postgres_url: str) -> Iterator[list[str]]:
         for _ in range(2):
             port = _free_port()
             proc = subprocess.Popen(
-                [sys.executable, "-m", "topoplace", "serve", "--port", str(port)],
+                [sys.executable, "-m", "topoplace", "serve", "--port", str(port), "--no-grpc"],
                 env=env,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE,

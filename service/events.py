@@ -1,0 +1,157 @@
+"""An in-process hub of allocation and node events, for watchers (the gRPC Watch stream).
+
+Publishers are the service's worker threads (REST handlers, gRPC handlers,
+the expiry sweep, the replica listener); subscribers are coroutines on some
+event loop. :meth:`EventHub.publish` never blocks and never waits for a
+subscriber: each subscription has a bounded buffer, and one that falls more
+than ``maxsize`` events behind is closed as overflowed (the watcher lists
+again and watches again) rather than letting a slow reader grow memory
+without limit or slow down the writers.
+
+Events say what changed in this process, or that another replica changed a
+node (``changed``): the database stays the authority, as for the in-memory
+state (service/notify.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+EventKind = Literal["watch", "allocation", "node"]
+KINDS: frozenset[str] = frozenset({"allocation", "node"})
+DEFAULT_BUFFER = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    seq: int
+    at: datetime
+    kind: EventKind
+    type: str
+    allocation: dict[str, Any] | None = None  # the AllocationView after the change
+    node: str | None = None
+
+
+@dataclass(eq=False)
+class Subscription:
+    """One watcher's buffer; read with :meth:`next` on the loop that subscribed."""
+
+    hub: EventHub
+    kinds: frozenset[str]
+    maxsize: int
+    loop: asyncio.AbstractEventLoop
+    _buffer: deque[Event] = field(default_factory=deque)
+    _ready: asyncio.Event = field(default_factory=asyncio.Event)
+    overflowed: bool = False
+    closed: bool = False
+
+    def _offer(self, event: Event) -> None:  # runs on self.loop
+        if self.closed:
+            return
+        if len(self._buffer) >= self.maxsize:
+            self.overflowed = True
+            self.close()
+            return
+        self._buffer.append(event)
+        self._ready.set()
+
+    async def next(self) -> Event | None:
+        """The next event; None once the subscription is closed (see ``overflowed``)."""
+        while not self._buffer:
+            if self.closed:
+                return None
+            self._ready.clear()
+            await self._ready.wait()
+        return self._buffer.popleft()
+
+    def close(self) -> None:
+        self.closed = True
+        self._buffer.clear()
+        self._ready.set()
+        self.hub._drop(self)
+
+
+class EventHub:
+    def __init__(self, buffer: int = DEFAULT_BUFFER) -> None:
+        self.buffer = buffer
+        self._lock = threading.Lock()
+        self._subscriptions: list[Subscription] = []
+        self._seq = itertools.count(1)
+
+    @property
+    def watched(self) -> bool:
+        """Whether anyone listens: publishers skip building events when nobody does."""
+        return bool(self._subscriptions)
+
+    def subscribe(self, kinds: Iterable[str] = KINDS, maxsize: int | None = None) -> Subscription:
+        """Subscribe the running event loop; the first event is ``watch``/``started``."""
+        wanted = frozenset(kinds) or KINDS
+        unknown = wanted - KINDS
+        if unknown:
+            raise ValueError(f"unknown event kinds {sorted(unknown)}; known: {sorted(KINDS)}")
+        sub = Subscription(self, wanted, maxsize or self.buffer, asyncio.get_running_loop())
+        with self._lock:
+            self._subscriptions.append(sub)
+            started = self._event("watch", "started")
+        sub._offer(started)
+        return sub
+
+    def _drop(self, sub: Subscription) -> None:
+        with self._lock:
+            if sub in self._subscriptions:
+                self._subscriptions.remove(sub)
+
+    def _event(
+        self,
+        kind: EventKind,
+        type_: str,
+        allocation: dict[str, Any] | None = None,
+        node: str | None = None,
+    ) -> Event:
+        return Event(next(self._seq), datetime.now(UTC), kind, type_, allocation, node)
+
+    def publish(
+        self,
+        kind: EventKind,
+        type_: str,
+        *,
+        allocation: dict[str, Any] | None = None,
+        node: str | None = None,
+    ) -> None:
+        """Hand an event to every subscriber of its kind; safe from any thread."""
+        with self._lock:  # held while handing over, so every watcher sees seq in order
+            if not self._subscriptions:
+                return
+            event = self._event(kind, type_, allocation, node)
+            for sub in list(self._subscriptions):
+                if kind not in sub.kinds:
+                    continue
+                try:
+                    sub.loop.call_soon_threadsafe(sub._offer, event)
+                except RuntimeError:  # its loop is closed: the watcher is gone
+                    self._subscriptions.remove(sub)
+
+    def close_all(self) -> None:
+        """End every subscription (the server is stopping): their streams end cleanly."""
+        with self._lock:
+            subscriptions = list(self._subscriptions)
+        for sub in subscriptions:
+            try:
+                sub.loop.call_soon_threadsafe(sub.close)
+            except RuntimeError:  # its loop is closed already
+                self._drop(sub)
+
+    def allocations(self, type_: str, views: Iterable[dict[str, Any]]) -> None:
+        for view in views:
+            self.publish("allocation", type_, allocation=view)
+
+    def nodes(self, type_: str, names: Iterable[str]) -> None:
+        for name in names:
+            self.publish("node", type_, node=name)

@@ -1,0 +1,161 @@
+"""Between protobuf messages and the service layer's shapes.
+
+Requests become the REST request models (the same pydantic validation, the
+same field names); the service's answers, plain data in the documented
+shapes, become messages field by field: building messages directly is far
+cheaper than going through JSON.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from google.protobuf.message import Message
+from google.protobuf.timestamp_pb2 import Timestamp
+from pydantic import BaseModel, ConfigDict, Field
+
+from service.allocations.schemas import AllocationState
+from service.events import Event
+from service.grpc.gen import topoplace_pb2 as pb
+from service.nodes.schemas import NodeView
+
+
+def request_fields(message: Message) -> dict[str, Any]:
+    """The fields a client set, as the REST JSON body would carry them.
+
+    Unset optional fields are left out so the REST defaults apply; a present
+    ``nodes`` (NodeNames) becomes a list, even an empty one.
+    """
+    out: dict[str, Any] = {}
+    for descriptor, value in message.ListFields():
+        if descriptor.message_type is not None and descriptor.message_type.name == "NodeNames":
+            out[descriptor.name] = list(value.names)
+        elif descriptor.message_type is not None and descriptor.message_type.GetOptions().map_entry:
+            out[descriptor.name] = dict(value)
+        elif descriptor.is_repeated:
+            out[descriptor.name] = list(value)
+        else:
+            out[descriptor.name] = value
+    return out
+
+
+class ListQuery(BaseModel):
+    """The REST query of GET /v1/allocations, with the same limits."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    job_id: str | None = None
+    node: str | None = None
+    state: AllocationState | None = None
+    limit: int = Field(default=500, ge=1, le=10_000)
+
+
+def timestamp(value: str | datetime | None) -> Timestamp | None:
+    if value is None:
+        return None
+    out = Timestamp()
+    if isinstance(value, datetime):
+        out.FromDatetime(value)
+    else:
+        out.FromJsonString(value)
+    return out
+
+
+def task(view: dict[str, Any]) -> pb.Task:
+    score = view["score"]
+    return pb.Task(
+        task=view["task"],
+        node=view["node"],
+        gpu_indices=view["gpu_indices"],
+        gpu_uuids=view["gpu_uuids"],
+        mig_uuids=view["mig_uuids"],
+        cpuset=view["cpuset"],
+        cpus=view["cpus"],
+        numa_nodes=view["numa_nodes"],
+        islands=view["islands"],
+        nvlink_connected=view["nvlink_connected"],
+        score=pb.TaskScore(
+            ring_gbps=score["ring_gbps"],
+            pair_sum_gbps=score["pair_sum_gbps"],
+            bandwidth=score["bandwidth"],
+            fragmentation=score["fragmentation"],
+            numa_nodes=score["numa_nodes"],
+            free_after=score["free_after"],
+        ),
+        reason=view["reason"],
+        env=view.get("env", {}),  # /score tasks reserve nothing and carry no environment
+    )
+
+
+def allocation(view: dict[str, Any]) -> pb.Allocation:
+    return pb.Allocation(
+        id=view["id"],
+        state=view["state"],
+        job_id=view["job_id"],
+        owner=view["owner"],
+        tasks=[task(t) for t in view["tasks"]],
+        ring_gbps=view["ring_gbps"],
+        fabric_domain=view["fabric_domain"],
+        network_blocks=view["network_blocks"],
+        reason=view["reason"],
+        created_at=timestamp(view["created_at"]),
+        expires_at=timestamp(view["expires_at"]),
+        ended_at=timestamp(view["ended_at"]),
+    )
+
+
+def node_score(view: dict[str, Any]) -> pb.NodeScore:
+    return pb.NodeScore(
+        node=view["node"],
+        fits=view["fits"],
+        rank=view["rank"],
+        score=view["score"],
+        cause=view["cause"],
+        message=view["message"],
+        resolvable=view["resolvable"],
+        task=task(view["task"]) if view["task"] is not None else None,
+    )
+
+
+def node(view: NodeView) -> pb.Node:
+    return pb.Node(
+        name=view.name,
+        region=view.region,
+        labels=view.labels,
+        cpu_isa=view.cpu_isa,
+        gpu_count=view.gpu_count,
+        free_gpus=view.free_gpus,
+        gpus=[
+            pb.NodeGpu(
+                index=g.index,
+                uuid=g.uuid,
+                model=g.model,
+                memory_mib=g.memory_mib,
+                numa_node=g.numa_node,
+                health=g.health,
+                mig_enabled=g.mig_enabled,
+                free=g.free,
+                island=g.island,
+            )
+            for g in view.gpus
+        ],
+        islands=[pb.Island(name=i.name, gpus=i.gpus, free=i.free) for i in view.islands],
+        fabric_domain=view.fabric_domain,
+        state=view.state,
+        seq=view.seq,
+        reported_at=timestamp(view.reported_at),
+        heartbeat_at=timestamp(view.heartbeat_at),
+        allocations=view.allocations,
+    )
+
+
+def event(value: Event) -> pb.Event:
+    return pb.Event(
+        seq=value.seq,
+        at=timestamp(value.at),
+        kind=value.kind,
+        type=value.type,
+        allocation=allocation(value.allocation) if value.allocation is not None else None,
+        node=value.node or "",
+    )

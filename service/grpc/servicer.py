@@ -1,0 +1,216 @@
+"""The gRPC methods: thin, each one converts, calls the service layer, converts back.
+
+The service layer is the one REST calls (``observed``: the service plus
+events for watchers). Its functions block on the database, so each call runs
+on the server's worker threads, as FastAPI runs REST's; the event loop only
+moves bytes. Every refusal goes through status_map.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import grpc
+from pydantic import ValidationError
+
+from service.allocations import observed as allocations
+from service.allocations.schemas import ExtendRequest, PlaceRequest, ScoreRequest
+from service.grpc import convert, status_map
+from service.grpc.gen import topoplace_pb2 as pb
+from service.grpc.gen import topoplace_pb2_grpc as pb_grpc
+from service.grpc.status_map import ErrorReply
+from service.nodes import observed as nodes
+from service.nodes.schemas import SnapshotReport
+from service.state import ServiceState
+
+T = TypeVar("T")
+if TYPE_CHECKING:  # generic only in the stubs
+    Context = grpc.aio.ServicerContext[Any, Any]
+IDEMPOTENCY_KEY = "idempotency-key"
+MAX_KEY_LENGTH = 256  # as REST's Idempotency-Key header
+
+
+class Refused(Exception):
+    """A refusal decided while converting, carried out of the worker thread."""
+
+    def __init__(self, reply: ErrorReply) -> None:
+        super().__init__(reply.message)
+        self.reply = reply
+
+
+def _validate(model: type[Any], data: dict[str, Any], prefix: str = "") -> Any:
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise Refused(status_map.from_validation(exc, prefix)) from None
+
+
+def _metadata(context: Context, key: str) -> str | None:
+    for name, value in context.invocation_metadata() or ():
+        if name == key:
+            return value if isinstance(value, str) else value.decode("latin-1")
+    return None
+
+
+class TopoplaceServicer(pb_grpc.TopoplaceServicer):
+    def __init__(self, state: ServiceState) -> None:
+        self.state = state
+
+    async def _run(self, context: Context, call: Callable[[], T]) -> T:
+        try:
+            return await asyncio.to_thread(call)
+        except Refused as refused:
+            await status_map.abort(context, refused.reply)
+        except Exception as exc:
+            await status_map.abort(context, status_map.from_exception(exc))
+        raise AssertionError("abort returns only by raising")
+
+    # ---- nodes ---------------------------------------------------------------
+
+    async def ReportSnapshot(
+        self, request: pb.ReportSnapshotRequest, context: Context
+    ) -> pb.SnapshotAccepted:
+        def call() -> pb.SnapshotAccepted:
+            from placement import NodeSnapshot
+
+            try:
+                snapshot = NodeSnapshot.model_validate_json(request.snapshot_json)
+            except ValidationError as exc:
+                raise Refused(status_map.from_validation(exc, "snapshot_json")) from None
+            signature = request.signature if request.HasField("signature") else None
+            report = _validate(SnapshotReport, {"snapshot": snapshot, "signature": signature})
+            accepted = nodes.report_snapshot(self.state, request.node, report)
+            return pb.SnapshotAccepted(
+                node=accepted.node, seq=accepted.seq, changed=accepted.changed
+            )
+
+        return await self._run(context, call)
+
+    async def Heartbeat(
+        self, request: pb.HeartbeatRequest, context: Context
+    ) -> pb.HeartbeatResponse:
+        def call() -> pb.HeartbeatResponse:
+            nodes.heartbeat(self.state, request.node)
+            return pb.HeartbeatResponse()
+
+        return await self._run(context, call)
+
+    async def ListNodes(
+        self, request: pb.ListNodesRequest, context: Context
+    ) -> pb.ListNodesResponse:
+        def call() -> pb.ListNodesResponse:
+            views = nodes.list_nodes(self.state)
+            return pb.ListNodesResponse(nodes=[convert.node(v) for v in views])
+
+        return await self._run(context, call)
+
+    async def GetNode(self, request: pb.GetNodeRequest, context: Context) -> pb.Node:
+        return await self._run(
+            context, lambda: convert.node(nodes.get_node(self.state, request.name))
+        )
+
+    # ---- placement -----------------------------------------------------------
+
+    async def Place(self, request: pb.PlaceRequest, context: Context) -> pb.Allocation:
+        key = _metadata(context, IDEMPOTENCY_KEY)
+
+        def call() -> tuple[pb.Allocation, bool]:
+            if key is not None and len(key) > MAX_KEY_LENGTH:
+                raise Refused(
+                    status_map.invalid_field(
+                        IDEMPOTENCY_KEY, f"at most {MAX_KEY_LENGTH} characters"
+                    )
+                )
+            body = _validate(PlaceRequest, convert.request_fields(request))
+            view, created = allocations.place(self.state, body, key)
+            return convert.allocation(view), created
+
+        allocation, created = await self._run(context, call)
+        if not created:
+            await status_map.abort(context, status_map.replay(allocation))
+        return allocation
+
+    async def Score(self, request: pb.ScoreRequest, context: Context) -> pb.ScoreResponse:
+        def call() -> pb.ScoreResponse:
+            body = _validate(ScoreRequest, convert.request_fields(request))
+            verdicts = allocations.score(self.state, body)
+            return pb.ScoreResponse(nodes=[convert.node_score(v) for v in verdicts])
+
+        return await self._run(context, call)
+
+    # ---- allocations ---------------------------------------------------------
+
+    async def GetAllocation(
+        self, request: pb.GetAllocationRequest, context: Context
+    ) -> pb.Allocation:
+        return await self._run(
+            context, lambda: convert.allocation(allocations.get(self.state, request.id))
+        )
+
+    async def ListAllocations(
+        self, request: pb.ListAllocationsRequest, context: Context
+    ) -> pb.ListAllocationsResponse:
+        def call() -> pb.ListAllocationsResponse:
+            query = _validate(convert.ListQuery, convert.request_fields(request))
+            views = allocations.listing(
+                self.state, query.job_id, query.node, query.state, query.limit
+            )
+            return pb.ListAllocationsResponse(allocations=[convert.allocation(v) for v in views])
+
+        return await self._run(context, call)
+
+    async def ConfirmAllocation(
+        self, request: pb.ConfirmAllocationRequest, context: Context
+    ) -> pb.Allocation:
+        return await self._run(
+            context, lambda: convert.allocation(allocations.confirm(self.state, request.id))
+        )
+
+    async def ExtendAllocation(
+        self, request: pb.ExtendAllocationRequest, context: Context
+    ) -> pb.Allocation:
+        def call() -> pb.Allocation:
+            body = _validate(ExtendRequest, {"ttl_s": request.ttl_s})
+            return convert.allocation(allocations.extend(self.state, request.id, body.ttl_s))
+
+        return await self._run(context, call)
+
+    async def ReleaseAllocation(
+        self, request: pb.ReleaseAllocationRequest, context: Context
+    ) -> pb.ReleaseResponse:
+        return await self._run(
+            context,
+            lambda: pb.ReleaseResponse(released=allocations.release(self.state, request.id)),
+        )
+
+    async def ReleaseJob(
+        self, request: pb.ReleaseJobRequest, context: Context
+    ) -> pb.ReleaseResponse:
+        return await self._run(
+            context,
+            lambda: pb.ReleaseResponse(
+                released=allocations.release_job(self.state, request.job_id)
+            ),
+        )
+
+    # ---- events --------------------------------------------------------------
+
+    async def Watch(self, request: pb.WatchRequest, context: Context) -> AsyncIterator[pb.Event]:
+        hub = self.state.events
+        try:
+            subscription = hub.subscribe(request.kinds)
+        except ValueError as exc:
+            await status_map.abort(context, status_map.invalid_field("kinds", str(exc)))
+            return
+        try:
+            while True:
+                event = await subscription.next()
+                if event is None:
+                    break
+                yield convert.event(event)
+        finally:
+            subscription.close()
+        if subscription.overflowed:
+            await status_map.abort(context, status_map.watch_overflow(subscription.maxsize))

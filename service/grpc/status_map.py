@@ -1,0 +1,179 @@
+"""The one place where the service's outcomes become gRPC status codes.
+
+Every error carries, in the standard ``grpc-status-details-bin`` trailer, a
+``google.rpc.Status`` whose details hold an ``ErrorInfo`` (``reason`` is the
+REST error code, ``domain`` is ``topoplace``, ``metadata`` the scalar parts
+of the REST ``detail``), and where they apply:
+
+    code (REST)              gRPC status            more details
+    invalid_request, bad_request  INVALID_ARGUMENT  BadRequest naming the field(s)
+    unauthorized             UNAUTHENTICATED
+    not_found                NOT_FOUND
+    conflict                 FAILED_PRECONDITION    (retrying will not help)
+    unschedulable            RESOURCE_EXHAUSTED     RetryInfo 5 s, PlacementRefusal
+    unresolvable             FAILED_PRECONDITION    PlacementRefusal (change the request)
+    payload_too_large        RESOURCE_EXHAUSTED
+    database_unavailable     UNAVAILABLE            RetryInfo 5 s
+    idempotent_replay        ALREADY_EXISTS         the Allocation made before
+    watch_overflow           RESOURCE_EXHAUSTED     (list again, watch again)
+    anything else            INTERNAL
+
+Clients switch on ``ErrorInfo.reason`` exactly as REST clients switch on
+``error.code``; the status code is what generic gRPC tooling (retry
+policies, dashboards) understands.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+from google.protobuf import any_pb2, duration_pb2
+from google.protobuf.message import Message
+from google.rpc import error_details_pb2, status_pb2
+from pydantic import ValidationError
+from sqlalchemy.exc import OperationalError
+
+from service.errors import ServiceError, Unavailable
+from service.grpc.gen import topoplace_pb2 as pb
+
+log = logging.getLogger("topoplace.grpc")
+
+DOMAIN = "topoplace"
+DETAILS_KEY = "grpc-status-details-bin"
+
+CODES: dict[str, grpc.StatusCode] = {
+    "invalid_request": grpc.StatusCode.INVALID_ARGUMENT,
+    "bad_request": grpc.StatusCode.INVALID_ARGUMENT,
+    "unauthorized": grpc.StatusCode.UNAUTHENTICATED,
+    "not_found": grpc.StatusCode.NOT_FOUND,
+    "conflict": grpc.StatusCode.FAILED_PRECONDITION,
+    "unschedulable": grpc.StatusCode.RESOURCE_EXHAUSTED,
+    "unresolvable": grpc.StatusCode.FAILED_PRECONDITION,
+    "payload_too_large": grpc.StatusCode.RESOURCE_EXHAUSTED,
+    "database_unavailable": grpc.StatusCode.UNAVAILABLE,
+    "idempotent_replay": grpc.StatusCode.ALREADY_EXISTS,
+    "watch_overflow": grpc.StatusCode.RESOURCE_EXHAUSTED,
+}
+
+
+@dataclass(frozen=True)
+class ErrorReply:
+    """A refusal as gRPC sends it: status code, message, and typed details."""
+
+    reason: str
+    message: str
+    details: list[Message] = field(default_factory=list)
+
+    @property
+    def code(self) -> grpc.StatusCode:
+        return CODES.get(self.reason, grpc.StatusCode.INTERNAL)
+
+    def trailing_metadata(self) -> tuple[tuple[str, bytes], ...]:
+        status = status_pb2.Status(code=self.code.value[0], message=self.message)
+        for detail in self.details:
+            packed = any_pb2.Any()
+            packed.Pack(detail)
+            status.details.append(packed)
+        return ((DETAILS_KEY, status.SerializeToString()),)
+
+
+def _info(reason: str, detail: dict[str, Any]) -> error_details_pb2.ErrorInfo:
+    scalars = {k: str(v) for k, v in detail.items() if isinstance(v, str | int | float | bool)}
+    return error_details_pb2.ErrorInfo(reason=reason, domain=DOMAIN, metadata=scalars)
+
+
+def _refusal(reasons: list[dict[str, Any]]) -> pb.PlacementRefusal:
+    return pb.PlacementRefusal(
+        reasons=[
+            pb.RefusalReason(
+                cause=str(r["cause"]),
+                nodes=int(r["nodes"]),
+                message=str(r["message"]),
+                resolvable=bool(r["resolvable"]),
+            )
+            for r in reasons
+        ]
+    )
+
+
+def from_service_error(error: ServiceError) -> ErrorReply:
+    details: list[Message] = [_info(error.code, error.detail)]
+    if error.retry_after:
+        delay = duration_pb2.Duration(seconds=error.retry_after)
+        details.append(error_details_pb2.RetryInfo(retry_delay=delay))
+    if "field" in error.detail:
+        violation = error_details_pb2.BadRequest.FieldViolation(
+            field=str(error.detail["field"]), description=error.message
+        )
+        details.append(error_details_pb2.BadRequest(field_violations=[violation]))
+    if error.code in ("unschedulable", "unresolvable"):
+        details.append(_refusal(error.detail.get("reasons", [])))
+    return ErrorReply(error.code, error.message, details)
+
+
+def from_validation(exc: ValidationError, prefix: str = "") -> ErrorReply:
+    """pydantic's errors as INVALID_ARGUMENT, fields named as in the request message."""
+
+    def name(loc: tuple[int | str, ...]) -> str:
+        return ".".join([prefix] * bool(prefix) + [str(p) for p in loc])
+
+    errors = exc.errors()
+    violations = [
+        error_details_pb2.BadRequest.FieldViolation(field=name(e["loc"]), description=e["msg"])
+        for e in errors
+    ]
+    first = violations[0] if violations else None
+    field_name = first.field if first else prefix
+    message = f"{field_name}: {first.description}" if first else "invalid request"
+    details: list[Message] = [
+        _info("invalid_request", {"field": field_name}),
+        error_details_pb2.BadRequest(field_violations=violations),
+    ]
+    return ErrorReply("invalid_request", message, details)
+
+
+def invalid_field(field_name: str, message: str) -> ErrorReply:
+    violation = error_details_pb2.BadRequest.FieldViolation(field=field_name, description=message)
+    details: list[Message] = [
+        _info("invalid_request", {"field": field_name}),
+        error_details_pb2.BadRequest(field_violations=[violation]),
+    ]
+    return ErrorReply("invalid_request", f"{field_name}: {message}", details)
+
+
+def replay(allocation: pb.Allocation) -> ErrorReply:
+    """An idempotency-key replay: ALREADY_EXISTS, with the allocation made before."""
+    info = _info("idempotent_replay", {"allocation_id": allocation.id})
+    return ErrorReply(
+        "idempotent_replay",
+        f"this idempotency-key already placed allocation {allocation.id};"
+        " it is in the status details",
+        [info, allocation],
+    )
+
+
+def watch_overflow(buffer: int) -> ErrorReply:
+    message = (
+        f"this watcher fell more than {buffer} events behind and was dropped;"
+        " list again, then watch again"
+    )
+    return ErrorReply("watch_overflow", message, [_info("watch_overflow", {"buffer": buffer})])
+
+
+def from_exception(exc: BaseException) -> ErrorReply:
+    if isinstance(exc, ServiceError):
+        return from_service_error(exc)
+    if isinstance(exc, ValidationError):
+        return from_validation(exc)
+    if isinstance(exc, OperationalError):
+        return from_service_error(Unavailable(f"the database did not answer: {exc.orig}"))
+    log.error("unexpected error in a gRPC call", exc_info=exc)
+    return ErrorReply("internal_error", f"internal error: {type(exc).__name__}")
+
+
+async def abort(context: grpc.aio.ServicerContext[Any, Any], reply: ErrorReply) -> None:
+    """End the call with this refusal (raises, as grpc.aio's abort does)."""
+    await context.abort(reply.code, reply.message, trailing_metadata=reply.trailing_metadata())

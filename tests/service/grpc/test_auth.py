@@ -1,0 +1,79 @@
+"""Tokens over gRPC: the REST check on `authorization` metadata; health and reflection open."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from service.grpc.gen import topoplace_pb2 as pb
+from service.settings import Settings
+from tests.service.grpc.conftest import Running, details, reason, start
+
+
+@pytest.fixture
+def guarded(tmp_path: Path) -> Iterator[Running]:
+    settings = Settings(database_url=f"sqlite:///{tmp_path / 'auth.sqlite3'}", api_tokens="s3cret")
+    yield from start(settings)
+
+
+@pytest.mark.parametrize(
+    ("metadata", "message"),
+    [
+        ((), "requires a token"),
+        ((("authorization", "Bearer wrong"),), "not one this service accepts"),
+        ((("authorization", "Basic czNjcmV0"),), "must be 'Bearer TOKEN'"),
+    ],
+)
+def test_a_missing_or_wrong_token_is_unauthenticated(
+    guarded: Running, metadata: tuple[tuple[str, str], ...], message: str
+) -> None:
+    with pytest.raises(grpc.RpcError) as caught:
+        guarded.stub.ListNodes(pb.ListNodesRequest(), metadata=metadata)
+    assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert message in caught.value.details()
+    assert reason(caught.value) == "unauthorized"
+    # A stream is refused the same way, before it starts.
+    with pytest.raises(grpc.RpcError) as caught:
+        next(guarded.stub.Watch(pb.WatchRequest(), metadata=metadata))
+    assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert details(caught.value)["ErrorInfo"].reason == "unauthorized"
+    # Nothing ran: no allocation was made by a refused Place.
+    with pytest.raises(grpc.RpcError):
+        guarded.stub.Place(pb.PlaceRequest(gpus=1), metadata=metadata)
+    assert guarded.rest.get(
+        "/v1/allocations", headers={"Authorization": "Bearer s3cret"}
+    ).json() == {"allocations": []}
+
+
+def test_the_right_token_is_accepted(guarded: Running) -> None:
+    token = (("authorization", "Bearer s3cret"),)
+    assert not guarded.stub.ListNodes(pb.ListNodesRequest(), metadata=token).nodes
+    stream = guarded.stub.Watch(pb.WatchRequest(), metadata=token)
+    assert next(stream).type == "started"
+    stream.cancel()
+
+
+def test_health_and_reflection_stay_open(guarded: Running) -> None:
+    health = health_pb2_grpc.HealthStub(guarded.channel)
+    for service in ("", "topoplace.v1.Topoplace"):
+        answer = health.Check(health_pb2.HealthCheckRequest(service=service))
+        assert answer.status == health_pb2.HealthCheckResponse.SERVING, service
+    with pytest.raises(grpc.RpcError) as caught:
+        health.Check(health_pb2.HealthCheckRequest(service="no.such.Service"))
+    assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+
+    stub = reflection_pb2_grpc.ServerReflectionStub(guarded.channel)
+    asks = [
+        reflection_pb2.ServerReflectionRequest(list_services=""),
+        reflection_pb2.ServerReflectionRequest(file_containing_symbol="topoplace.v1.Topoplace"),
+    ]
+    listed, described = list(stub.ServerReflectionInfo(iter(asks)))
+    names = {s.name for s in listed.list_services_response.service}
+    assert {"topoplace.v1.Topoplace", "grpc.health.v1.Health"} <= names
+    files = described.file_descriptor_response.file_descriptor_proto
+    assert files and b"topoplace/v1/topoplace.proto" in files[0]
