@@ -19,7 +19,9 @@ USER topoplace
 WORKDIR /home/topoplace
 
 ENV TOPOPLACE_HOST=0.0.0.0 \
-    TOPOPLACE_PORT=8080
-EXPOSE 8080
+    TOPOPLACE_PORT=8080 \
+    TOPOPLACE_GRPC_PORT=50051
+# REST (and the console) on 8080, gRPC on 50051.
+EXPOSE 8080 50051
 
 CMD ["topoplace", "serve"]

@@ -81,11 +81,12 @@ def test_service_uses_the_postgres_service(services: dict[str, Any]) -> None:
     assert environment(svc)["TOPOPLACE_HOST"] == "0.0.0.0"
 
 
-def test_service_waits_for_postgres_and_publishes_8080(services: dict[str, Any]) -> None:
+def test_service_waits_for_postgres_and_publishes_rest_and_grpc(services: dict[str, Any]) -> None:
     svc = services["topoplace"]
     assert svc["build"] == "."
     assert svc["depends_on"]["postgres"]["condition"] == "service_healthy"
-    assert "8080:8080" in [str(p) for p in svc["ports"]]
+    assert {"8080:8080", "50051:50051"} <= {str(p) for p in svc["ports"]}
+    assert environment(svc)["TOPOPLACE_GRPC_PORT"] == "50051"
     check = svc["healthcheck"]["test"]
     assert check[:3] == ["CMD", "python", "-c"]
     assert "/readyz" in check[3]
@@ -126,7 +127,7 @@ def test_dockerfile_runs_the_service_unprivileged() -> None:
             by_name.setdefault(parts[0], []).append(parts[1])
     assert by_name["FROM"] == ["python:3.11-slim"]
     assert json.loads(by_name["CMD"][-1]) == ["topoplace", "serve"]
-    assert by_name["EXPOSE"] == ["8080"]
+    assert by_name["EXPOSE"] == ["8080 50051"]
     assert by_name["USER"][-1] not in ("root", "0")
     assert "TOPOPLACE_HOST=0.0.0.0" in text
     assert any("pip install ." in run for run in by_name["RUN"])
