@@ -33,13 +33,15 @@ State = Annotated[ServiceState, Depends(get_state)]
     status_code=status.HTTP_201_CREATED,
     responses={200: {"description": "an Idempotency-Key replay: the allocation made before"}},
 )
-def place(
+async def place(
     body: PlaceRequest,
     state: State,
     idempotency_key: Annotated[str | None, Header(max_length=256)] = None,
 ) -> FastJSON:
     """Choose node(s) and GPUs and reserve them (pending until confirmed or expired)."""
-    allocation, created = service.place(state, body, idempotency_key)
+    # Async: the decision runs on the event loop and the commit is awaited
+    # (service.place_async), so no worker thread is taken per request.
+    allocation, created = await service.place_async(state, body, idempotency_key)
     if created:
         return FastJSON(allocation, status_code=status.HTTP_201_CREATED)
     return FastJSON(allocation, headers={"Idempotent-Replayed": "true"})

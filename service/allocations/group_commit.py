@@ -17,11 +17,12 @@ others succeed. A database error reaches every waiter of the batch.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import queue
 import threading
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
@@ -39,7 +40,8 @@ class _Reservation:
     row: Mapping[str, object]
     holds: Sequence[tuple[str, str, str]]
     nodes: Sequence[str]
-    done: threading.Event = field(default_factory=threading.Event)
+    # Called once on the committer's thread when the outcome is known.
+    finished: Callable[[], None]
     error: BaseException | None = None
 
 
@@ -74,12 +76,33 @@ class GroupCommitter:
         nodes: Sequence[str],
     ) -> None:
         """Insert the allocation and its holds durably; raises what a lone commit would."""
-        self._ensure_started()
-        reservation = _Reservation(row, holds, nodes)
-        self._queue.put(reservation)
-        reservation.done.wait()
+        done = threading.Event()
+        reservation = _Reservation(row, holds, nodes, done.set)
+        self._submit(reservation)
+        done.wait()
         if reservation.error is not None:
             raise reservation.error
+
+    async def commit_async(
+        self,
+        row: Mapping[str, object],
+        holds: Sequence[tuple[str, str, str]],
+        nodes: Sequence[str],
+    ) -> None:
+        """``commit`` for the event loop: awaits the batch instead of blocking a thread."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+
+        def finished() -> None:
+            loop.call_soon_threadsafe(_settle, future, reservation)
+
+        reservation = _Reservation(row, holds, nodes, finished)
+        self._submit(reservation)
+        await future
+
+    def _submit(self, reservation: _Reservation) -> None:
+        self._ensure_started()
+        self._queue.put(reservation)
 
     def stop(self) -> None:
         with self._start_lock:
@@ -143,4 +166,13 @@ class GroupCommitter:
                 reservation.error = exc
         finally:
             for reservation in batch:
-                reservation.done.set()
+                reservation.finished()
+
+
+def _settle(future: asyncio.Future[None], reservation: _Reservation) -> None:
+    if future.cancelled():
+        return
+    if reservation.error is not None:
+        future.set_exception(reservation.error)
+    else:
+        future.set_result(None)

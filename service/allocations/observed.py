@@ -20,6 +20,7 @@ __all__ = [
     "get",
     "listing",
     "place",
+    "place_async",
     "release",
     "release_job",
     "score",
@@ -31,6 +32,15 @@ def place(
     state: ServiceState, body: PlaceRequest, idempotency_key: str | None
 ) -> tuple[dict[str, Any], bool]:
     allocation, created = service.place(state, body, idempotency_key)
+    if created:
+        state.events.publish("allocation", "placed", allocation=allocation)
+    return allocation, created
+
+
+async def place_async(
+    state: ServiceState, body: PlaceRequest, idempotency_key: str | None
+) -> tuple[dict[str, Any], bool]:
+    allocation, created = await service.place_async(state, body, idempotency_key)
     if created:
         state.events.publish("allocation", "placed", allocation=allocation)
     return allocation, created

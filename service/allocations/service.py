@@ -18,11 +18,14 @@ request gets the same allocation back, never a second one.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import json
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Generator, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy.exc import IntegrityError, OperationalError
 
@@ -142,13 +145,29 @@ def _ttl(state: ServiceState, requested: float | None) -> float:
     return ttl
 
 
-def place(
-    state: ServiceState, body: PlaceRequest, idempotency_key: str | None
-) -> tuple[dict[str, Any], bool]:
-    """Choose and reserve; returns (allocation, created). A replayed key returns created=False."""
+# The /place flow is written once, as a generator that yields each step that
+# waits on the database; a driver runs those steps. The thread driver
+# (``place``) blocks on them: gRPC, Slurm and Kubernetes callers run in
+# worker threads. The asyncio driver (``place_async``) awaits them, so the
+# REST endpoint decides on the event loop (a fraction of a millisecond) and
+# waits for the group commit without a thread per request: under load,
+# handing every request to a worker thread and back cost more CPU than the
+# decision itself.
+Blocking = Callable[[], Any]
+Flow = Generator["Blocking | _Commit", Any, tuple[dict[str, Any], bool]]
+
+
+@dataclass(frozen=True)
+class _Commit:
+    row: dict[str, Any]
+    holds: list[tuple[str, str, str]]
+    nodes: tuple[str, ...]
+
+
+def _place_flow(state: ServiceState, body: PlaceRequest, idempotency_key: str | None) -> Flow:
     request_json = body.model_dump_json()
     if idempotency_key is not None:
-        replay = _replay(state, idempotency_key, request_json)
+        replay = yield functools.partial(_replay, state, idempotency_key, request_json)
         if replay is not None:
             return replay, False
     ttl = _ttl(state, body.ttl_s)
@@ -160,7 +179,8 @@ def place(
                 raise _refuse(outcome)
             placement = outcome.placement
             state.cluster.apply(placement)  # tentative: concurrent requests here skip these GPUs
-            devices = [(node, device) for node, device, _ in _holds(placement)]
+            holds = _holds(placement)
+            devices = [(node, device) for node, device, _ in holds]
             state.begin_inflight(devices)
         now = state.clock()
         row = {
@@ -176,15 +196,15 @@ def place(
             "ended_at": None,
         }
         try:
-            state.committer.commit(row, _holds(placement), placement.nodes)
+            yield _Commit(row, holds, placement.nodes)
         except IntegrityError:
             _undo(state, placement, devices)
             if idempotency_key is not None:
-                replay = _replay(state, idempotency_key, request_json)
+                replay = yield functools.partial(_replay, state, idempotency_key, request_json)
                 if replay is not None:
                     return replay, False
             # Another process holds some of these GPUs: learn what it holds, choose again.
-            state.sync_nodes(list(placement.nodes))
+            yield functools.partial(state.sync_nodes, list(placement.nodes))
             continue
         except OperationalError as exc:
             _undo(state, placement, devices)
@@ -196,6 +216,50 @@ def place(
         f"other replicas took the chosen GPUs {PLACE_ATTEMPTS} times in a row; retry",
         {"reasons": []},
     )
+
+
+def place(
+    state: ServiceState, body: PlaceRequest, idempotency_key: str | None
+) -> tuple[dict[str, Any], bool]:
+    """Choose and reserve; returns (allocation, created). A replayed key returns created=False."""
+    flow = _place_flow(state, body, idempotency_key)
+    result: Any = None
+    error: BaseException | None = None
+    while True:
+        try:
+            step = flow.throw(error) if error is not None else flow.send(result)
+        except StopIteration as done:
+            return cast(tuple[dict[str, Any], bool], done.value)
+        result, error = None, None
+        try:
+            if isinstance(step, _Commit):
+                state.committer.commit(step.row, step.holds, step.nodes)
+            else:
+                result = step()
+        except Exception as exc:
+            error = exc
+
+
+async def place_async(
+    state: ServiceState, body: PlaceRequest, idempotency_key: str | None
+) -> tuple[dict[str, Any], bool]:
+    """``place`` for the event loop: database steps are awaited, not blocked on."""
+    flow = _place_flow(state, body, idempotency_key)
+    result: Any = None
+    error: BaseException | None = None
+    while True:
+        try:
+            step = flow.throw(error) if error is not None else flow.send(result)
+        except StopIteration as done:
+            return cast(tuple[dict[str, Any], bool], done.value)
+        result, error = None, None
+        try:
+            if isinstance(step, _Commit):
+                await state.committer.commit_async(step.row, step.holds, step.nodes)
+            else:
+                result = await asyncio.to_thread(step)
+        except Exception as exc:
+            error = exc
 
 
 def _placement_json(placement: Placement) -> dict[str, object]:
