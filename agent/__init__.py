@@ -1,0 +1,1 @@
+"""The node agent: discovers a node's GPU topology and reports it to the service."""
