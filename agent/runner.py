@@ -155,10 +155,20 @@ class Agent:
                 # The service forgot the node (deleted, or a new database): report it again.
                 log.warning("the service does not know node %s; sending the snapshot", self.name)
                 self.acked = None
+        self._send(snap, digest)
+
+    def _send(self, snap: NodeSnapshot, digest: str) -> JSONObject:
         report = self._signed(snap, digest)
         answer = self.client.put_snapshot(self.name, report.snapshot, report.signature)
         self.acked, self.pending = digest, None
         log.info("snapshot seq %d sent (changed: %s)", report.seq, answer.get("changed"))
+        return answer
+
+    def send_once(self) -> JSONObject:
+        """Register the key and send the snapshot now; errors are raised, not retried."""
+        snap = self.source.read()
+        self._register_key()
+        return self._send(snap, content_hash(snap))
 
     def _signed(self, snap: NodeSnapshot, digest: str) -> SignedReport:
         if self.pending is not None and self.pending.digest == digest:

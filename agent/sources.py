@@ -21,6 +21,7 @@ from typing import Protocol
 
 from pydantic import ValidationError
 
+from agent import SOURCE_KINDS
 from agent.host import Host, SysfsHost
 from agent.nvml_api import Nvml, NvmlUnavailable, load_nvml
 from agent.nvml_discovery import DiscoveryError, discover
@@ -28,8 +29,6 @@ from agent.nvml_fake import FakeNvml, fake_host
 from placement.profiles import UnknownProfileError, build_profile
 from placement.snapshot import Gpu, NodeSnapshot
 from topoplace.topology_file import TopologyFileError, load_topology
-
-SOURCE_HELP = "nvml (default), smi:FILE, sim:PROFILE or fake:PROFILE"
 
 
 class SourceError(ValueError):
@@ -143,4 +142,4 @@ def open_source(spec: str, identity: Identity, *, gpu_model: str = "unknown") ->
         fake = FakeNvml.from_snapshot(profile)
         fake.nvmlInit()
         return NvmlSource(fake, fake_host(profile), identity)
-    raise SourceError(f"--source {spec!r} is not one of: {SOURCE_HELP}")
+    raise SourceError(f"--source {spec!r} is not one of: {SOURCE_KINDS}")
