@@ -22,7 +22,7 @@ from typing import Protocol
 from pydantic import ValidationError
 
 from agent import SOURCE_KINDS
-from agent.host import Host, SysfsHost
+from agent.host import Host, HostError, HostFacts, SysfsHost
 from agent.nvml_api import Nvml, NvmlUnavailable, load_nvml
 from agent.nvml_discovery import DiscoveryError, discover
 from agent.nvml_fake import FakeNvml, fake_host
@@ -56,7 +56,10 @@ class NvmlSource:
         self._known: dict[int, Gpu] = {}
 
     def read(self) -> NodeSnapshot:
-        facts = self.host.facts()
+        try:
+            facts = self.host.facts()
+        except HostError as exc:
+            raise DiscoveryError(str(exc)) from None
         report = discover(self.nvml, self.host, facts, self._known)
         try:
             snap = NodeSnapshot(
@@ -82,19 +85,28 @@ class NvmlSource:
 
 
 class SmiSource:
-    def __init__(self, path: Path, identity: Identity, gpu_model: str) -> None:
+    """``host`` fills what topology text cannot say (host name, CPU ISA); a JSON file says it."""
+
+    def __init__(
+        self, path: Path, identity: Identity, gpu_model: str, host: HostFacts | None = None
+    ) -> None:
         self.path = path
         self.identity = identity
         self.gpu_model = gpu_model
+        self.host = host
 
     def read(self) -> NodeSnapshot:
         try:
             snap = load_topology(self.path, node_name=self.identity.name, gpu_model=self.gpu_model)
         except TopologyFileError as exc:
             raise DiscoveryError(str(exc)) from None
+        from_text = {}
+        if self.host is not None and not snap.hostname:
+            from_text = {"hostname": self.host.hostname, "cpu_isa": self.host.cpu_isa}
         return NodeSnapshot.model_validate(
             {
                 **snap.model_dump(),
+                **from_text,
                 "name": self.identity.name,
                 "region": self.identity.region,
                 "labels": self.identity.labels,
@@ -126,12 +138,21 @@ def open_source(spec: str, identity: Identity, *, gpu_model: str = "unknown") ->
             nvml = load_nvml()
         except NvmlUnavailable as exc:
             raise SourceError(str(exc)) from None
-        return NvmlSource(nvml, SysfsHost(), identity)
+        host = SysfsHost()
+        try:
+            host.facts()
+        except HostError as exc:
+            raise SourceError(str(exc)) from None
+        return NvmlSource(nvml, host, identity)
     if kind == "smi" and arg:
         path = Path(arg)
         if not path.is_file():
             raise SourceError(f"--source smi:{arg}: no such file")
-        return SmiSource(path, identity, gpu_model)
+        try:
+            facts: HostFacts | None = SysfsHost().facts()
+        except HostError:
+            facts = None  # text from a machine of another kind: x86_64 is assumed
+        return SmiSource(path, identity, gpu_model, facts)
     if kind in ("sim", "fake") and arg:
         try:
             profile = build_profile(arg, identity.name)
