@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -98,3 +104,40 @@ def test_keygen(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     assert "--force" in capsys.readouterr().err
     assert main(["agent", "keygen", "--key-file", str(path), "--force"]) == 0
     assert main(["agent", "keygen"]) == 2
+
+
+def test_daemon_outlives_an_absent_service_and_stops_on_sigterm(tmp_path: Path) -> None:
+    key = tmp_path / "node.key"
+    NodeKey.generate().save(key)
+    with socket.socket() as closed:  # a port nobody listens on
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TOPOPLACE_AGENT_")}
+    env["TOPOPLACE_AGENT_BACKOFF_INITIAL_S"] = "0.05"
+    env["TOPOPLACE_AGENT_BACKOFF_MAX_S"] = "0.2"
+    command = [
+        sys.executable,
+        "-m",
+        "topoplace",
+        "agent",
+        "--server",
+        f"http://127.0.0.1:{port}",
+        "--key-file",
+        str(key),
+        "--source",
+        "sim:pcie-8x-l40s",
+        "--node-name",
+        "n1",
+    ]
+    process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(2.0)
+        assert process.poll() is None, "the agent exited while the service was down"
+        process.send_signal(signal.SIGTERM)
+        _, err = process.communicate(timeout=10)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 0
+    assert err.count("cannot reach topoplace") >= 3 and "Traceback" not in err
+    assert "agent for node n1 stopped" in err
