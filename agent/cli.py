@@ -22,18 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from agent import SOURCE_KINDS
+from topoplace.client_cmd import _positive_seconds
 
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_DISCOVERY = 0, 1, 2, 3, 4
-
-
-def _positive(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be more than 0 seconds, got {text}")
-    return value
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -66,9 +57,13 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     p.add_argument("--gpu-model", metavar="MODEL", help="GPU model for smi:FILE sources")
     p.add_argument(
-        "--interval", dest="interval_s", type=_positive, metavar="SECONDS", help="default 15"
+        "--interval",
+        dest="interval_s",
+        type=_positive_seconds,
+        metavar="SECONDS",
+        help="default 15",
     )
-    p.add_argument("--timeout", dest="timeout_s", type=_positive, metavar="SECONDS")
+    p.add_argument("--timeout", dest="timeout_s", type=_positive_seconds, metavar="SECONDS")
     p.add_argument(
         "--once",
         action="store_true",

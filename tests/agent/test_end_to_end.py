@@ -2,8 +2,9 @@
 
 Nodes appear when their agents start, turn stale when the agents stop (the
 service's heartbeat TTL is one second here), and are ready again when the
-agents restart with the same keys. What the service stored verifies with the
-signing recipe of docs/agent.md.
+agents restart with the same keys. One agent runs NVML discovery on the NVML
+fake, so a GPU can fall off the bus mid-run. What the service stored
+verifies with the signing recipe of docs/agent.md.
 """
 
 from __future__ import annotations
@@ -16,9 +17,11 @@ from pathlib import Path
 
 import pytest
 
+from agent.nvml_fake import FakeNvml, fake_host
 from agent.runner import Agent, Backoff
 from agent.signing import NodeKey
-from agent.sources import Identity, SimSource
+from agent.sources import Identity, NvmlSource, SimSource, Source
+from placement.profiles import build_profile
 from service.app import create_app
 from service.settings import Settings
 from tests.agent.test_signing import documented_verify
@@ -27,6 +30,7 @@ from topoplace.cli import main
 from topoplace.client import ApiError, TopoplaceClient
 
 NODES = {"e2e-h100": "hgx-h100", "e2e-dgx1": "dgx1-v100", "e2e-gb200": "gb200-tray"}
+FAKE_NVML_NODE = "e2e-h100"
 TTL_S = 1.0
 
 
@@ -46,13 +50,22 @@ class Agents:
         self.stop = threading.Event()
         self.threads: list[threading.Thread] = []
         self.clients: list[TopoplaceClient] = []
+        self.nvml = FakeNvml.from_snapshot(build_profile(NODES[FAKE_NVML_NODE], FAKE_NVML_NODE))
+
+    def _source(self, name: str, profile: str) -> Source:
+        identity = Identity(name, labels={"e2e": "yes"})
+        if name != FAKE_NVML_NODE:
+            return SimSource(profile, identity)
+        self.nvml = FakeNvml.from_snapshot(build_profile(profile, name))
+        self.nvml.nvmlInit()
+        return NvmlSource(self.nvml, fake_host(build_profile(profile, name)), identity)
 
     def start(self) -> None:
         self.stop = threading.Event()
         for name, profile in NODES.items():
             client = TopoplaceClient(self.server, timeout=5.0)
             agent = Agent(
-                SimSource(profile, Identity(name, labels={"e2e": "yes"})),
+                self._source(name, profile),
                 client,
                 self.keys[name],
                 name,
@@ -97,6 +110,13 @@ def test_nodes_appear_go_stale_and_recover(server: str, tmp_path: Path) -> None:
             # Heartbeats keep them ready well past the TTL.
             time.sleep(TTL_S * 1.5)
             assert _states(client) == dict.fromkeys(NODES, "ready")
+            agents.nvml.lose_gpu(5)
+            _wait_for(
+                "the lost GPU reported unhealthy",
+                lambda: client.node(FAKE_NVML_NODE)["gpus"][5]["health"] == "unhealthy",
+            )
+            node = client.node(FAKE_NVML_NODE)
+            assert node["state"] == "ready" and node["free_gpus"] == [0, 1, 2, 3, 4, 6, 7]
         finally:
             agents.halt()
 
@@ -110,6 +130,11 @@ def test_nodes_appear_go_stale_and_recover(server: str, tmp_path: Path) -> None:
         assert gb200["gpu_count"] == 4 and gb200["fabric_domain"] is not None
 
         _wait_for("every node stale", lambda: _states(client) == dict.fromkeys(NODES, "stale"))
+        # Placement re-reads staleness at most once a second: wait until it has.
+        _wait_for(
+            "no node eligible",
+            lambda: not any(v["fits"] for v in client.score({"gpus": 1})["nodes"]),
+        )
         with pytest.raises(ApiError) as refused:
             client.place({"gpus": 1})
         assert refused.value.status == 409 and refused.value.code == "unschedulable"
