@@ -41,6 +41,8 @@ import pynvml  # type: ignore[import-untyped]
 
 from agent.host import Host, HostFacts
 from agent.nvml_api import Nvml
+from agent.nvml_calls import ABSENT, NO_SUCH_LINK, GpuLost, call, optional
+from agent.nvml_mig import read_migs
 from placement.cpuset import parse_cpuset
 from placement.snapshot import CpuLink, Fabric, FabricState, Gpu, Health, MigInstance, NumaNode
 
@@ -66,21 +68,10 @@ _FABRIC_HEALTHY = (
     pynvml.NVML_GPU_FABRIC_HEALTH_SUMMARY_NOT_SUPPORTED,
     pynvml.NVML_GPU_FABRIC_HEALTH_SUMMARY_HEALTHY,
 )
-# Errors that mean "this device has no such feature".
-_ABSENT = (
-    pynvml.NVMLError_NotSupported,
-    pynvml.NVMLError_FunctionNotFound,
-)
-_NO_SUCH_LINK = (*_ABSENT, pynvml.NVMLError_InvalidArgument)
 
 
 class DiscoveryError(RuntimeError):
     """NVML as a whole did not answer; nothing about the node can be said."""
-
-
-class _GpuLost(Exception):
-    def __init__(self, call: str, error: pynvml.NVMLError) -> None:
-        super().__init__(f"{error} ({call})")
 
 
 @dataclass(frozen=True)
@@ -115,25 +106,6 @@ class _Reading:
     c2c: bool = False
     fabric: Fabric | None = None
     migs: list[MigInstance] = field(default_factory=list)
-
-
-def _call(name: str, fn: Callable[..., T], *args: Any) -> T:
-    """Call one NVML function; a lost GPU becomes ``_GpuLost`` naming the call."""
-    try:
-        return fn(*args)
-    except pynvml.NVMLError_GpuIsLost as exc:
-        raise _GpuLost(name, exc) from None
-
-
-def _optional(reading: _Reading, name: str, fn: Callable[..., T], *args: Any) -> T | None:
-    """An optional fact: absent when unsupported, noted when it fails otherwise."""
-    try:
-        return _call(name, fn, *args)
-    except _ABSENT:
-        return None
-    except pynvml.NVMLError as exc:
-        reading.notes.append(f"{name}: {exc}")
-        return None
 
 
 def normalize_bus_id(bus_id: str) -> str:
@@ -190,16 +162,16 @@ def _read_gpu(
 ) -> _Reading:
     reading = _Reading(index)
     try:
-        reading.handle = _call("nvmlDeviceGetHandleByIndex", nvml.nvmlDeviceGetHandleByIndex, index)
+        reading.handle = call("nvmlDeviceGetHandleByIndex", nvml.nvmlDeviceGetHandleByIndex, index)
         handle = reading.handle
-        reading.uuid = str(_call("nvmlDeviceGetUUID", nvml.nvmlDeviceGetUUID, handle))
-        reading.model = str(_call("nvmlDeviceGetName", nvml.nvmlDeviceGetName, handle))
-        memory = _call("nvmlDeviceGetMemoryInfo", nvml.nvmlDeviceGetMemoryInfo, handle)
+        reading.uuid = str(call("nvmlDeviceGetUUID", nvml.nvmlDeviceGetUUID, handle))
+        reading.model = str(call("nvmlDeviceGetName", nvml.nvmlDeviceGetName, handle))
+        memory = call("nvmlDeviceGetMemoryInfo", nvml.nvmlDeviceGetMemoryInfo, handle)
         reading.memory_mib = int(memory.total) // (1024 * 1024)
-        pci = _call("nvmlDeviceGetPciInfo", nvml.nvmlDeviceGetPciInfo, handle)
+        pci = call("nvmlDeviceGetPciInfo", nvml.nvmlDeviceGetPciInfo, handle)
         reading.bus_id = normalize_bus_id(str(pci.busId))
         reading.mig_enabled = _mig_mode(nvml, handle)
-    except _GpuLost as exc:
+    except GpuLost as exc:
         reading.lost = f"GPU is lost: {exc}"
         return reading
     except pynvml.NVMLError as exc:
@@ -207,15 +179,15 @@ def _read_gpu(
         return reading
     try:
         reading.numa_node = _numa_node(nvml, host, reading, numa_nodes, numa_ids)
-    except _GpuLost as exc:
+    except GpuLost as exc:
         reading.lost = f"GPU is lost: {exc}"
     return reading
 
 
 def _mig_mode(nvml: Nvml, handle: Any) -> bool:
     try:
-        current, _pending = _call("nvmlDeviceGetMigMode", nvml.nvmlDeviceGetMigMode, handle)
-    except _ABSENT:
+        current, _pending = call("nvmlDeviceGetMigMode", nvml.nvmlDeviceGetMigMode, handle)
+    except ABSENT:
         return False
     return bool(current == pynvml.NVML_DEVICE_MIG_ENABLE)
 
@@ -225,8 +197,8 @@ def _numa_node(
 ) -> int | None:
     """The GPU's NUMA node: NVML's memory affinity, else its CPU affinity, else sysfs."""
     words = max(1, math.ceil((max(numa_ids, default=0) + 1) / 64))
-    mask = _optional(
-        reading,
+    mask = optional(
+        reading.notes,
         "nvmlDeviceGetMemoryAffinity",
         nvml.nvmlDeviceGetMemoryAffinity,
         reading.handle,
@@ -237,8 +209,8 @@ def _numa_node(
     if len(nodes) == 1 and nodes[0] in numa_ids:
         return nodes[0]
     cpu_words = max(1, math.ceil((max(_all_cpus(numa_nodes), default=0) + 1) / 64))
-    cpu_mask = _optional(
-        reading,
+    cpu_mask = optional(
+        reading.notes,
         "nvmlDeviceGetCpuAffinity",
         nvml.nvmlDeviceGetCpuAffinity,
         reading.handle,
@@ -264,14 +236,17 @@ def _bits(words: Any) -> list[int]:
 def _read_optional(nvml: Nvml, reading: _Reading, bus_ids: set[str]) -> None:
     try:
         _read_nvlinks(nvml, reading, bus_ids)
-        info = _optional(
-            reading, "nvmlDeviceGetC2cModeInfoV", nvml.nvmlDeviceGetC2cModeInfoV, reading.handle
+        info = optional(
+            reading.notes,
+            "nvmlDeviceGetC2cModeInfoV",
+            nvml.nvmlDeviceGetC2cModeInfoV,
+            reading.handle,
         )
         reading.c2c = bool(info is not None and info.isC2cEnabled)
         reading.fabric = _fabric(nvml, reading)
         if reading.mig_enabled:
-            reading.migs = _read_migs(nvml, reading)
-    except _GpuLost as exc:
+            reading.migs = read_migs(nvml, reading.handle, reading.index, reading.notes)
+    except GpuLost as exc:
         reading.lost = f"GPU is lost: {exc}"
 
 
@@ -279,7 +254,7 @@ def _read_nvlinks(nvml: Nvml, reading: _Reading, bus_ids: set[str]) -> None:
     handle = reading.handle
     for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
         try:
-            active = _call("nvmlDeviceGetNvLinkState", nvml.nvmlDeviceGetNvLinkState, handle, link)
+            active = call("nvmlDeviceGetNvLinkState", nvml.nvmlDeviceGetNvLinkState, handle, link)
             if not active:
                 continue  # unused or down: it carries nothing
             remote_type = _remote_type(nvml, handle, link)
@@ -288,7 +263,7 @@ def _read_nvlinks(nvml: Nvml, reading: _Reading, bus_ids: set[str]) -> None:
                 continue
             if remote_type == pynvml.NVML_NVLINK_DEVICE_TYPE_IBMNPU:
                 continue  # a link to a POWER CPU, not to a GPU
-            pci = _call(
+            pci = call(
                 "nvmlDeviceGetNvLinkRemotePciInfo",
                 nvml.nvmlDeviceGetNvLinkRemotePciInfo,
                 handle,
@@ -299,9 +274,9 @@ def _read_nvlinks(nvml: Nvml, reading: _Reading, bus_ids: set[str]) -> None:
                 reading.peer_links[remote] += 1
             elif remote_type != pynvml.NVML_NVLINK_DEVICE_TYPE_GPU:
                 reading.switch_links += 1  # type unknown and not one of our GPUs: a switch
-        except _NO_SUCH_LINK:
+        except NO_SUCH_LINK:
             continue
-        except _GpuLost:
+        except GpuLost:
             raise
         except pynvml.NVMLError as exc:
             reading.notes.append(f"NVLink {link} unhealthy: {exc}")
@@ -309,21 +284,21 @@ def _read_nvlinks(nvml: Nvml, reading: _Reading, bus_ids: set[str]) -> None:
 
 def _remote_type(nvml: Nvml, handle: Any, link: int) -> int | None:
     try:
-        value: int = _call(
+        value: int = call(
             "nvmlDeviceGetNvLinkRemoteDeviceType",
             nvml.nvmlDeviceGetNvLinkRemoteDeviceType,
             handle,
             link,
         )
-    except _ABSENT:
+    except ABSENT:
         return None  # older drivers: decided by the remote PCI address
     return None if value == pynvml.NVML_NVLINK_DEVICE_TYPE_UNKNOWN else value
 
 
 def _fabric(nvml: Nvml, reading: _Reading) -> Fabric | None:
     info = pynvml.c_nvmlGpuFabricInfo_v3_t()
-    call = nvml.nvmlDeviceGetGpuFabricInfoV
-    done = _optional(reading, "nvmlDeviceGetGpuFabricInfoV", call, reading.handle, info)
+    fill = nvml.nvmlDeviceGetGpuFabricInfoV
+    done = optional(reading.notes, "nvmlDeviceGetGpuFabricInfoV", fill, reading.handle, info)
     if done is None:
         return None
     state = _FABRIC_STATES.get(int(info.state), "not_supported")
@@ -336,62 +311,6 @@ def _fabric(nvml: Nvml, reading: _Reading) -> Fabric | None:
         healthy=int(info.status) == pynvml.NVML_SUCCESS
         and int(info.healthSummary) in _FABRIC_HEALTHY,
     )
-
-
-def _read_migs(nvml: Nvml, reading: _Reading) -> list[MigInstance]:
-    parent = reading.handle
-    names = _mig_profile_names(nvml, parent)
-    count = _call("nvmlDeviceGetMaxMigDeviceCount", nvml.nvmlDeviceGetMaxMigDeviceCount, parent)
-    found: dict[int, MigInstance] = {}
-    for slot in range(count):
-        try:
-            mig = _call(
-                "nvmlDeviceGetMigDeviceHandleByIndex",
-                nvml.nvmlDeviceGetMigDeviceHandleByIndex,
-                parent,
-                slot,
-            )
-        except pynvml.NVMLError_NotFound:
-            continue  # an empty slot
-        try:
-            instance_id = nvml.nvmlDeviceGetGpuInstanceId(mig)
-            if instance_id in found:
-                # A GPU instance split into compute instances: the engine
-                # places whole GPU instances, so the first one stands for it.
-                continue
-            instance = nvml.nvmlDeviceGetGpuInstanceById(parent, instance_id)
-            info = nvml.nvmlGpuInstanceGetInfo(instance)
-            profile = names.get(int(info.profileId)) or _profile_from_name(nvml, mig)
-            found[instance_id] = MigInstance(
-                uuid=str(nvml.nvmlDeviceGetUUID(mig)),
-                parent_gpu=reading.index,
-                profile=profile,
-                placement_start=int(info.placement.start),
-                placement_size=int(info.placement.size),
-            )
-        except pynvml.NVMLError_GpuIsLost as exc:
-            raise _GpuLost("MIG device", exc) from None
-        except pynvml.NVMLError as exc:
-            reading.notes.append(f"MIG device {slot}: {exc}")
-    return sorted(found.values(), key=lambda m: m.placement_start)
-
-
-def _mig_profile_names(nvml: Nvml, parent: Any) -> dict[int, str]:
-    """GPU instance profile id -> name (``1g.10gb``) for the profiles this GPU offers."""
-    names: dict[int, str] = {}
-    for profile in range(pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT):
-        try:
-            info = nvml.nvmlDeviceGetGpuInstanceProfileInfo(parent, profile)
-        except pynvml.NVMLError:
-            continue  # not offered by this GPU
-        name = str(info.name).strip()
-        names[int(info.id)] = name.split()[-1].lower() if name else ""
-    return names
-
-
-def _profile_from_name(nvml: Nvml, mig: Any) -> str:
-    # "NVIDIA A100-SXM4-80GB MIG 1g.10gb": the profile is the last word.
-    return str(nvml.nvmlDeviceGetName(mig)).split()[-1].lower()
 
 
 def _fill_unknown(readings: list[_Reading], known: Mapping[int, Gpu]) -> None:
