@@ -75,3 +75,15 @@ gpu_holds = sa.Table(
     ),
     sa.Index("ix_gpu_holds_allocation", "allocation_id"),
 )
+
+# One public key per node name, registered by the node's agent (trust on
+# first use: a different key is refused until the old one is deleted). Not
+# tied to `nodes`: an agent registers its key before its first snapshot.
+node_keys = sa.Table(
+    "node_keys",
+    metadata,
+    sa.Column("node", sa.String(253), primary_key=True),
+    sa.Column("algorithm", sa.String(16), nullable=False),
+    sa.Column("public_key", sa.Text, nullable=False),  # base64 of the raw key
+    sa.Column("registered_at", sa.DateTime(timezone=True), nullable=False),
+)

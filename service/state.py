@@ -12,7 +12,7 @@ import json
 import threading
 from collections import Counter, defaultdict
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
@@ -44,7 +44,7 @@ class ServiceState:
         # Devices chosen by this process whose commit is in flight: a sync from
         # the database must not free them under a request that is committing.
         self.inflight: dict[str, Counter[str]] = defaultdict(Counter)
-        self._last_refresh = _EPOCH
+        self._next_stale_at = _EPOCH
         self.events = EventHub()  # what changed, for watchers (gRPC Watch)
 
     def load(self) -> None:
@@ -146,22 +146,31 @@ class ServiceState:
         return (self.clock() - seen).total_seconds() > self.settings.heartbeat_ttl_s
 
     def refresh_if_due(self) -> None:
-        """Staleness moves with the clock: re-evaluate it at most once a second per decision."""
-        now = self.clock()
-        if (now - self._last_refresh).total_seconds() >= 1.0:
+        """Staleness moves with the clock: re-evaluate it when the first usable node
+        could have gone stale, so a node shown stale never gets a placement."""
+        if self.clock() >= self._next_stale_at:
             self.refresh_availability()
 
     def refresh_availability(self) -> None:
         """Stale or cordoned nodes get no placements."""
         with self.lock:
-            self._last_refresh = self.clock()
+            ttl = timedelta(seconds=self.settings.heartbeat_ttl_s)
+            now = self.clock()
+            next_stale = _FOREVER
             for name in self.cluster.names():
-                usable = name not in self.cordoned and not self.is_stale(name)
+                seen = self.heartbeats.get(name)
+                stale = seen is None or now - seen > ttl
+                usable = name not in self.cordoned and not stale
+                if usable and seen is not None:
+                    # A heartbeat only moves this later, so this time stays conservative.
+                    next_stale = min(next_stale, seen + ttl)
                 if self.cluster.node(name).available != usable:
                     self.cluster.set_available(name, usable)
+            self._next_stale_at = next_stale
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_FOREVER = datetime(9999, 1, 1, tzinfo=UTC)
 CPU_PREFIX = "cpu:"
 
 

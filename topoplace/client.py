@@ -229,6 +229,20 @@ class TopoplaceClient:
         """POST /v1/nodes/{name}/heartbeat (204)."""
         self._request("POST", f"/v1/nodes/{_segment(name)}/heartbeat")
 
+    def put_node_key(self, name: str, public_key: str) -> JSONObject:
+        """PUT /v1/nodes/{name}/key: register the node's Ed25519 public key (base64)."""
+        path = f"/v1/nodes/{_segment(name)}/key"
+        body = {"algorithm": "ed25519", "public_key": public_key}
+        return self._object(self._request("PUT", path, json=body))
+
+    def node_key(self, name: str) -> JSONObject:
+        """GET /v1/nodes/{name}/key: the registered public key."""
+        return self._get(f"/v1/nodes/{_segment(name)}/key")
+
+    def delete_node_key(self, name: str) -> None:
+        """DELETE /v1/nodes/{name}/key (204): forget the key so a new one can be registered."""
+        self._request("DELETE", f"/v1/nodes/{_segment(name)}/key")
+
     def cordon(self, name: str) -> JSONObject:
         """POST /v1/nodes/{name}/cordon: take the node out of placement."""
         return self._post(f"/v1/nodes/{_segment(name)}/cordon")

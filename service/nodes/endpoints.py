@@ -8,7 +8,15 @@ from fastapi import APIRouter, Depends, Response, status
 
 from service.deps import get_state
 from service.nodes import observed as service
-from service.nodes.schemas import NodeList, NodeView, SnapshotAccepted, SnapshotReport, TopologyView
+from service.nodes.schemas import (
+    NodeKeyRegistration,
+    NodeKeyView,
+    NodeList,
+    NodeView,
+    SnapshotAccepted,
+    SnapshotReport,
+    TopologyView,
+)
 from service.state import ServiceState
 
 router = APIRouter(prefix="/v1/nodes", tags=["nodes"])
@@ -24,6 +32,24 @@ def put_snapshot(name: str, report: SnapshotReport, state: State) -> SnapshotAcc
 @router.post("/{name}/heartbeat", status_code=status.HTTP_204_NO_CONTENT)
 def post_heartbeat(name: str, state: State) -> Response:
     service.heartbeat(state, name)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)
+
+
+@router.put("/{name}/key", response_model=NodeKeyView)
+def put_key(name: str, key: NodeKeyRegistration, state: State) -> NodeKeyView:
+    """An agent registers the Ed25519 public key it signs snapshots with (first key wins)."""
+    return service.register_key(state, name, key)
+
+
+@router.get("/{name}/key", response_model=NodeKeyView)
+def get_key(name: str, state: State) -> NodeKeyView:
+    return service.get_key(state, name)
+
+
+@router.delete("/{name}/key", status_code=status.HTTP_204_NO_CONTENT)
+def delete_key(name: str, state: State) -> Response:
+    """Forget a node's key, so that a new one (a reinstalled node) can be registered."""
+    service.delete_key(state, name)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 

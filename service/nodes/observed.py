@@ -10,13 +10,25 @@ from __future__ import annotations
 
 from service.nodes import service
 from service.nodes.schemas import NodeView, SnapshotAccepted, SnapshotReport
-from service.nodes.service import get_node, heartbeat, list_nodes, snapshot_history, topology
+from service.nodes.service import (
+    delete_key,
+    get_key,
+    get_node,
+    heartbeat,
+    list_nodes,
+    register_key,
+    snapshot_history,
+    topology,
+)
 from service.state import ServiceState
 
 __all__ = [
+    "delete_key",
+    "get_key",
     "get_node",
     "heartbeat",
     "list_nodes",
+    "register_key",
     "remove_node",
     "report_snapshot",
     "set_cordoned",

@@ -91,3 +91,23 @@ def history(conn: Connection, name: str) -> list[sa.RowMapping]:
     table = schema.node_snapshots
     query = sa.select(table).where(table.c.node == name).order_by(table.c.id.desc())
     return list(conn.execute(query).mappings().all())
+
+
+def get_key(conn: Connection, name: str) -> sa.RowMapping | None:
+    table = schema.node_keys
+    return conn.execute(sa.select(table).where(table.c.node == name)).mappings().first()
+
+
+def insert_key(
+    conn: Connection, *, name: str, algorithm: str, public_key: str, now: datetime
+) -> None:
+    conn.execute(
+        sa.insert(schema.node_keys).values(
+            node=name, algorithm=algorithm, public_key=public_key, registered_at=now
+        )
+    )
+
+
+def delete_key(conn: Connection, name: str) -> bool:
+    table = schema.node_keys
+    return bool(conn.execute(sa.delete(table).where(table.c.node == name)).rowcount)

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
 from datetime import datetime
+from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from placement import NodeSnapshot
 
@@ -69,3 +72,31 @@ class TopologyView(BaseModel):
     links: list[list[str]]
     bandwidth_gbps: list[list[float]]
     text: str = Field(description="the matrix as nvidia-smi topo -m prints it")
+
+
+class NodeKeyRegistration(BaseModel):
+    """A node's Ed25519 public key, as its agent registers it (docs/agent.md)."""
+
+    algorithm: Literal["ed25519"] = "ed25519"
+    public_key: str = Field(
+        max_length=64, description="the raw 32-byte Ed25519 public key in standard base64"
+    )
+
+    @field_validator("public_key")
+    @classmethod
+    def _raw_ed25519_key(cls, value: str) -> str:
+        text = value.strip()
+        try:
+            raw = base64.b64decode(text, validate=True)
+        except binascii.Error:
+            raise ValueError("not standard base64") from None
+        if len(raw) != 32:
+            raise ValueError(f"an Ed25519 public key is 32 bytes, this one is {len(raw)}")
+        return text
+
+
+class NodeKeyView(BaseModel):
+    node: str
+    algorithm: str
+    public_key: str
+    registered_at: datetime

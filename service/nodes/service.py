@@ -6,6 +6,9 @@ import json
 from collections import defaultdict
 
 import sqlalchemy as sa
+from fastapi.exceptions import RequestValidationError
+from pydantic import ValidationError
+from sqlalchemy.exc import IntegrityError
 
 from placement import Health, NodeSnapshot, bandwidth_matrix
 from placement.topo_text import render_topo_matrix
@@ -15,6 +18,8 @@ from service.nodes import repository
 from service.nodes.schemas import (
     IslandView,
     NodeGpuView,
+    NodeKeyRegistration,
+    NodeKeyView,
     NodeView,
     SnapshotAccepted,
     SnapshotReport,
@@ -271,3 +276,64 @@ def snapshot_history(state: ServiceState, name: str) -> list[dict[str, object]]:
         }
         for row in rows
     ]
+
+
+def _key_view(row: sa.RowMapping) -> NodeKeyView:
+    return NodeKeyView(
+        node=row["node"],
+        algorithm=row["algorithm"],
+        public_key=row["public_key"],
+        registered_at=row["registered_at"],
+    )
+
+
+def register_key(state: ServiceState, name: str, key: NodeKeyRegistration) -> NodeKeyView:
+    """Trust on first use: the first key a node name gets stays until it is deleted.
+
+    The same key again is accepted (agents register on every start); a
+    different one is a conflict, so a stray agent cannot take over a name.
+    """
+    try:
+        NodeSnapshot(name=name)
+    except ValidationError as exc:
+        raise RequestValidationError(
+            [{"loc": ("path", "name"), "msg": exc.errors()[0]["msg"], "type": "value_error"}]
+        ) from None
+    for _ in range(2):  # a concurrent first registration may win the insert
+        try:
+            with state.engine.begin() as conn:
+                row = repository.get_key(conn, name)
+                if row is None:
+                    repository.insert_key(
+                        conn,
+                        name=name,
+                        algorithm=key.algorithm,
+                        public_key=key.public_key,
+                        now=state.clock(),
+                    )
+                    row = repository.get_key(conn, name)
+                    assert row is not None
+        except IntegrityError:
+            continue
+        if row["public_key"] != key.public_key or row["algorithm"] != key.algorithm:
+            raise Conflict(
+                f"node {name!r} already has a different {row['algorithm']} public key;"
+                f" delete it first (DELETE /v1/nodes/{name}/key) to register a new one",
+                {"field": "public_key"},
+            )
+        return _key_view(row)
+    raise Conflict(f"the key of node {name!r} changed while registering; try again")
+
+
+def get_key(state: ServiceState, name: str) -> NodeKeyView:
+    with state.engine.connect() as conn:
+        row = repository.get_key(conn, name)
+    if row is None:
+        raise NotFound(f"no public key is registered for node {name!r}")
+    return _key_view(row)
+
+
+def delete_key(state: ServiceState, name: str) -> None:
+    with state.engine.begin() as conn:
+        if not repository.delete_key(conn, name):
+            raise NotFound(f"no public key is registered for node {name!r}")

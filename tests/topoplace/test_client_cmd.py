@@ -12,7 +12,6 @@ import json
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,12 +19,12 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 
 from placement.profiles import build_profile
 from service.app import create_app
 from service.demo import demo_snapshots
 from service.settings import Settings
+from tests.live_server import live_server
 from topoplace import client as client_module
 from topoplace import client_cmd
 from topoplace.cli import main
@@ -35,41 +34,12 @@ PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "http
 DEMO = demo_snapshots()
 
 
-def _wait_ready(url: str, thread: threading.Thread, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if not thread.is_alive():
-            pytest.fail("the service thread stopped before it was ready")
-        try:
-            if httpx.get(f"{url}/readyz", timeout=1.0, trust_env=False).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.05)
-    pytest.fail(f"the service at {url} was not ready within {timeout_s:g} s")
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     db = tmp_path_factory.mktemp("client") / "t.sqlite3"
     app = create_app(Settings(database_url=f"sqlite:///{db}"), demo=True)
-    # uvicorn serves on a socket bound here, so no other process can take the
-    # port between choosing it and listening on it.
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    uv = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=uv.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_ready(url, thread)
+    with live_server(app) as url:
         yield url
-    finally:
-        uv.should_exit = True
-        thread.join(timeout=10)
-        sock.close()
-    assert not thread.is_alive(), "the service did not stop"
 
 
 @pytest.fixture(autouse=True)

@@ -71,6 +71,15 @@ def test_stale_nodes_get_no_placements_until_they_heartbeat(
     assert client.post("/v1/place", json={"gpus": 1}).status_code == 201
 
 
+def test_a_node_shown_stale_is_never_placed_on(client: TestClient, clock: FakeClock) -> None:
+    add_nodes(client, ("hgx-h100", "h0"))  # TTL 60 s in these tests
+    clock.advance(59.8)
+    assert client.post("/v1/place", json={"gpus": 1}).status_code == 201
+    clock.advance(0.4)  # a fraction of a second after the last decision
+    assert client.get("/v1/nodes/h0").json()["state"] == "stale"
+    assert client.post("/v1/place", json={"gpus": 1}).status_code == 409
+
+
 def test_cordon_uncordon_and_remove(client: TestClient) -> None:
     add_nodes(client, ("hgx-h100", "h0"))
     assert client.post("/v1/nodes/h0/cordon").json()["state"] == "cordoned"

@@ -1,0 +1,199 @@
+"""`topoplace agent` and `topoplace agent keygen`.
+
+Exit status:
+
+- 0: done (the daemon exits 0 when stopped by SIGTERM or SIGINT);
+- 1: ``--once`` and the service refused the snapshot;
+- 2: bad settings (unknown flag value, invalid node name, missing key or server);
+- 3: ``--once`` and the service could not be reached or failed;
+- 4: discovery cannot start or answer (NVML missing, unreadable file, unknown profile).
+
+The daemon itself never exits because of the service: see ``agent.runner``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from agent import SOURCE_KINDS
+from topoplace.client_cmd import _positive_seconds
+
+EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_DISCOVERY = 0, 1, 2, 3, 4
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "agent",
+        help="run the node agent: discover this node's GPUs and report them",
+        description=(
+            "Discover this node's GPU topology and report it to the service: a signed snapshot"
+            " on start and on every change, heartbeats in between. Settings: flags, else"
+            " TOPOPLACE_AGENT_* environment variables, else the --config TOML file."
+        ),
+        epilog=(
+            "exit status: 0 done; 1 --once refused; 2 bad settings; 3 --once could not reach"
+            " the service; 4 discovery cannot start"
+        ),
+    )
+    p.add_argument("--config", type=Path, metavar="FILE", help="TOML settings file")
+    p.add_argument("--server", metavar="URL", help="the topoplace service")
+    p.add_argument("--token-file", type=Path, metavar="PATH", help="file holding the API token")
+    p.add_argument("--key-file", type=Path, metavar="PATH", help="the node's Ed25519 private key")
+    p.add_argument("--source", metavar="SOURCE", help=SOURCE_KINDS)
+    p.add_argument("--node-name", metavar="NAME", help="node name (default: the host name)")
+    p.add_argument("--region", metavar="REGION", help="region (default: default)")
+    p.add_argument(
+        "--label",
+        dest="labels",
+        action="append",
+        metavar="KEY=VALUE",
+        help="a node label (repeatable)",
+    )
+    p.add_argument("--gpu-model", metavar="MODEL", help="GPU model for smi:FILE sources")
+    p.add_argument(
+        "--interval",
+        dest="interval_s",
+        type=_positive_seconds,
+        metavar="SECONDS",
+        help="default 15",
+    )
+    p.add_argument("--timeout", dest="timeout_s", type=_positive_seconds, metavar="SECONDS")
+    p.add_argument(
+        "--once",
+        action="store_true",
+        help="print the snapshot JSON and exit; with a server configured, send it once instead",
+    )
+    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    p.set_defaults(func=run_agent)
+
+    agent_sub = p.add_subparsers(dest="agent_command")
+    keygen = agent_sub.add_parser(
+        "keygen",
+        help="write a new Ed25519 key pair for this node",
+        description="Write the private key to PATH (mode 0600) and the public key to PATH.pub.",
+    )
+    keygen.add_argument("--key-file", type=Path, metavar="PATH", help="where to write the key")
+    keygen.add_argument("--force", action="store_true", help="replace an existing key")
+    keygen.set_defaults(func=run_keygen)
+
+
+def _fail(message: str, code: int) -> int:
+    print(f"topoplace agent: {message}", file=sys.stderr)
+    return code
+
+
+def _flags(args: argparse.Namespace) -> dict[str, Any]:
+    from agent.config import ConfigError, parse_labels
+
+    labels = None
+    if args.labels:
+        labels = {}
+        for item in args.labels:
+            if "=" not in item:
+                raise ConfigError(f"--label {item!r} is not KEY=VALUE")
+            labels.update(parse_labels(item))
+    names = ("server", "token_file", "key_file", "source", "node_name", "region", "gpu_model")
+    flags = {name: getattr(args, name) for name in (*names, "interval_s", "timeout_s")}
+    return {**flags, "labels": labels}
+
+
+def run_keygen(args: argparse.Namespace) -> int:
+    from agent.config import ConfigError, load_config
+    from agent.signing import KeyFileError, NodeKey
+
+    try:
+        config = load_config({"key_file": args.key_file}, config_file=args.config)
+    except ConfigError as exc:
+        return _fail(str(exc), EXIT_USAGE)
+    if config.key_file is None:
+        return _fail("keygen needs --key-file PATH (or TOPOPLACE_AGENT_KEY_FILE)", EXIT_USAGE)
+    key = NodeKey.generate()
+    try:
+        public_path = key.save(config.key_file, overwrite=args.force)
+    except KeyFileError as exc:
+        return _fail(str(exc), EXIT_USAGE)
+    print(f"private key: {config.key_file}")
+    print(f"public key:  {public_path}")
+    print(key.public_key)
+    return EXIT_OK
+
+
+def run_agent(args: argparse.Namespace) -> int:
+    from agent.config import ConfigError, load_config
+    from agent.nvml_discovery import DiscoveryError
+    from agent.sources import Identity, SourceError, open_source
+
+    logging.basicConfig(
+        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        config = load_config(_flags(args), config_file=args.config)
+    except ConfigError as exc:
+        return _fail(str(exc), EXIT_USAGE)
+    name = config.resolved_node_name()
+    identity = Identity(name, config.region, dict(config.labels))
+    try:
+        source = open_source(config.source, identity, gpu_model=config.gpu_model)
+    except SourceError as exc:
+        return _fail(str(exc), EXIT_DISCOVERY)
+    if args.once and config.server is None:
+        try:
+            snap = source.read()
+        except DiscoveryError as exc:
+            return _fail(str(exc), EXIT_DISCOVERY)
+        print(snap.model_dump_json(indent=2))
+        return EXIT_OK
+    return _serve(args, config, source, name)
+
+
+def _serve(args: argparse.Namespace, config: Any, source: Any, name: str) -> int:
+    from agent.config import ConfigError
+    from agent.nvml_discovery import DiscoveryError
+    from agent.runner import Agent, Backoff
+    from agent.signing import KeyFileError, NodeKey
+    from topoplace.client import ApiError, ServiceUnreachable, TopoplaceClient
+
+    if config.server is None:
+        return _fail(
+            "no service to report to: set --server or TOPOPLACE_AGENT_SERVER"
+            " (or use --once to print the snapshot)",
+            EXIT_USAGE,
+        )
+    if config.key_file is None:
+        return _fail(
+            "snapshots are signed: set --key-file or TOPOPLACE_AGENT_KEY_FILE"
+            " (create a key with: topoplace agent keygen --key-file PATH)",
+            EXIT_USAGE,
+        )
+    try:
+        key = NodeKey.load(config.key_file)
+        client = TopoplaceClient(config.server, timeout=config.timeout_s, token=config.token())
+    except (KeyFileError, ConfigError, ValueError) as exc:
+        return _fail(str(exc), EXIT_USAGE)
+    backoff = Backoff(config.backoff_initial_s, config.backoff_max_s)
+    agent = Agent(source, client, key, name, interval_s=config.interval_s, backoff=backoff)
+    with client:
+        if args.once:
+            try:
+                answer = agent.send_once()
+            except DiscoveryError as exc:
+                return _fail(str(exc), EXIT_DISCOVERY)
+            except ApiError as exc:
+                code = EXIT_UNREACHABLE if exc.status >= 500 else EXIT_REFUSED
+                return _fail(f"{exc.code}: {exc.message}", code)
+            except ServiceUnreachable as exc:
+                return _fail(str(exc), EXIT_UNREACHABLE)
+            print(f"node {answer['node']}: snapshot seq {answer['seq']} accepted")
+            return EXIT_OK
+        stop = threading.Event()
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(sig, lambda *_: stop.set())
+        agent.run(stop)
+    return EXIT_OK

@@ -1,0 +1,394 @@
+"""A node snapshot from NVML: GPUs, NVLink (NVSwitch-aware), PCIe, MIG, fabric, health.
+
+NVSwitch: on DGX/HGX A100, H100, B200 and GB200 every NVLink of a GPU ends
+at a switch, not at another GPU, so a tool that looks for GPU-to-GPU links
+sees none. Here each link's remote device type is asked; two GPUs that both
+have active links to switches are joined through the switch with the
+smaller of their two active link counts (``NVS<n>``). Drivers that cannot
+say the remote type are handled by the remote PCI address: an address that
+is not one of this node's GPUs is a switch.
+
+Errors are contained where they happen, because one GPU falling off the bus
+must not hide the other seven (it once blocked a node's admissions for
+days):
+
+- ``NotSupported`` (and ``FunctionNotFound``, and ``InvalidArgument`` for a
+  link number past the GPU's last link): the feature is absent;
+- ``GpuIsLost`` anywhere: the GPU is reported ``unhealthy`` with the reason;
+- any other error while reading what a GPU *is* (UUID, name, memory, PCI
+  address, MIG mode): the GPU is ``unhealthy``, since placing work on a GPU
+  that cannot be described (or whose MIG mode is unknown) is unsafe;
+- any other error on one NVLink: that link is not counted (the pair falls
+  back to its remaining lanes or to PCIe) and the GPU's ``health_reason``
+  says which link; the GPU stays healthy;
+- any other error on an optional fact (NUMA affinity, C2C, fabric): the fact
+  is left out and noted in ``health_reason``.
+
+Only a failure of NVML as a whole (the GPU count) raises ``DiscoveryError``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import uuid as uuidlib
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import pynvml  # type: ignore[import-untyped]
+
+from agent.host import Host, HostFacts
+from agent.nvml_api import Nvml
+from agent.nvml_calls import ABSENT, NO_SUCH_LINK, GpuLost, call, optional
+from agent.nvml_mig import read_migs
+from placement.cpuset import parse_cpuset
+from placement.snapshot import CpuLink, Fabric, FabricState, Gpu, Health, MigInstance, NumaNode
+
+log = logging.getLogger("topoplace.agent")
+
+T = TypeVar("T")
+
+_LEVEL_LABELS = {
+    pynvml.NVML_TOPOLOGY_INTERNAL: "PIX",
+    pynvml.NVML_TOPOLOGY_SINGLE: "PIX",
+    pynvml.NVML_TOPOLOGY_MULTIPLE: "PXB",
+    pynvml.NVML_TOPOLOGY_HOSTBRIDGE: "PHB",
+    pynvml.NVML_TOPOLOGY_NODE: "NODE",
+    pynvml.NVML_TOPOLOGY_SYSTEM: "SYS",
+}
+_FABRIC_STATES: dict[int, FabricState] = {
+    pynvml.NVML_GPU_FABRIC_STATE_NOT_SUPPORTED: "not_supported",
+    pynvml.NVML_GPU_FABRIC_STATE_NOT_STARTED: "not_started",
+    pynvml.NVML_GPU_FABRIC_STATE_IN_PROGRESS: "in_progress",
+    pynvml.NVML_GPU_FABRIC_STATE_COMPLETED: "completed",
+}
+_FABRIC_HEALTHY = (
+    pynvml.NVML_GPU_FABRIC_HEALTH_SUMMARY_NOT_SUPPORTED,
+    pynvml.NVML_GPU_FABRIC_HEALTH_SUMMARY_HEALTHY,
+)
+
+
+class DiscoveryError(RuntimeError):
+    """NVML as a whole did not answer; nothing about the node can be said."""
+
+
+@dataclass(frozen=True)
+class NvmlReport:
+    """What NVML says about a node; the host and identity parts are added by the caller."""
+
+    gpus: list[Gpu]
+    links: list[list[str]]
+    cpu_links: list[CpuLink]
+    mig_instances: list[MigInstance]
+    fabric: Fabric | None
+    driver_version: str | None
+    cuda_version: str | None
+
+
+@dataclass
+class _Reading:
+    """One GPU as read so far."""
+
+    index: int
+    handle: Any = None
+    uuid: str = ""
+    model: str = "unknown"
+    memory_mib: int = 0
+    bus_id: str = ""
+    numa_node: int | None = None
+    mig_enabled: bool = False
+    lost: str = ""  # why the GPU is unhealthy, empty when it is not
+    notes: list[str] = field(default_factory=list)
+    peer_links: Counter[str] = field(default_factory=Counter)  # remote GPU bus id -> links
+    switch_links: int = 0
+    c2c: bool = False
+    fabric: Fabric | None = None
+    migs: list[MigInstance] = field(default_factory=list)
+
+
+def normalize_bus_id(bus_id: str) -> str:
+    """``0000:18:00.0`` and ``00000000:18:00.0`` both as NVML prints it: ``00000000:18:00.0``."""
+    text = bus_id.strip().upper()
+    domain, sep, rest = text.partition(":")
+    if not sep or not all(c in "0123456789ABCDEF" for c in domain):
+        return text
+    return f"{int(domain, 16):08X}:{rest}"
+
+
+def discover(
+    nvml: Nvml,
+    host: Host,
+    facts: HostFacts,
+    known: Mapping[int, Gpu] | None = None,
+) -> NvmlReport:
+    """Read every GPU.
+
+    ``known`` (the GPUs of the last report) names the GPUs that can no longer
+    say who they are.
+    """
+    try:
+        count = nvml.nvmlDeviceGetCount()
+    except pynvml.NVMLError as exc:
+        raise DiscoveryError(f"NVML did not list the GPUs: {exc}") from None
+    numa_ids = {node.id for node in facts.numa_nodes}
+    readings = [_read_gpu(nvml, host, facts.numa_nodes, numa_ids, i) for i in range(count)]
+    bus_ids = {r.bus_id for r in readings if r.bus_id}
+    for reading in readings:
+        if not reading.lost:
+            _read_optional(nvml, reading, bus_ids)
+    _fill_unknown(readings, known or {})
+    links = _link_matrix(nvml, readings)  # first: it may add notes to the GPUs
+    return NvmlReport(
+        gpus=[_gpu(r) for r in readings],
+        links=links,
+        cpu_links=[
+            CpuLink(
+                gpu=r.index, kind="nvlink-c2c" if facts.cpu_isa == "aarch64" else "nvlink-fusion"
+            )
+            for r in readings
+            if r.c2c and not r.lost
+        ],
+        mig_instances=[m for r in readings if not r.lost for m in r.migs],
+        fabric=_node_fabric(readings),
+        driver_version=_system(nvml.nvmlSystemGetDriverVersion),
+        cuda_version=_cuda_version(_system(nvml.nvmlSystemGetCudaDriverVersion)),
+    )
+
+
+def _read_gpu(
+    nvml: Nvml, host: Host, numa_nodes: Sequence[NumaNode], numa_ids: set[int], index: int
+) -> _Reading:
+    reading = _Reading(index)
+    try:
+        reading.handle = call("nvmlDeviceGetHandleByIndex", nvml.nvmlDeviceGetHandleByIndex, index)
+        handle = reading.handle
+        reading.uuid = str(call("nvmlDeviceGetUUID", nvml.nvmlDeviceGetUUID, handle))
+        reading.model = str(call("nvmlDeviceGetName", nvml.nvmlDeviceGetName, handle))
+        memory = call("nvmlDeviceGetMemoryInfo", nvml.nvmlDeviceGetMemoryInfo, handle)
+        reading.memory_mib = int(memory.total) // (1024 * 1024)
+        pci = call("nvmlDeviceGetPciInfo", nvml.nvmlDeviceGetPciInfo, handle)
+        reading.bus_id = normalize_bus_id(str(pci.busId))
+        reading.mig_enabled = _mig_mode(nvml, handle)
+    except GpuLost as exc:
+        reading.lost = f"GPU is lost: {exc}"
+        return reading
+    except pynvml.NVMLError as exc:
+        reading.lost = f"NVML cannot describe this GPU: {exc}"
+        return reading
+    try:
+        reading.numa_node = _numa_node(nvml, host, reading, numa_nodes, numa_ids)
+    except GpuLost as exc:
+        reading.lost = f"GPU is lost: {exc}"
+    return reading
+
+
+def _mig_mode(nvml: Nvml, handle: Any) -> bool:
+    try:
+        current, _pending = call("nvmlDeviceGetMigMode", nvml.nvmlDeviceGetMigMode, handle)
+    except ABSENT:
+        return False
+    return bool(current == pynvml.NVML_DEVICE_MIG_ENABLE)
+
+
+def _numa_node(
+    nvml: Nvml, host: Host, reading: _Reading, numa_nodes: Sequence[NumaNode], numa_ids: set[int]
+) -> int | None:
+    """The GPU's NUMA node: NVML's memory affinity, else its CPU affinity, else sysfs."""
+    words = max(1, math.ceil((max(numa_ids, default=0) + 1) / 64))
+    mask = optional(
+        reading.notes,
+        "nvmlDeviceGetMemoryAffinity",
+        nvml.nvmlDeviceGetMemoryAffinity,
+        reading.handle,
+        words,
+        pynvml.NVML_AFFINITY_SCOPE_NODE,
+    )
+    nodes = _bits(mask) if mask is not None else []
+    if len(nodes) == 1 and nodes[0] in numa_ids:
+        return nodes[0]
+    cpu_words = max(1, math.ceil((max(_all_cpus(numa_nodes), default=0) + 1) / 64))
+    cpu_mask = optional(
+        reading.notes,
+        "nvmlDeviceGetCpuAffinity",
+        nvml.nvmlDeviceGetCpuAffinity,
+        reading.handle,
+        cpu_words,
+    )
+    cpus = set(_bits(cpu_mask)) if cpu_mask is not None else set()
+    holding = [n.id for n in numa_nodes if cpus and cpus <= set(n.cpu_list)]
+    if len(holding) == 1:
+        return holding[0]
+    node = host.device_numa_node(reading.bus_id)
+    return node if node in numa_ids else None
+
+
+def _all_cpus(numa_nodes: Sequence[NumaNode]) -> list[int]:
+    return [cpu for node in numa_nodes for cpu in parse_cpuset(node.cpus)]
+
+
+def _bits(words: Any) -> list[int]:
+    """Set bit numbers of an NVML mask (an array of 64-bit words, lowest word first)."""
+    return [64 * w + b for w, word in enumerate(words) for b in range(64) if int(word) >> b & 1]
+
+
+def _read_optional(nvml: Nvml, reading: _Reading, bus_ids: set[str]) -> None:
+    try:
+        _read_nvlinks(nvml, reading, bus_ids)
+        info = optional(
+            reading.notes,
+            "nvmlDeviceGetC2cModeInfoV",
+            nvml.nvmlDeviceGetC2cModeInfoV,
+            reading.handle,
+        )
+        reading.c2c = bool(info is not None and info.isC2cEnabled)
+        reading.fabric = _fabric(nvml, reading)
+        if reading.mig_enabled:
+            reading.migs = read_migs(nvml, reading.handle, reading.index, reading.notes)
+    except GpuLost as exc:
+        reading.lost = f"GPU is lost: {exc}"
+
+
+def _read_nvlinks(nvml: Nvml, reading: _Reading, bus_ids: set[str]) -> None:
+    handle = reading.handle
+    for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
+        try:
+            active = call("nvmlDeviceGetNvLinkState", nvml.nvmlDeviceGetNvLinkState, handle, link)
+            if not active:
+                continue  # unused or down: it carries nothing
+            remote_type = _remote_type(nvml, handle, link)
+            if remote_type == pynvml.NVML_NVLINK_DEVICE_TYPE_SWITCH:
+                reading.switch_links += 1
+                continue
+            if remote_type == pynvml.NVML_NVLINK_DEVICE_TYPE_IBMNPU:
+                continue  # a link to a POWER CPU, not to a GPU
+            pci = call(
+                "nvmlDeviceGetNvLinkRemotePciInfo",
+                nvml.nvmlDeviceGetNvLinkRemotePciInfo,
+                handle,
+                link,
+            )
+            remote = normalize_bus_id(str(pci.busId))
+            if remote in bus_ids:
+                reading.peer_links[remote] += 1
+            elif remote_type != pynvml.NVML_NVLINK_DEVICE_TYPE_GPU:
+                reading.switch_links += 1  # type unknown and not one of our GPUs: a switch
+        except NO_SUCH_LINK:
+            continue
+        except GpuLost:
+            raise
+        except pynvml.NVMLError as exc:
+            reading.notes.append(f"NVLink {link} unhealthy: {exc}")
+
+
+def _remote_type(nvml: Nvml, handle: Any, link: int) -> int | None:
+    try:
+        value: int = call(
+            "nvmlDeviceGetNvLinkRemoteDeviceType",
+            nvml.nvmlDeviceGetNvLinkRemoteDeviceType,
+            handle,
+            link,
+        )
+    except ABSENT:
+        return None  # older drivers: decided by the remote PCI address
+    return None if value == pynvml.NVML_NVLINK_DEVICE_TYPE_UNKNOWN else value
+
+
+def _fabric(nvml: Nvml, reading: _Reading) -> Fabric | None:
+    info = pynvml.c_nvmlGpuFabricInfo_v3_t()
+    fill = nvml.nvmlDeviceGetGpuFabricInfoV
+    done = optional(reading.notes, "nvmlDeviceGetGpuFabricInfoV", fill, reading.handle, info)
+    if done is None:
+        return None
+    state = _FABRIC_STATES.get(int(info.state), "not_supported")
+    if state == "not_supported":
+        return None
+    return Fabric(
+        cluster_uuid=str(uuidlib.UUID(bytes=bytes(info.clusterUuid))),
+        clique_id=int(info.cliqueId),
+        state=state,
+        healthy=int(info.status) == pynvml.NVML_SUCCESS
+        and int(info.healthSummary) in _FABRIC_HEALTHY,
+    )
+
+
+def _fill_unknown(readings: list[_Reading], known: Mapping[int, Gpu]) -> None:
+    """A GPU that cannot say who it is keeps the identity it had last time."""
+    for r in readings:
+        before = known.get(r.index)
+        if not r.uuid:
+            r.uuid = before.uuid if before else f"GPU-unreadable-{r.index}"
+        if r.model == "unknown" and before:
+            r.model = before.model
+        if not r.bus_id and before:
+            r.bus_id = before.pci_bus_id
+        if not r.memory_mib and before:
+            r.memory_mib = before.memory_mib
+        if r.numa_node is None and before:
+            r.numa_node = before.numa_node
+
+
+def _gpu(r: _Reading) -> Gpu:
+    reason = r.lost or "; ".join(r.notes)
+    if r.lost or r.notes:
+        log.warning("GPU %d (%s): %s", r.index, r.uuid, reason)
+    return Gpu(
+        index=r.index,
+        uuid=r.uuid,
+        model=r.model,
+        memory_mib=r.memory_mib,
+        pci_bus_id=r.bus_id,
+        numa_node=r.numa_node,
+        health=Health.UNHEALTHY if r.lost else Health.HEALTHY,
+        health_reason=reason[:500],
+        mig_enabled=r.mig_enabled,
+    )
+
+
+def _link_matrix(nvml: Nvml, readings: list[_Reading]) -> list[list[str]]:
+    n = len(readings)
+    links = [["X" if i == j else "SYS" for j in range(n)] for i in range(n)]
+    for i in range(n):
+        for j in range(i + 1, n):
+            label = _pair_label(nvml, readings[i], readings[j])
+            links[i][j] = links[j][i] = label
+    return links
+
+
+def _pair_label(nvml: Nvml, a: _Reading, b: _Reading) -> str:
+    if a.lost or b.lost:
+        return "SYS"  # nothing is known of a lost GPU's links; it gets no work anyway
+    # Counted from both ends: a link that failed on one side does not count.
+    direct = min(a.peer_links[b.bus_id], b.peer_links[a.bus_id])
+    switched = min(a.switch_links, b.switch_links)
+    if switched and switched >= direct:
+        return f"NVS{switched}"
+    if direct:
+        return f"NV{direct}"
+    try:
+        level = nvml.nvmlDeviceGetTopologyCommonAncestor(a.handle, b.handle)
+    except pynvml.NVMLError as exc:
+        a.notes.append(f"PCIe relation to GPU {b.index} unknown: {exc}")
+        return "SYS"
+    return _LEVEL_LABELS.get(level, "SYS")
+
+
+def _node_fabric(readings: list[_Reading]) -> Fabric | None:
+    fabrics = [r.fabric for r in readings if r.fabric is not None and not r.lost]
+    completed = [f for f in fabrics if f.state == "completed"]
+    chosen = completed or fabrics
+    return chosen[0] if chosen else None
+
+
+def _system(fn: Callable[[], T]) -> T | None:
+    try:
+        return fn()
+    except pynvml.NVMLError as exc:
+        log.warning("NVML: %s: %s", getattr(fn, "__name__", "call"), exc)
+        return None
+
+
+def _cuda_version(value: int | None) -> str | None:
+    # NVML encodes CUDA 12.8 as 12080.
+    return None if value is None else f"{value // 1000}.{value % 1000 // 10}"

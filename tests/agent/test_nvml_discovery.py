@@ -1,0 +1,205 @@
+"""NVML discovery against the in-memory NVML: every machine kind, and every way a driver fails."""
+
+from __future__ import annotations
+
+import pynvml
+import pytest
+
+from agent.nvml_api import NvmlUnavailable, load_nvml
+from agent.nvml_discovery import DiscoveryError
+from agent.nvml_fake import FakeNvml, fake_host
+from agent.sources import Identity, NvmlSource
+from placement import Health, NodeSnapshot
+from placement.profiles import build_profile, profile_names
+
+
+def _source(profile: str, name: str = "n1") -> tuple[FakeNvml, NvmlSource, NodeSnapshot]:
+    snap = build_profile(profile, name)
+    fake = FakeNvml.from_snapshot(snap)
+    fake.nvmlInit()
+    return fake, NvmlSource(fake, fake_host(snap), Identity(name)), snap
+
+
+@pytest.mark.parametrize("profile", profile_names())
+def test_discovery_reproduces_every_profile(profile: str) -> None:
+    _, source, snap = _source(profile)
+    got = source.read()
+    # C2C bandwidth is the profile's published figure; NVML does not report it.
+    exclude = {"timestamp", "cpu_links"}
+    assert got.model_dump(exclude=exclude) == snap.model_dump(exclude=exclude)
+    assert [(c.gpu, c.kind) for c in got.cpu_links] == [(c.gpu, c.kind) for c in snap.cpu_links]
+
+
+def test_dgx1_mesh_counts_direct_links_per_pair() -> None:
+    _, source, _ = _source("dgx1-v100")
+    links = source.read().links
+    assert links[0][3] == "NV2" and links[0][1] == "NV1"
+    assert links[0][5] == "SYS"  # no NVLink between them: PCIe across sockets
+    assert not any(label.startswith("NVS") for row in links for label in row)
+
+
+def test_nvswitch_box_is_connected_through_the_switch() -> None:
+    fake, source, _ = _source("hgx-h100")
+    # Every NVLink ends at a switch: a GPU-to-GPU search would find nothing.
+    assert {link.remote_type for gpu in fake.gpus for link in gpu.links} == {
+        pynvml.NVML_NVLINK_DEVICE_TYPE_SWITCH
+    }
+    links = source.read().links
+    assert all(links[i][j] == "NVS18" for i in range(8) for j in range(8) if i != j)
+
+
+def test_nvswitch_found_by_address_when_the_driver_cannot_say_the_remote_type() -> None:
+    fake, source, _ = _source("dgx-a100")
+    for index in range(8):
+        fake.fail("nvmlDeviceGetNvLinkRemoteDeviceType", index, pynvml.NVMLError_NotSupported)
+    assert source.read().links[0][7] == "NVS12"
+
+
+def test_pcie_box_reports_common_ancestors() -> None:
+    _, source, snap = _source("pcie-8x-l40s")
+    got = source.read()
+    assert got.links == snap.links
+    assert {label for row in got.links for label in row} == {"X", "NODE", "SYS"}
+
+
+def test_mig_instances_with_profiles_and_placements() -> None:
+    _, source, snap = _source("hgx-h100-mig")
+    got = source.read()
+    assert all(g.mig_enabled for g in got.gpus)
+    on_gpu3 = [
+        (m.profile, m.placement_start, m.placement_size)
+        for m in got.mig_instances
+        if m.parent_gpu == 3
+    ]
+    assert on_gpu3 == [("3g.40gb", 0, 4), ("3g.40gb", 4, 4)]
+    assert [m.uuid for m in got.mig_instances] == [m.uuid for m in snap.mig_instances]
+
+
+def test_gb200_tray_fabric_c2c_and_arm_host() -> None:
+    _, source, snap = _source("gb200-tray")
+    got = source.read()
+    assert got.cpu_isa == "aarch64"
+    assert got.fabric == snap.fabric and got.fabric_domain() == snap.fabric_domain()
+    assert {c.kind for c in got.cpu_links} == {"nvlink-c2c"}
+
+
+def test_fabric_registration_in_progress_is_reported_but_not_trusted() -> None:
+    snap = build_profile("gb200-tray", "t1")
+    fabric = snap.fabric
+    assert fabric is not None
+    pending = snap.model_copy(update={"fabric": fabric.model_copy(update={"state": "in_progress"})})
+    fake = FakeNvml.from_snapshot(pending)
+    fake.nvmlInit()
+    got = NvmlSource(fake, fake_host(pending), Identity("t1")).read()
+    assert got.fabric is not None and got.fabric.state == "in_progress"
+    assert got.fabric_domain() is None
+
+
+def test_gpu_lost_mid_run_marks_only_that_gpu() -> None:
+    fake, source, _ = _source("hgx-h100")
+    before = source.read()
+    fake.lose_gpu(3)
+    after = source.read()
+    lost = after.gpus[3]
+    assert lost.health is Health.UNHEALTHY and "GPU is lost" in lost.health_reason
+    # It keeps the identity it had, so allocations on it can be found.
+    assert lost.uuid == before.gpus[3].uuid and lost.pci_bus_id == before.gpus[3].pci_bus_id
+    assert all(g.health is Health.HEALTHY for g in after.gpus if g.index != 3)
+    assert after.links[0][1] == "NVS18" and after.links[0][3] == "SYS"
+
+
+def test_gpu_lost_before_the_first_read_still_gives_a_valid_snapshot() -> None:
+    fake, source, _ = _source("pcie-8x-l40s")
+    fake.lose_gpu(0)
+    got = source.read()
+    assert got.gpus[0].health is Health.UNHEALTHY and got.gpus[0].uuid == "GPU-unreadable-0"
+    assert got.gpu_count == 8
+
+
+def test_a_link_down_lowers_the_pair_and_the_switch_count() -> None:
+    fake, source, _ = _source("hgx-h100")
+    fake.set_link_active(2, 5, False)
+    links = source.read().links
+    assert links[2][0] == links[0][2] == "NVS17"
+    assert links[0][1] == "NVS18"
+
+
+def test_mesh_link_down_falls_back_to_remaining_lanes_then_pcie() -> None:
+    fake, source, snap = _source("dgx1-v100")
+    nv2 = [
+        k
+        for k, link in enumerate(fake.gpus[0].links)
+        if link.remote_bus_id == snap.gpus[3].pci_bus_id
+    ]
+    nv1 = [
+        k
+        for k, link in enumerate(fake.gpus[0].links)
+        if link.remote_bus_id == snap.gpus[1].pci_bus_id
+    ]
+    fake.set_link_active(0, nv2[0], False)
+    fake.set_link_active(0, nv1[0], False)
+    links = source.read().links
+    assert links[0][3] == "NV1"
+    assert links[0][1] == "NODE"  # no NVLink left: the PCIe relation
+
+
+def test_a_failing_link_is_not_counted_and_is_named() -> None:
+    fake, source, _ = _source("hgx-h100")
+    fake.fail_link(4, 0, pynvml.NVMLError_Unknown)
+    got = source.read()
+    assert got.links[4][0] == "NVS17"
+    assert got.gpus[4].health is Health.HEALTHY
+    assert "NVLink 0 unhealthy" in got.gpus[4].health_reason
+
+
+def test_no_permission_for_an_optional_fact_keeps_the_gpu() -> None:
+    fake, source, snap = _source("hgx-h100")
+    fake.fail("nvmlDeviceGetMemoryAffinity", 5, pynvml.NVMLError_NoPermission)
+    got = source.read()
+    assert got.gpus[5].health is Health.HEALTHY
+    assert got.gpus[5].numa_node == snap.gpus[5].numa_node  # from the CPU affinity instead
+    assert "Insufficient Permissions" in got.gpus[5].health_reason
+
+
+def test_no_permission_for_what_the_gpu_is_makes_it_unhealthy() -> None:
+    fake, source, _ = _source("hgx-h100")
+    fake.fail("nvmlDeviceGetMemoryInfo", 1, pynvml.NVMLError_NoPermission)
+    got = source.read()
+    assert got.gpus[1].health is Health.UNHEALTHY
+    assert "Insufficient Permissions" in got.gpus[1].health_reason
+
+
+def test_unknown_mig_mode_is_unsafe() -> None:
+    fake, source, _ = _source("dgx-a100-mig")
+    fake.fail("nvmlDeviceGetMigMode", 0, pynvml.NVMLError_Unknown)
+    got = source.read()
+    assert got.gpus[0].health is Health.UNHEALTHY
+    assert not any(m.parent_gpu == 0 for m in got.mig_instances)
+
+
+def test_fabric_not_supported_means_no_fabric() -> None:
+    fake, source, _ = _source("gb200-tray")
+    for index in range(4):
+        fake.fail("nvmlDeviceGetGpuFabricInfoV", index, pynvml.NVMLError_NotSupported)
+    got = source.read()
+    assert got.fabric is None and got.gpus[0].health_reason == ""
+
+
+def test_nvml_failing_as_a_whole_is_a_discovery_error() -> None:
+    fake, source, _ = _source("hgx-h100")
+    fake.nvmlShutdown()
+    with pytest.raises(DiscoveryError, match="Uninitialized"):
+        source.read()
+
+
+def test_nvml_absent_is_a_clear_startup_error() -> None:
+    fake = FakeNvml.from_snapshot(build_profile("hgx-h100", "n1"), available=False)
+    with pytest.raises(pynvml.NVMLError_LibraryNotFound):
+        fake.nvmlInit()
+    try:
+        real = load_nvml()
+    except NvmlUnavailable as exc:  # this machine has no NVIDIA driver
+        assert "--source smi:FILE" in str(exc) and "NVML cannot be initialised" in str(exc)
+    else:
+        assert real.nvmlDeviceGetCount() >= 0
+        real.nvmlShutdown()

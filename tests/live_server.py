@@ -1,0 +1,50 @@
+"""A real service for tests: uvicorn serving an app on a loopback port of its own, in a thread."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+import uvicorn
+from fastapi import FastAPI
+
+
+def _wait_ready(url: str, thread: threading.Thread, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not thread.is_alive():
+            pytest.fail("the service thread stopped before it was ready")
+        try:
+            if httpx.get(f"{url}/readyz", timeout=1.0, trust_env=False).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.05)
+    pytest.fail(f"the service at {url} was not ready within {timeout_s:g} s")
+
+
+@contextlib.contextmanager
+def live_server(app: FastAPI, timeout_s: float = 10.0) -> Iterator[str]:
+    """Serve ``app`` until the block ends; yields its base URL once /readyz answers 200."""
+    # uvicorn serves on a socket bound here, so no other process can take the
+    # port between choosing it and listening on it.
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_ready(url, thread, timeout_s)
+        yield url
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        sock.close()
+    assert not thread.is_alive(), "the service did not stop"
