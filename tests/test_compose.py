@@ -1,26 +1,29 @@
 """docker-compose.yml and the Dockerfile, checked without a Docker engine.
 
 The compose checks need PyYAML and are skipped without it. The simulated
-agents' inline script is also run against a real service (SQLite, in a
-thread), since nothing here can start the compose stack itself.
+agents' commands are also run against a real service (SQLite, in a thread),
+since nothing here can start the compose stack itself.
 """
 
 from __future__ import annotations
 
-import ast
 import json
+import os
 import re
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import sqlalchemy as sa
 
-from placement.profiles import build_profile, profile_names
+from placement.profiles import profile_names
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = ROOT / "docker-compose.yml"
@@ -50,15 +53,15 @@ def services() -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def agent_script(services: dict[str, Any]) -> str:
-    command = services["demo-agents"]["command"]
-    assert command[:2] == ["python", "-c"], command
-    script: str = command[2]
-    return script
+def agents(services: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    found = {name: svc for name, svc in services.items() if name.startswith("agent-")}
+    assert found, "docker-compose.yml has no agent-* services"
+    return found
 
 
 def test_the_three_services_exist(services: dict[str, Any]) -> None:
-    assert {"postgres", "topoplace", "demo-agents"} <= set(services)
+    assert {"postgres", "topoplace"} <= set(services)
+    assert sum(name.startswith("agent-") for name in services) >= 4
 
 
 def test_postgres(services: dict[str, Any]) -> None:
@@ -93,29 +96,19 @@ def test_service_waits_for_postgres_and_publishes_rest_and_grpc(services: dict[s
     compile(check[3], "healthcheck", "exec")
 
 
-def test_agents_script_compiles_and_names_known_profiles(
-    services: dict[str, Any], agent_script: str
-) -> None:
-    agents = services["demo-agents"]
-    assert agents["depends_on"]["topoplace"]["condition"] == "service_healthy"
-    assert environment(agents)["TOPOPLACE_URL"] == "http://topoplace:8080"
-    # Compose would substitute anything after a `$`; the script must not have one.
-    assert "$" not in agent_script
-    compile(agent_script, "agents", "exec")
-    fleet = _fleet(ast.parse(agent_script))
-    assert len(fleet) >= 4
-    assert {profile for profile, _ in fleet} <= set(profile_names())
-    assert len({name for _, name in fleet}) == len(fleet)
-
-
-def _fleet(tree: ast.Module) -> list[tuple[str, str]]:
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and any(
-            isinstance(t, ast.Name) and t.id == "FLEET" for t in node.targets
-        ):
-            fleet: list[tuple[str, str]] = ast.literal_eval(node.value)
-            return fleet
-    raise AssertionError("the agents script has no FLEET = [(profile, node name), ...]")
+def test_agents_run_the_real_agent_on_known_profiles(agents: dict[str, dict[str, Any]]) -> None:
+    names = set()
+    for service in agents.values():
+        env = environment(service)
+        assert service["depends_on"]["topoplace"]["condition"] == "service_healthy"
+        assert env["TOPOPLACE_AGENT_SERVER"] == "http://topoplace:8080"
+        kind, _, profile = env["TOPOPLACE_AGENT_SOURCE"].partition(":")
+        assert kind == "sim" and profile in profile_names()
+        names.add(env["TOPOPLACE_AGENT_NODE_NAME"])
+        command = service["command"]
+        assert command[:2] == ["sh", "-c"] and "exec topoplace agent" in command[2]
+        assert "$" not in command[2]  # Compose would substitute it
+    assert len(names) == len(agents)  # one node name per agent
 
 
 def test_dockerfile_runs_the_service_unprivileged() -> None:
@@ -163,28 +156,38 @@ def live_service(tmp_path: Path) -> Iterator[str]:
         sock.close()
 
 
-def test_agents_script_reports_and_heartbeats(
-    agent_script: str, live_service: str, monkeypatch: pytest.MonkeyPatch
+def test_the_agent_services_report_to_a_live_service(
+    agents: dict[str, dict[str, Any]], live_service: str, tmp_path: Path
 ) -> None:
-    monkeypatch.setenv("TOPOPLACE_URL", live_service)
-    agents: dict[str, Any] = {"__name__": "agents"}  # not __main__: define, do not loop
-    exec(compile(agent_script, "agents", "exec"), agents)
-    call, fleet = agents["call"], agents["FLEET"]
-
-    for profile, name in fleet:
-        agents["report"](profile, name)
-    nodes = {n["name"]: n for n in call("GET", "/v1/nodes")["nodes"]}
-    assert set(nodes) == {name for _, name in fleet}
-    assert all(n["state"] == "ready" for n in nodes.values())
-
-    profile, name = fleet[0]
-    agents["heartbeat"](profile, name)
-    # A restarted agent whose seq counter went back goes past the stored seq.
-    snapshot = json.loads(build_profile(profile, name, seq=7).model_dump_json())
-    call("PUT", f"/v1/nodes/{name}/snapshot", {"snapshot": snapshot})
-    agents["report"](profile, name)
-    assert call("GET", f"/v1/nodes/{name}")["seq"] == 8
-    # A node the service forgot is reported again on its next heartbeat.
-    call("DELETE", f"/v1/nodes/{name}")
-    agents["heartbeat"](profile, name)
-    assert call("GET", f"/v1/nodes/{name}")["state"] == "ready"
+    """Each agent service's own command and environment, run here against a real service."""
+    bin_dir = str(Path(sys.executable).parent)
+    procs = []
+    try:
+        for name, service in agents.items():
+            env = {
+                **os.environ,
+                **environment(service),
+                "TOPOPLACE_AGENT_SERVER": live_service,
+                "PATH": f"{bin_dir}:{os.environ.get('PATH', '')}",
+            }
+            script = service["command"][2].replace("/tmp/node.key", str(tmp_path / f"{name}.key"))
+            procs.append(subprocess.Popen(["sh", "-c", script], env=env))
+        wanted = {environment(s)["TOPOPLACE_AGENT_NODE_NAME"] for s in agents.values()}
+        deadline = time.monotonic() + 60
+        ready: set[str] = set()
+        while ready != wanted:
+            assert time.monotonic() < deadline, f"nodes never reported: {wanted - ready}"
+            assert all(p.poll() is None for p in procs), "an agent exited"
+            time.sleep(0.2)
+            listing = httpx.get(f"{live_service}/v1/nodes", timeout=5).json()["nodes"]
+            ready = {n["name"] for n in listing if n["state"] == "ready"}
+        for name in wanted:
+            node = httpx.get(f"{live_service}/v1/nodes/{name}", timeout=5).json()
+            assert node["labels"]["topoplace.io/simulated"] == "true"
+            key = httpx.get(f"{live_service}/v1/nodes/{name}/key", timeout=5)
+            assert key.status_code == 200, key.text  # the agent registered its public key
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            proc.wait(timeout=10)
