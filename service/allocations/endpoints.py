@@ -50,7 +50,7 @@ async def place(
 @router.post("/score", response_model=ScoreResult)
 def score(body: ScoreRequest, state: State) -> FastJSON:
     """Rank nodes for a request without reserving: per node the GPUs it would get, or why not."""
-    return FastJSON({"nodes": service.score(state, body)})
+    return FastJSON({"nodes": service.score(state, body, service.task_json)})
 
 
 @router.get("/allocations", response_model=AllocationList)

@@ -11,7 +11,7 @@ from typing import Any
 
 from service.allocations import service
 from service.allocations.schemas import PlaceRequest
-from service.allocations.service import get, listing, score
+from service.allocations.service import get, listing, score, task_json
 from service.state import ServiceState
 
 __all__ = [
@@ -25,6 +25,7 @@ __all__ = [
     "release_job",
     "score",
     "sweep",
+    "task_json",
 ]
 
 

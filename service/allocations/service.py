@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
+import orjson
 from sqlalchemy.exc import IntegrityError, OperationalError
 
 from placement import Outcome, Placement, TaskPlacement
@@ -384,23 +385,43 @@ def sweep(state: ServiceState, now: datetime | None = None) -> list[str]:
 # id(task) -> (task, its view). The engine hands back the same TaskPlacement
 # for a node while the node is unchanged (decide.cached_task_at), so repeated
 # /score calls reuse its view too; holding the task keeps its id unique.
-_TASK_VIEWS: dict[int, tuple[TaskPlacement, dict[str, Any]]] = {}
-_TASK_VIEWS_MAX = 200_000
+_TASK_VIEWS: dict[int, tuple[TaskPlacement, Any]] = {}
+_TASK_FRAGMENTS: dict[int, tuple[TaskPlacement, Any]] = {}
+_VIEWS_MAX = 200_000
 
 
-def _task_view(task: TaskPlacement) -> dict[str, Any]:
-    hit = _TASK_VIEWS.get(id(task))
+def _remembered(
+    cache: dict[int, tuple[TaskPlacement, Any]], task: TaskPlacement, make: Callable[[], Any]
+) -> Any:
+    hit = cache.get(id(task))
     if hit is not None and hit[0] is task:
         return hit[1]
-    if len(_TASK_VIEWS) >= _TASK_VIEWS_MAX:
-        _TASK_VIEWS.clear()
-    view = task_dict(task, with_env=False)
-    _TASK_VIEWS[id(task)] = (task, view)
+    if len(cache) >= _VIEWS_MAX:
+        cache.clear()
+    view = make()
+    cache[id(task)] = (task, view)
     return view
 
 
-def score(state: ServiceState, body: ScoreRequest) -> list[dict[str, Any]]:
-    """Every requested node's verdict as the API shows it (NodeScoreView)."""
+def task_view(task: TaskPlacement) -> dict[str, Any]:
+    """A /score task as plain data (ScoreTaskView), remembered per task."""
+    return cast(dict[str, Any], _remembered(_TASK_VIEWS, task, lambda: task_dict(task, False)))
+
+
+def task_json(task: TaskPlacement) -> orjson.Fragment:
+    """The same, already encoded: REST embeds it in the /score answer as is,
+    so 500 nodes cost a lookup each instead of encoding 500 nested objects."""
+    make = lambda: orjson.Fragment(orjson.dumps(task_dict(task, False)))  # noqa: E731
+    return cast(orjson.Fragment, _remembered(_TASK_FRAGMENTS, task, make))
+
+
+def score(
+    state: ServiceState,
+    body: ScoreRequest,
+    view: Callable[[TaskPlacement], Any] = task_view,
+) -> list[dict[str, Any]]:
+    """Every requested node's verdict as the API shows it (NodeScoreView);
+    ``view`` renders each task (``task_json`` for an answer encoded by orjson)."""
     with state.lock:
         state.refresh_if_due()
         verdicts = state.cluster.evaluate(body)
@@ -413,7 +434,7 @@ def score(state: ServiceState, body: ScoreRequest) -> list[dict[str, Any]]:
             "cause": v.cause.value if v.cause else None,
             "message": v.message or (v.task.reason if v.task else ""),
             "resolvable": v.resolvable,
-            "task": _task_view(v.task) if v.task else None,
+            "task": view(v.task) if v.task else None,
         }
         for v in verdicts
     ]
