@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from topoplace import client_cmd, openapi_cmd, plan_cmd, profiles_cmd, serve_cmd
+from topoplace import client_cmd, openapi_cmd, plan_cmd, profiles_cmd, serve_cmd, slurm_cmd
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -16,6 +16,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve_cmd.add_parsers(sub)
     openapi_cmd.add_parser(sub)
     client_cmd.add_parsers(sub)
+    slurm_cmd.add_parser(sub)
     return parser
 
 
