@@ -106,7 +106,8 @@ end
 
 -- True when one of the request strings asks for GPUs: other jobs cost no call.
 function M.asks_gpus(...)
-  for _, value in ipairs({ ... }) do
+  for i = 1, select("#", ...) do -- not ipairs: it stops at the first nil
+    local value = select(i, ...)
     if type(value) == "string" and value:find("gpu", 1, true) then
       return true
     end
