@@ -52,7 +52,7 @@ local function submit(job_desc, part_list)
     return slurm.SUCCESS
   end
   local batch = job_desc.script ~= nil
-  local status, decision = topoplace.post("/v1/slurm/job-submit", {
+  local status, decision, elapsed_ms = topoplace.post("/v1/slurm/job-submit", {
     tres_per_job = job_desc.tres_per_job,
     tres_per_node = job_desc.tres_per_node,
     tres_per_task = job_desc.tres_per_task,
@@ -75,13 +75,13 @@ local function submit(job_desc, part_list)
     return slurm.SUCCESS
   end
   if status ~= 200 then
-    slurm.log_info("topoplace: service error %s; job left unchanged",
-      topoplace.error_text(status, decision))
+    slurm.log_info("topoplace: service error %s after %.1f ms; job left unchanged",
+      topoplace.error_text(status, decision), elapsed_ms)
     return slurm.SUCCESS
   end
   if decision.action == "refuse" then
     slurm.log_user("%s", decision.message)
-    slurm.log_info("%s (job refused)", decision.message)
+    slurm.log_info("%s (job refused, %.1f ms)", decision.message, elapsed_ms)
     return slurm.ERROR
   end
   if decision.action == "modify" then
@@ -94,7 +94,7 @@ local function submit(job_desc, part_list)
       end
     end
   end
-  slurm.log_info("%s", decision.message)
+  slurm.log_info("%s [%.1f ms]", decision.message, elapsed_ms)
   return slurm.SUCCESS
 end
 

@@ -57,7 +57,38 @@ M.host, M.port, M.base = host or "127.0.0.1", tonumber(port) or 80, base or ""
 
 M.NO_VAL = 4294967294
 
--- POST a JSON body; returns (status, decoded body) or (nil, why).
+-- Status and body of an HTTP/1.1 response: the body by its Content-Length, so
+-- the answer counts as soon as it is complete, whenever the server closes.
+local function read_response(tcp)
+  local line, err = tcp:receive("*l")
+  if line == nil then
+    return nil, nil, err
+  end
+  local status = tonumber(line:match("^HTTP/1%.%d (%d%d%d)"))
+  local length
+  repeat
+    line, err = tcp:receive("*l")
+    if line == nil then
+      return nil, nil, err
+    end
+    local value = line:lower():match("^content%-length:%s*(%d+)")
+    if value ~= nil then
+      length = tonumber(value)
+    end
+  until line == ""
+  local body
+  if length ~= nil then
+    body, err = tcp:receive(length)
+  else
+    body, err = tcp:receive("*a")
+  end
+  if status == nil or body == nil then
+    return nil, nil, err or "not an HTTP answer"
+  end
+  return status, body
+end
+
+-- POST a JSON body; returns (status, decoded body, ms) or (nil, why, ms).
 function M.post(path, body)
   local started = socket.gettime()
   local payload = cjson.encode(body)
@@ -77,22 +108,20 @@ function M.post(path, body)
   if ok then
     ok, err = tcp:send(table.concat(headers, "\r\n") .. "\r\n\r\n" .. payload)
   end
-  local text
+  local status, answer
   if ok then
-    text, err = tcp:receive("*a")
+    status, answer, err = read_response(tcp)
   end
   tcp:close()
   local elapsed_ms = (socket.gettime() - started) * 1000
-  if text == nil then
-    return nil, string.format("%s after %.0f ms", tostring(err), elapsed_ms)
+  if status == nil then
+    return nil, string.format("%s after %.0f ms", tostring(err), elapsed_ms), elapsed_ms
   end
-  local status = tonumber(text:match("^HTTP/1%.%d (%d%d%d)"))
-  local answer = text:match("\r\n\r\n(.*)$") or ""
   local decoded_ok, decoded = pcall(cjson.decode, answer)
-  if status == nil or not decoded_ok then
-    return nil, string.format("unreadable answer after %.0f ms", elapsed_ms)
+  if not decoded_ok then
+    return nil, string.format("unreadable answer after %.0f ms", elapsed_ms), elapsed_ms
   end
-  return status, decoded
+  return status, decoded, elapsed_ms
 end
 
 -- The message of an error answer ({"error": {"code", "message"}}), for the log.

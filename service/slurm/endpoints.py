@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Depends, Request
+from fastapi import APIRouter, BackgroundTasks, Body, Depends, Request
 
 from service.deps import get_state
 from service.slurm import reconcile, service
@@ -16,8 +16,9 @@ router = APIRouter(prefix="/v1/slurm", tags=["slurm"])
 State = Annotated[ServiceState, Depends(get_state)]
 
 
-def get_settings(request: Request) -> SlurmSettings:
+async def get_settings(request: Request) -> SlurmSettings:
     # Read once per application, on first use: a service without Slurm never reads them.
+    # async: a plain function would cost a thread hop on every submission.
     settings: SlurmSettings | None = getattr(request.app.state, "slurm_settings", None)
     if settings is None:
         settings = SlurmSettings()
@@ -29,10 +30,17 @@ Settings = Annotated[SlurmSettings, Depends(get_settings)]
 
 
 @router.post("/job-submit", response_model=JobDecision)
-def job_submit(body: JobSubmit, state: State, settings: Settings) -> JobDecision:
+def job_submit(
+    body: JobSubmit, state: State, settings: Settings, background: BackgroundTasks
+) -> JobDecision:
     """Place a job as Slurm's job_submit.lua sees it: the job_desc fields to write
-    (exact nodes and GPUs), leave it to Slurm (with the reason), or refuse it."""
-    return service.decide(state, settings, body)
+    (exact nodes and GPUs), leave it to Slurm (with the reason), or refuse it.
+
+    Allocations are confirmed (made active) right after the answer is sent."""
+    decision = service.decide(state, settings, body)
+    if decision.allocation_ids:
+        background.add_task(service.confirm_all, state, decision.allocation_ids)
+    return decision
 
 
 @router.post("/reconcile", response_model=ReconcileResult)

@@ -15,6 +15,8 @@ import logging
 from collections import defaultdict
 from typing import Any
 
+from sqlalchemy.exc import OperationalError
+
 from service.allocations import service as allocations
 from service.allocations.schemas import PlaceRequest, ScoreRequest
 from service.errors import ServiceError, Unresolvable, Unschedulable
@@ -138,7 +140,21 @@ def _with_features(state: ServiceState, pool: list[str], expression: str) -> lis
 
 def _place(state: ServiceState, request: PlaceRequest) -> dict[str, Any]:
     allocation, _ = allocations.place(state, request, None)
-    return allocations.confirm(state, str(allocation["id"]))
+    return allocation
+
+
+def confirm_all(state: ServiceState, ids: list[str]) -> None:
+    """pending -> active: Slurm owns the job now; the epilog or the reconcile loop ends it.
+
+    Run after the answer is sent (slurmctld waits on the answer with its locks
+    held). Should it fail, the reservation stays pending and expires after
+    its TTL, and the log says so.
+    """
+    for allocation_id in ids:
+        try:
+            allocations.confirm(state, allocation_id)
+        except (ServiceError, OperationalError) as exc:
+            log.warning("could not confirm allocation %s: %s", allocation_id, exc)
 
 
 def _release(state: ServiceState, placed: list[dict[str, Any]]) -> None:
