@@ -26,8 +26,10 @@ import itertools
 import re
 import statistics
 import tempfile
+import time
 from pathlib import Path
 
+import httpx
 import numpy as np
 
 from bench.machine import describe
@@ -39,7 +41,8 @@ PROFILE = "dgx1-v100"
 BANDWIDTH = bandwidth_matrix(build_profile(PROFILE, "any"))
 ROUND = 20
 # Jobs already on the node before the 4-GPU job, as GPUs per job.
-STATES = ((1, 2), (2, 1, 1), (1, 1, 1, 1))
+STATES = ((1,), (1, 2), (1, 1))
+SUBMIT = {"tres_per_node": "gres:gpu:1", "partition_nodes": "node[1-3]", "user_name": "bench"}
 
 
 def ring_gbps(gpus: list[int]) -> float:
@@ -56,12 +59,17 @@ def filter_ms(cluster: LoopbackCluster) -> list[float]:
     return [float(m) for m in re.findall(r"lua: topoplace: .*\[([\d.]+) ms\]", text)]
 
 
+def clear_allocations(service: Service) -> None:
+    with service.client() as client:
+        for state in ("pending", "active"):
+            for allocation in client.allocations(state=state)["allocations"]:
+                client.release(allocation["id"])
+
+
 def clear(cluster: LoopbackCluster, service: Service, jobs: list[str]) -> None:
     if jobs:
         cluster.run("scancel", *jobs)
-    with service.client() as client:
-        for allocation in client.allocations(state="active")["allocations"]:
-            client.release(allocation["id"])
+    clear_allocations(service)
     jobs.clear()
 
 
@@ -82,6 +90,28 @@ def submissions(
     clear(filtered, service, pending["with filter"])
     clear(alone, service, pending["without"])
     return seconds
+
+
+def service_calls(service: Service, count: int = 100) -> dict[str, float]:
+    """p50 of the filter's call and of its parts, made straight to the service."""
+    out: dict[str, float] = {}
+    with httpx.Client(base_url=service.url) as http:
+        for label, method, path, body in (
+            ("GET /healthz", "GET", "/healthz", None),
+            ("POST /v1/place (1 GPU)", "POST", "/v1/place", {"gpus": 1}),
+            ("POST /v1/slurm/job-submit", "POST", "/v1/slurm/job-submit", SUBMIT),
+        ):
+            times = []
+            for i in range(count):
+                started = time.perf_counter()
+                response = http.request(method, path, json=body)
+                times.append((time.perf_counter() - started) * 1000)
+                assert response.status_code < 300, response.text
+                if i % ROUND == ROUND - 1:
+                    clear_allocations(service)
+            clear_allocations(service)
+            out[label] = pct(times, 50)
+    return out
 
 
 def held_gpus(cluster: LoopbackCluster, job: str) -> list[int]:
@@ -164,6 +194,11 @@ def main() -> None:
             f"sbatch with minus without (pairwise): p50 {pct(added, 50):.1f} ms,"
             f" p99 {pct(added, 99):.1f} ms; throughput with/without"
             f" {rate['with filter'] / rate['without']:.2f}x"
+        )
+        direct = service_calls(service)
+        print(
+            "the same service over HTTP from Python, p50 ms: "
+            + ", ".join(f"{k} {v:.1f}" for k, v in direct.items())
         )
         print("\nGPU choice for a --gpus=4 job on a DGX-1 node with GPUs already held")
         print("| GPUs held | topoplace | ring GB/s | Slurm alone | ring GB/s |")

@@ -8,8 +8,8 @@
 -- can be bypassed; job_submit.lua still decides. Any failure leaves the
 -- options as they were.
 
-package.path = (debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "?.lua;" .. package.path
-local topoplace = require("topoplace_client")
+local here = debug.getinfo(1, "S").source:match("^@(.*/)") or "./"
+local topoplace -- loaded on first use: sbatch, which never needs it, skips the cost
 
 local function option(options, name)
   local value = options[name]
@@ -42,8 +42,12 @@ local function pre_submit(options)
   if per_node ~= nil then
     gres = "gres:gpu:" .. per_node
   end
-  if not topoplace.asks_gpus(gpus and "gpu", gres) then
+  if gpus == nil and (gres == nil or not gres:find("gpu", 1, true)) then
     return
+  end
+  if topoplace == nil then
+    package.path = here .. "?.lua;" .. package.path
+    topoplace = require("topoplace_client")
   end
   local status, decision = topoplace.post("/v1/slurm/job-submit", {
     tres_per_job = gpus and ("gres:gpu:" .. gpus) or nil,

@@ -65,6 +65,7 @@ local function submit(job_desc, part_list)
     exc_nodes = job_desc.exc_nodes,
     partition = job_desc.partition,
     partition_nodes = partition_nodes(job_desc, part_list),
+    array_inx = job_desc.array_inx,
     user_name = job_desc.user_name,
     name = job_desc.name,
     comment = job_desc.comment,

@@ -35,6 +35,7 @@ class JobSubmit(BaseModel):
         description="host list of the job's partition(s), as the script finds it in part_list;"
         " only these nodes are considered",
     )
+    array_inx: str | None = Field(default=None, description="--array: a job array")
     user_name: str | None = Field(default=None, max_length=256)
     name: str | None = Field(default=None, description="job name")
     comment: str | None = Field(default=None, description="may carry 'topoplace:' options")
@@ -61,6 +62,7 @@ class JobSubmit(BaseModel):
         "exc_nodes",
         "partition",
         "partition_nodes",
+        "array_inx",
         "comment",
         mode="before",
     )

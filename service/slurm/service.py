@@ -88,6 +88,9 @@ def decide(state: ServiceState, settings: SlurmSettings, job: JobSubmit) -> JobD
 
 def _gpu_request(job: JobSubmit) -> tuple[GpuAsk, bool]:
     """(GPUs per node, whether they came from tres_per_job)."""
+    if job.array_inx is not None:
+        # One pinned set of GPUs would run the array's tasks one after another.
+        raise _LeaveAlone("job arrays are left to Slurm")
     for field in ("tres_per_task", "tres_per_socket"):
         if gpu_ask(getattr(job, field)) is not None:
             raise _LeaveAlone(f"GPUs per task or socket ({field}) are left to Slurm")

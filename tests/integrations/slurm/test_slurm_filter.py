@@ -148,6 +148,11 @@ def test_a_request_that_can_never_fit_is_refused_with_the_service_message(
     assert "no node can ever hold this request" in refused.stderr
     assert "fewer than 16 GPUs" in refused.stderr
 
+    array = cluster.sbatch("--gpus=1", "--array=0-1", "-w", "node3", "--hold", script="true")
+    assert array.returncode == 0, array.stderr
+    assert not allocation_ids(cluster.show_job(array.id))  # arrays are left to Slurm
+    cluster.run("scancel", array.id)
+
     typo = cluster.sbatch("--gpus=1", "--comment=topoplace:locality=nvlnk", script="true")
     assert typo.returncode != 0 and "locality='nvlnk' is not one of" in typo.stderr
 
