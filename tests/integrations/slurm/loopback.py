@@ -11,6 +11,7 @@ ones picked at start.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -308,22 +309,49 @@ PartitionName=gpu Nodes={",".join(self.nodes)} Default=YES MaxTime=INFINITE Stat
         return "\n".join(parts)
 
     def stop(self) -> None:
-        """Cancel jobs, then stop every daemon by its own handle, slurmd first."""
+        """Cancel jobs and let them end, then stop every daemon by its own handle.
+
+        slurmstepd (one per running job) leaves slurmd's session and outlives
+        it, retrying forever to report to a slurmd that is gone, so jobs are
+        ended first, and any process still carrying this cluster's SLURM_CONF
+        afterwards is killed by its PID.
+        """
         if any(d.name == "slurmctld" and d.process.poll() is None for d in self.daemons):
-            subprocess.run(
-                ["scancel", "--full", "--quiet", "--partition=gpu"],
-                env=self.env,
-                capture_output=True,
-                timeout=10,
-                check=False,
-            )
+            self.run("scancel", "--full", "--quiet", "--partition=gpu", timeout_s=10)
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                active = self.run("squeue", "-h", "-t", "R,CG,CF,S", "-o", "%i", timeout_s=10)
+                if active.returncode == 0 and not active.stdout.strip():
+                    break
+                time.sleep(0.2)
         order = sorted(self.daemons, key=lambda d: (d.name == "munged", d.name == "slurmctld"))
-        slurmds = [d for d in order if d.name.startswith("slurmd")]
-        for daemon in slurmds:  # SIGTERM all at once: each takes 1-3 s to stop
-            if daemon.process.poll() is None:
+        for daemon in order:  # SIGTERM every slurmd at once: each takes 1-3 s to stop
+            if daemon.name.startswith("slurmd") and daemon.process.poll() is None:
                 daemon.process.send_signal(signal.SIGTERM)
         for daemon in order:
             daemon.stop()
+        for pid in self._strays():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+    def _strays(self) -> list[int]:
+        """PIDs of this cluster's leftover job steps and job processes: slurmstepd or a
+        process with a job id, carrying this cluster's SLURM_CONF (the service and its
+        squeue carry the conf too, but no job id)."""
+        mark = f"SLURM_CONF={self.conf}".encode()
+        found = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit() or int(entry.name) == os.getpid():
+                continue
+            try:
+                environ = (entry / "environ").read_bytes().split(b"\0")
+                command = (entry / "comm").read_text().strip()
+            except OSError:
+                continue
+            in_job = command == "slurmstepd" or any(v.startswith(b"SLURM_JOB_ID=") for v in environ)
+            if mark in environ and in_job:
+                found.append(int(entry.name))
+        return found
 
     # -- jobs -----------------------------------------------------------------
 
