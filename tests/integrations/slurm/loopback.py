@@ -231,13 +231,21 @@ PartitionName=gpu Nodes={",".join(self.nodes)} Default=YES MaxTime=INFINITE Stat
         self.write_filter_config(self.service.url)
         for name in ("job_submit.lua", "cli_filter.lua", "topoplace_client.lua"):
             shutil.copy(LUA_DIR / name, root / name)
-        # slurmctld gives the epilog no PATH; the marker file stands for a lost epilog.
+        # The shipped EpilogSlurmctld script, pointed at this environment's topoplace;
+        # the wrapper's marker file stands for a lost epilog.
+        shipped = (LUA_DIR / "topoplace-epilog").read_text()
+        program = Path(sys.executable).parent / "topoplace"
+        if "TOPOPLACE=/opt/topoplace/bin/topoplace" not in shipped:
+            raise RuntimeError("integrations/slurm/topoplace-epilog no longer names its program")
+        (root / "topoplace-epilog").write_text(
+            shipped.replace("TOPOPLACE=/opt/topoplace/bin/topoplace", f"TOPOPLACE={program}")
+        )
+        (root / "topoplace-epilog").chmod(0o755)
         epilog = root / "epilog.sh"
         epilog.write_text(
             "#!/bin/sh\n"
             f'[ -e "{root / "epilog-off"}" ] && exit 0\n'
-            f'exec "{sys.executable}" -m topoplace slurm epilog'
-            f' --config "{root / "topoplace.conf"}" >> "{root / "log" / "epilog.log"}" 2>&1\n'
+            f'exec "{root / "topoplace-epilog"}" >> "{root / "log" / "epilog.log"}" 2>&1\n'
         )
         epilog.chmod(0o755)
 
