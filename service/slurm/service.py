@@ -41,6 +41,7 @@ def _unchanged(message: str) -> JobDecision:
 
 
 def decide(state: ServiceState, settings: SlurmSettings, job: JobSubmit) -> JobDecision:
+    """What job_submit.lua (or cli_filter.lua, with ``reserve`` false) does with the job."""
     try:
         options = job_options.parse(job.comment, settings)
         ask, per_job = _gpu_request(job)
@@ -57,6 +58,8 @@ def decide(state: ServiceState, settings: SlurmSettings, job: JobSubmit) -> JobD
         )
     try:
         node_count, candidates, excluded = _nodes(state, job)
+        if per_job and node_count > 1:
+            raise _LeaveAlone("--gpus over several nodes is left to Slurm; use --gpus-per-node")
         base: dict[str, Any] = {
             "gpus": ask.count,
             "locality": options.locality,
@@ -100,8 +103,6 @@ def _gpu_request(job: JobSubmit) -> tuple[GpuAsk, bool]:
     if per_node is not None:
         return per_node, False
     if per_job is not None:
-        if job.min_nodes is not None and job.min_nodes > 1:
-            raise _LeaveAlone("--gpus over several nodes is left to Slurm; use --gpus-per-node")
         return per_job, True
     raise _LeaveAlone("the job asks for no GPU")
 

@@ -69,6 +69,8 @@ def test_srun_jobs_get_no_environment_and_a_proposal_reserves_nothing(dgx1: Test
         ({"tres_per_task": "gres:gpu:1", "num_tasks": 4}, "unchanged", "per task"),
         ({"tres_per_job": "gres:gpu:1", "array_inx": "0-3"}, "unchanged", "arrays"),
         ({"tres_per_job": "gres:gpu:16"}, "unchanged", "no single node"),
+        ({"tres_per_job": "gres:gpu:8", "min_nodes": 2}, "unchanged", "several nodes"),
+        ({"tres_per_job": "gres:gpu:2", "req_nodes": "node[1-2]"}, "unchanged", "several nodes"),
         (
             {"tres_per_job": "gres:gpu:16", "comment": "topoplace:locality=nvlink"},
             "refuse",
