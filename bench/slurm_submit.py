@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import re
+import shutil
 import statistics
 import tempfile
 import time
@@ -210,6 +211,7 @@ def main() -> None:
         for cluster in (filtered, alone):
             cluster.stop()
         service.stop()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":
