@@ -27,6 +27,8 @@ from service.grpc.server import start_grpc
 from service.nodes import endpoints as node_routes
 from service.notify import Listener, psycopg_dsn
 from service.settings import Settings
+from service.slurm import endpoints as slurm_routes
+from service.slurm.reconcile import Reconciler
 from service.state import Clock, ServiceState, utc_now
 
 log = logging.getLogger("topoplace.service")
@@ -81,12 +83,14 @@ def _validation_response(exc: RequestValidationError) -> JSONResponse:
 async def _background(state: ServiceState, demo_nodes: list[str]) -> None:
     """Expire stale reservations; keep the demo nodes' heartbeats fresh."""
     interval = min(SWEEP_INTERVAL_S, state.settings.heartbeat_ttl_s / 3)
+    slurm = Reconciler(state)  # runs only where TOPOPLACE_SLURM_SQUEUE_COMMAND is set
     while True:
         await asyncio.sleep(interval)
         try:
             await asyncio.to_thread(allocation_service.sweep, state)
             if demo_nodes:
                 await asyncio.to_thread(heartbeat_demo_cluster, state, demo_nodes)
+            await slurm.tick()
         except Exception:  # the loop must outlive a database hiccup
             log.exception("background sweep failed; retrying")
 
@@ -157,6 +161,7 @@ def create_app(
     app.include_router(node_routes.router)
     app.include_router(allocation_routes.router)
     app.include_router(cluster_view.router)
+    app.include_router(slurm_routes.router)
 
     @app.exception_handler(ServiceError)
     async def _service_error(_: Request, exc: ServiceError) -> JSONResponse:

@@ -1,0 +1,218 @@
+"""Slurm submissions with and without the topoplace filter, on a loopback cluster.
+
+Two clusters run side by side on this machine, configured alike from the
+same service (DGX-1 nodes, 8 fake GPUs each, gres.conf and node lines from
+`topoplace slurm`): one with job_submit.lua in front of slurmctld, one
+without. Measured, alternating one submission on each so drift hits both:
+
+1. sbatch of a held 1-GPU job (`--hold`: submission only, nothing runs):
+   the sbatch process's wall time, and slurmctld's own time for the submit
+   RPC (its log's `usec=`), which is where the filter's HTTP call happens;
+   submissions per second = 1 / mean sbatch time (one client, back to back).
+   Every 20 submissions the jobs are cancelled and their allocations
+   released, untimed, so the service always has GPUs to give.
+2. GPU choice: on a node where some jobs already hold GPUs, a `--gpus=4`
+   job with the filter, and the same state without it (the same GPUs held
+   by pinned jobs): the GPUs each gets and their all-reduce ring (GB/s).
+
+Needs root and Debian's slurmctld, slurmd, slurm-client, munge, lua-socket,
+lua-cjson. Run: ``python -m bench.slurm_submit [--quick]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import re
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+from bench.machine import describe
+from placement import bandwidth_matrix
+from placement.profiles import build_profile
+from tests.integrations.slurm.loopback import LoopbackCluster, Service, missing_prerequisites
+
+PROFILE = "dgx1-v100"
+BANDWIDTH = bandwidth_matrix(build_profile(PROFILE, "any"))
+ROUND = 20
+# Jobs already on the node before the 4-GPU job, as GPUs per job.
+STATES = ((1,), (1, 2), (1, 1))
+SUBMIT = {"tres_per_node": "gres:gpu:1", "partition_nodes": "node[1-3]", "user_name": "bench"}
+
+
+def ring_gbps(gpus: list[int]) -> float:
+    first, rest = gpus[0], gpus[1:]
+    return max(
+        min(float(BANDWIDTH[a][b]) for a, b in itertools.pairwise([first, *order, first]))
+        for order in itertools.permutations(rest)
+    )
+
+
+def filter_ms(cluster: LoopbackCluster) -> list[float]:
+    """The filter's own time per submission, as job_submit.lua logs it inside slurmctld."""
+    text = (cluster.root / "log" / "slurmctld.log").read_text()
+    return [float(m) for m in re.findall(r"lua: topoplace: .*\[([\d.]+) ms\]", text)]
+
+
+def clear_allocations(service: Service) -> None:
+    with service.client() as client:
+        for state in ("pending", "active"):
+            for allocation in client.allocations(state=state)["allocations"]:
+                client.release(allocation["id"])
+
+
+def clear(cluster: LoopbackCluster, service: Service, jobs: list[str]) -> None:
+    if jobs:
+        cluster.run("scancel", *jobs)
+    clear_allocations(service)
+    jobs.clear()
+
+
+def submissions(
+    filtered: LoopbackCluster, alone: LoopbackCluster, service: Service, count: int
+) -> dict[str, list[float]]:
+    seconds: dict[str, list[float]] = {"with filter": [], "without": []}
+    pending: dict[str, list[str]] = {"with filter": [], "without": []}
+    for i in range(count):
+        for label, cluster in (("with filter", filtered), ("without", alone)):
+            job = cluster.sbatch("--hold", "--gpus=1", script="true")
+            assert job.returncode == 0, job.stderr
+            seconds[label].append(job.seconds)
+            pending[label].append(job.id)
+        if (i + 1) % ROUND == 0:
+            clear(filtered, service, pending["with filter"])
+            clear(alone, service, pending["without"])
+    clear(filtered, service, pending["with filter"])
+    clear(alone, service, pending["without"])
+    return seconds
+
+
+def service_calls(service: Service, count: int = 100) -> dict[str, float]:
+    """p50 of the filter's call and of its parts, made straight to the service."""
+    out: dict[str, float] = {}
+    with httpx.Client(base_url=service.url) as http:
+        for label, method, path, body in (
+            ("GET /healthz", "GET", "/healthz", None),
+            ("POST /v1/place (1 GPU)", "POST", "/v1/place", {"gpus": 1}),
+            ("POST /v1/slurm/job-submit", "POST", "/v1/slurm/job-submit", SUBMIT),
+        ):
+            times = []
+            for i in range(count):
+                started = time.perf_counter()
+                response = http.request(method, path, json=body)
+                times.append((time.perf_counter() - started) * 1000)
+                assert response.status_code < 300, response.text
+                if i % ROUND == ROUND - 1:
+                    clear_allocations(service)
+            clear_allocations(service)
+            out[label] = pct(times, 50)
+    return out
+
+
+def held_gpus(cluster: LoopbackCluster, job: str) -> list[int]:
+    shown = cluster.show_job(job)
+    return sorted(int(i) for i in re.findall(r"\(IDX:(\d+)\)", shown))
+
+
+def choice(
+    filtered: LoopbackCluster, alone: LoopbackCluster, node: str, solo: str, state: tuple[int, ...]
+) -> tuple[list[int], list[int], list[int]]:
+    fillers = [filtered.sbatch(f"--gpus={g}", "-w", node, script="sleep 60") for g in state]
+    busy: list[list[int]] = []
+    for filler in fillers:
+        filtered.wait_state(filler.id, ("RUNNING",))
+        busy.append(held_gpus(filtered, filler.id))
+    pinned = [
+        alone.sbatch(
+            "-w", solo, f"--gres={','.join(f'gpu:g{g}:1' for g in gpus)}", script="sleep 60"
+        )
+        for gpus in busy
+    ]
+    for job in pinned:
+        alone.wait_state(job.id, ("RUNNING",))
+    script = "echo CVD=$CUDA_VISIBLE_DEVICES; sleep 60"
+    ours = filtered.sbatch("--gpus=4", "-w", node, script=script)
+    theirs = alone.sbatch("--gpus=4", "-w", solo, script=script)
+    picked = []
+    for cluster, job in ((filtered, ours), (alone, theirs)):
+        text = cluster.wait_output(job.id, "CVD=")
+        picked.append(sorted(int(g) for g in text.split("CVD=")[1].split()[0].split(",")))
+    return sorted(g for gpus in busy for g in gpus), picked[0], picked[1]
+
+
+def pct(values: list[float], q: float) -> float:
+    return float(np.percentile(values, q))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="60 submissions each instead of 300")
+    args = parser.parse_args()
+    why = missing_prerequisites()
+    if why is not None:
+        raise SystemExit(f"cannot run a loopback Slurm cluster here: {why}")
+    count = 60 if args.quick else 300
+    print(f"machine: {describe()}")
+    root = Path(tempfile.mkdtemp(prefix="topoplace-bench-slurm-"))
+    service = Service(root / "service")
+    (root / "service").mkdir()
+    nodes, solos = ["node1", "node2", "node3"], ["solo1", "solo2", "solo3"]
+    filtered = LoopbackCluster(root / "filtered", nodes, service, with_filter=True)
+    alone = LoopbackCluster(root / "alone", solos, service, with_filter=False)
+    try:
+        service.start()
+        service.report(PROFILE, nodes + solos)
+        for cluster in (filtered, alone):
+            cluster.root.mkdir()
+            cluster.start()
+        seconds = submissions(filtered, alone, service, count)
+        inside = filter_ms(filtered)
+        print(f"\n{count} held 1-GPU sbatch submissions per cluster, alternating, one client")
+        print("| | sbatch p50 ms | sbatch p99 ms | submissions/s |")
+        print("|---|---|---|---|")
+        rate = {}
+        for label in ("without", "with filter"):
+            s = seconds[label]
+            rate[label] = 1 / statistics.mean(s)
+            print(
+                f"| {label} | {pct(s, 50) * 1000:.1f} | {pct(s, 99) * 1000:.1f}"
+                f" | {rate[label]:.0f} |"
+            )
+        added = [
+            (a - b) * 1000 for a, b in zip(seconds["with filter"], seconds["without"], strict=True)
+        ]
+        print(
+            f"filter inside slurmctld (job_submit.lua's HTTP call, {len(inside)} calls):"
+            f" p50 {pct(inside, 50):.1f} ms, p99 {pct(inside, 99):.1f} ms"
+        )
+        print(
+            f"sbatch with minus without (pairwise): p50 {pct(added, 50):.1f} ms,"
+            f" p99 {pct(added, 99):.1f} ms; throughput with/without"
+            f" {rate['with filter'] / rate['without']:.2f}x"
+        )
+        direct = service_calls(service)
+        print(
+            "the same service over HTTP from Python, p50 ms: "
+            + ", ".join(f"{k} {v:.1f}" for k, v in direct.items())
+        )
+        print("\nGPU choice for a --gpus=4 job on a DGX-1 node with GPUs already held")
+        print("| GPUs held | topoplace | ring GB/s | Slurm alone | ring GB/s |")
+        print("|---|---|---|---|---|")
+        for node, solo, state in zip(nodes, solos, STATES, strict=True):
+            busy, ours, theirs = choice(filtered, alone, node, solo, state)
+            print(f"| {busy} | {ours} | {ring_gbps(ours):g} | {theirs} | {ring_gbps(theirs):g} |")
+    finally:
+        for cluster in (filtered, alone):
+            cluster.stop()
+        service.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

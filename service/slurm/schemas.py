@@ -1,0 +1,102 @@
+"""API shapes of the Slurm adapter: what job_submit.lua / cli_filter.lua send, what they get."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+# Slurm's "not set" markers: NO_VAL (32 bit), NO_VAL16, and INFINITE variants.
+_UNSET_NUMBERS = {0xFFFFFFFE, 0xFFFFFFFF, 0xFFFE, 0xFFFF}
+
+
+class JobSubmit(BaseModel):
+    """The fields of Slurm's ``job_desc`` the adapter reads (names as job_submit.lua has them).
+
+    Numbers the user did not set arrive as Slurm's NO_VAL (4294967294) and
+    are read as unset. Unknown fields are ignored, so a newer script can send more.
+    """
+
+    model_config = ConfigDict(extra="ignore")
+
+    tres_per_job: str | None = None
+    tres_per_node: str | None = None
+    tres_per_task: str | None = None
+    tres_per_socket: str | None = None
+    min_nodes: int | None = None
+    max_nodes: int | None = None
+    num_tasks: int | None = None
+    features: str | None = Field(default=None, description="--constraint")
+    req_nodes: str | None = Field(default=None, description="--nodelist, a Slurm host list")
+    exc_nodes: str | None = Field(default=None, description="--exclude, a Slurm host list")
+    partition: str | None = None
+    partition_nodes: str | None = Field(
+        default=None,
+        description="host list of the job's partition(s), as the script finds it in part_list;"
+        " only these nodes are considered",
+    )
+    array_inx: str | None = Field(default=None, description="--array: a job array")
+    user_name: str | None = Field(default=None, max_length=256)
+    name: str | None = Field(default=None, description="job name")
+    comment: str | None = Field(default=None, description="may carry 'topoplace:' options")
+    batch: bool = Field(default=True, description="a batch job (sbatch): environment can be set")
+    reserve: bool = Field(
+        default=True,
+        description="false: only say what would be chosen (cli_filter.lua); nothing is reserved",
+    )
+
+    @field_validator("min_nodes", "max_nodes", "num_tasks", mode="before")
+    @classmethod
+    def _unset(cls, value: Any) -> Any:
+        if isinstance(value, int | float) and int(value) in _UNSET_NUMBERS:
+            return None
+        return value
+
+    @field_validator(
+        "tres_per_job",
+        "tres_per_node",
+        "tres_per_task",
+        "tres_per_socket",
+        "features",
+        "req_nodes",
+        "exc_nodes",
+        "partition",
+        "partition_nodes",
+        "array_inx",
+        "comment",
+        mode="before",
+    )
+    @classmethod
+    def _empty(cls, value: Any) -> Any:
+        return None if value == "" else value
+
+
+Action = Literal["modify", "unchanged", "refuse"]
+
+
+class JobDecision(BaseModel):
+    """What the script does with the job.
+
+    - ``modify``: write every ``set`` field into job_desc (and, for batch jobs,
+      ``environment``); the job runs on exactly these nodes and GPUs;
+    - ``unchanged``: let the job through as it is, logging ``message``;
+    - ``refuse``: refuse the submission, showing ``message`` to the user.
+    """
+
+    action: Action
+    message: str
+    set: dict[str, str] = Field(
+        default_factory=dict, description="job_desc fields to write, e.g. req_nodes, tres_per_node"
+    )
+    environment: dict[str, str] = Field(default_factory=dict)
+    allocation_ids: list[str] = Field(default_factory=list)
+    nodes: list[str] = Field(default_factory=list)
+    gpu_indices: list[int] = Field(
+        default_factory=list, description="the GPUs on each node of the job"
+    )
+    gres: str = Field(default="", description="the same GPUs as an --gres value (cli_filter)")
+
+
+class ReconcileResult(BaseModel):
+    released: list[str] = Field(description="allocations released: their job is gone")
+    live_jobs: int = Field(description="jobs Slurm still has that hold a topoplace allocation")

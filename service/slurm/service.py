@@ -1,0 +1,285 @@
+"""Slurm job submissions in, job_desc changes out, through the same core calls as /place.
+
+``decide`` reads what job_submit.lua sent, turns it into a placement request
+(GPU count and model from the TRES fields, candidates from the partition,
+--nodelist, --exclude and --constraint, locality and policy from the comment
+or the settings), reserves through ``service.allocations.service`` and says
+which job_desc fields to write. Slurm applies one ``tres_per_node`` to every
+node of a job, so a multi-node job is placed only when every node gets the
+same GPU indices; otherwise it is left to Slurm.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from typing import Any
+
+from sqlalchemy.exc import OperationalError
+
+from service.allocations import service as allocations
+from service.allocations.schemas import PlaceRequest, ScoreRequest
+from service.errors import ServiceError, Unresolvable, Unschedulable
+from service.slurm import conf, hostlist, job_options
+from service.slurm.admin_comment import format_comment
+from service.slurm.schemas import JobDecision, JobSubmit
+from service.slurm.settings import SlurmSettings
+from service.slurm.tres import GpuAsk, TresError, gpu_ask, per_gpu_tres
+from service.state import ServiceState
+
+log = logging.getLogger("topoplace.slurm")
+OWNER_PREFIX = "slurm:"
+_COMPLEX_CONSTRAINT = set("|[]*()!")
+
+
+class _LeaveAlone(Exception):
+    """The job goes to Slurm unchanged; the message says why (logged by the script)."""
+
+
+def _unchanged(message: str) -> JobDecision:
+    return JobDecision(action="unchanged", message=f"topoplace: {message}")
+
+
+def decide(state: ServiceState, settings: SlurmSettings, job: JobSubmit) -> JobDecision:
+    """What job_submit.lua (or cli_filter.lua, with ``reserve`` false) does with the job."""
+    try:
+        options = job_options.parse(job.comment, settings)
+        ask, per_job = _gpu_request(job)
+    except (job_options.JobOptionError, TresError) as exc:
+        return JobDecision(action="refuse", message=str(exc))
+    except _LeaveAlone as exc:
+        return _unchanged(str(exc))
+    if options.off:
+        if settings.allow_opt_out:
+            return _unchanged("the job's comment says topoplace:off")
+        return JobDecision(
+            action="refuse",
+            message="topoplace: this cluster does not allow topoplace:off; remove it",
+        )
+    try:
+        node_count, candidates, excluded = _nodes(state, job)
+        if per_job and node_count > 1:
+            raise _LeaveAlone("--gpus over several nodes is left to Slurm; use --gpus-per-node")
+        base: dict[str, Any] = {
+            "gpus": ask.count,
+            "locality": options.locality,
+            "policy": options.policy,
+            "objective": options.objective,
+            "numa": options.numa,
+            "gpu_models": ask.model_types,
+            "nodes": candidates,
+            "exclude_nodes": excluded,
+        }
+        if not job.reserve:
+            return _proposal(state, base, node_count)
+        owner = f"{OWNER_PREFIX}{job.user_name or 'unknown'}"
+        if node_count == 1:
+            placed = [_place(state, PlaceRequest(**base, owner=owner))]
+        else:
+            placed = _place_nodes(state, base, node_count, owner)
+    except _LeaveAlone as exc:
+        return _unchanged(str(exc))
+    except Unschedulable as exc:
+        return _unchanged(f"nothing fits now, Slurm queues the job as asked ({exc.message})")
+    except Unresolvable as exc:
+        if per_job and job.min_nodes is None and options.locality != "nvlink":
+            # --gpus=N without -N may span nodes under Slurm; only one node is out of reach.
+            return _unchanged(f"no single node can hold it; left to Slurm ({exc.message})")
+        return JobDecision(action="refuse", message=f"topoplace: {exc.message}")
+    return _modify(state, job, placed, per_job)
+
+
+def _gpu_request(job: JobSubmit) -> tuple[GpuAsk, bool]:
+    """(GPUs per node, whether they came from tres_per_job)."""
+    if job.array_inx is not None:
+        # One pinned set of GPUs would run the array's tasks one after another.
+        raise _LeaveAlone("job arrays are left to Slurm")
+    for field in ("tres_per_task", "tres_per_socket"):
+        if gpu_ask(getattr(job, field)) is not None:
+            raise _LeaveAlone(f"GPUs per task or socket ({field}) are left to Slurm")
+    per_node, per_job = gpu_ask(job.tres_per_node), gpu_ask(job.tres_per_job)
+    if per_node is not None and per_job is not None:
+        raise _LeaveAlone("GPUs asked both per job and per node; left to Slurm")
+    if per_node is not None:
+        return per_node, False
+    if per_job is not None:
+        return per_job, True
+    raise _LeaveAlone("the job asks for no GPU")
+
+
+def _nodes(
+    state: ServiceState, job: JobSubmit
+) -> tuple[int, tuple[str, ...] | None, tuple[str, ...]]:
+    """(node count, candidate nodes or None for all, excluded nodes)."""
+    try:
+        required = hostlist.expand(job.req_nodes)
+        partition = hostlist.expand(job.partition_nodes)
+        excluded = tuple(hostlist.expand(job.exc_nodes))
+    except hostlist.HostlistError as exc:
+        raise _LeaveAlone(str(exc)) from None
+    node_count = max(job.min_nodes or 1, len(required))
+    if job.max_nodes is not None and job.max_nodes < node_count:
+        raise _LeaveAlone("the job's node count range is inconsistent; left to Slurm")
+    known = state.cluster.names()
+    pool = [n for n in (required or partition or known) if n in state.cluster]
+    if partition and required:
+        allowed = set(partition)
+        pool = [n for n in pool if n in allowed]
+    if job.features:
+        pool = _with_features(state, pool, job.features)
+    if not pool:
+        raise _LeaveAlone("no node the job may use is known to topoplace; left to Slurm")
+    if required and len(pool) < len(required):
+        raise _LeaveAlone("some nodes in --nodelist are unknown to topoplace; left to Slurm")
+    everything = not required and not job.features and len(pool) == len(known)
+    return node_count, None if everything else tuple(pool), excluded
+
+
+def _with_features(state: ServiceState, pool: list[str], expression: str) -> list[str]:
+    if _COMPLEX_CONSTRAINT & set(expression):
+        raise _LeaveAlone(f"constraint {expression!r} is more than a list of features")
+    wanted = {f.strip() for f in expression.replace("&", ",").split(",") if f.strip()}
+    return [n for n in pool if wanted <= set(conf.features(state.cluster.node(n).snapshot))]
+
+
+def _place(state: ServiceState, request: PlaceRequest) -> dict[str, Any]:
+    allocation, _ = allocations.place(state, request, None)
+    return allocation
+
+
+def confirm_all(state: ServiceState, ids: list[str]) -> None:
+    """pending -> active: Slurm owns the job now; the epilog or the reconcile loop ends it.
+
+    Run after the answer is sent (slurmctld waits on the answer with its locks
+    held). Should it fail, the reservation stays pending and expires after
+    its TTL, and the log says so.
+    """
+    for allocation_id in ids:
+        try:
+            allocations.confirm(state, allocation_id)
+        except (ServiceError, OperationalError) as exc:
+            log.warning("could not confirm allocation %s: %s", allocation_id, exc)
+
+
+def _release(state: ServiceState, placed: list[dict[str, Any]]) -> None:
+    for allocation in placed:
+        allocations.release(state, str(allocation["id"]))
+
+
+def _node_sets(allocation: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    sets: dict[str, list[int]] = defaultdict(list)
+    for task in allocation["tasks"]:
+        sets[task["node"]] += task["gpu_indices"]
+    return {node: tuple(sorted(gpus)) for node, gpus in sets.items()}
+
+
+def _place_nodes(
+    state: ServiceState, base: dict[str, Any], node_count: int, owner: str
+) -> list[dict[str, Any]]:
+    """A multi-node job: every node the same GPU indices, all or nothing.
+
+    First as one gang (which keeps it inside one NVLink domain or network
+    block when it can); when the gang shares a node between tasks or gives
+    nodes different GPUs, the nodes that would give the same GPUs are taken
+    one by one, each as its own allocation, undone if any fails.
+    """
+    gang = _place(state, PlaceRequest(**{**base, "tasks": node_count}, owner=owner))
+    sets = _node_sets(gang)
+    if len(sets) == node_count and len(set(sets.values())) == 1:
+        return [gang]
+    _release(state, [gang])
+    gpus, group = _same_gpu_group(state, base, node_count)
+    placed: list[dict[str, Any]] = []
+    try:
+        for node in group:
+            placed.append(_place(state, PlaceRequest(**{**base, "nodes": (node,)}, owner=owner)))
+            if _node_sets(placed[-1]).get(node) != gpus:
+                raise _LeaveAlone(f"{node} changed while the job was placed; left to Slurm")
+    except (ServiceError, _LeaveAlone):
+        _release(state, placed)
+        raise
+    return placed
+
+
+def _same_gpu_group(
+    state: ServiceState, base: dict[str, Any], node_count: int
+) -> tuple[tuple[int, ...], list[str]]:
+    """The GPU indices and the best-ranked nodes that would all give them."""
+    verdicts = allocations.score(state, ScoreRequest(**base))
+    groups: dict[tuple[int, ...], list[tuple[int, str]]] = defaultdict(list)
+    for v in verdicts:
+        if v["fits"] and v["task"] is not None:
+            groups[tuple(v["task"]["gpu_indices"])].append((v["rank"], v["node"]))
+    usable = [
+        (gpus, sorted(members)[:node_count])
+        for gpus, members in groups.items()
+        if len(members) >= node_count
+    ]
+    if not usable:
+        raise _LeaveAlone(
+            f"no {node_count} nodes can give the same GPUs now (one tres_per_node applies to"
+            " every node); left to Slurm"
+        )
+    gpus, best = min(usable, key=lambda item: (item[1][-1][0], item[1][0][0]))
+    return tuple(sorted(gpus)), [node for _, node in best]
+
+
+def _proposal(state: ServiceState, base: dict[str, Any], node_count: int) -> JobDecision:
+    """What would be chosen for a single-node job, reserving nothing (cli_filter.lua)."""
+    if node_count != 1:
+        raise _LeaveAlone("multi-node jobs are placed by job_submit only")
+    verdicts = [v for v in allocations.score(state, ScoreRequest(**base)) if v["fits"]]
+    if not verdicts:
+        raise _LeaveAlone("nothing fits now")
+    best = min(verdicts, key=lambda v: v["rank"])
+    gpus = sorted(best["task"]["gpu_indices"])
+    return JobDecision(
+        action="modify",
+        message=f"topoplace: {best['node']} GPUs {gpus} proposed",
+        set={"req_nodes": best["node"], "tres_per_node": per_gpu_tres(gpus)},
+        nodes=[best["node"]],
+        gpu_indices=gpus,
+        gres=per_gpu_tres(gpus).replace("gres:", ""),
+    )
+
+
+def _modify(
+    state: ServiceState, job: JobSubmit, placed: list[dict[str, Any]], per_job: bool
+) -> JobDecision:
+    nodes = [node for allocation in placed for node in _node_sets(allocation)]
+    gpus = next(iter(_node_sets(placed[0]).values()))
+    ids = [str(a["id"]) for a in placed]
+    ring = min(float(a["ring_gbps"]) for a in placed)
+    bandwidth = min(float(t["score"]["bandwidth"]) for a in placed for t in a["tasks"])
+    fields = {
+        "req_nodes": ",".join(nodes),
+        "tres_per_node": per_gpu_tres(gpus),
+        "admin_comment": format_comment(ids, ring, bandwidth, list(gpus)),
+    }
+    if per_job:
+        # Slurm refuses a typed tres_per_node next to an untyped per-job ask.
+        fields["tres_per_job"] = ""
+    environment = (
+        {
+            "TOPOPLACE_ALLOCATION_ID": ",".join(ids),
+            "TOPOPLACE_GPUS": ",".join(str(g) for g in gpus),
+            "TOPOPLACE_RING_GBPS": f"{ring:g}",
+        }
+        if job.batch
+        else {}
+    )
+    message = (
+        f"topoplace: {','.join(nodes)} GPUs {','.join(str(g) for g in gpus)}"
+        f" (ring {ring:g} GB/s, allocation {','.join(ids)})"
+    )
+    log.info("%s for %s", message, job.name or "a job")
+    return JobDecision(
+        action="modify",
+        message=message,
+        set=fields,
+        environment=environment,
+        allocation_ids=ids,
+        nodes=nodes,
+        gpu_indices=list(gpus),
+        gres=per_gpu_tres(gpus).replace("gres:", ""),
+    )

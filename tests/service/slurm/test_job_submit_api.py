@@ -1,0 +1,172 @@
+"""POST /v1/slurm/job-submit and /v1/slurm/reconcile over the real app and databases."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from service.slurm.endpoints import get_settings
+from service.slurm.settings import SlurmSettings
+from tests.service.conftest import FakeClock
+from tests.service.helpers import add_nodes
+
+NO_VAL = 4294967294
+
+
+def submit(client: TestClient, **fields: Any) -> dict[str, Any]:
+    body = {"min_nodes": NO_VAL, "max_nodes": NO_VAL, "num_tasks": NO_VAL, "user_name": "alice"}
+    response = client.post("/v1/slurm/job-submit", json={**body, **fields})
+    assert response.status_code == 200, response.text
+    decision: dict[str, Any] = response.json()
+    return decision
+
+
+def live(client: TestClient) -> list[dict[str, Any]]:
+    allocations: list[dict[str, Any]] = client.get("/v1/allocations").json()["allocations"]
+    return [a for a in allocations if a["state"] in ("pending", "active")]
+
+
+@pytest.fixture
+def dgx1(client: TestClient) -> TestClient:
+    add_nodes(client, ("dgx1-v100", "node1"), ("dgx1-v100", "node2"))
+    return client
+
+
+def test_a_gpu_job_gets_exact_gpus_an_admin_comment_and_an_active_allocation(
+    dgx1: TestClient,
+) -> None:
+    decision = submit(dgx1, tres_per_job="gres:gpu:4", partition_nodes="node[1-2]")
+    assert decision["action"] == "modify"
+    [allocation] = live(dgx1)
+    [task] = allocation["tasks"]
+    gpus = task["gpu_indices"]
+    assert decision["set"] == {
+        "req_nodes": task["node"],
+        "tres_per_node": ",".join(f"gres:gpu:g{g}:1" for g in gpus),
+        "tres_per_job": "",
+        "admin_comment": f"topoplace alloc={allocation['id']} ring={allocation['ring_gbps']:g}GB/s"
+        f" bandwidth={task['score']['bandwidth']:.2f} gpus={','.join(map(str, gpus))}",
+    }
+    assert decision["environment"]["TOPOPLACE_ALLOCATION_ID"] == allocation["id"]
+    assert allocation["state"] == "active" and allocation["owner"] == "slurm:alice"
+    assert task["nvlink_connected"] and allocation["ring_gbps"] == 25.0
+
+
+def test_srun_jobs_get_no_environment_and_a_proposal_reserves_nothing(dgx1: TestClient) -> None:
+    assert submit(dgx1, tres_per_node="gres:gpu:2", batch=False)["environment"] == {}
+    before = live(dgx1)
+    proposal = submit(dgx1, tres_per_job="gres:gpu:2", reserve=False)
+    assert proposal["action"] == "modify" and proposal["gres"].startswith("gpu:g")
+    assert live(dgx1) == before
+
+
+@pytest.mark.parametrize(
+    ("fields", "action", "says"),
+    [
+        ({}, "unchanged", "asks for no GPU"),
+        ({"tres_per_task": "gres:gpu:1", "num_tasks": 4}, "unchanged", "per task"),
+        ({"tres_per_job": "gres:gpu:1", "array_inx": "0-3"}, "unchanged", "arrays"),
+        ({"tres_per_job": "gres:gpu:16"}, "unchanged", "no single node"),
+        ({"tres_per_job": "gres:gpu:8", "min_nodes": 2}, "unchanged", "several nodes"),
+        ({"tres_per_job": "gres:gpu:2", "req_nodes": "node[1-2]"}, "unchanged", "several nodes"),
+        (
+            {"tres_per_job": "gres:gpu:16", "comment": "topoplace:locality=nvlink"},
+            "refuse",
+            "no node can ever hold this request",
+        ),
+        ({"tres_per_node": "gres:gpu:a100:1"}, "refuse", "model a100"),
+        ({"tres_per_node": "gres:gpu:1", "comment": "topoplace:off"}, "unchanged", "off"),
+        ({"tres_per_node": "gres:gpu:1", "comment": "topoplace:x=1"}, "refuse", "unknown"),
+        ({"tres_per_node": "gres:gpu:1", "features": "a|b"}, "unchanged", "more than a list"),
+        ({"tres_per_node": "gres:gpu:1", "features": "gpu_h100"}, "unchanged", "no node"),
+        ({"tres_per_node": "gres:gpu:1", "partition_nodes": "other[1-4]"}, "unchanged", "no node"),
+        ({"tres_per_node": "gres:gpu:1", "req_nodes": "node[1-"}, "unchanged", "unbalanced"),
+    ],
+)
+def test_jobs_left_to_slurm_or_refused_say_why_and_hold_nothing(
+    dgx1: TestClient, fields: dict[str, Any], action: str, says: str
+) -> None:
+    decision = submit(dgx1, **fields)
+    assert decision["action"] == action
+    assert says in decision["message"]
+    assert decision["set"] == {} and live(dgx1) == []
+
+
+def test_candidates_follow_nodelist_exclude_features_and_models(dgx1: TestClient) -> None:
+    assert submit(dgx1, tres_per_node="gres:gpu:1", req_nodes="node2")["nodes"] == ["node2"]
+    assert submit(dgx1, tres_per_node="gres:gpu:1", exc_nodes="node1")["nodes"] == ["node2"]
+    featured = submit(dgx1, tres_per_node="gres:gpu:v100:1", features="gpu_v100&nvisland8")
+    assert featured["action"] == "modify"
+
+
+def test_nothing_free_leaves_the_job_to_slurm_queue(dgx1: TestClient) -> None:
+    for node in ("node1", "node2"):
+        assert submit(dgx1, tres_per_node="gres:gpu:8", req_nodes=node)["action"] == "modify"
+    decision = submit(dgx1, tres_per_node="gres:gpu:1")
+    assert decision["action"] == "unchanged" and "nothing fits now" in decision["message"]
+
+
+def test_a_multi_node_job_gets_the_same_gpus_on_every_node(dgx1: TestClient) -> None:
+    decision = submit(dgx1, tres_per_node="gres:gpu:4", min_nodes=2, max_nodes=2)
+    assert decision["action"] == "modify"
+    assert sorted(decision["set"]["req_nodes"].split(",")) == ["node1", "node2"]
+    tasks = [t for a in live(dgx1) for t in a["tasks"]]
+    assert {t["node"] for t in tasks} == {"node1", "node2"}
+    assert len({tuple(t["gpu_indices"]) for t in tasks}) == 1
+    assert decision["gpu_indices"] == tasks[0]["gpu_indices"]
+    assert len(decision["allocation_ids"]) == len(live(dgx1))
+
+
+def test_a_multi_node_job_whose_nodes_differ_is_left_to_slurm_holding_nothing(
+    dgx1: TestClient,
+) -> None:
+    submit(dgx1, tres_per_node="gres:gpu:2", req_nodes="node1")
+    before = live(dgx1)
+    decision = submit(dgx1, tres_per_node="gres:gpu:6", min_nodes=2)
+    assert decision["action"] == "unchanged" and "same GPUs" in decision["message"]
+    assert live(dgx1) == before
+
+
+def test_opt_out_can_be_forbidden(dgx1: TestClient) -> None:
+    app: Any = dgx1.app
+    app.dependency_overrides[get_settings] = lambda: SlurmSettings(allow_opt_out=False)
+    try:
+        decision = submit(dgx1, tres_per_node="gres:gpu:1", comment="topoplace:off")
+    finally:
+        app.dependency_overrides.clear()
+    assert decision["action"] == "refuse" and "does not allow" in decision["message"]
+
+
+def test_a_malformed_body_gets_the_one_error_shape(dgx1: TestClient) -> None:
+    response = dgx1.post("/v1/slurm/job-submit", json={"min_nodes": "two"})
+    assert response.status_code == 422
+    assert response.json()["error"]["detail"]["field"] == "min_nodes"
+
+
+def test_reconcile_releases_what_slurm_no_longer_has_after_the_grace_period(
+    dgx1: TestClient, clock: FakeClock
+) -> None:
+    kept = submit(dgx1, tres_per_node="gres:gpu:1")
+    done = submit(dgx1, tres_per_node="gres:gpu:1")
+    lost = submit(dgx1, tres_per_node="gres:gpu:1")
+    squeue = {
+        "jobs": [
+            {"job_id": 1, "job_state": "RUNNING", "admin_comment": kept["set"]["admin_comment"]},
+            {"job_id": 2, "job_state": "COMPLETED", "admin_comment": done["set"]["admin_comment"]},
+            {"job_id": 3, "job_state": "PENDING", "admin_comment": ""},
+        ]
+    }
+    early = dgx1.post("/v1/slurm/reconcile", json=squeue).json()
+    assert early == {"released": [], "live_jobs": 1}  # all younger than the grace period
+    clock.advance(SlurmSettings().reconcile_grace_s + 1)
+    result = dgx1.post("/v1/slurm/reconcile", json=squeue).json()
+    assert sorted(result["released"]) == sorted(done["allocation_ids"] + lost["allocation_ids"])
+    assert [a["id"] for a in live(dgx1)] == kept["allocation_ids"]
+
+
+def test_reconcile_refuses_what_is_not_squeue_output(dgx1: TestClient) -> None:
+    response = dgx1.post("/v1/slurm/reconcile", json={"nodes": []})
+    assert response.status_code == 400
+    assert "squeue --json" in response.json()["error"]["message"]

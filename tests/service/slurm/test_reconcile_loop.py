@@ -1,0 +1,53 @@
+"""The background reconcile step: runs the configured command, never releases on a failed read."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+from fastapi.testclient import TestClient
+
+from service.slurm.reconcile import Reconciler
+from service.slurm.settings import SlurmSettings
+from tests.service.helpers import add_nodes
+
+
+def _live(client: TestClient) -> list[str]:
+    rows = client.get("/v1/allocations").json()["allocations"]
+    return [a["id"] for a in rows if a["state"] in ("pending", "active")]
+
+
+def _reconciler(client: TestClient, command: str) -> Reconciler:
+    app: Any = client.app
+    settings = SlurmSettings(squeue_command=command, reconcile_grace_s=0)
+    return Reconciler(app.state.service, settings)
+
+
+def _squeue(tmp_path: Path, jobs: list[dict[str, Any]]) -> str:
+    """A command printing what `squeue --json` would."""
+    output = tmp_path / "squeue.json"
+    output.write_text(json.dumps({"jobs": jobs}))
+    return f"cat {output}"
+
+
+def test_a_failed_or_empty_read_releases_nothing(client: TestClient) -> None:
+    add_nodes(client, ("dgx1-v100", "node1"))
+    client.post("/v1/slurm/job-submit", json={"tres_per_node": "gres:gpu:1"})
+    held = _live(client)
+    for command in ("false", "/nonexistent/squeue --json", "echo not-json"):
+        asyncio.run(_reconciler(client, command).tick())
+        assert _live(client) == held
+
+
+def test_the_configured_command_is_read_and_gone_jobs_are_released(
+    client: TestClient, tmp_path: Path
+) -> None:
+    add_nodes(client, ("dgx1-v100", "node1"))
+    kept = client.post("/v1/slurm/job-submit", json={"tres_per_node": "gres:gpu:1"}).json()
+    gone = client.post("/v1/slurm/job-submit", json={"tres_per_node": "gres:gpu:1"}).json()
+    running = {"job_id": 1, "job_state": "RUNNING", "admin_comment": kept["set"]["admin_comment"]}
+    asyncio.run(_reconciler(client, _squeue(tmp_path, [running])).tick())
+    assert _live(client) == kept["allocation_ids"]
+    assert gone["allocation_ids"][0] not in _live(client)

@@ -1,0 +1,118 @@
+"""`topoplace slurm gres-conf|node-conf|epilog` against a real service on loopback."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import uvicorn
+
+from placement.profiles import build_profile
+from service.app import create_app
+from service.settings import Settings
+from service.slurm.conf import gres_conf_lines, node_conf_line
+from topoplace.cli import main
+from topoplace.client import TopoplaceClient
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    db = tmp_path_factory.mktemp("slurm-cmd") / "t.sqlite3"
+    app = create_app(Settings(database_url=f"sqlite:///{db}", heartbeat_ttl_s=3600))
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    uv = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=uv.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                if httpx.get(f"{url}/readyz", timeout=1, trust_env=False).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "service not ready"
+            time.sleep(0.05)
+        with TopoplaceClient(url) as client:
+            for name in ("gpu1", "gpu2"):
+                snap = build_profile("dgx1-v100", name)
+                client.put_snapshot(name, snap.model_dump(mode="json"))
+        yield url
+    finally:
+        uv.should_exit = True
+        thread.join(timeout=10)
+        sock.close()
+
+
+def test_gres_conf_prints_every_gpu_of_every_node(
+    server: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(["slurm", "gres-conf", "gpu[1-2]", "--device-dir", "/fake", "--server", server])
+    assert code == 0
+    lines = [x for x in capsys.readouterr().out.splitlines() if not x.startswith("#")]
+    expected = [
+        line
+        for name in ("gpu1", "gpu2")
+        for line in gres_conf_lines(build_profile("dgx1-v100", name), "/fake")
+    ]
+    assert lines == expected
+
+
+def test_node_conf_prints_one_line_per_node(
+    server: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["slurm", "node-conf", "gpu1", "--extra", "State=UNKNOWN", "--server", server]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        node_conf_line(build_profile("dgx1-v100", "gpu1"), "State=UNKNOWN")
+    ]
+
+
+def test_an_unknown_node_is_a_refusal(server: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["slurm", "gres-conf", "nope", "--server", server]) == 1
+    assert "no node named 'nope'" in capsys.readouterr().err
+
+
+def _config(tmp_path: Path, server: str, admin_comment: str, exit_code: int = 0) -> Path:
+    """topoplace.conf naming the service and a stand-in scontrol printing the job."""
+    script = tmp_path / "scontrol"
+    script.write_text(
+        "#!/bin/sh\n"
+        f"echo 'JobId=7 JobName=x WorkDir=/tmp AdminComment={admin_comment} StdErr=/dev/null'\n"
+        f"exit {exit_code}\n"
+    )
+    script.chmod(0o755)
+    config = tmp_path / "topoplace.conf"
+    config.write_text(f"# as job_submit.lua reads it\nserver = {server}\nscontrol = {script}\n")
+    return config
+
+
+def test_the_epilog_releases_the_allocations_named_in_the_admin_comment(
+    server: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    decision = httpx.post(
+        f"{server}/v1/slurm/job-submit", json={"tres_per_node": "gres:gpu:2"}, trust_env=False
+    ).json()
+    config = _config(tmp_path, server, decision["set"]["admin_comment"])
+    assert main(["slurm", "epilog", "--config", str(config), "--job", "7"]) == 0
+    [allocation_id] = decision["allocation_ids"]
+    assert f"allocation {allocation_id} released: True" in capsys.readouterr().out
+    with TopoplaceClient(server) as client:
+        assert client.allocation(allocation_id)["state"] == "released"
+
+
+def test_the_epilog_leaves_other_jobs_alone_and_reports_a_failed_read(
+    server: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = _config(tmp_path, server, "")
+    assert main(["slurm", "epilog", "--config", str(config), "--job", "7"]) == 0
+    assert capsys.readouterr().out == ""
+    config = _config(tmp_path, server, "", exit_code=1)
+    assert main(["slurm", "epilog", "--config", str(config), "--job", "7"]) == 3
+    assert "cannot read job 7" in capsys.readouterr().err

@@ -1,0 +1,169 @@
+"""`topoplace slurm gres-conf|node-conf|epilog`: Slurm's side of topoplace.
+
+- ``gres-conf NODE...`` prints gres.conf lines from the nodes' stored
+  snapshots: one GRES Type per GPU (``g<index>``), ``Links=`` from the
+  NVLink matrix, ``Cores=`` from each GPU's NUMA node;
+- ``node-conf NODE...`` prints slurm.conf node lines with ``Gres=`` and
+  ``Features`` (GPU model, NVLink, largest island, NVLink domain, block);
+- ``epilog`` is the ``EpilogSlurmctld`` program: it reads the job's admin
+  comment (``scontrol show job``) and releases the allocations named there.
+
+NODE arguments may be Slurm host lists (``node[1-4]``). Exit status as the
+other client commands: 0 done, 1 refused, 2 usage, 3 service unreachable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from topoplace import client_cmd
+
+if TYPE_CHECKING:
+    from placement import NodeSnapshot
+    from topoplace.client import TopoplaceClient
+
+DEFAULT_CONFIG = "/etc/slurm/topoplace.conf"
+_ADMIN_COMMENT = re.compile(r"\bAdminComment=(.*?)(?=\s+[A-Z][A-Za-z/:]*=|$)")
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = sub.add_parser(
+        "slurm", help="Slurm configuration from snapshots, and the job-end epilog"
+    )
+    commands = parser.add_subparsers(dest="slurm_command", required=True)
+    common = client_cmd._service_options()
+
+    p = commands.add_parser(
+        "gres-conf",
+        parents=[common],
+        help="gres.conf lines: one GRES type per GPU, Links= and Cores=",
+        epilog=client_cmd.EXIT_HELP,
+    )
+    p.add_argument("nodes", nargs="+", metavar="NODE", help="node names or host lists")
+    p.add_argument(
+        "--device-dir",
+        default="/dev",
+        metavar="DIR",
+        help="where the nvidiaN device files are (default /dev)",
+    )
+    p.set_defaults(func=lambda args: client_cmd.run(_print_gres_conf, args))
+
+    p = commands.add_parser(
+        "node-conf",
+        parents=[common],
+        help="slurm.conf node lines with Gres= and Features",
+        epilog=client_cmd.EXIT_HELP,
+    )
+    p.add_argument("nodes", nargs="+", metavar="NODE", help="node names or host lists")
+    p.add_argument(
+        "--extra", default="", metavar="TEXT", help="appended to every line, e.g. 'State=UNKNOWN'"
+    )
+    p.set_defaults(func=lambda args: client_cmd.run(_print_node_conf, args))
+
+    p = commands.add_parser(
+        "epilog",
+        parents=[common],
+        help="EpilogSlurmctld: release the finished job's allocations",
+        epilog=client_cmd.EXIT_HELP,
+    )
+    p.add_argument(
+        "--config",
+        default=DEFAULT_CONFIG,
+        metavar="PATH",
+        help=f"topoplace.conf shared with job_submit.lua (default {DEFAULT_CONFIG}):"
+        " server, token_file, scontrol, slurm_conf",
+    )
+    p.add_argument("--job", metavar="ID", help="the job (default: $SLURM_JOB_ID)")
+    p.set_defaults(func=run_epilog)
+
+
+def _snapshots(client: TopoplaceClient, names: list[str]) -> list[NodeSnapshot]:
+    from placement import NodeSnapshot
+    from service.slurm.hostlist import expand
+
+    found = []
+    for pattern in names:
+        for name in expand(pattern):
+            newest = client.snapshots(name)[0]
+            found.append(NodeSnapshot.model_validate(newest["snapshot"]))
+    return found
+
+
+def _print_gres_conf(client: TopoplaceClient, args: argparse.Namespace) -> None:
+    from service.slurm.conf import gres_conf_lines
+
+    print("# gres.conf written by `topoplace slurm gres-conf` from the nodes' snapshots")
+    for snap in _snapshots(client, args.nodes):
+        print(f"# {snap.name}: snapshot seq {snap.seq}")
+        for line in gres_conf_lines(snap, args.device_dir):
+            print(line)
+
+
+def _print_node_conf(client: TopoplaceClient, args: argparse.Namespace) -> None:
+    from service.slurm.conf import node_conf_line
+
+    for snap in _snapshots(client, args.nodes):
+        print(node_conf_line(snap, args.extra))
+
+
+def read_config(path: str) -> dict[str, str]:
+    """``key = value`` lines, ``#`` comments: the file job_submit.lua reads too."""
+    values: dict[str, str] = {}
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return values
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep and not line.lstrip().startswith("#"):
+            values[key.strip()] = value.strip()
+    return values
+
+
+def admin_comment(scontrol: str, job: str) -> str:
+    """The job's admin comment as ``scontrol show job -o`` prints it."""
+    done = subprocess.run(
+        [scontrol, "show", "job", "-o", job],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"{scontrol} show job {job}: {done.stderr.strip() or done.returncode}")
+    match = _ADMIN_COMMENT.search(done.stdout.strip())
+    return match.group(1).strip() if match else ""
+
+
+def run_epilog(args: argparse.Namespace) -> int:
+    from service.slurm.admin_comment import allocation_ids
+
+    config = read_config(args.config)
+    job = args.job or os.environ.get("SLURM_JOB_ID", "")
+    if not job:
+        print("error: no job: set SLURM_JOB_ID or pass --job", file=sys.stderr)
+        return client_cmd.EXIT_USAGE
+    if config.get("slurm_conf"):
+        os.environ["SLURM_CONF"] = config["slurm_conf"]
+    args.server = args.server or config.get("server")
+    args.token_file = args.token_file or config.get("token_file")
+    try:
+        ids = allocation_ids(admin_comment(config.get("scontrol", "scontrol"), job))
+    except (OSError, RuntimeError, subprocess.TimeoutExpired) as exc:
+        print(f"error: cannot read job {job}: {exc}", file=sys.stderr)
+        return client_cmd.EXIT_UNREACHABLE
+    if not ids:
+        return client_cmd.EXIT_OK  # not placed by topoplace
+
+    def release(client: TopoplaceClient, _: argparse.Namespace) -> None:
+        for allocation in ids:
+            released = client.release(allocation).get("released", [])
+            print(f"job {job}: allocation {allocation} released: {bool(released)}")
+
+    return client_cmd.run(release, args)
