@@ -83,7 +83,7 @@ class Listener:
                 with psycopg.connect(self.dsn, autocommit=True) as conn:
                     conn.execute(f"LISTEN {CHANNEL}")
                     # Anything missed while we were not listening: read it all once.
-                    self.state.sync_nodes(None)
+                    self.state.resync()
                     self.ready.set()
                     self._listen(conn)
             except Exception:
@@ -103,7 +103,7 @@ class Listener:
                     wanted.update(nodes)
             since_resync += 1.0
             if reload_all or since_resync >= RESYNC_S:
-                self.state.sync_nodes(None)
+                self.state.resync()
                 since_resync = 0.0
                 if reload_all:  # another replica changed many nodes: watchers list again
                     self.state.events.publish("node", "resync")
