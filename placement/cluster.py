@@ -163,6 +163,8 @@ class ClusterState:
         """Mark GPUs / MIG instances / CPUs held. All or nothing: conflicts change nothing."""
         entry = self._entry(node)
         gpus, migs, cpu_set = set(gpu_uuids), set(mig_uuids), set(cpus)
+        if not (gpus or migs or cpu_set):
+            return  # nothing to hold: the node's answers stay cached
         if unknown := sorted(gpus - entry.bit_of.keys()):
             raise AllocationError(f"node {node} has no GPU {unknown[0]}")
         if migs and (unknown := sorted(migs - {m.uuid for m in entry.snapshot.mig_instances})):
@@ -189,9 +191,14 @@ class ClusterState:
         entry = self.entries.get(node)
         if entry is None:
             return  # the node left; its allocations went with it
-        entry.drop(set(gpu_uuids))
-        entry.busy_mig -= set(mig_uuids)
-        entry.used_cpus -= set(cpus)
+        gpus = set(gpu_uuids) & entry.busy
+        migs = set(mig_uuids) & entry.busy_mig
+        cpu_set = set(cpus) & entry.used_cpus
+        if not (gpus or migs or cpu_set):
+            return  # nothing held changes: the node's answers stay cached
+        entry.drop(gpus)
+        entry.busy_mig -= migs
+        entry.used_cpus -= cpu_set
         self._sync(entry)
 
     def apply(self, placement: Placement) -> None:

@@ -79,7 +79,7 @@ def report_snapshot(state: ServiceState, name: str, report: SnapshotReport) -> S
         if changed:
             state.cluster.upsert(snap)
         state.heartbeats[name] = now
-        state.refresh_availability()
+        state.refresh_availability([name])
     return SnapshotAccepted(node=name, seq=snap.seq, changed=changed)
 
 
@@ -117,7 +117,7 @@ def heartbeat(state: ServiceState, name: str) -> None:
             raise NotFound(f"no node named {name!r}; report a snapshot first")
     with state.lock:
         state.heartbeats[name] = now
-        state.refresh_availability()
+        state.refresh_availability([name])
 
 
 def set_cordoned(state: ServiceState, name: str, cordoned: bool) -> NodeView:
@@ -130,7 +130,7 @@ def set_cordoned(state: ServiceState, name: str, cordoned: bool) -> NodeView:
             state.cordoned.add(name)
         else:
             state.cordoned.discard(name)
-        state.refresh_availability()
+        state.refresh_availability([name])
     return get_node(state, name)
 
 
