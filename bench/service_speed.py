@@ -46,7 +46,7 @@ from placement import ClusterState, PlacementRequest
 from service import migrate, schema
 
 DEFAULT_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
-RESERVATION_TTL_S = 2
+RESERVATION_TTL_S = 1
 
 
 @contextmanager

@@ -23,8 +23,8 @@ Contract (where the engine meets the service):
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 from numpy.typing import NDArray
@@ -33,7 +33,7 @@ from placement.bandwidth import DEFAULT_BANDWIDTH, BandwidthTable
 from placement.class_registry import ClassRegistry
 from placement.fast_path import ShapeCaches
 from placement.node_entry import NodeEntry
-from placement.outcome import NodeVerdict, Outcome, Placement, TaskPlacement
+from placement.outcome import Cause, NodeVerdict, Outcome, Placement, TaskPlacement
 from placement.request import PlacementRequest
 from placement.snapshot import NodeSnapshot
 
@@ -50,6 +50,7 @@ DEFAULT_BLOCK_LABELS: tuple[str, ...] = (
 
 
 _CHANGE_LOG = 32_768
+Row = TypeVar("Row")
 
 
 class UnknownNodeError(ValueError):
@@ -231,6 +232,17 @@ class ClusterState:
         from placement.decide import verdicts
 
         return verdicts(self, request)
+
+    def verdict_rows(
+        self,
+        request: PlacementRequest,
+        fit: Callable[[str, int, float, TaskPlacement], Row],
+        refused: Callable[[str, Cause], Row],
+    ) -> list[Row]:
+        """``evaluate`` with the caller building each node's row (whole-GPU requests)."""
+        from placement.decide import verdict_rows
+
+        return verdict_rows(self, request, fit, refused)
 
     def screen(self, request: PlacementRequest) -> NodeScreen:
         """Every requested node's verdict as arrays (no TaskPlacement per node): see screen.py."""

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 
-from placement.analysis import Analysis, analyse, requested_slots
+from placement.analysis import CAUSES, Analysis, analyse, requested_slots
 from placement.explain import group_reasons, not_placed, refusal
 from placement.fast_path import fast_place, shape_key
 from placement.outcome import Cause, NodeVerdict, Outcome, Placement, TaskPlacement
@@ -109,15 +109,39 @@ def cached_task_at(
     return task
 
 
+Row = TypeVar("Row")
+
+
 def verdicts(state: ClusterState, request: PlacementRequest) -> list[NodeVerdict]:
     """Per requested node: fits (with the task it would get, rank, score) or why not."""
     if request.mig_profile is not None:
         from placement.mig import mig_verdicts
 
         return mig_verdicts(state, request)
+
+    def fit(node: str, rank: int, score: float, task: TaskPlacement) -> NodeVerdict:
+        return NodeVerdict(node=node, fits=True, rank=rank, score=score, task=task)
+
+    return verdict_rows(state, request, fit, lambda node, cause: refusal(node, cause, request))
+
+
+def verdict_rows(
+    state: ClusterState,
+    request: PlacementRequest,
+    fit: Callable[[str, int, float, TaskPlacement], Row],
+    refused: Callable[[str, Cause], Row],
+) -> list[Row]:
+    """``verdicts`` for whole-GPU requests, each verdict made by the caller's function:
+    best first ``fit(node, rank, score, task)``, then ``refused(node, cause)``.
+
+    A service answering /score for hundreds of nodes builds its rows
+    directly instead of building a NodeVerdict per node and converting it.
+    """
+    if request.mig_profile is not None:
+        raise ValueError("verdict_rows() answers whole-GPU requests; use verdicts() for MIG")
     analysis = analyse(state, request, request.gpus, requested_slots(state, request))
     protected = np.zeros(state.slot_count, dtype=np.bool_)
-    out: list[NodeVerdict] = []
+    out: list[Row] = []
     rank = 0
     shape = shape_key(request)
     for index, score in ranked(state, analysis, request, protected):
@@ -126,14 +150,17 @@ def verdicts(state: ClusterState, request: PlacementRequest) -> list[NodeVerdict
             analysis.set_cause(index, Cause.CPUS)
             continue
         rank += 1
-        out.append(NodeVerdict(node=task.node, fits=True, rank=rank, score=score, task=task))
-    for index in np.flatnonzero(~analysis.fits()).tolist():
-        name = state.entry_at(int(analysis.slots[index])).name
-        out.append(refusal(name, analysis.cause_of(index), request))
+        out.append(fit(task.node, rank, score, task))
+    unfit = np.flatnonzero(~analysis.fits())
+    slot_names = state.slot_names
+    for slot, code in zip(
+        analysis.slots[unfit].tolist(), analysis.cause[unfit].tolist(), strict=True
+    ):
+        out.append(refused(slot_names[slot], CAUSES[code]))
     if request.nodes is not None:
         out += [
-            refusal(name, Cause.NOT_REGISTERED, request)
+            refused(name, Cause.NOT_REGISTERED)
             for name in dict.fromkeys(request.nodes)
-            if name not in state.entries
+            if name not in state.slot_of
         ]
     return out

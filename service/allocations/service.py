@@ -30,7 +30,8 @@ from typing import Any, cast
 import orjson
 from sqlalchemy.exc import IntegrityError, OperationalError
 
-from placement import Outcome, Placement, TaskPlacement
+from placement import Cause, Outcome, Placement, TaskPlacement
+from placement.explain import cause_message
 from service.allocations import repository
 from service.allocations.schemas import (
     PlaceRequest,
@@ -422,19 +423,44 @@ def score(
 ) -> list[dict[str, Any]]:
     """Every requested node's verdict as the API shows it (NodeScoreView);
     ``view`` renders each task (``task_json`` for an answer encoded by orjson)."""
+
+    def fit(node: str, rank: int, score: float, task: TaskPlacement) -> dict[str, Any]:
+        return {
+            "node": node,
+            "fits": True,
+            "rank": rank,
+            "score": score,
+            "cause": None,
+            "message": task.reason,
+            "resolvable": True,
+            "task": view(task),
+        }
+
+    messages: dict[Cause, str] = {}  # hundreds of nodes share a handful of causes
+
+    def refused(node: str, cause: Cause) -> dict[str, Any]:
+        message = messages.get(cause)
+        if message is None:
+            message = messages[cause] = cause_message(cause, body)
+        return {
+            "node": node,
+            "fits": False,
+            "rank": None,
+            "score": 0.0,
+            "cause": cause.value,
+            "message": message,
+            "resolvable": cause.resolvable,
+            "task": None,
+        }
+
     with state.lock:
         state.refresh_if_due()
+        if body.mig_profile is None:
+            return state.cluster.verdict_rows(body, fit, refused)
         verdicts = state.cluster.evaluate(body)
     return [
-        {
-            "node": v.node,
-            "fits": v.fits,
-            "rank": v.rank,
-            "score": v.score,
-            "cause": v.cause.value if v.cause else None,
-            "message": v.message or (v.task.reason if v.task else ""),
-            "resolvable": v.resolvable,
-            "task": view(v.task) if v.task else None,
-        }
+        fit(v.node, v.rank or 0, v.score, v.task)
+        if v.fits and v.task is not None
+        else {**refused(v.node, v.cause or Cause.NOT_REGISTERED), "message": v.message}
         for v in verdicts
     ]
