@@ -94,9 +94,9 @@ class ClusterState:
         self.changes_base = 0
         self._static_cache: dict[object, NDArray[np.generic]] = {}
         self.shape_caches = ShapeCaches()
-        # (request shape, slot) -> (slot version, GPU mask, task): see decide.cached_task_at.
+        # request shape -> slot -> (slot version, GPU mask, task): see decide.verdict_rows.
         self.task_cache: dict[
-            tuple[tuple[object, ...], int], tuple[int, int, TaskPlacement | None]
+            tuple[object, ...], dict[int, tuple[int, int, TaskPlacement | None]]
         ] = {}
 
     # Membership ----------------------------------------------------------

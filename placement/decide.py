@@ -68,7 +68,7 @@ def ranked(
     inputs = analysis.rank_inputs(fits, state, protected)
     order = rank_order(inputs, request)
     summary = scores(inputs, request)
-    return [(int(where[i]), float(summary[i])) for i in order.tolist()]
+    return list(zip(where[order].tolist(), summary[order].tolist(), strict=True))
 
 
 def task_at(
@@ -80,36 +80,23 @@ def task_at(
     )
 
 
-def cached_task_at(
-    state: ClusterState,
-    analysis: Analysis,
-    index: int,
-    request: PlacementRequest,
-    shape: tuple[object, ...],
-) -> TaskPlacement | None:
-    """task_at for task 0, remembered per (request shape, slot) while the slot is unchanged.
-
-    A scheduler scores the same pod shape against the same nodes again and
-    again while only a few nodes change in between; the task a node would
-    give depends only on the node's state (its slot version), the set chosen
-    and the request's shape, so the TaskPlacement built last time is reused.
-    """
-    slot = int(analysis.slots[index])
-    mask = int(analysis.chosen[index])
-    version = int(state.slot_version[slot])
-    key = (shape, slot)
-    cache = state.task_cache
-    hit = cache.get(key)
-    if hit is not None and hit[0] == version and hit[1] == mask:
-        return hit[2]
-    task = task_at(state, analysis, index, request, 0)
-    if len(cache) >= 8 * state.slot_count + 4096:
-        cache.clear()  # bounded: a burst of new shapes cannot grow it without limit
-    cache[key] = (version, mask, task)
-    return task
+def task_table(
+    state: ClusterState, request: PlacementRequest
+) -> dict[int, tuple[int, int, TaskPlacement | None]]:
+    """slot -> (slot version, GPU mask, task) remembered for the request's shape
+    (see verdict_rows); bounded by the shapes kept, each by the slots."""
+    tables = state.task_cache
+    key = shape_key(request)
+    table = tables.get(key)
+    if table is None:
+        if len(tables) >= MAX_TASK_SHAPES:
+            tables.pop(next(iter(tables)))  # the oldest shape goes
+        table = tables[key] = {}
+    return table
 
 
 Row = TypeVar("Row")
+MAX_TASK_SHAPES = 64
 
 
 def verdicts(state: ClusterState, request: PlacementRequest) -> list[NodeVerdict]:
@@ -143,9 +130,27 @@ def verdict_rows(
     protected = np.zeros(state.slot_count, dtype=np.bool_)
     out: list[Row] = []
     rank = 0
-    shape = shape_key(request)
-    for index, score in ranked(state, analysis, request, protected):
-        task = cached_task_at(state, analysis, index, request, shape)
+    # The task a node would give depends only on the node's state (its slot
+    # version), the set chosen and the request's shape: a scheduler scoring
+    # pod after pod against the same nodes gets the tasks built last time for
+    # every node that has not changed since.
+    remembered = task_table(state, request)
+    best_first = ranked(state, analysis, request, protected)
+    indices = np.asarray([index for index, _ in best_first], dtype=np.int64)
+    slots = analysis.slots[indices]
+    for (index, score), slot, mask, version in zip(
+        best_first,
+        slots.tolist(),
+        analysis.chosen[indices].tolist(),
+        state.slot_version[slots].tolist(),
+        strict=True,
+    ):
+        hit = remembered.get(slot)
+        if hit is not None and hit[0] == version and hit[1] == mask:
+            task = hit[2]
+        else:
+            task = task_at(state, analysis, index, request, 0)
+            remembered[slot] = (version, mask, task)
         if task is None:
             analysis.set_cause(index, Cause.CPUS)
             continue

@@ -384,7 +384,7 @@ def sweep(state: ServiceState, now: datetime | None = None) -> list[str]:
 
 
 # id(task) -> (task, its view). The engine hands back the same TaskPlacement
-# for a node while the node is unchanged (decide.cached_task_at), so repeated
+# for a node while the node is unchanged (decide.verdict_rows), so repeated
 # /score calls reuse its view too; holding the task keeps its id unique.
 _TASK_VIEWS: dict[int, tuple[TaskPlacement, Any]] = {}
 _TASK_FRAGMENTS: dict[int, tuple[TaskPlacement, Any]] = {}
