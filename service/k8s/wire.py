@@ -27,7 +27,7 @@ Pod = dict[str, Any]  # a Kubernetes Pod object (camelCase JSON)
 Node = dict[str, Any]  # a Kubernetes Node object (camelCase JSON)
 
 
-class NodeList(TypedDict):
+class KubeNodeList(TypedDict):
     metadata: dict[str, Any]
     items: list[Node]
 
@@ -36,12 +36,12 @@ class ExtenderArgs(TypedDict):
     """Body of filter and prioritize: ``NodeNames`` when nodeCacheCapable, else ``Nodes``."""
 
     Pod: Pod
-    Nodes: NodeList | None
+    Nodes: KubeNodeList | None
     NodeNames: list[str] | None
 
 
 class ExtenderFilterResult(TypedDict):
-    Nodes: NodeList | None
+    Nodes: KubeNodeList | None
     NodeNames: list[str] | None
     FailedNodes: dict[str, str]
     FailedAndUnresolvableNodes: dict[str, str]
@@ -177,7 +177,7 @@ def filter_result(
     keep = set(passing)
     items = [n for n in nodes if n["metadata"]["name"] in keep]
     return ExtenderFilterResult(
-        Nodes=NodeList(metadata={}, items=items),
+        Nodes=KubeNodeList(metadata={}, items=items),
         NodeNames=None,
         FailedNodes=failed,
         FailedAndUnresolvableNodes=unresolvable,
