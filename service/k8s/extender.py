@@ -14,6 +14,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
+from itertools import repeat
 from pathlib import Path
 
 from service.errors import BadRequest
@@ -26,13 +27,13 @@ from service.k8s.settings import ExtenderSettings
 from service.k8s.wire import (
     ExtenderBindingResult,
     ExtenderPreemptionResult,
-    HostPriority,
     Pod,
     binding_args,
     dumps,
     extender_args,
     field,
     filter_result,
+    host_priorities,
     loads,
 )
 from service.state import ServiceState
@@ -115,7 +116,8 @@ class Extender:
             return self.gangs.judge(pod, names)
         state = self.state
         with state.lock:
-            state.refresh_if_due()
+            # No refresh_if_due() here: re-checking every node's heartbeat costs ~10 ms at
+            # 10,000 nodes; keep_fresh() does it off the request path (endpoints.py).
             cluster = state.cluster
             if pod.screened:
                 judgement = judge_screen(cluster, pod.request, names)
@@ -133,6 +135,9 @@ class Extender:
             cluster = self.state.cluster
             if id(cluster) != recent.cluster_id or cluster.clock != recent.clock:
                 return None
+        # kube-scheduler sends prioritize exactly the nodes filter passed: compare lists first.
+        if names == recent.judgement.passing:
+            return recent.judgement
         judged = recent.names
         if len(names) > len(judged) or not set(judged).issuperset(names):
             return None
@@ -157,10 +162,12 @@ class Extender:
         try:
             recent = self._remember(pod)
         except BadPodRequest:
-            return dumps([HostPriority(Host=n, Score=0) for n in names])
+            return host_priorities(names, repeat(0, len(names)))
         judgement = self._cached(recent, names) or self._judge(recent, names)
-        scores = judgement.priorities()
-        return dumps([HostPriority(Host=n, Score=scores.get(n, 0)) for n in names])
+        if names == judgement.passing:  # the usual call: the nodes filter let through
+            return host_priorities(names, judgement.passing_priorities())
+        get = judgement.priorities().get
+        return host_priorities(names, map(get, names, repeat(0)))
 
     def bind(self, body: bytes) -> bytes:
         args = binding_args(body)

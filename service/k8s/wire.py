@@ -14,6 +14,9 @@ cluster, and validating all of it would cost more than the decision.
 
 from __future__ import annotations
 
+import contextlib
+import gc
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import orjson
@@ -91,10 +94,31 @@ class ExtenderPreemptionResult(TypedDict):
 MAX_PRIORITY = 10  # extender v1 MaxExtenderPriority
 
 
+@contextlib.contextmanager
+def no_collection() -> Iterator[None]:
+    """No garbage collection while a large, acyclic JSON tree is built.
+
+    A full-Node body for 10,000 nodes decodes into about two million dicts and
+    lists, and a prioritize reply for 10,000 nodes is 10,000 dicts; every few
+    hundred allocations would start a collection, which made decoding three
+    times slower. JSON trees have no reference cycles, so those collections
+    could find nothing. Only the caller that found collection on turns it
+    back on, so concurrent callers never leave it off.
+    """
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if collecting:
+            gc.enable()
+
+
 def loads(body: bytes) -> dict[str, Any]:
     """The request body as a dict with PascalCase top-level keys, or 400 naming the problem."""
     try:
-        data = orjson.loads(body)
+        with no_collection():
+            data = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
         raise BadRequest(f"the body is not JSON: {exc}") from None
     if not isinstance(data, dict):
@@ -121,7 +145,8 @@ def extender_args(body: bytes) -> tuple[Pod, list[str], list[Node] | None]:
         raise BadRequest("ExtenderArgs.Pod must be a Pod object", {"field": "Pod"})
     names = field(data, "NodeNames")
     if names is not None:
-        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        # set(map(type, ...)) runs in C: a generator over 10,000 names costs milliseconds.
+        if not isinstance(names, list) or not set(map(type, names)) <= {str}:
             raise BadRequest("ExtenderArgs.NodeNames must be a list of strings")
         return pod, names, None
     nodes = field(data, "Nodes")
@@ -136,7 +161,7 @@ def extender_args(body: bytes) -> tuple[Pod, list[str], list[Node] | None]:
         node_names = [item["metadata"]["name"] for item in items]
     except (TypeError, KeyError):
         raise BadRequest("every item of ExtenderArgs.Nodes needs metadata.name") from None
-    if not all(isinstance(n, str) for n in node_names):
+    if not set(map(type, node_names)) <= {str}:
         raise BadRequest("every item of ExtenderArgs.Nodes needs metadata.name")
     return pod, node_names, items
 
@@ -187,6 +212,13 @@ def filter_result(
 
 def dumps(value: object) -> bytes:
     return orjson.dumps(value)
+
+
+def host_priorities(names: list[str], scores: Iterable[int]) -> bytes:
+    """A HostPriorityList as JSON. Plain dict literals: 10,000 TypedDicts made by call
+    cost milliseconds."""
+    with no_collection():
+        return orjson.dumps([{"Host": n, "Score": s} for n, s in zip(names, scores, strict=True)])
 
 
 def request_schema(name: str, properties: dict[str, Any], required: list[str]) -> dict[str, Any]:

@@ -7,10 +7,10 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from bench.k8s_objects import names_args, pod
 from service.k8s.kube_api import KubeApiError
 from tests.service.helpers import add_nodes
 from tests.service.k8s.fake_kube import FakeKubeApi
-from tests.service.k8s.objects import names_args, pod
 
 
 @pytest.fixture

@@ -20,9 +20,9 @@ from typing import Any
 import httpx
 import pytest
 
+from bench.k8s_objects import names_args, nodes_args, pod
 from placement.profiles import build_profile
 from tests.service.k8s.fake_api_server import FakeApiServer
-from tests.service.k8s.objects import names_args, nodes_args, pod
 from tests.service.test_replicas import _free_port, _wait_ready
 
 TOKEN = "scheduler-sa-token"

@@ -7,11 +7,11 @@ from collections.abc import Iterator
 import pytest
 from fastapi.testclient import TestClient
 
+from bench.k8s_objects import names_args, pod
 from service.app import create_app
 from service.k8s.settings import ExtenderSettings
 from service.settings import Settings
 from tests.service.conftest import FakeClock
-from tests.service.k8s.objects import names_args, pod
 
 
 def _client(settings: Settings, clock: FakeClock, extender_open: bool) -> Iterator[TestClient]:

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from bench.k8s_objects import names_args, node, nodes_args, pod
 from tests.service.helpers import add_nodes
-from tests.service.k8s.objects import names_args, node, nodes_args, pod
 
 FILTER_KEYS = {"Nodes", "NodeNames", "FailedNodes", "FailedAndUnresolvableNodes", "Error"}
 CANDIDATES = ["h100-a", "l40s-b", "v100-c", "ghost-d"]

@@ -7,9 +7,9 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from bench.k8s_objects import pod
 from tests.service.helpers import add_nodes
 from tests.service.k8s.fake_kube import FakeKubeApi
-from tests.service.k8s.objects import pod
 
 
 @pytest.fixture

@@ -6,11 +6,11 @@ from typing import Any
 
 from fastapi.testclient import TestClient
 
+from bench.k8s_objects import pod
 from service.k8s.reconcile import reconcile_once
 from tests.service.conftest import FakeClock
 from tests.service.helpers import add_nodes
 from tests.service.k8s.fake_kube import FakeKubeApi
-from tests.service.k8s.objects import pod
 
 
 def _bind(client: TestClient, p: dict[str, Any], node: str) -> None:

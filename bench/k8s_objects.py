@@ -1,4 +1,4 @@
-"""Pod and Node objects as kube-scheduler sends them to an extender.
+"""Pod and Node objects as kube-scheduler sends them to an extender (benchmark and tests).
 
 Shaped after what an API server returns (and the scheduler forwards without
 apiVersion/kind): managedFields, requests filled from limits, default
