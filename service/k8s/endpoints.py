@@ -51,7 +51,6 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # The cluster state just loaded is long-lived and large (hundreds of thousands of
         # objects at 10,000 nodes); every full collection would walk it again, which showed
         # up as milliseconds on filter calls. Frozen, collections skip it.
-        gc.collect()
         gc.freeze()
     if settings.extender_open:
         app.state.token_check.open_prefix("/k8s/")
@@ -78,6 +77,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        if settings.freeze_gc:
+            gc.unfreeze()  # what this app held may now be collected
 
 
 async def keep_fresh(state: ServiceState) -> None:
