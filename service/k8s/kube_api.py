@@ -25,6 +25,12 @@ import yaml
 
 from service.k8s.wire import Pod
 
+# Everything this client asks of the API server, as RBAC rules: the ClusterRole in
+# integrations/kubernetes/rbac.yaml grants exactly these (a test holds them equal).
+RBAC_RULES = (
+    ("", "pods/binding", ("create",)),  # bind
+    ("", "pods", ("get", "list")),  # bind (a pod filter did not see), the reconciler
+)
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 TOKEN_REREAD_S = 60.0  # projected service-account tokens rotate; re-read them now and then
 LIST_PAGE = 500
