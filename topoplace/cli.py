@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
+import topoplace.k8s_cmd
 from topoplace import client_cmd, openapi_cmd, plan_cmd, profiles_cmd, serve_cmd
 
 
@@ -16,6 +17,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve_cmd.add_parsers(sub)
     openapi_cmd.add_parser(sub)
     client_cmd.add_parsers(sub)
+    topoplace.k8s_cmd.add_parser(sub)
     return parser
 
 
