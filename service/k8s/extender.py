@@ -12,7 +12,7 @@ from the API server when another replica (or a restart) saw the filter.
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 from itertools import repeat
 from pathlib import Path
@@ -38,7 +38,11 @@ from service.k8s.wire import (
 )
 from service.state import ServiceState
 
-RECENT_PODS = 512
+RECENT_PODS = 4096  # pods remembered for bind: small objects
+# Judgements kept for prioritize, which follows its filter at once. Few on purpose: one
+# holds lists of every candidate, and hundreds of them (millions of references) made the
+# collector's full passes stall calls by tens of milliseconds at 10,000 nodes.
+JUDGEMENTS_KEPT = 4
 
 
 @dataclass(slots=True)
@@ -61,6 +65,7 @@ class Extender:
         self._kube_lock = threading.Lock()
         self.gangs = GangCoordinator(state, self.kube)
         self._recent: OrderedDict[str, _Recent] = OrderedDict()
+        self._judged: deque[_Recent] = deque()
         self._recent_lock = threading.Lock()
 
     def kube(self) -> KubeApi:
@@ -125,7 +130,16 @@ class Extender:
                 judgement = judge_mig(cluster, pod.request, names)
             recent.judgement, recent.names = judgement, names
             recent.cluster_id, recent.clock = id(cluster), cluster.clock
+        self._keep_judgement(recent)
         return judgement
+
+    def _keep_judgement(self, recent: _Recent) -> None:
+        with self._recent_lock:
+            self._judged.append(recent)
+            while len(self._judged) > JUDGEMENTS_KEPT:
+                old = self._judged.popleft()
+                if old not in self._judged:
+                    old.judgement, old.names = None, None
 
     def _cached(self, recent: _Recent, names: list[str]) -> Judgement | None:
         """The filter's judgement if nothing changed since and it covered these nodes."""
