@@ -175,3 +175,24 @@ def test_node_objects_without_names_are_refused(fleet: TestClient):
     response = fleet.post("/k8s/v1/filter", json=body)
     assert response.status_code == 400
     assert "metadata.name" in response.json()["error"]["message"]
+
+
+def test_prioritize_of_the_passing_nodes_matches_the_full_list(fleet: TestClient):
+    p = pod("trainer-0", 2)
+    passed = _post(fleet, "filter", names_args(p, CANDIDATES))["NodeNames"]
+    everything = {
+        h["Host"]: h["Score"] for h in _post(fleet, "prioritize", names_args(p, CANDIDATES))
+    }
+    only_passed = _post(fleet, "prioritize", names_args(p, passed))
+    assert only_passed == [{"Host": n, "Score": everything[n]} for n in passed]
+
+
+def test_prioritize_after_the_cluster_changed_asks_the_engine_again(fleet: TestClient):
+    p = pod("trainer-0", 4)
+    passed = _post(fleet, "filter", names_args(p, CANDIDATES))["NodeNames"]
+    assert "h100-a" in passed
+    taken = fleet.post("/v1/place", json={"gpus": 8, "nodes": ["h100-a"]})
+    assert taken.status_code == 201
+    scores = {h["Host"]: h["Score"] for h in _post(fleet, "prioritize", names_args(p, passed))}
+    assert scores["h100-a"] == 0
+    assert max(scores.values()) == 10
