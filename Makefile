@@ -30,6 +30,7 @@ bench: install
 	$(BIN)/python -m bench.quality
 	$(BIN)/python -m bench.gang_quality
 	$(BIN)/python -m bench.service_speed
+	$(BIN)/python -m bench.k8s_extender
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
