@@ -128,13 +128,16 @@ class Extender:
                 judgement = judge_screen(cluster, pod.request, names)
             else:
                 judgement = judge_mig(cluster, pod.request, names)
-            recent.judgement, recent.names = judgement, names
-            recent.cluster_id, recent.clock = id(cluster), cluster.clock
-        self._keep_judgement(recent)
+            cluster_id, clock = id(cluster), cluster.clock
+        self._keep_judgement(recent, judgement, names, cluster_id, clock)
         return judgement
 
-    def _keep_judgement(self, recent: _Recent) -> None:
+    def _keep_judgement(
+        self, recent: _Recent, judgement: Judgement, names: list[str], cluster_id: int, clock: int
+    ) -> None:
         with self._recent_lock:
+            recent.judgement, recent.names = judgement, names
+            recent.cluster_id, recent.clock = cluster_id, clock
             self._judged.append(recent)
             while len(self._judged) > JUDGEMENTS_KEPT:
                 old = self._judged.popleft()
@@ -143,19 +146,21 @@ class Extender:
 
     def _cached(self, recent: _Recent, names: list[str]) -> Judgement | None:
         """The filter's judgement if nothing changed since and it covered these nodes."""
-        if recent.judgement is None or recent.names is None or recent.pod.gang is not None:
+        with self._recent_lock:  # read together: _keep_judgement may drop them
+            judgement, judged = recent.judgement, recent.names
+            cluster_id, clock = recent.cluster_id, recent.clock
+        if judgement is None or judged is None or recent.pod.gang is not None:
             return None
         with self.state.lock:
             cluster = self.state.cluster
-            if id(cluster) != recent.cluster_id or cluster.clock != recent.clock:
+            if id(cluster) != cluster_id or cluster.clock != clock:
                 return None
         # kube-scheduler sends prioritize exactly the nodes filter passed: compare lists first.
-        if names == recent.judgement.passing:
-            return recent.judgement
-        judged = recent.names
+        if names == judgement.passing:
+            return judgement
         if len(names) > len(judged) or not set(judged).issuperset(names):
             return None
-        return recent.judgement
+        return judgement
 
     # -- verbs -------------------------------------------------------------------------
 
