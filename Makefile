@@ -35,6 +35,7 @@ bench: install
 # Regenerate service/grpc/gen/ after changing openapi/topoplace/v1/topoplace.proto.
 proto: install
 	$(BIN)/python -m service.grpc.codegen
+	$(BIN)/python -m bench.k8s_extender
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

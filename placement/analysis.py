@@ -12,6 +12,7 @@ by gathers from the class registry's answer tables; nodes with more than
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import repeat
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -89,9 +90,17 @@ def requested_slots(state: ClusterState, request: PlacementRequest) -> I64:
     if request.nodes is None:
         slots = np.flatnonzero(state.present[: state.slot_count]).astype(np.int64)
     else:
-        slot_of = state.slot_of
-        wanted = [slot_of[n] for n in request.nodes if n in slot_of]
-        slots = np.unique(np.asarray(wanted, dtype=np.int64))  # slot order breaks ties
+        # Schedulers send thousands of names per call: map() looks them up in C, and a mask
+        # over the slots drops duplicates and sorts (slot order breaks ties) in O(slots),
+        # several times cheaper than np.unique's sort for 10,000 names.
+        found = np.fromiter(
+            map(state.slot_of.get, request.nodes, repeat(-1)),
+            dtype=np.int64,
+            count=len(request.nodes),
+        )
+        mask = np.zeros(state.slot_count, dtype=np.bool_)
+        mask[found[found >= 0]] = True
+        slots = np.flatnonzero(mask).astype(np.int64)
     if request.exclude_nodes:
         drop = {state.entries[n].slot for n in request.exclude_nodes if n in state.entries}
         slots = np.asarray([s for s in slots.tolist() if s not in drop], dtype=np.int64)

@@ -74,7 +74,7 @@ def screen(state: ClusterState, request: PlacementRequest) -> NodeScreen:
         score[where] = scores(inputs, request)
         rank[where[rank_order(inputs, request)]] = np.arange(1, where.size + 1)
     slot_names = state.slot_names
-    names = tuple([slot_names[s] for s in slots.tolist()])
+    names = tuple(map(slot_names.__getitem__, slots.tolist()))
     unknown: tuple[str, ...] = ()
     if request.nodes is not None and len(names) < len(request.nodes):
         unknown = tuple(n for n in dict.fromkeys(request.nodes) if n not in state.slot_of)

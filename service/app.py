@@ -24,6 +24,7 @@ from service.db import make_engine
 from service.demo import heartbeat_demo_cluster, register_demo_cluster
 from service.errors import ServiceError, TooLarge, Unavailable
 from service.grpc.server import start_grpc
+from service.k8s import endpoints as k8s_routes
 from service.nodes import endpoints as node_routes
 from service.notify import Listener, psycopg_dsn
 from service.settings import Settings
@@ -162,6 +163,7 @@ def create_app(
     app.include_router(allocation_routes.router)
     app.include_router(cluster_view.router)
     app.include_router(slurm_routes.router)
+    app.include_router(k8s_routes.router)
 
     @app.exception_handler(ServiceError)
     async def _service_error(_: Request, exc: ServiceError) -> JSONResponse:

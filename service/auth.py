@@ -41,6 +41,15 @@ class TokenCheck:
 
     def __init__(self, tokens: Iterable[str]) -> None:
         self._tokens = [t.encode() for t in tokens if t]
+        self._open_prefixes: tuple[str, ...] = ()
+
+    def open_prefix(self, prefix: str) -> None:
+        """Let paths under ``prefix`` through without a token (a caller that cannot send one,
+        such as kube-scheduler's extender client, protected by mTLS or network policy)."""
+        self._open_prefixes += (prefix,)
+
+    def is_open(self, path: str) -> bool:
+        return path in OPEN_PATHS or path.startswith(self._open_prefixes)
 
     @property
     def enabled(self) -> bool:
@@ -75,7 +84,7 @@ class RequireToken:
         self.check = check
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and self.check.enabled and scope["path"] not in OPEN_PATHS:
+        if scope["type"] == "http" and self.check.enabled and not self.check.is_open(scope["path"]):
             header = None
             for key, value in scope.get("headers", ()):
                 if key == b"authorization":

@@ -6,7 +6,15 @@ import argparse
 from collections.abc import Sequence
 
 from agent import cli as agent_cli
-from topoplace import client_cmd, openapi_cmd, plan_cmd, profiles_cmd, serve_cmd, slurm_cmd
+from topoplace import (
+    client_cmd,
+    k8s_cmd,
+    openapi_cmd,
+    plan_cmd,
+    profiles_cmd,
+    serve_cmd,
+    slurm_cmd,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -19,6 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     client_cmd.add_parsers(sub)
     agent_cli.add_parser(sub)
     slurm_cmd.add_parser(sub)
+    k8s_cmd.add_parser(sub)
     return parser
 
 

@@ -1,0 +1,1 @@
+"""The Kubernetes integration: kube-scheduler extender (filter, prioritize, bind, preempt)."""

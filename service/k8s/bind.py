@@ -1,0 +1,139 @@
+"""Bind: reserve the pod's GPUs on the chosen node, then create the Binding naming them.
+
+Order matters. The reservation comes first (the database refuses a GPU held
+twice), then the Binding; if the Binding fails the reservation is released,
+so a pod never runs on GPUs nobody holds and GPUs are never held for a pod
+that did not bind. Once bound, the reservation is confirmed (it never
+expires; the reconciler releases it when the pod ends).
+
+Retries never double-book: a pod's reservations carry its UID as job id and
+an Idempotency-Key made of the UID and the number of reservations it had
+before, so a repeated bind (a scheduler retry after a timeout) replays the
+same reservation, and a bind to another node after a failed attempt
+releases the old one first.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from service.allocations import service as allocations
+from service.allocations.schemas import PlaceRequest
+from service.errors import ServiceError
+from service.k8s.gang import LIVE, TASK_ANNOTATION, BindRefused, GangCoordinator
+from service.k8s.kube_api import KubeApi, KubeApiError
+from service.k8s.pod_request import PodRequest
+from service.k8s.screening import PREFIX
+from service.state import ServiceState
+
+log = logging.getLogger("topoplace.k8s")
+
+GPUS_ANNOTATION = "topoplace.io/gpus"
+INDICES_ANNOTATION = "topoplace.io/gpu-indices"
+ALLOCATION_ANNOTATION = "topoplace.io/allocation"
+CPUSET_ANNOTATION = "topoplace.io/cpuset"
+
+
+def binding_annotations(allocation: dict[str, Any], tasks: list[dict[str, Any]]) -> dict[str, str]:
+    """What the Binding (and so the pod) carries: the devices by UUID and by index."""
+    devices = [d for t in tasks for d in (t["mig_uuids"] or t["gpu_uuids"])]
+    indices = sorted({i for t in tasks for i in t["gpu_indices"]})
+    notes = {
+        GPUS_ANNOTATION: ",".join(devices),
+        INDICES_ANNOTATION: ",".join(str(i) for i in indices),
+        ALLOCATION_ANNOTATION: str(allocation["id"]),
+    }
+    cpusets = [t["cpuset"] for t in tasks if t["cpuset"]]
+    if cpusets:
+        notes[CPUSET_ANNOTATION] = ",".join(cpusets)
+    return notes
+
+
+def _already_bound(kube: KubeApi, pod: PodRequest, node: str) -> bool:
+    """A 409 from the API server after a retried bind: is the pod on this node already?"""
+    try:
+        current = kube.get_pod(pod.namespace, pod.name)
+    except KubeApiError:
+        return False
+    return current is not None and (current.get("spec") or {}).get("nodeName") == node
+
+
+def create_binding(kube: KubeApi, pod: PodRequest, node: str, notes: dict[str, str]) -> str | None:
+    """Create the Binding; None when done, else why not."""
+    try:
+        kube.bind(pod.namespace, pod.name, pod.uid, node, notes)
+    except KubeApiError as exc:
+        if exc.status == 409 and _already_bound(kube, pod, node):
+            return None
+        return f"{PREFIX}the Kubernetes API refused the binding to {node}: {exc.message}"
+    return None
+
+
+def _confirm(state: ServiceState, allocation_id: str) -> None:
+    try:
+        allocations.confirm(state, allocation_id)
+    except ServiceError as exc:
+        # Still pending: the reconciler confirms it once it sees the pod bound.
+        log.warning("allocation %s stays pending: %s", allocation_id, exc.message)
+
+
+def bind_pod(state: ServiceState, kube: KubeApi, pod: PodRequest, node: str, ttl_s: float) -> str:
+    """One pod's GPUs on ``node``; returns ExtenderBindingResult.Error ('' when bound)."""
+    if pod.request is None:
+        return create_binding(kube, pod, node, {}) or ""
+    earlier = allocations.listing(state, pod.uid, None, None, 1_000)
+    live = [a for a in earlier if a["state"] in LIVE]
+    here = next((a for a in live if a["tasks"][0]["node"] == node), None)
+    for stale in live:
+        if stale is not here:  # an earlier attempt on another node failed; give those back
+            allocations.release(state, stale["id"])
+    allocation = here
+    if allocation is None:
+        body = PlaceRequest.model_validate(
+            {
+                **pod.request.model_dump(),
+                "nodes": [node],
+                "job_id": pod.uid,
+                "owner": pod.owner,
+                "ttl_s": ttl_s,
+            }
+        )
+        try:
+            allocation, _ = allocations.place(state, body, f"k8s-pod:{pod.uid}:{len(earlier)}")
+        except ServiceError as exc:
+            return f"{PREFIX}cannot reserve GPUs on {node}: {exc.message}"
+    refused = create_binding(kube, pod, node, binding_annotations(allocation, allocation["tasks"]))
+    if refused is not None:
+        allocations.release(state, allocation["id"])
+        return refused
+    if allocation["state"] == "pending":
+        _confirm(state, allocation["id"])
+    return ""
+
+
+def bind_gang_member(
+    state: ServiceState,
+    kube: KubeApi,
+    gangs: GangCoordinator,
+    pod: PodRequest,
+    node: str,
+    ttl_s: float,
+) -> str:
+    """A gang member: the gang's reservation first (all of it), then this member's task."""
+    assert pod.gang is not None
+    with gangs.lock(pod.gang):
+        try:
+            allocation, task = gangs.claim(pod, node, ttl_s)
+        except BindRefused as exc:
+            return str(exc)
+        notes = binding_annotations(allocation, [allocation["tasks"][task]])
+        notes[TASK_ANNOTATION] = str(task)
+        refused = create_binding(kube, pod, node, notes)
+        if refused is not None:
+            gangs.unclaim(pod, task)  # the gang keeps its reservation for its members
+            return refused
+        if allocation["state"] == "pending":
+            _confirm(state, allocation["id"])
+            allocation["state"] = "active"
+    return ""

@@ -1,0 +1,131 @@
+"""HTTP routes of the kube-scheduler extender: POST /k8s/v1/{filter,prioritize,bind,preempt}.
+
+Handlers read the raw body and answer plain JSON bytes (see wire.py for why).
+Filter and prioritize answer from memory in well under a millisecond for a
+few hundred nodes, so they run on the event loop; bind and preempt read the
+database and call the Kubernetes API, so they run in the thread pool.
+
+The router's lifespan builds the :class:`Extender` (settings from
+``TOPOPLACE_K8S_*``, or ``app.state.k8s_settings`` / ``app.state.k8s_api``
+when a caller set them), opens ``/k8s/`` to callers without a token when
+``TOPOPLACE_K8S_EXTENDER_OPEN`` says so, and runs the reconciler.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import logging
+from collections.abc import AsyncIterator
+
+from fastapi import APIRouter, FastAPI, Request, Response
+from starlette.concurrency import run_in_threadpool
+
+from service.k8s.extender import Extender
+from service.k8s.kube_api import KubeConfigError
+from service.k8s.reconcile import reconcile_forever
+from service.k8s.settings import ExtenderSettings
+from service.k8s.wire import (
+    BINDING_ARGS_SCHEMA,
+    EXTENDER_ARGS_SCHEMA,
+    PREEMPTION_ARGS_SCHEMA,
+    ExtenderBindingResult,
+    ExtenderFilterResult,
+    ExtenderPreemptionResult,
+    HostPriority,
+)
+from service.state import ServiceState
+
+log = logging.getLogger("topoplace.k8s")
+PREFIX = "/k8s/v1"
+FRESHNESS_INTERVAL_S = 0.5
+
+
+@contextlib.asynccontextmanager
+async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    settings: ExtenderSettings = getattr(app.state, "k8s_settings", None) or ExtenderSettings()
+    extender = Extender(app.state.service, settings, getattr(app.state, "k8s_api", None))
+    app.state.k8s = extender
+    if settings.freeze_gc:
+        # The cluster state just loaded is long-lived and large (hundreds of thousands of
+        # objects at 10,000 nodes); every full collection would walk it again, which showed
+        # up as milliseconds on filter calls. Frozen, collections skip it.
+        gc.freeze()
+    if settings.extender_open:
+        app.state.token_check.open_prefix("/k8s/")
+        log.warning("the /k8s/ extender routes accept callers without a token")
+    tasks = [asyncio.create_task(keep_fresh(app.state.service))]
+    if settings.reconcile_interval_s > 0:
+        try:
+            kube = await asyncio.to_thread(extender.kube)
+        except KubeConfigError as exc:
+            log.warning("no Kubernetes API (%s): bind will fail and nothing is reconciled", exc)
+        else:
+            reconcile = reconcile_forever(
+                app.state.service,
+                kube,
+                extender.gangs,
+                settings.reconcile_interval_s,
+                settings.reconcile_grace_s,
+            )
+            tasks.append(asyncio.create_task(reconcile))
+    try:
+        yield
+    finally:
+        for task in tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if settings.freeze_gc:
+            gc.unfreeze()  # what this app held may now be collected
+
+
+async def keep_fresh(state: ServiceState) -> None:
+    """Mark nodes whose heartbeats went stale, off the filter's path (at most ~1.5 s late)."""
+    while True:
+        await asyncio.sleep(FRESHNESS_INTERVAL_S)
+        try:
+            await asyncio.to_thread(state.refresh_if_due)
+        except Exception:  # keep going; the next round tries again
+            log.exception("refreshing node staleness failed")
+
+
+router = APIRouter(prefix=PREFIX, tags=["kubernetes"], lifespan=lifespan)
+
+
+def _extender(request: Request) -> Extender:
+    extender: Extender = request.app.state.k8s
+    return extender
+
+
+def _json(body: bytes) -> Response:
+    return Response(body, media_type="application/json")
+
+
+@router.post("/filter", response_model=ExtenderFilterResult, openapi_extra=EXTENDER_ARGS_SCHEMA)
+async def filter_nodes(request: Request) -> Response:
+    """ExtenderArgs in, ExtenderFilterResult out, in the mode asked (NodeNames or Nodes)."""
+    return _json(_extender(request).filter(await request.body()))
+
+
+@router.post("/prioritize", response_model=list[HostPriority], openapi_extra=EXTENDER_ARGS_SCHEMA)
+async def prioritize(request: Request) -> Response:
+    """ExtenderArgs in, HostPriorityList (scores 0..10) out."""
+    return _json(_extender(request).prioritize(await request.body()))
+
+
+@router.post("/bind", response_model=ExtenderBindingResult, openapi_extra=BINDING_ARGS_SCHEMA)
+async def bind(request: Request) -> Response:
+    """Reserve the pod's GPUs on the node, then create its Binding naming them."""
+    body = await request.body()
+    return _json(await run_in_threadpool(_extender(request).bind, body))
+
+
+@router.post(
+    "/preempt", response_model=ExtenderPreemptionResult, openapi_extra=PREEMPTION_ARGS_SCHEMA
+)
+async def preempt(request: Request) -> Response:
+    """Keep only the nodes where evicting the proposed victims lets the pod fit."""
+    body = await request.body()
+    return _json(await run_in_threadpool(_extender(request).preempt, body))

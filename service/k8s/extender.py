@@ -1,0 +1,222 @@
+"""The extender's four verbs, bytes in and bytes out, around the service's state.
+
+Filter judges the pod over the candidates and keeps the judgement for a few
+hundred recent pods: kube-scheduler calls prioritize with the nodes filter
+let through right after, and when the cluster has not changed since (the
+engine's clock did not move) prioritize answers from that judgement instead
+of asking the engine again. Bind needs the pod's request, but its arguments
+carry only the pod's name and UID: it is remembered from filter, or read
+from the API server when another replica (or a restart) saw the filter.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict, deque
+from dataclasses import dataclass
+from itertools import repeat
+from pathlib import Path
+
+from service.errors import BadRequest
+from service.k8s import bind, preempt
+from service.k8s.gang import GangCoordinator
+from service.k8s.kube_api import KubeApi, KubeApiError, KubeConfigError, from_kubeconfig, in_cluster
+from service.k8s.pod_request import BadPodRequest, PodRequest, parse_pod
+from service.k8s.screening import PREFIX, Judgement, everyone, judge_mig, judge_screen, no_one
+from service.k8s.settings import ExtenderSettings
+from service.k8s.wire import (
+    ExtenderBindingResult,
+    ExtenderPreemptionResult,
+    Pod,
+    binding_args,
+    dumps,
+    extender_args,
+    field,
+    filter_result,
+    host_priorities,
+    loads,
+)
+from service.state import ServiceState
+
+RECENT_PODS = 4096  # pods remembered for bind: small objects
+# Judgements kept for prioritize, which follows its filter at once. Few on purpose: one
+# holds lists of every candidate, and hundreds of them (millions of references) made the
+# collector's full passes stall calls by tens of milliseconds at 10,000 nodes.
+JUDGEMENTS_KEPT = 4
+
+
+@dataclass(slots=True)
+class _Recent:
+    pod: PodRequest
+    version: str  # the pod's resourceVersion: annotations may change between attempts
+    judgement: Judgement | None = None
+    names: list[str] | None = None
+    cluster_id: int = 0
+    clock: int = -1
+
+
+class Extender:
+    def __init__(
+        self, state: ServiceState, settings: ExtenderSettings, kube: KubeApi | None = None
+    ) -> None:
+        self.state = state
+        self.settings = settings
+        self._kube = kube
+        self._kube_lock = threading.Lock()
+        self.gangs = GangCoordinator(state, self.kube)
+        self._recent: OrderedDict[str, _Recent] = OrderedDict()
+        self._judged: deque[_Recent] = deque()
+        self._recent_lock = threading.Lock()
+
+    def kube(self) -> KubeApi:
+        """The Kubernetes API, connected on first use; KubeConfigError when unreachable."""
+        with self._kube_lock:
+            if self._kube is None:
+                timeout = self.settings.api_timeout_s
+                if self.settings.kubeconfig:
+                    self._kube = from_kubeconfig(Path(self.settings.kubeconfig), timeout)
+                else:
+                    self._kube = in_cluster(timeout)
+            return self._kube
+
+    # -- the pod's request ---------------------------------------------------------
+
+    def _remember(self, pod: Pod) -> _Recent:
+        meta = pod.get("metadata") or {}
+        uid = str(meta.get("uid") or "")
+        version = str(meta.get("resourceVersion") or "")
+        with self._recent_lock:
+            recent = self._recent.get(uid)
+            if recent is not None and recent.version == version and uid:
+                self._recent.move_to_end(uid)
+                return recent
+        recent = _Recent(pod=parse_pod(pod), version=version)
+        if uid:
+            with self._recent_lock:
+                self._recent[uid] = recent
+                while len(self._recent) > RECENT_PODS:
+                    self._recent.popitem(last=False)
+        return recent
+
+    def _pod_for_bind(self, namespace: str, name: str, uid: str) -> PodRequest:
+        with self._recent_lock:
+            recent = self._recent.get(uid)
+        if recent is not None:
+            return recent.pod
+        pod = self.kube().get_pod(namespace, name)
+        if pod is None:
+            raise KubeApiError(404, f"pod {namespace}/{name} does not exist")
+        found = parse_pod(pod)
+        if uid and found.uid != uid:
+            raise KubeApiError(409, f"pod {namespace}/{name} is now another pod (UID {found.uid})")
+        return found
+
+    # -- judging ---------------------------------------------------------------------
+
+    def _judge(self, recent: _Recent, names: list[str]) -> Judgement:
+        pod = recent.pod
+        if pod.request is None:
+            return everyone(names)
+        if pod.gang is not None:
+            return self.gangs.judge(pod, names)
+        state = self.state
+        with state.lock:
+            # No refresh_if_due() here: re-checking every node's heartbeat costs ~10 ms at
+            # 10,000 nodes; keep_fresh() does it off the request path (endpoints.py).
+            cluster = state.cluster
+            if pod.screened:
+                judgement = judge_screen(cluster, pod.request, names)
+            else:
+                judgement = judge_mig(cluster, pod.request, names)
+            cluster_id, clock = id(cluster), cluster.clock
+        self._keep_judgement(recent, judgement, names, cluster_id, clock)
+        return judgement
+
+    def _keep_judgement(
+        self, recent: _Recent, judgement: Judgement, names: list[str], cluster_id: int, clock: int
+    ) -> None:
+        with self._recent_lock:
+            recent.judgement, recent.names = judgement, names
+            recent.cluster_id, recent.clock = cluster_id, clock
+            self._judged.append(recent)
+            while len(self._judged) > JUDGEMENTS_KEPT:
+                old = self._judged.popleft()
+                if old not in self._judged:
+                    old.judgement, old.names = None, None
+
+    def _cached(self, recent: _Recent, names: list[str]) -> Judgement | None:
+        """The filter's judgement if nothing changed since and it covered these nodes."""
+        with self._recent_lock:  # read together: _keep_judgement may drop them
+            judgement, judged = recent.judgement, recent.names
+            cluster_id, clock = recent.cluster_id, recent.clock
+        if judgement is None or judged is None or recent.pod.gang is not None:
+            return None
+        with self.state.lock:
+            cluster = self.state.cluster
+            if id(cluster) != cluster_id or cluster.clock != clock:
+                return None
+        # kube-scheduler sends prioritize exactly the nodes filter passed: compare lists first.
+        if names == judgement.passing:
+            return judgement
+        if len(names) > len(judged) or not set(judged).issuperset(names):
+            return None
+        return judgement
+
+    # -- verbs -------------------------------------------------------------------------
+
+    def filter(self, body: bytes) -> bytes:
+        pod, names, nodes = extender_args(body)
+        try:
+            recent = self._remember(pod)
+        except BadPodRequest as exc:
+            judgement = no_one(names, str(exc), resolvable=False)
+        else:
+            judgement = self._judge(recent, names)
+        return dumps(
+            filter_result(judgement.passing, nodes, judgement.failed, judgement.unresolvable)
+        )
+
+    def prioritize(self, body: bytes) -> bytes:
+        pod, names, _ = extender_args(body)
+        try:
+            recent = self._remember(pod)
+        except BadPodRequest:
+            return host_priorities(names, repeat(0, len(names)))
+        judgement = self._cached(recent, names) or self._judge(recent, names)
+        if names == judgement.passing:  # the usual call: the nodes filter let through
+            return host_priorities(names, judgement.passing_priorities())
+        get = judgement.priorities().get
+        return host_priorities(names, map(get, names, repeat(0)))
+
+    def bind(self, body: bytes) -> bytes:
+        args = binding_args(body)
+        try:
+            pod = self._pod_for_bind(args["PodNamespace"], args["PodName"], args["PodUID"])
+            kube = self.kube()
+        except BadPodRequest as exc:
+            return dumps(ExtenderBindingResult(Error=PREFIX + str(exc)))
+        except (KubeApiError, KubeConfigError) as exc:
+            return dumps(ExtenderBindingResult(Error=f"{PREFIX}cannot read the pod: {exc}"))
+        node = args["Node"]
+        if pod.gang is not None and pod.request is not None:
+            error = bind.bind_gang_member(
+                self.state, kube, self.gangs, pod, node, self.settings.gang_ttl_s
+            )
+        else:
+            error = bind.bind_pod(self.state, kube, pod, node, self.settings.bind_ttl_s)
+        return dumps(ExtenderBindingResult(Error=error))
+
+    def preempt(self, body: bytes) -> bytes:
+        data = loads(body)
+        pod = field(data, "Pod")
+        if not isinstance(pod, dict):
+            raise BadRequest("ExtenderPreemptionArgs.Pod must be a Pod object", {"field": "Pod"})
+        victims = preempt.meta_victims(
+            field(data, "NodeNameToVictims"), field(data, "NodeNameToMetaVictims")
+        )
+        try:
+            request = parse_pod(pod)
+        except BadPodRequest:
+            return dumps(ExtenderPreemptionResult(NodeNameToMetaVictims={}))
+        kept = preempt.useful(self.state, request, victims)
+        return dumps(ExtenderPreemptionResult(NodeNameToMetaVictims=kept))

@@ -1,0 +1,201 @@
+"""What a Pod asks of topoplace: GPUs or MIG instances from its resources, and how from annotations.
+
+The count comes from the containers' ``nvidia.com/gpu`` limits (or a MIG
+resource such as ``nvidia.com/mig-1g.10gb``), summed over containers, or the
+largest init container's if that is more: the scheduler's own rule for
+effective requests. Annotations shape the request:
+
+| annotation | values |
+|---|---|
+| ``topoplace.io/locality`` (or ``gpu.request.locality``) | ``nvlink``, ``prefer``, ``any`` |
+| ``topoplace.io/policy`` | ``pack``, ``spread`` |
+| ``topoplace.io/numa`` | ``required``, ``preferred``, ``ignore`` |
+| ``topoplace.io/objective`` | ``performance``, ``balanced`` |
+| ``gpu.request.count`` | must equal the ``nvidia.com/gpu`` limit |
+| ``topoplace.io/gang`` + ``topoplace.io/gang-size`` | gang name (per namespace) and member count |
+
+A value we cannot use raises :class:`BadPodRequest` whose message names the
+annotation or resource, so ``kubectl describe pod`` says what to fix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from placement import PlacementRequest
+from service.k8s.wire import Pod
+
+GPU_RESOURCE = "nvidia.com/gpu"
+MIG_PREFIX = "nvidia.com/mig-"
+
+LOCALITY = "topoplace.io/locality"
+LOCALITY_ALIAS = "gpu.request.locality"
+COUNT_ALIAS = "gpu.request.count"
+POLICY = "topoplace.io/policy"
+NUMA = "topoplace.io/numa"
+OBJECTIVE = "topoplace.io/objective"
+GANG = "topoplace.io/gang"
+GANG_SIZE = "topoplace.io/gang-size"
+
+MAX_GANG = 4096  # PlacementRequest.tasks' limit
+
+_CHOICES: dict[str, tuple[str, ...]] = {
+    "locality": ("nvlink", "prefer", "any"),
+    "policy": ("pack", "spread"),
+    "numa": ("required", "preferred", "ignore"),
+    "objective": ("performance", "balanced"),
+}
+
+
+class BadPodRequest(ValueError):
+    """The pod asks for something topoplace cannot read; the message names the annotation."""
+
+
+@dataclass(frozen=True, slots=True)
+class Gang:
+    namespace: str
+    name: str
+    size: int
+
+    @property
+    def key(self) -> str:
+        """The job id of the gang's reservation: one per gang name and namespace."""
+        return f"k8s-gang:{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class PodRequest:
+    namespace: str
+    name: str
+    uid: str
+    request: PlacementRequest | None  # None: the pod asks for no GPUs (topoplace has no say)
+    gang: Gang | None = None
+
+    @property
+    def owner(self) -> str:
+        return f"k8s-pod:{self.namespace}/{self.name}"
+
+    @property
+    def screened(self) -> bool:
+        """Single-task whole-GPU requests are answered by the array screen."""
+        r = self.request
+        return r is not None and self.gang is None and r.mig_profile is None and r.tasks == 1
+
+    def gang_request(self) -> PlacementRequest:
+        assert self.request is not None and self.gang is not None
+        # model_copy skips validation: tasks is bounded when the annotation is read.
+        return self.request.model_copy(update={"tasks": self.gang.size})
+
+
+def _count(value: Any, resource: str) -> int:
+    text = str(value).strip()
+    if not text.isdigit():
+        raise BadPodRequest(f"resource {resource}: {value!r} is not a whole number of devices")
+    return int(text)
+
+
+def _container_counts(containers: Any) -> list[dict[str, int]]:
+    out: list[dict[str, int]] = []
+    for container in containers or ():
+        resources = container.get("resources") or {}
+        # Extended resources must be set as limits; requests default to them.
+        amounts = resources.get("limits") or resources.get("requests") or {}
+        counts = {
+            name: _count(value, name)
+            for name, value in amounts.items()
+            if name == GPU_RESOURCE or name.startswith(MIG_PREFIX)
+        }
+        out.append(counts)
+    return out
+
+
+def device_counts(spec: dict[str, Any]) -> dict[str, int]:
+    """Effective device requests: the sum over containers, or an init container's if larger."""
+    total: dict[str, int] = {}
+    for counts in _container_counts(spec.get("containers")):
+        for name, n in counts.items():
+            total[name] = total.get(name, 0) + n
+    for counts in _container_counts(spec.get("initContainers")):
+        for name, n in counts.items():
+            total[name] = max(total.get(name, 0), n)
+    return {name: n for name, n in total.items() if n > 0}
+
+
+def _choice(annotations: dict[str, str], key: str, kind: str, alias: str | None = None) -> str:
+    values = {k: annotations[k].strip().lower() for k in (key, alias) if k and k in annotations}
+    if len(set(values.values())) > 1:
+        raise BadPodRequest(f"annotations {key} and {alias} disagree: {values}")
+    if not values:
+        return ""
+    name, value = next(iter(values.items()))
+    allowed = _CHOICES[kind]
+    if value not in allowed:
+        raise BadPodRequest(
+            f"annotation {name}: {annotations[name]!r} is not one of {', '.join(allowed)}"
+        )
+    return value
+
+
+def _positive(annotations: dict[str, str], key: str, upper: int) -> int:
+    text = annotations[key].strip()
+    if not text.isdigit() or not 1 <= int(text) <= upper:
+        raise BadPodRequest(
+            f"annotation {key}: {annotations[key]!r} is not a whole number from 1 to {upper}"
+        )
+    return int(text)
+
+
+def parse_pod(pod: Pod) -> PodRequest:
+    meta = pod.get("metadata") or {}
+    namespace = str(meta.get("namespace") or "default")
+    name = str(meta.get("name") or "")
+    uid = str(meta.get("uid") or "")
+    annotations = {str(k): str(v) for k, v in (meta.get("annotations") or {}).items()}
+    counts = device_counts(pod.get("spec") or {})
+    gpus = counts.pop(GPU_RESOURCE, 0)
+    if COUNT_ALIAS in annotations and _positive(annotations, COUNT_ALIAS, 64) != gpus:
+        raise BadPodRequest(
+            f"annotation {COUNT_ALIAS}: {annotations[COUNT_ALIAS]!r} differs from the"
+            f" {GPU_RESOURCE} limit ({gpus})"
+        )
+    if len(counts) > 1 or (counts and gpus):
+        asked = ", ".join(sorted([*counts, *([GPU_RESOURCE] if gpus else [])]))
+        raise BadPodRequest(f"resources {asked}: a pod asks for one GPU resource kind only")
+    gang = _gang(annotations, namespace)
+    options: dict[str, Any] = {
+        kind: value
+        for kind, value in (
+            ("locality", _choice(annotations, LOCALITY, "locality", LOCALITY_ALIAS)),
+            ("policy", _choice(annotations, POLICY, "policy")),
+            ("numa", _choice(annotations, NUMA, "numa")),
+            ("objective", _choice(annotations, OBJECTIVE, "objective")),
+        )
+        if value
+    }
+    if not gpus and not counts:
+        return PodRequest(namespace, name, uid, None, gang)
+    if counts:
+        ((resource, n),) = counts.items()
+        if gang is not None and n != 1:
+            raise BadPodRequest(f"resource {resource}: a gang member asks for one MIG instance")
+        if options.get("locality") == "nvlink":
+            raise BadPodRequest(f"annotation {LOCALITY}: 'nvlink' does not apply to MIG instances")
+        options.update(mig_profile=resource[len(MIG_PREFIX) :], tasks=n)
+    elif gpus > 64:
+        raise BadPodRequest(f"resource {GPU_RESOURCE}: {gpus} GPUs is more than one pod can hold")
+    else:
+        options["gpus"] = gpus
+    return PodRequest(namespace, name, uid, PlacementRequest(**options), gang)
+
+
+def _gang(annotations: dict[str, str], namespace: str) -> Gang | None:
+    name = annotations.get(GANG, "").strip()
+    if GANG_SIZE in annotations and not name:
+        raise BadPodRequest(f"annotation {GANG_SIZE} needs {GANG} (the gang's name)")
+    if not name:
+        return None
+    if GANG_SIZE not in annotations:
+        raise BadPodRequest(f"annotation {GANG}: {name!r} needs {GANG_SIZE} (its member count)")
+    size = _positive(annotations, GANG_SIZE, MAX_GANG)
+    return Gang(namespace, name, size) if size > 1 else None

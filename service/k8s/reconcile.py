@@ -1,0 +1,100 @@
+"""Give back the GPUs of pods that are gone or finished; confirm those that bound.
+
+Every ``reconcile_interval_s`` the reconciler reads the live reservations the
+extender made (owner ``k8s-pod:...`` or ``k8s-gang:...``), then lists the
+pods that have not finished, in that order: a reservation read before the
+list belongs to a pod that existed before it, so a live pod is never missed.
+A pod's reservation is released when no unfinished pod has its UID; a gang's
+when none of its members is left. Reservations younger than
+``reconcile_grace_s`` are left alone (their bind may still be running), and
+a pending reservation whose pod is bound to its node is confirmed (the bind
+could not confirm it, e.g. the database blinked).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from datetime import datetime, timedelta
+from typing import Any
+
+from service.allocations import service as allocations
+from service.k8s.bind import ALLOCATION_ANNOTATION
+from service.k8s.gang import LIVE, GangCoordinator
+from service.k8s.kube_api import KubeApi
+from service.k8s.pod_request import GANG, GANG_SIZE, BadPodRequest, Gang, parse_pod
+from service.state import ServiceState
+
+log = logging.getLogger("topoplace.k8s")
+
+POD_OWNER = "k8s-pod:"
+GANG_OWNER = "k8s-gang:"
+
+
+def _ours(state: ServiceState) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for status in LIVE:
+        for allocation in allocations.listing(state, None, None, status, 10_000):
+            if (allocation["owner"] or "").startswith((POD_OWNER, GANG_OWNER)):
+                out.append(allocation)
+    return out
+
+
+def _gang_key(pod: dict[str, Any]) -> str | None:
+    notes = (pod.get("metadata") or {}).get("annotations") or {}
+    if GANG not in notes or GANG_SIZE not in notes:
+        return None
+    try:
+        gang = parse_pod(pod).gang
+    except BadPodRequest:
+        return None
+    return gang.key if isinstance(gang, Gang) else None
+
+
+def reconcile_once(
+    state: ServiceState, kube: KubeApi, gangs: GangCoordinator, grace_s: float
+) -> list[str]:
+    """One pass; returns the ids of the reservations released."""
+    ours = _ours(state)
+    if not ours:
+        return []
+    pods = kube.list_pods()
+    by_uid = {str((p.get("metadata") or {}).get("uid", "")): p for p in pods}
+    gangs_alive = {key for p in pods if (key := _gang_key(p)) is not None}
+    cutoff = state.clock() - timedelta(seconds=grace_s)
+    released: list[str] = []
+    for allocation in ours:
+        young = datetime.fromisoformat(allocation["created_at"]) > cutoff
+        if allocation["owner"].startswith(GANG_OWNER):
+            key = str(allocation["job_id"])
+            if key not in gangs_alive and not young:
+                released += allocations.release(state, allocation["id"])
+                gangs.forget(key)
+            continue
+        pod = by_uid.get(str(allocation["job_id"]))
+        if pod is None:
+            if not young:
+                released += allocations.release(state, allocation["id"])
+            continue
+        bound_to = (pod.get("spec") or {}).get("nodeName")
+        notes = (pod.get("metadata") or {}).get("annotations") or {}
+        if (
+            allocation["state"] == "pending"
+            and bound_to == allocation["tasks"][0]["node"]
+            and notes.get(ALLOCATION_ANNOTATION) == allocation["id"]
+        ):
+            allocations.confirm(state, allocation["id"])
+    if released:
+        log.info("released %d reservations of pods that are gone or finished", len(released))
+    return released
+
+
+async def reconcile_forever(
+    state: ServiceState, kube: KubeApi, gangs: GangCoordinator, interval_s: float, grace_s: float
+) -> None:
+    while True:
+        await asyncio.sleep(interval_s)
+        try:
+            await asyncio.to_thread(reconcile_once, state, kube, gangs, grace_s)
+        except Exception:  # the loop must outlive an API server or database hiccup
+            log.exception("reconcile failed; retrying in %.0f s", interval_s)

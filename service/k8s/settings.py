@@ -1,0 +1,47 @@
+"""Settings of the Kubernetes extender: TOPOPLACE_K8S_* environment variables."""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class ExtenderSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="TOPOPLACE_K8S_", extra="ignore")
+
+    extender_open: bool = Field(
+        default=False,
+        description="accept /k8s/ calls without a bearer token even when tokens are configured:"
+        " kube-scheduler's extender client can present a TLS client certificate but no token,"
+        " so protect the port with mTLS (a proxy) or a NetworkPolicy instead",
+    )
+    kubeconfig: str | None = Field(
+        default=None,
+        description="kubeconfig for the Kubernetes API; unset: the in-cluster service account",
+    )
+    api_timeout_s: float = Field(default=5.0, gt=0)
+    bind_ttl_s: float = Field(
+        default=120.0,
+        gt=0,
+        description="a pod's reservation is pending for this long while its Binding is created",
+    )
+    gang_ttl_s: float = Field(
+        default=600.0,
+        gt=0,
+        description="a gang's reservation waits this long for its first member to bind",
+    )
+    reconcile_interval_s: float = Field(
+        default=30.0,
+        ge=0,
+        description="how often GPUs of deleted or finished pods are released (0: never)",
+    )
+    reconcile_grace_s: float = Field(
+        default=60.0,
+        ge=0,
+        description="reservations younger than this are left alone by the reconciler",
+    )
+    freeze_gc: bool = Field(
+        default=True,
+        description="after the state is loaded, move it out of the garbage collector's sight"
+        " (gc.freeze) so full collections do not stall filter calls",
+    )

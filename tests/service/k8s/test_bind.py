@@ -1,0 +1,143 @@
+"""bind reserves the filter's GPUs for the pod, then creates the Binding naming them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from bench.k8s_objects import names_args, pod
+from service.k8s.kube_api import KubeApiError
+from tests.service.helpers import add_nodes
+from tests.service.k8s.fake_kube import FakeKubeApi
+
+
+@pytest.fixture
+def fleet(k8s_client: TestClient) -> TestClient:
+    add_nodes(
+        k8s_client, ("hgx-h100", "h100-a"), ("dgx1-v100", "v100-c"), ("pcie-8x-l40s", "l40s-b")
+    )
+    return k8s_client
+
+
+def _bind_args(p: dict[str, Any], node: str) -> dict[str, str]:
+    meta = p["metadata"]
+    return {
+        "PodName": meta["name"],
+        "PodNamespace": meta["namespace"],
+        "PodUID": meta["uid"],
+        "Node": node,
+    }
+
+
+def _bind(client: TestClient, p: dict[str, Any], node: str) -> str:
+    response = client.post("/k8s/v1/bind", json=_bind_args(p, node))
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert set(body) == {"Error"}
+    error: str = body["Error"]
+    return error
+
+
+def _allocations(client: TestClient, uid: str) -> list[dict[str, Any]]:
+    found: list[dict[str, Any]] = client.get("/v1/allocations", params={"job_id": uid}).json()[
+        "allocations"
+    ]
+    return found
+
+
+def test_bind_reserves_what_filter_promised_and_binds_with_annotations(
+    fleet: TestClient, kube: FakeKubeApi
+):
+    p = kube.add(pod("trainer-0", 2))
+    uid = p["metadata"]["uid"]
+    busy = fleet.post("/v1/place", json={"gpus": 3, "nodes": ["v100-c"]})
+    assert busy.status_code == 201
+    filtered = fleet.post("/k8s/v1/filter", json=names_args(p, ["v100-c"])).json()
+    assert filtered["NodeNames"] == ["v100-c"]
+    promised = fleet.app.state.k8s._recent[uid].judgement.gpus("v100-c")  # type: ignore[attr-defined]
+    assert len(promised) == 2
+
+    assert _bind(fleet, p, "v100-c") == ""
+    (allocation,) = _allocations(fleet, uid)
+    assert allocation["state"] == "active"
+    assert allocation["owner"] == "k8s-pod:ml-team/trainer-0"
+    (task,) = allocation["tasks"]
+    assert task["node"] == "v100-c"
+    assert tuple(task["gpu_indices"]) == promised
+
+    (binding,) = kube.bindings
+    assert binding["apiVersion"] == "v1" and binding["kind"] == "Binding"
+    assert binding["target"] == {"apiVersion": "v1", "kind": "Node", "name": "v100-c"}
+    meta = binding["metadata"]
+    assert (meta["name"], meta["namespace"], meta["uid"]) == ("trainer-0", "ml-team", uid)
+    notes = meta["annotations"]
+    assert notes["topoplace.io/gpus"] == ",".join(task["gpu_uuids"])
+    assert notes["topoplace.io/gpu-indices"] == ",".join(str(i) for i in promised)
+    assert notes["topoplace.io/allocation"] == allocation["id"]
+    assert kube.pods[("ml-team", "trainer-0")]["spec"]["nodeName"] == "v100-c"
+
+
+def test_a_retried_bind_does_not_book_twice(fleet: TestClient, kube: FakeKubeApi):
+    p = kube.add(pod("trainer-0", 4))
+    assert _bind(fleet, p, "h100-a") == ""
+    # The reply was lost and the scheduler asks again: the pod is already on the node.
+    assert _bind(fleet, p, "h100-a") == ""
+    live = [a for a in _allocations(fleet, p["metadata"]["uid"]) if a["state"] == "active"]
+    assert len(live) == 1
+    free = fleet.get("/v1/nodes/h100-a").json()["free_gpus"]
+    assert len(free) == 4
+
+
+def test_a_refused_binding_releases_the_reservation(fleet: TestClient, kube: FakeKubeApi):
+    p = kube.add(pod("trainer-0", 8))
+    kube.refuse_with = KubeApiError(403, 'pods "trainer-0" is forbidden')
+    error = _bind(fleet, p, "h100-a")
+    assert "forbidden" in error and error.startswith("topoplace: ")
+    (allocation,) = _allocations(fleet, p["metadata"]["uid"])
+    assert allocation["state"] == "released"
+    assert len(fleet.get("/v1/nodes/h100-a").json()["free_gpus"]) == 8
+    # The next attempt on another node works and holds only that node's GPUs.
+    kube.refuse_with = None
+    assert _bind(fleet, p, "v100-c") == ""
+    states = sorted(a["state"] for a in _allocations(fleet, p["metadata"]["uid"]))
+    assert states == ["active", "released"]
+
+
+def test_bind_without_a_filter_reads_the_pod_from_the_api(fleet: TestClient, kube: FakeKubeApi):
+    p = kube.add(pod("trainer-1", 8, annotations={"topoplace.io/locality": "nvlink"}))
+    assert _bind(fleet, p, "h100-a") == ""
+    (allocation,) = _allocations(fleet, p["metadata"]["uid"])
+    assert allocation["tasks"][0]["gpu_indices"] == list(range(8))
+
+
+def test_bind_to_a_node_that_cannot_take_the_pod_fails_and_holds_nothing(
+    fleet: TestClient, kube: FakeKubeApi
+):
+    p = kube.add(pod("big", 8, annotations={"topoplace.io/locality": "nvlink"}))
+    error = _bind(fleet, p, "l40s-b")
+    assert error.startswith("topoplace: cannot reserve GPUs on l40s-b")
+    assert kube.bindings == []
+    assert _allocations(fleet, p["metadata"]["uid"]) == []
+
+
+def test_bind_of_a_pod_that_is_gone_reports_it(fleet: TestClient):
+    p = pod("vanished", 1)
+    error = _bind(fleet, p, "h100-a")
+    assert "does not exist" in error
+
+
+def test_a_pod_without_gpus_is_bound_without_a_reservation(fleet: TestClient, kube: FakeKubeApi):
+    p = kube.add(pod("web", 0))
+    assert _bind(fleet, p, "h100-a") == ""
+    assert kube.bindings[0]["metadata"]["annotations"] == {}
+    assert _allocations(fleet, p["metadata"]["uid"]) == []
+
+
+def test_bind_args_are_checked(fleet: TestClient):
+    response = fleet.post(
+        "/k8s/v1/bind", json={"PodName": "x", "PodNamespace": "", "PodUID": "u", "Node": "n"}
+    )
+    assert response.status_code == 400
+    assert "PodNamespace" in response.json()["error"]["message"]

@@ -1,0 +1,80 @@
+"""GPUs of pods that are deleted or finished are released; young reservations are left alone."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi.testclient import TestClient
+
+from bench.k8s_objects import pod
+from service.k8s.reconcile import reconcile_once
+from tests.service.conftest import FakeClock
+from tests.service.helpers import add_nodes
+from tests.service.k8s.fake_kube import FakeKubeApi
+
+
+def _bind(client: TestClient, p: dict[str, Any], node: str) -> None:
+    meta = p["metadata"]
+    args = {
+        "PodName": meta["name"],
+        "PodNamespace": meta["namespace"],
+        "PodUID": meta["uid"],
+        "Node": node,
+    }
+    assert client.post("/k8s/v1/bind", json=args).json() == {"Error": ""}
+
+
+def _reconcile(client: TestClient, kube: FakeKubeApi, grace_s: float = 60.0) -> list[str]:
+    app: Any = client.app
+    return reconcile_once(app.state.service, kube, app.state.k8s.gangs, grace_s)
+
+
+def test_deleted_and_finished_pods_give_their_gpus_back(
+    k8s_client: TestClient, kube: FakeKubeApi, clock: FakeClock
+):
+    add_nodes(k8s_client, ("hgx-h100", "h100-a"))
+    running, done, deleted = (kube.add(pod(n, 2)) for n in ("running", "done", "deleted"))
+    for p in (running, done, deleted):
+        _bind(k8s_client, p, "h100-a")
+    kube.pods[("ml-team", "done")]["status"]["phase"] = "Succeeded"
+    kube.delete("ml-team", "deleted")
+
+    assert _reconcile(k8s_client, kube) == []  # too young: a bind may still be running
+    clock.advance(61)
+    released = _reconcile(k8s_client, kube)
+    assert len(released) == 2
+    states = {
+        a["job_id"]: a["state"] for a in k8s_client.get("/v1/allocations").json()["allocations"]
+    }
+    assert states == {
+        running["metadata"]["uid"]: "active",
+        done["metadata"]["uid"]: "released",
+        deleted["metadata"]["uid"]: "released",
+    }
+    assert len(k8s_client.get("/v1/nodes/h100-a").json()["free_gpus"]) == 6
+    assert _reconcile(k8s_client, kube) == []
+
+
+def test_reservations_made_outside_kubernetes_are_not_touched(
+    k8s_client: TestClient, kube: FakeKubeApi, clock: FakeClock
+):
+    add_nodes(k8s_client, ("hgx-h100", "h100-a"))
+    assert k8s_client.post("/v1/place", json={"gpus": 2, "owner": "slurm"}).status_code == 201
+    clock.advance(3600)
+    assert _reconcile(k8s_client, kube) == []
+
+
+def test_a_gang_is_released_when_no_member_is_left(
+    k8s_client: TestClient, kube: FakeKubeApi, clock: FakeClock
+):
+    add_nodes(k8s_client, ("hgx-h100", "h100-a"))
+    notes = {"topoplace.io/gang": "pair", "topoplace.io/gang-size": "2"}
+    members = [kube.add(pod(f"pair-{i}", 4, annotations=notes)) for i in range(2)]
+    for p in members:
+        _bind(k8s_client, p, "h100-a")
+    clock.advance(120)
+    kube.delete("ml-team", "pair-0")
+    assert _reconcile(k8s_client, kube) == []  # pair-1 still runs
+    kube.delete("ml-team", "pair-1")
+    assert len(_reconcile(k8s_client, kube)) == 1
+    assert len(k8s_client.get("/v1/nodes/h100-a").json()["free_gpus"]) == 8
