@@ -155,6 +155,25 @@ def test_the_agent_runs_on_gpu_nodes_with_nvml():
     assert "nvidia.com/gpu" not in str(container.get("resources"))  # reads NVML, holds no GPU
 
 
+def test_the_agent_command_is_one_the_agent_accepts():
+    """The DaemonSet's args parse with the real `topoplace agent` parser, and the key
+    the init container makes on the node is the one the agent signs with."""
+    from topoplace.cli import build_parser
+
+    spec = _one("DaemonSet", "topoplace-agent")["spec"]["template"]["spec"]
+    (init,) = spec["initContainers"]
+    (container,) = spec["containers"]
+    args = build_parser().parse_args(container["args"][1:])
+    assert args.server.startswith("http://topoplace.")
+    key_file = str(args.key_file)
+    assert key_file in init["command"][-1] and args.token_file
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    assert key_file.startswith(mounts["node-key"])
+    assert {m["name"] for m in init["volumeMounts"]} == {"node-key"}
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert volumes["node-key"]["hostPath"]["path"] == mounts["node-key"]
+
+
 @pytest.mark.parametrize("name", ["topoplace-scheduler", "topoplace-agent"])
 def test_the_network_policy_admits_the_callers(name: str):
     policy = _one("NetworkPolicy", "topoplace")
