@@ -42,6 +42,7 @@ from service.notify import publish
 from service.state import ServiceState, cpu_device, cpu_of
 
 PLACE_ATTEMPTS = 4
+RELEASE_CHUNK = 64  # nodes freed per hold of the state lock when many reservations end
 
 
 def task_dict(task: TaskPlacement, with_env: bool = True) -> dict[str, Any]:
@@ -358,10 +359,12 @@ def _end(state: ServiceState, ids: list[str], final: str) -> list[str]:
                 cpus.append(cpu_of(device))
             else:
                 (migs if hold["kind"] == "mig" else gpus).append(device)
-    with state.lock:
-        for node, (gpus, migs, cpus) in freed.items():
-            if node in state.cluster:
-                state.cluster.release(node, gpu_uuids=gpus, mig_uuids=migs, cpus=cpus)
+    items = list(freed.items())
+    for start in range(0, len(items), RELEASE_CHUNK):
+        with state.lock:  # taken per chunk: /place decides in between
+            for node, (gpus, migs, cpus) in items[start : start + RELEASE_CHUNK]:
+                if node in state.cluster:
+                    state.cluster.release(node, gpu_uuids=gpus, mig_uuids=migs, cpus=cpus)
     return ended
 
 
