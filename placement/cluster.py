@@ -93,6 +93,9 @@ class ClusterState:
         self.changes: list[int] = []
         self.changes_base = 0
         self._static_cache: dict[object, NDArray[np.generic]] = {}
+        # The last candidate list a request named and its slots (analysis.requested_slots):
+        # schedulers send the same thousands of names pod after pod.
+        self.last_candidates: tuple[tuple[str, ...], NDArray[np.int64]] | None = None
         self.shape_caches = ShapeCaches()
         # request shape -> slot -> (slot version, GPU mask, task): see decide.verdict_rows.
         self.task_cache: dict[
@@ -118,6 +121,7 @@ class ClusterState:
             entry.refresh()
         self.version += 1
         self._static_cache.clear()
+        self.last_candidates = None
         self._sync(entry)
 
     def remove(self, name: str) -> None:
@@ -132,6 +136,7 @@ class ClusterState:
         self._touch(entry.slot)
         self.version += 1
         self._static_cache.clear()
+        self.last_candidates = None
 
     def set_available(self, name: str, available: bool) -> None:
         """Cordon/uncordon, or mark stale: unavailable nodes get no placements."""

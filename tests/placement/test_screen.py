@@ -66,3 +66,15 @@ def test_screen_refuses_gangs_and_mig() -> None:
     state = _cluster()
     with pytest.raises(ValueError, match="evaluate"):
         state.screen(PlacementRequest(gpus=2, tasks=2))
+
+
+def test_a_repeated_candidate_list_is_remembered_until_membership_changes() -> None:
+    state = _cluster()
+    names = tuple(reversed(state.names()))
+    first = state.screen(PlacementRequest(gpus=1, nodes=names))
+    again = state.screen(PlacementRequest(gpus=1, nodes=list(names)))
+    assert again.names == first.names
+    gone = state.names()[0]
+    state.remove(gone)  # the remembered slots would still name it
+    after = state.screen(PlacementRequest(gpus=1, nodes=names))
+    assert gone not in after.names and after.unknown == (gone,)
