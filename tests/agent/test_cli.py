@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 
 from agent.signing import NodeKey
+from placement.profiles import build_profile
+from placement.topo_text import render_topo_matrix
 from topoplace.cli import main
 
 TOPOLOGIES = Path(__file__).resolve().parents[3] / "shared" / "data" / "topologies"
@@ -34,8 +36,14 @@ def test_once_prints_the_snapshot(capsys: pytest.CaptureFixture[str]) -> None:
     assert out["name"] == "n1" and out["labels"] == {"a": "b"} and len(out["gpus"]) == 8
 
 
-def test_once_from_saved_topology_text(capsys: pytest.CaptureFixture[str]) -> None:
-    source = f"smi:{TOPOLOGIES / 'hgx-h100.txt'}"
+def test_once_from_saved_topology_text(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    # A real `nvidia-smi topo -m` output where the shared data is checked out,
+    # else the same machine's matrix as the tool prints it.
+    saved = TOPOLOGIES / "hgx-h100.txt"
+    if not saved.is_file():
+        saved = tmp_path / "hgx-h100.txt"
+        saved.write_text(render_topo_matrix(build_profile("hgx-h100", "h1")), encoding="utf-8")
+    source = f"smi:{saved}"
     code = main(["agent", "--source", source, "--node-name", "h1", "--gpu-model", "H100", "--once"])
     out = json.loads(capsys.readouterr().out)
     assert code == 0 and out["links"][0][1] == "NV18" and out["gpus"][0]["model"] == "H100"
