@@ -221,6 +221,15 @@ def _place_flow(state: ServiceState, body: PlaceRequest, idempotency_key: str | 
     )
 
 
+def _advance(flow: Flow, result: Any, error: BaseException | None) -> tuple[bool, Any]:
+    """Hand the last step's result (or error) to the flow: (True, its answer) when it
+    finished, else (False, the next step)."""
+    try:
+        return False, flow.throw(error) if error is not None else flow.send(result)
+    except StopIteration as done:
+        return True, done.value
+
+
 def place(
     state: ServiceState, body: PlaceRequest, idempotency_key: str | None
 ) -> tuple[dict[str, Any], bool]:
@@ -229,18 +238,17 @@ def place(
     result: Any = None
     error: BaseException | None = None
     while True:
-        try:
-            step = flow.throw(error) if error is not None else flow.send(result)
-        except StopIteration as done:
-            return cast(tuple[dict[str, Any], bool], done.value)
-        result, error = None, None
+        finished, step = _advance(flow, result, error)
+        if finished:
+            return cast(tuple[dict[str, Any], bool], step)
         try:
             if isinstance(step, _Commit):
                 state.committer.commit(step.row, step.holds, step.nodes)
+                result, error = None, None
             else:
-                result = step()
+                result, error = step(), None
         except Exception as exc:
-            error = exc
+            result, error = None, exc
 
 
 async def place_async(
@@ -251,18 +259,17 @@ async def place_async(
     result: Any = None
     error: BaseException | None = None
     while True:
-        try:
-            step = flow.throw(error) if error is not None else flow.send(result)
-        except StopIteration as done:
-            return cast(tuple[dict[str, Any], bool], done.value)
-        result, error = None, None
+        finished, step = _advance(flow, result, error)
+        if finished:
+            return cast(tuple[dict[str, Any], bool], step)
         try:
             if isinstance(step, _Commit):
                 await state.committer.commit_async(step.row, step.holds, step.nodes)
+                result, error = None, None
             else:
-                result = await asyncio.to_thread(step)
+                result, error = await asyncio.to_thread(step), None
         except Exception as exc:
-            error = exc
+            result, error = None, exc
 
 
 def _placement_json(placement: Placement) -> dict[str, object]:
