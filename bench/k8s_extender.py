@@ -27,14 +27,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
-import numpy as np
 import orjson
 
 from bench.engine_speed import build_cluster, fill
 from bench.k8s_objects import names_args, nodes_args, pod
 from bench.machine import describe
-from bench.service_speed import seed, serve
-from placement import ClusterState, PlacementRequest
+from bench.service_speed import evaluate_time, ms, seed, serve
+from placement import ClusterState
 from service.db import make_engine
 from service.k8s.extender import Extender
 from service.k8s.settings import ExtenderSettings
@@ -44,10 +43,6 @@ from service.state import ServiceState
 TARGETS_MS = {500: 2.0, 10_000: 10.0}  # p99 of filter + prioritize, names mode
 
 
-def ms(values: list[float], q: float) -> float:
-    return float(np.percentile(np.asarray(values), q)) * 1e3
-
-
 def extender_for(cluster: ClusterState, db: Path) -> Extender:
     settings = Settings(database_url=f"sqlite:///{db}", heartbeat_ttl_s=86_400)
     state = ServiceState(settings, make_engine(settings.database_url))
@@ -55,7 +50,7 @@ def extender_for(cluster: ClusterState, db: Path) -> Extender:
     now = datetime.now(UTC)
     state.heartbeats = dict.fromkeys(cluster.names(), now)
     state.loaded = True
-    # As the extender's start-up does once the state is loaded (freeze_gc).
+    # As the service's start-up does once the state is loaded.
     gc.collect()
     gc.freeze()
     return Extender(state, ExtenderSettings(reconcile_interval_s=0))
@@ -102,16 +97,6 @@ def server_side(
     return wall, cpu
 
 
-def evaluate_baseline(cluster: ClusterState, names: list[str], samples: int) -> list[float]:
-    request = PlacementRequest(gpus=4, nodes=tuple(names))
-    out = []
-    for _ in range(samples):
-        t0 = time.perf_counter()
-        cluster.evaluate(request)
-        out.append(time.perf_counter() - t0)
-    return out
-
-
 def over_http(
     base: str, extender: Extender, names: list[str], full: bool, samples: int
 ) -> tuple[list[float], list[float]]:
@@ -155,7 +140,7 @@ def main() -> None:
                 n = samples if not full or size <= 500 else max(20, samples // 10)
                 measured.append((full, server_side(extender, names, full, n)))
             # After the extender: evaluate() fills caches the extender never needs.
-            base = evaluate_baseline(cluster, names, max(20, samples // 10))
+            base = evaluate_time(cluster, names, max(20, samples // 10))
             for full, (lat, cpu) in measured:
                 mode = "Node objects" if full else "names"
                 target = f"{TARGETS_MS[size]:g}" if not full else "-"

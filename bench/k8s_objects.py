@@ -240,6 +240,17 @@ def node(name: str, gpus: int = 8) -> dict[str, Any]:
     }
 
 
+def binding_args(p: dict[str, Any], node: str) -> dict[str, str]:
+    """ExtenderBindingArgs for pod ``p`` on ``node``, as kube-scheduler sends them."""
+    meta = p["metadata"]
+    return {
+        "PodName": meta["name"],
+        "PodNamespace": meta["namespace"],
+        "PodUID": meta["uid"],
+        "Node": node,
+    }
+
+
 def names_args(p: dict[str, Any], names: list[str]) -> dict[str, Any]:
     """ExtenderArgs of a nodeCacheCapable scheduler: NodeNames filled, Nodes null."""
     return {"Pod": p, "Nodes": None, "NodeNames": names}

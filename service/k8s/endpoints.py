@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import logging
 from collections.abc import AsyncIterator
 
@@ -35,11 +34,9 @@ from service.k8s.wire import (
     ExtenderPreemptionResult,
     HostPriority,
 )
-from service.state import ServiceState
 
 log = logging.getLogger("topoplace.k8s")
 PREFIX = "/k8s/v1"
-FRESHNESS_INTERVAL_S = 0.5
 
 
 @contextlib.asynccontextmanager
@@ -47,15 +44,10 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     settings: ExtenderSettings = getattr(app.state, "k8s_settings", None) or ExtenderSettings()
     extender = Extender(app.state.service, settings, getattr(app.state, "k8s_api", None))
     app.state.k8s = extender
-    if settings.freeze_gc:
-        # The cluster state just loaded is long-lived and large (hundreds of thousands of
-        # objects at 10,000 nodes); every full collection would walk it again, which showed
-        # up as milliseconds on filter calls. Frozen, collections skip it.
-        gc.freeze()
     if settings.extender_open:
         app.state.token_check.open_prefix("/k8s/")
         log.warning("the /k8s/ extender routes accept callers without a token")
-    tasks = [asyncio.create_task(keep_fresh(app.state.service))]
+    tasks: list[asyncio.Task[None]] = []
     if settings.reconcile_interval_s > 0:
         try:
             kube = await asyncio.to_thread(extender.kube)
@@ -77,18 +69,6 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        if settings.freeze_gc:
-            gc.unfreeze()  # what this app held may now be collected
-
-
-async def keep_fresh(state: ServiceState) -> None:
-    """Mark nodes whose heartbeats went stale, off the filter's path (at most ~1.5 s late)."""
-    while True:
-        await asyncio.sleep(FRESHNESS_INTERVAL_S)
-        try:
-            await asyncio.to_thread(state.refresh_if_due)
-        except Exception:  # keep going; the next round tries again
-            log.exception("refreshing node staleness failed")
 
 
 router = APIRouter(prefix=PREFIX, tags=["kubernetes"], lifespan=lifespan)

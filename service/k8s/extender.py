@@ -121,8 +121,7 @@ class Extender:
             return self.gangs.judge(pod, names)
         state = self.state
         with state.lock:
-            # No refresh_if_due() here: re-checking every node's heartbeat costs ~10 ms at
-            # 10,000 nodes; keep_fresh() does it off the request path (endpoints.py).
+            state.refresh_if_due()  # as /place: walks the nodes only when one could go stale
             cluster = state.cluster
             if pod.screened:
                 judgement = judge_screen(cluster, pod.request, names)

@@ -40,8 +40,3 @@ class ExtenderSettings(BaseSettings):
         ge=0,
         description="reservations younger than this are left alone by the reconciler",
     )
-    freeze_gc: bool = Field(
-        default=True,
-        description="after the state is loaded, move it out of the garbage collector's sight"
-        " (gc.freeze) so full collections do not stall filter calls",
-    )

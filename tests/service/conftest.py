@@ -75,6 +75,20 @@ def postgres_url() -> Iterator[str]:
         admin.dispose()
 
 
+@pytest.fixture
+def doomed_database(postgres_url: str) -> Iterator[tuple[str, sa.Engine]]:
+    """A database of its own, so that the test can drop it under a running service."""
+    admin = sa.create_engine(postgres_url, isolation_level="AUTOCOMMIT")
+    name = f"doomed_{uuid.uuid4().hex[:8]}"
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    url = sa.make_url(postgres_url).set(database=name).render_as_string(hide_password=False)
+    yield url, admin
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    admin.dispose()
+
+
 @pytest.fixture(params=["sqlite", "postgres"])
 def database_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> str:
     if request.param == "sqlite":

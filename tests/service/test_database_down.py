@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Iterator
-
-import pytest
 import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
@@ -13,20 +9,6 @@ from service.app import create_app
 from service.settings import Settings
 from tests.service.conftest import FakeClock
 from tests.service.helpers import add_nodes
-
-
-@pytest.fixture
-def doomed_database(postgres_url: str) -> Iterator[tuple[str, sa.Engine]]:
-    """A database of its own, so that the test can drop it under a running service."""
-    admin = sa.create_engine(postgres_url, isolation_level="AUTOCOMMIT")
-    name = f"doomed_{uuid.uuid4().hex[:8]}"
-    with admin.connect() as conn:
-        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
-    url = sa.make_url(postgres_url).set(database=name).render_as_string(hide_password=False)
-    yield url, admin
-    with admin.connect() as conn:
-        conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-    admin.dispose()
 
 
 def test_place_and_readyz_answer_503_when_the_database_is_gone(

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import time
-import uuid
-from collections.abc import Iterator
 
 import grpc
 import pytest
@@ -19,19 +17,6 @@ from service.grpc.server import GrpcServer
 from service.settings import Settings
 from tests.service.conftest import FakeClock
 from tests.service.grpc.conftest import details, reason, snapshot_request
-
-
-@pytest.fixture
-def doomed_database(postgres_url: str) -> Iterator[tuple[str, sa.Engine]]:
-    admin = sa.create_engine(postgres_url, isolation_level="AUTOCOMMIT")
-    name = f"doomed_{uuid.uuid4().hex[:8]}"
-    with admin.connect() as conn:
-        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
-    url = sa.make_url(postgres_url).set(database=name).render_as_string(hide_password=False)
-    yield url, admin
-    with admin.connect() as conn:
-        conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-    admin.dispose()
 
 
 def test_place_is_unavailable_and_health_says_so(

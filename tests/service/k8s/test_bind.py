@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from bench.k8s_objects import names_args, pod
+from bench.k8s_objects import binding_args, names_args, pod
 from service.k8s.kube_api import KubeApiError
 from tests.service.helpers import add_nodes
 from tests.service.k8s.fake_kube import FakeKubeApi
@@ -21,18 +21,8 @@ def fleet(k8s_client: TestClient) -> TestClient:
     return k8s_client
 
 
-def _bind_args(p: dict[str, Any], node: str) -> dict[str, str]:
-    meta = p["metadata"]
-    return {
-        "PodName": meta["name"],
-        "PodNamespace": meta["namespace"],
-        "PodUID": meta["uid"],
-        "Node": node,
-    }
-
-
 def _bind(client: TestClient, p: dict[str, Any], node: str) -> str:
-    response = client.post("/k8s/v1/bind", json=_bind_args(p, node))
+    response = client.post("/k8s/v1/bind", json=binding_args(p, node))
     assert response.status_code == 200, response.text
     body = response.json()
     assert set(body) == {"Error"}

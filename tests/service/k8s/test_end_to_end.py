@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
-from bench.k8s_objects import names_args, nodes_args, pod
+from bench.k8s_objects import binding_args, names_args, nodes_args, pod
 from placement.profiles import build_profile
 from tests.service.k8s.fake_api_server import FakeApiServer
 from tests.service.test_replicas import _free_port, _wait_ready
@@ -97,16 +97,6 @@ def _call(url: str, verb: str, body: dict[str, Any]) -> Any:
     return reply.json()
 
 
-def _binding_args(p: dict[str, Any], node: str) -> dict[str, str]:
-    meta = p["metadata"]
-    return {
-        "PodName": meta["name"],
-        "PodNamespace": meta["namespace"],
-        "PodUID": meta["uid"],
-        "Node": node,
-    }
-
-
 def test_filter_prioritize_bind(service: str, api: FakeApiServer):
     p = api.add(pod("trainer-0", 4, annotations={"topoplace.io/locality": "nvlink"}))
     candidates = ["h100-a", "v100-b", "l40s-c"]
@@ -117,7 +107,7 @@ def test_filter_prioritize_bind(service: str, api: FakeApiServer):
     best = max(scores, key=lambda h: h["Score"])["Host"]
     assert best == "h100-a"
 
-    assert _call(service, "bind", _binding_args(p, best)) == {"Error": ""}
+    assert _call(service, "bind", binding_args(p, best)) == {"Error": ""}
 
     (binding,) = api.bindings
     assert binding["path"] == "/api/v1/namespaces/ml-team/pods/trainer-0/binding"
@@ -157,11 +147,11 @@ def test_filter_then_bind_with_one_node_left(service: str, api: FakeApiServer):
     promised = httpx.post(f"{service}/v1/score", json={"gpus": 2, "nodes": ["v100-b"]}).json()[
         "nodes"
     ][0]
-    assert _call(service, "bind", _binding_args(p, "v100-b")) == {"Error": ""}
+    assert _call(service, "bind", binding_args(p, "v100-b")) == {"Error": ""}
     notes = api.pod("ml-team", "trainer-1")["metadata"]["annotations"]
     assert notes["topoplace.io/gpu-indices"] == ",".join(map(str, promised["task"]["gpu_indices"]))
     assert notes["topoplace.io/gpus"] == ",".join(promised["task"]["gpu_uuids"])
     # A second bind for the same pod (a retry after a lost reply) books nothing more.
-    assert _call(service, "bind", _binding_args(p, "v100-b")) == {"Error": ""}
+    assert _call(service, "bind", binding_args(p, "v100-b")) == {"Error": ""}
     free = httpx.get(f"{service}/v1/nodes/v100-b").json()["free_gpus"]
     assert len(free) == 3

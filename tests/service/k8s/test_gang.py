@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from bench.k8s_objects import names_args, pod
+from bench.k8s_objects import binding_args, names_args, pod
 from tests.service.helpers import add_nodes
 from tests.service.k8s.fake_kube import FakeKubeApi
 
@@ -33,13 +33,7 @@ def _filter(client: TestClient, p: dict[str, Any]) -> dict[str, Any]:
 
 
 def _bind(client: TestClient, p: dict[str, Any], node: str) -> str:
-    meta = p["metadata"]
-    args = {
-        "PodName": meta["name"],
-        "PodNamespace": meta["namespace"],
-        "PodUID": meta["uid"],
-        "Node": node,
-    }
+    args = binding_args(p, node)
     error: str = client.post("/k8s/v1/bind", json=args).json()["Error"]
     return error
 

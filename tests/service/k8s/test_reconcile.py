@@ -6,7 +6,7 @@ from typing import Any
 
 from fastapi.testclient import TestClient
 
-from bench.k8s_objects import pod
+from bench.k8s_objects import binding_args, pod
 from service.k8s.reconcile import reconcile_once
 from tests.service.conftest import FakeClock
 from tests.service.helpers import add_nodes
@@ -14,13 +14,7 @@ from tests.service.k8s.fake_kube import FakeKubeApi
 
 
 def _bind(client: TestClient, p: dict[str, Any], node: str) -> None:
-    meta = p["metadata"]
-    args = {
-        "PodName": meta["name"],
-        "PodNamespace": meta["namespace"],
-        "PodUID": meta["uid"],
-        "Node": node,
-    }
+    args = binding_args(p, node)
     assert client.post("/k8s/v1/bind", json=args).json() == {"Error": ""}
 
 
