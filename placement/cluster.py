@@ -249,11 +249,11 @@ class ClusterState:
 
         return verdict_rows(self, request, fit, refused)
 
-    def screen(self, request: PlacementRequest) -> NodeScreen:
+    def screen(self, request: PlacementRequest, full_rank: bool = True) -> NodeScreen:
         """Every requested node's verdict as arrays (no TaskPlacement per node): see screen.py."""
         from placement.screen import screen
 
-        return screen(self, request)
+        return screen(self, request, full_rank)
 
     # Internals -----------------------------------------------------------
 

@@ -18,6 +18,7 @@ refused for CPUs at placement, never the other way round.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -27,7 +28,7 @@ from placement.analysis import CAUSES, FITS, analyse, requested_slots
 from placement.explain import cause_message
 from placement.node_choice import mask_to_indices
 from placement.outcome import Cause
-from placement.ranking import rank_order, scores
+from placement.ranking import best_of, rank_order, rank_words, scores
 from placement.request import PlacementRequest
 
 if TYPE_CHECKING:
@@ -38,13 +39,24 @@ if TYPE_CHECKING:
 class NodeScreen:
     """Index i describes node ``names[i]``; requested names never reported are in ``unknown``."""
 
-    names: tuple[str, ...]
+    slots: NDArray[np.int64]  # the cluster slot of each node
+    slot_names: list[str]  # the cluster's slot names when screened (a copy: slots get reused)
     fits: NDArray[np.bool_]
     score: NDArray[np.float64]  # 0..100 where the node fits, 0 elsewhere
     rank: NDArray[np.int64]  # 1 = best among the nodes that fit, 0 where it does not fit
     masks: NDArray[np.int64]  # the GPU set each fitting node would give, over its GPU list
     cause_codes: NDArray[np.int64]
     unknown: tuple[str, ...]
+
+    @cached_property
+    def names(self) -> tuple[str, ...]:
+        # Built on demand: callers that want only the fitting nodes' names (names_at) skip
+        # a tuple of every candidate, 10,000 of them for a large scheduler call.
+        return tuple(self.names_at(np.arange(self.slots.size)))
+
+    def names_at(self, indices: NDArray[np.int64]) -> list[str]:
+        """The names of the nodes at ``indices`` (into this screen), in that order."""
+        return list(map(self.slot_names.__getitem__, self.slots[indices].tolist()))
 
     def cause(self, index: int) -> Cause | None:
         code = int(self.cause_codes[index])
@@ -59,7 +71,9 @@ class NodeScreen:
         return "" if cause is None else cause_message(cause, request)
 
 
-def screen(state: ClusterState, request: PlacementRequest) -> NodeScreen:
+def screen(state: ClusterState, request: PlacementRequest, full_rank: bool = True) -> NodeScreen:
+    """``full_rank=False`` ranks only the best node (1; every other 0): the callers that
+    want just "which one is best" skip sorting every node that fits."""
     if request.mig_profile is not None or request.tasks != 1:
         raise ValueError("screen() answers single-task whole-GPU requests; use evaluate()")
     slots = requested_slots(state, request)
@@ -72,14 +86,17 @@ def screen(state: ClusterState, request: PlacementRequest) -> NodeScreen:
         protected = np.zeros(state.slot_count, dtype=np.bool_)
         inputs = analysis.rank_inputs(fits, state, protected)
         score[where] = scores(inputs, request)
-        rank[where[rank_order(inputs, request)]] = np.arange(1, where.size + 1)
-    slot_names = state.slot_names
-    names = tuple(map(slot_names.__getitem__, slots.tolist()))
+        if full_rank:
+            rank[where[rank_order(inputs, request)]] = np.arange(1, where.size + 1)
+        else:
+            best = best_of(rank_words(inputs, request), np.arange(where.size))
+            rank[where[best]] = 1
     unknown: tuple[str, ...] = ()
-    if request.nodes is not None and len(names) < len(request.nodes):
+    if request.nodes is not None and slots.size < len(request.nodes):
         unknown = tuple(n for n in dict.fromkeys(request.nodes) if n not in state.slot_of)
     return NodeScreen(
-        names=names,
+        slots=slots,
+        slot_names=list(state.slot_names),
         fits=fits,
         score=score,
         rank=rank,

@@ -7,6 +7,8 @@ from fastapi import Request
 from service.state import ServiceState
 
 
-def get_state(request: Request) -> ServiceState:
+async def get_state(request: Request) -> ServiceState:
+    # Async on purpose: FastAPI runs a plain-def dependency in a worker thread, a thread
+    # hop per request that cost more than a 500-node /score's own work.
     state: ServiceState = request.app.state.service
     return state

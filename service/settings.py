@@ -30,6 +30,12 @@ class Settings(BaseSettings):
         default=20, ge=1, description="snapshots kept per node, newest first"
     )
     max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
+    access_log: bool = Field(
+        default=False,
+        description="log one line per HTTP request (uvicorn's access log). Off by default:"
+        " at scheduler rates it was a tenth of the service's CPU; errors and warnings are"
+        " logged either way",
+    )
     api_tokens: str = Field(
         default="",
         description="comma-separated bearer tokens the API accepts; empty (and no token file)"

@@ -37,6 +37,11 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     serve.add_argument(
         "--no-grpc", action="store_true", help="serve REST only (or TOPOPLACE_GRPC_PORT=off)"
     )
+    serve.add_argument(
+        "--access-log",
+        action="store_true",
+        help="log every HTTP request (TOPOPLACE_ACCESS_LOG; off by default)",
+    )
     serve.set_defaults(func=run_serve)
 
     db = sub.add_parser("db", help="database maintenance")
@@ -57,6 +62,7 @@ def _settings(args: argparse.Namespace) -> Settings:
             "port": getattr(args, "port", None),
             "database_url": getattr(args, "database_url", None),
             "migrate_on_start": False if getattr(args, "no_migrate", False) else None,
+            "access_log": True if getattr(args, "access_log", False) else None,
             "grpc_port": "off"
             if getattr(args, "no_grpc", False)
             else getattr(args, "grpc_port", None),
@@ -73,7 +79,13 @@ def run_serve(args: argparse.Namespace) -> int:
 
     settings = _with_grpc_port(_settings(args))
     app = create_app(settings, demo=args.demo)
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level="info")
+    uvicorn.run(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level="info",
+        access_log=settings.access_log,
+    )
     return 0
 
 

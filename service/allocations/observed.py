@@ -11,7 +11,7 @@ from typing import Any
 
 from service.allocations import service
 from service.allocations.schemas import PlaceRequest
-from service.allocations.service import get, listing, score, task_json
+from service.allocations.service import get, listing, score, score_json
 from service.state import ServiceState
 
 __all__ = [
@@ -24,8 +24,8 @@ __all__ = [
     "release",
     "release_job",
     "score",
+    "score_json",
     "sweep",
-    "task_json",
 ]
 
 

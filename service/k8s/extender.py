@@ -22,6 +22,7 @@ from service.k8s import bind, preempt
 from service.k8s.gang import GangCoordinator
 from service.k8s.kube_api import KubeApi, KubeApiError, KubeConfigError, from_kubeconfig, in_cluster
 from service.k8s.pod_request import BadPodRequest, PodRequest, parse_pod
+from service.k8s.priority_json import PriorityEncoder
 from service.k8s.screening import PREFIX, Judgement, everyone, judge_mig, judge_screen, no_one
 from service.k8s.settings import ExtenderSettings
 from service.k8s.wire import (
@@ -67,6 +68,7 @@ class Extender:
         self._recent: OrderedDict[str, _Recent] = OrderedDict()
         self._judged: deque[_Recent] = deque()
         self._recent_lock = threading.Lock()
+        self._priority_json = PriorityEncoder()
 
     def kube(self) -> KubeApi:
         """The Kubernetes API, connected on first use; KubeConfigError when unreachable."""
@@ -124,7 +126,9 @@ class Extender:
             state.refresh_if_due()  # as /place: walks the nodes only when one could go stale
             cluster = state.cluster
             if pod.screened:
-                judgement = judge_screen(cluster, pod.request, names)
+                judgement = judge_screen(
+                    cluster, pod.request, names, self._priority_json.records(cluster)
+                )
             else:
                 judgement = judge_mig(cluster, pod.request, names)
             cluster_id, clock = id(cluster), cluster.clock
@@ -140,11 +144,13 @@ class Extender:
             self._judged.append(recent)
             while len(self._judged) > JUDGEMENTS_KEPT:
                 old = self._judged.popleft()
-                if old not in self._judged:
+                # By identity: comparing dataclasses would compare their lists of every node.
+                if not any(kept is old for kept in self._judged):
                     old.judgement, old.names = None, None
 
-    def _cached(self, recent: _Recent, names: list[str]) -> Judgement | None:
-        """The filter's judgement if nothing changed since and it covered these nodes."""
+    def _cached(self, recent: _Recent, names: list[str]) -> tuple[Judgement, bool] | None:
+        """The filter's judgement if nothing changed since and it covered these nodes, and
+        whether ``names`` are exactly the nodes it passed."""
         with self._recent_lock:  # read together: _keep_judgement may drop them
             judgement, judged = recent.judgement, recent.names
             cluster_id, clock = recent.cluster_id, recent.clock
@@ -156,10 +162,10 @@ class Extender:
                 return None
         # kube-scheduler sends prioritize exactly the nodes filter passed: compare lists first.
         if names == judgement.passing:
-            return judgement
+            return judgement, True
         if len(names) > len(judged) or not set(judged).issuperset(names):
             return None
-        return judgement
+        return judgement, False
 
     # -- verbs -------------------------------------------------------------------------
 
@@ -181,9 +187,14 @@ class Extender:
             recent = self._remember(pod)
         except BadPodRequest:
             return host_priorities(names, repeat(0, len(names)))
-        judgement = self._cached(recent, names) or self._judge(recent, names)
-        if names == judgement.passing:  # the usual call: the nodes filter let through
-            return host_priorities(names, judgement.passing_priorities())
+        cached = self._cached(recent, names)
+        if cached is not None:
+            judgement, exactly_passing = cached
+        else:
+            judgement = self._judge(recent, names)
+            exactly_passing = names == judgement.passing
+        if exactly_passing:  # the usual call: the nodes filter let through
+            return judgement.passing_priorities()
         get = judgement.priorities().get
         return host_priorities(names, map(get, names, repeat(0)))
 

@@ -20,7 +20,8 @@ from numpy.typing import NDArray
 from placement import ClusterState, PlacementRequest
 from placement.explain import cause_message
 from placement.screen import NodeScreen
-from service.k8s.wire import MAX_PRIORITY
+from service.k8s.priority_json import SlotRecords
+from service.k8s.wire import MAX_PRIORITY, host_priorities
 
 PREFIX = "topoplace: "  # `kubectl describe pod` shows which filter said no
 NOT_REPORTED = PREFIX + "no topoplace agent has reported this node"
@@ -35,16 +36,17 @@ class Judgement:
     priorities: Callable[[], dict[str, int]] = field(default=lambda: {})
     # GPU indices each passing node would give (what bind will reserve on an unchanged node).
     gpus: Callable[[str], tuple[int, ...]] = field(default=lambda _: ())
-    # Priorities in the order of ``passing``, when cheaper than the dict (the array screen).
-    aligned: Callable[[], list[int]] | None = None
+    # The HostPriorityList of ``passing`` as JSON, when the array screen can encode it
+    # without a dict per node.
+    encoded: Callable[[], bytes] | None = None
 
-    def passing_priorities(self) -> list[int]:
-        """Priorities of ``passing``, in its order: what prioritize answers for the nodes
-        filter let through, which is what kube-scheduler sends it."""
-        if self.aligned is not None:
-            return self.aligned()
+    def passing_priorities(self) -> bytes:
+        """The HostPriorityList of ``passing``, in its order: what prioritize answers for the
+        nodes filter let through, which is what kube-scheduler sends it."""
+        if self.encoded is not None:
+            return self.encoded()
         scores = self.priorities()
-        return [scores.get(n, 0) for n in self.passing]
+        return host_priorities(self.passing, [scores.get(n, 0) for n in self.passing])
 
 
 def everyone(names: list[str]) -> Judgement:
@@ -77,17 +79,24 @@ def screen_priorities(screen: NodeScreen) -> dict[str, int]:
     return dict(zip(screen.names, screen_tenths(screen).tolist(), strict=True))
 
 
-def judge_screen(cluster: ClusterState, request: PlacementRequest, names: list[str]) -> Judgement:
-    """Single-task whole-GPU request over the candidates, from the array screen."""
-    screen = cluster.screen(request.model_copy(update={"nodes": tuple(names)}))
+def judge_screen(
+    cluster: ClusterState,
+    request: PlacementRequest,
+    names: list[str],
+    records: SlotRecords | None = None,
+) -> Judgement:
+    """Single-task whole-GPU request over the candidates, from the array screen.
+    ``records``: the cluster's HostPriority records as it is now (read under the lock), so
+    prioritize can encode its answer from arrays; without them it builds dicts."""
+    # Only the best node's rank matters here (it alone gets 10): no sort of every node.
+    screen = cluster.screen(request.model_copy(update={"nodes": tuple(names)}), full_rank=False)
     fits = screen.fits
-    screen_names = screen.names
-    # map() over a C-level getter: these lists run to 10,000 names per call.
-    name_at = screen_names.__getitem__
-    passing = list(map(name_at, np.flatnonzero(fits).tolist()))
+    where = np.flatnonzero(fits)
+    # map() over C-level getters: these lists run to 10,000 names per call.
+    passing = screen.names_at(where)
     failed: dict[str, str] = {}
     unresolvable: dict[str, str] = {}
-    if len(passing) < len(screen_names):
+    if where.size < fits.size:
         codes = screen.cause_codes
         refused = np.flatnonzero(~fits)
         # One message per distinct cause: it depends only on the cause and the request.
@@ -98,14 +107,14 @@ def judge_screen(cluster: ClusterState, request: PlacementRequest, names: list[s
             assert cause is not None
             message = PREFIX + cause_message(cause, request)
             target = failed if cause.resolvable else unresolvable
-            target.update(dict.fromkeys(map(name_at, members.tolist()), message))
+            target.update(dict.fromkeys(screen.names_at(members), message))
     for name in screen.unknown:
         failed[name] = NOT_REPORTED
 
     def gpus(node: str) -> tuple[int, ...]:
         # Asked once per bind at most, so a scan beats building an index per filter.
         try:
-            return screen.gpu_indices(screen_names.index(node))
+            return screen.gpu_indices(int(where[passing.index(node)]))
         except ValueError:
             return ()
 
@@ -115,7 +124,9 @@ def judge_screen(cluster: ClusterState, request: PlacementRequest, names: list[s
         unresolvable,
         lambda: screen_priorities(screen),
         gpus,
-        lambda: screen_tenths(screen)[screen.fits].tolist(),
+        None
+        if records is None
+        else lambda: records.encode(screen.slots[where], screen_tenths(screen)[where]),
     )
 
 

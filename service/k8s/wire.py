@@ -137,6 +137,16 @@ def field(data: dict[str, Any], name: str) -> Any:
     return None
 
 
+def _all_strings(values: list[Any]) -> bool:
+    # str.join checks every item's type in C, several times cheaper than any Python-level
+    # test over 10,000 names; the joined text is dropped at once.
+    try:
+        "".join(values)
+    except TypeError:
+        return False
+    return True
+
+
 def extender_args(body: bytes) -> tuple[Pod, list[str], list[Node] | None]:
     """(pod, candidate node names, Node objects or None in names mode) from ExtenderArgs."""
     data = loads(body)
@@ -145,8 +155,7 @@ def extender_args(body: bytes) -> tuple[Pod, list[str], list[Node] | None]:
         raise BadRequest("ExtenderArgs.Pod must be a Pod object", {"field": "Pod"})
     names = field(data, "NodeNames")
     if names is not None:
-        # set(map(type, ...)) runs in C: a generator over 10,000 names costs milliseconds.
-        if not isinstance(names, list) or not set(map(type, names)) <= {str}:
+        if not isinstance(names, list) or not _all_strings(names):
             raise BadRequest("ExtenderArgs.NodeNames must be a list of strings")
         return pod, names, None
     nodes = field(data, "Nodes")
@@ -161,7 +170,7 @@ def extender_args(body: bytes) -> tuple[Pod, list[str], list[Node] | None]:
         node_names = [item["metadata"]["name"] for item in items]
     except (TypeError, KeyError):
         raise BadRequest("every item of ExtenderArgs.Nodes needs metadata.name") from None
-    if not set(map(type, node_names)) <= {str}:
+    if not _all_strings(node_names):
         raise BadRequest("every item of ExtenderArgs.Nodes needs metadata.name")
     return pod, node_names, items
 

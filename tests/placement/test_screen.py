@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from placement import ClusterState, PlacementRequest
@@ -78,3 +79,23 @@ def test_a_repeated_candidate_list_is_remembered_until_membership_changes() -> N
     state.remove(gone)  # the remembered slots would still name it
     after = state.screen(PlacementRequest(gpus=1, nodes=names))
     assert gone not in after.names and after.unknown == (gone,)
+
+
+@pytest.mark.parametrize("gpus", [1, 2, 4, 8])
+def test_best_only_ranking_marks_the_full_rankings_first(gpus: int) -> None:
+    state = _cluster()
+    request = PlacementRequest(gpus=gpus)
+    full = state.screen(request)
+    best = state.screen(request, full_rank=False)
+    assert (best.fits == full.fits).all() and (best.score == full.score).all()
+    assert (best.rank == (full.rank == 1)).all()
+    assert int((best.rank == 1).sum()) == min(1, int(full.fits.sum()))
+
+
+def test_names_at_reads_the_names_of_the_moment_it_screened() -> None:
+    state = _cluster()
+    screened = state.screen(PlacementRequest(gpus=1))
+    first = screened.names[0]
+    state.remove(first)
+    assert screened.names_at(np.zeros(1, dtype=np.int64)) == [first]
+    assert screened.names[0] == first

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import orjson
+import pytest
 import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
 from placement import Health
 from service import schema
-from service.allocations.schemas import AllocationView, ScoreResult
+from service.allocations import service
+from service.allocations.schemas import AllocationView, ScoreRequest, ScoreResult
 from service.app import create_app
 from service.settings import Settings
 from tests.service.conftest import FakeClock
@@ -139,6 +142,38 @@ def test_score_ranks_without_reserving(client: TestClient) -> None:
     assert by_node["dgx0"]["fits"] and by_node["dgx0"]["rank"] == 1
     assert by_node["pcie0"]["cause"] == "no_nvlink_set_ever" and not by_node["pcie0"]["resolvable"]
     assert client.get("/v1/allocations").json()["allocations"] == []
+
+
+@pytest.mark.parametrize(
+    "request_body",
+    [
+        {"gpus": 4, "locality": "nvlink", "nodes": ["dgx0", "pcie0", "h0", "mig0", "ghost"]},
+        {"gpus": 2, "policy": "spread"},
+        {"mig_profile": "1g.10gb"},
+    ],
+)
+def test_score_answer_over_http_is_the_plain_data_answer(
+    client: TestClient, request_body: dict[str, object]
+) -> None:
+    """REST sends rows encoded once per unchanged node with only the rank written per call:
+    they read exactly as the plain rows gRPC converts, while ranks move between calls."""
+    add_nodes(
+        client,
+        ("dgx1-v100", "dgx0"),
+        ("pcie-8x-l40s", "pcie0"),
+        ("hgx-h100", "h0"),
+        ("dgx-a100-mig", "mig0"),
+    )
+    state = client.app.state.service
+    for _ in range(3):
+        answer = client.post("/v1/score", json=request_body)
+        assert answer.status_code == 200, answer.text
+        assert answer.headers["content-type"] == "application/json"
+        ScoreResult.model_validate(answer.json())
+        plain = service.score(state, ScoreRequest.model_validate(request_body))
+        assert answer.json() == orjson.loads(orjson.dumps({"nodes": plain}))
+        # The best node changes between calls, so ranks move and rows are reused.
+        assert client.post("/v1/place", json={"gpus": 2}).status_code in (201, 409)
 
 
 def test_cluster_summary_and_health(client: TestClient) -> None:
