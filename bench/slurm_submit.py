@@ -1,9 +1,10 @@
 """Slurm submissions with and without the topoplace filter, on a loopback cluster.
 
-Two clusters run side by side on this machine, configured alike from the
+Three clusters run side by side on this machine, configured alike from the
 same service (DGX-1 nodes, 8 fake GPUs each, gres.conf and node lines from
-`topoplace slurm`): one with job_submit.lua in front of slurmctld, one
-without. Measured, alternating one submission on each so drift hits both:
+`topoplace slurm`): one with job_submit.lua in front of slurmctld (the
+filter), one with cli_filter.lua in sbatch as well, one without either.
+Measured, one submission on each in turn so drift hits all three:
 
 1. sbatch of a held 1-GPU job (`--hold`: submission only, nothing runs):
    the sbatch process's wall time, and slurmctld's own time for the submit
@@ -75,21 +76,21 @@ def clear(cluster: LoopbackCluster, service: Service, jobs: list[str]) -> None:
 
 
 def submissions(
-    filtered: LoopbackCluster, alone: LoopbackCluster, service: Service, count: int
+    clusters: dict[str, LoopbackCluster], service: Service, count: int
 ) -> dict[str, list[float]]:
-    seconds: dict[str, list[float]] = {"with filter": [], "without": []}
-    pending: dict[str, list[str]] = {"with filter": [], "without": []}
+    seconds: dict[str, list[float]] = {label: [] for label in clusters}
+    pending: dict[str, list[str]] = {label: [] for label in clusters}
     for i in range(count):
-        for label, cluster in (("with filter", filtered), ("without", alone)):
+        for label, cluster in clusters.items():
             job = cluster.sbatch("--hold", "--gpus=1", script="true")
             assert job.returncode == 0, job.stderr
             seconds[label].append(job.seconds)
             pending[label].append(job.id)
         if (i + 1) % ROUND == 0:
-            clear(filtered, service, pending["with filter"])
-            clear(alone, service, pending["without"])
-    clear(filtered, service, pending["with filter"])
-    clear(alone, service, pending["without"])
+            for label, cluster in clusters.items():
+                clear(cluster, service, pending[label])
+    for label, cluster in clusters.items():
+        clear(cluster, service, pending[label])
     return seconds
 
 
@@ -162,40 +163,41 @@ def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="topoplace-bench-slurm-"))
     service = Service(root / "service")
     (root / "service").mkdir()
-    nodes, solos = ["node1", "node2", "node3"], ["solo1", "solo2", "solo3"]
-    filtered = LoopbackCluster(root / "filtered", nodes, service, with_filter=True)
+    nodes, solos, both = ["node1", "node2", "node3"], ["solo1", "solo2", "solo3"], ["cli1"]
+    filtered = LoopbackCluster(
+        root / "filtered", nodes, service, with_filter=True, cli_filter=False
+    )
     alone = LoopbackCluster(root / "alone", solos, service, with_filter=False)
+    with_cli = LoopbackCluster(root / "with-cli", both, service, with_filter=True)
+    clusters = {"without": alone, "with filter": filtered, "with filter + cli_filter": with_cli}
     try:
         service.start()
-        service.report(PROFILE, nodes + solos)
-        for cluster in (filtered, alone):
+        service.report(PROFILE, nodes + solos + both)
+        for cluster in clusters.values():
             cluster.root.mkdir()
             cluster.start()
-        seconds = submissions(filtered, alone, service, count)
+        seconds = submissions(clusters, service, count)
         inside = filter_ms(filtered)
-        print(f"\n{count} held 1-GPU sbatch submissions per cluster, alternating, one client")
-        print("| | sbatch p50 ms | sbatch p99 ms | submissions/s |")
-        print("|---|---|---|---|")
+        print(f"\n{count} held 1-GPU sbatch submissions per cluster, in turn, one client")
+        print("| | sbatch p50 ms | sbatch p99 ms | submissions/s | added p50 ms | added p99 ms |")
+        print("|---|---|---|---|---|---|")
         rate = {}
-        for label in ("without", "with filter"):
-            s = seconds[label]
+        for label, s in seconds.items():
             rate[label] = 1 / statistics.mean(s)
+            # Pairwise: each submission against the one made just before it without.
+            added = [(a - b) * 1000 for a, b in zip(s, seconds["without"], strict=True)]
+            shown = "-" if label == "without" else None
             print(
                 f"| {label} | {pct(s, 50) * 1000:.1f} | {pct(s, 99) * 1000:.1f}"
-                f" | {rate[label]:.0f} |"
+                f" | {rate[label]:.0f} | {shown or f'{pct(added, 50):.1f}'}"
+                f" | {shown or f'{pct(added, 99):.1f}'} |"
             )
-        added = [
-            (a - b) * 1000 for a, b in zip(seconds["with filter"], seconds["without"], strict=True)
-        ]
         print(
             f"filter inside slurmctld (job_submit.lua's HTTP call, {len(inside)} calls):"
             f" p50 {pct(inside, 50):.1f} ms, p99 {pct(inside, 99):.1f} ms"
         )
-        print(
-            f"sbatch with minus without (pairwise): p50 {pct(added, 50):.1f} ms,"
-            f" p99 {pct(added, 99):.1f} ms; throughput with/without"
-            f" {rate['with filter'] / rate['without']:.2f}x"
-        )
+        for label in ("with filter", "with filter + cli_filter"):
+            print(f"throughput {label} / without: {rate[label] / rate['without']:.2f}x")
         direct = service_calls(service)
         print(
             "the same service over HTTP from Python, p50 ms: "
@@ -208,7 +210,7 @@ def main() -> None:
             busy, ours, theirs = choice(filtered, alone, node, solo, state)
             print(f"| {busy} | {ours} | {ring_gbps(ours):g} | {theirs} | {ring_gbps(theirs):g} |")
     finally:
-        for cluster in (filtered, alone):
+        for cluster in clusters.values():
             cluster.stop()
         service.stop()
         shutil.rmtree(root, ignore_errors=True)

@@ -6,9 +6,9 @@
 --   server = http://127.0.0.1:8080   the topoplace service
 --   timeout_ms = 100                  the whole HTTP exchange, connect included
 --   token_file = /etc/slurm/topoplace.token   bearer token, first line (optional)
--- One raw HTTP/1.1 request per call with a total deadline: slurmctld holds
--- its locks while job_submit runs, so a slow service must cost at most the
--- timeout, and any failure lets the job through unchanged.
+-- Raw HTTP/1.1 on one kept-alive connection, with a deadline per step:
+-- slurmctld holds its locks while job_submit runs, so a slow service must cost
+-- at most the timeout, and any failure lets the job through unchanged.
 
 local socket = require("socket")
 local cjson = require("cjson")
@@ -57,23 +57,30 @@ M.host, M.port, M.base = host or "127.0.0.1", tonumber(port) or 80, base or ""
 
 M.NO_VAL = 4294967294
 
--- Status and body of an HTTP/1.1 response: the body by its Content-Length, so
--- the answer counts as soon as it is complete, whenever the server closes.
+-- Status, body and whether the server keeps the connection, of an HTTP/1.1
+-- response: the body by its Content-Length, so the answer counts as soon as it
+-- is complete. The fourth result on failure says whether nothing at all came
+-- back (a kept connection the server had already closed).
 local function read_response(tcp)
   local line, err = tcp:receive("*l")
   if line == nil then
-    return nil, nil, err
+    return nil, nil, err, true
   end
   local status = tonumber(line:match("^HTTP/1%.%d (%d%d%d)"))
   local length
+  local keep = true
   repeat
     line, err = tcp:receive("*l")
     if line == nil then
-      return nil, nil, err
+      return nil, nil, err, false
     end
-    local value = line:lower():match("^content%-length:%s*(%d+)")
+    local lower = line:lower()
+    local value = lower:match("^content%-length:%s*(%d+)")
     if value ~= nil then
       length = tonumber(value)
+    end
+    if lower:match("^connection:%s*close") then
+      keep = false
     end
   until line == ""
   local body
@@ -81,42 +88,89 @@ local function read_response(tcp)
     body, err = tcp:receive(length)
   else
     body, err = tcp:receive("*a")
+    keep = false
   end
   if status == nil or body == nil then
-    return nil, nil, err or "not an HTTP answer"
+    return nil, nil, err or "not an HTTP answer", false
   end
-  return status, body
+  return status, body, keep
+end
+
+-- One connection kept open between calls: slurmctld keeps this Lua state from
+-- job to job, and a connection per job cost a handshake and the server's
+-- set-up of a new connection on every submission.
+local kept = nil
+
+local function exchange(tcp, request)
+  local ok, err = tcp:send(request)
+  if not ok then
+    return nil, nil, err, true
+  end
+  return read_response(tcp)
+end
+
+local function fresh()
+  local tcp = socket.tcp()
+  tcp:settimeout(M.timeout_s, "t") -- a deadline for each step below
+  local ok, err = tcp:connect(M.host, M.port)
+  if not ok then
+    tcp:close()
+    return nil, err
+  end
+  return tcp
 end
 
 -- POST a JSON body; returns (status, decoded body, ms) or (nil, why, ms).
 function M.post(path, body)
   local started = socket.gettime()
+  local function failed(err)
+    local elapsed_ms = (socket.gettime() - started) * 1000
+    return nil, string.format("%s after %.0f ms", tostring(err), elapsed_ms), elapsed_ms
+  end
   local payload = cjson.encode(body)
   local headers = {
     "POST " .. M.base .. path .. " HTTP/1.1",
     "Host: " .. M.host .. ":" .. M.port,
     "Content-Type: application/json",
     "Content-Length: " .. #payload,
-    "Connection: close",
   }
   if M.token ~= nil and M.token ~= "" then
     headers[#headers + 1] = "Authorization: Bearer " .. M.token
   end
-  local tcp = socket.tcp()
-  tcp:settimeout(M.timeout_s, "t") -- a total deadline for everything below
-  local ok, err = tcp:connect(M.host, M.port)
-  if ok then
-    ok, err = tcp:send(table.concat(headers, "\r\n") .. "\r\n\r\n" .. payload)
+  local request = table.concat(headers, "\r\n") .. "\r\n\r\n" .. payload
+  -- On success: status, body, whether the connection stays open.
+  -- On failure: nil, nil, the error, whether nothing at all came back.
+  local status, answer, keep, nothing
+  if kept ~= nil then
+    status, answer, keep, nothing = exchange(kept, request)
+    if status == nil then
+      kept:close()
+      kept = nil
+      -- Only a connection the server closed while it sat idle is tried again: the
+      -- request was never read, so sending it again cannot reserve twice. A timeout
+      -- or a partial answer is not retried.
+      if not (nothing and keep == "closed") then
+        return failed(keep)
+      end
+    end
   end
-  local status, answer
-  if ok then
-    status, answer, err = read_response(tcp)
-  end
-  tcp:close()
-  local elapsed_ms = (socket.gettime() - started) * 1000
   if status == nil then
-    return nil, string.format("%s after %.0f ms", tostring(err), elapsed_ms), elapsed_ms
+    local tcp, err = fresh()
+    if tcp == nil then
+      return failed(err)
+    end
+    status, answer, keep = exchange(tcp, request)
+    if status == nil then
+      tcp:close()
+      return failed(keep)
+    end
+    kept = tcp
   end
+  if not keep then
+    kept:close()
+    kept = nil
+  end
+  local elapsed_ms = (socket.gettime() - started) * 1000
   local decoded_ok, decoded = pcall(cjson.decode, answer)
   if not decoded_ok then
     return nil, string.format("unreadable answer after %.0f ms", elapsed_ms), elapsed_ms

@@ -30,18 +30,18 @@ __all__ = [
 
 
 def place(
-    state: ServiceState, body: PlaceRequest, idempotency_key: str | None
+    state: ServiceState, body: PlaceRequest, idempotency_key: str | None, active: bool = False
 ) -> tuple[dict[str, Any], bool]:
-    allocation, created = service.place(state, body, idempotency_key)
+    allocation, created = service.place(state, body, idempotency_key, active)
     if created:
         state.events.publish("allocation", "placed", allocation=allocation)
     return allocation, created
 
 
 async def place_async(
-    state: ServiceState, body: PlaceRequest, idempotency_key: str | None
+    state: ServiceState, body: PlaceRequest, idempotency_key: str | None, active: bool = False
 ) -> tuple[dict[str, Any], bool]:
-    allocation, created = await service.place_async(state, body, idempotency_key)
+    allocation, created = await service.place_async(state, body, idempotency_key, active)
     if created:
         state.events.publish("allocation", "placed", allocation=allocation)
     return allocation, created

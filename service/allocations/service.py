@@ -167,7 +167,9 @@ class _Commit:
     nodes: tuple[str, ...]
 
 
-def _place_flow(state: ServiceState, body: PlaceRequest, idempotency_key: str | None) -> Flow:
+def _place_flow(
+    state: ServiceState, body: PlaceRequest, idempotency_key: str | None, active: bool
+) -> Flow:
     request_json = body.model_dump_json()
     if idempotency_key is not None:
         replay = yield functools.partial(_replay, state, idempotency_key, request_json)
@@ -188,14 +190,16 @@ def _place_flow(state: ServiceState, body: PlaceRequest, idempotency_key: str | 
         now = state.clock()
         row = {
             "id": str(uuid.uuid4()),
-            "state": "pending",
+            # Active at once for a scheduler that owns the job from the answer on (Slurm):
+            # no confirmation write follows, and active allocations never expire.
+            "state": "active" if active else "pending",
             "job_id": body.job_id,
             "owner": body.owner,
             "idempotency_key": idempotency_key,
             "request": request_json,
             "placement": json.dumps(_placement_json(placement)),
             "created_at": now,
-            "expires_at": now + timedelta(seconds=ttl),
+            "expires_at": None if active else now + timedelta(seconds=ttl),
             "ended_at": None,
         }
         try:
@@ -221,7 +225,9 @@ def _place_flow(state: ServiceState, body: PlaceRequest, idempotency_key: str | 
     )
 
 
-def _advance(flow: Flow, result: Any, error: BaseException | None) -> tuple[bool, Any]:
+def advance(
+    flow: Generator[Any, Any, Any], result: Any, error: BaseException | None
+) -> tuple[bool, Any]:
     """Hand the last step's result (or error) to the flow: (True, its answer) when it
     finished, else (False, the next step)."""
     try:
@@ -231,14 +237,15 @@ def _advance(flow: Flow, result: Any, error: BaseException | None) -> tuple[bool
 
 
 def place(
-    state: ServiceState, body: PlaceRequest, idempotency_key: str | None
+    state: ServiceState, body: PlaceRequest, idempotency_key: str | None, active: bool = False
 ) -> tuple[dict[str, Any], bool]:
-    """Choose and reserve; returns (allocation, created). A replayed key returns created=False."""
-    flow = _place_flow(state, body, idempotency_key)
+    """Choose and reserve; returns (allocation, created). A replayed key returns created=False.
+    ``active``: made active at once instead of pending until confirmed."""
+    flow = _place_flow(state, body, idempotency_key, active)
     result: Any = None
     error: BaseException | None = None
     while True:
-        finished, step = _advance(flow, result, error)
+        finished, step = advance(flow, result, error)
         if finished:
             return cast(tuple[dict[str, Any], bool], step)
         try:
@@ -252,14 +259,14 @@ def place(
 
 
 async def place_async(
-    state: ServiceState, body: PlaceRequest, idempotency_key: str | None
+    state: ServiceState, body: PlaceRequest, idempotency_key: str | None, active: bool = False
 ) -> tuple[dict[str, Any], bool]:
     """``place`` for the event loop: database steps are awaited, not blocked on."""
-    flow = _place_flow(state, body, idempotency_key)
+    flow = _place_flow(state, body, idempotency_key, active)
     result: Any = None
     error: BaseException | None = None
     while True:
-        finished, step = _advance(flow, result, error)
+        finished, step = advance(flow, result, error)
         if finished:
             return cast(tuple[dict[str, Any], bool], step)
         try:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, BackgroundTasks, Body, Depends, Request
+from fastapi import APIRouter, Body, Depends, Request
 
 from service.deps import get_state
+from service.responses import FastJSON
 from service.slurm import reconcile, service
 from service.slurm.schemas import JobDecision, JobSubmit, ReconcileResult
 from service.slurm.settings import SlurmSettings
@@ -30,17 +31,14 @@ Settings = Annotated[SlurmSettings, Depends(get_settings)]
 
 
 @router.post("/job-submit", response_model=JobDecision)
-def job_submit(
-    body: JobSubmit, state: State, settings: Settings, background: BackgroundTasks
-) -> JobDecision:
+async def job_submit(body: JobSubmit, state: State, settings: Settings) -> FastJSON:
     """Place a job as Slurm's job_submit.lua sees it: the job_desc fields to write
     (exact nodes and GPUs), leave it to Slurm (with the reason), or refuse it.
 
-    Allocations are confirmed (made active) right after the answer is sent."""
-    decision = service.decide(state, settings, body)
-    if decision.allocation_ids:
-        background.add_task(service.confirm_all, state, decision.allocation_ids)
-    return decision
+    Allocations are made active at once: Slurm owns the job from the answer on, and
+    the epilog or the reconcile loop ends them."""
+    decision = await service.decide(state, settings, body)
+    return FastJSON(decision.model_dump(mode="json"))
 
 
 @router.post("/reconcile", response_model=ReconcileResult)

@@ -3,7 +3,7 @@
 ``decide`` reads what job_submit.lua sent, turns it into a placement request
 (GPU count and model from the TRES fields, candidates from the partition,
 --nodelist, --exclude and --constraint, locality and policy from the comment
-or the settings), reserves through ``service.allocations.service`` and says
+or the settings), reserves through ``service.allocations`` and says
 which job_desc fields to write. Slurm applies one ``tres_per_node`` to every
 node of a job, so a multi-node job is placed only when every node gets the
 same GPU indices; otherwise it is left to Slurm.
@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from typing import Any
+from collections.abc import Generator
+from typing import Any, cast
 
-from sqlalchemy.exc import OperationalError
-
-from service.allocations import service as allocations
+from service.allocations import observed as allocations
 from service.allocations.schemas import PlaceRequest, ScoreRequest
+from service.allocations.service import advance
 from service.errors import ServiceError, Unresolvable, Unschedulable
 from service.slurm import conf, hostlist, job_options
 from service.slurm.admin_comment import format_comment
@@ -40,8 +40,31 @@ def _unchanged(message: str) -> JobDecision:
     return JobDecision(action="unchanged", message=f"topoplace: {message}")
 
 
-def decide(state: ServiceState, settings: SlurmSettings, job: JobSubmit) -> JobDecision:
-    """What job_submit.lua (or cli_filter.lua, with ``reserve`` false) does with the job."""
+# The decision is a generator that yields each reservation it needs (a
+# PlaceRequest) and receives the allocation, or has the refusal thrown in;
+# ``decide`` drives it on the event loop, as /place does: slurmctld waits on
+# this answer with its locks held, and a worker thread per call cost more than
+# the decision.
+DecideFlow = Generator[PlaceRequest, dict[str, Any], JobDecision]
+
+
+async def decide(state: ServiceState, settings: SlurmSettings, job: JobSubmit) -> JobDecision:
+    """What job_submit.lua (or cli_filter.lua, with ``reserve`` false) does with the job.
+    Runs on the event loop; each reservation's commit is awaited."""
+    flow = _decide_flow(state, settings, job)
+    placed: dict[str, Any] | None = None
+    error: ServiceError | None = None
+    while True:
+        finished, step = advance(flow, placed, error)
+        if finished:
+            return cast(JobDecision, step)
+        try:
+            placed, error = (await allocations.place_async(state, step, None, active=True))[0], None
+        except ServiceError as exc:
+            placed, error = None, exc
+
+
+def _decide_flow(state: ServiceState, settings: SlurmSettings, job: JobSubmit) -> DecideFlow:
     try:
         options = job_options.parse(job.comment, settings)
         ask, per_job = _gpu_request(job)
@@ -74,9 +97,9 @@ def decide(state: ServiceState, settings: SlurmSettings, job: JobSubmit) -> JobD
             return _proposal(state, base, node_count)
         owner = f"{OWNER_PREFIX}{job.user_name or 'unknown'}"
         if node_count == 1:
-            placed = [_place(state, PlaceRequest(**base, owner=owner))]
+            placed = [(yield PlaceRequest(**base, owner=owner))]
         else:
-            placed = _place_nodes(state, base, node_count, owner)
+            placed = yield from _place_nodes(state, base, node_count, owner)
     except _LeaveAlone as exc:
         return _unchanged(str(exc))
     except Unschedulable as exc:
@@ -142,25 +165,6 @@ def _with_features(state: ServiceState, pool: list[str], expression: str) -> lis
     return [n for n in pool if wanted <= set(conf.features(state.cluster.node(n).snapshot))]
 
 
-def _place(state: ServiceState, request: PlaceRequest) -> dict[str, Any]:
-    allocation, _ = allocations.place(state, request, None)
-    return allocation
-
-
-def confirm_all(state: ServiceState, ids: list[str]) -> None:
-    """pending -> active: Slurm owns the job now; the epilog or the reconcile loop ends it.
-
-    Run after the answer is sent (slurmctld waits on the answer with its locks
-    held). Should it fail, the reservation stays pending and expires after
-    its TTL, and the log says so.
-    """
-    for allocation_id in ids:
-        try:
-            allocations.confirm(state, allocation_id)
-        except (ServiceError, OperationalError) as exc:
-            log.warning("could not confirm allocation %s: %s", allocation_id, exc)
-
-
 def _release(state: ServiceState, placed: list[dict[str, Any]]) -> None:
     for allocation in placed:
         allocations.release(state, str(allocation["id"]))
@@ -175,7 +179,7 @@ def _node_sets(allocation: dict[str, Any]) -> dict[str, tuple[int, ...]]:
 
 def _place_nodes(
     state: ServiceState, base: dict[str, Any], node_count: int, owner: str
-) -> list[dict[str, Any]]:
+) -> Generator[PlaceRequest, dict[str, Any], list[dict[str, Any]]]:
     """A multi-node job: every node the same GPU indices, all or nothing.
 
     First as one gang (which keeps it inside one NVLink domain or network
@@ -183,7 +187,7 @@ def _place_nodes(
     nodes different GPUs, the nodes that would give the same GPUs are taken
     one by one, each as its own allocation, undone if any fails.
     """
-    gang = _place(state, PlaceRequest(**{**base, "tasks": node_count}, owner=owner))
+    gang = yield PlaceRequest(**{**base, "tasks": node_count}, owner=owner)
     sets = _node_sets(gang)
     if len(sets) == node_count and len(set(sets.values())) == 1:
         return [gang]
@@ -192,7 +196,7 @@ def _place_nodes(
     placed: list[dict[str, Any]] = []
     try:
         for node in group:
-            placed.append(_place(state, PlaceRequest(**{**base, "nodes": (node,)}, owner=owner)))
+            placed.append((yield PlaceRequest(**{**base, "nodes": (node,)}, owner=owner)))
             if _node_sets(placed[-1]).get(node) != gpus:
                 raise _LeaveAlone(f"{node} changed while the job was placed; left to Slurm")
     except (ServiceError, _LeaveAlone):

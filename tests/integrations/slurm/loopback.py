@@ -147,12 +147,14 @@ class LoopbackCluster:
         service: Service,
         *,
         with_filter: bool,
+        cli_filter: bool = True,
         timeout_ms: int = 100,
     ) -> None:
         self.root = root
         self.nodes = list(nodes)
         self.service = service
         self.with_filter = with_filter
+        self.cli_filter = with_filter and cli_filter  # cli_filter.lua beside job_submit.lua
         self.timeout_ms = timeout_ms
         self.daemons: list[Daemon] = []
         self.conf = root / "slurm.conf"
@@ -192,9 +194,9 @@ class LoopbackCluster:
         (root / "gres.conf").write_text(
             self._topoplace("gres-conf", "--device-dir", str(root / "dev"), *self.nodes)
         )
-        plugins = (
-            "JobSubmitPlugins=lua\nCliFilterPlugins=cli_filter/lua\n" if self.with_filter else ""
-        )
+        plugins = "JobSubmitPlugins=lua\n" if self.with_filter else ""
+        if self.cli_filter:
+            plugins += "CliFilterPlugins=cli_filter/lua\n"
         self.conf.write_text(
             f"""ClusterName=loop{free_port()}
 SlurmctldHost=localhost(127.0.0.1)

@@ -263,3 +263,26 @@ def test_srun_gets_the_gpus_the_service_chose(cluster: LoopbackCluster, service:
     [allocation_id] = allocation_ids(shown)
     [task] = allocation(service, allocation_id)["tasks"]
     assert env_value(done.stdout, "CVD") == ",".join(str(g) for g in task["gpu_indices"])
+
+
+def test_a_connection_the_service_closed_while_idle_is_replaced_reserving_once(
+    cluster: LoopbackCluster, service: Service, jobs: list[str]
+) -> None:
+    """job_submit.lua keeps its connection between jobs; after the service closes it
+    (uvicorn drops connections idle for 5 s) the next job is sent again on a new one,
+    and reserved exactly once."""
+    first = cluster.sbatch("--hold", "--gpus=1", script="true")
+    jobs.append(first.id)
+    assert first.returncode == 0, first.stderr
+    time.sleep(6)
+    with service.client() as client:
+        before = {a["id"] for a in client.allocations(state="active")["allocations"]}
+    second = cluster.sbatch("--hold", "--gpus=1", script="true")
+    jobs.append(second.id)
+    assert second.returncode == 0, second.stderr
+    placed = allocation_ids(cluster.show_job(second.id))
+    with service.client() as client:
+        after = {a["id"] for a in client.allocations(state="active")["allocations"]}
+        assert after - before == set(placed) and len(placed) == 1
+        for allocation_id in allocation_ids(cluster.show_job(first.id)) + placed:
+            client.release(allocation_id)
