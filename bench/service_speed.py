@@ -307,6 +307,9 @@ def main() -> None:
                 cpu0 = cpu_seconds(pid)
                 sat = saturation(base, seconds)
                 cpu_ms = (cpu_seconds(pid) - cpu0) / len(sat.statuses) * 1e3
+                # Let the saturation's reservations expire first: their sweeps belong to
+                # the /place figures above, not to /score's.
+                time.sleep(RESERVATION_TTL_S + 1.0)
                 scores = score_latency(base, names, 50 if args.quick else 200)
                 score_cpu_ms = score_cpu(base, pid, names, 50)
         engine_ms = engine_time(state, 500) * 1e3

@@ -426,7 +426,9 @@ def task_view(task: TaskPlacement) -> dict[str, Any]:
     return cast(dict[str, Any], _remembered(_TASK_VIEWS, task, lambda: task_dict(task, False)))
 
 
-def _fit_row(node: str, rank: int, score: float, task: TaskPlacement) -> dict[str, Any]:
+def _fit_row(
+    node: str, rank: int, score: float, task: TaskPlacement, view: dict[str, Any] | None = None
+) -> dict[str, Any]:
     return {
         "node": node,
         "fits": True,
@@ -435,7 +437,7 @@ def _fit_row(node: str, rank: int, score: float, task: TaskPlacement) -> dict[st
         "cause": None,
         "message": task.reason,
         "resolvable": True,
-        "task": task_view(task),
+        "task": task_view(task) if view is None else view,
     }
 
 
@@ -460,8 +462,12 @@ _ROW_PARTS: dict[int, tuple[TaskPlacement, float, bytes, bytes]] = {}
 def _row_parts(task: TaskPlacement, score: float) -> tuple[TaskPlacement, float, bytes, bytes]:
     """A fitting node's NodeScoreView encoded around its rank, the only part that moves
     while the node is unchanged."""
-    encoded = orjson.dumps(_fit_row(task.node, _RANK_MARK, score, task))
-    before, after = encoded.split(b"%d" % _RANK_MARK, 1)
+    encoded = orjson.dumps(_fit_row(task.node, _RANK_MARK, score, task, task_dict(task, False)))
+    # Split where the key is: a quote inside a JSON string is escaped, so this text
+    # cannot come from the node's name, the only field before it.
+    mark = b'"rank":%d' % _RANK_MARK
+    before, after = encoded.split(mark, 1)
+    before += b'"rank":'
     if len(_ROW_PARTS) >= _VIEWS_MAX:
         _ROW_PARTS.clear()
     parts = _ROW_PARTS[id(task)] = (task, score, before, after)

@@ -83,7 +83,8 @@ class SlotRecords:
     def updated(self, slot_names: list[str]) -> SlotRecords:
         """The records for ``slot_names``, re-encoding only the slots whose node changed
         (agents resend snapshots, which moves the version, far more often than nodes come
-        and go). Rebuilt whole when the row width or the pad would change."""
+        and go). Rebuilt whole when a longer name needs wider rows (which decides the pad
+        again) or slots were dropped."""
         if slot_names == self.names:  # the same string objects: C compares identities
             return self
         old = self.names
@@ -94,7 +95,7 @@ class SlotRecords:
         ]
         prefixes = [_prefix(slot_names[slot]) for slot in changed]
         width = self.rows.shape[1]
-        if max(map(len, prefixes), default=0) + _TAIL > width or self.fill == 0:
+        if max(map(len, prefixes), default=0) + _TAIL > width:
             return SlotRecords.build(slot_names)
         rows = np.full((len(slot_names), width), self.fill, dtype=np.uint8)
         rows[: len(old)] = self.rows

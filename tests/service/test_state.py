@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
@@ -43,3 +44,36 @@ def test_resync_drops_holds_released_elsewhere(settings: Settings, clock: FakeCl
         assert len(state.cluster.node("h0").busy) == 8
         state.resync(chunk=1)
         assert state.cluster.node("h0").busy == set()
+
+
+def test_resync_takes_heartbeats_without_syncing_unchanged_nodes(
+    settings: Settings, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with TestClient(create_app(settings, clock=clock, background=False)) as client:
+        add_nodes(client, *[("hgx-h100", f"h{i}") for i in range(4)])
+        client.post("/v1/place", json={"gpus": 3, "nodes": ["h2"]})
+        state = client.app.state.service
+        clock.advance(settings.heartbeat_ttl_s + 1)
+        state.refresh_availability()
+        assert client.post("/v1/place", json={"gpus": 1}).status_code == 409  # all stale
+        # Another replica took the agents' heartbeats; one node changed besides.
+        engine = sa.create_engine(settings.database_url)
+        with engine.begin() as conn:
+            conn.execute(sa.update(schema.nodes).values(heartbeat_at=clock.now))
+            conn.execute(
+                sa.update(schema.nodes).where(schema.nodes.c.name == "h3").values(cordoned=True)
+            )
+        engine.dispose()
+        synced: list[list[str]] = []
+        real_sync = state.sync_nodes
+        monkeypatch.setattr(
+            state, "sync_nodes", lambda names: synced.append(names) or real_sync(names)
+        )
+        state.resync(chunk=2)
+        assert synced == [["h3"]]  # the others only took their heartbeat
+        assert all(state.heartbeats[f"h{i}"] == clock.now for i in range(4))
+        assert "h3" in state.cordoned
+        placed = client.post("/v1/place", json={"gpus": 8})
+        assert placed.status_code == 201, placed.text
+        assert placed.json()["tasks"][0]["node"] in ("h0", "h1")
+        assert len(state.cluster.node("h2").busy) == 3

@@ -147,7 +147,7 @@ def test_score_ranks_without_reserving(client: TestClient) -> None:
 @pytest.mark.parametrize(
     "request_body",
     [
-        {"gpus": 4, "locality": "nvlink", "nodes": ["dgx0", "pcie0", "h0", "mig0", "ghost"]},
+        {"gpus": 4, "locality": "nvlink", "nodes": ["dgx0", "pcie0", "h987654321", "mig0", "x"]},
         {"gpus": 2, "policy": "spread"},
         {"mig_profile": "1g.10gb"},
     ],
@@ -161,7 +161,7 @@ def test_score_answer_over_http_is_the_plain_data_answer(
         client,
         ("dgx1-v100", "dgx0"),
         ("pcie-8x-l40s", "pcie0"),
-        ("hgx-h100", "h0"),
+        ("hgx-h100", "h987654321"),  # the number the rows are encoded around
         ("dgx-a100-mig", "mig0"),
     )
     state = client.app.state.service

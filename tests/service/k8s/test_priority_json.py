@@ -66,3 +66,15 @@ def test_encoder_follows_the_cluster_membership() -> None:
     cluster.upsert(build_profile("hgx-h100", "second"))
     slot = cluster.slot_of["second"]
     assert _encode(encoder.records(cluster), [slot], [10]) == [{"Host": "second", "Score": 10}]
+
+
+def test_updated_keeps_squeezed_records_exact() -> None:
+    long_name = "x" * (MAX_MEAN_SPACES * 20)
+    old = SlotRecords.build(["a", long_name, "b"])
+    assert old.fill == 0
+    new = old.updated(["a", long_name, "c", "d"])
+    assert new.fill == 0
+    names = ["a", long_name, "c", "d"]
+    assert _encode(new, [3, 2, 1, 0], [0, 1, 9, 10]) == _expected(
+        names, [3, 2, 1, 0], [0, 1, 9, 10]
+    )
