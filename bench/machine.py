@@ -23,3 +23,26 @@ def describe() -> str:
         f"{cpu_model()}, {os.cpu_count()} CPUs, {platform.system()} {platform.release()}, "
         f"Python {sys.version.split()[0]}, {platform.machine()}"
     )
+
+
+def _cpu_times() -> tuple[int, int]:
+    """(steal, total) jiffies of all CPUs since boot; (0, 0) where /proc/stat is missing."""
+    try:
+        fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    except OSError:
+        return 0, 0
+    values = [int(v) for v in fields[:8]]  # user nice system idle iowait irq softirq steal
+    return (values[7] if len(values) > 7 else 0), sum(values)
+
+
+class StealMeter:
+    """The share of CPU time the hypervisor took from this VM between start() and
+    percent(): on a shared VM, latency tails line up with it, so reports print it."""
+
+    def __init__(self) -> None:
+        self._start = _cpu_times()
+
+    def percent(self) -> float:
+        steal, total = _cpu_times()
+        spent = total - self._start[1]
+        return 100.0 * (steal - self._start[0]) / spent if spent > 0 else 0.0

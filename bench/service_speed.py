@@ -41,7 +41,7 @@ import sqlalchemy as sa
 
 from bench.engine_speed import build_cluster
 from bench.http_load import LoadResult, encode_post, fixed_rate, in_sequence, saturate
-from bench.machine import describe
+from bench.machine import StealMeter, describe
 from placement import ClusterState, PlacementRequest
 from service import migrate, schema
 
@@ -293,9 +293,10 @@ def main() -> None:
     seconds = 3.0 if args.quick else 10.0
     print(
         "\n| nodes | offered req/s | p50 ms | p99 ms | non-201 | saturation req/s (32 clients)"
-        " | service CPU ms per /place | engine place() ms | HTTP+DB / engine (p50) |"
+        " | service CPU ms per /place | engine place() ms | HTTP+DB / engine (p50)"
+        " | CPU steal % (at 200 req/s) |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     score_rows = []
     for size in (1_000,) if args.quick else (1_000, 10_000):
         state = build_cluster(size, seed=size)
@@ -303,32 +304,37 @@ def main() -> None:
         with fresh_database(base_url) as url:
             seed(url, state)
             with serve(url) as (base, pid):
+                steal = StealMeter()
                 fixed = fixed_load(base, 200.0, seconds)
+                fixed_steal = steal.percent()
                 cpu0 = cpu_seconds(pid)
                 sat = saturation(base, seconds)
                 cpu_ms = (cpu_seconds(pid) - cpu0) / len(sat.statuses) * 1e3
                 # Let the saturation's reservations expire first: their sweeps belong to
                 # the /place figures above, not to /score's.
                 time.sleep(RESERVATION_TTL_S + 1.0)
+                steal = StealMeter()
                 scores = score_latency(base, names, 50 if args.quick else 200)
+                score_steal = steal.percent()
                 score_cpu_ms = score_cpu(base, pid, names, 50)
         engine_ms = engine_time(state, 500) * 1e3
         lat = fixed.latencies
         print(
             f"| {size:,} | 200 | {ms(lat, 50):.1f} | {ms(lat, 99):.1f} | {fixed.non(201)} "
             f"| {sat.rate:,.0f} ({sat.non(201)} non-201) | {cpu_ms:.2f} | {engine_ms:.3f} "
-            f"| {ms(lat, 50) / engine_ms:,.0f}x |"
+            f"| {ms(lat, 50) / engine_ms:,.0f}x | {fixed_steal:.1f} |"
         )
         inner = evaluate_time(state, names, 50)
         score_rows.append(
             f"| {size:,} | 500 | {ms(scores, 50):.1f} | {ms(scores, 99):.1f} | {score_cpu_ms:.2f}"
-            f" | {ms(inner, 50):.2f} | {ms(scores, 50) / ms(inner, 50):.1f}x |"
+            f" | {ms(inner, 50):.2f} | {ms(scores, 50) / ms(inner, 50):.1f}x | {score_steal:.1f} |"
         )
     print(
         "\n| cluster nodes | nodes scored | /score p50 ms | /score p99 ms"
-        " | service CPU ms per /score | engine evaluate() p50 ms | HTTP / engine (p50) |"
+        " | service CPU ms per /score | engine evaluate() p50 ms | HTTP / engine (p50)"
+        " | CPU steal % |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     print("\n".join(score_rows))
 
 
