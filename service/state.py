@@ -180,10 +180,15 @@ class ServiceState:
         entry = self.cluster.node(name)
         if entry.snapshot.seq != row["seq"] or (name in self.cordoned) != bool(row["cordoned"]):
             return False
-        wanted = held | set(self.inflight.get(name, ()))
-        devices = {d for d in wanted if not d.startswith(CPU_PREFIX)}
-        cpus = {cpu_of(d) for d in wanted if d.startswith(CPU_PREFIX)}
+        devices, cpus = self._wanted(name, held)
         return devices == set(entry.busy) | set(entry.busy_mig) and cpus == set(entry.used_cpus)
+
+    def _wanted(self, name: str, held: set[str]) -> tuple[set[str], set[int]]:
+        """(GPU and MIG devices, CPUs) a node should hold: the database's holds plus the
+        devices this process is committing."""
+        wanted = held | set(self.inflight.get(name, ()))
+        cpus = {cpu_of(d) for d in wanted if d.startswith(CPU_PREFIX)}
+        return {d for d in wanted if not d.startswith(CPU_PREFIX)}, cpus
 
     def _sync_row(self, row: sa.RowMapping, held: set[str]) -> None:
         name = str(row["name"])
@@ -194,8 +199,7 @@ class ServiceState:
             self.cordoned.discard(name)
         entry = self.cluster.node(name)
         migs = {m.uuid for m in entry.snapshot.mig_instances}
-        wanted = held | set(self.inflight.get(name, ()))
-        cpus = {cpu_of(d) for d in wanted if d.startswith(CPU_PREFIX)}
+        wanted, cpus = self._wanted(name, held)
         gpus_now, migs_now, cpus_now = set(entry.busy), set(entry.busy_mig), set(entry.used_cpus)
         self.cluster.release(name, gpus_now - wanted, migs_now - wanted, cpus_now - cpus)
         want_gpus = {d for d in wanted - gpus_now - migs_now if d in entry.bit_of}

@@ -30,9 +30,9 @@ __all__ = [
 
 
 def place(
-    state: ServiceState, body: PlaceRequest, idempotency_key: str | None, active: bool = False
+    state: ServiceState, body: PlaceRequest, idempotency_key: str | None
 ) -> tuple[dict[str, Any], bool]:
-    allocation, created = service.place(state, body, idempotency_key, active)
+    allocation, created = service.place(state, body, idempotency_key)
     if created:
         state.events.publish("allocation", "placed", allocation=allocation)
     return allocation, created

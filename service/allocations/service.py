@@ -38,6 +38,7 @@ from service.allocations.schemas import (
     ScoreRequest,
 )
 from service.errors import BadRequest, Conflict, NotFound, Unavailable, Unresolvable, Unschedulable
+from service.flows import drive, drive_async
 from service.notify import publish
 from service.state import ServiceState, cpu_device, cpu_of
 
@@ -225,58 +226,31 @@ def _place_flow(
     )
 
 
-def advance(
-    flow: Generator[Any, Any, Any], result: Any, error: BaseException | None
-) -> tuple[bool, Any]:
-    """Hand the last step's result (or error) to the flow: (True, its answer) when it
-    finished, else (False, the next step)."""
-    try:
-        return False, flow.throw(error) if error is not None else flow.send(result)
-    except StopIteration as done:
-        return True, done.value
-
-
 def place(
-    state: ServiceState, body: PlaceRequest, idempotency_key: str | None, active: bool = False
+    state: ServiceState, body: PlaceRequest, idempotency_key: str | None
 ) -> tuple[dict[str, Any], bool]:
-    """Choose and reserve; returns (allocation, created). A replayed key returns created=False.
-    ``active``: made active at once instead of pending until confirmed."""
-    flow = _place_flow(state, body, idempotency_key, active)
-    result: Any = None
-    error: BaseException | None = None
-    while True:
-        finished, step = advance(flow, result, error)
-        if finished:
-            return cast(tuple[dict[str, Any], bool], step)
-        try:
-            if isinstance(step, _Commit):
-                state.committer.commit(step.row, step.holds, step.nodes)
-                result, error = None, None
-            else:
-                result, error = step(), None
-        except Exception as exc:
-            result, error = None, exc
+    """Choose and reserve; returns (allocation, created). A replayed key returns created=False."""
+
+    def step(request: Blocking | _Commit) -> Any:
+        if isinstance(request, _Commit):
+            return state.committer.commit(request.row, request.holds, request.nodes)
+        return request()
+
+    return drive(_place_flow(state, body, idempotency_key, active=False), step)
 
 
 async def place_async(
     state: ServiceState, body: PlaceRequest, idempotency_key: str | None, active: bool = False
 ) -> tuple[dict[str, Any], bool]:
-    """``place`` for the event loop: database steps are awaited, not blocked on."""
-    flow = _place_flow(state, body, idempotency_key, active)
-    result: Any = None
-    error: BaseException | None = None
-    while True:
-        finished, step = advance(flow, result, error)
-        if finished:
-            return cast(tuple[dict[str, Any], bool], step)
-        try:
-            if isinstance(step, _Commit):
-                await state.committer.commit_async(step.row, step.holds, step.nodes)
-                result, error = None, None
-            else:
-                result, error = await asyncio.to_thread(step), None
-        except Exception as exc:
-            result, error = None, exc
+    """``place`` for the event loop: database steps are awaited, not blocked on.
+    ``active``: made active at once instead of pending until confirmed (Slurm)."""
+
+    async def step(request: Blocking | _Commit) -> Any:
+        if isinstance(request, _Commit):
+            return await state.committer.commit_async(request.row, request.holds, request.nodes)
+        return await asyncio.to_thread(request)
+
+    return await drive_async(_place_flow(state, body, idempotency_key, active), step)
 
 
 def _placement_json(placement: Placement) -> dict[str, object]:

@@ -14,12 +14,12 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 from collections.abc import Generator
-from typing import Any, cast
+from typing import Any
 
 from service.allocations import observed as allocations
 from service.allocations.schemas import PlaceRequest, ScoreRequest
-from service.allocations.service import advance
 from service.errors import ServiceError, Unresolvable, Unschedulable
+from service.flows import drive_async
 from service.slurm import conf, hostlist, job_options
 from service.slurm.admin_comment import format_comment
 from service.slurm.schemas import JobDecision, JobSubmit
@@ -51,17 +51,11 @@ DecideFlow = Generator[PlaceRequest, dict[str, Any], JobDecision]
 async def decide(state: ServiceState, settings: SlurmSettings, job: JobSubmit) -> JobDecision:
     """What job_submit.lua (or cli_filter.lua, with ``reserve`` false) does with the job.
     Runs on the event loop; each reservation's commit is awaited."""
-    flow = _decide_flow(state, settings, job)
-    placed: dict[str, Any] | None = None
-    error: ServiceError | None = None
-    while True:
-        finished, step = advance(flow, placed, error)
-        if finished:
-            return cast(JobDecision, step)
-        try:
-            placed, error = (await allocations.place_async(state, step, None, active=True))[0], None
-        except ServiceError as exc:
-            placed, error = None, exc
+
+    async def reserve(request: PlaceRequest) -> dict[str, Any]:
+        return (await allocations.place_async(state, request, None, active=True))[0]
+
+    return await drive_async(_decide_flow(state, settings, job), reserve)
 
 
 def _decide_flow(state: ServiceState, settings: SlurmSettings, job: JobSubmit) -> DecideFlow:
