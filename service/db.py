@@ -7,6 +7,8 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
+WAL_BACKSTOP_PAGES = 16_384  # 64 MiB of 4 KiB pages
+
 
 def make_engine(database_url: str) -> Engine:
     if database_url.startswith("sqlite"):
@@ -21,9 +23,26 @@ def make_engine(database_url: str) -> Engine:
             cursor.execute("PRAGMA foreign_keys=ON")
             cursor.execute("PRAGMA journal_mode=WAL")
             cursor.execute("PRAGMA synchronous=NORMAL")
+            # A commit that crosses SQLite's checkpoint threshold (1,000 pages by
+            # default) copies the WAL into the database and syncs it before
+            # returning: 4-5 ms on one reservation in about a hundred, the filter's
+            # p99 inside slurmctld. The service checkpoints from its background
+            # loop instead (``checkpoint``); this higher threshold only bounds the
+            # WAL where nothing does (a CLI command, a stalled loop).
+            cursor.execute(f"PRAGMA wal_autocheckpoint={WAL_BACKSTOP_PAGES}")
             cursor.close()
 
         return engine
     # No pre-ping: it costs a round trip per request on the /place path; a
     # connection that died is recycled on its error and the request answers 503.
     return sa.create_engine(database_url, pool_size=10, max_overflow=10, pool_recycle=1800)
+
+
+def checkpoint(engine: Engine) -> tuple[int, int] | None:
+    """Copy SQLite's write-ahead log into the database without blocking writers
+    (PASSIVE); (frames in the log, frames copied), or None for other databases."""
+    if engine.dialect.name != "sqlite":
+        return None
+    with engine.connect() as conn:
+        _busy, logged, copied = conn.exec_driver_sql("PRAGMA wal_checkpoint(PASSIVE)").one()
+    return int(logged), int(copied)
