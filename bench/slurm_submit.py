@@ -12,7 +12,10 @@ Measured, one submission on each in turn so drift hits all three:
    submissions per second = 1 / mean sbatch time (one client, back to back).
    Every 20 submissions the jobs are cancelled and their allocations
    released, untimed, so the service always has GPUs to give.
-2. GPU choice: on a node where some jobs already hold GPUs, a `--gpus=4`
+2. Throughput with several submitters: blocks of 20 held submissions from
+   4 client threads at once, alternating between the clusters (cancelled and
+   released between blocks, untimed): submissions per second over the blocks.
+3. GPU choice: on a node where some jobs already hold GPUs, a `--gpus=4`
    job with the filter, and the same state without it (the same GPUs held
    by pinned jobs): the GPUs each gets and their all-reduce ring (GB/s).
 
@@ -29,6 +32,7 @@ import shutil
 import statistics
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -37,11 +41,18 @@ import numpy as np
 from bench.machine import describe
 from placement import bandwidth_matrix
 from placement.profiles import build_profile
-from tests.integrations.slurm.loopback import LoopbackCluster, Service, missing_prerequisites
+from tests.integrations.slurm.loopback import (
+    Job,
+    LoopbackCluster,
+    Service,
+    missing_prerequisites,
+)
 
 PROFILE = "dgx1-v100"
 BANDWIDTH = bandwidth_matrix(build_profile(PROFILE, "any"))
 ROUND = 20
+CLIENTS = 4
+IDLE_S = 0.005  # about the time one sbatch takes, when the service waits
 # Jobs already on the node before the 4-GPU job, as GPUs per job.
 STATES = ((1,), (1, 2), (1, 1))
 SUBMIT = {"tres_per_node": "gres:gpu:1", "partition_nodes": "node[1-3]", "user_name": "bench"}
@@ -94,8 +105,30 @@ def submissions(
     return seconds
 
 
+def concurrent_rates(
+    clusters: dict[str, LoopbackCluster], service: Service, blocks: int
+) -> dict[str, float]:
+    """Submissions per second with CLIENTS submitting at once, over ``blocks`` blocks."""
+    seconds = dict.fromkeys(clusters, 0.0)
+    with ThreadPoolExecutor(CLIENTS) as pool:
+        for _ in range(blocks):
+            for label, cluster in clusters.items():
+
+                def submit(_: int, cluster: LoopbackCluster = cluster) -> Job:
+                    return cluster.sbatch("--hold", "--gpus=1", script="true")
+
+                started = time.perf_counter()
+                jobs = list(pool.map(submit, range(ROUND)))
+                seconds[label] += time.perf_counter() - started
+                assert all(job.returncode == 0 for job in jobs), [j.stderr for j in jobs]
+                clear(cluster, service, [job.id for job in jobs])
+    return {label: blocks * ROUND / total for label, total in seconds.items()}
+
+
 def service_calls(service: Service, count: int = 100) -> dict[str, float]:
-    """p50 of the filter's call and of its parts, made straight to the service."""
+    """p50 of the filter's call and of its parts, made straight to the service: back to
+    back, and with the service idle for 5 ms before each call, as it is between two
+    sbatch submissions (a call after idle time runs on cold CPU caches)."""
     out: dict[str, float] = {}
     with httpx.Client(base_url=service.url) as http:
         for label, method, path, body in (
@@ -103,16 +136,20 @@ def service_calls(service: Service, count: int = 100) -> dict[str, float]:
             ("POST /v1/place (1 GPU)", "POST", "/v1/place", {"gpus": 1}),
             ("POST /v1/slurm/job-submit", "POST", "/v1/slurm/job-submit", SUBMIT),
         ):
-            times = []
-            for i in range(count):
-                started = time.perf_counter()
-                response = http.request(method, path, json=body)
-                times.append((time.perf_counter() - started) * 1000)
-                assert response.status_code < 300, response.text
-                if i % ROUND == ROUND - 1:
-                    clear_allocations(service)
-            clear_allocations(service)
-            out[label] = pct(times, 50)
+            for idle_s in (0.0, IDLE_S):
+                times = []
+                for i in range(count):
+                    time.sleep(idle_s)
+                    started = time.perf_counter()
+                    response = http.request(method, path, json=body)
+                    times.append((time.perf_counter() - started) * 1000)
+                    assert response.status_code < 300, response.text
+                    if i % ROUND == ROUND - 1:
+                        clear_allocations(service)
+                clear_allocations(service)
+                out[label + (f" after {idle_s * 1000:g} ms idle" if idle_s else "")] = pct(
+                    times, 50
+                )
     return out
 
 
@@ -198,6 +235,12 @@ def main() -> None:
         )
         for label in ("with filter", "with filter + cli_filter"):
             print(f"throughput {label} / without: {rate[label] / rate['without']:.2f}x")
+        rates = concurrent_rates(clusters, service, 5 if args.quick else 15)
+        print(
+            f"{CLIENTS} clients at once, submissions/s: "
+            + ", ".join(f"{label} {rate:.0f}" for label, rate in rates.items())
+            + f"; with filter / without: {rates['with filter'] / rates['without']:.2f}x"
+        )
         direct = service_calls(service)
         print(
             "the same service over HTTP from Python, p50 ms: "

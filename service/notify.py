@@ -32,17 +32,22 @@ _MAX_NODES = 200  # beyond this a message asks for a full reload (payloads are c
 RESYNC_S = 30.0
 
 
+def message(nodes: Iterable[str]) -> str | None:
+    """The payload announcing that these nodes changed; None when there are none."""
+    names = sorted(set(nodes))
+    if not names:
+        return None
+    return json.dumps({"origin": ORIGIN, "nodes": names if len(names) <= _MAX_NODES else None})
+
+
 def publish(conn: Connection, nodes: Iterable[str]) -> None:
     """Announce, inside the caller's transaction, that these nodes changed."""
     if conn.dialect.name != "postgresql":
         return
-    names = sorted(set(nodes))
-    if not names:
-        return
-    body = {"origin": ORIGIN, "nodes": names if len(names) <= _MAX_NODES else None}
-    conn.execute(
-        sa.text("SELECT pg_notify(:channel, :body)"), {"channel": CHANNEL, "body": json.dumps(body)}
-    )
+    body = message(nodes)
+    if body is not None:
+        statement = sa.text("SELECT pg_notify(:channel, :body)")
+        conn.execute(statement, {"channel": CHANNEL, "body": body})
 
 
 def parse(payload: str) -> list[str] | None:

@@ -12,7 +12,8 @@ The guarantees are the single-request ones. The holds' primary key still
 refuses a GPU held twice; when it does, the whole batch rolls back and each
 of its reservations is committed again on its own, so only the one that
 lost the race sees the IntegrityError (and retries on fresh state) while the
-others succeed. A database error reaches every waiter of the batch.
+others succeed. A database error reaches every waiter of the batch. The
+writes go through the driver with statements compiled once (batch_writer.py).
 """
 
 from __future__ import annotations
@@ -24,12 +25,10 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-import sqlalchemy as sa
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 
-from service import schema
-from service.notify import publish
+from service.allocations.batch_writer import BatchWriter
 
 log = logging.getLogger("topoplace.group_commit")
 MAX_BATCH = 64
@@ -45,16 +44,13 @@ class _Reservation:
     error: BaseException | None = None
 
 
-def _insert(conn: Connection, batch: Sequence[_Reservation]) -> None:
-    conn.execute(sa.insert(schema.allocations), [dict(r.row) for r in batch])
+def _insert(writer: BatchWriter, batch: Sequence[_Reservation]) -> None:
     holds = [
         {"node": node, "device": device, "kind": kind, "allocation_id": r.row["id"]}
         for r in batch
         for node, device, kind in r.holds
     ]
-    if holds:
-        conn.execute(sa.insert(schema.gpu_holds), holds)
-    publish(conn, [node for r in batch for node in r.nodes])
+    writer.write([r.row for r in batch], holds, [node for r in batch for node in r.nodes])
 
 
 class GroupCommitter:
@@ -62,6 +58,7 @@ class GroupCommitter:
 
     def __init__(self, engine: Engine, max_batch: int = MAX_BATCH) -> None:
         self.engine = engine
+        self.writer = BatchWriter(engine)
         self.max_batch = max_batch
         self._queue: queue.SimpleQueue[_Reservation | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
@@ -143,16 +140,14 @@ class GroupCommitter:
     def _write(self, batch: list[_Reservation]) -> None:
         try:
             try:
-                with self.engine.begin() as conn:
-                    _insert(conn, batch)
+                _insert(self.writer, batch)
             except IntegrityError:
                 if len(batch) == 1:
                     raise
                 # Someone in the batch lost a race: find out who, commit the rest.
                 for reservation in batch:
                     try:
-                        with self.engine.begin() as conn:
-                            _insert(conn, [reservation])
+                        _insert(self.writer, [reservation])
                     except Exception as exc:
                         reservation.error = exc
                     else:

@@ -102,9 +102,11 @@ def _time(value: datetime | None) -> str | None:
     return aware.isoformat().replace("+00:00", "Z")
 
 
-def _view(row: Mapping[Any, Any]) -> dict[str, Any]:
-    """An allocation as the API shows it (AllocationView)."""
-    placed = json.loads(row["placement"])
+def _view(row: Mapping[Any, Any], placed: dict[str, Any] | None = None) -> dict[str, Any]:
+    """An allocation as the API shows it (AllocationView); ``placed``: its placement
+    JSON already decoded, where the caller has just encoded it."""
+    if placed is None:
+        placed = json.loads(row["placement"])
     return {
         "id": row["id"],
         "state": row["state"],
@@ -189,6 +191,7 @@ def _place_flow(
             devices = [(node, device) for node, device, _ in holds]
             state.begin_inflight(devices)
         now = state.clock()
+        placed = _placement_json(placement)
         row = {
             "id": str(uuid.uuid4()),
             # Active at once for a scheduler that owns the job from the answer on (Slurm):
@@ -198,7 +201,9 @@ def _place_flow(
             "owner": body.owner,
             "idempotency_key": idempotency_key,
             "request": request_json,
-            "placement": json.dumps(_placement_json(placement)),
+            # json's spacing, not orjson's: repository.listing matches '"node": "<name>"'
+            # in the stored text, including rows written by earlier versions.
+            "placement": json.dumps(placed),
             "created_at": now,
             "expires_at": None if active else now + timedelta(seconds=ttl),
             "ended_at": None,
@@ -219,7 +224,7 @@ def _place_flow(
             raise Unavailable(f"the database did not answer: {exc.orig}") from None
         with state.lock:
             state.end_inflight(devices)
-        return _view(row), True
+        return _view(row, placed), True
     raise Unschedulable(
         f"other replicas took the chosen GPUs {PLACE_ATTEMPTS} times in a row; retry",
         {"reasons": []},
@@ -253,7 +258,7 @@ async def place_async(
     return await drive_async(_place_flow(state, body, idempotency_key, active), step)
 
 
-def _placement_json(placement: Placement) -> dict[str, object]:
+def _placement_json(placement: Placement) -> dict[str, Any]:
     return {
         "tasks": [task_dict(t) for t in placement.tasks],
         "ring_gbps": placement.ring_gbps,

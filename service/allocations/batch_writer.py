@@ -1,0 +1,131 @@
+"""A batch of reservations written through the database driver, with statements
+compiled once per engine.
+
+The group committer is the one writer of reservations, and its statements
+never change: an insert into ``allocations``, one into ``gpu_holds`` and, on
+Postgres, a notification. Through SQLAlchemy each execute looked up its
+compiled form and built an execution context and a result: on SQLite that was
+0.07 ms of a 0.11 ms reservation, and 0.40 of 0.54 ms right after an idle
+moment, when the CPU caches hold other programs' work (the Slurm filter's
+case: the service idles between two sbatch submissions). The driver's
+cursor does the same writes in 0.04 ms, 0.14 ms after idle.
+
+SQLAlchemy still compiles the statements for the engine's dialect and
+converts each value with the column type's own bind processor, so what is
+stored is what the rest of the service reads back through it. Errors come
+out as SQLAlchemy's (IntegrityError, OperationalError), and a connection the
+driver reports lost is invalidated, as SQLAlchemy would do.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, cast
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Dialect, Engine
+
+from service import schema
+from service.notify import CHANNEL, message
+
+Params = list[tuple[Any, ...]] | list[dict[str, Any]]
+
+
+class _Insert:
+    """``INSERT INTO table`` of every column, with the dialect's placeholders."""
+
+    def __init__(self, table: sa.Table, dialect: Dialect) -> None:
+        compiled = sa.insert(table).compile(dialect=dialect)
+        self.sql = str(compiled)
+        self.positional = bool(dialect.positional)
+        self.columns: list[tuple[str, Callable[[Any], Any] | None]] = [
+            (column.key, column.type.dialect_impl(dialect).bind_processor(dialect))
+            for column in table.columns
+        ]
+        if self.positional and list(compiled.positiontup or ()) != [n for n, _ in self.columns]:
+            raise RuntimeError(f"unexpected parameter order in {self.sql!r}")
+
+    def params(self, rows: Sequence[Mapping[str, Any]]) -> Params:
+        columns = self.columns
+        if self.positional:
+            return [tuple(row[n] if c is None else c(row[n]) for n, c in columns) for row in rows]
+        return [{n: row[n] if c is None else c(row[n]) for n, c in columns} for row in rows]
+
+
+class BatchWriter:
+    """Writes the group committer's batches; safe to share between threads."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        dialect = engine.dialect
+        self.dialect = dialect
+        self.allocations = _Insert(schema.allocations, dialect)
+        self.holds = _Insert(schema.gpu_holds, dialect)
+        self.notify: str | None = None
+        if dialect.name == "postgresql":
+            notify = sa.select(sa.func.pg_notify(sa.bindparam("channel"), sa.bindparam("body")))
+            self.notify = str(notify.compile(dialect=dialect))
+
+    def write(
+        self,
+        rows: Sequence[Mapping[str, Any]],
+        holds: Sequence[Mapping[str, Any]],
+        nodes: Sequence[str],
+    ) -> None:
+        """Insert the rows and holds and announce the nodes, in one transaction."""
+        steps: list[tuple[str, Params]] = [(self.allocations.sql, self.allocations.params(rows))]
+        if holds:
+            steps.append((self.holds.sql, self.holds.params(holds)))
+        body = message(nodes) if self.notify is not None else None
+        if self.notify is not None and body is not None:
+            steps.append((self.notify, [{"channel": CHANNEL, "body": body}]))
+        dbapi_error: type[Exception] = self.dialect.loaded_dbapi.Error
+        try:
+            connection = self.engine.raw_connection()
+        except dbapi_error as exc:  # no server: what Engine.connect would raise
+            error = sa.exc.DBAPIError.instance(None, None, exc, dbapi_error, dialect=self.dialect)
+            raise error from exc
+        try:
+            cursor = connection.cursor()
+            statement, params = steps[0]
+            try:
+                for statement, params in steps:
+                    if len(params) == 1:
+                        cursor.execute(statement, params[0])
+                    else:
+                        cursor.executemany(statement, params)
+                connection.commit()
+            except dbapi_error as exc:
+                raise self._failed(connection, cursor, exc, statement, params) from exc
+            finally:
+                _quietly(cursor.close)
+        finally:
+            connection.close()
+
+    def _failed(
+        self,
+        connection: Any,
+        cursor: Any,
+        exc: Exception,
+        statement: str,
+        params: Params,
+    ) -> sa.exc.StatementError:
+        lost = self.dialect.is_disconnect(cast(Any, exc), connection.dbapi_connection, cursor)
+        if lost:
+            connection.invalidate(exc)
+        else:
+            _quietly(connection.rollback)
+        return sa.exc.DBAPIError.instance(
+            statement,
+            params,
+            exc,
+            self.dialect.loaded_dbapi.Error,
+            connection_invalidated=lost,
+            dialect=self.dialect,
+        )
+
+
+def _quietly(action: Callable[[], object]) -> None:
+    with contextlib.suppress(Exception):  # the connection is being given up anyway
+        action()

@@ -1,0 +1,117 @@
+"""The driver-level batch writer stores what SQLAlchemy reads back, all or nothing."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+import psycopg
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.exc import IntegrityError
+
+from service import migrate, schema
+from service.allocations.batch_writer import BatchWriter
+from service.db import make_engine
+from service.notify import CHANNEL, ORIGIN
+
+
+@pytest.fixture
+def engine(database_url: str) -> sa.Engine:
+    migrate.upgrade(database_url)
+    return make_engine(database_url)
+
+
+def _row(**changes: Any) -> dict[str, Any]:
+    row = {
+        "id": str(uuid.uuid4()),
+        "state": "active",
+        "job_id": "job-7",
+        "owner": "slurm:ana",
+        "idempotency_key": None,
+        "request": '{"gpus": 2}',
+        "placement": '{"tasks": [{"node": "n0"}]}',
+        "created_at": datetime(2026, 6, 1, 12, 30, 45, 123456, tzinfo=UTC),
+        "expires_at": None,
+        "ended_at": None,
+    }
+    return row | changes
+
+
+def _hold(allocation: dict[str, Any], device: str, kind: str = "gpu") -> dict[str, Any]:
+    return {"node": "n0", "device": device, "kind": kind, "allocation_id": allocation["id"]}
+
+
+def test_rows_and_holds_read_back_as_written(engine: sa.Engine) -> None:
+    first = _row(expires_at=datetime(2026, 6, 1, 12, 32, tzinfo=UTC), state="pending")
+    second = _row(job_id=None, owner=None, idempotency_key="key-1")
+    holds = [_hold(first, "GPU-a"), _hold(first, "cpu:3", "cpu"), _hold(second, "GPU-b")]
+
+    BatchWriter(engine).write([first, second], holds, ["n0"])
+
+    with engine.connect() as conn:
+        rows = {r["id"]: dict(r) for r in conn.execute(sa.select(schema.allocations)).mappings()}
+        held = conn.execute(sa.select(schema.gpu_holds).order_by("device")).mappings().all()
+    for written in (first, second):
+        stored = rows[written["id"]]
+        for key in ("created_at", "expires_at"):
+            value = stored[key]
+            # SQLite keeps no zone: the service reads naive times as UTC (service._time).
+            if value is not None and value.tzinfo is None:
+                stored[key] = value.replace(tzinfo=UTC)
+        assert stored == written
+    assert [dict(h) for h in held] == sorted(holds, key=lambda h: h["device"])
+
+
+def test_stored_values_are_those_sqlalchemy_stores(engine: sa.Engine) -> None:
+    # SQLite compares times as text (the expiry sweep's `expires_at < now`), so the
+    # stored text must be SQLAlchemy's to the character.
+    expires = datetime(2026, 6, 1, 12, 31, 0, 5, tzinfo=UTC)
+    by_core, by_writer = _row(expires_at=expires), _row(expires_at=expires)
+    with engine.begin() as conn:
+        conn.execute(sa.insert(schema.allocations), by_core)
+    BatchWriter(engine).write([by_writer], [], [])
+
+    def stored(row: dict[str, Any]) -> tuple[Any, ...]:
+        table = schema.allocations
+        with engine.connect() as conn:
+            raw = conn.execute(
+                sa.select(*(sa.cast(c, sa.Text) for c in table.columns if c.key != "id")).where(
+                    table.c.id == row["id"]
+                )
+            )
+            return tuple(raw.one())
+
+    assert stored(by_writer) == stored(by_core)
+
+
+def test_a_gpu_held_twice_fails_the_whole_batch_as_sqlalchemy_would(engine: sa.Engine) -> None:
+    writer = BatchWriter(engine)
+    taken = _row()
+    writer.write([taken], [_hold(taken, "GPU-a")], ["n0"])
+    late, clean = _row(), _row()
+
+    with pytest.raises(IntegrityError):
+        writer.write([clean, late], [_hold(clean, "GPU-b"), _hold(late, "GPU-a")], ["n0"])
+
+    with engine.connect() as conn:
+        ids = set(conn.execute(sa.select(schema.allocations.c.id)).scalars())
+        devices = set(conn.execute(sa.select(schema.gpu_holds.c.device)).scalars())
+    assert ids == {taken["id"]} and devices == {"GPU-a"}
+    # The connection went back to the pool usable: the next batch commits.
+    writer.write([clean], [_hold(clean, "GPU-b")], ["n0"])
+
+
+def test_postgres_hears_the_batch_in_the_same_transaction(postgres_url: str) -> None:
+    migrate.upgrade(postgres_url)
+    engine = make_engine(postgres_url)
+    dsn = sa.make_url(postgres_url).set(drivername="postgresql").render_as_string(False)
+    with psycopg.connect(dsn, autocommit=True) as listener:
+        listener.execute(f"LISTEN {CHANNEL}")
+        row = _row()
+        BatchWriter(engine).write([row], [_hold(row, f"GPU-{row['id']}")], ["n1", "n0", "n1"])
+        heard = next(listener.notifies(timeout=5, stop_after=1))
+    assert heard.channel == CHANNEL
+    assert heard.payload == f'{{"origin": "{ORIGIN}", "nodes": ["n0", "n1"]}}'
+    engine.dispose()
