@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
 
-from service.slurm.endpoints import get_settings
+from service.app import create_app
+from service.settings import Settings
 from service.slurm.settings import SlurmSettings
 from tests.service.conftest import FakeClock
 from tests.service.helpers import add_nodes
@@ -131,11 +133,8 @@ def test_a_multi_node_job_whose_nodes_differ_is_left_to_slurm_holding_nothing(
 
 def test_opt_out_can_be_forbidden(dgx1: TestClient) -> None:
     app: Any = dgx1.app
-    app.dependency_overrides[get_settings] = lambda: SlurmSettings(allow_opt_out=False)
-    try:
-        decision = submit(dgx1, tres_per_node="gres:gpu:1", comment="topoplace:off")
-    finally:
-        app.dependency_overrides.clear()
+    app.state.slurm_settings = SlurmSettings(allow_opt_out=False)
+    decision = submit(dgx1, tres_per_node="gres:gpu:1", comment="topoplace:off")
     assert decision["action"] == "refuse" and "does not allow" in decision["message"]
 
 
@@ -143,6 +142,29 @@ def test_a_malformed_body_gets_the_one_error_shape(dgx1: TestClient) -> None:
     response = dgx1.post("/v1/slurm/job-submit", json={"min_nodes": "two"})
     assert response.status_code == 422
     assert response.json()["error"]["detail"]["field"] == "min_nodes"
+
+
+def test_a_body_that_is_not_json_gets_the_one_error_shape(dgx1: TestClient) -> None:
+    response = dgx1.post(
+        "/v1/slurm/job-submit", content=b"tres_per_node=gpu:1", headers={"Content-Type": "x"}
+    )
+    assert response.status_code == 422
+    assert response.json()["error"]["code"] == "invalid_request"
+    assert "JSON" in response.json()["error"]["message"]
+
+
+def test_the_filter_route_keeps_the_token_check_and_body_limit(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'slurm.sqlite3'}"
+    settings = Settings(database_url=url, api_tokens="s3cret", max_body_bytes=2048)
+    with TestClient(create_app(settings, background=False)) as client:
+        body = {"tres_per_node": "gres:gpu:1"}
+        refused = client.post("/v1/slurm/job-submit", json=body)
+        assert refused.status_code == 401 and refused.json()["error"]["code"] == "unauthorized"
+        token = {"Authorization": "Bearer s3cret"}
+        large = client.post("/v1/slurm/job-submit", json={"comment": "x" * 4096}, headers=token)
+        assert large.status_code == 413
+        answer = client.post("/v1/slurm/job-submit", json=body, headers=token)
+        assert answer.status_code == 200 and answer.json()["action"] == "unchanged"
 
 
 def test_reconcile_releases_what_slurm_no_longer_has_after_the_grace_period(
