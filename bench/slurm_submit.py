@@ -11,7 +11,10 @@ Measured, one submission on each in turn so drift hits all three:
    RPC (its log's `usec=`), which is where the filter's HTTP call happens;
    submissions per second = 1 / mean sbatch time (one client, back to back).
    Every 20 submissions the jobs are cancelled and their allocations
-   released, untimed, so the service always has GPUs to give.
+   released, untimed, so the service always has GPUs to give. A fourth
+   series on the cluster without the filter asks by hand for what the filter
+   writes into a job (one node, one typed GPU, a comment, environment): its
+   added time is Slurm's own, the part of the filter's cost no filter avoids.
 2. Throughput with several submitters: blocks of 20 held submissions from
    4 client threads at once, alternating between the clusters (cancelled and
    released between blocks, untimed): submissions per second over the blocks.
@@ -52,6 +55,7 @@ PROFILE = "dgx1-v100"
 BANDWIDTH = bandwidth_matrix(build_profile(PROFILE, "any"))
 ROUND = 20
 CLIENTS = 4
+PRESET = "without, fields set by hand as the filter sets them"
 IDLE_S = 0.005  # about the time one sbatch takes, when the service waits
 # Jobs already on the node before the 4-GPU job, as GPUs per job.
 STATES = ((1,), (1, 2), (1, 1))
@@ -86,21 +90,37 @@ def clear(cluster: LoopbackCluster, service: Service, jobs: list[str]) -> None:
     jobs.clear()
 
 
+def as_the_filter_sets_it(node: str) -> list[str]:
+    """A held 1-GPU job asking, without the filter, for what the filter would write
+    into it: one node, one typed GPU, a comment and environment variables."""
+    return [
+        "-w",
+        node,
+        "--gres=gpu:g3:1",
+        "--comment=topoplace alloc=6f1c2a4e-0b7d-4c55-9a1e-3f2b8d7c6e10 ring=0GB/s"
+        " bandwidth=1.00 gpus=3",
+        "--export=ALL,TOPOPLACE_ALLOCATION_ID=6f1c2a4e,TOPOPLACE_GPUS=3,TOPOPLACE_RING_GBPS=0",
+    ]
+
+
 def submissions(
-    clusters: dict[str, LoopbackCluster], service: Service, count: int
+    clusters: dict[str, LoopbackCluster], service: Service, count: int, solo: str
 ) -> dict[str, list[float]]:
-    seconds: dict[str, list[float]] = {label: [] for label in clusters}
-    pending: dict[str, list[str]] = {label: [] for label in clusters}
+    """sbatch seconds per cluster, plus Slurm alone taking the fields the filter sets."""
+    runs = {label: (cluster, ["--gpus=1"]) for label, cluster in clusters.items()}
+    runs[PRESET] = (clusters["without"], as_the_filter_sets_it(solo))
+    seconds: dict[str, list[float]] = {label: [] for label in runs}
+    pending: dict[str, list[str]] = {label: [] for label in runs}
     for i in range(count):
-        for label, cluster in clusters.items():
-            job = cluster.sbatch("--hold", "--gpus=1", script="true")
+        for label, (cluster, ask) in runs.items():
+            job = cluster.sbatch("--hold", *ask, script="true")
             assert job.returncode == 0, job.stderr
             seconds[label].append(job.seconds)
             pending[label].append(job.id)
         if (i + 1) % ROUND == 0:
-            for label, cluster in clusters.items():
+            for label, (cluster, _) in runs.items():
                 clear(cluster, service, pending[label])
-    for label, cluster in clusters.items():
+    for label, (cluster, _) in runs.items():
         clear(cluster, service, pending[label])
     return seconds
 
@@ -213,7 +233,7 @@ def main() -> None:
         for cluster in clusters.values():
             cluster.root.mkdir()
             cluster.start()
-        seconds = submissions(clusters, service, count)
+        seconds = submissions(clusters, service, count, solos[1])
         inside = filter_ms(filtered)
         print(f"\n{count} held 1-GPU sbatch submissions per cluster, in turn, one client")
         print("| | sbatch p50 ms | sbatch p99 ms | submissions/s | added p50 ms | added p99 ms |")
