@@ -77,8 +77,7 @@ class BatchWriter:
         steps: list[tuple[str, Params]] = [(self.allocations.sql, self.allocations.params(rows))]
         if holds:
             steps.append((self.holds.sql, self.holds.params(holds)))
-        body = message(nodes) if self.notify is not None else None
-        if self.notify is not None and body is not None:
+        if self.notify is not None and (body := message(nodes)) is not None:
             steps.append((self.notify, [{"channel": CHANNEL, "body": body}]))
         dbapi_error: type[Exception] = self.dialect.loaded_dbapi.Error
         try:
@@ -88,7 +87,7 @@ class BatchWriter:
             raise error from exc
         try:
             cursor = connection.cursor()
-            statement, params = steps[0]
+            statement, params = steps[0]  # named by the error if the first step fails
             try:
                 for statement, params in steps:
                     if len(params) == 1:
