@@ -44,7 +44,7 @@ class _JobSubmitRoute(APIRoute):
     the service has sat idle for the rest of sbatch in between. Measured from a
     Lua client after 5 ms of idle, FastAPI's general request handling (its
     dependency solving, body reading and validation, response handling) took
-    0.5-0.8 ms of a 1.2-2.2 ms call; this handler, with the same middleware
+    0.5-1.0 ms of a 1.2-2.4 ms call; this handler, with the same middleware
     (token, body limit, error shapes) in front of it, answers in 0.7-1.4 ms.
     """
 
