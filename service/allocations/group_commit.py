@@ -44,20 +44,10 @@ class _Reservation:
     error: BaseException | None = None
 
 
-def _insert(writer: BatchWriter, batch: Sequence[_Reservation]) -> None:
-    holds = [
-        {"node": node, "device": device, "kind": kind, "allocation_id": r.row["id"]}
-        for r in batch
-        for node, device, kind in r.holds
-    ]
-    writer.write([r.row for r in batch], holds, [node for r in batch for node in r.nodes])
-
-
 class GroupCommitter:
     """One thread writes reservations in batches; callers block until theirs is durable."""
 
     def __init__(self, engine: Engine, max_batch: int = MAX_BATCH) -> None:
-        self.engine = engine
         self.writer = BatchWriter(engine)
         self.max_batch = max_batch
         self._queue: queue.SimpleQueue[_Reservation | None] = queue.SimpleQueue()
@@ -137,17 +127,25 @@ class GroupCommitter:
             if stopping:
                 return
 
+    def _insert(self, batch: Sequence[_Reservation]) -> None:
+        holds = [
+            {"node": node, "device": device, "kind": kind, "allocation_id": r.row["id"]}
+            for r in batch
+            for node, device, kind in r.holds
+        ]
+        self.writer.write([r.row for r in batch], holds, [n for r in batch for n in r.nodes])
+
     def _write(self, batch: list[_Reservation]) -> None:
         try:
             try:
-                _insert(self.writer, batch)
+                self._insert(batch)
             except IntegrityError:
                 if len(batch) == 1:
                     raise
                 # Someone in the batch lost a race: find out who, commit the rest.
                 for reservation in batch:
                     try:
-                        _insert(self.writer, [reservation])
+                        self._insert([reservation])
                     except Exception as exc:
                         reservation.error = exc
                     else:
