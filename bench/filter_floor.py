@@ -27,47 +27,24 @@ import shutil
 import sqlite3
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+from bench.fixed_answer import fixed_answer
 from bench.machine import describe
 from placement import ClusterState, PlacementRequest
 from placement.profiles import build_profile
 from service import migrate
-from tests.integrations.slurm.loopback import LUA_DIR, Service, free_port
+from tests.integrations.slurm.loopback import LUA_DIR, Service
 
 IDLE_S = 0.005
 NODES = ("node1", "node2", "node3")
 SUBMIT = '{tres_per_node="gres:gpu:1", partition_nodes="node[1-3]", user_name="bench", batch=true}'
 
-BARE_SERVER = """
-import asyncio, sys
-BODY = b'{"action":"unchanged","message":"bare"}'
-HEAD = b"HTTP/1.1 200 OK\\r\\ncontent-type: application/json\\r\\n"
-ANSWER = HEAD + b"content-length: %d\\r\\n\\r\\n%s" % (len(BODY), BODY)
-class Bare(asyncio.Protocol):
-    def connection_made(self, transport):
-        self.transport, self.buffer = transport, b""
-    def data_received(self, data):
-        self.buffer += data
-        while (end := self.buffer.find(b"\\r\\n\\r\\n")) >= 0:
-            length = 0
-            for line in self.buffer[:end].split(b"\\r\\n"):
-                if line.lower().startswith(b"content-length:"):
-                    length = int(line.split(b":")[1])
-            if len(self.buffer) < end + 4 + length:
-                return
-            self.buffer = self.buffer[end + 4 + length:]
-            self.transport.write(ANSWER)
-async def main():
-    server = await asyncio.get_running_loop().create_server(Bare, "127.0.0.1", int(sys.argv[1]))
-    await server.serve_forever()
-asyncio.run(main())
-"""
+BARE_BODY = '{"action":"unchanged","message":"bare"}'
 
 # Times `count` posts of the job, after `idle` seconds each; prints one number per line.
 LUA_LOOP = """
@@ -156,6 +133,28 @@ def sqlite_step(path: Path) -> Callable[[], None]:
     return step
 
 
+def measure_parts(
+    root: Path, service: Service, bare_url: str, count: int
+) -> list[tuple[str, float, float]]:
+    """(part, p50 back to back, p50 after IDLE_S of idle) for each part, in ms."""
+    engine, commit = engine_step(), sqlite_step(root / "floor.sqlite3")
+    parts: list[tuple[str, Callable[[float], list[float]]]] = [
+        ("lua -> bare server", lambda idle: lua_times(root, bare_url, count, idle, False)),
+        (
+            "lua -> topoplace job-submit",
+            lambda idle: lua_times(root, service.url, count, idle, True),
+        ),
+        ("engine place + apply", lambda idle: in_process(engine, count, idle)),
+        ("sqlite insert + commit", lambda idle: in_process(commit, count, idle)),
+    ]
+    rows = []
+    for label, measure in parts:
+        measure(0.0)  # warm-up
+        hot, cold = (statistics.median(measure(idle)) for idle in (0.0, IDLE_S))
+        rows.append((label, hot, cold))
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--count", type=int, default=300, help="calls per measurement")
@@ -166,33 +165,15 @@ def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="topoplace-bench-floor-"))
     (root / "service").mkdir()
     service = Service(root / "service")
-    port = free_port()
-    bare = subprocess.Popen([sys.executable, "-c", BARE_SERVER, str(port)])
-    rows: list[tuple[str, float, float]] = []
-    try:
-        service.start()
-        service.report("dgx1-v100", list(NODES))
-        time.sleep(0.5)
-        engine, commit = engine_step(), sqlite_step(root / "floor.sqlite3")
-        bare_url = f"http://127.0.0.1:{port}"
-        parts: list[tuple[str, Callable[[float], list[float]]]] = [
-            ("lua -> bare server", lambda idle: lua_times(root, bare_url, args.count, idle, False)),
-            (
-                "lua -> topoplace job-submit",
-                lambda idle: lua_times(root, service.url, args.count, idle, True),
-            ),
-            ("engine place + apply", lambda idle: in_process(engine, args.count, idle)),
-            ("sqlite insert + commit", lambda idle: in_process(commit, args.count, idle)),
-        ]
-        for label, measure in parts:
-            measure(0.0)  # warm-up
-            hot, cold = (statistics.median(measure(idle)) for idle in (0.0, IDLE_S))
-            rows.append((label, hot, cold))
-    finally:
-        bare.terminate()
-        bare.wait()
-        service.stop()
-        shutil.rmtree(root, ignore_errors=True)
+    with fixed_answer(BARE_BODY) as bare_url:
+        try:
+            service.start()
+            service.report("dgx1-v100", list(NODES))
+            time.sleep(0.5)
+            rows = measure_parts(root, service, bare_url, args.count)
+        finally:
+            service.stop()
+            shutil.rmtree(root, ignore_errors=True)
     print(f"\n| part | p50 back to back ms | p50 after {IDLE_S * 1000:g} ms idle ms |")
     print("|---|---|---|")
     for label, hot, cold in rows:

@@ -15,6 +15,9 @@ Measured, one submission on each in turn so drift hits all three:
    series on the cluster without the filter asks by hand for what the filter
    writes into a job (one node, one typed GPU, a comment, environment): its
    added time is Slurm's own, the part of the filter's cost no filter avoids.
+   A fifth cluster runs the filter against a server that answers every call
+   at once with a decision the service gave before the run: the filter's
+   cost with no service behind it, the most any service could reach.
 2. Throughput with several submitters: blocks of 20 held submissions from
    4 client threads at once, alternating between the clusters (cancelled and
    released between blocks, untimed): submissions per second over the blocks.
@@ -29,6 +32,7 @@ lua-cjson. Run: ``python -m bench.slurm_submit [--quick]``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import re
 import shutil
@@ -41,6 +45,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
+from bench.fixed_answer import fixed_answer
 from bench.machine import describe
 from placement import bandwidth_matrix
 from placement.profiles import build_profile
@@ -56,6 +61,7 @@ BANDWIDTH = bandwidth_matrix(build_profile(PROFILE, "any"))
 ROUND = 20
 CLIENTS = 4
 PRESET = "without, fields set by hand as the filter sets them"
+FIXED = "with filter, a server answering a fixed decision at once"
 IDLE_S = 0.005  # about the time one sbatch takes, when the service waits
 # Jobs already on the node before the 4-GPU job, as GPUs per job.
 STATES = ((1,), (1, 2), (1, 1))
@@ -81,6 +87,16 @@ def clear_allocations(service: Service) -> None:
         for state in ("pending", "active"):
             for allocation in client.allocations(state=state)["allocations"]:
                 client.release(allocation["id"])
+
+
+def fixed_decision(service: Service, node: str) -> str:
+    """What the service answers a held --gpus=1 batch job on ``node`` (released after)."""
+    ask = {"tres_per_job": "gres/gpu:1", "partition_nodes": node, "batch": True}
+    answer = httpx.post(f"{service.url}/v1/slurm/job-submit", json=ask, timeout=10)
+    answer.raise_for_status()
+    assert answer.json()["action"] == "modify", answer.text
+    clear_allocations(service)
+    return answer.text
 
 
 def clear(cluster: LoopbackCluster, service: Service, jobs: list[str]) -> None:
@@ -221,18 +237,30 @@ def main() -> None:
     service = Service(root / "service")
     (root / "service").mkdir()
     nodes, solos, both = ["node1", "node2", "node3"], ["solo1", "solo2", "solo3"], ["cli1"]
+    fixed_node = "fixed1"
     filtered = LoopbackCluster(
         root / "filtered", nodes, service, with_filter=True, cli_filter=False
     )
     alone = LoopbackCluster(root / "alone", solos, service, with_filter=False)
     with_cli = LoopbackCluster(root / "with-cli", both, service, with_filter=True)
-    clusters = {"without": alone, "with filter": filtered, "with filter + cli_filter": with_cli}
+    no_service = LoopbackCluster(
+        root / "fixed", [fixed_node], service, with_filter=True, cli_filter=False
+    )
+    clusters = {
+        "without": alone,
+        "with filter": filtered,
+        "with filter + cli_filter": with_cli,
+        FIXED: no_service,
+    }
+    stack = contextlib.ExitStack()  # the fixed-answer server
     try:
         service.start()
-        service.report(PROFILE, nodes + solos + both)
+        service.report(PROFILE, [*nodes, *solos, *both, fixed_node])
         for cluster in clusters.values():
             cluster.root.mkdir()
             cluster.start()
+        fixed_server = fixed_answer(fixed_decision(service, fixed_node))
+        no_service.write_filter_config(stack.enter_context(fixed_server))
         seconds = submissions(clusters, service, count, solos[1])
         inside = filter_ms(filtered)
         print(f"\n{count} held 1-GPU sbatch submissions per cluster, in turn, one client")
@@ -249,11 +277,12 @@ def main() -> None:
                 f" | {rate[label]:.0f} | {shown or f'{pct(added, 50):.1f}'}"
                 f" | {shown or f'{pct(added, 99):.1f}'} |"
             )
-        print(
-            f"filter inside slurmctld (job_submit.lua's HTTP call, {len(inside)} calls):"
-            f" p50 {pct(inside, 50):.1f} ms, p99 {pct(inside, 99):.1f} ms"
-        )
-        for label in ("with filter", "with filter + cli_filter"):
+        for label, calls in (("the service", inside), ("a fixed answer", filter_ms(no_service))):
+            print(
+                f"filter inside slurmctld, calling {label} (job_submit.lua's HTTP call,"
+                f" {len(calls)} calls): p50 {pct(calls, 50):.2f} ms, p99 {pct(calls, 99):.2f} ms"
+            )
+        for label in ("with filter", "with filter + cli_filter", FIXED):
             print(f"throughput {label} / without: {rate[label] / rate['without']:.2f}x")
         rates = concurrent_rates(clusters, service, 5 if args.quick else 15)
         print(
@@ -273,6 +302,7 @@ def main() -> None:
             busy, ours, theirs = choice(filtered, alone, node, solo, state)
             print(f"| {busy} | {ours} | {ring_gbps(ours):g} | {theirs} | {ring_gbps(theirs):g} |")
     finally:
+        stack.close()
         for cluster in clusters.values():
             cluster.stop()
         service.stop()

@@ -11,7 +11,6 @@ from typing import Any
 
 import sqlalchemy as sa
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from sqlalchemy.exc import OperationalError
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -22,11 +21,13 @@ from service.allocations import observed as allocation_service
 from service.auth import RequireToken, TokenCheck
 from service.db import checkpoint, make_engine
 from service.demo import heartbeat_demo_cluster, register_demo_cluster
-from service.errors import ServiceError, TooLarge, Unavailable
+from service.direct_routes import DirectRoutes
+from service.errors import TooLarge
 from service.grpc.server import start_grpc
 from service.k8s import endpoints as k8s_routes
 from service.nodes import endpoints as node_routes
 from service.notify import Listener, psycopg_dsn
+from service.responses import HANDLED_ERRORS, database_down, error_response, handled_error
 from service.settings import Settings
 from service.slurm import endpoints as slurm_routes
 from service.slurm.reconcile import Reconciler
@@ -63,30 +64,9 @@ class BodyLimit:
                         f"request body of {value.decode()} bytes is over the limit of"
                         f" {self.max_bytes} (TOPOPLACE_MAX_BODY_BYTES)"
                     )
-                    await _error_response(error)(scope, receive, send)
+                    await error_response(error)(scope, receive, send)
                     return
         await self.app(scope, receive, send)
-
-
-def _error_response(error: ServiceError) -> JSONResponse:
-    headers = {"Retry-After": str(error.retry_after)} if error.retry_after else None
-    return JSONResponse(error.body(), status_code=error.status, headers=headers)
-
-
-def _validation_response(exc: RequestValidationError) -> JSONResponse:
-    errors = exc.errors()
-    first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
-    field = ".".join(str(p) for p in first["loc"] if p != "body")
-    message = f"{field}: {first['msg']}" if field else str(first["msg"])
-    detail = {
-        "field": field,
-        "errors": [
-            {"field": ".".join(str(p) for p in e["loc"] if p != "body"), "message": e["msg"]}
-            for e in errors
-        ],
-    }
-    body = {"error": {"code": "invalid_request", "message": message, "detail": detail}}
-    return JSONResponse(body, status_code=422)
 
 
 async def _background(state: ServiceState, demo_nodes: list[str]) -> None:
@@ -181,18 +161,16 @@ def create_app(
     app.include_router(slurm_routes.router)
     app.include_router(k8s_routes.router)
 
-    @app.exception_handler(ServiceError)
-    async def _service_error(_: Request, exc: ServiceError) -> JSONResponse:
-        return _error_response(exc)
+    async def _handled(_: Request, exc: Exception) -> JSONResponse:
+        response = handled_error(exc)
+        assert response is not None  # registered for the kinds it answers, below
+        return response
 
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        return _validation_response(exc)
+    for kind in HANDLED_ERRORS:
+        app.add_exception_handler(kind, _handled)
 
-    @app.exception_handler(OperationalError)
-    async def _db_down(_: Request, exc: OperationalError) -> JSONResponse:
-        return _error_response(Unavailable(f"the database did not answer: {exc.orig}"))
-
+    # Innermost first: the direct routes run behind the body limit and the token check.
+    app.add_middleware(DirectRoutes, routes=slurm_routes.DIRECT)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(RequireToken, check=token_check)
 
@@ -208,7 +186,7 @@ def create_app(
             with engine.connect() as conn:
                 conn.execute(sa.text("SELECT 1"))
         except OperationalError as exc:
-            return _error_response(Unavailable(f"the database did not answer: {exc.orig}"))
+            return database_down(exc)
         if not state.loaded:
             return JSONResponse({"status": "loading"}, status_code=503)
         return {"status": "ready", "nodes": len(state.cluster)}

@@ -1,4 +1,4 @@
-"""JSON responses encoded with orjson.
+"""JSON responses: orjson encoding, and the one error shape.
 
 /score returns hundreds of nodes (about 1 kB each); the standard library
 encoder spends more time on that than the engine spends deciding. orjson
@@ -10,9 +10,58 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import OperationalError
+
+from service.errors import ServiceError, Unavailable
 
 
 class FastJSON(JSONResponse):
     def render(self, content: Any) -> bytes:
         return orjson.dumps(content)
+
+
+def error_response(error: ServiceError) -> JSONResponse:
+    headers = {"Retry-After": str(error.retry_after)} if error.retry_after else None
+    return JSONResponse(error.body(), status_code=error.status, headers=headers)
+
+
+def validation_response(exc: RequestValidationError) -> JSONResponse:
+    """422 ``invalid_request``, naming the first field that failed and listing them all."""
+    errors = exc.errors()
+    first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
+    field = ".".join(str(p) for p in first["loc"] if p != "body")
+    message = f"{field}: {first['msg']}" if field else str(first["msg"])
+    detail = {
+        "field": field,
+        "errors": [
+            {"field": ".".join(str(p) for p in e["loc"] if p != "body"), "message": e["msg"]}
+            for e in errors
+        ],
+    }
+    body = {"error": {"code": "invalid_request", "message": message, "detail": detail}}
+    return JSONResponse(body, status_code=422)
+
+
+def database_down(exc: OperationalError) -> JSONResponse:
+    return error_response(Unavailable(f"the database did not answer: {exc.orig}"))
+
+
+# What the application answers in the one error shape; anything else is a fault (500).
+HANDLED_ERRORS: tuple[type[Exception], ...] = (
+    ServiceError,
+    RequestValidationError,
+    OperationalError,
+)
+
+
+def handled_error(exc: Exception) -> JSONResponse | None:
+    """The answer the application's exception handlers give ``exc``; None for a fault (500)."""
+    if isinstance(exc, ServiceError):
+        return error_response(exc)
+    if isinstance(exc, RequestValidationError):
+        return validation_response(exc)
+    if isinstance(exc, OperationalError):
+        return database_down(exc)
+    return None
