@@ -27,7 +27,7 @@ def decide(
 
     if request.mig_profile is not None:
         return place_mig(state, request)
-    if request.tasks == 1 and request.nodes is None and not waiting:
+    if request.tasks == 1 and not waiting:
         task = fast_place(state, request)
         if task is not None:
             return placed_one(task)

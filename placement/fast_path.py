@@ -7,11 +7,13 @@ ranking key, stamped with the slot's version. A decision then recomputes
 only the slots whose version moved since the last decision of that shape
 (usually the one or two nodes the previous decision and release touched),
 and ranks 10,000 nodes with a max over the first packed ranking word, then
-over the next words among the few nodes tied on it. Filters that do not change a node's answer
-(regions, labels, excluded nodes) are applied at selection time.
+over the next words among the few nodes tied on it. What does not change a
+node's answer (named candidate nodes, regions, labels, excluded nodes) is
+applied at selection time, over the same cached words: a Slurm partition
+is a list of names on every submission.
 
 What it costs: ~70 bytes per slot per shape, at most MAX_SHAPES shapes (the
-oldest is dropped). What it does not do: gangs, MIG, explicit node lists,
+oldest is dropped). What it does not do: gangs, MIG,
 waiting-gang protection and failures fall back to the full path in
 ``decide``, which also produces the grouped reasons. Both paths share
 ``analyse`` and ``rank_words``, so they agree (a test checks it).
@@ -27,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numpy.typing import NDArray
 
-from placement.analysis import analyse, query_for
+from placement.analysis import analyse, query_for, requested_slots
 from placement.eligibility import gpu_eligible, labels_ok, region_ok
 from placement.node_choice import NO_SET
 from placement.ranking import RankInputs, best_of, pack_words, rank_columns, rank_words
@@ -299,24 +301,35 @@ def fast_place(state: ClusterState, request: PlacementRequest) -> TaskPlacement 
     n = state.slot_count
     if not n or not cache.words:
         return None
-    if not (request.regions or request.node_labels or request.exclude_nodes):
+    filtered = request.regions or request.node_labels or request.exclude_nodes
+    if request.nodes is None and not filtered:
         best = _heap_best(cache)
         return None if best is None else _task(state, cache, request, best)
-    first = cache.words[0][:n]
+    # Named candidates (a Slurm partition, an operator's list) or filters: the best of
+    # the slots that pass, from the same cached words. Ascending slots, as the heap's
+    # tie-break and the full path's.
+    slots = requested_slots(state, request) if request.nodes is not None else None
+    first = cache.words[0][:n] if slots is None else cache.words[0][slots]
     if request.regions:
-        first = np.where(region_ok(state, request.regions)[:n], first, _NONE)
+        first = np.where(_at(region_ok(state, request.regions), n, slots), first, _NONE)
     if request.node_labels:
-        first = np.where(labels_ok(state, request.node_labels)[:n], first, _NONE)
-    if request.exclude_nodes:
+        first = np.where(_at(labels_ok(state, request.node_labels), n, slots), first, _NONE)
+    if request.exclude_nodes and slots is None:  # requested_slots drops them from a list
         first = first.copy()
         for name in request.exclude_nodes:
             if name in state.entries:
                 first[state.entries[name].slot] = _NONE
-    top = first.max()
-    if top == _NONE:
+    if not first.size or (top := first.max()) == _NONE:
         return None
     tied = np.flatnonzero(first == top).astype(np.int64)
+    if slots is not None:
+        tied = slots[tied]
     return _task(state, cache, request, best_of(cache.words[1:], tied))
+
+
+def _at(mask: NDArray[np.bool_], n: int, slots: NDArray[np.int64] | None) -> NDArray[np.bool_]:
+    """A per-slot mask, over every slot or over the named ones."""
+    return mask[:n] if slots is None else mask[slots]
 
 
 def _task(

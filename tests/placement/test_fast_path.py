@@ -26,7 +26,16 @@ def _cluster(seed: int) -> ClusterState:
     return state
 
 
-def _requests(rng: random.Random) -> PlacementRequest:
+def _candidates(rng: random.Random, state: ClusterState) -> tuple[str, ...] | None:
+    """None (every node), or a list as schedulers send them: unordered, with a
+    duplicate and a name the cluster does not know."""
+    if rng.random() < 0.5:
+        return None
+    names = rng.sample(state.names(), rng.randint(1, 12))
+    return (*names, names[0], "not-a-node")
+
+
+def _requests(rng: random.Random, state: ClusterState) -> PlacementRequest:
     return PlacementRequest(
         gpus=rng.choice([1, 1, 2, 3, 4, 8]),
         locality=rng.choice(["prefer", "any", "nvlink"]),
@@ -36,6 +45,8 @@ def _requests(rng: random.Random) -> PlacementRequest:
         regions=rng.choice([(), ("r1",)]),
         node_labels=rng.choice([{}, {"pool": "b"}]),
         gpu_models=rng.choice([(), ("H100",), ("V100",)]),
+        nodes=_candidates(rng, state),
+        exclude_nodes=rng.choice([(), (rng.choice(state.names()),)]),
     )
 
 
@@ -45,13 +56,12 @@ def test_fast_path_matches_full_ranking(seed: int) -> None:
     state = _cluster(seed)
     held = []
     for _ in range(120):
-        request = _requests(rng)
+        request = _requests(rng, state)
         outcome = state.place(request)
-        # The full path: rank every node with the same keys (evaluate) and take the first.
+        # The full path: rank the candidates with the same keys (evaluate), take the first.
+        candidates = request.nodes or tuple(state.names())
         ranked = [
-            v
-            for v in state.evaluate(request.model_copy(update={"nodes": tuple(state.names())}))
-            if v.fits
+            v for v in state.evaluate(request.model_copy(update={"nodes": candidates})) if v.fits
         ]
         if outcome.placement is None:
             assert not ranked, outcome.summary()
