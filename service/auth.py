@@ -19,6 +19,7 @@ from pathlib import Path
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from service.errors import ServiceError
+from service.responses import error_response
 
 OPEN_PATHS = frozenset({"/healthz", "/readyz", "/docs", "/docs/oauth2-redirect", "/openapi.json"})
 
@@ -93,11 +94,8 @@ class RequireToken:
             try:
                 self.check.verify(header)
             except Unauthorized as error:
-                from fastapi.responses import JSONResponse
-
-                response = JSONResponse(
-                    error.body(), status_code=error.status, headers={"WWW-Authenticate": "Bearer"}
-                )
+                response = error_response(error)
+                response.headers["WWW-Authenticate"] = "Bearer"
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)

@@ -7,6 +7,7 @@ encodes the same plain data about ten times faster, byte-compatible JSON.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -48,20 +49,19 @@ def database_down(exc: OperationalError) -> JSONResponse:
     return error_response(Unavailable(f"the database did not answer: {exc.orig}"))
 
 
-# What the application answers in the one error shape; anything else is a fault (500).
-HANDLED_ERRORS: tuple[type[Exception], ...] = (
-    ServiceError,
-    RequestValidationError,
-    OperationalError,
-)
+# What the application answers in the one error shape, by kind; anything else is a
+# fault (500). The app registers its exception handlers from these kinds.
+_ANSWERS: dict[type[Exception], Callable[[Any], JSONResponse]] = {
+    ServiceError: error_response,
+    RequestValidationError: validation_response,
+    OperationalError: database_down,
+}
+HANDLED_ERRORS = tuple(_ANSWERS)
 
 
 def handled_error(exc: Exception) -> JSONResponse | None:
     """The answer the application's exception handlers give ``exc``; None for a fault (500)."""
-    if isinstance(exc, ServiceError):
-        return error_response(exc)
-    if isinstance(exc, RequestValidationError):
-        return validation_response(exc)
-    if isinstance(exc, OperationalError):
-        return database_down(exc)
+    for kind, answer in _ANSWERS.items():
+        if isinstance(exc, kind):
+            return answer(exc)
     return None
