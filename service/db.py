@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
-from typing import Any
+import random
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import DBAPIError
 
 WAL_BACKSTOP_PAGES = 16_384  # 64 MiB of 4 KiB pages
+# Postgres aborts one of two transactions that wait on each other (deadlock) or
+# that it cannot serialize; either may simply run again, and the caller should
+# never hear of it.
+TRANSIENT_SQLSTATES = frozenset({"40001", "40P01"})
+TRANSIENT_ATTEMPTS = 6
+T = TypeVar("T")
 
 
 def make_engine(database_url: str) -> Engine:
@@ -46,3 +56,32 @@ def checkpoint(engine: Engine) -> tuple[int, int] | None:
     with engine.connect() as conn:
         _busy, logged, copied = conn.exec_driver_sql("PRAGMA wal_checkpoint(PASSIVE)").one()
     return int(logged), int(copied)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """A database error that running the same transaction again may not meet."""
+    orig = exc.orig if isinstance(exc, DBAPIError) else exc
+    return getattr(orig, "sqlstate", None) in TRANSIENT_SQLSTATES
+
+
+def retry_transient(work: Callable[[], T], attempts: int = TRANSIENT_ATTEMPTS) -> T:
+    """Run ``work`` (one whole transaction) again on a deadlock or serialization failure,
+    after a short random pause so that the two losers do not meet again."""
+    for attempt in range(attempts):
+        try:
+            return work()
+        except DBAPIError as exc:
+            if attempt == attempts - 1 or not is_transient(exc):
+                raise
+            time.sleep(random.uniform(0.0, 0.002 * 2**attempt))
+    raise AssertionError("unreachable")
+
+
+def in_transaction(engine: Engine, work: Callable[[Connection], T]) -> T:
+    """``work`` in one transaction, committed on return, retried when transient."""
+
+    def once() -> T:
+        with engine.begin() as conn:
+            return work(conn)
+
+    return retry_transient(once)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 import uuid
 from collections.abc import Iterable
 
@@ -30,6 +31,7 @@ CHANNEL = "topoplace"
 ORIGIN = uuid.uuid4().hex  # this process; its own messages are skipped
 _MAX_NODES = 200  # beyond this a message asks for a full reload (payloads are capped at 8 kB)
 RESYNC_S = 30.0
+_DRAIN = 511  # messages taken in one go after the first
 
 
 def message(nodes: Iterable[str]) -> str | None:
@@ -96,20 +98,27 @@ class Listener:
                 self._stop.wait(1.0)
 
     def _listen(self, conn: psycopg.Connection[tuple[object, ...]]) -> None:
-        since_resync = 0.0
+        last_resync = time.monotonic()
         while not self._stop.is_set():
+            # Wait for the first message (or a second, to look at the stop flag and
+            # the resync clock), then take at once whatever else has arrived: a change
+            # is applied as soon as it is heard, several at a time under load, never
+            # held back to gather more. Gathering for a second made other replicas'
+            # releases a second late, and 3% of /place calls lost a race to them.
+            notes = list(conn.notifies(timeout=1.0, stop_after=1))
+            if notes:
+                notes += conn.notifies(timeout=0.0, stop_after=_DRAIN)
             wanted: set[str] = set()
             reload_all = False
-            for note in conn.notifies(timeout=1.0, stop_after=512):
+            for note in notes:
                 nodes = parse(note.payload)
                 if nodes is None:
                     reload_all = True
                 else:
                     wanted.update(nodes)
-            since_resync += 1.0
-            if reload_all or since_resync >= RESYNC_S:
+            if reload_all or time.monotonic() - last_resync >= RESYNC_S:
                 self.state.resync()
-                since_resync = 0.0
+                last_resync = time.monotonic()
                 if reload_all:  # another replica changed many nodes: watchers list again
                     self.state.events.publish("node", "resync")
             elif wanted:

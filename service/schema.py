@@ -4,11 +4,28 @@ The schema changes only through Alembic migrations in ``migrations/``; these
 tables are what the code reads and writes, and a test checks that the
 migrated database matches them.
 
-The last line of defence against double booking is ``gpu_holds``: one row
-per GPU (or MIG instance) held by a live allocation, primary key (node,
-device). Two replicas racing for a GPU cannot both insert its row; the loser
-gets an integrity error and retries on fresh state. Rows are deleted when
-the allocation is released or expires.
+The one promise, a GPU in at most one live allocation and every live
+allocation holding exactly its GPUs, is kept by the database itself:
+
+- ``gpu_holds`` has one row per GPU (or MIG instance, or CPU) held, primary
+  key (node, device): two replicas racing for a GPU cannot both insert it.
+- A hold names its allocation *and* that the allocation is live
+  (``live``, always true), through a foreign key to ``allocations(id,
+  live)``. An allocation that ends sets ``live`` to NULL, so its holds would
+  dangle: ending an allocation without deleting its holds in the same
+  transaction cannot commit.
+- A live allocation names one of its own holds (``anchor_node``,
+  ``anchor_device``) through a foreign key to ``gpu_holds(node, device,
+  allocation_id)``: deleting an allocation's holds while it stays live, or
+  making a released allocation live again, cannot commit either.
+- A check ties the state to these columns (live states have ``live`` and an
+  anchor, ended ones have neither and an end time) and the expiry to the
+  state (pending ones expire, active ones never).
+
+Both foreign keys are checked at commit (DEFERRABLE INITIALLY DEFERRED), so
+a transaction may write the allocation and its holds in either order. The
+state transitions themselves are single conditional statements
+(service/allocations/repository.py); docs/service.md draws the machine.
 """
 
 from __future__ import annotations
@@ -44,6 +61,14 @@ node_snapshots = sa.Table(
     sa.Index("ix_node_snapshots_node_id", "node", "id"),
 )
 
+LIVE_STATES = ("pending", "active", "degraded")
+ENDED_STATES = ("released", "expired")
+
+
+def _quoted(states: tuple[str, ...]) -> str:
+    return ", ".join(f"'{s}'" for s in states)
+
+
 allocations = sa.Table(
     "allocations",
     metadata,
@@ -57,8 +82,34 @@ allocations = sa.Table(
     sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
     sa.Column("expires_at", sa.DateTime(timezone=True), nullable=True),
     sa.Column("ended_at", sa.DateTime(timezone=True), nullable=True),
+    # True while live, NULL once ended: the target of the holds' foreign key.
+    sa.Column("live", sa.Boolean(create_constraint=False), nullable=True),
+    # One hold of this allocation while it is live (any one: the first written).
+    sa.Column("anchor_node", sa.String(253), nullable=True),
+    sa.Column("anchor_device", sa.String(128), nullable=True),
     sa.Index("ix_allocations_job_id", "job_id"),
     sa.Index("ix_allocations_state", "state"),
+    sa.UniqueConstraint("id", "live", name="uq_allocations_id_live"),
+    sa.CheckConstraint(
+        f"(state IN ({_quoted(LIVE_STATES)}) AND live = true"
+        " AND anchor_node IS NOT NULL AND anchor_device IS NOT NULL)"
+        f" OR (state IN ({_quoted(ENDED_STATES)}) AND live IS NULL"
+        " AND anchor_node IS NULL AND anchor_device IS NULL AND ended_at IS NOT NULL)",
+        name="ck_allocations_live",
+    ),
+    sa.CheckConstraint(
+        "(state <> 'pending' OR expires_at IS NOT NULL)"
+        " AND (state <> 'active' OR expires_at IS NULL)",
+        name="ck_allocations_expiry",
+    ),
+    sa.ForeignKeyConstraint(
+        ["anchor_node", "anchor_device", "id"],
+        ["gpu_holds.node", "gpu_holds.device", "gpu_holds.allocation_id"],
+        name="fk_allocations_anchor",
+        deferrable=True,
+        initially="DEFERRED",
+        use_alter=True,  # the two tables name each other; this one is added after both
+    ),
 )
 
 gpu_holds = sa.Table(
@@ -67,13 +118,21 @@ gpu_holds = sa.Table(
     sa.Column("node", sa.String(253), primary_key=True),
     sa.Column("device", sa.String(128), primary_key=True),  # GPU or MIG instance UUID
     sa.Column("kind", sa.String(8), nullable=False),  # gpu | mig | cpu (device "cpu:N")
+    sa.Column("allocation_id", sa.String(36), nullable=False),
+    # Always true: with allocation_id, it must name a live allocation.
     sa.Column(
-        "allocation_id",
-        sa.String(36),
-        sa.ForeignKey("allocations.id", ondelete="CASCADE"),
-        nullable=False,
+        "live", sa.Boolean(create_constraint=False), nullable=False, server_default=sa.true()
     ),
     sa.Index("ix_gpu_holds_allocation", "allocation_id"),
+    sa.UniqueConstraint("node", "device", "allocation_id", name="uq_gpu_holds_node_device_alloc"),
+    sa.CheckConstraint("live = true", name="ck_gpu_holds_live"),
+    sa.ForeignKeyConstraint(
+        ["allocation_id", "live"],
+        ["allocations.id", "allocations.live"],
+        name="fk_gpu_holds_live_allocation",
+        deferrable=True,
+        initially="DEFERRED",
+    ),
 )
 
 # One public key per node name, registered by the node's agent (trust on

@@ -9,11 +9,16 @@ every node touched, one commit. A quiet service commits each reservation at
 once (a batch of one), so latency is not traded for throughput.
 
 The guarantees are the single-request ones. The holds' primary key still
-refuses a GPU held twice; when it does, the whole batch rolls back and each
-of its reservations is committed again on its own, so only the one that
-lost the race sees the IntegrityError (and retries on fresh state) while the
-others succeed. A database error reaches every waiter of the batch. The
-writes go through the driver with statements compiled once (batch_writer.py).
+refuses a GPU held twice; when it does, or when one reservation carries a
+value the database refuses, the whole batch rolls back and each of its
+reservations is committed again on its own, so only the one at fault sees
+its error (and the lost race retries on fresh state) while the others
+succeed. A deadlock or serialization failure (two replicas' batches) is
+retried here, whole, and nobody hears of it; rows and holds are written in
+one order (by key, by node and device) so that two batches rarely wait on
+each other at all. Only a database that does not answer reaches every
+waiter of the batch. The writes go through the driver with statements
+compiled once (batch_writer.py).
 """
 
 from __future__ import annotations
@@ -26,9 +31,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from sqlalchemy.engine import Engine
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import OperationalError
 
 from service.allocations.batch_writer import BatchWriter
+from service.db import retry_transient
 
 log = logging.getLogger("topoplace.group_commit")
 MAX_BATCH = 64
@@ -128,21 +134,35 @@ class GroupCommitter:
                 return
 
     def _insert(self, batch: Sequence[_Reservation]) -> None:
-        holds = [
-            {"node": node, "device": device, "kind": kind, "allocation_id": r.row["id"]}
-            for r in batch
-            for node, device, kind in r.holds
-        ]
-        self.writer.write([r.row for r in batch], holds, [n for r in batch for n in r.nodes])
+        rows = sorted((r.row for r in batch), key=_row_order)
+        holds = sorted(
+            (
+                {
+                    "node": node,
+                    "device": device,
+                    "kind": kind,
+                    "allocation_id": r.row["id"],
+                    "live": True,
+                }
+                for r in batch
+                for node, device, kind in r.holds
+            ),
+            key=lambda h: (h["node"], h["device"]),
+        )
+        nodes = [n for r in batch for n in r.nodes]
+        retry_transient(lambda: self.writer.write(rows, holds, nodes))
 
     def _write(self, batch: list[_Reservation]) -> None:
         try:
             try:
                 self._insert(batch)
-            except IntegrityError:
+            except OperationalError:
+                raise  # the database does not answer: every waiter hears it, below
+            except Exception:
                 if len(batch) == 1:
                     raise
-                # Someone in the batch lost a race: find out who, commit the rest.
+                # Someone in the batch lost a race or carries a value the database
+                # refuses: find out who, commit the rest.
                 for reservation in batch:
                     try:
                         self._insert([reservation])
@@ -160,6 +180,13 @@ class GroupCommitter:
         finally:
             for reservation in batch:
                 reservation.finished()
+
+
+def _row_order(row: Mapping[str, object]) -> tuple[bool, str, str]:
+    """Rows with an idempotency key first, by key: two batches that race on keys take
+    them in one order."""
+    key = row.get("idempotency_key")
+    return (key is None, str(key or ""), str(row["id"]))
 
 
 def _settle(future: asyncio.Future[None], reservation: _Reservation) -> None:

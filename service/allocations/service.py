@@ -28,6 +28,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar, cast
 
 import orjson
+from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError, OperationalError
 
 from placement import Cause, NodeVerdict, Outcome, Placement, TaskPlacement
@@ -37,10 +38,11 @@ from service.allocations.schemas import (
     PlaceRequest,
     ScoreRequest,
 )
+from service.db import in_transaction
 from service.errors import BadRequest, Conflict, NotFound, Unavailable, Unresolvable, Unschedulable
 from service.flows import drive, drive_async
 from service.notify import publish
-from service.state import ServiceState, cpu_device, cpu_of
+from service.state import ServiceState, cpu_device
 
 PLACE_ATTEMPTS = 4
 RELEASE_CHUNK = 64  # nodes freed per hold of the state lock when many reservations end
@@ -207,6 +209,11 @@ def _place_flow(
             "created_at": now,
             "expires_at": None if active else now + timedelta(seconds=ttl),
             "ended_at": None,
+            # Live, and named by one of its own holds (schema.py): the database refuses
+            # a live allocation that holds nothing.
+            "live": True,
+            "anchor_node": holds[0][0],
+            "anchor_device": holds[0][1],
         }
         try:
             yield _Commit(row, holds, placement.nodes)
@@ -222,6 +229,11 @@ def _place_flow(
         except OperationalError as exc:
             _undo(state, placement, devices)
             raise Unavailable(f"the database did not answer: {exc.orig}") from None
+        except Exception:
+            # Whatever else failed (a value the database refused, a fault), this
+            # request's tentative choice must not outlive it.
+            _undo(state, placement, devices)
+            raise
         with state.lock:
             state.end_inflight(devices)
         return _view(row, placed), True
@@ -303,80 +315,127 @@ def listing(
     return [_view(r) for r in rows]
 
 
-def confirm(state: ServiceState, allocation_id: str) -> dict[str, Any]:
-    with state.engine.begin() as conn:
+@dataclass(frozen=True)
+class _Outcome:
+    """What a lifecycle transaction did: the row as it left it, the holds it freed, and
+    the refusal to raise once the transaction has committed (an expiry it found due is
+    kept, not rolled back with the refusal)."""
+
+    row: Mapping[Any, Any] | None
+    freed: list[repository.FreedHold]
+    refusal: Exception | None = None
+
+
+def _lifecycle(state: ServiceState, work: Callable[[Connection], _Outcome]) -> dict[str, Any]:
+    outcome = in_transaction(state.engine, work)
+    _forget(state, outcome.freed)
+    if outcome.refusal is not None:
+        raise outcome.refusal
+    assert outcome.row is not None
+    return _view(outcome.row)
+
+
+def _refused_transition(conn: Connection, allocation_id: str, now: datetime, verb: str) -> _Outcome:
+    """Why the guard of ``verb`` did not hold; a reservation found past its TTL is
+    expired here and then, so the answer and the database say the same."""
+    row = repository.by_id(conn, allocation_id)
+    if row is None:
+        return _Outcome(None, [], NotFound(f"no allocation {allocation_id!r}"))
+    freed: list[repository.FreedHold] = []
+    if row["state"] in ("pending", "degraded") and row["expires_at"] is not None:
+        # The guard failed on a live reservation with a TTL: the TTL has passed.
+        _, freed = repository.end(conn, [allocation_id], "expire", now)
+        publish(conn, {h.node for h in freed})
         row = repository.by_id(conn, allocation_id)
-        if row is None:
-            raise NotFound(f"no allocation {allocation_id!r}")
-        if row["state"] == "pending":
-            repository.set_state(conn, allocation_id, "active", None)
-        elif row["state"] not in ("active", "degraded"):
-            raise Conflict(
-                f"allocation {allocation_id} is {row['state']};"
-                " only a pending one can be confirmed",
-                {"state": row["state"]},
-            )
-    return get(state, allocation_id)
+        assert row is not None
+        message = (
+            f"allocation {allocation_id} expired at {_time(row['ended_at'])}: its TTL passed"
+            f" before the {verb}; place the job again"
+        )
+    elif verb == "extend" and row["state"] in ("active", "degraded"):
+        message = f"allocation {allocation_id} is {row['state']}; only a pending one has a TTL"
+    else:
+        message = (
+            f"allocation {allocation_id} is {row['state']}; only a pending one can be {verb}ed"
+        )
+    return _Outcome(row, freed, Conflict(message, {"state": row["state"]}))
+
+
+def confirm(state: ServiceState, allocation_id: str) -> dict[str, Any]:
+    """pending -> active (degraded stays degraded, without a TTL); confirming again is a
+    no-op; a reservation whose TTL passed is expired and refused."""
+    now = state.clock()
+
+    def work(conn: Connection) -> _Outcome:
+        row = repository.confirm(conn, allocation_id, now)
+        if row is not None:
+            return _Outcome(row, [])
+        current = repository.by_id(conn, allocation_id)
+        confirmed = current is not None and current["state"] in ("active", "degraded")
+        if confirmed and current is not None and current["expires_at"] is None:
+            return _Outcome(current, [])  # confirmed before: the same answer again
+        return _refused_transition(conn, allocation_id, now, "confirm")
+
+    return _lifecycle(state, work)
 
 
 def extend(state: ServiceState, allocation_id: str, ttl_s: float) -> dict[str, Any]:
     ttl = _ttl(state, ttl_s)
-    with state.engine.begin() as conn:
-        row = repository.by_id(conn, allocation_id)
-        if row is None:
-            raise NotFound(f"no allocation {allocation_id!r}")
-        if row["state"] != "pending":
-            raise Conflict(
-                f"allocation {allocation_id} is {row['state']}; only a pending one has a TTL",
-                {"state": row["state"]},
-            )
-        repository.set_state(conn, allocation_id, "pending", state.clock() + timedelta(seconds=ttl))
-    return get(state, allocation_id)
-
-
-def _end(state: ServiceState, ids: list[str], final: str) -> list[str]:
     now = state.clock()
-    with state.engine.begin() as conn:
-        holds = repository.holds_of(conn, ids) if ids else []
-        ended = repository.end(conn, ids, final, now) if ids else []
-        publish(conn, [str(h["node"]) for h in holds])
-    # One release per node, not per GPU: a sweep can end hundreds of
-    # reservations, and /place waits for the lock meanwhile.
-    freed: dict[str, tuple[list[str], list[str], list[int]]] = {}
-    live = set(ended)
-    for hold in holds:
-        if hold["allocation_id"] in live:
-            gpus, migs, cpus = freed.setdefault(str(hold["node"]), ([], [], []))
-            device = str(hold["device"])
-            if hold["kind"] == "cpu":
-                cpus.append(cpu_of(device))
-            else:
-                (migs if hold["kind"] == "mig" else gpus).append(device)
-    items = list(freed.items())
-    for start in range(0, len(items), RELEASE_CHUNK):
-        with state.lock:  # taken per chunk: /place decides in between
-            for node, (gpus, migs, cpus) in items[start : start + RELEASE_CHUNK]:
-                if node in state.cluster:
-                    state.cluster.release(node, gpu_uuids=gpus, mig_uuids=migs, cpus=cpus)
+
+    def work(conn: Connection) -> _Outcome:
+        row = repository.extend(conn, allocation_id, now, now + timedelta(seconds=ttl))
+        if row is not None:
+            return _Outcome(row, [])
+        return _refused_transition(conn, allocation_id, now, "extend")
+
+    return _lifecycle(state, work)
+
+
+def _end(state: ServiceState, ids: list[str] | None, transition: str) -> list[str]:
+    """End what the transition's guard lets through; memory follows the database."""
+    now = state.clock()
+
+    def work(conn: Connection) -> tuple[list[str], list[repository.FreedHold]]:
+        ended, freed = repository.end(conn, ids, transition, now)
+        publish(conn, {h.node for h in freed})
+        return ended, freed
+
+    ended, freed = in_transaction(state.engine, work)
+    _forget(state, freed)
     return ended
 
 
+def _forget(state: ServiceState, freed: list[repository.FreedHold]) -> None:
+    """Make memory match the database on the nodes whose holds were deleted.
+
+    Read back, not freed blindly: between the commit and this step another replica
+    may already have taken a freed GPU (and this process synced it as held), so only
+    the database can say what is free now. Chunked: a sweep can end hundreds of
+    reservations, and /place waits for the lock meanwhile.
+    """
+    nodes = sorted({h.node for h in freed})
+    for start in range(0, len(nodes), RELEASE_CHUNK):
+        state.sync_nodes(nodes[start : start + RELEASE_CHUNK])
+
+
 def release(state: ServiceState, allocation_id: str) -> list[str]:
-    get(state, allocation_id)  # 404 for an unknown id; releasing twice is a no-op
-    return _end(state, [allocation_id], "released")
+    """End one live allocation; releasing an ended one is a no-op, an unknown id a 404."""
+    ended = _end(state, [allocation_id], "release")
+    if not ended:
+        get(state, allocation_id)  # 404 for an unknown id
+    return ended
 
 
 def release_job(state: ServiceState, job_id: str) -> list[str]:
     with state.engine.connect() as conn:
         ids = repository.live_ids_for_job(conn, job_id)
-    return _end(state, ids, "released")
+    return _end(state, ids, "release")
 
 
-def sweep(state: ServiceState, now: datetime | None = None) -> list[str]:
-    """Expire pending reservations whose TTL passed; returns their ids."""
-    with state.engine.connect() as conn:
-        ids = repository.expired_ids(conn, now or state.clock())
-    return _end(state, ids, "expired")
+def sweep(state: ServiceState) -> list[str]:
+    """Expire reservations whose TTL passed and that nobody confirmed; returns their ids."""
+    return _end(state, None, "expire")
 
 
 # id(task) -> (task, what was made of it). The engine hands back the same

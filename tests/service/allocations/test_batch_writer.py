@@ -23,7 +23,8 @@ def engine(database_url: str) -> sa.Engine:
     return make_engine(database_url)
 
 
-def _row(**changes: Any) -> dict[str, Any]:
+def _row(anchor: str = "GPU-a", **changes: Any) -> dict[str, Any]:
+    """A live allocation row; ``anchor``: the device of its hold that it names."""
     row = {
         "id": str(uuid.uuid4()),
         "state": "active",
@@ -35,17 +36,26 @@ def _row(**changes: Any) -> dict[str, Any]:
         "created_at": datetime(2026, 6, 1, 12, 30, 45, 123456, tzinfo=UTC),
         "expires_at": None,
         "ended_at": None,
+        "live": True,
+        "anchor_node": "n0",
+        "anchor_device": anchor,
     }
     return row | changes
 
 
 def _hold(allocation: dict[str, Any], device: str, kind: str = "gpu") -> dict[str, Any]:
-    return {"node": "n0", "device": device, "kind": kind, "allocation_id": allocation["id"]}
+    return {
+        "node": "n0",
+        "device": device,
+        "kind": kind,
+        "allocation_id": allocation["id"],
+        "live": True,
+    }
 
 
 def test_rows_and_holds_read_back_as_written(engine: sa.Engine) -> None:
     first = _row(expires_at=datetime(2026, 6, 1, 12, 32, tzinfo=UTC), state="pending")
-    second = _row(job_id=None, owner=None, idempotency_key="key-1")
+    second = _row("GPU-b", job_id=None, owner=None, idempotency_key="key-1")
     holds = [_hold(first, "GPU-a"), _hold(first, "cpu:3", "cpu"), _hold(second, "GPU-b")]
 
     BatchWriter(engine).write([first, second], holds, ["n0"])
@@ -68,16 +78,19 @@ def test_stored_values_are_those_sqlalchemy_stores(engine: sa.Engine) -> None:
     # SQLite compares times as text (the expiry sweep's `expires_at < now`), so the
     # stored text must be SQLAlchemy's to the character.
     expires = datetime(2026, 6, 1, 12, 31, 0, 5, tzinfo=UTC)
-    by_core, by_writer = _row(expires_at=expires), _row(expires_at=expires)
+    by_core = _row("GPU-a", expires_at=expires, state="pending")
+    by_writer = _row("GPU-b", expires_at=expires, state="pending")
     with engine.begin() as conn:
         conn.execute(sa.insert(schema.allocations), by_core)
-    BatchWriter(engine).write([by_writer], [], [])
+        conn.execute(sa.insert(schema.gpu_holds), _hold(by_core, "GPU-a"))
+    BatchWriter(engine).write([by_writer], [_hold(by_writer, "GPU-b")], [])
 
     def stored(row: dict[str, Any]) -> tuple[Any, ...]:
         table = schema.allocations
         with engine.connect() as conn:
+            skip = {"id", "anchor_device"}
             raw = conn.execute(
-                sa.select(*(sa.cast(c, sa.Text) for c in table.columns if c.key != "id")).where(
+                sa.select(*(sa.cast(c, sa.Text) for c in table.columns if c.key not in skip)).where(
                     table.c.id == row["id"]
                 )
             )
@@ -90,7 +103,7 @@ def test_a_gpu_held_twice_fails_the_whole_batch_as_sqlalchemy_would(engine: sa.E
     writer = BatchWriter(engine)
     taken = _row()
     writer.write([taken], [_hold(taken, "GPU-a")], ["n0"])
-    late, clean = _row(), _row()
+    late, clean = _row(), _row("GPU-b")
 
     with pytest.raises(IntegrityError):
         writer.write([clean, late], [_hold(clean, "GPU-b"), _hold(late, "GPU-a")], ["n0"])
@@ -109,8 +122,8 @@ def test_postgres_hears_the_batch_in_the_same_transaction(postgres_url: str) -> 
     dsn = sa.make_url(postgres_url).set(drivername="postgresql").render_as_string(False)
     with psycopg.connect(dsn, autocommit=True) as listener:
         listener.execute(f"LISTEN {CHANNEL}")
-        row = _row()
-        BatchWriter(engine).write([row], [_hold(row, f"GPU-{row['id']}")], ["n1", "n0", "n1"])
+        row = _row("GPU-n")
+        BatchWriter(engine).write([row], [_hold(row, "GPU-n")], ["n1", "n0", "n1"])
         heard = next(listener.notifies(timeout=5, stop_after=1))
     assert heard.channel == CHANNEL
     assert heard.payload == f'{{"origin": "{ORIGIN}", "nodes": ["n0", "n1"]}}'

@@ -15,7 +15,8 @@ from service import migrate, schema
 from service.allocations.group_commit import GroupCommitter, _Reservation
 
 
-def _row() -> dict[str, object]:
+def _row(device: str) -> dict[str, object]:
+    """A pending allocation whose one hold is ``device`` on n0."""
     now = datetime(2026, 6, 1, tzinfo=UTC)
     return {
         "id": str(uuid.uuid4()),
@@ -28,6 +29,9 @@ def _row() -> dict[str, object]:
         "created_at": now,
         "expires_at": now,
         "ended_at": None,
+        "live": True,
+        "anchor_node": "n0",
+        "anchor_device": device,
     }
 
 
@@ -56,7 +60,7 @@ def engine(database_url: str) -> sa.Engine:
 
 def _submit(committer: GroupCommitter, device: str, errors: dict[str, BaseException]) -> None:
     try:
-        committer.commit(_row(), [("n0", device, "gpu")], ["n0"])
+        committer.commit(_row(device), [("n0", device, "gpu")], ["n0"])
     except BaseException as exc:
         errors[device] = exc
 
@@ -100,7 +104,7 @@ def test_a_lost_race_fails_only_its_own_reservation(engine: sa.Engine) -> None:
     errors: dict[str, BaseException] = {}
     # Another replica already holds GPU-2.
     with engine.begin() as conn:
-        other = _row()
+        other = _row("GPU-2")
         conn.execute(sa.insert(schema.allocations).values(**other))
         conn.execute(
             sa.insert(schema.gpu_holds).values(
@@ -131,5 +135,5 @@ def test_a_database_error_reaches_the_caller() -> None:
     engine = sa.create_engine("postgresql+psycopg://nobody@127.0.0.1:1/none")
     committer = GroupCommitter(engine)
     with pytest.raises(sa.exc.OperationalError):
-        committer.commit(_row(), [("n0", "GPU-0", "gpu")], ["n0"])
+        committer.commit(_row("GPU-0"), [("n0", "GPU-0", "gpu")], ["n0"])
     committer.stop()
