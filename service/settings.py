@@ -23,6 +23,12 @@ class Settings(BaseSettings):
         default=300.0, gt=0, description="how long a pending reservation lives unconfirmed"
     )
     max_reservation_ttl_s: float = Field(default=86_400.0, gt=0)
+    min_reservation_ttl_s: float = Field(
+        default=1.0,
+        gt=0,
+        description="the shortest TTL a request may ask for: a reservation that expires"
+        " before its scheduler can confirm it only churns the cluster",
+    )
     heartbeat_ttl_s: float = Field(
         default=90.0, gt=0, description="a node whose last heartbeat is older is stale"
     )

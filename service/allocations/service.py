@@ -145,6 +145,12 @@ def _refuse(outcome: Outcome) -> Exception:
 
 def _ttl(state: ServiceState, requested: float | None) -> float:
     ttl = state.settings.reservation_ttl_s if requested is None else requested
+    if not ttl >= state.settings.min_reservation_ttl_s:  # NaN is refused too
+        raise BadRequest(
+            f"ttl_s {ttl:g} is under the minimum of {state.settings.min_reservation_ttl_s:g}"
+            " seconds (TOPOPLACE_MIN_RESERVATION_TTL_S)",
+            {"field": "ttl_s"},
+        )
     if ttl > state.settings.max_reservation_ttl_s:
         raise BadRequest(
             f"ttl_s {ttl:g} is over the limit of {state.settings.max_reservation_ttl_s:g} seconds",

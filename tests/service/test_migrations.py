@@ -21,3 +21,71 @@ def test_upgrade_head_creates_the_schema(database_url: str) -> None:
         version = conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalar_one()
     engine.dispose()
     assert version == migrate.current_head()
+
+
+def test_0003_mends_rows_the_lifecycle_races_left(database_url: str) -> None:
+    """Live allocations that hold nothing end; holds of ended ones go; the rest stay live."""
+    from datetime import UTC, datetime
+
+    engine = sa.create_engine(database_url)
+    with engine.begin() as conn:  # a fresh database at 0002
+        for table in ("gpu_holds", "allocations", "node_snapshots", "nodes", "node_keys"):
+            conn.execute(
+                sa.text(
+                    f"DROP TABLE IF EXISTS {table} CASCADE"
+                    if conn.dialect.name == "postgresql"
+                    else f"DROP TABLE IF EXISTS {table}"
+                )
+            )
+        conn.execute(sa.text("DROP TABLE IF EXISTS alembic_version"))
+    migrate.upgrade(database_url, "0002")
+    now = datetime(2026, 6, 1, tzinfo=UTC)
+    old = sa.table(
+        "allocations",
+        *(
+            sa.column(c)
+            for c in ("id", "state", "request", "placement", "created_at", "expires_at")
+        ),
+    )
+    holds = sa.table(
+        "gpu_holds", *(sa.column(c) for c in ("node", "device", "kind", "allocation_id"))
+    )
+    rows = {
+        "held": ("active", now),  # an active one with a stray expiry: kept, expiry dropped
+        "empty": ("active", None),  # live, holds nothing: ended
+        "ended": ("released", None),  # ended, still holding: its hold goes
+    }
+    with engine.begin() as conn:
+        for name, (state, expires) in rows.items():
+            conn.execute(
+                sa.insert(old).values(
+                    id=name,
+                    state=state,
+                    request="{}",
+                    placement="{}",
+                    created_at=now,
+                    expires_at=expires,
+                )
+            )
+        conn.execute(
+            sa.insert(holds).values(node="n0", device="GPU-b", kind="gpu", allocation_id="held")
+        )
+        conn.execute(
+            sa.insert(holds).values(node="n0", device="GPU-a", kind="gpu", allocation_id="held")
+        )
+        conn.execute(
+            sa.insert(holds).values(node="n0", device="GPU-c", kind="gpu", allocation_id="ended")
+        )
+
+    migrate.upgrade(database_url)
+
+    with engine.connect() as conn:
+        table = schema.allocations
+        after = {r["id"]: r for r in conn.execute(sa.select(table)).mappings()}
+        held = sorted(conn.execute(sa.select(schema.gpu_holds.c.device)).scalars())
+    engine.dispose()
+    assert held == ["GPU-a", "GPU-b"]
+    assert after["held"]["state"] == "active" and after["held"]["expires_at"] is None
+    assert (after["held"]["anchor_node"], after["held"]["anchor_device"]) == ("n0", "GPU-a")
+    assert after["empty"]["state"] == "released" and after["empty"]["ended_at"] is not None
+    assert after["ended"]["state"] == "released" and after["ended"]["live"] is None

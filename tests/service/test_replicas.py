@@ -9,11 +9,7 @@ on what the other one did.
 
 from __future__ import annotations
 
-import os
 import random
-import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -25,65 +21,18 @@ import sqlalchemy as sa
 
 from placement.profiles import build_profile
 from service import schema
+from tests.service import replica_processes
 from tests.service.conftest import _truncate
 
 FLEET = [("hgx-h100", 8), ("dgx1-v100", 6), ("pcie-8x-l40s", 4)]
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _wait_ready(url: str, proc: subprocess.Popen[bytes], deadline_s: float = 30.0) -> None:
-    end = time.monotonic() + deadline_s
-    while time.monotonic() < end:
-        if proc.poll() is not None:
-            raise RuntimeError(f"service at {url} exited with {proc.returncode}")
-        try:
-            if httpx.get(f"{url}/readyz", timeout=1.0).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise TimeoutError(f"service at {url} not ready after {deadline_s}s")
-
-
 @pytest.fixture
 def replicas(postgres_url: str) -> Iterator[list[str]]:
     _truncate(postgres_url)
-    env = {
-        **os.environ,
-        "TOPOPLACE_DATABASE_URL": postgres_url,
-        "TOPOPLACE_HEARTBEAT_TTL_S": "3600",
-        "TOPOPLACE_RESERVATION_TTL_S": "3600",
-    }
-    procs: list[subprocess.Popen[bytes]] = []
-    urls: list[str] = []
-    try:
-        for _ in range(2):
-            port = _free_port()
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "topoplace", "serve", "--port", str(port), "--no-grpc"],
-                env=env,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE,
-            )
-            procs.append(proc)
-            urls.append(f"http://127.0.0.1:{port}")
-        for url, proc in zip(urls, procs, strict=True):
-            _wait_ready(url, proc)
+    env = {"TOPOPLACE_HEARTBEAT_TTL_S": "3600", "TOPOPLACE_RESERVATION_TTL_S": "3600"}
+    with replica_processes.replicas(postgres_url, 2, env) as urls:
         yield urls
-    finally:
-        for proc in procs:  # every process stopped by its own handle, even on failure
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
 
 
 def _eventually(check: Any, timeout_s: float = 10.0) -> None:

@@ -1,0 +1,236 @@
+"""The allocation lifecycle's guarded transitions: each race of the state machine, fixed.
+
+Each test here failed on the service before the transitions became single
+conditional statements: a confirm that read `pending` and then wrote
+`active` over a release (an active allocation holding nothing), a confirm
+or an extend that won over an expired TTL, a whole group-commit batch lost
+to one bad reservation, and a tentative choice left in memory by a request
+whose commit failed.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+
+import pytest
+import sqlalchemy as sa
+from fastapi.testclient import TestClient
+from sqlalchemy.exc import DataError
+
+from placement.profiles import build_profile
+from service import schema
+from service.allocations import repository, service
+from service.allocations.group_commit import GroupCommitter
+from service.allocations.schemas import PlaceRequest
+from service.app import create_app
+from service.db import make_engine
+from service.nodes import service as nodes
+from service.nodes.schemas import SnapshotReport
+from service.settings import Settings
+from service.state import ServiceState
+from tests.service.conftest import FakeClock, _truncate
+from tests.service.helpers import add_nodes
+
+
+def _free(client: TestClient, node: str) -> int:
+    return len(client.get(f"/v1/nodes/{node}").json()["free_gpus"])
+
+
+def _holds(client: TestClient) -> int:
+    engine: sa.Engine = client.app.state.service.engine  # type: ignore[attr-defined]
+    with engine.connect() as conn:
+        return int(
+            conn.execute(sa.select(sa.func.count()).select_from(schema.gpu_holds)).scalar_one()
+        )
+
+
+def test_confirm_at_expiry_expires_instead(client: TestClient, clock: FakeClock) -> None:
+    add_nodes(client, ("hgx-h100", "h0"))
+    lapse = client.post("/v1/place", json={"gpus": 4, "ttl_s": 30}).json()
+    clock.advance(30)  # exactly at the expiry: the TTL has passed, no sweep has run yet
+    client.post("/v1/nodes/h0/heartbeat")
+
+    refused = client.post(f"/v1/allocations/{lapse['id']}/confirm")
+
+    assert refused.status_code == 409, refused.text
+    assert refused.json()["error"]["detail"]["state"] == "expired"
+    assert client.get(f"/v1/allocations/{lapse['id']}").json()["state"] == "expired"
+    assert _holds(client) == 0 and _free(client, "h0") == 8
+
+
+def test_extend_at_expiry_expires_instead(client: TestClient, clock: FakeClock) -> None:
+    add_nodes(client, ("hgx-h100", "h0"))
+    lapse = client.post("/v1/place", json={"gpus": 2, "ttl_s": 30}).json()
+    clock.advance(31)
+    client.post("/v1/nodes/h0/heartbeat")
+
+    refused = client.post(f"/v1/allocations/{lapse['id']}/extend", json={"ttl_s": 60})
+
+    assert refused.status_code == 409 and refused.json()["error"]["detail"]["state"] == "expired"
+    assert _holds(client) == 0 and _free(client, "h0") == 8
+
+
+def test_a_released_allocation_cannot_be_confirmed(client: TestClient) -> None:
+    add_nodes(client, ("hgx-h100", "h0"))
+    allocation = client.post("/v1/place", json={"gpus": 2}).json()
+    client.post(f"/v1/allocations/{allocation['id']}/release")
+
+    refused = client.post(f"/v1/allocations/{allocation['id']}/confirm")
+
+    assert refused.status_code == 409 and refused.json()["error"]["detail"]["state"] == "released"
+    assert client.get(f"/v1/allocations/{allocation['id']}").json()["state"] == "released"
+    assert client.post(f"/v1/allocations/{allocation['id']}/release").json()["released"] == []
+    assert client.post(f"/v1/allocations/{uuid.uuid4()}/confirm").status_code == 404
+
+
+def test_confirm_twice_answers_the_same(client: TestClient) -> None:
+    add_nodes(client, ("hgx-h100", "h0"))
+    allocation = client.post("/v1/place", json={"gpus": 2}).json()
+    first = client.post(f"/v1/allocations/{allocation['id']}/confirm")
+    again = client.post(f"/v1/allocations/{allocation['id']}/confirm")
+    assert first.status_code == again.status_code == 200
+    assert again.json()["state"] == "active" and again.json()["expires_at"] is None
+
+
+def _replica(database_url: str) -> ServiceState:
+    settings = Settings(database_url=database_url, heartbeat_ttl_s=3600)
+    state = ServiceState(settings, make_engine(database_url))
+    state.load()
+    return state
+
+
+def test_release_racing_confirm_on_two_replicas_never_leaves_an_empty_live_allocation(
+    postgres_url: str,
+) -> None:
+    _truncate(postgres_url)
+    a, b = _replica(postgres_url), _replica(postgres_url)
+    snap = build_profile("hgx-h100", "h0")
+    nodes.report_snapshot(a, "h0", SnapshotReport(snapshot=snap))
+    b.sync_nodes(None)
+    outcomes: dict[str, int] = {"confirmed": 0, "refused": 0}
+    try:
+        for _ in range(40):
+            allocation, _ = service.place(a, PlaceRequest(gpus=8), None)
+            start = threading.Barrier(2)
+
+            def confirming(
+                allocation_id: str = allocation["id"], start: threading.Barrier = start
+            ) -> None:
+                start.wait()
+                try:
+                    service.confirm(a, allocation_id)
+                    outcomes["confirmed"] += 1
+                except Exception as exc:  # the Conflict of a release that won
+                    assert getattr(exc, "status", None) == 409, exc
+                    outcomes["refused"] += 1
+
+            def releasing(
+                allocation_id: str = allocation["id"], start: threading.Barrier = start
+            ) -> None:
+                start.wait()
+                assert service.release(b, allocation_id) == [allocation_id]
+
+            with ThreadPoolExecutor(2) as pool:
+                for done in [pool.submit(confirming), pool.submit(releasing)]:
+                    done.result()
+            with a.engine.connect() as conn:
+                row = repository.by_id(conn, allocation["id"])
+                held = conn.execute(
+                    sa.select(sa.func.count()).select_from(schema.gpu_holds)
+                ).scalar_one()
+            assert row is not None and row["state"] == "released" and held == 0
+            # Both replicas see the node whole again (b by its own release, a by reading back).
+            a.sync_nodes(["h0"])
+            for replica in (a, b):
+                with replica.lock:
+                    assert replica.cluster.node("h0").free_mask() == 0xFF
+    finally:
+        for replica in (a, b):
+            replica.committer.stop()
+            replica.engine.dispose()
+    assert outcomes["confirmed"] + outcomes["refused"] == 40
+
+
+def test_one_bad_reservation_does_not_fail_its_batch(postgres_url: str) -> None:
+    """A value the database refuses (a NUL byte, on Postgres) fails only its own request."""
+    _truncate(postgres_url)
+    engine = make_engine(postgres_url)
+    committer = GroupCommitter(engine)
+    gate, entered = threading.Event(), threading.Event()
+    write = committer._write
+
+    def held_first(batch: list) -> None:  # type: ignore[type-arg]
+        if not entered.is_set():
+            entered.set()
+            gate.wait(10)
+        write(batch)
+
+    committer._write = held_first  # type: ignore[method-assign]
+    errors: dict[str, BaseException] = {}
+
+    def submit(device: str, job: str) -> None:
+        now = datetime.now(UTC)
+        row = {
+            "id": str(uuid.uuid4()),
+            "state": "active",
+            "job_id": job,
+            "owner": None,
+            "idempotency_key": None,
+            "request": "{}",
+            "placement": "{}",
+            "created_at": now,
+            "expires_at": None,
+            "ended_at": None,
+            "live": True,
+            "anchor_node": "n0",
+            "anchor_device": device,
+        }
+        try:
+            committer.commit(row, [("n0", device, "gpu")], ["n0"])
+        except BaseException as exc:
+            errors[device] = exc
+
+    threads = [threading.Thread(target=submit, args=("GPU-first", "first"))]
+    threads[0].start()
+    assert entered.wait(10)
+    for i in range(8):
+        threads.append(
+            threading.Thread(target=submit, args=(f"GPU-{i}", "bad\x00job" if i == 3 else "good"))
+        )
+        threads[-1].start()
+    while committer._queue.qsize() < 8:
+        pass
+    gate.set()
+    for t in threads:
+        t.join(10)
+    committer.stop()
+    assert list(errors) == ["GPU-3"] and isinstance(errors["GPU-3"], DataError)
+    with engine.connect() as conn:
+        devices = set(conn.execute(sa.select(schema.gpu_holds.c.device)).scalars())
+    engine.dispose()
+    assert devices == {"GPU-first"} | {f"GPU-{i}" for i in range(8) if i != 3}
+
+
+def test_a_failed_commit_leaves_no_tentative_choice(
+    database_url: str, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    app = create_app(
+        Settings(database_url=database_url, heartbeat_ttl_s=3600), clock=clock, background=False
+    )
+    with TestClient(app) as client:
+        add_nodes(client, ("hgx-h100", "h0"))
+        state: ServiceState = app.state.service
+
+        async def refused(*_: object) -> None:
+            raise DataError("INSERT", {}, ValueError("a value the database refuses"))
+
+        monkeypatch.setattr(state.committer, "commit_async", refused)
+        with pytest.raises(DataError):
+            client.post("/v1/place", json={"gpus": 8})
+        monkeypatch.undo()
+        with state.lock:
+            assert state.cluster.node("h0").free_mask() == 0xFF and not state.inflight
+        assert client.post("/v1/place", json={"gpus": 8}).status_code == 201
