@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 
 import httpx
 
@@ -57,19 +58,27 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
         proc.wait()
 
 
+@dataclass
+class Running:
+    """Service processes and their URLs; a process replaced in ``procs`` (a restart) is
+    the one stopped at the end."""
+
+    urls: list[str] = field(default_factory=list)
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+
 @contextlib.contextmanager
-def replicas(database_url: str, count: int, env: Mapping[str, str]) -> Iterator[list[str]]:
+def replicas(database_url: str, count: int, env: Mapping[str, str]) -> Iterator[Running]:
     """``count`` service processes on one database, each stopped by its own handle."""
-    procs: list[subprocess.Popen[bytes]] = []
-    urls: list[str] = []
+    running = Running()
     try:
         for _ in range(count):
             url, proc = start(database_url, env)
-            urls.append(url)
-            procs.append(proc)
-        for url, proc in zip(urls, procs, strict=True):
+            running.urls.append(url)
+            running.procs.append(proc)
+        for url, proc in zip(running.urls, running.procs, strict=True):
             wait_ready(url, proc)
-        yield urls
+        yield running
     finally:
-        for proc in procs:
+        for proc in running.procs:
             stop(proc)

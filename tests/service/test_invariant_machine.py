@@ -21,7 +21,6 @@ allocation expires.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Iterator
@@ -41,6 +40,7 @@ from placement.profiles import build_profile
 from service import schema
 from tests.service import replica_processes
 from tests.service.conftest import _truncate
+from tests.service.invariant import database_view, replica_view
 
 pytestmark = pytest.mark.slow
 
@@ -76,7 +76,8 @@ class Cluster:
 
 def _cluster(database_url: str, count: int) -> Iterator[Cluster]:
     _truncate(database_url)
-    with replica_processes.replicas(database_url, count, ENV) as urls:
+    with replica_processes.replicas(database_url, count, ENV) as running:
+        urls = running.urls
         engine = sa.create_engine(database_url)
         clients = [httpx.Client(base_url=u, timeout=30.0, trust_env=False) for u in urls]
         cluster = Cluster(urls, engine, clients)
@@ -88,53 +89,6 @@ def _cluster(database_url: str, count: int) -> Iterator[Cluster]:
             for client in clients:
                 client.close()
             engine.dispose()
-
-
-def _database_view(engine: sa.Engine) -> tuple[set[tuple[str, str]], dict[str, str]]:
-    """(held (node, GPU or MIG uuid), state by allocation id), after checking the
-    database's own promise: holds only for live allocations, exactly their devices."""
-    with engine.connect() as conn:
-        rows = conn.execute(
-            sa.select(
-                schema.allocations.c.id, schema.allocations.c.state, schema.allocations.c.placement
-            )
-        ).all()
-        holds = conn.execute(
-            sa.select(
-                schema.gpu_holds.c.node, schema.gpu_holds.c.device, schema.gpu_holds.c.allocation_id
-            )
-        ).all()
-    by_allocation: dict[str, set[tuple[str, str]]] = {}
-    for node, device, allocation in holds:
-        by_allocation.setdefault(str(allocation), set()).add((str(node), str(device)))
-    states = {str(i): str(s) for i, s, _ in rows}
-    assert set(by_allocation) <= {i for i, s in states.items() if s in LIVE}, (
-        "an ended allocation holds devices"
-    )
-    for allocation_id, state, placement in rows:
-        if state not in LIVE:
-            continue
-        wanted = set()
-        for task in json.loads(placement)["tasks"]:
-            devices = task["mig_uuids"] or task["gpu_uuids"]
-            wanted |= {(task["node"], d) for d in devices}
-            wanted |= {(task["node"], f"cpu:{c}") for c in task["cpus"]}
-        assert by_allocation.get(str(allocation_id), set()) == wanted, (
-            f"live allocation {allocation_id} ({state}) holds other devices than it was given"
-        )
-    held = {(n, d) for n, d, _ in holds if not str(d).startswith("cpu:")}
-    return {(str(n), str(d)) for n, d in held}, states
-
-
-def _replica_view(client: httpx.Client) -> set[tuple[str, str]]:
-    """What a replica shows busy on healthy GPUs."""
-    nodes = client.get("/v1/nodes").json()["nodes"]
-    return {
-        (n["name"], g["uuid"])
-        for n in nodes
-        for g in n["gpus"]
-        if not g["free"] and g["health"] == "healthy"
-    }
 
 
 def _healthy_held(cluster: Cluster, held: set[tuple[str, str]]) -> set[tuple[str, str]]:
@@ -164,7 +118,7 @@ class LifecycleMachine(RuleBasedStateMachine):
 
     def _reset(self) -> None:
         """Each example starts from a healthy, empty cluster."""
-        _, states = _database_view(self.cluster.engine)
+        _, states = database_view(self.cluster.engine)
         for allocation_id, state in states.items():
             if state in LIVE:
                 self.cluster.call(0, "POST", f"/v1/allocations/{allocation_id}/release")
@@ -301,9 +255,9 @@ class LifecycleMachine(RuleBasedStateMachine):
     def one_gpu_one_live_allocation(self) -> None:
         deadline = time.monotonic() + CONVERGE_S
         while True:
-            held, states = _database_view(self.cluster.engine)
-            views = [_replica_view(c) for c in self.cluster.clients]
-            again, _ = _database_view(self.cluster.engine)
+            held, states = database_view(self.cluster.engine)
+            views = [replica_view(c) for c in self.cluster.clients]
+            again, _ = database_view(self.cluster.engine)
             wanted = _healthy_held(self.cluster, held)
             if held == again and all(v == wanted for v in views):
                 break

@@ -31,8 +31,8 @@ FLEET = [("hgx-h100", 8), ("dgx1-v100", 6), ("pcie-8x-l40s", 4)]
 def replicas(postgres_url: str) -> Iterator[list[str]]:
     _truncate(postgres_url)
     env = {"TOPOPLACE_HEARTBEAT_TTL_S": "3600", "TOPOPLACE_RESERVATION_TTL_S": "3600"}
-    with replica_processes.replicas(postgres_url, 2, env) as urls:
-        yield urls
+    with replica_processes.replicas(postgres_url, 2, env) as running:
+        yield running.urls
 
 
 def _eventually(check: Any, timeout_s: float = 10.0) -> None:
