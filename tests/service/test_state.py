@@ -7,6 +7,7 @@ import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
 from service import schema
+from service.allocations import repository
 from service.app import create_app
 from service.settings import Settings
 from tests.service.conftest import FakeClock
@@ -39,7 +40,7 @@ def test_resync_drops_holds_released_elsewhere(settings: Settings, clock: FakeCl
         state = client.app.state.service
         engine = sa.create_engine(settings.database_url)
         with engine.begin() as conn:  # what a release by another replica leaves behind
-            conn.execute(sa.delete(schema.gpu_holds))
+            repository.end(conn, None, "release", clock.now)
         engine.dispose()
         assert len(state.cluster.node("h0").busy) == 8
         state.resync(chunk=1)

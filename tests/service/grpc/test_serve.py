@@ -16,17 +16,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from service.grpc.gen import topoplace_pb2 as pb
 from service.grpc.gen import topoplace_pb2_grpc as pb_grpc
 from tests.service.grpc.conftest import snapshot_request
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+from tests.service.replica_processes import free_port
 
 
 def _serve(tmp_path: Path, *args: str) -> tuple[subprocess.Popen[bytes], str]:
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "TOPOPLACE_DATABASE_URL": f"sqlite:///{tmp_path / 's.sqlite3'}"}
     env.pop("TOPOPLACE_GRPC_PORT", None)
     proc = subprocess.Popen(
@@ -50,7 +44,7 @@ def _serve(tmp_path: Path, *args: str) -> tuple[subprocess.Popen[bytes], str]:
 
 
 def test_serve_starts_both_transports_on_one_state(tmp_path: Path) -> None:
-    grpc_port = _free_port()
+    grpc_port = free_port()
     proc, url = _serve(tmp_path, "--grpc-port", str(grpc_port))
     try:
         with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
@@ -69,7 +63,7 @@ def test_serve_starts_both_transports_on_one_state(tmp_path: Path) -> None:
 
 
 def test_no_grpc_serves_rest_only(tmp_path: Path) -> None:
-    grpc_port = _free_port()
+    grpc_port = free_port()
     proc, url = _serve(tmp_path, "--no-grpc", "--grpc-port", str(grpc_port))
     try:
         assert httpx.get(f"{url}/healthz", trust_env=False).status_code == 200
@@ -93,7 +87,7 @@ def test_a_grpc_port_in_use_stops_the_start_with_a_clear_error(tmp_path: Path) -
                 "topoplace",
                 "serve",
                 "--port",
-                str(_free_port()),
+                str(free_port()),
                 "--grpc-port",
                 str(port),
             ],

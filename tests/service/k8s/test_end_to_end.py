@@ -23,7 +23,7 @@ import pytest
 from bench.k8s_objects import binding_args, names_args, nodes_args, pod
 from placement.profiles import build_profile
 from tests.service.k8s.fake_api_server import FakeApiServer
-from tests.service.test_replicas import _free_port, _wait_ready
+from tests.service.replica_processes import free_port, wait_ready
 
 TOKEN = "scheduler-sa-token"
 
@@ -57,7 +57,7 @@ contexts:
     user: scheduler
 """
     )
-    port = _free_port()
+    port = free_port()
     env = {
         **os.environ,
         "TOPOPLACE_DATABASE_URL": database_url,
@@ -74,7 +74,7 @@ contexts:
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait_ready(url, proc)
+        wait_ready(url, proc)
         for profile, name in (
             ("hgx-h100", "h100-a"),
             ("dgx1-v100", "v100-b"),
