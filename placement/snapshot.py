@@ -241,6 +241,12 @@ class NodeSnapshot(_Frozen):
         return found
 
     @cached_property
+    def device_uuids(self) -> frozenset[str]:
+        """The UUIDs of its GPUs and MIG instances (the service checks each belongs to one
+        node against every node's, so it is computed once per snapshot)."""
+        return frozenset(g.uuid for g in self.gpus) | {m.uuid for m in self.mig_instances}
+
+    @cached_property
     def _numa_by_id(self) -> dict[int, NumaNode]:
         return {node.id: node for node in self.numa_nodes}
 
