@@ -37,9 +37,16 @@ _LABEL_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
 _LABEL_KEY_RE = re.compile(rf"^([a-z0-9]([-a-z0-9.]{{0,251}}[a-z0-9])?/)?{_LABEL_NAME}$")
 _LABEL_VALUE_RE = re.compile(rf"^({_LABEL_NAME})?$")
 _NODE_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+_CPU_RANGE_RE = re.compile(r"(\d+)(?:\s*-\s*(\d+))?")
 _MIG_PROFILE_RE = re.compile(r"^(\d+c\.)?\d+g\.\d+gb(\+[a-z0-9.]+)?$")
 
 NonNegInt = Annotated[int, Field(ge=0)]
+# A seq is stored as a signed 64-bit integer (BIGINT); a larger one could never be stored.
+MAX_SEQ = 2**63 - 1
+# Linux builds for at most 8,192 CPUs (x86 MAXSMP); a cpuset naming CPU ids far past
+# that is not a machine but a request to expand a range of billions of numbers.
+MAX_CPU_ID = 16_383
+MAX_GPUS = 63
 
 
 class Health(StrEnum):
@@ -59,6 +66,15 @@ class NumaNode(_Frozen):
     @field_validator("cpus")
     @classmethod
     def _valid_cpuset(cls, value: str) -> str:
+        # Bounded before parse_cpuset expands the ranges, which costs their total span.
+        for number in re.findall(r"\d+", value):
+            if len(number) > 5 or int(number) > MAX_CPU_ID:
+                raise ValueError(
+                    f"CPU {number[:12]} is past the highest CPU id Linux uses ({MAX_CPU_ID})"
+                )
+        spans = [(int(lo), int(hi or lo)) for lo, hi in _CPU_RANGE_RE.findall(value)]
+        if sum(max(hi - lo + 1, 1) for lo, hi in spans) > MAX_CPU_ID + 1:
+            raise ValueError(f"the ranges name more than {MAX_CPU_ID + 1} CPUs")
         try:
             parse_cpuset(value)
         except CpusetError as exc:
@@ -149,8 +165,9 @@ class NodeSnapshot(_Frozen):
     labels: dict[str, str] = Field(default_factory=dict)
     hostname: str = ""
     cpu_isa: CpuIsa = "x86_64"
-    numa_nodes: list[NumaNode] = Field(default_factory=list)
-    gpus: list[Gpu] = Field(default_factory=list, max_length=64)
+    numa_nodes: list[NumaNode] = Field(default_factory=list, max_length=1024)  # MAX_NUMNODES
+    # The engine keeps a node's GPU sets as bit masks in signed 64-bit integers.
+    gpus: list[Gpu] = Field(default_factory=list, max_length=MAX_GPUS)
     links: list[list[str]] = Field(
         default_factory=list,
         description="GPU-GPU link labels, row i column j, as nvidia-smi topo -m prints them",
@@ -161,7 +178,7 @@ class NodeSnapshot(_Frozen):
     fabric: Fabric | None = None
     driver_version: str | None = None
     cuda_version: str | None = None
-    seq: NonNegInt = 0
+    seq: int = Field(default=0, ge=0, le=MAX_SEQ)
     # Set by the reporter; the engine never reads a clock (None: not reported).
     timestamp: datetime | None = None
 
@@ -222,6 +239,12 @@ class NodeSnapshot(_Frozen):
             found = format_cpuset(c for numa_id in numa_ids for c in self.numa_cpus(numa_id))
             memo[numa_ids] = found
         return found
+
+    @cached_property
+    def device_uuids(self) -> frozenset[str]:
+        """The UUIDs of its GPUs and MIG instances (the service checks each belongs to one
+        node against every node's, so it is computed once per snapshot)."""
+        return frozenset(g.uuid for g in self.gpus) | {m.uuid for m in self.mig_instances}
 
     @cached_property
     def _numa_by_id(self) -> dict[int, NumaNode]:

@@ -9,6 +9,7 @@ engine state, which is the engine's contract (placement/cluster.py).
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
@@ -24,6 +25,7 @@ from service.events import EventHub
 from service.settings import Settings
 
 Clock = Callable[[], datetime]
+log = logging.getLogger("topoplace.state")
 RESYNC_CHUNK = 200  # nodes read per hold of the state lock in a full resync
 WARM_GPU_COUNTS = (1, 2, 4, 8)
 
@@ -118,11 +120,31 @@ class ServiceState:
                 self.cordoned.discard(name)
             for row in rows:
                 name = str(row["name"])
-                if name in snapshots:
-                    snap = NodeSnapshot.model_validate(json.loads(snapshots[name]))
-                    self.cluster.upsert(snap)
+                if name in snapshots and not self._load_snapshot(name, row, snapshots[name]):
+                    continue
                 self._sync_row(row, held.get(name, set()))
             self.refresh_availability(names)
+
+    def _load_snapshot(self, name: str, row: sa.RowMapping, body: str) -> bool:
+        """Put a stored snapshot into the engine; False, logged and the node left out,
+        when it cannot be loaded (a row stored before snapshots were checked as the
+        engine loads them), so that one bad row never stops a replica."""
+        try:
+            self.cluster.upsert(NodeSnapshot.model_validate(json.loads(body)))
+        except Exception as exc:  # whatever the row holds: this node is skipped, not the start
+            log.error(
+                "node %s is not served: its stored snapshot (seq %s) cannot be loaded: %s: %s",
+                name,
+                row["seq"],
+                type(exc).__name__,
+                exc,
+            )
+            if name in self.cluster:
+                self.cluster.remove(name)
+            self.heartbeats.pop(name, None)
+            self.cordoned.discard(name)
+            return False
+        return True
 
     def resync(self, chunk: int = RESYNC_CHUNK) -> None:
         """Compare every node with the database; sync the ones that differ.

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from datetime import datetime
 
 import sqlalchemy as sa
@@ -16,29 +19,95 @@ def get(conn: Connection, name: str) -> sa.RowMapping | None:
     )
 
 
-def upsert_snapshot(
-    conn: Connection,
-    *,
-    name: str,
-    region: str,
-    snapshot_json: str,
-    seq: int,
-    signature: str | None,
-    now: datetime,
-    exists: bool,
-) -> None:
-    values = {
-        "region": region,
-        "snapshot": snapshot_json,
-        "seq": seq,
-        "signature": signature,
-        "reported_at": now,
-        "heartbeat_at": now,
-    }
-    if exists:
-        conn.execute(sa.update(schema.nodes).where(schema.nodes.c.name == name).values(**values))
-    else:
-        conn.execute(sa.insert(schema.nodes).values(name=name, cordoned=False, **values))
+@dataclass(frozen=True)
+class StoredSnapshot:
+    """A node row's snapshot columns, as a report writes them."""
+
+    name: str
+    region: str
+    body: str  # the NodeSnapshot JSON
+    seq: int
+    signature: str | None
+
+    def values(self, now: datetime) -> dict[str, object]:
+        return {
+            "region": self.region,
+            "snapshot": self.body,
+            "seq": self.seq,
+            "signature": self.signature,
+            "reported_at": now,
+            "heartbeat_at": now,
+        }
+
+
+def insert_snapshot(conn: Connection, snap: StoredSnapshot, now: datetime) -> None:
+    """A node's first snapshot; IntegrityError when another first one was inserted meanwhile."""
+    conn.execute(sa.insert(schema.nodes).values(name=snap.name, cordoned=False, **snap.values(now)))
+
+
+def update_snapshot(conn: Connection, snap: StoredSnapshot, now: datetime) -> bool:
+    """Store a newer snapshot, or the same one again; False when the stored one is newer.
+
+    The seq rule is the statement's condition, not a read before it: of two
+    reports racing, the older can never overwrite the newer.
+    """
+    nodes = schema.nodes
+    not_older = sa.or_(
+        nodes.c.seq < snap.seq, sa.and_(nodes.c.seq == snap.seq, nodes.c.snapshot == snap.body)
+    )
+    result = conn.execute(
+        sa.update(nodes).where(nodes.c.name == snap.name, not_older).values(**snap.values(now))
+    )
+    return bool(result.rowcount)
+
+
+# Advisory lock namespace (the first key of pg_advisory_xact_lock's pair) for device UUIDs.
+_UUID_LOCKS = 0x7470  # "tp"
+
+
+def lock_device_uuids(conn: Connection, uuids: Iterable[str]) -> None:
+    """Postgres: hold, until the transaction ends, a lock per device UUID, so that two
+    replicas storing snapshots that name one UUID check ownership one after the other.
+
+    Taken in key order, so reports never deadlock on each other. SQLite needs
+    none: its writers are serialized, and the check runs after this
+    transaction's first write.
+    """
+    if conn.dialect.name != "postgresql":
+        return
+    keys = sorted({_lock_key(uuid) for uuid in uuids})
+    if keys:
+        conn.execute(
+            sa.text(
+                "SELECT count(pg_advisory_xact_lock(:ns, k))"
+                " FROM (SELECT unnest(CAST(:keys AS integer[])) AS k ORDER BY 1) AS sorted_keys"
+            ),
+            {"ns": _UUID_LOCKS, "keys": keys},
+        )
+
+
+def _lock_key(uuid: str) -> int:
+    digest = hashlib.blake2b(uuid.encode(), digest_size=4).digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
+def stored_seqs(conn: Connection) -> dict[str, int]:
+    """Every stored node's seq: a seq names one content, so this says which snapshots a
+    process already has in memory."""
+    nodes = schema.nodes
+    return {str(name): int(seq) for name, seq in conn.execute(sa.select(nodes.c.name, nodes.c.seq))}
+
+
+def snapshot_bodies(conn: Connection, names: list[str]) -> Iterator[tuple[str, str]]:
+    nodes = schema.nodes
+    for start in range(0, len(names), _NAMES_PER_QUERY):
+        chunk = names[start : start + _NAMES_PER_QUERY]
+        query = sa.select(nodes.c.name, nodes.c.snapshot).where(nodes.c.name.in_(chunk))
+        for name, body in conn.execute(query):
+            yield str(name), str(body)
+
+
+_NAMES_PER_QUERY = 500
 
 
 def add_history(

@@ -1,4 +1,7 @@
-"""Node operations: snapshots in, views out. Handlers stay thin; SQL lives in repository."""
+"""Node operations: views out, cordons, keys. Handlers stay thin; SQL lives in repository.
+
+Snapshots in: snapshot_report.py (re-exported here for the callers that import it here).
+"""
 
 from __future__ import annotations
 
@@ -10,10 +13,10 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 from sqlalchemy.exc import IntegrityError
 
-from placement import Health, NodeSnapshot, bandwidth_matrix
+from placement import NodeSnapshot, bandwidth_matrix
 from placement.topo_text import render_topo_matrix
 from service import schema
-from service.errors import BadRequest, Conflict, NotFound
+from service.errors import Conflict, NotFound
 from service.nodes import repository
 from service.nodes.schemas import (
     IslandView,
@@ -21,93 +24,13 @@ from service.nodes.schemas import (
     NodeKeyRegistration,
     NodeKeyView,
     NodeView,
-    SnapshotAccepted,
-    SnapshotReport,
     TopologyView,
 )
+from service.nodes.snapshot_report import report_snapshot
 from service.notify import publish
 from service.state import ServiceState
 
-
-def report_snapshot(state: ServiceState, name: str, report: SnapshotReport) -> SnapshotAccepted:
-    snap = report.snapshot
-    if snap.name != name:
-        raise BadRequest(
-            f"snapshot.name is {snap.name!r} but the URL names node {name!r}",
-            {"field": "snapshot.name"},
-        )
-    body = snap.model_dump_json()
-    now = state.clock()
-    with state.engine.begin() as conn:
-        row = repository.get(conn, name)
-        if row is not None and snap.seq < row["seq"]:
-            raise Conflict(
-                f"snapshot seq {snap.seq} is older than the stored seq {row['seq']}:"
-                " a replay or an agent whose counter went back",
-                {"field": "snapshot.seq", "stored_seq": row["seq"]},
-            )
-        changed = row is None or row["snapshot"] != body
-        if row is not None and snap.seq == row["seq"] and changed:
-            raise Conflict(
-                f"snapshot seq {snap.seq} was already reported with different content;"
-                " agents must increase seq with every change",
-                {"field": "snapshot.seq"},
-            )
-        repository.upsert_snapshot(
-            conn,
-            name=name,
-            region=snap.region,
-            snapshot_json=body,
-            seq=snap.seq,
-            signature=report.signature,
-            now=now,
-            exists=row is not None,
-        )
-        if changed:
-            publish(conn, [name])
-            repository.add_history(
-                conn,
-                name=name,
-                snapshot_json=body,
-                seq=snap.seq,
-                signature=report.signature,
-                now=now,
-                keep=state.settings.snapshot_history,
-            )
-            _mark_degraded(conn, snap)
-    with state.lock:
-        if changed:
-            state.cluster.upsert(snap)
-        state.heartbeats[name] = now
-        state.refresh_availability([name])
-    return SnapshotAccepted(node=name, seq=snap.seq, changed=changed)
-
-
-def _mark_degraded(conn: sa.Connection, snap: NodeSnapshot) -> None:
-    """Allocations on GPUs that vanished or turned unhealthy become `degraded`, not dropped."""
-    healthy = {g.uuid for g in snap.gpus if g.health is Health.HEALTHY}
-    healthy |= {
-        m.uuid
-        for m in snap.mig_instances
-        if m.health is Health.HEALTHY
-        and m.parent_gpu < len(snap.gpus)
-        and snap.gpus[m.parent_gpu].health is Health.HEALTHY
-    }
-    holds = conn.execute(
-        sa.select(schema.gpu_holds.c.device, schema.gpu_holds.c.allocation_id).where(
-            schema.gpu_holds.c.node == snap.name, schema.gpu_holds.c.kind != "cpu"
-        )
-    ).all()
-    broken = {allocation for device, allocation in holds if device not in healthy}
-    if broken:
-        conn.execute(
-            sa.update(schema.allocations)
-            .where(
-                schema.allocations.c.id.in_(broken),
-                schema.allocations.c.state.in_(("pending", "active")),
-            )
-            .values(state="degraded")
-        )
+__all__ = ["report_snapshot"]  # with the functions defined here
 
 
 def heartbeat(state: ServiceState, name: str) -> None:

@@ -1,0 +1,169 @@
+"""Snapshots in: an agent's report checked, stored and applied.
+
+Everything is checked before anything is kept: a snapshot the engine could
+not load (422, loadable.py), a seq older than the stored one or an equal
+seq with other content (409), a device another node holds (409,
+device_owners.py). The seq rule is also the condition of the write, so of
+racing reports the newest wins whatever their order, and a first report
+racing another first one is retried as a later one.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import sqlalchemy as sa
+from sqlalchemy.exc import IntegrityError
+
+from placement import Health, NodeSnapshot
+from placement.snapshot import MAX_SEQ
+from service import schema
+from service.errors import BadRequest, Conflict
+from service.nodes import device_owners as owners
+from service.nodes import repository
+from service.nodes.loadable import check_loadable
+from service.nodes.schemas import SnapshotAccepted, SnapshotReport
+from service.notify import publish
+from service.state import ServiceState
+
+FIRST_REPORT_TRIES = 3  # a first snapshot racing another first one re-reads and tries again
+
+
+def report_snapshot(state: ServiceState, name: str, report: SnapshotReport) -> SnapshotAccepted:
+    """Store a node's snapshot and apply it; everything is checked before anything is kept.
+
+    Refused: a snapshot the engine could not load (422, loadable.py), a seq
+    older than the stored one or an equal seq with other content (409), and
+    a GPU or MIG UUID that another node's snapshot holds (409). The seq rule
+    is also the condition of the write, so of racing reports the newest
+    wins whatever their order.
+    """
+    snap = report.snapshot
+    if snap.name != name:
+        raise BadRequest(
+            f"snapshot.name is {snap.name!r} but the URL names node {name!r}",
+            {"field": "snapshot.name"},
+        )
+    body = check_loadable(snap, state.cluster)
+    devices = owners.device_uuids(snap)
+    now = state.clock()
+    for _ in range(FIRST_REPORT_TRIES):
+        memory = owners.devices_in_memory(state, name, devices)
+        try:
+            changed = _store(state, name, report, body, devices, memory, now)
+        except IntegrityError:
+            continue  # another first report of this node was inserted meanwhile
+        break
+    else:
+        raise Conflict(f"node {name!r} was reported concurrently; send the snapshot again")
+    with state.lock:
+        known = state.cluster.entries.get(name)
+        if known is None or known.snapshot.seq < snap.seq:
+            state.cluster.upsert(snap)
+        state.heartbeats[name] = now
+        state.refresh_availability([name])
+    return SnapshotAccepted(node=name, seq=snap.seq, changed=changed)
+
+
+def _store(
+    state: ServiceState,
+    name: str,
+    report: SnapshotReport,
+    body: str,
+    devices: set[str],
+    memory: owners.MemoryDevices,
+    now: datetime,
+) -> bool:
+    """The report's transaction; whether the snapshot changed. IntegrityError: a first
+    report of this node was stored meanwhile (the transaction is undone)."""
+    snap = report.snapshot
+    with state.engine.begin() as conn:
+        repository.lock_device_uuids(conn, devices)
+        row = repository.get(conn, name)
+        if row is not None:
+            _check_seq(name, snap.seq, int(row["seq"]), row["snapshot"] == body)
+        changed = row is None or row["snapshot"] != body
+        stored = repository.StoredSnapshot(
+            name=name, region=snap.region, body=body, seq=snap.seq, signature=report.signature
+        )
+        if row is None:
+            repository.insert_snapshot(conn, stored, now)
+        elif not repository.update_snapshot(conn, stored, now):
+            newer = repository.get(conn, name)  # a newer report won the race since the read
+            if newer is not None:
+                _check_seq(name, snap.seq, int(newer["seq"]), newer["snapshot"] == body)
+            raise Conflict(
+                f"node {name!r} was removed or changed while this snapshot was stored;"
+                " send it again"
+            )
+        # After the write: on SQLite this transaction now holds the write lock,
+        # on Postgres the UUID locks; either way no other report can claim
+        # these devices until this one commits or is undone.
+        owners.refuse_claimed(name, owners.device_owners(conn, name, devices, memory))
+        if changed:
+            publish(conn, [name])
+            repository.add_history(
+                conn,
+                name=name,
+                snapshot_json=body,
+                seq=snap.seq,
+                signature=report.signature,
+                now=now,
+                keep=state.settings.snapshot_history,
+            )
+            _mark_degraded(conn, snap)
+    return changed
+
+
+def _check_seq(name: str, seq: int, stored: int, same_content: bool) -> None:
+    if seq == stored and same_content:
+        return
+    if stored >= MAX_SEQ:
+        # Only a forged report gets here (agents count from the time in ms);
+        # signatures, once verified, close this. Until then the node is
+        # deleted and reported again.
+        raise Conflict(
+            f"node {name!r} holds the largest seq a snapshot can have ({stored}), so no later"
+            f" snapshot can be accepted; delete the node (DELETE /v1/nodes/{name}) and report"
+            " it again",
+            {"field": "snapshot.seq", "stored_seq": stored},
+        )
+    if seq < stored:
+        raise Conflict(
+            f"snapshot seq {seq} is older than the stored seq {stored}:"
+            " a replay, an agent whose counter went back, or a newer report that won a race",
+            {"field": "snapshot.seq", "stored_seq": stored},
+        )
+    if seq == stored:
+        raise Conflict(
+            f"snapshot seq {seq} was already reported with different content;"
+            " agents must increase seq with every change",
+            {"field": "snapshot.seq", "stored_seq": stored},
+        )
+
+
+def _mark_degraded(conn: sa.Connection, snap: NodeSnapshot) -> None:
+    """Allocations on GPUs that vanished or turned unhealthy become `degraded`, not dropped."""
+    healthy = {g.uuid for g in snap.gpus if g.health is Health.HEALTHY}
+    healthy |= {
+        m.uuid
+        for m in snap.mig_instances
+        if m.health is Health.HEALTHY
+        and m.parent_gpu < len(snap.gpus)
+        and snap.gpus[m.parent_gpu].health is Health.HEALTHY
+    }
+    holds = conn.execute(
+        sa.select(schema.gpu_holds.c.device, schema.gpu_holds.c.allocation_id).where(
+            schema.gpu_holds.c.node == snap.name, schema.gpu_holds.c.kind != "cpu"
+        )
+    ).all()
+    broken = {allocation for device, allocation in holds if device not in healthy}
+    if broken:
+        conn.execute(
+            sa.update(schema.allocations)
+            .where(
+                schema.allocations.c.id.in_(broken),
+                schema.allocations.c.state.in_(("pending", "active")),
+            )
+            .values(state="degraded")
+        )
