@@ -23,7 +23,7 @@ Contract (where the engine meets the service):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
@@ -36,6 +36,7 @@ from placement.node_entry import NodeEntry
 from placement.outcome import Cause, NodeVerdict, Outcome, Placement, TaskPlacement
 from placement.request import PlacementRequest
 from placement.snapshot import NodeSnapshot
+from placement.what_is_left import DEFAULT_SIZE_MIX, size_weights
 
 if TYPE_CHECKING:
     from placement.screen import NodeScreen
@@ -66,10 +67,14 @@ class ClusterState:
         self,
         bandwidth: BandwidthTable = DEFAULT_BANDWIDTH,
         block_labels: Sequence[str] = DEFAULT_BLOCK_LABELS,
+        size_mix: Mapping[int, float] = DEFAULT_SIZE_MIX,
     ) -> None:
+        """``size_mix``: GPUs per request -> how often (any scale), the request mix the
+        engine keeps GPUs free for (``placement.what_is_left``)."""
         self.bandwidth = bandwidth
         self.block_labels = tuple(block_labels)
-        self.registry = ClassRegistry(bandwidth)
+        size_weights(size_mix, 1)  # refuse a bad mix here, not at the first node
+        self.registry = ClassRegistry(bandwidth, size_mix)
         self.entries: dict[str, NodeEntry] = {}
         self._slots: list[NodeEntry | None] = []
         self.slot_names: list[str] = []  # "" for a free slot; read per request by screen()
