@@ -64,8 +64,6 @@ class Fragmentation:
         key = (model, rooms)
         value = self._memo.get(key)
         if value is None:
-            value = sum(
-                w * task_fragmentation(rooms, t, t.accepts(model)) for t, w in self.mix
-            )
+            value = sum(w * task_fragmentation(rooms, t, t.accepts(model)) for t, w in self.mix)
             self._memo[key] = value
         return value

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     text = (
-        "write every node's latest snapshot as {\"nodes\": [...]}, the fleet"
+        'write every node\'s latest snapshot as {"nodes": [...]}, the fleet'
         " `topoplace sim --snapshots FILE` replays a trace over"
     )
     p = sub.add_parser(

@@ -90,8 +90,9 @@ class Bar:
         self._last = tenth
         width = 30
         filled = int(width * done / total)
-        sys.stderr.write(f"\r{self.label:>24} [{'#' * filled}{'.' * (width - filled)}]"
-                         f" {done / total:6.1%}")
+        sys.stderr.write(
+            f"\r{self.label:>24} [{'#' * filled}{'.' * (width - filled)}] {done / total:6.1%}"
+        )
         if done >= total:
             sys.stderr.write("\n")
         sys.stderr.flush()
@@ -157,8 +158,10 @@ def run(args: argparse.Namespace) -> int:
         for line in causes(results):
             print(line)
     if any(r.truncated for _, results in runs for r in results):
-        print(f"\n(cut short by --max-seconds {args.max_seconds:g}: figures cover the jobs"
-              " replayed so far)")
+        print(
+            f"\n(cut short by --max-seconds {args.max_seconds:g}: figures cover the jobs"
+            " replayed so far)"
+        )
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "report.md").write_text(markdown("topoplace sim", header, runs))

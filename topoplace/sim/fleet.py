@@ -90,9 +90,7 @@ def trace_nodes(path: Path) -> list[FleetNode]:
         snaps = build_cluster(listed)
     except (KeyError, ValueError) as exc:
         raise FleetError(f"--nodes: {path}: not an openb node list ({exc})") from exc
-    return [
-        FleetNode(s, profile_for(n.gpus, n.model)) for s, n in zip(snaps, listed, strict=True)
-    ]
+    return [FleetNode(s, profile_for(n.gpus, n.model)) for s, n in zip(snaps, listed, strict=True)]
 
 
 def snapshot_nodes(path: Path) -> list[FleetNode]:

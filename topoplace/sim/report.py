@@ -100,8 +100,10 @@ def plot(runs: Sequence[tuple[str, Sequence[SimResult]]], out_dir: Path) -> list
     except ImportError:
         return []
     written: list[Path] = []
-    for figure, index, label in (("allocation", 1, "GPU allocation rate"),
-                                 ("fragmentation", 2, "fragmented share of free GPUs (FGD)")):
+    for figure, index, label in (
+        ("allocation", 1, "GPU allocation rate"),
+        ("fragmentation", 2, "fragmented share of free GPUs (FGD)"),
+    ):
         fig, axes = plt.subplots(1, len(runs), figsize=(6 * len(runs), 4), squeeze=False)
         for ax, (fleet, results) in zip(axes[0], runs, strict=True):
             for r in results:

@@ -80,14 +80,16 @@ class SimResult:
 class _Meter:
     """Allocation and fragmentation figures of one policy as the run goes."""
 
-    def __init__(self, policy: Policy, snapshots: Sequence[NodeSnapshot], jobs: Sequence[Job]):
+    def __init__(
+        self, policy: Policy, snapshots: Sequence[NodeSnapshot], jobs: Sequence[Job]
+    ) -> None:
         self.policy = policy
         self.capacity = sum(s.gpu_count for s in snapshots) * FULL
         self.allocated = 0
         self.frag = Fragmentation(task_mix(jobs)) if jobs else None
         self.cliques: dict[str, list[str]] = {}
         for s in snapshots:
-            domain = s.fabric_domain
+            domain = s.fabric_domain()
             if domain is not None:
                 self.cliques.setdefault(domain, []).append(s.name)
         self.gpus_of = {s.name: s.gpu_count for s in snapshots}
@@ -111,10 +113,10 @@ class _Meter:
         rooms = dict(zip(self._names(), (r for _, r in self.policy.rooms()), strict=True))
         cliques = gpus = 0
         for members in self.cliques.values():
-            free = [sum(1 for r in rooms[m] if r == FULL) for m in members]
-            if sum(free) and not any(f == self.gpus_of[m] for f, m in zip(free, members)):
+            free = {m: sum(1 for r in rooms[m] if r == FULL) for m in members}
+            if sum(free.values()) and not any(f == self.gpus_of[m] for m, f in free.items()):
                 cliques += 1
-                gpus += sum(free)
+                gpus += sum(free.values())
         return cliques, gpus
 
     def _names(self) -> list[str]:
@@ -214,12 +216,20 @@ def _timed(
     next_sample = 0.0
     arrived = 0
     counter = len(jobs)
+    # Shapes that failed since the last release: nothing freed, so they fail again;
+    # not asking spares the policy a full failure analysis per queued job.
+    blocked: dict[tuple[int, int, tuple[str, ...]], str] = {}
 
     def start(i: int, now: float) -> bool:
         nonlocal counter
         job = jobs[i]
+        shape = (job.gpus, job.milli, job.models)
+        if shape in blocked:
+            _fail(result, meter, job, now, blocked[shape])
+            return False
         placed, cause = policy.place(job)
         if placed is None:
+            blocked[shape] = cause
             _fail(result, meter, job, now, cause)
             return False
         meter.allocated += job.gpus * job.milli
@@ -232,13 +242,10 @@ def _timed(
         return True
 
     def retry(now: float) -> None:
-        failed: set[tuple[int, int, tuple[str, ...]]] = set()
         for _ in range(len(queue)):
             i = queue.popleft()
             job = jobs[i]
-            shape = (job.gpus, job.milli, job.models)
-            if shape in failed or not start(i, now):
-                failed.add(shape)
+            if (job.gpus, job.milli, job.models) in blocked or not start(i, now):
                 queue.append(i)
 
     while events:
@@ -250,6 +257,7 @@ def _timed(
             result.timeline.append((next_sample, meter.rate(), meter.fragmentation()))
             next_sample += step
         if kind == 0:
+            blocked.clear()
             placed = running.pop(i)
             policy.release(placed)
             meter.allocated -= jobs[i].gpus * jobs[i].milli
@@ -263,12 +271,13 @@ def _timed(
         else:
             arrived += 1
             result.jobs += 1
-            if queue or not start(i, now):
-                if queue:  # FIFO: it waits behind the queue, which is retried first
-                    queue.append(i)
-                    retry(now)
-                else:
-                    queue.append(i)
+            if queue:
+                # FIFO: it waits behind the queue; nothing was freed, so only
+                # shapes not yet refused since the last release can start
+                queue.append(i)
+                retry(now)
+            elif not start(i, now):
+                queue.append(i)
             if progress and arrived % 256 == 0:
                 progress(arrived, len(jobs))
     result.never_started = len(queue)
