@@ -53,6 +53,50 @@ def first_fit_allocator(bw: Floats, free: Sequence[int], k: int) -> GpuSet | Non
     return first_fit(free, k)
 
 
+def best_fit_gpus(free: Sequence[int], k: int) -> GpuSet | None:
+    """Best-fit packing inside a node: the k lowest-index free GPUs.
+
+    Best fit is a node-level rule (the node left with the least free); it
+    says nothing about which GPUs, so the device plugin's enumeration order
+    decides, as for first-fit.
+    """
+    return first_fit(free, k)
+
+
+def slurm_greedy_gpus(
+    free: Sequence[int], k: int, sockets: Sequence[int], bw: Floats | None = None
+) -> GpuSet | None:
+    """Slurm's select/cons_tres GPU pick, as its gres selection describes it.
+
+    Sockets are taken in order of most free GPUs first (lowest socket on
+    ties), all of one socket before the next, so a job that fits one socket
+    stays on it; inside that order the first GPU is the lowest free one and
+    each next one the GPU with the most link bandwidth to those picked
+    (gres.conf ``Links``, which ``AutoDetect=nvml`` fills), lowest index on
+    ties. Without ``bw`` the links are unknown and the order is by index.
+    """
+    if k < 1 or len(free) < k:
+        return None
+    by_socket: dict[int, list[int]] = {}
+    for g in sorted(free):
+        by_socket.setdefault(sockets[g] if g < len(sockets) else -1, []).append(g)
+    order = sorted(by_socket, key=lambda s: (-len(by_socket[s]), s))
+    picked: list[int] = []
+    for socket in order:
+        pool = list(by_socket[socket])
+        while pool and len(picked) < k:
+            if not picked or bw is None:
+                pick = pool[0]
+            else:
+                members = tuple(picked)
+                pick = max(pool, key=lambda g: (sum(float(bw[g, h]) for h in members), -g))
+            picked.append(pick)
+            pool.remove(pick)
+        if len(picked) == k:
+            break
+    return tuple(sorted(picked))
+
+
 def set_score(bw: Floats, gpus: Sequence[int]) -> float:
     """Sum of pairwise link scores of a set: go-gpuallocator's set score."""
     total = 0.0

@@ -18,6 +18,8 @@ the GIL at worst compute the same entry twice.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 from numpy.typing import NDArray
 
@@ -26,6 +28,7 @@ from placement.large_node import LargeClass
 from placement.node_choice import NO_SET, SetQuery, best_set
 from placement.snapshot import NodeSnapshot
 from placement.topology_class import EXACT_LIMIT, TopologyClass, build_class, wiring_of
+from placement.what_is_left import DEFAULT_SIZE_MIX
 
 UNKNOWN = -2
 
@@ -33,8 +36,11 @@ AnyClass = TopologyClass | LargeClass
 
 
 class ClassRegistry:
-    def __init__(self, bandwidth: BandwidthTable) -> None:
+    def __init__(
+        self, bandwidth: BandwidthTable, size_mix: Mapping[int, float] = DEFAULT_SIZE_MIX
+    ) -> None:
         self.bandwidth = bandwidth
+        self.size_mix = dict(size_mix)
         self.classes: list[AnyClass] = []
         self._by_key: dict[str, int] = {}
         self.offsets = np.zeros(0, dtype=np.int64)  # -1 for large classes
@@ -56,7 +62,7 @@ class ClassRegistry:
             return found
         cid = len(self.classes)
         if wiring.n <= EXACT_LIMIT:
-            tc = build_class(wiring)
+            tc = build_class(wiring, self.size_mix)
             self.classes.append(tc)
             self.offsets = np.append(self.offsets, self._size)
             self._exact_offsets.append(self._size)

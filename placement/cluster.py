@@ -23,7 +23,7 @@ Contract (where the engine meets the service):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
@@ -36,6 +36,7 @@ from placement.node_entry import NodeEntry
 from placement.outcome import Cause, NodeVerdict, Outcome, Placement, TaskPlacement
 from placement.request import PlacementRequest
 from placement.snapshot import NodeSnapshot
+from placement.what_is_left import DEFAULT_SIZE_MIX, size_weights
 
 if TYPE_CHECKING:
     from placement.screen import NodeScreen
@@ -61,15 +62,35 @@ class AllocationError(ValueError):
     """An allocate/release that does not match the node's state."""
 
 
+class SharesUnsupported(ValueError):
+    """A GPU-share request (``gpu_fraction``) to a state built with ``shares=False``."""
+
+
+SHARES_UNSUPPORTED = (
+    "GPU shares are planned by the engine and in `topoplace sim`;"
+    " the service does not reserve them yet"
+)
+FULL_SHARE = 1000  # a GPU in thousandths, as the trace's gpu_milli
+
+
 class ClusterState:
     def __init__(
         self,
         bandwidth: BandwidthTable = DEFAULT_BANDWIDTH,
         block_labels: Sequence[str] = DEFAULT_BLOCK_LABELS,
+        size_mix: Mapping[int, float] = DEFAULT_SIZE_MIX,
+        shares: bool = True,
     ) -> None:
+        """``size_mix``: GPUs per request -> how often (any scale), the request mix the
+        engine keeps GPUs free for (``placement.what_is_left``). ``shares=False``: refuse
+        ``gpu_fraction`` requests with ``SharesUnsupported`` (a caller that cannot hold them)."""
+        self.shares_enabled = shares
+        # slot -> GPU index -> thousandths held, for every GPU that holds shares.
+        self.shared: dict[int, dict[int, int]] = {}
         self.bandwidth = bandwidth
         self.block_labels = tuple(block_labels)
-        self.registry = ClassRegistry(bandwidth)
+        size_weights(size_mix, 1)  # refuse a bad mix here, not at the first node
+        self.registry = ClassRegistry(bandwidth, size_mix)
         self.entries: dict[str, NodeEntry] = {}
         self._slots: list[NodeEntry | None] = []
         self.slot_names: list[str] = []  # "" for a free slot; read per request by screen()
@@ -118,7 +139,9 @@ class ClusterState:
         else:
             entry.snapshot = snapshot
             entry.cid = cid
+            entry.shares = {u: m for u, m in entry.shares.items() if u in entry.bit_of}
             entry.refresh()
+            self._index_shares(entry)
         self.version += 1
         self._static_cache.clear()
         self.last_candidates = None
@@ -126,6 +149,8 @@ class ClusterState:
 
     def remove(self, name: str) -> None:
         entry = self._entry(name)
+        entry.shares.clear()
+        self._index_shares(entry)
         del self.entries[name]
         del self.slot_of[name]
         self._slots[entry.slot] = None
@@ -177,6 +202,8 @@ class ClusterState:
             raise AllocationError(f"node {node} has no MIG instance {unknown[0]}")
         if taken := sorted(gpus & entry.busy):
             raise AllocationError(f"GPU {taken[0]} on {node} is already allocated")
+        if taken := sorted(gpus & entry.shares.keys()):
+            raise AllocationError(f"GPU {taken[0]} on {node} holds shares; it is not whole")
         if taken := sorted(migs & entry.busy_mig):
             raise AllocationError(f"MIG instance {taken[0]} on {node} is already allocated")
         if clash := sorted(cpu_set & entry.used_cpus):
@@ -207,21 +234,64 @@ class ClusterState:
         entry.used_cpus -= cpu_set
         self._sync(entry)
 
+    def allocate_share(
+        self, node: str, gpu_uuid: str, fraction: float, cpus: Iterable[int] = ()
+    ) -> None:
+        """Hold a share of one GPU: refused on a GPU a whole-GPU job holds and past a full GPU."""
+        entry = self._entry(node)
+        milli = _milli(fraction)
+        cpu_set = set(cpus)
+        if gpu_uuid not in entry.bit_of:
+            raise AllocationError(f"node {node} has no GPU {gpu_uuid}")
+        if gpu_uuid in entry.busy:
+            raise AllocationError(f"GPU {gpu_uuid} on {node} is held whole")
+        held = entry.shares.get(gpu_uuid, 0)
+        if held + milli > FULL_SHARE:
+            raise AllocationError(
+                f"GPU {gpu_uuid} on {node} has {FULL_SHARE - held}/1000 left, not {milli}"
+            )
+        if clash := sorted(cpu_set & entry.used_cpus):
+            raise AllocationError(f"CPU {clash[0]} on {node} is already allocated")
+        entry.hold_share(gpu_uuid, milli)
+        entry.used_cpus |= cpu_set
+        self._index_shares(entry)
+        self._sync(entry)
+
+    def release_share(
+        self, node: str, gpu_uuid: str, fraction: float, cpus: Iterable[int] = ()
+    ) -> None:
+        """Give a share back; a GPU whose last share goes is whole and free again."""
+        entry = self.entries.get(node)
+        if entry is None or gpu_uuid not in entry.shares:
+            return
+        entry.drop_share(gpu_uuid, _milli(fraction))
+        entry.used_cpus -= set(cpus)
+        self._index_shares(entry)
+        self._sync(entry)
+
     def apply(self, placement: Placement) -> None:
         """Allocate every task of a placement, all or nothing."""
         done: list[int] = []
         try:
             for i, task in enumerate(placement.tasks):
-                self.allocate(task.node, _whole_gpus(task), task.mig_uuids, task.cpus)
+                if task.gpu_fraction is not None:
+                    self.allocate_share(task.node, task.gpu_uuids[0], task.gpu_fraction, task.cpus)
+                else:
+                    self.allocate(task.node, _whole_gpus(task), task.mig_uuids, task.cpus)
                 done.append(i)
         except AllocationError:
             for i in done:
-                task = placement.tasks[i]
-                self.release(task.node, _whole_gpus(task), task.mig_uuids, task.cpus)
+                self._release_task(placement.tasks[i])
             raise
 
     def unapply(self, placement: Placement) -> None:
         for task in placement.tasks:
+            self._release_task(task)
+
+    def _release_task(self, task: TaskPlacement) -> None:
+        if task.gpu_fraction is not None:
+            self.release_share(task.node, task.gpu_uuids[0], task.gpu_fraction, task.cpus)
+        else:
             self.release(task.node, _whole_gpus(task), task.mig_uuids, task.cpus)
 
     # Decisions -----------------------------------------------------------
@@ -230,12 +300,14 @@ class ClusterState:
         """Choose node(s) and GPUs for a request; reserves nothing (see contract)."""
         from placement.decide import decide
 
+        self.refuse_shares(request)
         return decide(self, request, waiting)
 
     def evaluate(self, request: PlacementRequest) -> list[NodeVerdict]:
         """Every requested node's verdict for one task of the request, best first."""
         from placement.decide import verdicts
 
+        self.refuse_shares(request, verdicts=True)
         return verdicts(self, request)
 
     def verdict_rows(
@@ -247,13 +319,28 @@ class ClusterState:
         """``evaluate`` with the caller building each node's row (whole-GPU requests)."""
         from placement.decide import verdict_rows
 
+        self.refuse_shares(request, verdicts=True)
         return verdict_rows(self, request, fit, refused)
 
     def screen(self, request: PlacementRequest, full_rank: bool = True) -> NodeScreen:
         """Every requested node's verdict as arrays (no TaskPlacement per node): see screen.py."""
         from placement.screen import screen
 
+        self.refuse_shares(request, verdicts=True)
         return screen(self, request, full_rank)
+
+    def refuse_shares(self, request: PlacementRequest, verdicts: bool = False) -> None:
+        """Raise SharesUnsupported for a share this state does not take (see __init__).
+
+        Per-node verdicts (evaluate, screen) answer whole GPUs and MIG only:
+        a share's answer is one GPU chosen by ``place``.
+        """
+        if request.gpu_fraction is None:
+            return
+        if not self.shares_enabled:
+            raise SharesUnsupported(SHARES_UNSUPPORTED)
+        if verdicts:
+            raise SharesUnsupported("per-node verdicts answer whole GPUs; place() plans a share")
 
     # Internals -----------------------------------------------------------
 
@@ -302,6 +389,14 @@ class ClusterState:
         self.available[s] = entry.available
         self._touch(s)
 
+    def _index_shares(self, entry: NodeEntry) -> None:
+        if entry.shares:
+            self.shared[entry.slot] = {
+                entry.bit_of[uuid].bit_length() - 1: milli for uuid, milli in entry.shares.items()
+            }
+        else:
+            self.shared.pop(entry.slot, None)
+
     def _touch(self, slot: int) -> None:
         self._clock += 1
         self.slot_version[slot] = self._clock
@@ -324,6 +419,12 @@ class ClusterState:
     @property
     def slot_count(self) -> int:
         return len(self._slots)
+
+
+def _milli(fraction: float) -> int:
+    if not 0.0 < fraction < 1.0:
+        raise AllocationError(f"a GPU share is between 0 and 1, not {fraction}")
+    return max(1, round(fraction * FULL_SHARE))
 
 
 def _whole_gpus(task: TaskPlacement) -> tuple[str, ...]:

@@ -27,6 +27,10 @@ def decide(
 
     if request.mig_profile is not None:
         return place_mig(state, request)
+    if request.gpu_fraction is not None:
+        from placement.shares import place_share
+
+        return place_share(state, request, waiting)
     if request.tasks == 1 and not waiting:
         task = fast_place(state, request)
         if task is not None:

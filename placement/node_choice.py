@@ -5,9 +5,13 @@ Objective for a task of k GPUs (``performance``), in order:
 1. the bottleneck of the best ring through the set (``ring``), highest first;
 2. the total pairwise bandwidth (``pair``), highest first;
 3. what the node can still serve afterwards (``capability`` of the GPUs left
-   free, then their retained pair bandwidth), highest first: this is what
-   keeps islands and NVLink pairs whole;
-4. NUMA nodes touched, fewest first;
+   free: per size of the size mix, the best ring and pair sum still
+   reachable; see ``placement.what_is_left``), then their retained pair
+   bandwidth, highest first: this is what keeps islands, quads and NVLink
+   pairs whole;
+4. sockets touched (NUMA nodes, or the sockets read off the PCIe links),
+   fewest first; then the sockets the GPUs left free span, fewest first
+   (the job goes beside other work, whole sockets stay whole);
 5. the lowest mask, so that equal inputs give equal answers.
 
 Because ``by_k[k]`` is sorted by (1, 2), the first feasible entry is the
@@ -77,7 +81,8 @@ def best_set(tc: TopologyClass, free: int, query: SetQuery) -> int:
         lambda c, rest: tc.pair[rest],
         lambda c, rest: tc.ring[c],
         lambda c, rest: tc.pair[c],
-        lambda c, rest: -tc.numa_span[c],
+        lambda c, rest: -tc.socket_span[c],
+        lambda c, rest: -tc.socket_span[rest],
     ):
         values = key(contenders, left)
         keep = values == values.max()

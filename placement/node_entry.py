@@ -17,6 +17,7 @@ class NodeEntry:
     busy: set[str] = field(default_factory=set)  # GPU UUIDs held by allocations
     busy_mig: set[str] = field(default_factory=set)  # MIG instance UUIDs held
     used_cpus: set[int] = field(default_factory=set)
+    shares: dict[str, int] = field(default_factory=dict)  # GPU UUID -> thousandths held
     island_list: tuple[Island, ...] = ()
     island_of: tuple[str, ...] = ()
     # Derived from the snapshot once, so that allocate/release stay O(GPUs held).
@@ -42,7 +43,8 @@ class NodeEntry:
         self.healthy = sum(
             1 << g.index for g in snap.gpus if not g.mig_enabled and g.health is Health.HEALTHY
         )
-        self.busy_bits = sum(self.bit_of.get(u, 0) for u in self.busy)
+        # A shared GPU is not free for whole-GPU requests: its bit counts as busy.
+        self.busy_bits = sum(self.bit_of.get(u, 0) for u in self.busy | self.shares.keys())
 
     @property
     def name(self) -> str:
@@ -60,3 +62,15 @@ class NodeEntry:
         self.busy -= gpus
         for uuid in gpus:
             self.busy_bits &= ~self.bit_of.get(uuid, 0)
+
+    def hold_share(self, uuid: str, milli: int) -> None:
+        self.shares[uuid] = self.shares.get(uuid, 0) + milli
+        self.busy_bits |= self.bit_of.get(uuid, 0)
+
+    def drop_share(self, uuid: str, milli: int) -> None:
+        left = self.shares.get(uuid, 0) - milli
+        if left > 0:
+            self.shares[uuid] = left
+            return
+        self.shares.pop(uuid, None)
+        self.busy_bits &= ~self.bit_of.get(uuid, 0)

@@ -90,6 +90,7 @@ class TaskPlacement:
     cpus: tuple[int, ...] = ()  # CPUs reserved for the task, when the request asked for some
     numa_nodes: tuple[int, ...] = ()
     islands: tuple[str, ...] = ()
+    gpu_fraction: float | None = None  # a share of the one GPU; None: whole GPUs
 
 
 @dataclass(frozen=True, slots=True)

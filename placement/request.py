@@ -1,7 +1,8 @@
 """What a caller asks for: the placement request.
 
 A request is ``tasks`` x ``gpus`` whole GPUs (a gang when tasks > 1: all or
-nothing), or ``tasks`` MIG instances of ``mig_profile``. The two axes of
+nothing), ``tasks`` MIG instances of ``mig_profile``, or a share
+(``gpu_fraction``) of one GPU for one task. The two axes of
 choice are independent:
 
 - ``objective`` decides which GPUs inside a node: ``performance`` (default)
@@ -31,6 +32,14 @@ class PlacementRequest(BaseModel):
     tasks: int = Field(default=1, ge=1, le=4096, description="tasks in the gang, all or nothing")
     mig_profile: str | None = Field(
         default=None, description="MIG profile per task (e.g. '1g.10gb') instead of whole GPUs"
+    )
+    gpu_fraction: float | None = Field(
+        default=None,
+        gt=0.0,
+        lt=1.0,
+        description="a share of one GPU for one task (0.25 = a quarter), as HAMi and the"
+        " Alibaba trace express sharing: placed on a GPU already shared before a whole free"
+        " one, never on a GPU a whole-GPU job holds",
     )
     locality: Locality = "prefer"
     policy: Policy = "pack"
@@ -71,6 +80,10 @@ class PlacementRequest(BaseModel):
     def _consistent(self) -> PlacementRequest:
         if self.mig_profile is not None and self.gpus != 1:
             raise ValueError("gpus must be 1 with mig_profile: each task gets one MIG instance")
+        if self.gpu_fraction is not None and (
+            self.gpus != 1 or self.tasks != 1 or self.mig_profile is not None
+        ):
+            raise ValueError("gpu_fraction is a share of one GPU for one task: gpus=1, tasks=1")
         if self.mig_profile is not None and self.locality == "nvlink":
             raise ValueError("locality 'nvlink' does not apply to MIG instances")
         return self
@@ -78,6 +91,11 @@ class PlacementRequest(BaseModel):
     @property
     def is_gang(self) -> bool:
         return self.tasks > 1
+
+    @property
+    def share_milli(self) -> int:
+        """The share in thousandths of a GPU (the trace's ``gpu_milli``); 0 for whole GPUs."""
+        return 0 if self.gpu_fraction is None else max(1, round(self.gpu_fraction * 1000))
 
     @property
     def total_gpus(self) -> int:

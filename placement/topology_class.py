@@ -12,9 +12,12 @@ n <= EXACT_LIMIT GPUs we precompute, for every one of the 2^n GPU subsets:
 - ``pair``: the sum of pairwise bandwidths;
 - ``nvlink_connected``: whether the subset's own NVLink links connect it;
 - ``numa_span``: how many NUMA nodes it touches;
+- ``socket_span``: how many sockets it touches (the NUMA nodes where the
+  snapshot names them, else the sockets read off the PCIe links);
 - ``capability``: how well the subset, if it were the free set, could serve
-  future requests of every size: the sum over sizes k of the best ring
-  reachable with k of its GPUs, relative to the node's best ring for k.
+  the next requests (``placement.what_is_left``): per size k, the best ring
+  and pair sum reachable with k of its GPUs relative to the node's best,
+  weighted by the size mix.
 
 and, per size k, all k-subsets sorted best first by (ring, pair). The exact
 search in ``node_choice`` is then a vectorised scan of one sorted list.
@@ -27,6 +30,7 @@ than EXACT_LIMIT GPUs use the greedy search in ``large_node`` instead.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -34,6 +38,7 @@ from numpy.typing import NDArray
 
 from placement.bandwidth import BandwidthTable, bandwidth_matrix, nvlink_adjacency
 from placement.snapshot import NodeSnapshot
+from placement.what_is_left import DEFAULT_SIZE_MIX, capability, size_weights
 
 EXACT_LIMIT = 16
 
@@ -48,6 +53,9 @@ class Wiring:
     bw: Floats  # n x n GB/s
     nvlink: NDArray[np.bool_]  # n x n
     gpu_numa: tuple[int, ...]  # -1 where unknown
+    # Socket per GPU for tie-breaking only (NUMA rules read gpu_numa): the
+    # NUMA node where known, else read off the PCIe links; () = gpu_numa.
+    gpu_socket: tuple[int, ...] = ()
 
     @property
     def n(self) -> int:
@@ -58,15 +66,57 @@ class Wiring:
         digest.update(np.ascontiguousarray(self.bw, dtype=np.float64).tobytes())
         digest.update(np.ascontiguousarray(self.nvlink).tobytes())
         digest.update(repr(self.gpu_numa).encode())
+        digest.update(repr(self.sockets).encode())
         return f"{self.n}:{digest.hexdigest()[:24]}"
+
+    @property
+    def sockets(self) -> tuple[int, ...]:
+        return self.gpu_socket or self.gpu_numa
 
 
 def wiring_of(snapshot: NodeSnapshot, table: BandwidthTable) -> Wiring:
+    numa = tuple(-1 if g.numa_node is None else g.numa_node for g in snapshot.gpus)
     return Wiring(
         bw=bandwidth_matrix(snapshot, table),
         nvlink=nvlink_adjacency(snapshot),
-        gpu_numa=tuple(-1 if g.numa_node is None else g.numa_node for g in snapshot.gpus),
+        gpu_numa=numa,
+        gpu_socket=numa if -1 not in numa else pcie_sockets(snapshot),
     )
+
+
+def pcie_sockets(snapshot: NodeSnapshot) -> tuple[int, ...]:
+    """Socket per GPU read off ``nvidia-smi topo -m`` labels, for nodes without NUMA data.
+
+    Two GPUs share a socket when their link is a PCIe level short of
+    ``SYS``, or when it is NVLink (which hides the PCIe path) and they have
+    a third GPU that neither reaches over ``SYS`` (on a DGX-1, GPUs 0 and 4
+    are NVLink partners on different sockets and share no such GPU). A node
+    without any ``SYS`` link is one socket. Components of that relation,
+    numbered by their lowest GPU.
+    """
+    n = snapshot.gpu_count
+    sys = [[snapshot.link(i, j).label == "SYS" for j in range(n)] for i in range(n)]
+    if not any(any(row) for row in sys):
+        return (0,) * n
+    near = [{j for j in range(n) if j != i and not sys[i][j]} for i in range(n)]
+    parent = list(range(n))
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for i in range(n):
+        for j in range(i + 1, n):
+            if sys[i][j]:
+                continue
+            if snapshot.link(i, j).is_nvlink and not (near[i] & near[j]) - {i, j}:
+                continue
+            parent[root(j)] = root(i)
+    roots = [root(i) for i in range(n)]
+    numbers = {r: k for k, r in enumerate(dict.fromkeys(roots))}
+    return tuple(numbers[r] for r in roots)
 
 
 @dataclass(frozen=True)
@@ -77,6 +127,7 @@ class TopologyClass:
     pair: Floats
     nvlink_connected: NDArray[np.bool_]
     numa_span: NDArray[np.int8]
+    socket_span: NDArray[np.int8]
     capability: Floats
     by_k: tuple[Masks, ...]  # by_k[k]: k-subsets sorted by (-ring, -pair, mask)
     ideal_ring: tuple[float, ...]  # ideal_ring[k]: best ring with every GPU free
@@ -87,7 +138,7 @@ class TopologyClass:
         return self.wiring.n
 
 
-def build_class(wiring: Wiring) -> TopologyClass:
+def build_class(wiring: Wiring, size_mix: Mapping[int, float] = DEFAULT_SIZE_MIX) -> TopologyClass:
     n = wiring.n
     if n > EXACT_LIMIT:
         raise ValueError(f"exact tables are built for at most {EXACT_LIMIT} GPUs, not {n}")
@@ -99,9 +150,11 @@ def build_class(wiring: Wiring) -> TopologyClass:
     ring = _ring_bottlenecks(wiring.bw, masks, popcount)
     connected = _nvlink_connected(wiring.nvlink, masks)
     numa_span = _numa_span(wiring.gpu_numa, masks)
+    socket_span = _numa_span(wiring.sockets, masks)
     by_k = tuple(_sorted_k_subsets(masks, popcount, ring, pair, k) for k in range(n + 1))
     ideal = tuple(float(ring[by_k[k][0]]) if by_k[k].size else 0.0 for k in range(n + 1))
-    capability = _capability(ring, popcount, n, ideal)
+    ideal_pair = tuple(float(pair[by_k[k][0]]) if by_k[k].size else 0.0 for k in range(n + 1))
+    left = capability(ring, pair, popcount, n, ideal, ideal_pair, size_weights(size_mix, n))
     return TopologyClass(
         key=wiring.key(),
         wiring=wiring,
@@ -109,7 +162,8 @@ def build_class(wiring: Wiring) -> TopologyClass:
         pair=pair,
         nvlink_connected=connected,
         numa_span=numa_span,
-        capability=capability,
+        socket_span=socket_span,
+        capability=left,
         by_k=by_k,
         ideal_ring=ideal,
         full_mask=size - 1,
@@ -194,26 +248,3 @@ def _sorted_k_subsets(
     subset = masks[popcount == k]
     order = np.lexsort((subset, -pair[subset], -ring[subset]))
     return np.ascontiguousarray(subset[order])
-
-
-def _capability(
-    ring: Floats, popcount: NDArray[np.int64], n: int, ideal: tuple[float, ...]
-) -> Floats:
-    """Sum over k >= 2 of (best ring among k-subsets of mask) / ideal_ring[k].
-
-    For each k, a max over submasks computed by the standard
-    sum-over-subsets sweep: one pass per bit, each a vectorised maximum.
-    """
-    size = ring.size
-    all_masks = np.arange(size, dtype=np.int64)
-    with_bit = [np.flatnonzero((all_masks >> bit) & 1) for bit in range(n)]
-    total = np.zeros(size, dtype=np.float64)
-    for k in range(2, n + 1):
-        if ideal[k] <= 0:
-            continue
-        best = np.where(popcount == k, ring, 0.0)
-        for bit in range(n):
-            holders = with_bit[bit]
-            best[holders] = np.maximum(best[holders], best[holders ^ (1 << bit)])
-        total += best / ideal[k]
-    return total

@@ -8,6 +8,7 @@ import sqlalchemy as sa
 from fastapi import APIRouter, Depends
 from pydantic import BaseModel, Field
 
+from placement.cluster import FULL_SHARE
 from service import schema
 from service.deps import get_state
 from service.state import ServiceState
@@ -17,7 +18,11 @@ router = APIRouter(prefix="/v1", tags=["cluster"])
 
 class ClusterView(BaseModel):
     nodes: dict[str, int] = Field(description="node counts: total, ready, stale, cordoned")
-    gpus: dict[str, int] = Field(description="GPU counts: total, healthy, free, mig_enabled")
+    gpus: dict[str, int] = Field(
+        description="GPU counts: total, healthy, free, mig_enabled, shared (GPUs holding"
+        " shares of gpu_fraction requests; neither free nor whole), share_free_milli"
+        " (thousandths of a GPU still free on shared GPUs)"
+    )
     fragmentation: float = Field(
         description="share of free GPUs outside the largest free NVLink island of their node"
         " (0: every free GPU can join its node's biggest NVLink job)"
@@ -33,7 +38,14 @@ def cluster_view(state: ServiceState) -> ClusterView:
             )
         ).all()
     nodes = {"total": 0, "ready": 0, "stale": 0, "cordoned": 0}
-    gpus = {"total": 0, "healthy": 0, "free": 0, "mig_enabled": 0}
+    gpus = {
+        "total": 0,
+        "healthy": 0,
+        "free": 0,
+        "mig_enabled": 0,
+        "shared": 0,
+        "share_free_milli": 0,
+    }
     stranded = 0
     with state.lock:
         for name in state.cluster.names():
@@ -51,6 +63,8 @@ def cluster_view(state: ServiceState) -> ClusterView:
             gpus["healthy"] += entry.healthy.bit_count()
             gpus["free"] += free.bit_count()
             gpus["mig_enabled"] += sum(g.mig_enabled for g in snap.gpus)
+            gpus["shared"] += len(entry.shares)
+            gpus["share_free_milli"] += sum(FULL_SHARE - m for m in entry.shares.values())
             island_free = [sum(free >> g & 1 for g in i.gpus) for i in entry.island_list]
             stranded += free.bit_count() - max(island_free, default=0)
     fragmentation = stranded / gpus["free"] if gpus["free"] else 0.0

@@ -6,6 +6,7 @@
     ├── Conflict          409    the state says no (e.g. idempotency key reused)
     ├── Unschedulable     409    nothing fits now; retry later (Retry-After)
     ├── Unresolvable      422    nothing could ever fit; change the request
+    ├── Unsupported       422    valid, but this service does not do it (GPU shares)
     ├── TooLarge          413    the body is over the limit
     └── Unavailable       503    the database cannot be reached (Retry-After)
 
@@ -56,6 +57,11 @@ class Unschedulable(ServiceError):
 class Unresolvable(ServiceError):
     status = 422
     code = "unresolvable"
+
+
+class Unsupported(ServiceError):
+    status = 422
+    code = "unsupported"
 
 
 class TooLarge(ServiceError):

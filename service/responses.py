@@ -15,7 +15,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from sqlalchemy.exc import OperationalError
 
-from service.errors import ServiceError, Unavailable
+from placement.cluster import SharesUnsupported
+from service.errors import ServiceError, Unavailable, Unsupported
 
 
 class FastJSON(JSONResponse):
@@ -45,6 +46,11 @@ def validation_response(exc: RequestValidationError) -> JSONResponse:
     return JSONResponse(body, status_code=422)
 
 
+def unsupported(exc: SharesUnsupported) -> JSONResponse:
+    """The engine refused a share: the service holds no shares (docs/service.md)."""
+    return error_response(Unsupported(str(exc), {"field": "gpu_fraction"}))
+
+
 def database_down(exc: OperationalError) -> JSONResponse:
     return error_response(Unavailable(f"the database did not answer: {exc.orig}"))
 
@@ -55,6 +61,7 @@ _ANSWERS: dict[type[Exception], Callable[[Any], JSONResponse]] = {
     ServiceError: error_response,
     RequestValidationError: validation_response,
     OperationalError: database_down,
+    SharesUnsupported: unsupported,
 }
 HANDLED_ERRORS = tuple(_ANSWERS)
 

@@ -39,7 +39,7 @@ class ServiceState:
         self.settings = settings
         self.engine = engine
         self.clock = clock
-        self.cluster = ClusterState()
+        self.cluster = ClusterState(shares=False)  # no share holds in the database yet
         self.committer = GroupCommitter(engine)
         self.lock = threading.RLock()
         self.heartbeats: dict[str, datetime] = {}
@@ -54,7 +54,7 @@ class ServiceState:
     def load(self) -> None:
         """Build the in-memory state from the database (start-up)."""
         with self.lock:
-            self.cluster = ClusterState()
+            self.cluster = ClusterState(shares=False)  # no share holds in the database yet
             self.heartbeats.clear()
             self.cordoned.clear()
         self.sync_nodes(None)

@@ -8,11 +8,13 @@ from collections.abc import Sequence
 from agent import cli as agent_cli
 from topoplace import (
     client_cmd,
+    export_cmd,
     k8s_cmd,
     openapi_cmd,
     plan_cmd,
     profiles_cmd,
     serve_cmd,
+    sim_cmd,
     slurm_cmd,
 )
 
@@ -28,6 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
     agent_cli.add_parser(sub)
     slurm_cmd.add_parser(sub)
     k8s_cmd.add_parser(sub)
+    sim_cmd.add_parser(sub)
+    export_cmd.add_parser(sub)
     return parser
 
 

@@ -1,0 +1,114 @@
+"""GPU shares (gpu_fraction): shared GPUs first, never a whole-held GPU, sums <= 1."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from placement import ClusterState, PlacementRequest
+from placement.cluster import AllocationError, SharesUnsupported
+from placement.profiles import build_profile
+
+
+def cluster(*names: str) -> ClusterState:
+    state = ClusterState()
+    for name in names:
+        state.upsert(build_profile("dgx1-v100", name))
+    return state
+
+
+def place(state: ClusterState, request: PlacementRequest) -> tuple[str, tuple[int, ...]]:
+    outcome = state.place(request)
+    assert outcome.placement is not None, outcome.summary()
+    state.apply(outcome.placement)
+    task = outcome.placement.tasks[0]
+    return task.node, task.gpu_indices
+
+
+def share(f: float) -> PlacementRequest:
+    return PlacementRequest(gpu_fraction=f)
+
+
+def test_shares_fill_a_shared_gpu_before_opening_a_whole_one() -> None:
+    state = cluster("a", "b")
+    first = place(state, share(0.5))
+    assert place(state, share(0.25)) == first
+    assert place(state, share(0.25)) == first  # exactly full: 0.5 + 0.25 + 0.25
+    fourth = place(state, share(0.25))
+    assert fourth != first
+    assert state.shared[state.slot_of[fourth[0]]][fourth[1][0]] == 250
+
+
+def test_tightest_shared_gpu_wins() -> None:
+    state = cluster("a")
+    snap = state.node("a").snapshot
+    state.allocate_share("a", snap.gpus[0].uuid, 0.5)
+    state.allocate_share("a", snap.gpus[1].uuid, 0.7)
+    assert place(state, share(0.2)) == ("a", (1,))  # 0.1 left on GPU 1, not 0.3 on GPU 0
+    assert place(state, share(0.5)) == ("a", (0,))
+
+
+def test_whole_gpu_jobs_never_share_and_shares_never_take_whole_held_gpus() -> None:
+    state = cluster("a")
+    snap = state.node("a").snapshot
+    for _ in range(7):
+        place(state, PlacementRequest(gpus=1))
+    _, (shared,) = place(state, share(0.3))
+    held = {g.uuid for g in snap.gpus} - {snap.gpus[shared].uuid}
+    assert state.node("a").busy == held  # the share went to the one GPU not held whole
+    assert state.place(PlacementRequest(gpus=1)).status == "unschedulable"
+    with pytest.raises(AllocationError, match="holds shares"):
+        state.allocate("a", [snap.gpus[shared].uuid])
+    with pytest.raises(AllocationError, match="held whole"):
+        state.allocate_share("a", next(iter(held)), 0.1)
+    with pytest.raises(AllocationError, match="left"):
+        state.allocate_share("a", snap.gpus[shared].uuid, 0.8)
+
+
+def test_last_share_released_frees_the_whole_gpu() -> None:
+    state = cluster("a")
+    outcome = state.place(share(0.4))
+    assert outcome.placement is not None
+    state.apply(outcome.placement)
+    assert state.node("a").free_mask().bit_count() == 7
+    state.unapply(outcome.placement)
+    assert state.node("a").free_mask().bit_count() == 8
+    assert not state.shared
+
+
+def test_a_share_opens_the_gpu_a_one_gpu_job_would_get() -> None:
+    """On a whole GPU a share follows the 1-GPU rules: no free NVLink pair broken."""
+    state = cluster("a")
+    snap = state.node("a").snapshot
+    state.allocate("a", [g.uuid for g in snap.gpus if g.index in (1, 2, 4, 6, 7)])
+    # free: 0, 3 (an NV2 pair) and 5 (its partners 1, 4, 6, 7 busy)
+    assert place(state, share(0.5)) == ("a", (5,))
+
+
+def test_request_rules() -> None:
+    with pytest.raises(ValidationError):
+        PlacementRequest(gpu_fraction=1.0)
+    with pytest.raises(ValidationError):
+        PlacementRequest(gpu_fraction=0.0)
+    with pytest.raises(ValidationError, match="one task"):
+        PlacementRequest(gpu_fraction=0.5, gpus=2)
+    with pytest.raises(ValidationError, match="one task"):
+        PlacementRequest(gpu_fraction=0.5, tasks=2)
+    assert PlacementRequest(gpu_fraction=0.46).share_milli == 460
+
+
+def test_a_state_without_shares_refuses_them() -> None:
+    state = ClusterState(shares=False)
+    state.upsert(build_profile("dgx1-v100", "a"))
+    with pytest.raises(SharesUnsupported, match="does not reserve them yet"):
+        state.place(share(0.5))
+    with pytest.raises(SharesUnsupported):
+        cluster("a").evaluate(share(0.5))
+
+
+def test_shares_respect_model_constraints() -> None:
+    state = ClusterState()
+    state.upsert(build_profile("dgx1-v100", "v"))
+    state.upsert(build_profile("hgx-h100", "h"))
+    assert place(state, PlacementRequest(gpu_fraction=0.5, gpu_models=("H100",)))[0] == "h"
+    assert place(state, PlacementRequest(gpu_fraction=0.5, gpu_models=("V100",)))[0] == "v"

@@ -1,0 +1,168 @@
+"""Job traces for ``topoplace sim``: the Alibaba 2023 format and our own CSV/JSON format.
+
+Our format, one job per row (CSV with a header) or per object (JSON: a list,
+or ``{"jobs": [...]}``):
+
+| field | meaning | default |
+|---|---|---|
+| `name` | job name | `job-<row>` |
+| `gpus` | GPUs per task (0: no GPU, skipped) | required |
+| `gpu_fraction` | a share of one GPU, 0 < f < 1 (then `gpus` is 1) | whole GPUs |
+| `gpu_models` | accepted models, `|`-separated | any |
+| `submit` | submit time, seconds | the row number |
+| `duration` | run time, seconds; empty = never ends | never ends |
+
+The Alibaba v2023 pod lists (``openb_pod_list_*.csv``) are read as they are:
+``num_gpu``, ``gpu_milli`` (< 1000: a share), ``gpu_spec``,
+``creation_time``, ``scheduled_time`` and ``deletion_time`` (duration =
+deletion - scheduled, or - creation when never scheduled). Lists without
+times (multigpuNN) get the row number as submit time and no end.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+FULL = 1000
+
+
+class TraceError(ValueError):
+    """A trace file that cannot be read; the message names the file and row."""
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    name: str
+    gpus: int
+    milli: int  # per GPU: 1000 = whole GPUs, less = a share of one GPU
+    models: tuple[str, ...]
+    submit: float
+    duration: float | None  # None: runs to the end of the replay
+
+    @property
+    def gpu_demand(self) -> float:
+        return self.gpus * self.milli / FULL
+
+
+@dataclass(frozen=True, slots=True)
+class JobTrace:
+    jobs: tuple[Job, ...]  # GPU jobs, by submit time then file order
+    rows: int
+    cpu_only: int
+    timed: bool  # every job has a submit time from the file
+
+    def size_mix(self) -> dict[int, float]:
+        """GPUs per whole-GPU job -> count (shares count as 1-GPU jobs)."""
+        return dict(Counter(j.gpus for j in self.jobs))
+
+
+def read_trace(path: Path) -> JobTrace:
+    if not path.exists():
+        raise TraceError(f"{path}: no such file")
+    if path.suffix.lower() == ".json":
+        return _from_rows(path, _json_rows(path))
+    with path.open(newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    return _from_rows(path, rows)
+
+
+def _json_rows(path: Path) -> list[dict[str, object]]:
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise TraceError(f"{path}: not JSON: {exc}") from exc
+    if isinstance(data, dict):
+        data = data.get("jobs")
+    if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
+        raise TraceError(f'{path}: expected a list of jobs or {{"jobs": [...]}}')
+    return data
+
+
+def _from_rows(path: Path, rows: Iterable[Mapping[str, object]]) -> JobTrace:
+    jobs: list[Job] = []
+    total = cpu_only = 0
+    timed = True
+    for i, row in enumerate(rows):
+        total += 1
+        where = f"{path}: job {i + 1}"
+        try:
+            job, had_time = _alibaba(row, i) if "num_gpu" in row else _ours(row, i)
+        except (KeyError, ValueError, TypeError) as exc:
+            raise TraceError(f"{where}: {exc}") from exc
+        timed &= had_time
+        if job is None:
+            cpu_only += 1
+            continue
+        jobs.append(job)
+    jobs.sort(key=lambda j: j.submit)  # stable: file order among equal times
+    return JobTrace(jobs=tuple(jobs), rows=total, cpu_only=cpu_only, timed=timed and total > 0)
+
+
+def _text(row: Mapping[str, object], key: str) -> str:
+    value = row.get(key)
+    return "" if value is None else str(value).strip()
+
+
+def _models(text: str) -> tuple[str, ...]:
+    return tuple(m.strip().upper() for m in text.split("|") if m.strip())
+
+
+def _alibaba(row: Mapping[str, object], i: int) -> tuple[Job | None, bool]:
+    gpus = int(_text(row, "num_gpu"))
+    milli = int(_text(row, "gpu_milli") or FULL)
+    created = _text(row, "creation_time")
+    if gpus < 1 or milli < 1:
+        return None, bool(created)
+    if gpus > 1 and milli < FULL:
+        milli = FULL  # a multi-GPU share is not a share: FGD counts such pods whole
+    submit = float(created) if created else float(i)
+    duration = None
+    deleted = _text(row, "deletion_time")
+    if created and deleted:
+        start = float(_text(row, "scheduled_time") or 0) or submit
+        duration = max(0.0, float(deleted) - start)
+    job = Job(
+        name=_text(row, "name") or f"job-{i}",
+        gpus=gpus,
+        milli=min(milli, FULL),
+        models=_models(_text(row, "gpu_spec")),
+        submit=submit,
+        duration=duration,
+    )
+    return job, bool(created)
+
+
+def _ours(row: Mapping[str, object], i: int) -> tuple[Job | None, bool]:
+    gpus = int(_text(row, "gpus"))
+    if gpus < 0:
+        raise ValueError("gpus must be >= 0")
+    fraction = _text(row, "gpu_fraction")
+    milli = FULL
+    if fraction:
+        f = float(fraction)
+        if not 0.0 < f < 1.0:
+            raise ValueError(f"gpu_fraction must be between 0 and 1, not {f}")
+        if gpus != 1:
+            raise ValueError("gpu_fraction is a share of one GPU: gpus must be 1")
+        milli = max(1, round(f * FULL))
+    submit_text = _text(row, "submit")
+    duration_text = _text(row, "duration")
+    if gpus == 0:
+        return None, bool(submit_text)
+    duration = float(duration_text) if duration_text else None
+    if duration is not None and duration < 0:
+        raise ValueError("duration must be >= 0")
+    job = Job(
+        name=_text(row, "name") or f"job-{i}",
+        gpus=gpus,
+        milli=milli,
+        models=_models(_text(row, "gpu_models")),
+        submit=float(submit_text) if submit_text else float(i),
+        duration=duration,
+    )
+    return job, bool(submit_text)
