@@ -249,7 +249,7 @@ def _task_terms(request: PlacementRequest) -> str:
         terms.append("on one NUMA node")
     if request.cpus_per_task:
         terms.append(f"with {request.cpus_per_task} CPUs each")
-    return "".join(f", {t}" for t in terms)
+    return f" ({', '.join(terms)})" if terms else ""
 
 
 def _gpu_sentence(request: PlacementRequest, most: int, whole: bool) -> str:
