@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from numpy.typing import NDArray
 
-from placement.eligibility import gpu_eligible, labels_ok, model_matches, node_cpus, region_ok
+from placement.eligibility import gpu_eligible, labels_ok, model_matches, region_ok
 from placement.node_choice import NO_SET, SetQuery
 from placement.outcome import Cause
 from placement.ranking import RankInputs
@@ -149,7 +149,7 @@ def analyse(
     mark(ideal == NO_SET, never)
     if request.cpus_per_task:
         # Before availability: a cordoned node too small for one task stays too small.
-        mark(node_cpus(state)[slots] < request.cpus_per_task, Cause.TOO_FEW_CPUS)
+        mark(state.cpu_count[slots] < request.cpus_per_task, Cause.TOO_FEW_CPUS)
     mark(~state.available[slots], Cause.UNAVAILABLE)
     mark(np.bitwise_count(state.healthy[slots] & elig) < k, Cause.UNHEALTHY)
     mark(np.bitwise_count(free) < k, Cause.BUSY)

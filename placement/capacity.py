@@ -35,7 +35,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from placement.analysis import query_for, requested_slots
-from placement.eligibility import gpu_eligible, labels_ok, node_cpus, region_ok
+from placement.eligibility import gpu_eligible, labels_ok, region_ok
 from placement.explain import group_reasons
 from placement.node_choice import NO_SET
 from placement.outcome import Cause, Outcome, ReasonGroup
@@ -97,7 +97,7 @@ def never_fits(
         with_mig = int(_with_mig(state, slots, eligible).max()) >= k
         return _gpu_sentence(request, most, with_mig)
     if request.cpus_per_task:
-        cpus = int(node_cpus(state)[slots].max())
+        cpus = int(state.cpu_count[slots].max())
         if cpus < request.cpus_per_task:
             return _cpu_sentence(request, cpus)
     if request.tasks == 1:
@@ -135,7 +135,7 @@ def _ever_tasks(
 ) -> int:
     """Tasks the nodes could hold together when idle, as the engine would give them."""
     query = query_for(request, request.gpus)
-    cpus = node_cpus(state)[slots] if request.cpus_per_task else None
+    cpus = state.cpu_count[slots] if request.cpus_per_task else None
     memo: dict[tuple[int, int], int] = {}  # most nodes share a design and a GPU list
     total = 0
     for i, (cid, mask) in enumerate(zip(state.cid[slots].tolist(), usable.tolist(), strict=True)):
@@ -203,11 +203,8 @@ def _with_mig(
     state: ClusterState, slots: NDArray[np.int64], eligible: NDArray[np.int64]
 ) -> NDArray[np.int64]:
     """Per node, the request's GPUs counting those in MIG mode too (for the words only)."""
-    counts = [
-        (sum(1 << g.index for g in state.entry_at(s).snapshot.gpus) & mask).bit_count()
-        for s, mask in zip(slots.tolist(), eligible.tolist(), strict=True)
-    ]
-    return np.asarray(counts, dtype=np.int64)
+    counts: NDArray[np.int64] = np.bitwise_count(state.every_gpu[slots] & eligible).astype(np.int64)
+    return counts
 
 
 def _subject(request: PlacementRequest) -> str:

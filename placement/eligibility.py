@@ -82,19 +82,3 @@ def model_matches(state: ClusterState, request: PlacementRequest) -> NDArray[np.
     if not request.gpu_models:
         return np.full(state.slot_count, ALL_GPUS, dtype=np.int64)
     return gpu_eligible(state, request.model_copy(update={"min_gpu_memory_mib": 0}))
-
-
-def node_cpus(state: ClusterState) -> NDArray[np.int64]:
-    """Per slot, how many CPUs the node reports (0 without NUMA information: then no
-    CPUs can ever be reserved on it, see placement.numa.choose_cpus)."""
-    key = ("cpus", state.version)
-    cached = state.static_cache().get(key)
-    if cached is None:
-        cached = np.zeros(state.slot_count, dtype=np.int64)
-        for entry in state.entries.values():
-            cpus: set[int] = set()
-            for numa in entry.snapshot.numa_nodes:
-                cpus.update(numa.cpu_list)
-            cached[entry.slot] = len(cpus)
-        state.static_cache()[key] = cached
-    return cached.astype(np.int64, copy=False)
