@@ -2,11 +2,12 @@
 
 For a task of k GPUs this computes, for all requested nodes at once: why a
 node cannot take it (the first failing check, in the order a person would
-look: static constraints, node design, availability, health, free GPUs,
-topology now), and for the rest the exact set the node would give with its
-ring, pair bandwidth, quality and fragmentation. Exact classes are served
-by gathers from the class registry's answer tables; nodes with more than
-16 GPUs by the greedy search, one by one.
+look: static constraints, node design (GPUs, NVLink or NUMA sets, CPUs),
+availability, health, free GPUs, topology now), and for the rest the exact
+set the node would give with its ring, pair bandwidth, quality and
+fragmentation. Exact classes are served by gathers from the class
+registry's answer tables; nodes with more than 16 GPUs by the greedy
+search, one by one.
 """
 
 from __future__ import annotations
@@ -146,6 +147,9 @@ def analyse(
     ideal = _choose(state, q, cids, potential, cause == FITS)
     never = Cause.NO_NVLINK_SET_EVER if q.require_nvlink else Cause.NO_NUMA_SET_EVER
     mark(ideal == NO_SET, never)
+    if request.cpus_per_task:
+        # Before availability: a cordoned node too small for one task stays too small.
+        mark(state.cpu_count[slots] < request.cpus_per_task, Cause.TOO_FEW_CPUS)
     mark(~state.available[slots], Cause.UNAVAILABLE)
     mark(np.bitwise_count(state.healthy[slots] & elig) < k, Cause.UNHEALTHY)
     mark(np.bitwise_count(free) < k, Cause.BUSY)

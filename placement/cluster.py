@@ -102,6 +102,9 @@ class ClusterState:
         self.free = np.zeros(cap, dtype=np.int64)
         self.healthy = np.zeros(cap, dtype=np.int64)
         self.potential = np.zeros(cap, dtype=np.int64)
+        # Fixed by the snapshot, read only to tell "never" from "not now" (placement.capacity).
+        self.every_gpu = np.zeros(cap, dtype=np.int64)
+        self.cpu_count = np.zeros(cap, dtype=np.int64)
         self.present = np.zeros(cap, dtype=np.bool_)
         self.available = np.zeros(cap, dtype=np.bool_)
         # Bumped whenever anything about a slot changes: answer caches keyed
@@ -145,6 +148,8 @@ class ClusterState:
         self.version += 1
         self._static_cache.clear()
         self.last_candidates = None
+        self.every_gpu[entry.slot] = entry.every_gpu
+        self.cpu_count[entry.slot] = entry.cpu_count
         self._sync(entry)
 
     def remove(self, name: str) -> None:
@@ -369,6 +374,8 @@ class ClusterState:
                 "free",
                 "healthy",
                 "potential",
+                "every_gpu",
+                "cpu_count",
                 "present",
                 "available",
                 "slot_version",

@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, TypeVar
 import numpy as np
 
 from placement.analysis import CAUSES, Analysis, analyse, requested_slots
-from placement.explain import group_reasons, not_placed, refusal
+from placement.capacity import refuse
+from placement.explain import refusal
 from placement.fast_path import fast_place, shape_key
 from placement.outcome import Cause, NodeVerdict, Outcome, Placement, TaskPlacement
 from placement.ranking import best_of, rank_order, rank_words, scores
@@ -53,7 +54,7 @@ def decide(
                 return placed_one(task)
             analysis.set_cause(index, Cause.CPUS)
             remaining = remaining[remaining != best]
-    return not_placed(group_reasons(analysis.causes(), request), request)
+    return refuse(state, request, analysis.causes())
 
 
 def placed_one(task: TaskPlacement) -> Outcome:

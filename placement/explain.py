@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 
-from placement.outcome import Cause, NodeVerdict, Outcome, ReasonGroup
+from placement.outcome import Cause, NodeVerdict, ReasonGroup
 from placement.request import PlacementRequest
 
 
@@ -26,6 +26,7 @@ def cause_message(cause: Cause, request: PlacementRequest) -> str:
         Cause.GPU_MODEL: f"fewer than {gpus} of model {' or '.join(request.gpu_models)}",
         Cause.GPU_MEMORY: f"fewer than {gpus} with at least {request.min_gpu_memory_mib} MiB",
         Cause.TOO_FEW_GPUS: f"fewer than {gpus} in total",
+        Cause.TOO_FEW_CPUS: f"fewer than {_plural(request.cpus_per_task, 'CPU')} in total",
         Cause.NO_NVLINK_SET_EVER: f"no {gpus} connected by NVLink on this node design",
         Cause.NO_NUMA_SET_EVER: f"no {gpus} on one NUMA node on this node design",
         Cause.NO_MIG_PROFILE: f"no MIG instances of profile {profile}",
@@ -49,20 +50,6 @@ def group_reasons(causes: Iterable[Cause], request: PlacementRequest) -> tuple[R
         )
         for c in order
     )
-
-
-def not_placed(groups: tuple[ReasonGroup, ...], request: PlacementRequest) -> Outcome:
-    if not groups:
-        groups = (
-            ReasonGroup(
-                cause=Cause.NOT_REGISTERED,
-                nodes=0,
-                message="no nodes to consider (none registered or none requested)",
-                resolvable=True,
-            ),
-        )
-    resolvable = any(g.resolvable for g in groups)
-    return Outcome(status="unschedulable" if resolvable else "unresolvable", reasons=groups)
 
 
 def refusal(node: str, cause: Cause, request: PlacementRequest) -> NodeVerdict:

@@ -27,7 +27,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from placement.analysis import analyse, requested_slots
-from placement.explain import group_reasons, not_placed
+from placement.capacity import refuse
 from placement.node_choice import indices_to_mask
 from placement.outcome import Cause, Outcome, Placement, ReasonGroup, ScoreParts, TaskPlacement
 from placement.request import PlacementRequest
@@ -148,7 +148,6 @@ def place_gang(
     group = _choose_group(state, cap, request.tasks, protected)
     if group is None:
         have = sum(n.capacity for n in cap.nodes.values())
-        reasons = group_reasons(cap.first_causes, request)
         gang = ReasonGroup(
             cause=Cause.GANG,
             nodes=len(cap.nodes),
@@ -157,11 +156,9 @@ def place_gang(
             ),
             resolvable=True,
         )
-        # A gang that cannot fit even an empty cluster is unresolvable; the
-        # per-node causes say so when every node fails for good.
-        if cap.nodes or any(g.resolvable for g in reasons):
-            reasons = (gang, *reasons)
-        return not_placed(reasons, request)
+        # Whether the gang could fit the idle cluster is placement.capacity's to say;
+        # the gang group tells what the nodes with room hold now.
+        return refuse(state, request, cap.first_causes, (gang,) if cap.nodes else ())
     members, domain, blocks = group
     tasks: list[TaskPlacement] = []
     reserved_cpus: dict[int, set[int]] = defaultdict(set)
@@ -175,7 +172,7 @@ def place_gang(
             reserved_cpus[slot] |= set(task.cpus)
             tasks.append(task)
     if len(tasks) < request.tasks:
-        return not_placed(group_reasons([Cause.CPUS] * len(members), request), request)
+        return refuse(state, request, [Cause.CPUS] * len(members))
     ring = gang_ring(state, tasks, domain, blocks)
     nodes = list(dict.fromkeys(t.node for t in tasks))
     where = f"fabric domain {domain}" if domain else f"{len(blocks)} network block(s)"

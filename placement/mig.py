@@ -14,7 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from placement.explain import group_reasons, not_placed, refusal
+from placement.capacity import refuse
+from placement.explain import refusal
 from placement.node_entry import NodeEntry
 from placement.outcome import Cause, NodeVerdict, Outcome, Placement, ScoreParts, TaskPlacement
 from placement.request import PlacementRequest
@@ -173,7 +174,7 @@ def place_mig(state: ClusterState, request: PlacementRequest) -> Outcome:
     if len(tasks) < request.tasks:
         if tasks:
             causes.append(Cause.GANG)
-        return not_placed(group_reasons(causes, request), request)
+        return refuse(state, request, causes)
     profile = request.mig_profile
     reason = (
         tasks[0].reason

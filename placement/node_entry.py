@@ -22,9 +22,11 @@ class NodeEntry:
     island_of: tuple[str, ...] = ()
     # Derived from the snapshot once, so that allocate/release stay O(GPUs held).
     bit_of: dict[str, int] = field(default_factory=dict)
+    every_gpu: int = 0  # bits of all the node's GPUs, MIG-enabled ones too
     potential: int = 0  # GPUs whole-GPU requests could ever get: all but MIG-enabled
     healthy: int = 0  # ... and healthy
     busy_bits: int = 0  # bits of busy GPUs present in this snapshot
+    cpu_count: int = 0  # CPUs the node reports (0 without NUMA nodes: none can be reserved)
 
     def __post_init__(self) -> None:
         self.refresh()
@@ -39,6 +41,8 @@ class NodeEntry:
                 names[gpu] = island.name
         self.island_of = tuple(names)
         self.bit_of = {g.uuid: 1 << g.index for g in snap.gpus}
+        self.every_gpu = sum(1 << g.index for g in snap.gpus)
+        self.cpu_count = len({cpu for numa in snap.numa_nodes for cpu in numa.cpu_list})
         self.potential = sum(1 << g.index for g in snap.gpus if not g.mig_enabled)
         self.healthy = sum(
             1 << g.index for g in snap.gpus if not g.mig_enabled and g.health is Health.HEALTHY

@@ -5,8 +5,10 @@
   ``ClusterState.allocate``.
 - ``unschedulable``: nothing fits now, but something may later (GPUs busy,
   nodes cordoned or stale, GPUs unhealthy). Retry later.
-- ``unresolvable``: no node could ever fit it as the cluster is built (e.g.
-  16 NVLink-connected GPUs on 8-GPU nodes). Do not retry; change the request.
+- ``unresolvable``: it could not be placed even if every node it may use
+  were idle, healthy and available (e.g. 16 NVLink-connected GPUs on 8-GPU
+  nodes, a gang larger than the cluster, a node name no agent reported). Do
+  not retry; change the request. ``placement.capacity`` draws the line.
 
 Failure reasons are grouped by cause with a count, so a 10,000-node answer
 reads "9,950 nodes: fewer than 4 free GPUs", not 10,000 lines.
@@ -29,6 +31,7 @@ class Cause(StrEnum):
     GPU_MODEL = "gpu_model"
     GPU_MEMORY = "gpu_memory"
     TOO_FEW_GPUS = "too_few_gpus"
+    TOO_FEW_CPUS = "too_few_cpus"
     NO_NVLINK_SET_EVER = "no_nvlink_set_ever"
     NO_NUMA_SET_EVER = "no_numa_set_ever"
     NO_MIG_PROFILE = "no_mig_profile"
@@ -45,9 +48,10 @@ class Cause(StrEnum):
         return self in _RESOLVABLE
 
 
+# A node no agent has reported is not capacity that may come back: a request
+# naming only such nodes is told to change (see placement.capacity).
 _RESOLVABLE = frozenset(
     {
-        Cause.NOT_REGISTERED,
         Cause.UNAVAILABLE,
         Cause.UNHEALTHY,
         Cause.BUSY,
@@ -133,6 +137,10 @@ class Outcome:
     status: Literal["placed", "unschedulable", "unresolvable"]
     placement: Placement | None = None
     reasons: tuple[ReasonGroup, ...] = ()
+    # Said once about all the nodes the request may use, when that is why it
+    # can never fit ("no node has 16 GPUs; the largest has 8"); the reasons
+    # still give each node's cause.
+    limit: str = ""
 
     @property
     def placed(self) -> bool:
@@ -141,6 +149,8 @@ class Outcome:
     def summary(self) -> str:
         if self.placement is not None:
             return self.placement.reason
+        if self.limit:
+            return self.limit
         return "; ".join(
             f"{g.nodes} node{'s' if g.nodes != 1 else ''}: {g.message}" for g in self.reasons
         )

@@ -139,7 +139,7 @@ def _refuse(outcome: Outcome) -> Exception:
     }
     message = outcome.summary()
     if outcome.status == "unresolvable":
-        return Unresolvable(f"no node can ever hold this request: {message}", detail)
+        return Unresolvable(f"the cluster can never hold this request: {message}", detail)
     return Unschedulable(f"nothing fits now: {message}", detail)
 
 

@@ -67,7 +67,9 @@ def test_nvlink_now_versus_ever(dgx1_cluster: ClusterState) -> None:
 def test_sixteen_nvlink_gpus_on_8_gpu_nodes_is_unresolvable(dgx1_cluster: ClusterState) -> None:
     outcome = dgx1_cluster.place(PlacementRequest(gpus=16, locality="nvlink"))
     assert outcome.status == "unresolvable"
-    assert outcome.summary() == "3 nodes: fewer than 16 GPUs in total"
+    # Said of the cluster, not of each node: it has 24 GPUs, but no node has 16.
+    assert outcome.summary() == "no node has 16 GPUs; the largest has 8"
+    assert [(g.cause, g.nodes) for g in outcome.reasons] == [(Cause.TOO_FEW_GPUS, 3)]
 
 
 def test_busy_cluster_is_unschedulable_with_grouped_reasons(dgx1_cluster: ClusterState) -> None:

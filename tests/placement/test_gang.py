@@ -40,11 +40,14 @@ def test_gang_too_big_for_any_clique_uses_fewest_blocks() -> None:
 
 def test_gang_is_all_or_nothing() -> None:
     state = _rack_cluster()
-    outcome = state.place(PlacementRequest(gpus=4, tasks=27))
+    # 26 trays of 4 GPUs; one tray busy, so a gang of 26 fits the idle cluster but not now.
+    busy = next(iter(state.entries.values()))
+    state.allocate(busy.name, [g.uuid for g in busy.snapshot.gpus])
+    outcome = state.place(PlacementRequest(gpus=4, tasks=26))
     assert outcome.status == "unschedulable"
     assert outcome.reasons[0].cause is Cause.GANG
-    assert "26 of 27 tasks" in outcome.reasons[0].message
-    assert all(not e.busy for e in state.entries.values())
+    assert "25 of 26 tasks" in outcome.reasons[0].message
+    assert [e.name for e in state.entries.values() if e.busy] == [busy.name]
 
 
 def test_gang_tasks_share_a_node_when_it_has_room() -> None:

@@ -65,8 +65,13 @@ def test_mig_gpus_are_not_given_as_whole_gpus() -> None:
 
 def test_mig_gang_is_all_or_nothing() -> None:
     state = _state()
-    outcome = state.place(PlacementRequest(mig_profile="3g.40gb", tasks=3))
+    # Two 3g.40gb instances on the node: with one taken, a gang of two waits for it.
+    taken = state.place(PlacementRequest(mig_profile="3g.40gb"))
+    assert taken.placement is not None
+    state.apply(taken.placement)
+    outcome = state.place(PlacementRequest(mig_profile="3g.40gb", tasks=2))
     assert outcome.status == "unschedulable"
+    assert state.node("mig0").busy_mig == set(taken.placement.tasks[0].mig_uuids)
     ok = state.place(PlacementRequest(mig_profile="1g.10gb", tasks=9))
     assert ok.placement is not None and len({t.mig_uuids[0] for t in ok.placement.tasks}) == 9
 

@@ -145,8 +145,8 @@ def test_a_request_that_can_never_fit_is_refused_with_the_service_message(
 ) -> None:
     refused = cluster.sbatch("--gpus=16", "--comment=topoplace:locality=nvlink", script="true")
     assert refused.returncode != 0
-    assert "no node can ever hold this request" in refused.stderr
-    assert "fewer than 16 GPUs" in refused.stderr
+    assert "the cluster can never hold this request" in refused.stderr
+    assert "no node has 16 GPUs" in refused.stderr  # said of the cluster, not per node
 
     array = cluster.sbatch("--gpus=1", "--array=0-1", "-w", "node3", "--hold", script="true")
     assert array.returncode == 0, array.stderr

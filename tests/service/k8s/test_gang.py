@@ -85,8 +85,13 @@ def test_a_gang_that_does_not_fit_binds_no_member(fleet: TestClient, kube: FakeK
     member = kube.add(pod("huge-0", 8, annotations=huge))
     result = _filter(fleet, member)
     assert result["NodeNames"] == []
-    assert set(result["FailedNodes"]) == set(NODES)
-    assert "gang huge (3 pods) does not fit" in result["FailedNodes"]["h100-a"]
+    # Only the two H100 nodes have 8 NVLink-connected GPUs: the gang never fits, so
+    # preempting pods cannot help (FailedAndUnresolvableNodes, not FailedNodes).
+    assert not result["FailedNodes"]
+    assert set(result["FailedAndUnresolvableNodes"]) == set(NODES)
+    message = result["FailedAndUnresolvableNodes"]["h100-a"]
+    assert "gang huge (3 pods) does not fit" in message
+    assert "hold at most 2 tasks of 8 GPUs (connected by NVLink) even when idle" in message
     assert "cannot be reserved" in _bind(fleet, member, "h100-a")
     assert kube.bindings == []
     assert fleet.get("/v1/nodes/h100-a").json()["free_gpus"] == list(range(8))

@@ -76,7 +76,7 @@ def test_srun_jobs_get_no_environment_and_a_proposal_reserves_nothing(dgx1: Test
         (
             {"tres_per_job": "gres:gpu:16", "comment": "topoplace:locality=nvlink"},
             "refuse",
-            "no node can ever hold this request",
+            "the cluster can never hold this request",
         ),
         ({"tres_per_node": "gres:gpu:a100:1"}, "refuse", "model a100"),
         ({"tres_per_node": "gres:gpu:1", "comment": "topoplace:off"}, "unchanged", "off"),

@@ -1,0 +1,273 @@
+"""Could the request ever fit? The line between ``unschedulable`` and ``unresolvable``.
+
+A refusal is ``unresolvable`` when the request could not be placed even if
+every node it may use were idle, healthy and available: cordoned and stale
+nodes, unhealthy GPUs and busy ones are capacity that may come back. What
+does not come back, as the cluster is built:
+
+- a named node no agent has reported (``nodes: ["ghost"]``);
+- a region or labels a node lacks, GPUs of another model or with less memory;
+- fewer GPUs on every node than one task needs ("no node has 16 GPUs; the
+  largest has 8"), fewer CPUs than ``cpus_per_task`` ("no node has 4096
+  CPUs; the largest has 224"), a node design without the NVLink or NUMA set
+  a task needs;
+- a gang larger than all the nodes it may use together, idle ("the cluster
+  has 76 GPUs in all; this gang needs 8000"). Per node that is the sets the
+  engine itself gives an idle node, one after another, and no more tasks
+  than the node's CPUs allow; the greedy choice is the engine's own, so what
+  it cannot hold idle it will never be given.
+- more MIG tasks than instances of the profile.
+
+A cluster with no node registered yet is ``unschedulable``: its agents may
+be starting, and nothing is known of its capacity. A request whose own
+lists leave no node (``nodes: []``, every node excluded) is
+``unresolvable``.
+
+Only refusals come here: a decision that places pays nothing for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+import numpy as np
+from numpy.typing import NDArray
+
+from placement.analysis import query_for, requested_slots
+from placement.eligibility import gpu_eligible, labels_ok, region_ok
+from placement.explain import group_reasons
+from placement.node_choice import NO_SET
+from placement.outcome import Cause, Outcome, ReasonGroup
+from placement.request import PlacementRequest
+
+if TYPE_CHECKING:
+    from placement.cluster import ClusterState
+
+NAMES_SHOWN = 5
+MIG_NOTE = " (GPUs in MIG mode are given only as MIG instances)"
+
+
+def refuse(
+    state: ClusterState,
+    request: PlacementRequest,
+    causes: Iterable[Cause],
+    first: tuple[ReasonGroup, ...] = (),
+) -> Outcome:
+    """The outcome of a request that was not placed: per-node causes grouped (``first``
+    ahead of them), unknown named nodes among them, the status from capacity."""
+    unknown = unknown_names(state, request)
+    groups = (
+        *first,
+        *group_reasons([*causes, *(Cause.NOT_REGISTERED for _ in unknown)], request),
+    )
+    limit = never_fits(state, request, unknown)
+    if limit is not None:
+        return Outcome(status="unresolvable", reasons=groups, limit=limit)
+    if not groups:
+        return _nothing_to_consider(state)
+    resolvable = any(g.resolvable for g in groups)
+    return Outcome(status="unschedulable" if resolvable else "unresolvable", reasons=groups)
+
+
+def unknown_names(state: ClusterState, request: PlacementRequest) -> tuple[str, ...]:
+    if request.nodes is None:
+        return ()
+    return tuple(n for n in dict.fromkeys(request.nodes) if n not in state.slot_of)
+
+
+def never_fits(
+    state: ClusterState, request: PlacementRequest, unknown: tuple[str, ...]
+) -> str | None:
+    """Why the request could never fit the nodes it may use, or None when it could."""
+    if unknown and request.nodes is not None and len(unknown) == len(set(request.nodes)):
+        return _unknown_sentence(unknown)
+    if request.mig_profile is not None:
+        return _mig_limit(state, request)
+    slots = _scope(state, request)
+    if not slots.size:
+        return None  # the per-node causes (region, labels) or the empty cluster decide
+    k = request.gpus
+    eligible = gpu_eligible(state, request)[slots]
+    usable = state.potential[slots] & eligible
+    per_node = np.bitwise_count(usable).astype(np.int64)
+    most = int(per_node.max())
+    if most < k:
+        # GPUs in MIG mode are no whole GPUs: say so where they would have made the difference.
+        with_mig = int(_with_mig(state, slots, eligible).max()) >= k
+        return _gpu_sentence(request, most, with_mig)
+    if request.cpus_per_task:
+        cpus = int(state.cpu_count[slots].max())
+        if cpus < request.cpus_per_task:
+            return _cpu_sentence(request, cpus)
+    if request.tasks == 1:
+        return None
+    ever = _ever_tasks(state, request, slots, usable)
+    if ever >= request.tasks:
+        return None
+    owner, plural = _owner(request)
+    total = int(per_node.sum())
+    if total < request.total_gpus:
+        with_mig = int(_with_mig(state, slots, eligible).sum()) >= request.total_gpus
+        return (
+            f"{owner} {'have' if plural else 'has'} {_gpus(total, request, with_mig)} in all;"
+            f" this gang needs {request.total_gpus}" + (MIG_NOTE if with_mig else "")
+        )
+    return (
+        f"{owner} {'hold' if plural else 'holds'} at most {ever} tasks of"
+        f" {_gpus(k, request, False)}{_task_terms(request)} even when idle;"
+        f" this gang needs {request.tasks}"
+    )
+
+
+def _scope(state: ClusterState, request: PlacementRequest) -> NDArray[np.int64]:
+    """The nodes the request may use: named (or all), not excluded, in its regions and labels."""
+    slots = requested_slots(state, request)
+    keep = region_ok(state, request.regions)[slots] & labels_ok(state, request.node_labels)[slots]
+    return slots[keep]
+
+
+def _ever_tasks(
+    state: ClusterState,
+    request: PlacementRequest,
+    slots: NDArray[np.int64],
+    usable: NDArray[np.int64],
+) -> int:
+    """Tasks the nodes could hold together when idle, as the engine would give them."""
+    query = query_for(request, request.gpus)
+    cpus = state.cpu_count[slots] if request.cpus_per_task else None
+    memo: dict[tuple[int, int], int] = {}  # most nodes share a design and a GPU list
+    total = 0
+    for i, (cid, mask) in enumerate(zip(state.cid[slots].tolist(), usable.tolist(), strict=True)):
+        count = memo.get((cid, mask))
+        if count is None:
+            count, left = 0, mask
+            while True:
+                chosen = state.registry.choose_one(cid, left, query)
+                if chosen == NO_SET:
+                    break
+                count += 1
+                left &= ~chosen
+            memo[(cid, mask)] = count
+        if cpus is not None:
+            count = min(count, int(cpus[i]) // request.cpus_per_task)
+        total += count
+        if total >= request.tasks:
+            break  # enough: the rest need not be counted
+    return total
+
+
+def _mig_limit(state: ClusterState, request: PlacementRequest) -> str | None:
+    names = request.nodes if request.nodes is not None else state.names()
+    skip = set(request.exclude_nodes)
+    profile = request.mig_profile
+    count = 0
+    for name in dict.fromkeys(names):
+        entry = state.entries.get(name)
+        if entry is None or name in skip:
+            continue
+        snap = entry.snapshot
+        if request.regions and snap.region not in request.regions:
+            continue
+        if any(snap.labels.get(k) != v for k, v in request.node_labels.items()):
+            continue
+        count += sum(1 for i in snap.mig_instances if i.profile == profile)
+    if count >= request.tasks:
+        return None
+    if count == 0:
+        return f"{_subject(request)} has a MIG instance of profile {profile}"
+    owner, plural = _owner(request)
+    instances = "instance" if count == 1 else "instances"
+    return (
+        f"{owner} {'have' if plural else 'has'} {count} MIG {instances} of profile {profile}"
+        f" in all; this request needs {request.tasks}"
+    )
+
+
+def _nothing_to_consider(state: ClusterState) -> Outcome:
+    if not state.entries:
+        empty = ReasonGroup(
+            cause=Cause.NOT_REGISTERED,
+            nodes=0,
+            message="no nodes registered yet",
+            resolvable=True,
+        )
+        return Outcome(status="unschedulable", reasons=(empty,))
+    return Outcome(
+        status="unresolvable",
+        limit="no node left to consider: the request names none or excludes every one",
+    )
+
+
+def _with_mig(
+    state: ClusterState, slots: NDArray[np.int64], eligible: NDArray[np.int64]
+) -> NDArray[np.int64]:
+    """Per node, the request's GPUs counting those in MIG mode too (for the words only)."""
+    counts: NDArray[np.int64] = np.bitwise_count(state.every_gpu[slots] & eligible).astype(np.int64)
+    return counts
+
+
+def _subject(request: PlacementRequest) -> str:
+    if request.nodes is not None:
+        return "no named node"
+    if request.regions or request.node_labels or request.exclude_nodes:
+        return "no matching node"
+    return "no node"
+
+
+def _owner(request: PlacementRequest) -> tuple[str, bool]:
+    """What holds the request's capacity, and whether it is plural."""
+    if request.nodes is not None:
+        return "the named nodes", True
+    if request.regions or request.node_labels or request.exclude_nodes:
+        return "the matching nodes", True
+    return "the cluster", False
+
+
+def _qualifier(request: PlacementRequest) -> str:
+    out = ""
+    if request.gpu_models:
+        out += f" of model {' or '.join(request.gpu_models)}"
+    if request.min_gpu_memory_mib:
+        out += f" with at least {request.min_gpu_memory_mib} MiB"
+    return out
+
+
+def _gpus(n: int, request: PlacementRequest, whole: bool) -> str:
+    noun = "whole GPU" if whole else "GPU"
+    return f"{n} {noun}{'' if n == 1 else 's'}{_qualifier(request)}"
+
+
+def _task_terms(request: PlacementRequest) -> str:
+    terms = []
+    if request.locality == "nvlink" and request.gpus > 1:
+        terms.append("connected by NVLink")
+    if request.numa == "required":
+        terms.append("on one NUMA node")
+    if request.cpus_per_task:
+        terms.append(f"with {request.cpus_per_task} CPUs each")
+    return f" ({', '.join(terms)})" if terms else ""
+
+
+def _gpu_sentence(request: PlacementRequest, most: int, whole: bool) -> str:
+    subject = _subject(request)
+    if most == 0:
+        text = f"{subject} has {'a whole GPU' if whole else 'a GPU'}{_qualifier(request)}"
+    else:
+        largest = "the most on one node is" if _qualifier(request) else "the largest has"
+        text = f"{subject} has {_gpus(request.gpus, request, whole)}; {largest} {most}"
+    return text + (MIG_NOTE if whole else "")
+
+
+def _cpu_sentence(request: PlacementRequest, most: int) -> str:
+    subject = _subject(request)
+    if most == 0:
+        return f"{subject} reports its CPUs (NUMA nodes), so none can be reserved for a task"
+    return f"{subject} has {request.cpus_per_task} CPUs; the largest has {most}"
+
+
+def _unknown_sentence(unknown: tuple[str, ...]) -> str:
+    if len(unknown) == 1:
+        return f"no topoplace agent has reported a node named {unknown[0]}"
+    shown = ", ".join(unknown[:NAMES_SHOWN]) + (", ..." if len(unknown) > NAMES_SHOWN else "")
+    return f"no topoplace agent has reported any of the {len(unknown)} named nodes ({shown})"
