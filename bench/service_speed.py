@@ -53,7 +53,8 @@ SCORE_SAMPLES = 1_000
 @contextmanager
 def fresh_database(base: str) -> Iterator[str]:
     name = f"topoplace_bench_{uuid.uuid4().hex[:8]}"
-    admin = sa.create_engine(base, isolation_level="AUTOCOMMIT")
+    # Pre-ping: bench.reliability restarts Postgres while this engine waits to drop.
+    admin = sa.create_engine(base, isolation_level="AUTOCOMMIT", pool_pre_ping=True)
     with admin.connect() as conn:
         conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
     try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import httpx
 import sqlalchemy as sa
@@ -15,17 +16,7 @@ LIVE = set(schema.LIVE_STATES)
 def database_view(engine: sa.Engine) -> tuple[set[tuple[str, str]], dict[str, str]]:
     """(held (node, GPU or MIG uuid), state by allocation id), after checking the
     database's own promise: holds only for live allocations, exactly their devices."""
-    with engine.connect() as conn:
-        rows = conn.execute(
-            sa.select(
-                schema.allocations.c.id, schema.allocations.c.state, schema.allocations.c.placement
-            )
-        ).all()
-        holds = conn.execute(
-            sa.select(
-                schema.gpu_holds.c.node, schema.gpu_holds.c.device, schema.gpu_holds.c.allocation_id
-            )
-        ).all()
+    rows, holds = _consistent_read(engine)
     by_allocation: dict[str, set[tuple[str, str]]] = {}
     for node, device, allocation in holds:
         by_allocation.setdefault(str(allocation), set()).add((str(node), str(device)))
@@ -57,3 +48,21 @@ def replica_view(client: httpx.Client) -> set[tuple[str, str]]:
         for g in n["gpus"]
         if not g["free"] and g["health"] == "healthy"
     }
+
+
+def _consistent_read(engine: sa.Engine) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+    """Allocations and holds as of one moment: the holds read between two equal reads
+    of the allocations. Every transition changes an allocation row in the transaction
+    that changes its holds, so equal reads mean no such transaction committed between
+    them (a sweep may expire reservations while the check runs)."""
+    allocations, holds = schema.allocations, schema.gpu_holds
+    query = sa.select(allocations.c.id, allocations.c.state, allocations.c.placement)
+    while True:
+        with engine.connect() as conn:
+            before = conn.execute(query).all()
+            held = conn.execute(
+                sa.select(holds.c.node, holds.c.device, holds.c.allocation_id)
+            ).all()
+            after = conn.execute(query).all()
+        if sorted(before) == sorted(after):
+            return [tuple(r) for r in before], [tuple(r) for r in held]
