@@ -24,6 +24,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from placement.cpuset import CpusetError, format_cpuset, parse_cpuset
 from placement.links import Link, LinkKind, LinkLabelError, parse_link
+from placement.text import Text
 
 CpuIsa = Literal["x86_64", "aarch64", "riscv64"]
 FabricState = Literal["not_supported", "not_started", "in_progress", "completed"]
@@ -39,7 +40,11 @@ _LABEL_VALUE_RE = re.compile(rf"^({_LABEL_NAME})?$")
 _NODE_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 _MIG_PROFILE_RE = re.compile(r"^(\d+c\.)?\d+g\.\d+gb(\+[a-z0-9.]+)?$")
 
-NonNegInt = Annotated[int, Field(ge=0)]
+# Numbers are strict (JSON true or "4" is refused) and bounded: every count and size
+# fits a 32-bit column, and seq a signed 64-bit one (the database's BigInteger).
+NonNegInt = Annotated[int, Field(strict=True, ge=0, le=2**31 - 1)]
+Seq = Annotated[int, Field(strict=True, ge=0, le=2**63 - 1)]
+Flag = Annotated[bool, Field(strict=True)]
 
 
 class Health(StrEnum):
@@ -53,7 +58,7 @@ class _Frozen(BaseModel):
 
 class NumaNode(_Frozen):
     id: NonNegInt
-    cpus: str = Field(description="Linux cpuset of the node's CPUs, e.g. '0-47,96-143'")
+    cpus: Text = Field(description="Linux cpuset of the node's CPUs, e.g. '0-47,96-143'")
     memory_mib: NonNegInt = 0
 
     @field_validator("cpus")
@@ -72,22 +77,22 @@ class NumaNode(_Frozen):
 
 class Gpu(_Frozen):
     index: NonNegInt
-    uuid: str = Field(min_length=1, max_length=128)
-    model: str = Field(min_length=1, max_length=128)
+    uuid: Text = Field(min_length=1, max_length=128)
+    model: Text = Field(min_length=1, max_length=128)
     memory_mib: NonNegInt = 0
-    pci_bus_id: str = ""
+    pci_bus_id: Text = Field(default="", max_length=64)
     numa_node: NonNegInt | None = None
     health: Health = Health.HEALTHY
-    health_reason: str = ""
-    mig_enabled: bool = False
+    health_reason: Text = Field(default="", max_length=1024)
+    mig_enabled: Flag = False
 
 
 class MigInstance(_Frozen):
-    uuid: str = Field(min_length=1, max_length=128)
+    uuid: Text = Field(min_length=1, max_length=128)
     parent_gpu: NonNegInt
-    profile: str = Field(description="MIG profile name, e.g. '1g.10gb' or '3g.40gb'")
+    profile: Text = Field(description="MIG profile name, e.g. '1g.10gb' or '3g.40gb'")
     placement_start: NonNegInt
-    placement_size: int = Field(ge=1)
+    placement_size: int = Field(strict=True, ge=1, le=64)
     health: Health = Health.HEALTHY
 
     @field_validator("profile")
@@ -100,8 +105,8 @@ class MigInstance(_Frozen):
 
 
 class Nic(_Frozen):
-    name: str = Field(min_length=1, max_length=64)
-    links: list[str] = Field(description="PCIe relation to each GPU, by GPU index (PIX, PXB, ...)")
+    name: Text = Field(min_length=1, max_length=64)
+    links: list[Text] = Field(description="PCIe relation to each GPU, by GPU index (PIX, PXB, ...)")
 
     @field_validator("links")
     @classmethod
@@ -122,16 +127,16 @@ class CpuLink(_Frozen):
     gpu: NonNegInt
     kind: CpuLinkKind
     lanes: NonNegInt | None = None
-    bandwidth_gbps: float | None = Field(default=None, ge=0)
+    bandwidth_gbps: float | None = Field(default=None, ge=0, allow_inf_nan=False)
 
 
 class Fabric(_Frozen):
     """The multi-node NVLink domain this node's GPUs belong to (NVML GPU fabric info)."""
 
-    cluster_uuid: str = Field(min_length=1, max_length=64)
+    cluster_uuid: Text = Field(min_length=1, max_length=64)
     clique_id: NonNegInt
     state: FabricState = "completed"
-    healthy: bool = True
+    healthy: Flag = True
 
     @property
     def usable(self) -> bool:
@@ -144,14 +149,14 @@ class Fabric(_Frozen):
 
 
 class NodeSnapshot(_Frozen):
-    name: str = Field(min_length=1, max_length=253)
-    region: str = Field(default="default", min_length=1, max_length=63)
-    labels: dict[str, str] = Field(default_factory=dict)
-    hostname: str = ""
+    name: Text = Field(min_length=1, max_length=253)
+    region: Text = Field(default="default", min_length=1, max_length=63)
+    labels: dict[Text, Text] = Field(default_factory=dict)
+    hostname: Text = Field(default="", max_length=253)
     cpu_isa: CpuIsa = "x86_64"
     numa_nodes: list[NumaNode] = Field(default_factory=list)
     gpus: list[Gpu] = Field(default_factory=list, max_length=64)
-    links: list[list[str]] = Field(
+    links: list[list[Text]] = Field(
         default_factory=list,
         description="GPU-GPU link labels, row i column j, as nvidia-smi topo -m prints them",
     )
@@ -159,9 +164,9 @@ class NodeSnapshot(_Frozen):
     nics: list[Nic] = Field(default_factory=list)
     mig_instances: list[MigInstance] = Field(default_factory=list)
     fabric: Fabric | None = None
-    driver_version: str | None = None
-    cuda_version: str | None = None
-    seq: NonNegInt = 0
+    driver_version: Text | None = Field(default=None, max_length=64)
+    cuda_version: Text | None = Field(default=None, max_length=64)
+    seq: Seq = 0
     # Set by the reporter; the engine never reads a clock (None: not reported).
     timestamp: datetime | None = None
 

@@ -10,13 +10,14 @@ from typing import Literal
 from pydantic import BaseModel, Field, field_validator
 
 from placement import NodeSnapshot
+from placement.text import Text
 
 
 class SnapshotReport(BaseModel):
     """What an agent PUTs: its full snapshot and, optionally, its signature over it."""
 
     snapshot: NodeSnapshot
-    signature: str | None = Field(
+    signature: Text | None = Field(
         default=None, max_length=512, description="Ed25519 signature (stored, not yet enforced)"
     )
 
@@ -78,7 +79,7 @@ class NodeKeyRegistration(BaseModel):
     """A node's Ed25519 public key, as its agent registers it (docs/agent.md)."""
 
     algorithm: Literal["ed25519"] = "ed25519"
-    public_key: str = Field(
+    public_key: Text = Field(
         max_length=64, description="the raw 32-byte Ed25519 public key in standard base64"
     )
 
