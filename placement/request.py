@@ -18,7 +18,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from placement.text import Text
+from placement.numbers import WHOLE
+from placement.text import PLAIN_PATTERN, Text
 
 Locality = Literal["nvlink", "prefer", "any"]
 Policy = Literal["pack", "spread"]
@@ -29,6 +30,11 @@ NumaMode = Literal["required", "preferred", "ignore"]
 # Every bound is far below what a signed 64-bit database column holds.
 MAX_PRIORITY = 2**31 - 1
 MAX_GPU_MEMORY_MIB = 2**31 - 1  # 2 PiB: well above any GPU
+GpuCount = Annotated[int, Field(strict=True, ge=1, le=64), WHOLE]
+TaskCount = Annotated[int, Field(strict=True, ge=1, le=4096), WHOLE]
+CpuCount = Annotated[int, Field(strict=True, ge=0, le=4096), WHOLE]
+MemoryMib = Annotated[int, Field(strict=True, ge=0, le=MAX_GPU_MEMORY_MIB), WHOLE]
+Priority = Annotated[int, Field(strict=True, ge=-MAX_PRIORITY, le=MAX_PRIORITY), WHOLE]
 Name = Annotated[Text, Field(min_length=1, max_length=253)]
 LabelKey = Annotated[Text, Field(max_length=317)]  # prefix/name, as Kubernetes allows
 LabelValue = Annotated[Text, Field(max_length=63)]
@@ -37,10 +43,8 @@ LabelValue = Annotated[Text, Field(max_length=63)]
 class PlacementRequest(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    gpus: int = Field(default=1, strict=True, ge=1, le=64, description="GPUs per task")
-    tasks: int = Field(
-        default=1, strict=True, ge=1, le=4096, description="tasks in the gang, all or nothing"
-    )
+    gpus: GpuCount = Field(default=1, description="GPUs per task")
+    tasks: TaskCount = Field(default=1, description="tasks in the gang, all or nothing")
     mig_profile: Text | None = Field(
         default=None,
         min_length=1,
@@ -59,13 +63,15 @@ class PlacementRequest(BaseModel):
         description="balanced only: share of ring bandwidth it may give up",
     )
     numa: NumaMode = "preferred"
-    cpus_per_task: int = Field(default=0, strict=True, ge=0, le=4096)
+    cpus_per_task: CpuCount = 0
     gpu_models: tuple[Annotated[Text, Field(min_length=1, max_length=128)], ...] = Field(
         default=(), description="accepted GPU models, each matched as a whole token of the GPU name"
     )
-    min_gpu_memory_mib: int = Field(default=0, strict=True, ge=0, le=MAX_GPU_MEMORY_MIB)
+    min_gpu_memory_mib: MemoryMib = 0
     node_labels: dict[LabelKey, LabelValue] = Field(
-        default_factory=dict, description="required node labels"
+        default_factory=dict,
+        description="required node labels",
+        json_schema_extra={"propertyNames": {"pattern": PLAIN_PATTERN, "maxLength": 317}},
     )
     regions: tuple[Annotated[Text, Field(min_length=1, max_length=63)], ...] = Field(
         default=(), description="allowed regions; empty = any"
@@ -74,7 +80,7 @@ class PlacementRequest(BaseModel):
         default=None, description="consider only these nodes (e.g. a scheduler's candidates)"
     )
     exclude_nodes: tuple[Name, ...] = ()
-    priority: int = Field(default=0, strict=True, ge=-MAX_PRIORITY, le=MAX_PRIORITY)
+    priority: Priority = 0
     job_id: Text | None = Field(default=None, max_length=256)
 
     @field_validator("mig_profile")

@@ -24,6 +24,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from placement.cpuset import CpusetError, format_cpuset, parse_cpuset
 from placement.links import Link, LinkKind, LinkLabelError, parse_link
+from placement.numbers import WHOLE
 from placement.text import Text
 
 CpuIsa = Literal["x86_64", "aarch64", "riscv64"]
@@ -37,13 +38,15 @@ CpuLinkKind = Literal["nvlink-c2c", "nvlink-fusion", "pcie"]
 _LABEL_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
 _LABEL_KEY_RE = re.compile(rf"^([a-z0-9]([-a-z0-9.]{{0,251}}[a-z0-9])?/)?{_LABEL_NAME}$")
 _LABEL_VALUE_RE = re.compile(rf"^({_LABEL_NAME})?$")
-_NODE_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+NODE_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
+_NODE_NAME_RE = re.compile(NODE_NAME_PATTERN)
 _MIG_PROFILE_RE = re.compile(r"^(\d+c\.)?\d+g\.\d+gb(\+[a-z0-9.]+)?$")
 
 # Numbers are strict (JSON true or "4" is refused) and bounded: every count and size
 # fits a 32-bit column, and seq a signed 64-bit one (the database's BigInteger).
-NonNegInt = Annotated[int, Field(strict=True, ge=0, le=2**31 - 1)]
-Seq = Annotated[int, Field(strict=True, ge=0, le=2**63 - 1)]
+NonNegInt = Annotated[int, Field(strict=True, ge=0, le=2**31 - 1), WHOLE]
+Seq = Annotated[int, Field(strict=True, ge=0, le=2**63 - 1), WHOLE]
+SliceCount = Annotated[int, Field(strict=True, ge=1, le=64), WHOLE]
 Flag = Annotated[bool, Field(strict=True)]
 
 
@@ -92,7 +95,7 @@ class MigInstance(_Frozen):
     parent_gpu: NonNegInt
     profile: Text = Field(description="MIG profile name, e.g. '1g.10gb' or '3g.40gb'")
     placement_start: NonNegInt
-    placement_size: int = Field(strict=True, ge=1, le=64)
+    placement_size: SliceCount
     health: Health = Health.HEALTHY
 
     @field_validator("profile")
@@ -149,9 +152,17 @@ class Fabric(_Frozen):
 
 
 class NodeSnapshot(_Frozen):
-    name: Text = Field(min_length=1, max_length=253)
+    name: str = Field(
+        min_length=1, max_length=253, json_schema_extra={"pattern": _NODE_NAME_RE.pattern}
+    )
     region: Text = Field(default="default", min_length=1, max_length=63)
-    labels: dict[Text, Text] = Field(default_factory=dict)
+    labels: dict[str, str] = Field(
+        default_factory=dict,
+        json_schema_extra={
+            "propertyNames": {"pattern": _LABEL_KEY_RE.pattern},
+            "additionalProperties": {"type": "string", "pattern": _LABEL_VALUE_RE.pattern},
+        },
+    )
     hostname: Text = Field(default="", max_length=253)
     cpu_isa: CpuIsa = "x86_64"
     numa_nodes: list[NumaNode] = Field(default_factory=list)

@@ -14,10 +14,13 @@ from __future__ import annotations
 import re
 from typing import Annotated
 
-from pydantic import AfterValidator
+from pydantic import AfterValidator, Field
 
 # Unicode category Cc (C0 controls, DEL, C1 controls) and the surrogate range.
 _FORBIDDEN = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+# The same rule as the OpenAPI document states it (JSON text cannot carry a lone
+# surrogate, so the controls are the whole rule there).
+PLAIN_PATTERN = "^[^\\u0000-\\u001f\\u007f-\\u009f]*$"
 
 
 def forbidden_character(value: str) -> str | None:
@@ -33,5 +36,5 @@ def _plain(value: str) -> str:
     return value
 
 
-Text = Annotated[str, AfterValidator(_plain)]
+Text = Annotated[str, AfterValidator(_plain), Field(json_schema_extra={"pattern": PLAIN_PATTERN})]
 """A string without control characters or lone surrogates."""

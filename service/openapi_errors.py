@@ -11,6 +11,10 @@ gets the service's ``Error`` schema for each status it can answer:
 - operations behind the token check: 401, with the bearer security scheme;
 - operations with path parameters: 404; operations that change state: 409.
 
+Every string parameter (path, query, header) is declared without control
+characters, as the request guard enforces (request bodies declare it per
+field, from ``placement.text.Text``).
+
 /readyz keeps its own 503 body (``{"status": "loading"}``) beside the error
 shape it gives when the database is down.
 """
@@ -22,6 +26,7 @@ from typing import Any
 
 from fastapi import FastAPI
 
+from placement.text import PLAIN_PATTERN
 from service.auth import OPEN_PATHS
 
 ERROR_SCHEMA: dict[str, Any] = {
@@ -104,7 +109,16 @@ def add_error_responses(schema: dict[str, Any]) -> dict[str, Any]:
                     responses["422"]["description"] = DESCRIPTIONS[422]
             if path not in OPEN_PATHS:
                 operation["security"] = [{"bearer": []}]
+            for parameter in operation.get("parameters", ()):
+                _plain_strings(parameter.get("schema", {}))
     return schema
+
+
+def _plain_strings(schema: dict[str, Any]) -> None:
+    if schema.get("type") == "string" and "enum" not in schema and "const" not in schema:
+        schema.setdefault("pattern", PLAIN_PATTERN)
+    for option in schema.get("anyOf", ()):
+        _plain_strings(option)
 
 
 def declare_errors(app: FastAPI) -> None:

@@ -7,8 +7,10 @@
   parameters go to the database as they are, and no route has a use for them.
 - The body is read here, counted as it arrives, and refused with 413 as soon
   as it passes the limit, whether it came with a Content-Length or chunked;
-  it is then checked for nesting depth and unstorable escapes (json_scan)
-  and handed on, whole, to the application, which reads it as usual.
+  it is then checked for nesting depth (json_scan) and handed on, whole, to
+  the application, which reads it as usual. Control characters in the body
+  are refused field by field (``placement.text.Text``): free-form bodies
+  (Kubernetes pods, squeue output) carry newlines legitimately.
 
 A plain ASGI middleware: Starlette's BaseHTTPMiddleware would add a task and a
 memory stream to every request on the /place hot path. On that path the work
@@ -24,7 +26,7 @@ from urllib.parse import unquote
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from placement.text import forbidden_character
-from service.edge.json_scan import body_problem
+from service.edge.json_scan import MAX_DEPTH, too_deep
 from service.errors import InvalidRequest, ServiceError, TooLarge, UriTooLong
 from service.responses import error_response
 
@@ -56,11 +58,10 @@ class RequestGuard:
             return
         if end is not None:  # the client went away while sending
             return
-        if body:
-            problem = body_problem(body)
-            if problem is not None:
-                await error_response(InvalidRequest("body", problem))(scope, receive, send)
-                return
+        if body and too_deep(body):
+            refusal = InvalidRequest("body", f"JSON nested deeper than {MAX_DEPTH} levels")
+            await error_response(refusal)(scope, receive, send)
+            return
         await self.app(scope, _replay(body, receive), send)
 
     def _url_or_header_problem(self, scope: Scope) -> ServiceError | None:

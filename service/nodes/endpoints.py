@@ -6,6 +6,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Response, status
 
+from placement.snapshot import NODE_NAME_PATTERN
 from service.deps import get_state
 from service.nodes import observed as service
 from service.nodes.schemas import (
@@ -23,6 +24,11 @@ router = APIRouter(prefix="/v1/nodes", tags=["nodes"])
 State = Annotated[ServiceState, Depends(get_state)]
 # As long as the database's column; control characters are refused by the request guard.
 NodeName = Annotated[str, Path(min_length=1, max_length=253)]
+# A key is registered only for a valid node name (register_key checks it); the document
+# says so, as the snapshot's own name does.
+NewNodeName = Annotated[
+    str, Path(min_length=1, max_length=253, json_schema_extra={"pattern": NODE_NAME_PATTERN})
+]
 
 
 @router.put("/{name}/snapshot", response_model=SnapshotAccepted)
@@ -38,7 +44,7 @@ def post_heartbeat(name: NodeName, state: State) -> Response:
 
 
 @router.put("/{name}/key", response_model=NodeKeyView)
-def put_key(name: NodeName, key: NodeKeyRegistration, state: State) -> NodeKeyView:
+def put_key(name: NewNodeName, key: NodeKeyRegistration, state: State) -> NodeKeyView:
     """An agent registers the Ed25519 public key it signs snapshots with (first key wins)."""
     return service.register_key(state, name, key)
 

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from placement.numbers import WHOLE
 from placement.text import Text
 
 # Slurm's "not set" markers: NO_VAL (32 bit), NO_VAL16, and INFINITE variants.
 _UNSET_NUMBERS = {0xFFFFFFFE, 0xFFFFFFFF, 0xFFFE, 0xFFFF}
 # A job has at most this many nodes or tasks (Slurm's own limits are 32-bit).
 MAX_COUNT = 2**31 - 1
+Count = Annotated[int, Field(strict=True, ge=0, le=MAX_COUNT), WHOLE]
 
 
 class JobSubmit(BaseModel):
@@ -27,9 +29,9 @@ class JobSubmit(BaseModel):
     tres_per_node: Text | None = None
     tres_per_task: Text | None = None
     tres_per_socket: Text | None = None
-    min_nodes: int | None = Field(default=None, strict=True, ge=0, le=MAX_COUNT)
-    max_nodes: int | None = Field(default=None, strict=True, ge=0, le=MAX_COUNT)
-    num_tasks: int | None = Field(default=None, strict=True, ge=0, le=MAX_COUNT)
+    min_nodes: Count | None = None
+    max_nodes: Count | None = None
+    num_tasks: Count | None = None
     features: Text | None = Field(default=None, description="--constraint")
     req_nodes: Text | None = Field(default=None, description="--nodelist, a Slurm host list")
     exc_nodes: Text | None = Field(default=None, description="--exclude, a Slurm host list")
@@ -55,11 +57,11 @@ class JobSubmit(BaseModel):
     @field_validator("min_nodes", "max_nodes", "num_tasks", mode="before")
     @classmethod
     def _unset(cls, value: Any) -> Any:
-        if isinstance(value, bool):
-            return value  # refused by the strict field: true is not a count
-        if isinstance(value, float) and value.is_integer():
-            value = int(value)  # a Lua number written as 2.0
-        if isinstance(value, int) and value in _UNSET_NUMBERS:
+        if (
+            isinstance(value, int | float)
+            and not isinstance(value, bool)
+            and value in _UNSET_NUMBERS
+        ):
             return None
         return value
 
