@@ -41,7 +41,20 @@ LabelValue = Annotated[Text, Field(max_length=63)]
 
 
 class PlacementRequest(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # The document states the MIG rule of _consistent below, so that clients see it too.
+    model_config = ConfigDict(
+        frozen=True,
+        extra="forbid",
+        json_schema_extra={
+            "if": {"required": ["mig_profile"], "properties": {"mig_profile": {"type": "string"}}},
+            "then": {
+                "properties": {
+                    "gpus": {"const": 1},
+                    "locality": {"not": {"const": "nvlink"}},
+                }
+            },
+        },
+    )
 
     gpus: GpuCount = Field(default=1, description="GPUs per task")
     tasks: TaskCount = Field(default=1, description="tasks in the gang, all or nothing")

@@ -18,7 +18,7 @@ from service.errors import BadRequest
 from service.k8s.gang import LIVE
 from service.k8s.pod_request import PodRequest
 from service.k8s.screening import judge_mig, judge_screen
-from service.k8s.wire import MetaPod, MetaVictims
+from service.k8s.wire import MAX_VIOLATIONS, MetaPod, MetaVictims
 from service.state import ServiceState
 
 
@@ -34,7 +34,11 @@ def meta_victims(full: Any, meta: Any) -> dict[str, MetaVictims]:
             violations = int(violations)  # JSON's 2.0 is the integer 2
         if not isinstance(pods, list) or not all(isinstance(p, dict) for p in pods):
             raise BadRequest(f"the victims on {node!r}: Pods must be a list of objects")
-        if isinstance(violations, bool) or not isinstance(violations, int) or violations < 0:
+        if (
+            isinstance(violations, bool)
+            or not isinstance(violations, int)
+            or not 0 <= violations <= MAX_VIOLATIONS
+        ):
             raise BadRequest(f"the victims on {node!r}: NumPDBViolations must be a count")
         if meta_form:
             uids = [str(p.get("UID", "")) for p in pods]

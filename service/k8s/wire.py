@@ -158,12 +158,19 @@ def extender_args(body: bytes) -> tuple[Pod, list[str], list[Node] | None]:
     nodes = field(data, "Nodes")
     if nodes is not None and not isinstance(nodes, dict):
         raise BadRequest("ExtenderArgs.Nodes must be a NodeList object", {"field": "Nodes"})
+    # Nodes, when sent, is checked even beside NodeNames: what the document allows is
+    # what is accepted.
+    node_items, node_names = _node_items(nodes) if nodes is not None else (None, [])
     if names is not None:
         if not isinstance(names, list) or not _all_strings(names):
             raise BadRequest("ExtenderArgs.NodeNames must be a list of strings")
         return pod, names, None
-    if nodes is None:
+    if node_items is None:
         raise BadRequest("ExtenderArgs needs NodeNames (nodeCacheCapable) or Nodes")
+    return pod, node_names, node_items
+
+
+def _node_items(nodes: dict[str, Any]) -> tuple[list[Node], list[str]]:
     items = nodes.get("items")
     if items is None:
         items = []
@@ -175,7 +182,7 @@ def extender_args(body: bytes) -> tuple[Pod, list[str], list[Node] | None]:
         raise BadRequest("every item of ExtenderArgs.Nodes needs metadata.name") from None
     if not _all_strings(node_names):
         raise BadRequest("every item of ExtenderArgs.Nodes needs metadata.name")
-    return pod, node_names, items
+    return items, node_names
 
 
 def binding_args(body: bytes) -> ExtenderBindingArgs:
@@ -258,6 +265,7 @@ _OBJECT = {"type": "object", "additionalProperties": True}
 _NULLABLE_OBJECT = {"anyOf": [_OBJECT, {"type": "null"}]}
 _NAMES = {"anyOf": [{"type": "array", "items": {"type": "string"}}, {"type": "null"}]}
 _NAME = {"type": "string", "minLength": 1, "pattern": PLAIN_PATTERN}
+MAX_VIOLATIONS = 2**31 - 1  # Go's int32, as kube-scheduler counts them
 _NODE_LIST = {
     "type": "object",
     "properties": {
@@ -290,7 +298,11 @@ _VICTIMS = {
                 "type": "object",
                 "properties": {
                     "Pods": {"anyOf": [{"type": "array", "items": _OBJECT}, {"type": "null"}]},
-                    "NumPDBViolations": {"type": "integer", "minimum": 0},
+                    "NumPDBViolations": {
+                        "type": "integer",
+                        "minimum": 0,
+                        "maximum": MAX_VIOLATIONS,
+                    },
                 },
             },
         },
