@@ -15,23 +15,55 @@ choice are independent:
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from placement.numbers import WHOLE
+from placement.text import PLAIN_PATTERN, Text
 
 Locality = Literal["nvlink", "prefer", "any"]
 Policy = Literal["pack", "spread"]
 Objective = Literal["performance", "balanced"]
 NumaMode = Literal["required", "preferred", "ignore"]
 
+# Counts are strict: JSON true or "4" is a mistake in the caller, not 1 or 4 GPUs.
+# Every bound is far below what a signed 64-bit database column holds.
+MAX_PRIORITY = 2**31 - 1
+MAX_GPU_MEMORY_MIB = 2**31 - 1  # 2 PiB: well above any GPU
+GpuCount = Annotated[int, Field(strict=True, ge=1, le=64), WHOLE]
+TaskCount = Annotated[int, Field(strict=True, ge=1, le=4096), WHOLE]
+CpuCount = Annotated[int, Field(strict=True, ge=0, le=4096), WHOLE]
+MemoryMib = Annotated[int, Field(strict=True, ge=0, le=MAX_GPU_MEMORY_MIB), WHOLE]
+Priority = Annotated[int, Field(strict=True, ge=-MAX_PRIORITY, le=MAX_PRIORITY), WHOLE]
+Name = Annotated[Text, Field(min_length=1, max_length=253)]
+LabelKey = Annotated[Text, Field(max_length=317)]  # prefix/name, as Kubernetes allows
+LabelValue = Annotated[Text, Field(max_length=63)]
+
 
 class PlacementRequest(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # The document states the MIG rule of _consistent below, so that clients see it too.
+    model_config = ConfigDict(
+        frozen=True,
+        extra="forbid",
+        json_schema_extra={
+            "if": {"required": ["mig_profile"], "properties": {"mig_profile": {"type": "string"}}},
+            "then": {
+                "properties": {
+                    "gpus": {"const": 1},
+                    "locality": {"not": {"const": "nvlink"}},
+                }
+            },
+        },
+    )
 
-    gpus: int = Field(default=1, ge=1, le=64, description="GPUs per task")
-    tasks: int = Field(default=1, ge=1, le=4096, description="tasks in the gang, all or nothing")
-    mig_profile: str | None = Field(
-        default=None, description="MIG profile per task (e.g. '1g.10gb') instead of whole GPUs"
+    gpus: GpuCount = Field(default=1, description="GPUs per task")
+    tasks: TaskCount = Field(default=1, description="tasks in the gang, all or nothing")
+    mig_profile: Text | None = Field(
+        default=None,
+        min_length=1,
+        max_length=64,
+        description="MIG profile per task (e.g. '1g.10gb') instead of whole GPUs",
     )
     gpu_fraction: float | None = Field(
         default=None,
@@ -46,34 +78,53 @@ class PlacementRequest(BaseModel):
     objective: Objective = "performance"
     max_ring_loss: float = Field(
         default=0.5,
+        strict=True,
+        allow_inf_nan=False,
         ge=0.0,
         lt=1.0,
         description="balanced only: share of ring bandwidth it may give up",
     )
     numa: NumaMode = "preferred"
-    cpus_per_task: int = Field(default=0, ge=0, le=4096)
-    gpu_models: tuple[str, ...] = Field(
+    cpus_per_task: CpuCount = 0
+    gpu_models: tuple[Annotated[Text, Field(min_length=1, max_length=128)], ...] = Field(
         default=(), description="accepted GPU models, each matched as a whole token of the GPU name"
     )
-    min_gpu_memory_mib: int = Field(default=0, ge=0)
-    node_labels: dict[str, str] = Field(default_factory=dict, description="required node labels")
-    regions: tuple[str, ...] = Field(default=(), description="allowed regions; empty = any")
-    nodes: tuple[str, ...] | None = Field(
+    min_gpu_memory_mib: MemoryMib = 0
+    node_labels: dict[LabelKey, LabelValue] = Field(
+        default_factory=dict,
+        description="required node labels",
+        json_schema_extra={"propertyNames": {"pattern": PLAIN_PATTERN, "maxLength": 317}},
+    )
+    regions: tuple[Annotated[Text, Field(min_length=1, max_length=63)], ...] = Field(
+        default=(), description="allowed regions; empty = any"
+    )
+    nodes: tuple[Name, ...] | None = Field(
         default=None, description="consider only these nodes (e.g. a scheduler's candidates)"
     )
-    exclude_nodes: tuple[str, ...] = ()
-    priority: int = 0
-    job_id: str | None = Field(default=None, max_length=256)
+    exclude_nodes: tuple[Name, ...] = ()
+    priority: Priority = 0
+    job_id: Text | None = Field(default=None, max_length=256)
 
     @field_validator("mig_profile")
     @classmethod
     def _lower_profile(cls, value: str | None) -> str | None:
-        return value.strip().lower() if value else None
+        # An empty or blank profile is refused, not read as "whole GPUs": the caller
+        # meant some profile, and "any" would hand out whole GPUs instead.
+        if value is None:
+            return None
+        profile = value.strip().lower()
+        if not profile:
+            raise ValueError("a MIG profile name such as '1g.10gb', or leave it out")
+        return profile
 
     @field_validator("gpu_models")
     @classmethod
     def _models(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        cleaned = tuple(m.strip() for m in value if m.strip())
+        # A blank model is refused rather than dropped: [""] read as "any model"
+        # would place on GPUs the caller did not accept.
+        cleaned = tuple(m.strip() for m in value)
+        if any(not m for m in cleaned):
+            raise ValueError("GPU models must not be blank")
         return cleaned
 
     @model_validator(mode="after")

@@ -24,6 +24,8 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from placement.cpuset import CpusetError, format_cpuset, parse_cpuset
 from placement.links import Link, LinkKind, LinkLabelError, parse_link
+from placement.numbers import WHOLE
+from placement.text import Text
 
 CpuIsa = Literal["x86_64", "aarch64", "riscv64"]
 FabricState = Literal["not_supported", "not_started", "in_progress", "completed"]
@@ -36,17 +38,21 @@ CpuLinkKind = Literal["nvlink-c2c", "nvlink-fusion", "pcie"]
 _LABEL_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
 _LABEL_KEY_RE = re.compile(rf"^([a-z0-9]([-a-z0-9.]{{0,251}}[a-z0-9])?/)?{_LABEL_NAME}$")
 _LABEL_VALUE_RE = re.compile(rf"^({_LABEL_NAME})?$")
-_NODE_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
-_CPU_RANGE_RE = re.compile(r"(\d+)(?:\s*-\s*(\d+))?")
+NODE_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
+_NODE_NAME_RE = re.compile(NODE_NAME_PATTERN)
 _MIG_PROFILE_RE = re.compile(r"^(\d+c\.)?\d+g\.\d+gb(\+[a-z0-9.]+)?$")
 
-NonNegInt = Annotated[int, Field(ge=0)]
-# A seq is stored as a signed 64-bit integer (BIGINT); a larger one could never be stored.
-MAX_SEQ = 2**63 - 1
+# Numbers are strict (JSON true or "4" is refused) and bounded: every count and size
+# fits a 32-bit column, and seq a signed 64-bit one (the database's BigInteger).
+NonNegInt = Annotated[int, Field(strict=True, ge=0, le=2**31 - 1), WHOLE]
+Seq = Annotated[int, Field(strict=True, ge=0, le=2**63 - 1), WHOLE]
+SliceCount = Annotated[int, Field(strict=True, ge=1, le=64), WHOLE]
+Flag = Annotated[bool, Field(strict=True)]
 # Linux builds for at most 8,192 CPUs (x86 MAXSMP); a cpuset naming CPU ids far past
 # that is not a machine but a request to expand a range of billions of numbers.
 MAX_CPU_ID = 16_383
 MAX_GPUS = 63
+_CPU_RANGE_RE = re.compile(r"(\d+)(?:\s*-\s*(\d+))?")
 
 
 class Health(StrEnum):
@@ -60,7 +66,7 @@ class _Frozen(BaseModel):
 
 class NumaNode(_Frozen):
     id: NonNegInt
-    cpus: str = Field(description="Linux cpuset of the node's CPUs, e.g. '0-47,96-143'")
+    cpus: Text = Field(description="Linux cpuset of the node's CPUs, e.g. '0-47,96-143'")
     memory_mib: NonNegInt = 0
 
     @field_validator("cpus")
@@ -88,22 +94,22 @@ class NumaNode(_Frozen):
 
 class Gpu(_Frozen):
     index: NonNegInt
-    uuid: str = Field(min_length=1, max_length=128)
-    model: str = Field(min_length=1, max_length=128)
+    uuid: Text = Field(min_length=1, max_length=128)
+    model: Text = Field(min_length=1, max_length=128)
     memory_mib: NonNegInt = 0
-    pci_bus_id: str = ""
+    pci_bus_id: Text = Field(default="", max_length=64)
     numa_node: NonNegInt | None = None
     health: Health = Health.HEALTHY
-    health_reason: str = ""
-    mig_enabled: bool = False
+    health_reason: Text = Field(default="", max_length=1024)
+    mig_enabled: Flag = False
 
 
 class MigInstance(_Frozen):
-    uuid: str = Field(min_length=1, max_length=128)
+    uuid: Text = Field(min_length=1, max_length=128)
     parent_gpu: NonNegInt
-    profile: str = Field(description="MIG profile name, e.g. '1g.10gb' or '3g.40gb'")
+    profile: Text = Field(description="MIG profile name, e.g. '1g.10gb' or '3g.40gb'")
     placement_start: NonNegInt
-    placement_size: int = Field(ge=1)
+    placement_size: SliceCount
     health: Health = Health.HEALTHY
 
     @field_validator("profile")
@@ -116,8 +122,8 @@ class MigInstance(_Frozen):
 
 
 class Nic(_Frozen):
-    name: str = Field(min_length=1, max_length=64)
-    links: list[str] = Field(description="PCIe relation to each GPU, by GPU index (PIX, PXB, ...)")
+    name: Text = Field(min_length=1, max_length=64)
+    links: list[Text] = Field(description="PCIe relation to each GPU, by GPU index (PIX, PXB, ...)")
 
     @field_validator("links")
     @classmethod
@@ -138,16 +144,16 @@ class CpuLink(_Frozen):
     gpu: NonNegInt
     kind: CpuLinkKind
     lanes: NonNegInt | None = None
-    bandwidth_gbps: float | None = Field(default=None, ge=0)
+    bandwidth_gbps: float | None = Field(default=None, ge=0, allow_inf_nan=False)
 
 
 class Fabric(_Frozen):
     """The multi-node NVLink domain this node's GPUs belong to (NVML GPU fabric info)."""
 
-    cluster_uuid: str = Field(min_length=1, max_length=64)
+    cluster_uuid: Text = Field(min_length=1, max_length=64)
     clique_id: NonNegInt
     state: FabricState = "completed"
-    healthy: bool = True
+    healthy: Flag = True
 
     @property
     def usable(self) -> bool:
@@ -160,15 +166,23 @@ class Fabric(_Frozen):
 
 
 class NodeSnapshot(_Frozen):
-    name: str = Field(min_length=1, max_length=253)
-    region: str = Field(default="default", min_length=1, max_length=63)
-    labels: dict[str, str] = Field(default_factory=dict)
-    hostname: str = ""
+    name: str = Field(
+        min_length=1, max_length=253, json_schema_extra={"pattern": _NODE_NAME_RE.pattern}
+    )
+    region: Text = Field(default="default", min_length=1, max_length=63)
+    labels: dict[str, str] = Field(
+        default_factory=dict,
+        json_schema_extra={
+            "propertyNames": {"pattern": _LABEL_KEY_RE.pattern},
+            "additionalProperties": {"type": "string", "pattern": _LABEL_VALUE_RE.pattern},
+        },
+    )
+    hostname: Text = Field(default="", max_length=253)
     cpu_isa: CpuIsa = "x86_64"
     numa_nodes: list[NumaNode] = Field(default_factory=list, max_length=1024)  # MAX_NUMNODES
     # The engine keeps a node's GPU sets as bit masks in signed 64-bit integers.
     gpus: list[Gpu] = Field(default_factory=list, max_length=MAX_GPUS)
-    links: list[list[str]] = Field(
+    links: list[list[Text]] = Field(
         default_factory=list,
         description="GPU-GPU link labels, row i column j, as nvidia-smi topo -m prints them",
     )
@@ -176,9 +190,9 @@ class NodeSnapshot(_Frozen):
     nics: list[Nic] = Field(default_factory=list)
     mig_instances: list[MigInstance] = Field(default_factory=list)
     fabric: Fabric | None = None
-    driver_version: str | None = None
-    cuda_version: str | None = None
-    seq: int = Field(default=0, ge=0, le=MAX_SEQ)
+    driver_version: Text | None = Field(default=None, max_length=64)
+    cuda_version: Text | None = Field(default=None, max_length=64)
+    seq: Seq = 0
     # Set by the reporter; the engine never reads a clock (None: not reported).
     timestamp: datetime | None = None
 

@@ -13,7 +13,6 @@ import sqlalchemy as sa
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from sqlalchemy.exc import OperationalError
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 from service import cluster_view, migrate
 from service.allocations import endpoints as allocation_routes
@@ -22,12 +21,14 @@ from service.auth import RequireToken, TokenCheck
 from service.db import checkpoint, make_engine
 from service.demo import heartbeat_demo_cluster, register_demo_cluster
 from service.direct_routes import DirectRoutes
-from service.errors import TooLarge
+from service.edge.faults import FaultBarrier
+from service.edge.guard import RequestGuard
 from service.grpc.server import start_grpc
 from service.k8s import endpoints as k8s_routes
 from service.nodes import endpoints as node_routes
 from service.notify import Listener, psycopg_dsn
-from service.responses import HANDLED_ERRORS, database_down, error_response, handled_error
+from service.openapi_errors import declare_errors
+from service.responses import HANDLED_ERRORS, database_down, handled_error
 from service.settings import Settings
 from service.slurm import endpoints as slurm_routes
 from service.slurm.reconcile import Reconciler
@@ -43,30 +44,6 @@ MAINTENANCE_INTERVAL_S = 2.0  # demo heartbeats, the Slurm reconcile's clock
 # SQLite's WAL is copied into the database here, off the commit path (db.checkpoint):
 # at a thousand reservations a second that is under 10,000 pages a time.
 CHECKPOINT_INTERVAL_S = 1.0
-
-
-class BodyLimit:
-    """Refuse bodies over the limit before reading them (413, the one error shape).
-
-    A plain ASGI middleware: Starlette's BaseHTTPMiddleware would add a task
-    and a memory stream to every request on the /place hot path.
-    """
-
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
-        self.app = app
-        self.max_bytes = max_bytes
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            for key, value in scope.get("headers", ()):
-                if key == b"content-length" and value.isdigit() and int(value) > self.max_bytes:
-                    error = TooLarge(
-                        f"request body of {value.decode()} bytes is over the limit of"
-                        f" {self.max_bytes} (TOPOPLACE_MAX_BODY_BYTES)"
-                    )
-                    await error_response(error)(scope, receive, send)
-                    return
-        await self.app(scope, receive, send)
 
 
 async def _background(state: ServiceState, demo_nodes: list[str]) -> None:
@@ -169,17 +146,23 @@ def create_app(
     for kind in HANDLED_ERRORS:
         app.add_exception_handler(kind, _handled)
 
-    # Innermost first: the direct routes run behind the body limit and the token check.
+    # Innermost first: the direct routes run behind the request checks and the token
+    # check; a fault anywhere inside is answered by the barrier, outermost.
     app.add_middleware(DirectRoutes, routes=slurm_routes.DIRECT)
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(RequestGuard, max_body_bytes=settings.max_body_bytes)
     app.add_middleware(RequireToken, check=token_check)
+    app.add_middleware(FaultBarrier)
+    declare_errors(app)
 
     @app.get("/healthz", tags=["health"])
     def healthz() -> dict[str, str]:
         """The process is up."""
         return {"status": "ok"}
 
-    @app.get("/readyz", tags=["health"], responses={503: {"description": "not ready"}})
+    loading = {"type": "object", "properties": {"status": {"const": "loading"}}}
+    not_ready = {"description": "not ready", "content": {"application/json": {"schema": loading}}}
+
+    @app.get("/readyz", tags=["health"], responses={503: not_ready})
     def readyz() -> Any:
         """The database answers and the in-memory state is loaded."""
         try:

@@ -2,12 +2,16 @@
 
     ServiceError                 {"error": {"code", "message", "detail"}}
     ├── BadRequest        400    the request cannot be understood
-    ├── NotFound          404    no such node / allocation
+    ├── NotFound          404    no such node / allocation / route
+    ├── MethodNotAllowed  405    the route exists, not with this method (Allow)
     ├── Conflict          409    the state says no (e.g. idempotency key reused)
     ├── Unschedulable     409    nothing fits now; retry later (Retry-After)
+    ├── InvalidRequest    422    a field, parameter or header is malformed
     ├── Unresolvable      422    nothing could ever fit; change the request
     ├── Unsupported       422    valid, but this service does not do it (GPU shares)
     ├── TooLarge          413    the body is over the limit
+    ├── UriTooLong        414    the path and query are over the limit
+    ├── (itself)          500    a fault of the service (logged with its traceback)
     └── Unavailable       503    the database cannot be reached (Retry-After)
 
 Validation errors from pydantic become 422 ``invalid_request`` naming the
@@ -43,6 +47,11 @@ class NotFound(ServiceError):
     code = "not_found"
 
 
+class MethodNotAllowed(ServiceError):
+    status = 405
+    code = "method_not_allowed"
+
+
 class Conflict(ServiceError):
     status = 409
     code = "conflict"
@@ -52,6 +61,17 @@ class Unschedulable(ServiceError):
     status = 409
     code = "unschedulable"
     retry_after = 5
+
+
+class InvalidRequest(ServiceError):
+    """What pydantic's 422 says, for the checks made before the body is parsed."""
+
+    status = 422
+    code = "invalid_request"
+
+    def __init__(self, field: str, message: str) -> None:
+        detail = {"field": field, "errors": [{"field": field, "message": message}]}
+        super().__init__(f"{field}: {message}", detail)
 
 
 class Unresolvable(ServiceError):
@@ -67,6 +87,11 @@ class Unsupported(ServiceError):
 class TooLarge(ServiceError):
     status = 413
     code = "payload_too_large"
+
+
+class UriTooLong(ServiceError):
+    status = 414
+    code = "uri_too_long"
 
 
 class Unavailable(ServiceError):

@@ -14,9 +14,17 @@ import orjson
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from sqlalchemy.exc import OperationalError
+from starlette.exceptions import HTTPException
 
 from placement.cluster import SharesUnsupported
-from service.errors import ServiceError, Unavailable, Unsupported
+from service.errors import (
+    BadRequest,
+    MethodNotAllowed,
+    NotFound,
+    ServiceError,
+    Unavailable,
+    Unsupported,
+)
 
 
 class FastJSON(JSONResponse):
@@ -55,6 +63,21 @@ def database_down(exc: OperationalError) -> JSONResponse:
     return error_response(Unavailable(f"the database did not answer: {exc.orig}"))
 
 
+def http_error(exc: HTTPException) -> JSONResponse:
+    """Starlette's own refusals (no route, wrong method, a body it cannot parse), in our shape."""
+    kind = {404: NotFound, 405: MethodNotAllowed}.get(exc.status_code, BadRequest)
+    message = {
+        404: "no such route",
+        405: "the route does not take this method",
+    }.get(exc.status_code, str(exc.detail))
+    response = error_response(kind(message))
+    if exc.status_code not in (404, 405):
+        response.status_code = exc.status_code
+    for name, value in (exc.headers or {}).items():
+        response.headers[name] = value  # e.g. 405's Allow
+    return response
+
+
 # What the application answers in the one error shape, by kind; anything else is a
 # fault (500). The app registers its exception handlers from these kinds.
 _ANSWERS: dict[type[Exception], Callable[[Any], JSONResponse]] = {
@@ -62,6 +85,7 @@ _ANSWERS: dict[type[Exception], Callable[[Any], JSONResponse]] = {
     RequestValidationError: validation_response,
     OperationalError: database_down,
     SharesUnsupported: unsupported,
+    HTTPException: http_error,
 }
 HANDLED_ERRORS = tuple(_ANSWERS)
 

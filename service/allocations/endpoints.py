@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Header, Query, Response, status
+from fastapi import APIRouter, Depends, Header, Path, Query, Response, status
 from starlette.concurrency import run_in_threadpool
 
 from service.allocations import observed as service
@@ -26,6 +26,10 @@ router = APIRouter(prefix="/v1", tags=["placement"])
 # Responses are built as plain data by service.py in the documented shapes
 # (response_model); returning them as FastJSON skips a second validation.
 State = Annotated[ServiceState, Depends(get_state)]
+# Lengths as the database columns hold them; control characters are refused for every
+# path and query parameter by the request guard (service.edge.guard).
+AllocationId = Annotated[str, Path(min_length=1, max_length=64)]
+JobId = Annotated[str, Path(min_length=1, max_length=256)]
 
 
 @router.post(
@@ -37,7 +41,7 @@ State = Annotated[ServiceState, Depends(get_state)]
 async def place(
     body: PlaceRequest,
     state: State,
-    idempotency_key: Annotated[str | None, Header(max_length=256)] = None,
+    idempotency_key: Annotated[str | None, Header(min_length=1, max_length=256)] = None,
 ) -> FastJSON:
     """Choose node(s) and GPUs and reserve them (pending until confirmed or expired)."""
     # Async: the decision runs on the event loop and the commit is awaited
@@ -67,8 +71,8 @@ async def score(body: ScoreRequest, state: State) -> Response:
 @router.get("/allocations", response_model=AllocationList)
 def list_allocations(
     state: State,
-    job_id: str | None = None,
-    node: str | None = None,
+    job_id: Annotated[str | None, Query(max_length=256)] = None,
+    node: Annotated[str | None, Query(max_length=253)] = None,
     allocation_state: Annotated[AllocationState | None, Query(alias="state")] = None,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 500,
 ) -> FastJSON:
@@ -77,27 +81,27 @@ def list_allocations(
 
 
 @router.get("/allocations/{allocation_id}", response_model=AllocationView)
-def get_allocation(allocation_id: str, state: State) -> FastJSON:
+def get_allocation(allocation_id: AllocationId, state: State) -> FastJSON:
     return FastJSON(service.get(state, allocation_id))
 
 
 @router.post("/allocations/{allocation_id}/confirm", response_model=AllocationView)
-def confirm(allocation_id: str, state: State) -> FastJSON:
+def confirm(allocation_id: AllocationId, state: State) -> FastJSON:
     """pending -> active (the scheduler bound the job); active allocations never expire."""
     return FastJSON(service.confirm(state, allocation_id))
 
 
 @router.post("/allocations/{allocation_id}/extend", response_model=AllocationView)
-def extend(allocation_id: str, body: ExtendRequest, state: State) -> FastJSON:
+def extend(allocation_id: AllocationId, body: ExtendRequest, state: State) -> FastJSON:
     return FastJSON(service.extend(state, allocation_id, body.ttl_s))
 
 
 @router.post("/allocations/{allocation_id}/release", response_model=ReleaseResult)
-def release(allocation_id: str, state: State) -> ReleaseResult:
+def release(allocation_id: AllocationId, state: State) -> ReleaseResult:
     return ReleaseResult(released=service.release(state, allocation_id))
 
 
 @router.post("/jobs/{job_id}/release", response_model=ReleaseResult)
-def release_job(job_id: str, state: State) -> ReleaseResult:
+def release_job(job_id: JobId, state: State) -> ReleaseResult:
     """Release every live allocation of a job (e.g. from a Slurm epilog)."""
     return ReleaseResult(released=service.release_job(state, job_id))

@@ -152,5 +152,6 @@ def listing(
     if node is not None:
         # The placement JSON names its nodes; holds only exist while live, so
         # match on the stored placement to find ended allocations too.
+        # autoescape: % and _ in the name are the characters themselves, not wildcards.
         query = query.where(_T.c.placement.contains(f'"node": "{node}"', autoescape=True))
     return list(conn.execute(query).mappings().all())

@@ -8,6 +8,15 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from placement import PlacementRequest
+from placement.text import Text
+
+# The bounds any service accepts: a tenth of a second at least (1e-300 expires at once),
+# about 31 years at most (the expiry stays a timestamp the database holds). Within
+# them the operator's own limits apply, TOPOPLACE_MIN_RESERVATION_TTL_S (1 s by
+# default: a shorter reservation expires before its caller can confirm it) and
+# TOPOPLACE_MAX_RESERVATION_TTL_S, each a 400 bad_request naming the setting.
+MIN_TTL_S = 0.1
+MAX_TTL_S = 1e9
 
 AllocationState = Literal["pending", "active", "degraded", "released", "expired"]
 
@@ -15,10 +24,13 @@ AllocationState = Literal["pending", "active", "degraded", "released", "expired"
 class PlaceRequest(PlacementRequest):
     """A placement request plus what the service keeps about the reservation."""
 
-    owner: str | None = Field(default=None, max_length=256, description="who asked (user, team)")
+    owner: Text | None = Field(default=None, max_length=256, description="who asked (user, team)")
     ttl_s: float | None = Field(
         default=None,
-        gt=0,
+        strict=True,
+        allow_inf_nan=False,
+        ge=MIN_TTL_S,
+        le=MAX_TTL_S,
         description="seconds the reservation stays pending before it expires unless confirmed;"
         " the service default when omitted",
     )
@@ -80,7 +92,13 @@ class ReleaseResult(BaseModel):
 
 
 class ExtendRequest(BaseModel):
-    ttl_s: float = Field(gt=0, description="new time to live from now, in seconds")
+    ttl_s: float = Field(
+        strict=True,
+        allow_inf_nan=False,
+        ge=MIN_TTL_S,
+        le=MAX_TTL_S,
+        description="new time to live from now, in seconds",
+    )
 
 
 class ScoreRequest(PlacementRequest):

@@ -11,10 +11,12 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
 from pydantic import BaseModel, ConfigDict, Field
 
+from placement.text import forbidden_character
 from service.allocations.schemas import AllocationState
 from service.events import Event
 from service.grpc.gen import topoplace_pb2 as pb
@@ -40,13 +42,45 @@ def request_fields(message: Message) -> dict[str, Any]:
     return out
 
 
+def forbidden_string(message: Message, prefix: str = "") -> str | None:
+    """The first string field (nested ones too) carrying a control character, or None.
+
+    As REST's request guard does for path and query parameters: ids and names go
+    to the database as they are, and Postgres cannot store NUL. Fields named
+    ``*_json`` carry JSON text, where newlines are formatting; the model that
+    parses them refuses control characters inside its strings.
+    """
+    for descriptor, value in message.ListFields():
+        name = f"{prefix}{descriptor.name}"
+        if descriptor.type == FieldDescriptor.TYPE_STRING and not name.endswith("_json"):
+            strings = list(value) if descriptor.is_repeated else [value]
+            if any(forbidden_character(text) is not None for text in strings):
+                return name
+        elif descriptor.message_type is not None:
+            if descriptor.message_type.GetOptions().map_entry:
+                for key, item in value.items():
+                    texts = [key, item] if isinstance(item, str) else [key]
+                    if any(isinstance(t, str) and forbidden_character(t) for t in texts):
+                        return name
+            elif descriptor.is_repeated:
+                for item in value:
+                    found = forbidden_string(item, f"{name}.")
+                    if found is not None:
+                        return found
+            else:
+                found = forbidden_string(value, f"{name}.")
+                if found is not None:
+                    return found
+    return None
+
+
 class ListQuery(BaseModel):
     """The REST query of GET /v1/allocations, with the same limits."""
 
     model_config = ConfigDict(extra="forbid")
 
-    job_id: str | None = None
-    node: str | None = None
+    job_id: str | None = Field(default=None, max_length=256)
+    node: str | None = Field(default=None, max_length=253)
     state: AllocationState | None = None
     limit: int = Field(default=500, ge=1, le=10_000)
 

@@ -13,8 +13,10 @@ from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
+from google.protobuf.message import Message
 from pydantic import ValidationError
 
+from placement.text import forbidden_character
 from service.allocations import observed as allocations
 from service.allocations.schemas import ExtendRequest, PlaceRequest, ScoreRequest
 from service.grpc import convert, status_map
@@ -54,11 +56,32 @@ def _metadata(context: Context, key: str) -> str | None:
     return None
 
 
+def _check_key(key: str) -> None:
+    """The idempotency key as REST's header: 1-256 characters, no control characters."""
+    problem = None
+    if not key:
+        problem = "must not be empty: leave it out for no key"
+    elif len(key) > MAX_KEY_LENGTH:
+        problem = f"at most {MAX_KEY_LENGTH} characters"
+    elif forbidden_character(key) is not None:
+        problem = "control characters are not allowed"
+    if problem is not None:
+        raise Refused(status_map.invalid_field(IDEMPOTENCY_KEY, problem))
+
+
 class TopoplaceServicer(pb_grpc.TopoplaceServicer):
     def __init__(self, state: ServiceState) -> None:
         self.state = state
 
-    async def _run(self, context: Context, call: Callable[[], T]) -> T:
+    async def _run(self, request: Message, context: Context, call: Callable[[], T]) -> T:
+        """``call`` on a worker thread, its refusals and faults as gRPC statuses.
+
+        The request's strings are checked first, for every method in this one place.
+        """
+        field_name = convert.forbidden_string(request)
+        if field_name is not None:
+            reply = status_map.invalid_field(field_name, "control characters are not allowed")
+            await status_map.abort(context, reply)
         try:
             return await asyncio.to_thread(call)
         except Refused as refused:
@@ -86,7 +109,7 @@ class TopoplaceServicer(pb_grpc.TopoplaceServicer):
                 node=accepted.node, seq=accepted.seq, changed=accepted.changed
             )
 
-        return await self._run(context, call)
+        return await self._run(request, context, call)
 
     async def Heartbeat(
         self, request: pb.HeartbeatRequest, context: Context
@@ -95,7 +118,7 @@ class TopoplaceServicer(pb_grpc.TopoplaceServicer):
             nodes.heartbeat(self.state, request.node)
             return pb.HeartbeatResponse()
 
-        return await self._run(context, call)
+        return await self._run(request, context, call)
 
     async def ListNodes(
         self, request: pb.ListNodesRequest, context: Context
@@ -104,11 +127,11 @@ class TopoplaceServicer(pb_grpc.TopoplaceServicer):
             views = nodes.list_nodes(self.state)
             return pb.ListNodesResponse(nodes=[convert.node(v) for v in views])
 
-        return await self._run(context, call)
+        return await self._run(request, context, call)
 
     async def GetNode(self, request: pb.GetNodeRequest, context: Context) -> pb.Node:
         return await self._run(
-            context, lambda: convert.node(nodes.get_node(self.state, request.name))
+            request, context, lambda: convert.node(nodes.get_node(self.state, request.name))
         )
 
     # ---- placement -----------------------------------------------------------
@@ -117,17 +140,13 @@ class TopoplaceServicer(pb_grpc.TopoplaceServicer):
         key = _metadata(context, IDEMPOTENCY_KEY)
 
         def call() -> tuple[pb.Allocation, bool]:
-            if key is not None and len(key) > MAX_KEY_LENGTH:
-                raise Refused(
-                    status_map.invalid_field(
-                        IDEMPOTENCY_KEY, f"at most {MAX_KEY_LENGTH} characters"
-                    )
-                )
+            if key is not None:
+                _check_key(key)
             body = _validate(PlaceRequest, convert.request_fields(request))
             view, created = allocations.place(self.state, body, key)
             return convert.allocation(view), created
 
-        allocation, created = await self._run(context, call)
+        allocation, created = await self._run(request, context, call)
         if not created:
             await status_map.abort(context, status_map.replay(allocation))
         return allocation
@@ -138,7 +157,7 @@ class TopoplaceServicer(pb_grpc.TopoplaceServicer):
             verdicts = allocations.score(self.state, body)
             return pb.ScoreResponse(nodes=[convert.node_score(v) for v in verdicts])
 
-        return await self._run(context, call)
+        return await self._run(request, context, call)
 
     # ---- allocations ---------------------------------------------------------
 
@@ -146,7 +165,7 @@ class TopoplaceServicer(pb_grpc.TopoplaceServicer):
         self, request: pb.GetAllocationRequest, context: Context
     ) -> pb.Allocation:
         return await self._run(
-            context, lambda: convert.allocation(allocations.get(self.state, request.id))
+            request, context, lambda: convert.allocation(allocations.get(self.state, request.id))
         )
 
     async def ListAllocations(
@@ -159,13 +178,15 @@ class TopoplaceServicer(pb_grpc.TopoplaceServicer):
             )
             return pb.ListAllocationsResponse(allocations=[convert.allocation(v) for v in views])
 
-        return await self._run(context, call)
+        return await self._run(request, context, call)
 
     async def ConfirmAllocation(
         self, request: pb.ConfirmAllocationRequest, context: Context
     ) -> pb.Allocation:
         return await self._run(
-            context, lambda: convert.allocation(allocations.confirm(self.state, request.id))
+            request,
+            context,
+            lambda: convert.allocation(allocations.confirm(self.state, request.id)),
         )
 
     async def ExtendAllocation(
@@ -175,12 +196,13 @@ class TopoplaceServicer(pb_grpc.TopoplaceServicer):
             body = _validate(ExtendRequest, {"ttl_s": request.ttl_s})
             return convert.allocation(allocations.extend(self.state, request.id, body.ttl_s))
 
-        return await self._run(context, call)
+        return await self._run(request, context, call)
 
     async def ReleaseAllocation(
         self, request: pb.ReleaseAllocationRequest, context: Context
     ) -> pb.ReleaseResponse:
         return await self._run(
+            request,
             context,
             lambda: pb.ReleaseResponse(released=allocations.release(self.state, request.id)),
         )
@@ -189,6 +211,7 @@ class TopoplaceServicer(pb_grpc.TopoplaceServicer):
         self, request: pb.ReleaseJobRequest, context: Context
     ) -> pb.ReleaseResponse:
         return await self._run(
+            request,
             context,
             lambda: pb.ReleaseResponse(
                 released=allocations.release_job(self.state, request.job_id)

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from placement import PlacementRequest
+from placement.text import forbidden_character
 from service.k8s.wire import Pod
 
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -95,12 +96,31 @@ def _count(value: Any, resource: str) -> int:
     return int(text)
 
 
+def _object(value: Any, where: str) -> dict[str, Any]:
+    """``value`` when it is a JSON object (or absent: empty); a pod of another shape is
+    refused naming the place, rather than failing wherever it is read."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise BadPodRequest(f"{where} must be an object")
+    return value
+
+
+def _plain(value: str, where: str) -> str:
+    # Pod names become job ids and owners in the database, which cannot hold NUL.
+    if forbidden_character(value) is not None:
+        raise BadPodRequest(f"{where} carries control characters")
+    return value
+
+
 def _container_counts(containers: Any) -> list[dict[str, int]]:
     out: list[dict[str, int]] = []
+    if containers is not None and not isinstance(containers, list):
+        raise BadPodRequest("spec containers must be a list")
     for container in containers or ():
-        resources = container.get("resources") or {}
+        resources = _object(_object(container, "a container").get("resources"), "resources")
         # Extended resources must be set as limits; requests default to them.
-        amounts = resources.get("limits") or resources.get("requests") or {}
+        amounts = _object(resources.get("limits") or resources.get("requests"), "resources limits")
         counts = {
             name: _count(value, name)
             for name, value in amounts.items()
@@ -147,12 +167,14 @@ def _positive(annotations: dict[str, str], key: str, upper: int) -> int:
 
 
 def parse_pod(pod: Pod) -> PodRequest:
-    meta = pod.get("metadata") or {}
-    namespace = str(meta.get("namespace") or "default")
-    name = str(meta.get("name") or "")
-    uid = str(meta.get("uid") or "")
-    annotations = {str(k): str(v) for k, v in (meta.get("annotations") or {}).items()}
-    counts = device_counts(pod.get("spec") or {})
+    meta = _object(pod.get("metadata"), "metadata")
+    namespace = _plain(str(meta.get("namespace") or "default"), "metadata.namespace")
+    name = _plain(str(meta.get("name") or ""), "metadata.name")
+    uid = _plain(str(meta.get("uid") or ""), "metadata.uid")
+    annotations = {
+        str(k): str(v) for k, v in _object(meta.get("annotations"), "annotations").items()
+    }
+    counts = device_counts(_object(pod.get("spec"), "spec"))
     gpus = counts.pop(GPU_RESOURCE, 0)
     if COUNT_ALIAS in annotations and _positive(annotations, COUNT_ALIAS, 64) != gpus:
         raise BadPodRequest(

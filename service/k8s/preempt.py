@@ -11,28 +11,49 @@ through unchanged: one node's victims cannot decide a multi-node placement.
 
 from __future__ import annotations
 
+from typing import Any
+
 from service.allocations import service as allocations
+from service.errors import BadRequest
 from service.k8s.gang import LIVE
 from service.k8s.pod_request import PodRequest
 from service.k8s.screening import judge_mig, judge_screen
-from service.k8s.wire import MetaPod, MetaVictims, Victims
+from service.k8s.wire import MAX_VIOLATIONS, MetaPod, MetaVictims
 from service.state import ServiceState
 
 
-def meta_victims(
-    full: dict[str, Victims] | None, meta: dict[str, MetaVictims] | None
-) -> dict[str, MetaVictims]:
-    """The victims by UID whichever form came (Meta when nodeCacheCapable)."""
-    if meta:
-        return meta
+def meta_victims(full: Any, meta: Any) -> dict[str, MetaVictims]:
+    """The victims by UID whichever form came (Meta when nodeCacheCapable); 400 when
+    either is not the shape kube-scheduler sends."""
     out: dict[str, MetaVictims] = {}
-    for node, victims in (full or {}).items():
-        pods = [
-            MetaPod(UID=str((p.get("metadata") or {}).get("uid", "")))
-            for p in victims.get("Pods") or []
-        ]
-        out[node] = MetaVictims(Pods=pods, NumPDBViolations=int(victims.get("NumPDBViolations", 0)))
+    meta_form = bool(meta)
+    for node, victims in _per_node(meta if meta_form else full).items():
+        pods = victims.get("Pods") or []
+        violations = victims.get("NumPDBViolations", 0)
+        if isinstance(violations, float) and violations.is_integer():
+            violations = int(violations)  # JSON's 2.0 is the integer 2
+        if not isinstance(pods, list) or not all(isinstance(p, dict) for p in pods):
+            raise BadRequest(f"the victims on {node!r}: Pods must be a list of objects")
+        if (
+            isinstance(violations, bool)
+            or not isinstance(violations, int)
+            or not 0 <= violations <= MAX_VIOLATIONS
+        ):
+            raise BadRequest(f"the victims on {node!r}: NumPDBViolations must be a count")
+        if meta_form:
+            uids = [str(p.get("UID", "")) for p in pods]
+        else:
+            uids = [str((p.get("metadata") or {}).get("uid", "")) for p in pods]
+        out[node] = MetaVictims(Pods=[MetaPod(UID=u) for u in uids], NumPDBViolations=violations)
     return out
+
+
+def _per_node(victims: Any) -> dict[str, dict[str, Any]]:
+    if victims is None:
+        return {}
+    if not isinstance(victims, dict) or not all(isinstance(v, dict) for v in victims.values()):
+        raise BadRequest("the victims must be an object of node names to Victims objects")
+    return victims
 
 
 def _held(state: ServiceState, uids: list[str], node: str) -> tuple[set[str], set[str]]:

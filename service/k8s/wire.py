@@ -24,6 +24,7 @@ import orjson
 # pydantic (the OpenAPI document) reads TypedDicts from typing_extensions on Python 3.11.
 from typing_extensions import TypedDict
 
+from placement.text import PLAIN_PATTERN, forbidden_character
 from service.errors import BadRequest
 
 Pod = dict[str, Any]  # a Kubernetes Pod object (camelCase JSON)
@@ -154,14 +155,23 @@ def extender_args(body: bytes) -> tuple[Pod, list[str], list[Node] | None]:
     if not isinstance(pod, dict):
         raise BadRequest("ExtenderArgs.Pod must be a Pod object", {"field": "Pod"})
     names = field(data, "NodeNames")
+    nodes = field(data, "Nodes")
+    if nodes is not None and not isinstance(nodes, dict):
+        raise BadRequest("ExtenderArgs.Nodes must be a NodeList object", {"field": "Nodes"})
+    # Nodes, when sent, is checked even beside NodeNames: what the document allows is
+    # what is accepted.
+    node_items, node_names = _node_items(nodes) if nodes is not None else (None, [])
     if names is not None:
         if not isinstance(names, list) or not _all_strings(names):
             raise BadRequest("ExtenderArgs.NodeNames must be a list of strings")
         return pod, names, None
-    nodes = field(data, "Nodes")
-    if nodes is None:
+    if node_items is None:
         raise BadRequest("ExtenderArgs needs NodeNames (nodeCacheCapable) or Nodes")
-    items = nodes.get("items") if isinstance(nodes, dict) else None
+    return pod, node_names, node_items
+
+
+def _node_items(nodes: dict[str, Any]) -> tuple[list[Node], list[str]]:
+    items = nodes.get("items")
     if items is None:
         items = []
     if not isinstance(items, list):
@@ -172,7 +182,7 @@ def extender_args(body: bytes) -> tuple[Pod, list[str], list[Node] | None]:
         raise BadRequest("every item of ExtenderArgs.Nodes needs metadata.name") from None
     if not _all_strings(node_names):
         raise BadRequest("every item of ExtenderArgs.Nodes needs metadata.name")
-    return pod, node_names, items
+    return items, node_names
 
 
 def binding_args(body: bytes) -> ExtenderBindingArgs:
@@ -182,6 +192,8 @@ def binding_args(body: bytes) -> ExtenderBindingArgs:
         value = field(data, key)
         if not isinstance(value, str) or (key != "PodUID" and not value):
             raise BadRequest(f"ExtenderBindingArgs.{key} must be a non-empty string")
+        if forbidden_character(value) is not None:
+            raise BadRequest(f"ExtenderBindingArgs.{key} carries control characters")
         out[key] = value
     return ExtenderBindingArgs(
         PodName=out["PodName"],
@@ -252,23 +264,75 @@ def request_schema(name: str, properties: dict[str, Any], required: list[str]) -
 _OBJECT = {"type": "object", "additionalProperties": True}
 _NULLABLE_OBJECT = {"anyOf": [_OBJECT, {"type": "null"}]}
 _NAMES = {"anyOf": [{"type": "array", "items": {"type": "string"}}, {"type": "null"}]}
+_NAME = {"type": "string", "minLength": 1, "pattern": PLAIN_PATTERN}
+MAX_VIOLATIONS = 2**31 - 1  # Go's int32, as kube-scheduler counts them
+_NODE_LIST = {
+    "type": "object",
+    "properties": {
+        "items": {
+            "anyOf": [
+                {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "required": ["metadata"],
+                        "properties": {
+                            "metadata": {
+                                "type": "object",
+                                "required": ["name"],
+                                "properties": {"name": {"type": "string"}},
+                            }
+                        },
+                    },
+                },
+                {"type": "null"},
+            ]
+        }
+    },
+}
+_VICTIMS = {
+    "anyOf": [
+        {
+            "type": "object",
+            "additionalProperties": {
+                "type": "object",
+                "properties": {
+                    "Pods": {"anyOf": [{"type": "array", "items": _OBJECT}, {"type": "null"}]},
+                    "NumPDBViolations": {
+                        "type": "integer",
+                        "minimum": 0,
+                        "maximum": MAX_VIOLATIONS,
+                    },
+                },
+            },
+        },
+        {"type": "null"},
+    ]
+}
 
 EXTENDER_ARGS_SCHEMA = request_schema(
     "ExtenderArgs",
-    {"Pod": _OBJECT, "Nodes": _NULLABLE_OBJECT, "NodeNames": _NAMES},
+    {"Pod": _OBJECT, "Nodes": {"anyOf": [_NODE_LIST, {"type": "null"}]}, "NodeNames": _NAMES},
     ["Pod"],
 )
+# NodeNames (nodeCacheCapable) or Nodes: one of them is a list, not null.
+_args_schema = EXTENDER_ARGS_SCHEMA["requestBody"]["content"]["application/json"]["schema"]
+_args_schema["anyOf"] = [
+    {"required": ["NodeNames"], "properties": {"NodeNames": {"type": "array"}}},
+    {"required": ["Nodes"], "properties": {"Nodes": {"type": "object"}}},
+]
 BINDING_ARGS_SCHEMA = request_schema(
     "ExtenderBindingArgs",
-    {k: {"type": "string"} for k in ("PodName", "PodNamespace", "PodUID", "Node")},
+    {
+        "PodName": _NAME,
+        "PodNamespace": _NAME,
+        "PodUID": {"type": "string", "pattern": PLAIN_PATTERN},
+        "Node": _NAME,
+    },
     ["PodName", "PodNamespace", "PodUID", "Node"],
 )
 PREEMPTION_ARGS_SCHEMA = request_schema(
     "ExtenderPreemptionArgs",
-    {
-        "Pod": _OBJECT,
-        "NodeNameToVictims": _NULLABLE_OBJECT,
-        "NodeNameToMetaVictims": _NULLABLE_OBJECT,
-    },
+    {"Pod": _OBJECT, "NodeNameToVictims": _VICTIMS, "NodeNameToMetaVictims": _VICTIMS},
     ["Pod"],
 )

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Response, status
+from fastapi import APIRouter, Depends, Path, Response, status
 
+from placement.snapshot import NODE_NAME_PATTERN
 from service.deps import get_state
 from service.nodes import observed as service
 from service.nodes.schemas import (
@@ -21,33 +22,40 @@ from service.state import ServiceState
 
 router = APIRouter(prefix="/v1/nodes", tags=["nodes"])
 State = Annotated[ServiceState, Depends(get_state)]
+# As long as the database's column; control characters are refused by the request guard.
+NodeName = Annotated[str, Path(min_length=1, max_length=253)]
+# A key is registered only for a valid node name (register_key checks it); the document
+# says so, as the snapshot's own name does.
+NewNodeName = Annotated[
+    str, Path(min_length=1, max_length=253, json_schema_extra={"pattern": NODE_NAME_PATTERN})
+]
 
 
 @router.put("/{name}/snapshot", response_model=SnapshotAccepted)
-def put_snapshot(name: str, report: SnapshotReport, state: State) -> SnapshotAccepted:
+def put_snapshot(name: NodeName, report: SnapshotReport, state: State) -> SnapshotAccepted:
     """An agent reports its node's full snapshot (on start and whenever it changes)."""
     return service.report_snapshot(state, name, report)
 
 
 @router.post("/{name}/heartbeat", status_code=status.HTTP_204_NO_CONTENT)
-def post_heartbeat(name: str, state: State) -> Response:
+def post_heartbeat(name: NodeName, state: State) -> Response:
     service.heartbeat(state, name)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
 @router.put("/{name}/key", response_model=NodeKeyView)
-def put_key(name: str, key: NodeKeyRegistration, state: State) -> NodeKeyView:
+def put_key(name: NewNodeName, key: NodeKeyRegistration, state: State) -> NodeKeyView:
     """An agent registers the Ed25519 public key it signs snapshots with (first key wins)."""
     return service.register_key(state, name, key)
 
 
 @router.get("/{name}/key", response_model=NodeKeyView)
-def get_key(name: str, state: State) -> NodeKeyView:
+def get_key(name: NodeName, state: State) -> NodeKeyView:
     return service.get_key(state, name)
 
 
 @router.delete("/{name}/key", status_code=status.HTTP_204_NO_CONTENT)
-def delete_key(name: str, state: State) -> Response:
+def delete_key(name: NodeName, state: State) -> Response:
     """Forget a node's key, so that a new one (a reinstalled node) can be registered."""
     service.delete_key(state, name)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
@@ -59,33 +67,33 @@ def list_nodes(state: State) -> NodeList:
 
 
 @router.get("/{name}", response_model=NodeView)
-def get_node(name: str, state: State) -> NodeView:
+def get_node(name: NodeName, state: State) -> NodeView:
     return service.get_node(state, name)
 
 
 @router.get("/{name}/topology", response_model=TopologyView)
-def get_topology(name: str, state: State) -> TopologyView:
+def get_topology(name: NodeName, state: State) -> TopologyView:
     """The link matrix, its bandwidths, and the same as `nvidia-smi topo -m` text."""
     return service.topology(state, name)
 
 
 @router.get("/{name}/snapshots")
-def get_snapshots(name: str, state: State) -> list[dict[str, Any]]:
+def get_snapshots(name: NodeName, state: State) -> list[dict[str, Any]]:
     """Stored snapshot history, newest first (bounded by TOPOPLACE_SNAPSHOT_HISTORY)."""
     return service.snapshot_history(state, name)
 
 
 @router.post("/{name}/cordon", response_model=NodeView)
-def cordon(name: str, state: State) -> NodeView:
+def cordon(name: NodeName, state: State) -> NodeView:
     return service.set_cordoned(state, name, True)
 
 
 @router.post("/{name}/uncordon", response_model=NodeView)
-def uncordon(name: str, state: State) -> NodeView:
+def uncordon(name: NodeName, state: State) -> NodeView:
     return service.set_cordoned(state, name, False)
 
 
 @router.delete("/{name}", status_code=status.HTTP_204_NO_CONTENT)
-def delete_node(name: str, state: State) -> Response:
+def delete_node(name: NodeName, state: State) -> Response:
     service.remove_node(state, name)
     return Response(status_code=status.HTTP_204_NO_CONTENT)

@@ -4,21 +4,40 @@ from __future__ import annotations
 
 import base64
 import binascii
-from datetime import datetime
-from typing import Literal
+from datetime import UTC, datetime
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import AfterValidator, BaseModel, Field, field_validator
 
 from placement import NodeSnapshot
+from placement.text import Text
+
+
+def _as_utc(value: datetime) -> datetime:
+    # SQLite gives back the stored UTC times without their zone; an answer without one
+    # is not the RFC 3339 date-time the document promises.
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value
+
+
+UtcTime = Annotated[datetime, AfterValidator(_as_utc)]
 
 
 class SnapshotReport(BaseModel):
     """What an agent PUTs: its full snapshot and, optionally, its signature over it."""
 
     snapshot: NodeSnapshot
-    signature: str | None = Field(
+    signature: Text | None = Field(
         default=None, max_length=512, description="Ed25519 signature (stored, not yet enforced)"
     )
+
+    @field_validator("snapshot")
+    @classmethod
+    def _has_gpus(cls, value: NodeSnapshot) -> NodeSnapshot:
+        # Refused before anything is stored: the engine has no topology of zero GPUs, and a
+        # stored node it cannot load would fail every later start.
+        if not value.gpus:
+            raise ValueError("a snapshot lists at least one GPU")
+        return value
 
 
 class SnapshotAccepted(BaseModel):
@@ -57,8 +76,8 @@ class NodeView(BaseModel):
     fabric_domain: str | None
     state: str = Field(description="ready, cordoned or stale")
     seq: int
-    reported_at: datetime
-    heartbeat_at: datetime
+    reported_at: UtcTime
+    heartbeat_at: UtcTime
     allocations: list[str] = Field(description="ids of live allocations holding GPUs here")
 
 
@@ -78,8 +97,10 @@ class NodeKeyRegistration(BaseModel):
     """A node's Ed25519 public key, as its agent registers it (docs/agent.md)."""
 
     algorithm: Literal["ed25519"] = "ed25519"
-    public_key: str = Field(
-        max_length=64, description="the raw 32-byte Ed25519 public key in standard base64"
+    public_key: Text = Field(
+        max_length=64,
+        json_schema_extra={"pattern": "^[A-Za-z0-9+/]{43}=$"},
+        description="the raw 32-byte Ed25519 public key in standard base64",
     )
 
     @field_validator("public_key")
@@ -99,4 +120,4 @@ class NodeKeyView(BaseModel):
     node: str
     algorithm: str
     public_key: str
-    registered_at: datetime
+    registered_at: UtcTime

@@ -61,7 +61,23 @@ async def job_submit(body: JobSubmit, state: State, settings: Settings) -> FastJ
 DIRECT = {("POST", f"{router.prefix}/job-submit"): handle_job_submit}
 
 
-@router.post("/reconcile", response_model=ReconcileResult)
+# What reconcile reads of squeue's output, stated in the document (the body is read as
+# plain JSON, the rest of it ignored).
+_SQUEUE_BODY = {
+    "requestBody": {
+        "content": {
+            "application/json": {
+                "schema": {
+                    "required": ["jobs"],
+                    "properties": {"jobs": {"type": "array"}},
+                }
+            }
+        }
+    }
+}
+
+
+@router.post("/reconcile", response_model=ReconcileResult, openapi_extra=_SQUEUE_BODY)
 def post_reconcile(
     squeue: Annotated[dict[str, Any], Body(description="the output of `squeue --json`")],
     state: State,

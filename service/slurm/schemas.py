@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from placement.numbers import WHOLE
+from placement.text import Text
+
 # Slurm's "not set" markers: NO_VAL (32 bit), NO_VAL16, and INFINITE variants.
 _UNSET_NUMBERS = {0xFFFFFFFE, 0xFFFFFFFF, 0xFFFE, 0xFFFF}
+# A job has at most this many nodes or tasks (Slurm's own limits are 32-bit).
+MAX_COUNT = 2**31 - 1
+Count = Annotated[int, Field(strict=True, ge=0, le=MAX_COUNT), WHOLE]
 
 
 class JobSubmit(BaseModel):
@@ -19,36 +25,43 @@ class JobSubmit(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    tres_per_job: str | None = None
-    tres_per_node: str | None = None
-    tres_per_task: str | None = None
-    tres_per_socket: str | None = None
-    min_nodes: int | None = None
-    max_nodes: int | None = None
-    num_tasks: int | None = None
-    features: str | None = Field(default=None, description="--constraint")
-    req_nodes: str | None = Field(default=None, description="--nodelist, a Slurm host list")
-    exc_nodes: str | None = Field(default=None, description="--exclude, a Slurm host list")
-    partition: str | None = None
-    partition_nodes: str | None = Field(
+    tres_per_job: Text | None = None
+    tres_per_node: Text | None = None
+    tres_per_task: Text | None = None
+    tres_per_socket: Text | None = None
+    min_nodes: Count | None = None
+    max_nodes: Count | None = None
+    num_tasks: Count | None = None
+    features: Text | None = Field(default=None, description="--constraint")
+    req_nodes: Text | None = Field(default=None, description="--nodelist, a Slurm host list")
+    exc_nodes: Text | None = Field(default=None, description="--exclude, a Slurm host list")
+    partition: Text | None = None
+    partition_nodes: Text | None = Field(
         default=None,
         description="host list of the job's partition(s), as the script finds it in part_list;"
         " only these nodes are considered",
     )
-    array_inx: str | None = Field(default=None, description="--array: a job array")
-    user_name: str | None = Field(default=None, max_length=256)
-    name: str | None = Field(default=None, description="job name")
-    comment: str | None = Field(default=None, description="may carry 'topoplace:' options")
-    batch: bool = Field(default=True, description="a batch job (sbatch): environment can be set")
+    array_inx: Text | None = Field(default=None, description="--array: a job array")
+    user_name: Text | None = Field(default=None, max_length=256)
+    name: Text | None = Field(default=None, description="job name")
+    comment: Text | None = Field(default=None, description="may carry 'topoplace:' options")
+    batch: bool = Field(
+        default=True, strict=True, description="a batch job (sbatch): environment can be set"
+    )
     reserve: bool = Field(
         default=True,
+        strict=True,
         description="false: only say what would be chosen (cli_filter.lua); nothing is reserved",
     )
 
     @field_validator("min_nodes", "max_nodes", "num_tasks", mode="before")
     @classmethod
     def _unset(cls, value: Any) -> Any:
-        if isinstance(value, int | float) and int(value) in _UNSET_NUMBERS:
+        if (
+            isinstance(value, int | float)
+            and not isinstance(value, bool)
+            and value in _UNSET_NUMBERS
+        ):
             return None
         return value
 

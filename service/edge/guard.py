@@ -1,0 +1,125 @@
+"""Checks every HTTP request passes before a route reads it, in one place.
+
+- The URL (path and query) is at most :data:`MAX_URL_BYTES` (414): the HTTP
+  server's own limit answers in its own shape, or not at all.
+- No control character (nor lone surrogate) in the decoded path, the decoded
+  query string or a header value (422 ``invalid_request``): path and query
+  parameters go to the database as they are, and no route has a use for them.
+- The body is read here, counted as it arrives, and refused with 413 as soon
+  as it passes the limit, whether it came with a Content-Length or chunked;
+  it is then checked for nesting depth (json_scan) and handed on, whole, to
+  the application, which reads it as usual. Control characters in the body
+  are refused field by field (``placement.text.Text``): free-form bodies
+  (Kubernetes pods, squeue output) carry newlines legitimately.
+
+A plain ASGI middleware: Starlette's BaseHTTPMiddleware would add a task and a
+memory stream to every request on the /place hot path. On that path the work
+added is one regular-expression search of the path and of each header value,
+and a count of brackets in the body.
+"""
+
+from __future__ import annotations
+
+import re
+from urllib.parse import unquote
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from placement.text import forbidden_character
+from service.edge.json_scan import MAX_DEPTH, too_deep
+from service.errors import InvalidRequest, ServiceError, TooLarge, UriTooLong
+from service.responses import error_response
+
+MAX_URL_BYTES = 8 * 1024
+# In a header value HTTP allows visible characters, spaces and tabs only.
+_HEADER_CONTROL = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
+
+
+class RequestGuard:
+    def __init__(self, app: ASGIApp, max_body_bytes: int) -> None:
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        refusal = self._url_or_header_problem(scope)
+        if refusal is not None:
+            await error_response(refusal)(scope, receive, send)
+            return
+        body, end, refusal = await self._read_body(receive)
+        if refusal is not None:
+            response = error_response(refusal)
+            if isinstance(refusal, TooLarge):
+                # The rest of the body is not read: the connection cannot carry another request.
+                response.headers["Connection"] = "close"
+            await response(scope, receive, send)
+            return
+        if end is not None:  # the client went away while sending
+            return
+        if body and too_deep(body):
+            refusal = InvalidRequest("body", f"JSON nested deeper than {MAX_DEPTH} levels")
+            await error_response(refusal)(scope, receive, send)
+            return
+        await self.app(scope, _replay(body, receive), send)
+
+    def _url_or_header_problem(self, scope: Scope) -> ServiceError | None:
+        path: str = scope["path"]
+        query: bytes = scope.get("query_string", b"")
+        if len(scope.get("raw_path") or path.encode()) + len(query) > MAX_URL_BYTES:
+            return UriTooLong(f"the path and query are over {MAX_URL_BYTES} bytes")
+        bad = forbidden_character(path)
+        if bad is not None:
+            return InvalidRequest("path", f"control characters are not allowed (U+{ord(bad):04X})")
+        if query:
+            bad = forbidden_character(unquote(query.decode("latin-1")))
+            if bad is not None:
+                return InvalidRequest(
+                    "query", f"control characters are not allowed (U+{ord(bad):04X})"
+                )
+        for name, value in scope.get("headers", ()):
+            if _HEADER_CONTROL.search(value):
+                header = name.decode("latin-1")
+                return InvalidRequest(f"header.{header}", "control characters are not allowed")
+            if name == b"content-length" and value.isdigit() and int(value) > self.max_body_bytes:
+                return self._too_large(f"request body of {value.decode()} bytes")
+        return None
+
+    async def _read_body(
+        self, receive: Receive
+    ) -> tuple[bytes, Message | None, ServiceError | None]:
+        """The whole body; or the disconnect that ended it; or the refusal of an oversized one."""
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return b"", message, None
+            chunk: bytes = message.get("body", b"")
+            if chunk:
+                size += len(chunk)
+                if size > self.max_body_bytes:
+                    return b"", None, self._too_large(f"request body of at least {size} bytes")
+                chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks), None, None
+
+    def _too_large(self, what: str) -> TooLarge:
+        return TooLarge(
+            f"{what} is over the limit of {self.max_body_bytes} (TOPOPLACE_MAX_BODY_BYTES)"
+        )
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """The body as one message, then whatever the client sends next (its disconnect)."""
+    sent = False
+
+    async def replayed() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replayed

@@ -1,0 +1,77 @@
+"""/place and the allocation routes refuse malformed input with 422, reserving nothing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from tests.service.helpers import add_nodes
+
+
+@pytest.fixture
+def cluster(client: TestClient) -> TestClient:
+    add_nodes(client, ("hgx-h100", "h0"), ("dgx-a100-mig", "m0"))
+    return client
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"gpus": True}, "gpus"),
+        ({"gpus": "4"}, "gpus"),
+        ({"tasks": "2"}, "tasks"),
+        ({"gpus": 1, "ttl_s": 1e-300}, "ttl_s"),
+        ({"gpus": 1, "ttl_s": 0.05}, "ttl_s"),
+        ({"gpus": 1, "ttl_s": "60"}, "ttl_s"),
+        ({"mig_profile": ""}, "mig_profile"),
+        ({"gpu_models": [""]}, "gpu_models"),
+        ({"gpus": 1, "job_id": "j\u0000"}, "job_id"),
+        ({"gpus": 1, "owner": "o\u0000"}, "owner"),
+    ],
+)
+def test_malformed_requests_are_refused_and_reserve_nothing(
+    cluster: TestClient, body: dict[str, Any], field: str
+) -> None:
+    response = cluster.post("/v1/place", json=body)
+    assert response.status_code == 422, response.text
+    error = response.json()["error"]
+    assert error["code"] == "invalid_request" and error["detail"]["field"].startswith(field)
+    assert cluster.get("/v1/allocations").json()["allocations"] == []
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [(b'{"gpus": 1, "ttl_s": 1e999}', "ttl_s"), (b'{"gpus": 1, "owner": "o\\ud800"}', "owner")],
+)
+def test_what_a_client_library_would_not_send_is_refused(
+    cluster: TestClient, body: bytes, field: str
+) -> None:
+    # Infinity, and a lone surrogate (no UTF-8 encoding exists for it), written by hand.
+    response = cluster.post("/v1/place", content=body, headers={"content-type": "application/json"})
+    assert response.status_code == 422 and response.json()["error"]["detail"]["field"] == field
+
+
+def test_a_ttl_under_the_operators_minimum_is_refused(cluster: TestClient) -> None:
+    # 0.5 s is within what any service accepts, under this one's default of 1 s.
+    response = cluster.post("/v1/place", json={"gpus": 1, "ttl_s": 0.5})
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["detail"]["field"] == "ttl_s"
+    assert "TOPOPLACE_MIN_RESERVATION_TTL_S" in response.json()["error"]["message"]
+    assert cluster.get("/v1/allocations").json()["allocations"] == []
+
+
+def test_extend_refuses_a_ttl_that_expires_at_once(cluster: TestClient) -> None:
+    placed = cluster.post("/v1/place", json={"gpus": 1}).json()
+    for ttl in (1e-300, True, "30"):
+        response = cluster.post(f"/v1/allocations/{placed['id']}/extend", json={"ttl_s": ttl})
+        assert response.status_code == 422, response.text
+
+
+def test_node_filter_is_not_a_pattern(cluster: TestClient) -> None:
+    cluster.post("/v1/place", json={"gpus": 1, "nodes": ["h0"]})
+    assert len(cluster.get("/v1/allocations", params={"node": "h0"}).json()["allocations"]) == 1
+    for pattern in ("%", "h_", "_0"):
+        listed = cluster.get("/v1/allocations", params={"node": pattern}).json()["allocations"]
+        assert listed == [], f"node={pattern!r} matched as a LIKE pattern"

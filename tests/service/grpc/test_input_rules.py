@@ -1,0 +1,51 @@
+"""Over gRPC as over REST: control characters in any string are INVALID_ARGUMENT."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from service.grpc.gen import topoplace_pb2 as pb
+from tests.service.grpc.conftest import Running, details, reason, snapshot_request
+
+
+def _fails(call, request, metadata=()) -> grpc.RpcError:
+    with pytest.raises(grpc.RpcError) as caught:
+        call(request, metadata=metadata)
+    return caught.value
+
+
+@pytest.mark.parametrize(
+    ("method", "message", "field"),
+    [
+        ("Place", pb.PlaceRequest(gpus=1, job_id="job\x00"), "job_id"),
+        ("Place", pb.PlaceRequest(gpus=1, owner="team\x00"), "owner"),
+        ("ReleaseJob", pb.ReleaseJobRequest(job_id="\x00"), "job_id"),
+        ("GetAllocation", pb.GetAllocationRequest(id="a\x00"), "id"),
+        ("Heartbeat", pb.HeartbeatRequest(node="n\x00"), "node"),
+        ("ListAllocations", pb.ListAllocationsRequest(job_id="\x00"), "job_id"),
+    ],
+)
+def test_nul_never_reaches_the_database(
+    running: Running, method: str, message: object, field: str
+) -> None:
+    running.stub.ReportSnapshot(snapshot_request("hgx-h100", "h0"))
+    error = _fails(getattr(running.stub, method), message)
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert reason(error) == "invalid_request"
+    assert details(error)["BadRequest"].field_violations[0].field == field
+    assert running.stub.ListAllocations(pb.ListAllocationsRequest()).allocations == []
+
+
+def test_an_empty_idempotency_key_is_refused(running: Running) -> None:
+    # (Control characters in metadata are refused by gRPC itself, before the call is made.)
+    running.stub.ReportSnapshot(snapshot_request("hgx-h100", "h0"))
+    error = _fails(running.stub.Place, pb.PlaceRequest(gpus=1), (("idempotency-key", ""),))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert running.stub.ListAllocations(pb.ListAllocationsRequest()).allocations == []
+
+
+def test_a_count_sent_as_true_over_rest_has_no_grpc_twin(running: Running) -> None:
+    # Protobuf fields are typed; the REST rules hold for what gRPC converts.
+    running.stub.ReportSnapshot(snapshot_request("hgx-h100", "h0"))
+    assert running.stub.Place(pb.PlaceRequest(gpus=2, ttl_s=60.0)).state == "pending"

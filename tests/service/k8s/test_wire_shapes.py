@@ -1,0 +1,50 @@
+"""Extender bodies of the wrong shape are 400 in the error shape, never a fault."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+POD = {"metadata": {"name": "p", "namespace": "default", "uid": "u1"}, "spec": {}}
+
+
+@pytest.mark.parametrize(
+    ("route", "body"),
+    [
+        ("preempt", {"Pod": POD, "NodeNameToVictims": 1.5}),
+        ("preempt", {"Pod": POD, "NodeNameToVictims": {"n0": []}}),
+        ("preempt", {"Pod": POD, "NodeNameToMetaVictims": {"n0": {"Pods": 3}}}),
+        ("prioritize", {"Pod": POD, "NodeNames": ["n0"], "Nodes": True}),
+        ("filter", {"Pod": POD, "Nodes": ""}),
+        ("bind", {"PodName": "p\u0000", "PodNamespace": "d", "PodUID": "u", "Node": "n0"}),
+    ],
+)
+def test_wrong_shapes_are_bad_requests(
+    k8s_client: TestClient, route: str, body: dict[str, Any]
+) -> None:
+    response = k8s_client.post(f"/k8s/v1/{route}", json=body)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["code"] == "bad_request"
+
+
+def test_meta_victims_are_answered_in_their_documented_shape(k8s_client: TestClient) -> None:
+    body = {"Pod": POD, "NodeNameToMetaVictims": {"n0": {}}}
+    answer = k8s_client.post("/k8s/v1/preempt", json=body).json()
+    for victims in answer["NodeNameToMetaVictims"].values():
+        assert set(victims) == {"Pods", "NumPDBViolations"}
+
+
+@pytest.mark.parametrize(
+    "pod",
+    [
+        {"metadata": [], "spec": {}},
+        {"metadata": {"name": "p"}, "spec": {"containers": {"a": 1}}},
+        {"metadata": {"name": "p\u0000"}, "spec": {}},
+        {"metadata": {"name": "p", "annotations": "x"}, "spec": {}},
+    ],
+)
+def test_odd_pods_are_not_faults(k8s_client: TestClient, pod: dict[str, Any]) -> None:
+    response = k8s_client.post("/k8s/v1/filter", json={"Pod": pod, "NodeNames": ["n0"]})
+    assert response.status_code < 500, response.text

@@ -1,0 +1,42 @@
+"""Snapshots the engine could not load, or the database could not hold, are refused first."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from placement.profiles import build_profile
+
+
+def _put(client: TestClient, name: str, snapshot: dict[str, Any]) -> Any:
+    return client.put(f"/v1/nodes/{name}/snapshot", json={"snapshot": snapshot})
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"gpus": [], "links": []},
+        {"seq": 2**63},
+        {"seq": True},
+        {"seq": "3"},
+        {"hostname": "h0\u0000"},
+    ],
+)
+def test_refused_before_anything_is_stored(client: TestClient, change: dict[str, Any]) -> None:
+    snapshot = {**build_profile("hgx-h100", "h0").model_dump(mode="json"), **change}
+    response = _put(client, "h0", snapshot)
+    assert response.status_code == 422, response.text
+    assert response.json()["error"]["code"] == "invalid_request"
+    assert client.get("/v1/nodes").json()["nodes"] == []
+
+
+def test_the_largest_seq_a_bigint_holds_is_accepted(client: TestClient) -> None:
+    snapshot = {**build_profile("hgx-h100", "h0").model_dump(mode="json"), "seq": 2**63 - 1}
+    assert _put(client, "h0", snapshot).status_code == 200
+
+
+def test_a_node_key_name_must_be_plain(client: TestClient) -> None:
+    response = client.put("/v1/nodes/n%00/key", json={"public_key": "A" * 43 + "="})
+    assert response.status_code == 422
