@@ -45,7 +45,9 @@ _MIG_PROFILE_RE = re.compile(r"^(\d+c\.)?\d+g\.\d+gb(\+[a-z0-9.]+)?$")
 # Numbers are strict (JSON true or "4" is refused) and bounded: every count and size
 # fits a 32-bit column, and seq a signed 64-bit one (the database's BigInteger).
 NonNegInt = Annotated[int, Field(strict=True, ge=0, le=2**31 - 1), WHOLE]
-Seq = Annotated[int, Field(strict=True, ge=0, le=2**63 - 1), WHOLE]
+# A seq is stored as a signed 64-bit integer (BIGINT); a larger one could never be stored.
+MAX_SEQ = 2**63 - 1
+Seq = Annotated[int, Field(strict=True, ge=0, le=MAX_SEQ), WHOLE]
 SliceCount = Annotated[int, Field(strict=True, ge=1, le=64), WHOLE]
 Flag = Annotated[bool, Field(strict=True)]
 # Linux builds for at most 8,192 CPUs (x86 MAXSMP); a cpuset naming CPU ids far past
