@@ -30,15 +30,6 @@ class SnapshotReport(BaseModel):
         default=None, max_length=512, description="Ed25519 signature (stored, not yet enforced)"
     )
 
-    @field_validator("snapshot")
-    @classmethod
-    def _has_gpus(cls, value: NodeSnapshot) -> NodeSnapshot:
-        # Refused before anything is stored: the engine has no topology of zero GPUs, and a
-        # stored node it cannot load would fail every later start.
-        if not value.gpus:
-            raise ValueError("a snapshot lists at least one GPU")
-        return value
-
 
 class SnapshotAccepted(BaseModel):
     node: str

@@ -228,8 +228,8 @@ def test_a_failed_commit_leaves_no_tentative_choice(
             raise DataError("INSERT", {}, ValueError("a value the database refuses"))
 
         monkeypatch.setattr(state.committer, "commit_async", refused)
-        with pytest.raises(DataError):
-            client.post("/v1/place", json={"gpus": 8})
+        failed = client.post("/v1/place", json={"gpus": 8})
+        assert failed.status_code == 500 and failed.json()["error"]["code"] == "internal_error"
         monkeypatch.undo()
         with state.lock:
             assert state.cluster.node("h0").free_mask() == 0xFF and not state.inflight
