@@ -3,8 +3,8 @@
 - The URL (path and query) is at most :data:`MAX_URL_BYTES` (414): the HTTP
   server's own limit answers in its own shape, or not at all.
 - No control character (nor lone surrogate) in the decoded path, the decoded
-  query string or a header value (422 ``invalid_request``): path and query
-  parameters go to the database as they are, and no route has a use for them.
+  query string or the headers the service reads (422 ``invalid_request``):
+  they go to the database as they are, and no route has a use for them.
 - The body is read here, counted as it arrives, and refused with 413 as soon
   as it passes the limit, whether it came with a Content-Length or chunked;
   it is then checked for nesting depth (json_scan) and handed on, whole, to
@@ -31,8 +31,11 @@ from service.errors import InvalidRequest, ServiceError, TooLarge, UriTooLong
 from service.responses import error_response
 
 MAX_URL_BYTES = 8 * 1024
-# In a header value HTTP allows visible characters, spaces and tabs only.
+# In a header value HTTP allows visible characters, spaces and tabs only. The HTTP
+# server refuses others already; checked again for the headers whose values the
+# service keeps or compares, whatever server runs it.
 _HEADER_CONTROL = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
+_READ_HEADERS = frozenset({b"idempotency-key", b"authorization"})
 
 
 class RequestGuard:
@@ -79,21 +82,27 @@ class RequestGuard:
                     "query", f"control characters are not allowed (U+{ord(bad):04X})"
                 )
         for name, value in scope.get("headers", ()):
-            if _HEADER_CONTROL.search(value):
+            if name == b"content-length":
+                if value.isdigit() and int(value) > self.max_body_bytes:
+                    return self._too_large(f"request body of {value.decode()} bytes")
+            elif name in _READ_HEADERS and _HEADER_CONTROL.search(value):
                 header = name.decode("latin-1")
                 return InvalidRequest(f"header.{header}", "control characters are not allowed")
-            if name == b"content-length" and value.isdigit() and int(value) > self.max_body_bytes:
-                return self._too_large(f"request body of {value.decode()} bytes")
         return None
 
     async def _read_body(
         self, receive: Receive
     ) -> tuple[bytes, Message | None, ServiceError | None]:
         """The whole body; or the disconnect that ended it; or the refusal of an oversized one."""
+        message = await receive()
+        if message["type"] == "http.request" and not message.get("more_body", False):
+            first: bytes = message.get("body", b"")  # the whole body in one message: usual
+            if len(first) > self.max_body_bytes:
+                return b"", None, self._too_large(f"request body of {len(first)} bytes")
+            return first, None, None
         chunks: list[bytes] = []
         size = 0
         while True:
-            message = await receive()
             if message["type"] != "http.request":
                 return b"", message, None
             chunk: bytes = message.get("body", b"")
@@ -104,6 +113,7 @@ class RequestGuard:
                 chunks.append(chunk)
             if not message.get("more_body", False):
                 return b"".join(chunks), None, None
+            message = await receive()
 
     def _too_large(self, what: str) -> TooLarge:
         return TooLarge(

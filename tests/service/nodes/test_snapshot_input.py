@@ -17,7 +17,7 @@ def _put(client: TestClient, name: str, snapshot: dict[str, Any]) -> Any:
 @pytest.mark.parametrize(
     "change",
     [
-        {"gpus": [], "links": []},
+        {"gpus": [], "links": [], "nics": [], "cpu_links": [], "mig_instances": []},
         {"seq": 2**63},
         {"seq": True},
         {"seq": "3"},
