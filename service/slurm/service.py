@@ -73,6 +73,13 @@ def _decide_flow(state: ServiceState, settings: SlurmSettings, job: JobSubmit) -
             action="refuse",
             message="topoplace: this cluster does not allow topoplace:off; remove it",
         )
+    if job.reserve and not job.batch and ask.per_gpu_indices is None:
+        # cli_filter.lua names the GPUs of every srun/salloc it saw. Without it, the
+        # job's steps keep a plain count (--gres=gpu:N), which Slurm 22.05 refuses
+        # inside a job pinned to per-GPU types: Slurm chooses, the prolog reports.
+        return _unchanged(
+            "srun/salloc without cli_filter.lua: its steps could not use pinned GPUs; left to Slurm"
+        )
     try:
         node_count, candidates, excluded = _nodes(state, job)
         if per_job and node_count > 1:

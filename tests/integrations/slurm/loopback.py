@@ -365,12 +365,28 @@ PartitionName=gpu Nodes={",".join(self.nodes)} Default=YES MaxTime=INFINITE Stat
 
     # -- jobs -----------------------------------------------------------------
 
-    def run(self, *argv: str, timeout_s: float = 30) -> subprocess.CompletedProcess[str]:
+    def client_env(self, *, cli_filter: bool) -> dict[str, str]:
+        """The environment of a client on this cluster, with or without cli_filter.lua.
+
+        Slurm's clients read CliFilterPlugins from the slurm.conf they are given;
+        a copy without that line is a site that never installed the client filter."""
+        if cli_filter:
+            return self.env
+        bare = self.root / "slurm-no-cli-filter.conf"
+        lines = self.conf.read_text().splitlines()
+        bare.write_text("\n".join(x for x in lines if not x.startswith("CliFilterPlugins")) + "\n")
+        return {**self.env, "SLURM_CONF": str(bare)}
+
+    def run(
+        self, *argv: str, timeout_s: float = 30, env: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            list(argv), env=self.env, capture_output=True, text=True, timeout=timeout_s
+            list(argv), env=env or self.env, capture_output=True, text=True, timeout=timeout_s
         )
 
-    def sbatch(self, *args: str, script: str = "sleep 30") -> Job:
+    def sbatch(
+        self, *args: str, script: str = "sleep 30", env: dict[str, str] | None = None
+    ) -> Job:
         started = time.perf_counter()
         done = self.run(
             "sbatch",
@@ -379,6 +395,7 @@ PartitionName=gpu Nodes={",".join(self.nodes)} Default=YES MaxTime=INFINITE Stat
             *args,
             "--wrap",
             script,
+            env=env,
         )
         seconds = time.perf_counter() - started
         return Job(
