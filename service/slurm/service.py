@@ -22,6 +22,7 @@ from service.errors import ServiceError, Unresolvable, Unschedulable
 from service.flows import drive_async
 from service.slurm import conf, hostlist, job_options
 from service.slurm.admin_comment import format_comment
+from service.slurm.fresh import FRESH
 from service.slurm.schemas import JobDecision, JobSubmit
 from service.slurm.settings import SlurmSettings
 from service.slurm.tres import GpuAsk, TresError, gpu_ask, per_gpu_tres
@@ -53,7 +54,9 @@ async def decide(state: ServiceState, settings: SlurmSettings, job: JobSubmit) -
     Runs on the event loop; each reservation's commit is awaited."""
 
     async def reserve(request: PlaceRequest) -> dict[str, Any]:
-        return (await allocations.place_async(state, request, None, active=True))[0]
+        placed = (await allocations.place_async(state, request, None, active=True))[0]
+        FRESH.note()  # the reconcile loop checks soon that a job took it
+        return placed
 
     return await drive_async(_decide_flow(state, settings, job), reserve)
 

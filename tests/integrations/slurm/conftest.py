@@ -17,7 +17,7 @@ from tests.integrations.slurm.loopback import LoopbackCluster, Service, missing_
 
 NODES = ("node1", "node2", "node3")
 PROFILE = "dgx1-v100"  # the DGX-1 hybrid cube-mesh: two fully connected NVLink quads
-GRACE_S = 3
+GRACE_S = 0.5  # the default: an orphan reservation goes soon after the timeout
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -195,6 +195,8 @@ class LoopbackCluster:
             self._topoplace("gres-conf", "--device-dir", str(root / "dev"), *self.nodes)
         )
         plugins = "JobSubmitPlugins=lua\n" if self.with_filter else ""
+        if self.with_filter:
+            plugins += f"PrologSlurmctld={root / 'topoplace-prolog'}\n"
         if self.cli_filter:
             plugins += "CliFilterPlugins=cli_filter/lua\n"
         self.conf.write_text(
@@ -243,6 +245,14 @@ PartitionName=gpu Nodes={",".join(self.nodes)} Default=YES MaxTime=INFINITE Stat
             shipped.replace("TOPOPLACE=/opt/topoplace/bin/topoplace", f"TOPOPLACE={program}")
         )
         (root / "topoplace-epilog").chmod(0o755)
+        shipped = (LUA_DIR / "topoplace-prolog").read_text()
+        if "PYTHON=/opt/topoplace/bin/python" not in shipped:
+            raise RuntimeError("integrations/slurm/topoplace-prolog no longer names its Python")
+        (root / "topoplace-prolog").write_text(
+            shipped.replace("PYTHON=/opt/topoplace/bin/python", f"PYTHON={sys.executable}")
+            .replace('"$CONFIG"', f'"$CONFIG" >> "{root / "log" / "prolog.log"}" 2>&1')
+        )
+        (root / "topoplace-prolog").chmod(0o755)
         epilog = root / "epilog.sh"
         epilog.write_text(
             "#!/bin/sh\n"

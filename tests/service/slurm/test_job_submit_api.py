@@ -185,10 +185,20 @@ def test_reconcile_releases_what_slurm_no_longer_has_after_the_grace_period(
         ]
     }
     early = dgx1.post("/v1/slurm/reconcile", json=squeue).json()
-    assert early == {"released": [], "live_jobs": 1}  # all younger than the grace period
+    # A finished job's allocation goes at once; one no job names waits for the grace
+    # period (its job may not exist yet); a live job's learns the job id.
+    assert early == {
+        "released": done["allocation_ids"],
+        "live_jobs": 1,
+        "observed": [],
+        "attached": kept["allocation_ids"],
+    }
     clock.advance(SlurmSettings().reconcile_grace_s + 1)
     result = dgx1.post("/v1/slurm/reconcile", json=squeue).json()
-    assert sorted(result["released"]) == sorted(done["allocation_ids"] + lost["allocation_ids"])
+    assert result["released"] == lost["allocation_ids"]
+    assert dgx1.get("/v1/allocations", params={"job_id": "1"}).json()["allocations"][0]["id"] == (
+        kept["allocation_ids"][0]
+    )
     assert [a["id"] for a in live(dgx1)] == kept["allocation_ids"]
 
 
