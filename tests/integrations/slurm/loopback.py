@@ -249,8 +249,9 @@ PartitionName=gpu Nodes={",".join(self.nodes)} Default=YES MaxTime=INFINITE Stat
         if "PYTHON=/opt/topoplace/bin/python" not in shipped:
             raise RuntimeError("integrations/slurm/topoplace-prolog no longer names its Python")
         (root / "topoplace-prolog").write_text(
-            shipped.replace("PYTHON=/opt/topoplace/bin/python", f"PYTHON={sys.executable}")
-            .replace('"$CONFIG"', f'"$CONFIG" >> "{root / "log" / "prolog.log"}" 2>&1')
+            shipped.replace("PYTHON=/opt/topoplace/bin/python", f"PYTHON={sys.executable}").replace(
+                '"$CONFIG"', f'"$CONFIG" >> "{root / "log" / "prolog.log"}" 2>&1'
+            )
         )
         (root / "topoplace-prolog").chmod(0o755)
         epilog = root / "epilog.sh"

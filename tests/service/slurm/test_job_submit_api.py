@@ -196,8 +196,9 @@ def test_reconcile_releases_what_slurm_no_longer_has_after_the_grace_period(
     clock.advance(SlurmSettings().reconcile_grace_s + 1)
     result = dgx1.post("/v1/slurm/reconcile", json=squeue).json()
     assert result["released"] == lost["allocation_ids"]
-    assert dgx1.get("/v1/allocations", params={"job_id": "1"}).json()["allocations"][0]["id"] == (
-        kept["allocation_ids"][0]
+    assert (
+        dgx1.get("/v1/allocations", params={"job_id": "1"}).json()["allocations"][0]["id"]
+        == (kept["allocation_ids"][0])
     )
     assert [a["id"] for a in live(dgx1)] == kept["allocation_ids"]
 
