@@ -11,7 +11,7 @@ import itertools
 import re
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -63,17 +63,6 @@ def eventually(check: Callable[[], bool], what: str, timeout_s: float = 15) -> N
         if time.monotonic() > deadline:
             raise AssertionError(f"{what} did not happen within {timeout_s} s")
         time.sleep(0.2)
-
-
-@pytest.fixture
-def jobs(cluster: LoopbackCluster) -> Iterator[list[str]]:
-    """Job ids a test started; cancelled at its end so every test starts on idle nodes."""
-    started: list[str] = []
-    yield started
-    if started:
-        cluster.run("scancel", *started)
-        for job in started:
-            cluster.wait_state(job, ("CANCELLED", "COMPLETED", "FAILED"), timeout_s=20)
 
 
 def allocation(service: Service, allocation_id: str) -> dict[str, Any]:
