@@ -19,8 +19,9 @@ import pytest
 from placement import bandwidth_matrix
 from placement.profiles import build_profile
 from service.slurm.hostlist import expand
-from tests.integrations.slurm.conftest import PROFILE
+from tests.integrations.slurm.conftest import NODES, PROFILE
 from tests.integrations.slurm.loopback import LoopbackCluster, Service, free_port
+from topoplace.client import ApiError
 
 BANDWIDTH = bandwidth_matrix(build_profile(PROFILE, "any"))
 
@@ -130,12 +131,15 @@ def test_four_gpu_job_runs_on_the_gpus_the_service_chose(
 
 
 def test_a_request_that_can_never_fit_is_refused_with_the_service_message(
-    cluster: LoopbackCluster,
+    cluster: LoopbackCluster, service: Service
 ) -> None:
     refused = cluster.sbatch("--gpus=16", "--comment=topoplace:locality=nvlink", script="true")
     assert refused.returncode != 0
+    # The engine's own words for the refusal, as /v1/place gives them, reach the user.
+    with service.client() as client, pytest.raises(ApiError) as engine:
+        client.place({"gpus": 16, "locality": "nvlink", "nodes": list(NODES)})
+    assert engine.value.message in refused.stderr
     assert "no node can ever hold this request" in refused.stderr
-    assert "fewer than 16 GPUs" in refused.stderr
 
     array = cluster.sbatch("--gpus=1", "--array=0-1", "-w", "node3", "--hold", script="true")
     assert array.returncode == 0, array.stderr
