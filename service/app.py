@@ -72,7 +72,7 @@ class BodyLimit:
 async def _background(state: ServiceState, demo_nodes: list[str]) -> None:
     """Expire stale reservations; checkpoint SQLite; keep the demo nodes' heartbeats fresh."""
     interval = min(MAINTENANCE_INTERVAL_S, state.settings.heartbeat_ttl_s / 3)
-    slurm = Reconciler(state)  # runs only where TOPOPLACE_SLURM_SQUEUE_COMMAND is set
+    slurm = Reconciler(state)  # where squeue is present (TOPOPLACE_SLURM_SQUEUE_COMMAND)
     last_maintenance = last_checkpoint = 0.0
     loop = asyncio.get_running_loop()
     while True:

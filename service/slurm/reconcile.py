@@ -49,6 +49,7 @@ FINISHED = frozenset(
 # States in which a job holds its GPUs on its nodes.
 RUNNING = frozenset({"RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "STOPPED"})
 _LISTED = 10_000
+EARLY_GAP_S = 0.1
 
 
 def _states(job: dict[str, Any]) -> set[str]:
@@ -116,6 +117,7 @@ def reconcile(state: ServiceState, settings: SlurmSettings, squeue: Any) -> Reco
             merged = held_by_job.setdefault(str(allocation["job_id"]), {})
             for node, gpus in _held(allocation).items():
                 merged[node] = sorted({*merged.get(node, []), *gpus})
+    without_job = {str(a["id"]) for a in current if a["job_id"] is None}
     observed: list[str] = []
     attached: list[str] = []
     for job in jobs:
@@ -132,8 +134,8 @@ def reconcile(state: ServiceState, settings: SlurmSettings, squeue: Any) -> Reco
                 (attached if observation.action == "attached" else observed).append(
                     observation.allocation_id
                 )
-        elif found.named:
-            attached += allocations.attach(state, found.named, found.job_id)
+        elif unattached := [i for i in found.named if i in without_job]:
+            attached += allocations.attach(state, unattached, found.job_id)
     if observed:
         current = [
             a
@@ -186,15 +188,20 @@ class Reconciler:
         self.settings = settings or SlurmSettings()
         self._command = self.settings.command()
         self._next = 0.0
+        self._last = float("-inf")
 
     async def tick(self) -> None:
         command = self._command
         if not command:
             return
-        due = FRESH.due(self.settings.reconcile_grace_s)
-        if not due and time.monotonic() < self._next:
+        now = time.monotonic()
+        # Early runs at most once per grace period (and 0.1 s): under a stream of
+        # submissions squeue is read twice a second at the default grace, not per job.
+        early = now >= self._last + max(self.settings.reconcile_grace_s, EARLY_GAP_S)
+        if now < self._next and not (early and FRESH.due(self.settings.reconcile_grace_s)):
             return
-        self._next = time.monotonic() + self.settings.reconcile_interval_s
+        self._last = now
+        self._next = now + self.settings.reconcile_interval_s
         try:
             squeue = await asyncio.to_thread(read_squeue, command, self.settings.squeue_timeout_s)
         except RuntimeError as exc:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from service.slurm.fresh import FRESH
-from service.slurm.reconcile import Reconciler
+from service.slurm.reconcile import EARLY_GAP_S, Reconciler
 from service.slurm.settings import SlurmSettings
 from service.slurm.truth import from_show_job, gpu_indices
 from tests.service.helpers import add_nodes
@@ -180,6 +181,7 @@ def test_the_loop_runs_as_soon_as_a_fresh_reservation_passes_the_grace_period(
     loop = Reconciler(app.state.service, settings)
     asyncio.run(loop.tick())  # the interval's first run; the next one is an hour away
     orphan = submit(dgx1, tres_per_node="gres:gpu:1")
+    time.sleep(EARLY_GAP_S)  # early runs are spaced at least this much
     asyncio.run(loop.tick())
     released = dgx1.get(f"/v1/allocations/{orphan['allocation_ids'][0]}").json()
     assert released["state"] == "released"
