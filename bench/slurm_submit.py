@@ -1,5 +1,8 @@
 """Slurm submissions with and without the topoplace filter, on a loopback cluster.
 
+The service runs as deployed, its reconcile loop reading the filtered
+cluster's `squeue --json` (it releases the other clusters' reservations,
+which no job there names, soon after they are made; that changes no timing).
 Three clusters run side by side on this machine, configured alike from the
 same service (DGX-1 nodes, 8 fake GPUs each, gres.conf and node lines from
 `topoplace slurm`): one with job_submit.lua in front of slurmctld (the
@@ -7,8 +10,10 @@ filter), one with cli_filter.lua in sbatch as well, one without either.
 Measured, one submission on each in turn so drift hits all three:
 
 1. sbatch of a held 1-GPU job (`--hold`: submission only, nothing runs):
-   the sbatch process's wall time, and slurmctld's own time for the submit
-   RPC (its log's `usec=`), which is where the filter's HTTP call happens;
+   the sbatch process's wall time, and the filter's own time, as
+   job_submit.lua measures its call and logs it (`[1.3 ms]` in slurmctld's
+   log; not the submit RPC's `usec=`, which slurmctld counts otherwise and
+   which came out smaller than the filter's own time for the same job);
    submissions per second = 1 / mean sbatch time (one client, back to back).
    Every 20 submissions the jobs are cancelled and their allocations
    released, untimed, so the service always has GPUs to give. A fourth
@@ -227,14 +232,23 @@ def pct(values: list[float], q: float) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="60 submissions each instead of 300")
+    parser.add_argument("--count", type=int, help="submissions each (overrides --quick)")
     args = parser.parse_args()
     why = missing_prerequisites()
     if why is not None:
         raise SystemExit(f"cannot run a loopback Slurm cluster here: {why}")
-    count = 60 if args.quick else 300
+    count = args.count or (60 if args.quick else 300)
     print(f"machine: {describe()}")
     root = Path(tempfile.mkdtemp(prefix="topoplace-bench-slurm-"))
-    service = Service(root / "service")
+    # The service as deployed: its reconcile loop reads the filtered cluster's squeue
+    # (every interval, and soon after each reservation: service/slurm/fresh.py).
+    service = Service(
+        root / "service",
+        {
+            "SLURM_CONF": str(root / "filtered" / "slurm.conf"),
+            "TOPOPLACE_SLURM_SQUEUE_COMMAND": "squeue --json",
+        },
+    )
     (root / "service").mkdir()
     nodes, solos, both = ["node1", "node2", "node3"], ["solo1", "solo2", "solo3"], ["cli1"]
     fixed_node = "fixed1"

@@ -40,7 +40,7 @@ log = logging.getLogger("topoplace.service")
 # reservations/s expiring, sweeps every 0.5 s (about 100 each) still stalled
 # /place by 10-15 ms twice a second; every 0.1 s those stalls are gone.
 SWEEP_INTERVAL_S = 0.1
-MAINTENANCE_INTERVAL_S = 2.0  # demo heartbeats, the Slurm reconcile's clock
+MAINTENANCE_INTERVAL_S = 2.0  # demo heartbeats
 # SQLite's WAL is copied into the database here, off the commit path (db.checkpoint):
 # at a thousand reservations a second that is under 10,000 pages a time.
 CHECKPOINT_INTERVAL_S = 1.0
@@ -49,13 +49,16 @@ CHECKPOINT_INTERVAL_S = 1.0
 async def _background(state: ServiceState, demo_nodes: list[str]) -> None:
     """Expire stale reservations; checkpoint SQLite; keep the demo nodes' heartbeats fresh."""
     interval = min(MAINTENANCE_INTERVAL_S, state.settings.heartbeat_ttl_s / 3)
-    slurm = Reconciler(state)  # runs only where TOPOPLACE_SLURM_SQUEUE_COMMAND is set
+    slurm = Reconciler(state)  # where squeue is present (TOPOPLACE_SLURM_SQUEUE_COMMAND)
     last_maintenance = last_checkpoint = 0.0
     loop = asyncio.get_running_loop()
     while True:
         await asyncio.sleep(SWEEP_INTERVAL_S)
         try:
             await asyncio.to_thread(allocation_service.sweep, state)
+            # Keeps its own clock: it also runs as soon as a fresh Slurm reservation's
+            # grace period ends (service/slurm/fresh.py).
+            await slurm.tick()
             if loop.time() - last_checkpoint >= CHECKPOINT_INTERVAL_S:
                 last_checkpoint = loop.time()
                 await asyncio.to_thread(checkpoint, state.engine)
@@ -64,7 +67,6 @@ async def _background(state: ServiceState, demo_nodes: list[str]) -> None:
             last_maintenance = loop.time()
             if demo_nodes:
                 await asyncio.to_thread(heartbeat_demo_cluster, state, demo_nodes)
-            await slurm.tick()
         except Exception:  # the loop must outlive a database hiccup
             log.exception("background sweep failed; retrying")
 

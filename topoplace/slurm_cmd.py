@@ -1,12 +1,14 @@
-"""`topoplace slurm gres-conf|node-conf|epilog`: Slurm's side of topoplace.
+"""`topoplace slurm gres-conf|node-conf|show|epilog`: Slurm's side of topoplace.
 
 - ``gres-conf NODE...`` prints gres.conf lines from the nodes' stored
   snapshots: one GRES Type per GPU (``g<index>``), ``Links=`` from the
   NVLink matrix, ``Cores=`` from each GPU's NUMA node;
 - ``node-conf NODE...`` prints slurm.conf node lines with ``Gres=`` and
   ``Features`` (GPU model, NVLink, largest island, NVLink domain, block);
+- ``show JOBID`` prints the allocations carrying that Slurm job id;
 - ``epilog`` is the ``EpilogSlurmctld`` program: it reads the job's admin
-  comment (``scontrol show job``) and releases the allocations named there.
+  comment (``scontrol show job``) and releases the allocations named there,
+  and those carrying the job id (recorded from what Slurm ran).
 
 NODE arguments may be Slurm host lists (``node[1-4]``). Exit status as the
 other client commands: 0 done, 1 refused, 2 usage, 3 service unreachable.
@@ -67,6 +69,15 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.set_defaults(func=lambda args: client_cmd.run(_print_node_conf, args))
 
     p = commands.add_parser(
+        "show",
+        parents=[common],
+        help="the allocations of a Slurm job (by its job id)",
+        epilog=client_cmd.EXIT_HELP,
+    )
+    p.add_argument("job", metavar="JOBID", help="the Slurm job id")
+    p.set_defaults(func=lambda args: client_cmd.run(_show_job, args))
+
+    p = commands.add_parser(
         "epilog",
         parents=[common],
         help="EpilogSlurmctld: release the finished job's allocations",
@@ -110,6 +121,13 @@ def _print_node_conf(client: TopoplaceClient, args: argparse.Namespace) -> None:
 
     for snap in _snapshots(client, args.nodes):
         print(node_conf_line(snap, args.extra))
+
+
+def _show_job(client: TopoplaceClient, args: argparse.Namespace) -> None:
+    data = client.allocations(job_id=args.job)
+    empty = f"no allocation carries job {args.job} (yet: it is known once the job starts)"
+    for allocation in client_cmd._items_or_json(data, "allocations", args, empty):
+        print(client_cmd.allocation_text(allocation))
 
 
 def read_config(path: str) -> dict[str, str]:
@@ -158,12 +176,13 @@ def run_epilog(args: argparse.Namespace) -> int:
     except (OSError, RuntimeError, subprocess.TimeoutExpired) as exc:
         print(f"error: cannot read job {job}: {exc}", file=sys.stderr)
         return client_cmd.EXIT_UNREACHABLE
-    if not ids:
-        return client_cmd.EXIT_OK  # not placed by topoplace
 
     def release(client: TopoplaceClient, _: argparse.Namespace) -> None:
         for allocation in ids:
             released = client.release(allocation).get("released", [])
             print(f"job {job}: allocation {allocation} released: {bool(released)}")
+        # Allocations recorded from what Slurm ran (the prolog) carry the job id instead.
+        for allocation in client.release_job(job).get("released", []):
+            print(f"job {job}: allocation {allocation} released: True")
 
     return client_cmd.run(release, args)

@@ -5,8 +5,9 @@
 -- slurm.conf with topoplace_client.lua and topoplace.conf) asks the service
 -- what it would choose (nothing is reserved) and rewrites the options to name
 -- those GPUs and that node, so the step gets them too. It runs as the user and
--- can be bypassed; job_submit.lua still decides. Any failure leaves the
--- options as they were.
+-- can be bypassed; job_submit.lua still decides. Inside a job, it names the
+-- job's own GPUs for a step that asks for a plain per-node count (see
+-- rewrite_step). Any failure leaves the options as they were.
 
 local here = debug.getinfo(1, "S").source:match("^@(.*/)") or "./"
 local topoplace -- loaded on first use: sbatch, which never needs it, skips the cost
@@ -30,10 +31,87 @@ local function with_prefix(gres)
   return table.concat(entries, ",")
 end
 
+-- The GPU indices of the job this step runs in, when topoplace pinned them
+-- (one GRES type per GPU, "g<index>"); nil for a job Slurm chose GPUs for.
+-- A placed batch job carries TOPOPLACE_GPUS; an salloc shell has no such
+-- variable, so its job's TresPerNode is read back.
+local function job_gpus(job_id)
+  local listed = os.getenv("TOPOPLACE_GPUS")
+  if listed == nil or listed == "" then
+    local pipe = io.popen("scontrol show job -o " .. job_id .. " 2>/dev/null")
+    if pipe == nil then
+      return nil
+    end
+    local shown = pipe:read("*a") or ""
+    pipe:close()
+    local tres = shown:match("TresPerNode=(%S+)")
+    if tres == nil then
+      return nil
+    end
+    local found = {}
+    for entry in string.gmatch(tres, "[^,]+") do
+      local index = entry:match("^gres:gpu:g(%d+):1$") or entry:match("^gpu:g(%d+):1$")
+      if index == nil then
+        return nil -- not wholly per-GPU types: not a job topoplace pinned
+      end
+      found[#found + 1] = index
+    end
+    listed = table.concat(found, ",")
+  end
+  local gpus = {}
+  for index in string.gmatch(listed, "%d+") do
+    gpus[#gpus + 1] = index
+  end
+  return #gpus > 0 and gpus or nil
+end
+
+-- A step inside a pinned job that asks for N GPUs per node as a plain count
+-- (--gres=gpu:N, --gpus-per-node=N): Slurm 22.05 matches that count against
+-- one of the job's per-GPU types alone and refuses the step ("Step requested
+-- gres_per_node=gpu:2 is more than the job's gres_per_node=gpu:1"), so name
+-- the first N of the job's GPUs instead. --gpus=N, --gpus-per-task and a step
+-- with no GPU option work as they are.
+local function rewrite_step(options, job_id)
+  local gres = option(options, "gres")
+  local count = option(options, "gpus-per-node")
+  local others = {}
+  if gres ~= nil then
+    for entry in string.gmatch(gres, "[^,]+") do
+      local bare = (entry:gsub("^gres:", ""))
+      if bare:match("^gpu:%d+$") then
+        count = bare:match("^gpu:(%d+)$")
+      elseif bare == "gpu" or bare:find("^gpu:") then
+        return -- a typed GPU ask: the user's own
+      else
+        others[#others + 1] = entry
+      end
+    end
+  end
+  count = tonumber((count or ""):match("^(%d+)$"))
+  if count == nil or count < 1 then
+    return
+  end
+  local gpus = job_gpus(job_id)
+  if gpus == nil or count > #gpus then
+    return -- not pinned, or more than the job holds: Slurm says so itself
+  end
+  for i = 1, count do
+    others[#others + 1] = "gpu:g" .. gpus[i] .. ":1"
+  end
+  options["gres"] = table.concat(others, ",")
+  options["gpus-per-node"] = ""
+end
+
 local function pre_submit(options)
-  -- sbatch jobs are wholly decided by job_submit.lua; steps inside an
-  -- allocation use what it holds.
-  if options["type"] == "sbatch" or os.getenv("SLURM_JOB_ID") ~= nil then
+  -- sbatch jobs are wholly decided by job_submit.lua.
+  if options["type"] == "sbatch" then
+    return
+  end
+  local job_id = os.getenv("SLURM_JOB_ID")
+  if job_id ~= nil then
+    if options["type"] == "srun" then
+      rewrite_step(options, job_id)
+    end
     return
   end
   local gpus = option(options, "gpus")

@@ -56,6 +56,10 @@ GUARDS: dict[str, Guard] = {
     "release": lambda now: _T.c.state.in_(LIVE),
     # only an unconfirmed reservation whose TTL passed expires
     "expire": lambda now: sa.and_(_T.c.state.in_(("pending", "degraded")), _expired(now)),
+    # a live allocation learns the scheduler's job id, once (a job id never changes)
+    "attach": lambda now: sa.and_(_T.c.state.in_(LIVE), _T.c.job_id.is_(None)),
+    # a live allocation takes the GPUs its job really runs on (Slurm chose them)
+    "relocate": lambda now: _T.c.state.in_(LIVE),
 }
 
 
@@ -134,6 +138,103 @@ def end(
         .returning(_H.c.allocation_id, _H.c.node, _H.c.device, _H.c.kind)
     ).all()
     return ended, [FreedHold(str(a), str(n), str(d), str(k)) for a, n, d, k in deleted]
+
+
+def attach(
+    conn: Connection, allocation_ids: Sequence[str], job_id: str, now: datetime
+) -> list[str]:
+    """Record the job id on the live allocations that have none; the ids changed."""
+    if not allocation_ids:
+        return []
+    statement = (
+        sa.update(_T)
+        .where(_T.c.id.in_(list(allocation_ids)), GUARDS["attach"](now))
+        .values(job_id=job_id)
+        .returning(_T.c.id)
+    )
+    return sorted(str(i) for i in conn.execute(statement).scalars())
+
+
+def relocate(
+    conn: Connection,
+    allocation_id: str,
+    now: datetime,
+    *,
+    job_id: str,
+    placement: str,
+    holds: Sequence[tuple[str, str, str]],
+) -> tuple[sa.RowMapping | None, list[FreedHold]]:
+    """Move a live allocation onto ``holds`` (node, device, kind): the row and the holds
+    it gave up, or (None, []) when the guard did not hold. The holds are replaced in the
+    caller's transaction; a new hold another allocation has makes the insert fail
+    (IntegrityError), so the caller ends those first. The anchor moves to the first new
+    hold; the deferred foreign keys see both at commit."""
+    node, device, _ = holds[0]
+    statement = (
+        sa.update(_T)
+        .where(_T.c.id == allocation_id, GUARDS["relocate"](now))
+        .values(job_id=job_id, placement=placement, anchor_node=node, anchor_device=device)
+        .returning(*_T.c)
+    )
+    row = conn.execute(statement).mappings().first()
+    if row is None:
+        return None, []
+    deleted = conn.execute(
+        sa.delete(_H)
+        .where(_H.c.allocation_id == allocation_id)
+        .returning(_H.c.allocation_id, _H.c.node, _H.c.device, _H.c.kind)
+    ).all()
+    insert_holds(conn, allocation_id, holds)
+    return row, [FreedHold(str(a), str(n), str(d), str(k)) for a, n, d, k in deleted]
+
+
+def insert(conn: Connection, row: dict[str, object], holds: Sequence[tuple[str, str, str]]) -> None:
+    """A new live allocation and its holds (outside the group committer: rare writes)."""
+    conn.execute(sa.insert(_T), row)
+    insert_holds(conn, str(row["id"]), holds)
+
+
+def insert_holds(
+    conn: Connection, allocation_id: str, holds: Sequence[tuple[str, str, str]]
+) -> None:
+    rows = [
+        {"node": n, "device": d, "kind": k, "allocation_id": allocation_id, "live": True}
+        for n, d, k in holds
+    ]
+    conn.execute(sa.insert(_H), rows)
+
+
+def holders(conn: Connection, devices: Sequence[tuple[str, str]]) -> dict[str, list[str]]:
+    """Allocation id -> the devices of ``devices`` (node, device) it holds."""
+    if not devices:
+        return {}
+    query = sa.select(_H.c.allocation_id, _H.c.node, _H.c.device).where(
+        sa.tuple_(_H.c.node, _H.c.device).in_(list(devices))
+    )
+    found: dict[str, list[str]] = {}
+    for allocation_id, node, device in conn.execute(query).all():
+        found.setdefault(str(allocation_id), []).append(f"{node}/{device}")
+    return found
+
+
+def live_for_job(
+    conn: Connection, job_id: str, allocation_ids: Sequence[str]
+) -> list[sa.RowMapping]:
+    """Live allocations of a job: carrying its id, or named by it (its admin comment)."""
+    named = _T.c.id.in_(list(allocation_ids)) if allocation_ids else sa.false()
+    query = (
+        sa.select(_T)
+        .where(sa.or_(_T.c.job_id == job_id, named), _T.c.state.in_(LIVE))
+        .order_by(_T.c.created_at, _T.c.id)
+    )
+    return list(conn.execute(query).mappings().all())
+
+
+def holds_of(conn: Connection, allocation_ids: Sequence[str]) -> set[tuple[str, str]]:
+    if not allocation_ids:
+        return set()
+    query = sa.select(_H.c.node, _H.c.device).where(_H.c.allocation_id.in_(list(allocation_ids)))
+    return {(str(n), str(d)) for n, d in conn.execute(query).all()}
 
 
 def live_ids_for_job(conn: Connection, job_id: str) -> list[str]:

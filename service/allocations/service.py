@@ -25,7 +25,7 @@ import uuid
 from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, TypeVar, cast
+from typing import Any, Literal, TypeVar, cast
 
 import orjson
 from sqlalchemy.engine import Connection
@@ -34,6 +34,7 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 from placement import Cause, NodeVerdict, Outcome, Placement, TaskPlacement
 from placement.explain import cause_message
 from service.allocations import repository
+from service.allocations.observed_gpus import observed_placement
 from service.allocations.schemas import (
     PlaceRequest,
     ScoreRequest,
@@ -431,6 +432,140 @@ def release(state: ServiceState, allocation_id: str) -> list[str]:
     if not ended:
         get(state, allocation_id)  # 404 for an unknown id
     return ended
+
+
+ObservedAction = Literal["matched", "attached", "moved", "created"]
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What ``observe`` did to make the database say what the scheduler runs.
+
+    ``action``: ``matched`` (it said so already), ``attached`` (and now carries the
+    job id), ``moved`` (an allocation of the job took the GPUs the job runs on) or
+    ``created`` (the job had none). ``superseded``: other allocations that held
+    those GPUs, released; ``merged``: the job's further allocations, ended because
+    one now holds all its GPUs."""
+
+    action: ObservedAction
+    allocation_id: str
+    superseded: list[str]
+    merged: list[str]
+
+
+OBSERVE_ATTEMPTS = 3
+
+
+def attach(state: ServiceState, allocation_ids: list[str], job_id: str) -> list[str]:
+    """The scheduler's job id on live allocations that have none; the ids changed."""
+    if not allocation_ids:
+        return []
+    now = state.clock()
+    return in_transaction(
+        state.engine, lambda conn: repository.attach(conn, allocation_ids, job_id, now)
+    )
+
+
+def observe(
+    state: ServiceState,
+    job_id: str,
+    owner: str,
+    gpus: dict[str, list[int]],
+    named: list[str],
+    reason: str,
+) -> Observation:
+    """The scheduler runs ``job_id`` on ``gpus`` (node -> indices): make it so here.
+
+    The job's live allocations are those carrying its id or ``named`` by it. When
+    they hold exactly these GPUs, they only learn the job id. Otherwise the truth
+    wins, in one transaction: any other allocation holding one of these GPUs is
+    stale (the scheduler would not run two jobs on one GPU) and is released; the
+    job's first allocation is relocated onto these GPUs (its others end), or one
+    is created. A hold taken meanwhile by another replica fails the insert; the
+    whole transaction is then tried again.
+    """
+    with state.lock:
+        missing = [n for n in gpus if n not in state.cluster]
+        if missing:
+            raise NotFound(f"node(s) {', '.join(sorted(missing))} unknown to topoplace")
+        snapshots = {n: state.cluster.node(n).snapshot for n in gpus}
+    for node, indices in gpus.items():
+        wrong = [i for i in indices if not 0 <= i < snapshots[node].gpu_count]
+        if wrong or not indices:
+            raise BadRequest(f"{node} has no GPU {wrong or '(none named)'}", {"node": node})
+    holds = [(n, snapshots[n].gpus[i].uuid, "gpu") for n in sorted(gpus) for i in sorted(gpus[n])]
+    wanted = {(n, d) for n, d, _ in holds}
+    placed = observed_placement(snapshots, gpus, reason)
+    placement_text = json.dumps(placed)
+
+    def work(conn: Connection) -> tuple[Observation, list[repository.FreedHold]]:
+        now = state.clock()
+        rows = repository.live_for_job(conn, job_id, named)
+        ids = [str(r["id"]) for r in rows]
+        if ids and repository.holds_of(conn, ids) == wanted:
+            attached = repository.attach(conn, ids, job_id, now)
+            return Observation("attached" if attached else "matched", ids[0], [], []), []
+        stale = sorted(a for a in repository.holders(conn, sorted(wanted)) if a not in ids)
+        superseded, freed = repository.end(conn, stale, "release", now)
+        merged, freed_merged = repository.end(conn, ids[1:], "release", now)
+        freed += freed_merged
+        moved = None
+        if ids:
+            moved, given_up = repository.relocate(
+                conn, ids[0], now, job_id=job_id, placement=placement_text, holds=holds
+            )
+            freed += given_up
+        if moved is not None:
+            observation = Observation("moved", ids[0], superseded, merged)
+        else:
+            row = _observed_row(job_id, owner, gpus, placement_text, holds, now)
+            repository.insert(conn, row, holds)
+            observation = Observation("created", str(row["id"]), superseded, merged)
+        publish(conn, {h.node for h in freed} | set(gpus))
+        return observation, freed
+
+    for attempt in range(OBSERVE_ATTEMPTS):
+        try:
+            observation, freed = in_transaction(state.engine, work)
+            break
+        except IntegrityError:
+            if attempt == OBSERVE_ATTEMPTS - 1:
+                raise Conflict(
+                    f"the GPUs of job {job_id} kept being taken while it was recorded; retry",
+                    {"job_id": job_id},
+                ) from None
+    if observation.action not in ("matched", "attached"):
+        state.sync_nodes(sorted({h.node for h in freed} | set(gpus)))
+    return observation
+
+
+def _observed_row(
+    job_id: str,
+    owner: str,
+    gpus: dict[str, list[int]],
+    placement_text: str,
+    holds: list[tuple[str, str, str]],
+    now: datetime,
+) -> dict[str, Any]:
+    counts = {len(v) for v in gpus.values()}
+    request = PlaceRequest(
+        gpus=max(counts), tasks=len(gpus), owner=owner, job_id=job_id
+    ).model_dump_json()
+    return {
+        "id": str(uuid.uuid4()),
+        "state": "active",  # the job runs: no TTL, it ends with the job
+        "job_id": job_id,
+        "owner": owner,
+        "idempotency_key": None,
+        "request": request,
+        "placement": placement_text,
+        "created_at": now,
+        "expires_at": None,
+        "ended_at": None,
+        "live": True,
+        "anchor_node": holds[0][0],
+        "anchor_device": holds[0][1],
+    }
 
 
 def release_job(state: ServiceState, job_id: str) -> list[str]:

@@ -9,9 +9,16 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
 from service.deps import get_state
+from service.errors import BadRequest
 from service.responses import FastJSON
-from service.slurm import reconcile, service
-from service.slurm.schemas import JobDecision, JobSubmit, ReconcileResult
+from service.slurm import reconcile, service, truth
+from service.slurm.schemas import (
+    JobDecision,
+    JobStarted,
+    JobStartedResult,
+    JobSubmit,
+    ReconcileResult,
+)
 from service.slurm.settings import SlurmSettings
 from service.state import ServiceState
 
@@ -85,3 +92,25 @@ def post_reconcile(
 ) -> ReconcileResult:
     """Release allocations made for Slurm jobs that `squeue --json` no longer lists as live."""
     return reconcile.reconcile(state, settings, squeue)
+
+
+@router.post("/job-started", response_model=JobStartedResult)
+def job_started(body: JobStarted, state: State) -> JobStartedResult:
+    """A job started (the prolog): record the node(s) and GPUs Slurm really gave it.
+
+    Its allocation is kept, moved onto those GPUs or created, and learns the job id;
+    any other allocation holding them is stale and released (docs/slurm.md)."""
+    try:
+        job, _ = truth.from_show_job(body.show_job)
+    except (truth.TruthError, ValueError) as exc:
+        raise BadRequest(str(exc), {"field": "show_job"}) from None
+    observation = truth.record(state, job)
+    if observation is None:
+        return JobStartedResult(action="none", job_id=job.job_id)
+    return JobStartedResult(
+        action=observation.action,
+        job_id=job.job_id,
+        allocation_id=observation.allocation_id,
+        superseded=observation.superseded,
+        merged=observation.merged,
+    )

@@ -22,7 +22,9 @@ from typing import Any
 
 from service.allocations import service as allocations
 from service.errors import BadRequest
+from service.slurm import truth
 from service.slurm.admin_comment import allocation_ids
+from service.slurm.fresh import FRESH
 from service.slurm.schemas import ReconcileResult
 from service.slurm.service import OWNER_PREFIX
 from service.slurm.settings import SlurmSettings
@@ -44,7 +46,10 @@ FINISHED = frozenset(
         "TIMEOUT",
     }
 )
+# States in which a job holds its GPUs on its nodes.
+RUNNING = frozenset({"RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "STOPPED"})
 _LISTED = 10_000
+EARLY_GAP_S = 0.1
 
 
 def _states(job: dict[str, Any]) -> set[str]:
@@ -54,14 +59,18 @@ def _states(job: dict[str, Any]) -> set[str]:
     return {str(v).upper() for v in values if v}
 
 
-def live_allocations(squeue: Any) -> tuple[set[str], int]:
-    """(allocation ids named by unfinished jobs, how many such jobs)."""
+def _jobs(squeue: Any) -> list[dict[str, Any]]:
     if not isinstance(squeue, dict) or not isinstance(squeue.get("jobs"), list):
         raise BadRequest("expected the output of `squeue --json`: an object with a 'jobs' list")
+    return [job for job in squeue["jobs"] if isinstance(job, dict)]
+
+
+def live_allocations(squeue: Any) -> tuple[set[str], int]:
+    """(allocation ids named by unfinished jobs, how many such jobs)."""
     live: set[str] = set()
     jobs = 0
-    for job in squeue["jobs"]:
-        if not isinstance(job, dict) or _states(job) & FINISHED:
+    for job in _jobs(squeue):
+        if _states(job) & FINISHED:
             continue
         ids = allocation_ids(str(job.get("admin_comment") or ""))
         if ids:
@@ -70,21 +79,87 @@ def live_allocations(squeue: Any) -> tuple[set[str], int]:
     return live, jobs
 
 
+def _held(allocation: dict[str, Any]) -> dict[str, list[int]]:
+    held: dict[str, list[int]] = {}
+    for task in allocation["tasks"]:
+        held.setdefault(task["node"], []).extend(task["gpu_indices"])
+    return {node: sorted(gpus) for node, gpus in held.items()}
+
+
 def reconcile(state: ServiceState, settings: SlurmSettings, squeue: Any) -> ReconcileResult:
-    live, jobs = live_allocations(squeue)
+    """Make the service say what Slurm runs, and release what no job holds.
+
+    - A running job's GPUs (``gres_detail``) are recorded as its allocation when the
+      service says otherwise (truth.record): the prolog's backstop.
+    - A filter's allocation (owner ``slurm:<user>``) is live while an unfinished job
+      names it in its admin comment or carries its job id; a job that is finished
+      (cancelled while pending included) releases it at once.
+    - One that no job names or carries is released once older than the grace period
+      (the filter reserves a moment before slurmctld creates the job).
+    """
+    jobs = _jobs(squeue)
+    live_named, jobs_named = live_allocations(squeue)
+    unfinished = {str(j.get("job_id")) for j in jobs if not _states(j) & FINISHED}
+    finished_named = {
+        i
+        for j in jobs
+        if _states(j) & FINISHED
+        for i in allocation_ids(str(j.get("admin_comment") or ""))
+    }
+    current = [
+        a
+        for status in ("active", "pending", "degraded")
+        for a in allocations.listing(state, None, None, status, _LISTED)
+    ]
+    held_by_job: dict[str, dict[str, list[int]]] = {}
+    for allocation in current:
+        if allocation["job_id"] is not None:
+            merged = held_by_job.setdefault(str(allocation["job_id"]), {})
+            for node, gpus in _held(allocation).items():
+                merged[node] = sorted({*merged.get(node, []), *gpus})
+    without_job = {str(a["id"]) for a in current if a["job_id"] is None}
+    observed: list[str] = []
+    attached: list[str] = []
+    for job in jobs:
+        states = _states(job)
+        if states & FINISHED:
+            continue
+        found = truth.from_squeue_job(job)
+        running = bool(states & RUNNING) and found.gpus
+        if running and held_by_job.get(found.job_id) != {
+            n: g for n, g in found.gpus.items() if n in state.cluster
+        }:
+            observation = truth.record(state, found)
+            if observation is not None and observation.action != "matched":
+                (attached if observation.action == "attached" else observed).append(
+                    observation.allocation_id
+                )
+        elif unattached := [i for i in found.named if i in without_job]:
+            attached += allocations.attach(state, unattached, found.job_id)
+    if observed:
+        current = [
+            a
+            for status in ("active", "pending", "degraded")
+            for a in allocations.listing(state, None, None, status, _LISTED)
+        ]
     cutoff = state.clock() - timedelta(seconds=settings.reconcile_grace_s)
     released: list[str] = []
-    for status in ("active", "pending", "degraded"):
-        for allocation in allocations.listing(state, None, None, status, _LISTED):
-            if not str(allocation["owner"] or "").startswith(OWNER_PREFIX):
-                continue
-            created = datetime.fromisoformat(str(allocation["created_at"]))
-            if allocation["id"] in live or created > cutoff:
-                continue
-            released += allocations.release(state, str(allocation["id"]))
+    for allocation in current:
+        if not str(allocation["owner"] or "").startswith(OWNER_PREFIX):
+            continue
+        allocation_id = str(allocation["id"])
+        job_id = allocation["job_id"]
+        if allocation_id in live_named or (job_id is not None and str(job_id) in unfinished):
+            continue
+        created = datetime.fromisoformat(str(allocation["created_at"]))
+        gone = allocation_id in finished_named or job_id is not None
+        if gone or created <= cutoff:
+            released += allocations.release(state, allocation_id)
     if released:
         log.info("reconcile: released %d allocation(s) of jobs Slurm no longer has", len(released))
-    return ReconcileResult(released=released, live_jobs=jobs)
+    return ReconcileResult(
+        released=released, live_jobs=jobs_named, observed=observed, attached=attached
+    )
 
 
 def read_squeue(command: str, timeout_s: float) -> Any:
@@ -105,18 +180,28 @@ def read_squeue(command: str, timeout_s: float) -> Any:
 
 
 class Reconciler:
-    """The background loop's Slurm step: every interval, when a squeue command is set."""
+    """The background loop's Slurm step: every interval, and as soon as a reservation
+    this process made passes the grace period (was it taken by a job?)."""
 
     def __init__(self, state: ServiceState, settings: SlurmSettings | None = None) -> None:
         self.state = state
         self.settings = settings or SlurmSettings()
+        self._command = self.settings.command()
         self._next = 0.0
+        self._last = float("-inf")
 
     async def tick(self) -> None:
-        command = self.settings.squeue_command
-        if not command or time.monotonic() < self._next:
+        command = self._command
+        if not command:
             return
-        self._next = time.monotonic() + self.settings.reconcile_interval_s
+        now = time.monotonic()
+        # Early runs at most once per grace period (and 0.1 s): under a stream of
+        # submissions squeue is read twice a second at the default grace, not per job.
+        early = now >= self._last + max(self.settings.reconcile_grace_s, EARLY_GAP_S)
+        if now < self._next and not (early and FRESH.due(self.settings.reconcile_grace_s)):
+            return
+        self._last = now
+        self._next = now + self.settings.reconcile_interval_s
         try:
             squeue = await asyncio.to_thread(read_squeue, command, self.settings.squeue_timeout_s)
         except RuntimeError as exc:

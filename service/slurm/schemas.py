@@ -113,3 +113,34 @@ class JobDecision(BaseModel):
 class ReconcileResult(BaseModel):
     released: list[str] = Field(description="allocations released: their job is gone")
     live_jobs: int = Field(description="jobs Slurm still has that hold a topoplace allocation")
+    observed: list[str] = Field(
+        default_factory=list,
+        description="allocations moved or created to match what a running job really holds",
+    )
+    attached: list[str] = Field(
+        default_factory=list, description="allocations that learned their Slurm job id"
+    )
+
+
+class JobStarted(BaseModel):
+    """What the prolog (PrologSlurmctld) sends when a job starts."""
+
+    show_job: str = Field(
+        max_length=200_000, description="the output of `scontrol -d show job -o JOBID`"
+    )
+
+
+class JobStartedResult(BaseModel):
+    action: Literal["none", "matched", "attached", "moved", "created"] = Field(
+        description="none: no GPU of a node topoplace knows; matched/attached: the"
+        " allocation said so already (attached: and now carries the job id); moved: an"
+        " allocation of the job now holds the GPUs it runs on; created: it had none"
+    )
+    job_id: str
+    allocation_id: str | None = None
+    superseded: list[str] = Field(
+        default_factory=list, description="stale allocations that held those GPUs, released"
+    )
+    merged: list[str] = Field(
+        default_factory=list, description="the job's other allocations, ended into one"
+    )

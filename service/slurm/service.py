@@ -22,6 +22,7 @@ from service.errors import ServiceError, Unresolvable, Unschedulable
 from service.flows import drive_async
 from service.slurm import conf, hostlist, job_options
 from service.slurm.admin_comment import format_comment
+from service.slurm.fresh import FRESH
 from service.slurm.schemas import JobDecision, JobSubmit
 from service.slurm.settings import SlurmSettings
 from service.slurm.tres import GpuAsk, TresError, gpu_ask, per_gpu_tres
@@ -53,7 +54,9 @@ async def decide(state: ServiceState, settings: SlurmSettings, job: JobSubmit) -
     Runs on the event loop; each reservation's commit is awaited."""
 
     async def reserve(request: PlaceRequest) -> dict[str, Any]:
-        return (await allocations.place_async(state, request, None, active=True))[0]
+        placed = (await allocations.place_async(state, request, None, active=True))[0]
+        FRESH.note()  # the reconcile loop checks soon that a job took it
+        return placed
 
     return await drive_async(_decide_flow(state, settings, job), reserve)
 
@@ -72,6 +75,13 @@ def _decide_flow(state: ServiceState, settings: SlurmSettings, job: JobSubmit) -
         return JobDecision(
             action="refuse",
             message="topoplace: this cluster does not allow topoplace:off; remove it",
+        )
+    if job.reserve and not job.batch and ask.per_gpu_indices is None:
+        # cli_filter.lua names the GPUs of every srun/salloc it saw. Without it, the
+        # job's steps keep a plain count (--gres=gpu:N), which Slurm 22.05 refuses
+        # inside a job pinned to per-GPU types: Slurm chooses, the prolog reports.
+        return _unchanged(
+            "srun/salloc without cli_filter.lua: its steps could not use pinned GPUs; left to Slurm"
         )
     try:
         node_count, candidates, excluded = _nodes(state, job)

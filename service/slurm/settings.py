@@ -6,6 +6,8 @@ cluster never reads them.
 
 from __future__ import annotations
 
+import shutil
+
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -25,15 +27,28 @@ class SlurmSettings(BaseSettings):
         default=True, description="honour 'topoplace:off' in a job's comment (Slurm alone)"
     )
     squeue_command: str = Field(
-        default="",
-        description="command printing `squeue --json` for the reconcile loop, e.g."
-        " 'squeue --json'; empty: no loop (POST /v1/slurm/reconcile still works)",
+        default="auto",
+        description="command printing `squeue --json` for the reconcile loop; 'auto': "
+        " 'squeue --json' where squeue is on PATH, else no loop; empty or 'off': no loop"
+        " (POST /v1/slurm/reconcile still works)",
     )
-    reconcile_interval_s: float = Field(default=30.0, gt=0)
+    reconcile_interval_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="how often the loop reads squeue: a job cancelled while pending (no"
+        " epilog runs) is released within one interval",
+    )
     reconcile_grace_s: float = Field(
-        default=60.0,
+        default=0.5,
         ge=0,
-        description="allocations younger than this are never reconciled: the job they were"
-        " made for may not be in squeue's answer yet",
+        description="an allocation no job names is released once this old: the job it was"
+        " made for may not exist yet for this long; must exceed what job_submit.lua waits"
+        " for an answer (its timeout_ms, per step)",
     )
     squeue_timeout_s: float = Field(default=20.0, gt=0)
+
+    def command(self) -> str:
+        """The squeue command the loop runs, or '' for none."""
+        if self.squeue_command == "auto":
+            return "squeue --json" if shutil.which("squeue") else ""
+        return "" if self.squeue_command == "off" else self.squeue_command

@@ -17,7 +17,8 @@ from tests.integrations.slurm.loopback import LoopbackCluster, Service, missing_
 
 NODES = ("node1", "node2", "node3")
 PROFILE = "dgx1-v100"  # the DGX-1 hybrid cube-mesh: two fully connected NVLink quads
-GRACE_S = 3
+INTERVAL_S = 10  # the default backstop; the prolog and fresh reservations do not wait for it
+GRACE_S = 0.5  # the default: an orphan reservation goes soon after the timeout
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -41,10 +42,10 @@ def service(root: Path) -> Iterator[Service]:
     svc = Service(
         root,
         {
-            # The reconcile loop reads this cluster's squeue every second.
+            # The reconcile loop reads this cluster's squeue.
             "SLURM_CONF": str(root / "slurm.conf"),
             "TOPOPLACE_SLURM_SQUEUE_COMMAND": "squeue --json",
-            "TOPOPLACE_SLURM_RECONCILE_INTERVAL_S": "1",
+            "TOPOPLACE_SLURM_RECONCILE_INTERVAL_S": str(INTERVAL_S),
             "TOPOPLACE_SLURM_RECONCILE_GRACE_S": str(GRACE_S),
         },
     )
@@ -76,3 +77,14 @@ def slurm_alone(tmp_path: Path, service: Service) -> Iterator[LoopbackCluster]:
         yield loop
     finally:
         loop.stop()
+
+
+@pytest.fixture
+def jobs(cluster: LoopbackCluster) -> Iterator[list[str]]:
+    """Job ids a test started; cancelled at its end so every test starts on idle nodes."""
+    started: list[str] = []
+    yield started
+    if started:
+        cluster.run("scancel", *started)
+        for job in started:
+            cluster.wait_state(job, ("CANCELLED", "COMPLETED", "FAILED"), timeout_s=20)

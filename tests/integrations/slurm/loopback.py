@@ -195,6 +195,8 @@ class LoopbackCluster:
             self._topoplace("gres-conf", "--device-dir", str(root / "dev"), *self.nodes)
         )
         plugins = "JobSubmitPlugins=lua\n" if self.with_filter else ""
+        if self.with_filter:
+            plugins += f"PrologSlurmctld={root / 'topoplace-prolog'}\n"
         if self.cli_filter:
             plugins += "CliFilterPlugins=cli_filter/lua\n"
         self.conf.write_text(
@@ -243,6 +245,15 @@ PartitionName=gpu Nodes={",".join(self.nodes)} Default=YES MaxTime=INFINITE Stat
             shipped.replace("TOPOPLACE=/opt/topoplace/bin/topoplace", f"TOPOPLACE={program}")
         )
         (root / "topoplace-epilog").chmod(0o755)
+        shipped = (LUA_DIR / "topoplace-prolog").read_text()
+        if "PYTHON=/opt/topoplace/bin/python" not in shipped:
+            raise RuntimeError("integrations/slurm/topoplace-prolog no longer names its Python")
+        (root / "topoplace-prolog").write_text(
+            shipped.replace("PYTHON=/opt/topoplace/bin/python", f"PYTHON={sys.executable}").replace(
+                '"$CONFIG"', f'"$CONFIG" >> "{root / "log" / "prolog.log"}" 2>&1'
+            )
+        )
+        (root / "topoplace-prolog").chmod(0o755)
         epilog = root / "epilog.sh"
         epilog.write_text(
             "#!/bin/sh\n"
@@ -365,12 +376,28 @@ PartitionName=gpu Nodes={",".join(self.nodes)} Default=YES MaxTime=INFINITE Stat
 
     # -- jobs -----------------------------------------------------------------
 
-    def run(self, *argv: str, timeout_s: float = 30) -> subprocess.CompletedProcess[str]:
+    def client_env(self, *, cli_filter: bool) -> dict[str, str]:
+        """The environment of a client on this cluster, with or without cli_filter.lua.
+
+        Slurm's clients read CliFilterPlugins from the slurm.conf they are given;
+        a copy without that line is a site that never installed the client filter."""
+        if cli_filter:
+            return self.env
+        bare = self.root / "slurm-no-cli-filter.conf"
+        lines = self.conf.read_text().splitlines()
+        bare.write_text("\n".join(x for x in lines if not x.startswith("CliFilterPlugins")) + "\n")
+        return {**self.env, "SLURM_CONF": str(bare)}
+
+    def run(
+        self, *argv: str, timeout_s: float = 30, env: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            list(argv), env=self.env, capture_output=True, text=True, timeout=timeout_s
+            list(argv), env=env or self.env, capture_output=True, text=True, timeout=timeout_s
         )
 
-    def sbatch(self, *args: str, script: str = "sleep 30") -> Job:
+    def sbatch(
+        self, *args: str, script: str = "sleep 30", env: dict[str, str] | None = None
+    ) -> Job:
         started = time.perf_counter()
         done = self.run(
             "sbatch",
@@ -379,6 +406,7 @@ PartitionName=gpu Nodes={",".join(self.nodes)} Default=YES MaxTime=INFINITE Stat
             *args,
             "--wrap",
             script,
+            env=env,
         )
         seconds = time.perf_counter() - started
         return Job(

@@ -11,7 +11,7 @@ import itertools
 import re
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -19,8 +19,9 @@ import pytest
 from placement import bandwidth_matrix
 from placement.profiles import build_profile
 from service.slurm.hostlist import expand
-from tests.integrations.slurm.conftest import PROFILE
+from tests.integrations.slurm.conftest import NODES, PROFILE
 from tests.integrations.slurm.loopback import LoopbackCluster, Service, free_port
+from topoplace.client import ApiError
 
 BANDWIDTH = bandwidth_matrix(build_profile(PROFILE, "any"))
 
@@ -63,17 +64,6 @@ def eventually(check: Callable[[], bool], what: str, timeout_s: float = 15) -> N
         if time.monotonic() > deadline:
             raise AssertionError(f"{what} did not happen within {timeout_s} s")
         time.sleep(0.2)
-
-
-@pytest.fixture
-def jobs(cluster: LoopbackCluster) -> Iterator[list[str]]:
-    """Job ids a test started; cancelled at its end so every test starts on idle nodes."""
-    started: list[str] = []
-    yield started
-    if started:
-        cluster.run("scancel", *started)
-        for job in started:
-            cluster.wait_state(job, ("CANCELLED", "COMPLETED", "FAILED"), timeout_s=20)
 
 
 def allocation(service: Service, allocation_id: str) -> dict[str, Any]:
@@ -141,10 +131,14 @@ def test_four_gpu_job_runs_on_the_gpus_the_service_chose(
 
 
 def test_a_request_that_can_never_fit_is_refused_with_the_service_message(
-    cluster: LoopbackCluster,
+    cluster: LoopbackCluster, service: Service
 ) -> None:
     refused = cluster.sbatch("--gpus=16", "--comment=topoplace:locality=nvlink", script="true")
     assert refused.returncode != 0
+    # The engine's own words for the refusal, as /v1/place gives them, reach the user.
+    with service.client() as client, pytest.raises(ApiError) as engine:
+        client.place({"gpus": 16, "locality": "nvlink", "nodes": list(NODES)})
+    assert engine.value.message in refused.stderr
     assert "the cluster can never hold this request" in refused.stderr
     assert "no node has 16 GPUs" in refused.stderr  # said of the cluster, not per node
 

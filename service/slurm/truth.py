@@ -1,0 +1,140 @@
+"""What Slurm really runs: a job's node(s) and GPU indices, recorded as its allocation.
+
+Two sources say it, in the same terms: the prolog (``topoplace slurm
+prolog``, run by slurmctld as PrologSlurmctld when a job starts) sends
+``scontrol -d show job -o JOBID``; the reconcile loop reads ``squeue --json``
+(``nodes`` and ``gres_detail`` per job). Either way the job's GPUs are the
+``(IDX:...)`` lists Slurm prints per node, and ``record`` makes the
+service's allocation say the same (service.allocations.service.observe):
+Slurm is running the job, so its choice wins over any reservation.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from service.allocations import service as allocations
+from service.slurm import hostlist
+from service.slurm.admin_comment import allocation_ids
+from service.slurm.service import OWNER_PREFIX
+from service.state import ServiceState
+
+log = logging.getLogger("topoplace.slurm")
+_IDX = re.compile(r"\(IDX:([0-9,\-]*)\)")
+_NODE_GRES = re.compile(r"\bNodes=(\S+) CPU_IDs=\S+ Mem=\S+ GRES=(\S*)")
+_JOB_ID = re.compile(r"\bJobId=(\d+)")
+_USER = re.compile(r"\bUserId=([^\s(]+)")
+_STATE = re.compile(r"\bJobState=(\S+)")
+
+
+@dataclass(frozen=True)
+class JobTruth:
+    job_id: str
+    user_name: str
+    named: list[str]  # allocation ids in the job's admin comment
+    gpus: dict[str, list[int]]  # node -> GPU indices Slurm gave the job there
+
+
+class TruthError(ValueError):
+    """Slurm's text could not be read."""
+
+
+def gpu_indices(gres: str) -> list[int]:
+    """GPU indices in Slurm's per-node GRES text: ``gpu:g1:1(IDX:1),gpu:g2:1(IDX:2)``,
+    ``gpu:4(IDX:0-1,4-5)``; other GRES (``(IDX:N/A)``) give none."""
+    found: set[int] = set()
+    for entry in re.split(r",(?=[a-z])", gres):
+        if not entry.startswith("gpu"):
+            continue
+        for listed in _IDX.findall(entry):
+            for part in filter(None, listed.split(",")):
+                first, _, last = part.partition("-")
+                if not first.isdigit() or (last and not last.isdigit()):
+                    raise TruthError(f"cannot read GPU indices {listed!r}")
+                found.update(range(int(first), int(last or first) + 1))
+    return sorted(found)
+
+
+def from_show_job(text: str) -> tuple[JobTruth, str]:
+    """A job as ``scontrol -d show job -o`` prints it: (what it holds, its state)."""
+    job = _JOB_ID.search(text)
+    if job is None:
+        raise TruthError("no JobId= in the job's text (expected `scontrol -d show job -o ID`)")
+    user = _USER.search(text)
+    state = _STATE.search(text)
+    gpus: dict[str, list[int]] = {}
+    for nodes, gres in _NODE_GRES.findall(text):
+        indices = gpu_indices(gres)
+        if indices:
+            for node in hostlist.expand(nodes):
+                gpus[node] = indices
+    truth = JobTruth(job.group(1), user.group(1) if user else "unknown", allocation_ids(text), gpus)
+    return truth, state.group(1) if state else ""
+
+
+def from_squeue_job(job: dict[str, Any]) -> JobTruth:
+    """A job of ``squeue --json`` (API v0.0.38: ``nodes``, ``gres_detail`` per node)."""
+    nodes = hostlist.expand(str(job.get("nodes") or ""))
+    details = job.get("gres_detail") or []
+    gpus: dict[str, list[int]] = {}
+    for node, gres in zip(nodes, details, strict=False):
+        indices = gpu_indices(str(gres))
+        if indices:
+            gpus[node] = indices
+    return JobTruth(
+        str(job.get("job_id")),
+        str(job.get("user_name") or "unknown"),
+        allocation_ids(str(job.get("admin_comment") or "")),
+        gpus,
+    )
+
+
+def record(state: ServiceState, truth: JobTruth) -> allocations.Observation | None:
+    """Make the job's allocation match what Slurm runs; None for a job without GPUs here."""
+    known = {n: g for n, g in truth.gpus.items() if n in state.cluster}
+    if not known:
+        return None
+    observation = allocations.observe(
+        state,
+        truth.job_id,
+        f"{OWNER_PREFIX}{truth.user_name}",
+        known,
+        truth.named,
+        f"observed: Slurm runs job {truth.job_id} on these GPUs",
+    )
+    if observation.action in ("moved", "created") or observation.superseded:
+        # Slurm ran the job elsewhere than the service held for it, or on GPUs the
+        # service held for another: a mismatch, counted and logged.
+        MISMATCHES.add(observation)
+        log.warning(
+            "job %s runs on %s: allocation %s %s; stale allocations released: %s",
+            truth.job_id,
+            known,
+            observation.allocation_id,
+            observation.action,
+            ",".join(observation.superseded) or "none",
+        )
+    return observation
+
+
+class _Mismatches:
+    """How often Slurm's truth differed from the service's view, since start."""
+
+    def __init__(self) -> None:
+        self.moved = 0
+        self.created = 0
+        self.superseded = 0
+
+    def add(self, observation: allocations.Observation) -> None:
+        self.moved += observation.action == "moved"
+        self.created += observation.action == "created"
+        self.superseded += len(observation.superseded)
+
+    def as_dict(self) -> dict[str, int]:
+        return {"moved": self.moved, "created": self.created, "superseded": self.superseded}
+
+
+MISMATCHES = _Mismatches()

@@ -1,0 +1,133 @@
+"""The service knows what every job really holds: jobs Slurm started by itself,
+jobs cancelled while pending, reservations no job took, and Slurm job ids."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from tests.integrations.slurm.conftest import INTERVAL_S, NODES
+from tests.integrations.slurm.loopback import LoopbackCluster, Service
+from tests.integrations.slurm.slow_proxy import SlowProxy
+from tests.integrations.slurm.test_slurm_filter import (
+    allocation,
+    allocation_ids,
+    eventually,
+    gres_indices,
+)
+
+
+def of_job(service: Service, job: str) -> list[dict[str, Any]]:
+    with service.client() as client:
+        rows: list[dict[str, Any]] = client.allocations(job_id=job)["allocations"]
+    return [a for a in rows if a["state"] in ("pending", "active", "degraded")]
+
+
+def held(rows: list[dict[str, Any]]) -> dict[str, list[int]]:
+    return {t["node"]: sorted(t["gpu_indices"]) for a in rows for t in a["tasks"]}
+
+
+def test_a_job_slurm_started_by_itself_is_known_and_never_pinned_over(
+    cluster: LoopbackCluster, service: Service, jobs: list[str]
+) -> None:
+    """The drift of the issue: a job left to Slurm because nothing fitted starts later
+    on GPUs Slurm chose; the next 8-GPU job must start at once on the node that is
+    really free, not wait pinned to the one Slurm filled."""
+    fillers = [cluster.sbatch("--gpus=8", "-w", node, script="sleep 60") for node in NODES]
+    jobs += [f.id for f in fillers]
+    for filler in fillers:
+        assert filler.returncode == 0, filler.stderr
+        cluster.wait_state(filler.id, ("RUNNING",))
+    queued = cluster.sbatch("--gres=gpu:2", script="sleep 60")
+    jobs.append(queued.id)
+    assert queued.returncode == 0 and not allocation_ids(cluster.show_job(queued.id))
+
+    cluster.run("scancel", fillers[0].id)  # node1 frees up: Slurm starts the queued job there
+    cluster.wait_state(queued.id, ("RUNNING",), timeout_s=30)
+    started = time.monotonic()
+    truth = gres_indices(cluster.show_job(queued.id))
+    assert list(truth) == [NODES[0]] and len(truth[NODES[0]]) == 2
+    eventually(lambda: held(of_job(service, queued.id)) == truth, "the job recorded", 1.0)
+    assert time.monotonic() - started <= 1.0
+    [recorded] = of_job(service, queued.id)
+    assert recorded["owner"] == "slurm:root" and recorded["job_id"] == queued.id
+
+    cluster.run("scancel", fillers[1].id)  # node2 frees up, wholly
+    eventually(
+        lambda: all(
+            allocation(service, i)["state"] == "released"
+            for i in allocation_ids(cluster.show_job(fillers[1].id))
+        ),
+        "node2 released by the epilog",
+    )
+    big = cluster.sbatch("--gpus=8", script="sleep 60")
+    jobs.append(big.id)
+    assert big.returncode == 0, big.stderr
+    cluster.wait_state(big.id, ("RUNNING",), timeout_s=5)  # at once, not PD (Resources)
+    assert list(gres_indices(cluster.show_job(big.id))) == [NODES[1]]
+
+    # The job id finds the placed jobs' allocations too, through the API and the CLI.
+    [placed] = of_job(service, big.id)
+    assert placed["id"] in allocation_ids(cluster.show_job(big.id))
+    shown = subprocess.run(
+        [sys.executable, "-m", "topoplace", "slurm", "show", big.id, "--server", service.url],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert placed["id"] in shown and NODES[1] in shown
+
+
+def test_a_job_cancelled_while_pending_is_released_within_one_interval(
+    cluster: LoopbackCluster, service: Service
+) -> None:
+    """A pending job runs no prolog and no epilog when cancelled."""
+    job = cluster.sbatch("--gpus=1", "-w", NODES[2], "--hold")
+    assert job.returncode == 0, job.stderr
+    [allocation_id] = allocation_ids(cluster.show_job(job.id))
+    cluster.run("scancel", job.id)
+    cluster.wait_state(job.id, ("CANCELLED",))
+    eventually(
+        lambda: allocation(service, allocation_id)["state"] == "released",
+        "release of the cancelled job's allocation",
+        INTERVAL_S + 0.5,
+    )
+
+
+def test_a_reservation_no_job_took_is_released_soon_after_the_filter_timeout(
+    cluster: LoopbackCluster, service: Service, jobs: list[str]
+) -> None:
+    """The service answered after job_submit.lua's 100 ms timeout: the job went on
+    unchanged, and the reservation made for it must not hold its GPUs for long."""
+    since = datetime.now(UTC)
+    try:
+        with SlowProxy(service.url, delay_s=0.3) as proxy:
+            cluster.write_filter_config(proxy.url)
+            job = cluster.sbatch("--gpus=1", "-w", NODES[2], "--hold", script="true")
+            jobs.append(job.id)
+            assert proxy.forwarded == 1
+    finally:
+        cluster.write_filter_config(service.url)
+    assert job.returncode == 0, job.stderr
+    assert not allocation_ids(cluster.show_job(job.id))  # unchanged: the answer came too late
+
+    def orphans() -> list[dict[str, Any]]:
+        with service.client() as client:
+            rows = client.allocations(node=NODES[2])["allocations"]
+        return [
+            a
+            for a in rows
+            if datetime.fromisoformat(a["created_at"]) >= since and a["job_id"] is None
+        ]
+
+    eventually(lambda: bool(orphans()), "the late reservation seen")
+    [orphan] = orphans()
+    eventually(lambda: allocation(service, orphan["id"])["state"] == "released", "release", 3)
+    ended = allocation(service, orphan["id"])
+    held_s = (
+        datetime.fromisoformat(ended["ended_at"]) - datetime.fromisoformat(ended["created_at"])
+    ).total_seconds()
+    assert held_s <= cluster.timeout_ms / 1000 + 1.0, held_s

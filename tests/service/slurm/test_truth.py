@@ -1,0 +1,188 @@
+"""What Slurm really runs wins: the prolog's report and the reconcile backstop."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from service.slurm.fresh import FRESH
+from service.slurm.reconcile import EARLY_GAP_S, Reconciler
+from service.slurm.settings import SlurmSettings
+from service.slurm.truth import from_show_job, gpu_indices
+from tests.service.helpers import add_nodes
+
+NO_VAL = 4294967294
+
+
+def show_job(job: int, gres: str, nodes: str = "node1", comment: str = "") -> str:
+    """A job as `scontrol -d show job -o` prints it (the fields the service reads)."""
+    text = (
+        f"JobId={job} JobName=train UserId=alice(1000) GroupId=alice(1000) JobState=RUNNING"
+        f" NodeList={nodes} JOB_GRES=gpu:2 Nodes={nodes} CPU_IDs=0-1 Mem=0 GRES={gres}"
+        " MinCPUsNode=1 Features=(null)"
+    )
+    return f"{text} AdminComment={comment}" if comment else text
+
+
+def submit(client: TestClient, **fields: Any) -> dict[str, Any]:
+    body = {"min_nodes": NO_VAL, "max_nodes": NO_VAL, "num_tasks": NO_VAL, "user_name": "alice"}
+    decision: dict[str, Any] = client.post("/v1/slurm/job-submit", json={**body, **fields}).json()
+    return decision
+
+
+def started(client: TestClient, text: str) -> dict[str, Any]:
+    response = client.post("/v1/slurm/job-started", json={"show_job": text})
+    assert response.status_code == 200, response.text
+    answer: dict[str, Any] = response.json()
+    return answer
+
+
+def of_job(client: TestClient, job: int) -> list[dict[str, Any]]:
+    rows = client.get("/v1/allocations", params={"job_id": str(job)}).json()["allocations"]
+    return [a for a in rows if a["state"] in ("pending", "active", "degraded")]
+
+
+def gpus(allocation: dict[str, Any]) -> dict[str, list[int]]:
+    return {t["node"]: t["gpu_indices"] for t in allocation["tasks"]}
+
+
+@pytest.fixture
+def dgx1(client: TestClient) -> TestClient:
+    add_nodes(client, ("dgx1-v100", "node1"), ("dgx1-v100", "node2"))
+    return client
+
+
+@pytest.mark.parametrize(
+    ("gres", "indices"),
+    [
+        ("gpu:g1:1(IDX:1),gpu:g2:1(IDX:2)", [1, 2]),
+        ("gpu:4(IDX:0-1,4-5)", [0, 1, 4, 5]),
+        ("gpu:v100:2(IDX:6-7),shard:0(IDX:N/A)", [6, 7]),
+        ("", []),
+    ],
+)
+def test_gpu_indices_as_slurm_prints_them(gres: str, indices: list[int]) -> None:
+    assert gpu_indices(gres) == indices
+
+
+def test_a_job_on_several_nodes_is_read_per_node() -> None:
+    truth, state = from_show_job(show_job(3, "gpu:g0:1(IDX:0),gpu:g1:1(IDX:1)", "node[1-2]"))
+    assert truth.job_id == "3" and truth.user_name == "alice" and state == "RUNNING"
+    assert truth.gpus == {"node1": [0, 1], "node2": [0, 1]}
+
+
+def test_a_placed_job_that_runs_where_reserved_learns_its_job_id(dgx1: TestClient) -> None:
+    decision = submit(dgx1, tres_per_node="gres:gpu:2")
+    [allocation_id] = decision["allocation_ids"]
+    gres = ",".join(f"gpu:g{g}:1(IDX:{g})" for g in decision["gpu_indices"])
+    text = show_job(7, gres, decision["nodes"][0], decision["set"]["admin_comment"])
+    assert started(dgx1, text)["action"] == "attached"
+    assert started(dgx1, text)["action"] == "matched"  # the prolog and the backstop agree
+    [allocation] = of_job(dgx1, 7)
+    assert allocation["id"] == allocation_id and allocation["job_id"] == "7"
+
+
+def test_a_job_slurm_ran_elsewhere_moves_its_allocation(dgx1: TestClient) -> None:
+    decision = submit(dgx1, tres_per_node="gres:gpu:2", req_nodes="node1")
+    reserved = decision["gpu_indices"]
+    elsewhere = [g for g in range(8) if g not in reserved][:2]
+    gres = ",".join(f"gpu:g{g}:1(IDX:{g})" for g in elsewhere)
+    answer = started(dgx1, show_job(8, gres, "node1", decision["set"]["admin_comment"]))
+    assert answer["action"] == "moved" and answer["allocation_id"] == decision["allocation_ids"][0]
+    [allocation] = of_job(dgx1, 8)
+    assert gpus(allocation) == {"node1": elsewhere}
+    # The GPUs it left are free again; those it took are not.
+    free = dgx1.post("/v1/score", json={"gpus": 8, "nodes": ["node1"]}).json()["nodes"][0]
+    assert not free["fits"]
+    again = submit(dgx1, tres_per_node=f"gres:gpu:{8 - 2}", req_nodes="node1")
+    assert sorted(again["gpu_indices"]) == sorted(set(range(8)) - set(elsewhere))
+
+
+def test_a_job_slurm_started_by_itself_supersedes_a_stale_reservation(dgx1: TestClient) -> None:
+    """A job left to Slurm runs on GPUs the service still held for another (a pinned job
+    still pending, or one whose epilog has not come): Slurm is running it, so it wins."""
+    stale = submit(dgx1, tres_per_node="gres:gpu:2", req_nodes="node1")
+    taken = stale["gpu_indices"]
+    gres = f"gpu:2(IDX:{taken[0]},{taken[1]})"
+    answer = started(dgx1, show_job(9, gres, "node1"))
+    assert answer["action"] == "created" and answer["superseded"] == stale["allocation_ids"]
+    [allocation] = of_job(dgx1, 9)
+    assert gpus(allocation) == {"node1": sorted(taken)}
+    assert allocation["owner"] == "slurm:alice" and allocation["state"] == "active"
+    old = dgx1.get(f"/v1/allocations/{stale['allocation_ids'][0]}").json()
+    assert old["state"] == "released"
+
+
+def test_a_report_slurm_could_not_have_made_is_refused(dgx1: TestClient) -> None:
+    response = dgx1.post("/v1/slurm/job-started", json={"show_job": "nothing here"})
+    assert response.status_code == 400 and response.json()["error"]["code"] == "bad_request"
+    response = dgx1.post("/v1/slurm/job-started", json={"show_job": show_job(4, "gpu:1(IDX:9)")})
+    assert response.status_code == 400 and "no GPU [9]" in response.json()["error"]["message"]
+    unknown = started(dgx1, show_job(5, "gpu:1(IDX:0)", "elsewhere1"))
+    assert unknown["action"] == "none"
+
+
+def test_reconcile_releases_a_job_cancelled_while_pending_at_once(dgx1: TestClient) -> None:
+    """No epilog runs for it; the allocation is far younger than the grace period."""
+    decision = submit(dgx1, tres_per_node="gres:gpu:1")
+    squeue = {
+        "jobs": [
+            {
+                "job_id": 11,
+                "job_state": "CANCELLED",
+                "admin_comment": decision["set"]["admin_comment"],
+            }
+        ]
+    }
+    settings = SlurmSettings(reconcile_grace_s=60)
+    app: Any = dgx1.app
+    from service.slurm.reconcile import reconcile
+
+    result = reconcile(app.state.service, settings, squeue)
+    assert result.released == decision["allocation_ids"]
+
+
+def test_reconcile_records_running_jobs_and_releases_them_when_they_end(
+    dgx1: TestClient,
+) -> None:
+    running = {
+        "job_id": 12,
+        "job_state": "RUNNING",
+        "user_name": "bob",
+        "nodes": "node2",
+        "gres_detail": ["gpu:2(IDX:3-4)"],
+        "admin_comment": "",
+    }
+    result = dgx1.post("/v1/slurm/reconcile", json={"jobs": [running]}).json()
+    [allocation] = of_job(dgx1, 12)
+    assert result["observed"] == [allocation["id"]] and gpus(allocation) == {"node2": [3, 4]}
+    assert dgx1.post("/v1/slurm/reconcile", json={"jobs": [running]}).json()["observed"] == []
+    ended = {**running, "job_state": "COMPLETED"}
+    result = dgx1.post("/v1/slurm/reconcile", json={"jobs": [ended]}).json()
+    assert result["released"] == [allocation["id"]] and of_job(dgx1, 12) == []
+
+
+def test_the_loop_runs_as_soon_as_a_fresh_reservation_passes_the_grace_period(
+    dgx1: TestClient, tmp_path: Path
+) -> None:
+    """A reservation whose answer came too late for the filter: no job ever names it."""
+    output = tmp_path / "squeue.json"
+    output.write_text(json.dumps({"jobs": []}))
+    app: Any = dgx1.app
+    settings = SlurmSettings(
+        squeue_command=f"cat {output}", reconcile_interval_s=3600, reconcile_grace_s=0
+    )
+    loop = Reconciler(app.state.service, settings)
+    asyncio.run(loop.tick())  # the interval's first run; the next one is an hour away
+    orphan = submit(dgx1, tres_per_node="gres:gpu:1")
+    time.sleep(EARLY_GAP_S)  # early runs are spaced at least this much
+    asyncio.run(loop.tick())
+    released = dgx1.get(f"/v1/allocations/{orphan['allocation_ids'][0]}").json()
+    assert released["state"] == "released"
+    assert not FRESH.due(0)

@@ -1,0 +1,97 @@
+"""PrologSlurmctld: tell the service which node(s) and GPUs a starting job really got.
+
+``python -m topoplace.slurm_prolog --config /etc/slurm/topoplace.conf`` (the
+shipped ``topoplace-prolog`` script runs it). slurmctld runs it when a job is
+allocated, before the job is launched, with ``SLURM_JOB_ID`` and no PATH; it
+reads the job as ``scontrol -d show job -o`` prints it (per node:
+``GRES=gpu:g1:1(IDX:1),...``) and posts that to ``POST
+/v1/slurm/job-started``. The job's launch waits for this program, so it uses
+only the standard library (about 0.1 s, where the ``topoplace`` command takes
+0.6 s to import the engine), and it always exits 0: a prolog that fails makes
+slurmctld requeue the job, and a placement service must never stop a job.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+DEFAULT_CONFIG = "/etc/slurm/topoplace.conf"
+TIMEOUT_S = 2.0
+
+
+def read_config(path: str) -> dict[str, str]:
+    """``key = value`` lines, ``#`` comments: the file job_submit.lua reads too."""
+    values: dict[str, str] = {}
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return values
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep and not line.lstrip().startswith("#"):
+            values[key.strip()] = value.strip()
+    return values
+
+
+def _token(config: dict[str, str]) -> str | None:
+    path = config.get("token_file")
+    if not path:
+        return os.environ.get("TOPOPLACE_TOKEN")
+    try:
+        return Path(path).read_text(encoding="utf-8").splitlines()[0].strip()
+    except (OSError, IndexError):
+        return None
+
+
+def report(config: dict[str, str], job: str) -> str:
+    """Post the job's `scontrol -d show job -o` to the service; the answer's text."""
+    if config.get("slurm_conf"):
+        os.environ["SLURM_CONF"] = config["slurm_conf"]
+    shown = subprocess.run(
+        [config.get("scontrol", "scontrol"), "-d", "show", "job", "-o", job],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S * 5,
+        check=True,
+    ).stdout
+    server = config.get("server", "http://127.0.0.1:8080").rstrip("/")
+    request = urllib.request.Request(
+        f"{server}/v1/slurm/job-started",
+        data=json.dumps({"show_job": shown}).encode(),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
+    token = _token(config)
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    with urllib.request.urlopen(request, timeout=TIMEOUT_S) as answer:
+        body: bytes = answer.read()
+    return body.decode(errors="replace")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="topoplace.slurm_prolog", description=__doc__)
+    parser.add_argument("--config", default=DEFAULT_CONFIG, metavar="PATH")
+    parser.add_argument("--job", metavar="ID", help="the job (default: $SLURM_JOB_ID)")
+    args = parser.parse_args(argv)
+    job = args.job or os.environ.get("SLURM_JOB_ID", "")
+    if not job:
+        print("topoplace prolog: no job: set SLURM_JOB_ID or pass --job", file=sys.stderr)
+        return 0
+    try:
+        print(f"job {job}: {report(read_config(args.config), job)}")
+    except (OSError, ValueError, subprocess.SubprocessError, urllib.error.URLError) as exc:
+        # The reconcile loop records the job at its next read instead.
+        print(f"topoplace prolog: job {job} not reported: {exc}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
