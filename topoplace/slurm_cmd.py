@@ -21,10 +21,10 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from topoplace import client_cmd
+from topoplace.slurm_prolog import read_config  # stdlib-only: the prolog stays quick
 
 if TYPE_CHECKING:
     from placement import NodeSnapshot
@@ -128,20 +128,6 @@ def _show_job(client: TopoplaceClient, args: argparse.Namespace) -> None:
     empty = f"no allocation carries job {args.job} (yet: it is known once the job starts)"
     for allocation in client_cmd._items_or_json(data, "allocations", args, empty):
         print(client_cmd.allocation_text(allocation))
-
-
-def read_config(path: str) -> dict[str, str]:
-    """``key = value`` lines, ``#`` comments: the file job_submit.lua reads too."""
-    values: dict[str, str] = {}
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return values
-    for line in text.splitlines():
-        key, sep, value = line.partition("=")
-        if sep and not line.lstrip().startswith("#"):
-            values[key.strip()] = value.strip()
-    return values
 
 
 def admin_comment(scontrol: str, job: str) -> str:

@@ -19,6 +19,15 @@ from service import migrate, schema
 from service.db import make_engine
 
 NOW = datetime(2026, 6, 1, 12, tzinfo=UTC)
+# What ending an allocation writes to its row (repository.end).
+ENDED = {
+    "state": "released",
+    "live": None,
+    "anchor_node": None,
+    "anchor_device": None,
+    "ended_at": NOW,
+    "expires_at": None,
+}
 
 
 @pytest.fixture
@@ -96,18 +105,7 @@ def test_an_allocation_cannot_end_and_keep_its_holds(engine: sa.Engine) -> None:
     table = schema.allocations
     _refused(
         engine,
-        lambda conn: conn.execute(
-            sa.update(table)
-            .where(table.c.id == allocation)
-            .values(
-                state="released",
-                live=None,
-                anchor_node=None,
-                anchor_device=None,
-                ended_at=NOW,
-                expires_at=None,
-            )
-        ),
+        lambda conn: conn.execute(sa.update(table).where(table.c.id == allocation).values(**ENDED)),
     )
     assert _row(engine, allocation)["state"] == "pending"
 
@@ -117,18 +115,7 @@ def test_an_ended_allocation_cannot_come_back(engine: sa.Engine) -> None:
     allocation = _live(engine)
     table, holds = schema.allocations, schema.gpu_holds
     with engine.begin() as conn:
-        conn.execute(
-            sa.update(table)
-            .where(table.c.id == allocation)
-            .values(
-                state="released",
-                live=None,
-                anchor_node=None,
-                anchor_device=None,
-                ended_at=NOW,
-                expires_at=None,
-            )
-        )
+        conn.execute(sa.update(table).where(table.c.id == allocation).values(**ENDED))
         conn.execute(sa.delete(holds).where(holds.c.allocation_id == allocation))
     _refused(
         engine,
