@@ -140,7 +140,7 @@ def test_a_request_that_can_never_fit_is_refused_with_the_service_message(
         client.place({"gpus": 16, "locality": "nvlink", "nodes": list(NODES)})
     assert engine.value.message in refused.stderr
     assert "the cluster can never hold this request" in refused.stderr
-    assert "no node has 16 GPUs" in refused.stderr  # said of the cluster, not per node
+    assert "has 16 GPUs; the largest has 8" in refused.stderr  # said of the cluster, not per node
 
     array = cluster.sbatch("--gpus=1", "--array=0-1", "-w", "node3", "--hold", script="true")
     assert array.returncode == 0, array.stderr
