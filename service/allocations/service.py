@@ -378,9 +378,10 @@ def confirm(state: ServiceState, allocation_id: str) -> dict[str, Any]:
         if row is not None:
             return _Outcome(row, [])
         current = repository.by_id(conn, allocation_id)
-        confirmed = current is not None and current["state"] in ("active", "degraded")
-        if confirmed and current is not None and current["expires_at"] is None:
-            return _Outcome(current, [])  # confirmed before: the same answer again
+        # Confirmed before (active, or degraded without a TTL): the same answer again.
+        already = current is not None and current["state"] in ("active", "degraded")
+        if already and current is not None and current["expires_at"] is None:
+            return _Outcome(current, [])
         return _refused_transition(conn, allocation_id, now, "confirm")
 
     return _lifecycle(state, work)

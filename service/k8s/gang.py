@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from placement import PlacementRequest
+from service import schema
 from service.allocations import service as allocations
 from service.allocations.schemas import PlaceRequest
 from service.errors import ServiceError
@@ -34,7 +35,7 @@ from service.state import ServiceState
 
 log = logging.getLogger("topoplace.k8s")
 
-LIVE = ("pending", "active", "degraded")
+LIVE = schema.LIVE_STATES
 ALLOCATION_ANNOTATION = "topoplace.io/allocation"
 TASK_ANNOTATION = "topoplace.io/gang-task"
 
