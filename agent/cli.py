@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from agent import SOURCE_KINDS
-from topoplace.client_cmd import _positive_seconds
+from topoplace_client.arguments import positive_seconds
 
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_DISCOVERY = 0, 1, 2, 3, 4
 
@@ -59,11 +59,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument(
         "--interval",
         dest="interval_s",
-        type=_positive_seconds,
+        type=positive_seconds,
         metavar="SECONDS",
         help="default 15",
     )
-    p.add_argument("--timeout", dest="timeout_s", type=_positive_seconds, metavar="SECONDS")
+    p.add_argument("--timeout", dest="timeout_s", type=positive_seconds, metavar="SECONDS")
     p.add_argument(
         "--once",
         action="store_true",
@@ -157,7 +157,7 @@ def _serve(args: argparse.Namespace, config: Any, source: Any, name: str) -> int
     from agent.nvml_discovery import DiscoveryError
     from agent.runner import Agent, Backoff
     from agent.signing import KeyFileError, NodeKey
-    from topoplace.client import ApiError, ServiceUnreachable, TopoplaceClient
+    from topoplace_client.api import ApiError, ServiceUnreachable, TopoplaceClient
 
     if config.server is None:
         return _fail(

@@ -33,13 +33,13 @@ from typing import Any, Protocol
 from agent.signing import NodeKey, canonical_json
 from agent.sources import Source
 from placement.snapshot import NodeSnapshot
-from topoplace.client import ApiError, JSONObject, ServiceUnreachable
+from topoplace_client.api import ApiError, JSONObject, ServiceUnreachable
 
 log = logging.getLogger("topoplace.agent")
 
 
 class AgentClient(Protocol):
-    """The calls the agent makes (``topoplace.client.TopoplaceClient`` has them)."""
+    """The calls the agent makes (``topoplace_client.api.TopoplaceClient`` has them)."""
 
     def put_snapshot(
         self, name: str, snapshot: dict[str, Any], signature: str | None = None

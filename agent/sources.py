@@ -28,7 +28,7 @@ from agent.nvml_discovery import DiscoveryError, discover
 from agent.nvml_fake import FakeNvml, fake_host
 from placement.profiles import UnknownProfileError, build_profile
 from placement.snapshot import Gpu, NodeSnapshot
-from topoplace.topology_file import TopologyFileError, load_topology
+from topoplace_client.topology_file import TopologyFileError, load_topology
 
 
 class SourceError(ValueError):

@@ -1,11 +1,17 @@
-"""Command-line entry point: `topoplace <command> ...`."""
+"""Command-line entry point: `topoplace <command> ...`.
+
+The commands of this package are added directly. Commands that belong to
+another package (``topoplace agent``, the node agent's) are found through the
+``topoplace.commands`` entry-point group that pyproject.toml declares, so the
+dependency is stated in the packaging and this package imports none of them.
+"""
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from importlib.metadata import distribution
 
-from agent import cli as agent_cli
 from topoplace import (
     client_cmd,
     export_cmd,
@@ -18,6 +24,22 @@ from topoplace import (
     slurm_cmd,
 )
 
+COMMANDS_GROUP = "topoplace.commands"
+DISTRIBUTION = "topoplace"
+
+AddParser = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
+
+
+def plugin_commands() -> list[AddParser]:
+    """The ``add_parser`` functions registered under ``topoplace.commands``, by name.
+
+    Read from this distribution's own metadata: scanning every installed
+    distribution (``entry_points(group=...)``) costs ~10 ms of each command's
+    start-up, reading one costs ~0.1 ms.
+    """
+    found = [ep for ep in distribution(DISTRIBUTION).entry_points if ep.group == COMMANDS_GROUP]
+    return [ep.load() for ep in sorted(found, key=lambda ep: ep.name)]
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="topoplace", description="Topology-aware GPU placement.")
@@ -27,7 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve_cmd.add_parsers(sub)
     openapi_cmd.add_parser(sub)
     client_cmd.add_parsers(sub)
-    agent_cli.add_parser(sub)
+    for add_parser in plugin_commands():
+        add_parser(sub)
     slurm_cmd.add_parser(sub)
     k8s_cmd.add_parser(sub)
     sim_cmd.add_parser(sub)

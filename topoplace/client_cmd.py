@@ -1,6 +1,6 @@
 """`topoplace nodes|node|topo|place|release|allocations|cluster`: the running service over HTTP.
 
-Each command makes its request(s) through ``topoplace.client`` and prints a
+Each command makes its request(s) through ``topoplace_client.api`` and prints a
 short human-readable view, or with ``--json`` the service's JSON unchanged.
 
 Exit status, for scripts:
@@ -22,10 +22,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from topoplace_client.arguments import int_at_least, positive_seconds
+
 if TYPE_CHECKING:
     # Imported where a command runs instead: httpx takes a noticeable share of
     # the start-up time of every other command (`plan`, `serve`, ...).
-    from topoplace.client import ApiError, JSONObject, TopoplaceClient
+    from topoplace_client.api import ApiError, JSONObject, TopoplaceClient
 
 EXIT_OK = 0
 EXIT_REFUSED = 1
@@ -54,31 +56,8 @@ Action = Callable[["TopoplaceClient", argparse.Namespace], None]
 # -- argument parsing ---------------------------------------------------------
 
 
-def _int_at_least(minimum: int) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
-        return value
-
-    return parse
-
-
-_positive_int = _int_at_least(1)
-_non_negative_int = _int_at_least(0)
-
-
-def _positive_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not value > 0:  # also refuses nan
-        raise argparse.ArgumentTypeError(f"must be more than 0 seconds, got {text}")
-    return value
+_positive_int = int_at_least(1)
+_non_negative_int = int_at_least(0)
 
 
 def _service_options() -> argparse.ArgumentParser:
@@ -100,7 +79,7 @@ def _service_options() -> argparse.ArgumentParser:
     )
     group.add_argument(
         "--timeout",
-        type=_positive_seconds,
+        type=positive_seconds,
         default=DEFAULT_TIMEOUT_S,
         metavar="SECONDS",
         help=f"give up on an answer after this long (default {DEFAULT_TIMEOUT_S:g})",
@@ -187,7 +166,7 @@ def _add_place_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--owner", metavar="O", help="who asks (user, team)")
     p.add_argument(
         "--ttl",
-        type=_positive_seconds,
+        type=positive_seconds,
         metavar="SECONDS",
         help="the reservation expires unless confirmed within this time (service default)",
     )
@@ -257,7 +236,7 @@ def _exit_code(error: ApiError) -> int:
 
 
 def run(action: Action, args: argparse.Namespace) -> int:
-    from topoplace.client import ApiError, ServiceUnreachable, TopoplaceClient
+    from topoplace_client.api import ApiError, ServiceUnreachable, TopoplaceClient
 
     server, source = _server(args)
     try:

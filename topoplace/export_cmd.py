@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from topoplace.client_cmd import EXIT_HELP, _service_options, run
 
 if TYPE_CHECKING:
-    from topoplace.client import TopoplaceClient
+    from topoplace_client.api import TopoplaceClient
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from topoplace import client_cmd
 
 if TYPE_CHECKING:
-    from topoplace.client import TopoplaceClient
+    from topoplace_client.api import TopoplaceClient
 
 ISLANDS = "topology.k8s.io/nvlink.islands"
 ISLAND_SIZE = "topology.k8s.io/nvlink.island-size"

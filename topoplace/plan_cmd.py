@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from placement import ClusterState, NodeSnapshot, PlacementRequest
 from placement.profiles import UnknownProfileError, build_profile
-from topoplace.topology_file import TopologyFileError, load_topology
+from topoplace_client.topology_file import TopologyFileError, load_topology
 
 EXIT_PLACED = 0
 EXIT_UNSCHEDULABLE = 1

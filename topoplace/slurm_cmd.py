@@ -23,12 +23,15 @@ import subprocess
 import sys
 from typing import TYPE_CHECKING
 
+from placement import NodeSnapshot
+from slurm_formats.admin_comment import allocation_ids
+from slurm_formats.conf import gres_conf_lines, node_conf_line
+from slurm_formats.hostlist import expand
 from topoplace import client_cmd
 from topoplace.slurm_prolog import read_config  # stdlib-only: the prolog stays quick
 
 if TYPE_CHECKING:
-    from placement import NodeSnapshot
-    from topoplace.client import TopoplaceClient
+    from topoplace_client.api import TopoplaceClient
 
 DEFAULT_CONFIG = "/etc/slurm/topoplace.conf"
 _ADMIN_COMMENT = re.compile(r"\bAdminComment=(.*?)(?=\s+[A-Z][A-Za-z/:]*=|$)")
@@ -95,9 +98,6 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def _snapshots(client: TopoplaceClient, names: list[str]) -> list[NodeSnapshot]:
-    from placement import NodeSnapshot
-    from service.slurm.hostlist import expand
-
     found = []
     for pattern in names:
         for name in expand(pattern):
@@ -107,8 +107,6 @@ def _snapshots(client: TopoplaceClient, names: list[str]) -> list[NodeSnapshot]:
 
 
 def _print_gres_conf(client: TopoplaceClient, args: argparse.Namespace) -> None:
-    from service.slurm.conf import gres_conf_lines
-
     print("# gres.conf written by `topoplace slurm gres-conf` from the nodes' snapshots")
     for snap in _snapshots(client, args.nodes):
         print(f"# {snap.name}: snapshot seq {snap.seq}")
@@ -117,8 +115,6 @@ def _print_gres_conf(client: TopoplaceClient, args: argparse.Namespace) -> None:
 
 
 def _print_node_conf(client: TopoplaceClient, args: argparse.Namespace) -> None:
-    from service.slurm.conf import node_conf_line
-
     for snap in _snapshots(client, args.nodes):
         print(node_conf_line(snap, args.extra))
 
@@ -146,8 +142,6 @@ def admin_comment(scontrol: str, job: str) -> str:
 
 
 def run_epilog(args: argparse.Namespace) -> int:
-    from service.slurm.admin_comment import allocation_ids
-
     config = read_config(args.config)
     job = args.job or os.environ.get("SLURM_JOB_ID", "")
     if not job:

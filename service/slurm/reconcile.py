@@ -23,12 +23,12 @@ from typing import Any
 from service.allocations import service as allocations
 from service.errors import BadRequest
 from service.slurm import truth
-from service.slurm.admin_comment import allocation_ids
 from service.slurm.fresh import FRESH
 from service.slurm.schemas import ReconcileResult
 from service.slurm.service import OWNER_PREFIX
 from service.slurm.settings import SlurmSettings
 from service.state import ServiceState
+from slurm_formats.admin_comment import allocation_ids
 
 log = logging.getLogger("topoplace.slurm")
 

@@ -20,13 +20,14 @@ from service.allocations import observed as allocations
 from service.allocations.schemas import PlaceRequest, ScoreRequest
 from service.errors import ServiceError, Unresolvable, Unschedulable
 from service.flows import drive_async
-from service.slurm import conf, hostlist, job_options
-from service.slurm.admin_comment import format_comment
+from service.slurm import job_options
 from service.slurm.fresh import FRESH
 from service.slurm.schemas import JobDecision, JobSubmit
 from service.slurm.settings import SlurmSettings
-from service.slurm.tres import GpuAsk, TresError, gpu_ask, per_gpu_tres
 from service.state import ServiceState
+from slurm_formats import conf, hostlist
+from slurm_formats.admin_comment import format_comment
+from slurm_formats.tres import GpuAsk, TresError, gpu_ask, per_gpu_tres
 
 log = logging.getLogger("topoplace.slurm")
 OWNER_PREFIX = "slurm:"

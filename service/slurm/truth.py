@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from service.allocations import service as allocations
-from service.slurm import hostlist
-from service.slurm.admin_comment import allocation_ids
 from service.slurm.service import OWNER_PREFIX
 from service.state import ServiceState
+from slurm_formats import hostlist
+from slurm_formats.admin_comment import allocation_ids
 
 log = logging.getLogger("topoplace.slurm")
 _IDX = re.compile(r"\(IDX:([0-9,\-]*)\)")

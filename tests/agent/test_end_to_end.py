@@ -27,7 +27,7 @@ from service.settings import Settings
 from tests.agent.test_signing import documented_verify
 from tests.live_server import live_server
 from topoplace.cli import main
-from topoplace.client import ApiError, TopoplaceClient
+from topoplace_client.api import ApiError, TopoplaceClient
 
 NODES = {"e2e-h100": "hgx-h100", "e2e-dgx1": "dgx1-v100", "e2e-gb200": "gb200-tray"}
 FAKE_NVML_NODE = "e2e-h100"

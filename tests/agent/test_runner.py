@@ -15,7 +15,7 @@ from agent.signing import NodeKey, verify
 from agent.sources import Identity, NvmlSource, SimSource
 from placement import Health
 from placement.profiles import build_profile
-from topoplace.client import ApiError, ServiceUnreachable
+from topoplace_client.api import ApiError, ServiceUnreachable
 
 
 class ScriptedService:

@@ -18,6 +18,8 @@ FORBIDDEN = (
     "service",
     "agent",
     "topoplace",
+    "topoplace_client",
+    "slurm_formats",
 )
 # Never imported by placement's own source (pydantic may load socket itself).
 FORBIDDEN_IN_SOURCE = (*FORBIDDEN, "os", "pathlib", "socket", "sqlite3", "subprocess", "time", "io")

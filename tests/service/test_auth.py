@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 from service.app import create_app
 from service.auth import TokenCheck, Unauthorized
 from service.settings import Settings
-from topoplace.client import ApiError, TopoplaceClient
+from topoplace_client.api import ApiError, TopoplaceClient
 
 
 def _client(tmp_path: Path, **settings: str) -> TestClient:

@@ -20,15 +20,14 @@ from typing import Any
 import httpx
 import pytest
 
-from placement.profiles import build_profile
 from service.app import create_app
 from service.demo import demo_snapshots
 from service.settings import Settings
 from tests.live_server import live_server
-from topoplace import client as client_module
 from topoplace import client_cmd
 from topoplace.cli import main
-from topoplace.client import ApiError, ServiceUnreachable, TopoplaceClient
+from topoplace_client import api as client_module
+from topoplace_client.api import TopoplaceClient
 
 PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy")
 DEMO = demo_snapshots()
@@ -304,48 +303,6 @@ def test_answers_that_are_not_the_service_s(
     assert main(["node", "x", "--server", "http://svc"]) == 3
     err = capsys.readouterr().err
     assert err.startswith("error: http_502: http://svc/v1/nodes/x answered 502 Bad Gateway")
-
-
-def test_client_methods_for_the_rest_of_the_api(server: str) -> None:
-    snap = build_profile("hgx-h100", "client-extra").model_dump(mode="json")
-    with TopoplaceClient(server, timeout=5) as api:
-        assert api.health() == {"status": "ok"}
-        assert api.ready()["status"] == "ready"
-        assert api.put_snapshot("client-extra", snap)["node"] == "client-extra"
-        api.heartbeat("client-extra")
-        assert api.cordon("client-extra")["state"] == "cordoned"
-        assert api.uncordon("client-extra")["state"] == "ready"
-        assert api.snapshots("client-extra")[0]["seq"] == snap["seq"]
-        scored = api.score({"gpus": 8, "nodes": ["client-extra"]})["nodes"]
-        assert scored[0]["node"] == "client-extra" and scored[0]["fits"] is True
-
-        placed = api.place({"gpus": 2, "nodes": ["client-extra"], "job_id": "api-job"})
-        assert api.allocation(placed["id"])["id"] == placed["id"]
-        assert api.extend(placed["id"], 120)["state"] == "pending"
-        assert api.confirm(placed["id"])["state"] == "active"
-        with pytest.raises(ApiError) as refused:
-            api.delete_node("client-extra")  # it holds GPUs
-        assert refused.value.code == "conflict" and refused.value.status == 409
-        assert api.release_job("api-job") == {"released": [placed["id"]]}
-        api.delete_node("client-extra")
-
-        with pytest.raises(ApiError) as missing:
-            api.node("client-extra")
-        error = missing.value
-        assert (error.code, error.status) == ("not_found", 404)
-        assert error.body == {
-            "error": {"code": "not_found", "message": error.message, "detail": {}}
-        }
-        with pytest.raises(ApiError) as invalid:
-            api.place({"gpus": 0})
-        assert invalid.value.detail["field"] == "gpus"
-
-    with pytest.raises(ServiceUnreachable) as unreachable:
-        TopoplaceClient("127.0.0.1:1", timeout=1).cluster()
-    assert isinstance(unreachable.value, ConnectionError)
-    assert str(unreachable.value).startswith("cannot reach topoplace at http://127.0.0.1:1: ")
-    with pytest.raises(ValueError):
-        TopoplaceClient("ftp://example.org")
 
 
 def test_other_commands_do_not_import_httpx() -> None:

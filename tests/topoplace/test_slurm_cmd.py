@@ -15,9 +15,9 @@ import uvicorn
 from placement.profiles import build_profile
 from service.app import create_app
 from service.settings import Settings
-from service.slurm.conf import gres_conf_lines, node_conf_line
+from slurm_formats.conf import gres_conf_lines, node_conf_line
 from topoplace.cli import main
-from topoplace.client import TopoplaceClient
+from topoplace_client.api import TopoplaceClient
 
 
 @pytest.fixture(scope="module")

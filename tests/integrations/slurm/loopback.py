@@ -26,7 +26,7 @@ from pathlib import Path
 import httpx
 
 from placement.profiles import build_profile
-from topoplace.client import TopoplaceClient
+from topoplace_client.api import TopoplaceClient
 
 REPO = Path(__file__).resolve().parents[3]
 LUA_DIR = REPO / "integrations" / "slurm"

@@ -18,10 +18,10 @@ import pytest
 
 from placement import bandwidth_matrix
 from placement.profiles import build_profile
-from service.slurm.hostlist import expand
+from slurm_formats.hostlist import expand
 from tests.integrations.slurm.conftest import NODES, PROFILE
 from tests.integrations.slurm.loopback import LoopbackCluster, Service, free_port
-from topoplace.client import ApiError
+from topoplace_client.api import ApiError
 
 BANDWIDTH = bandwidth_matrix(build_profile(PROFILE, "any"))
 

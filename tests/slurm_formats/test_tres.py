@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from service.slurm.tres import GpuAsk, TresError, gpu_ask, per_gpu_tres
+from slurm_formats.tres import GpuAsk, TresError, gpu_ask, per_gpu_tres
 
 
 @pytest.mark.parametrize(

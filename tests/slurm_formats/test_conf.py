@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from placement.profiles import build_profile
-from service.slurm.conf import features, gpu_model_token, gres_conf_lines, node_conf_line
+from slurm_formats.conf import features, gpu_model_token, gres_conf_lines, node_conf_line
 
 
 def test_gres_conf_of_a_dgx1_names_each_gpu_with_its_links_and_cores() -> None:

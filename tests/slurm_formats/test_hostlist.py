@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from service.slurm.hostlist import HostlistError, expand
+from slurm_formats.hostlist import HostlistError, expand
 
 
 @pytest.mark.parametrize(

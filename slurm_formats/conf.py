@@ -18,7 +18,7 @@ import re
 
 from placement import NodeSnapshot, islands
 from placement.cpuset import format_cpuset
-from service.slurm.tres import GPU_TYPE_PREFIX
+from slurm_formats.tres import GPU_TYPE_PREFIX
 
 BLOCK_LABELS = ("topoplace.io/block", "topoplace.io/rack", "topology.kubernetes.io/rack")
 _FEATURE_UNSAFE = re.compile(r"[^A-Za-z0-9_]+")
