@@ -31,11 +31,11 @@ bench: install
 	$(BIN)/python -m bench.gang_quality
 	$(BIN)/python -m bench.service_speed
 	$(BIN)/python -m bench.grpc_vs_rest
+	$(BIN)/python -m bench.k8s_extender
 
 # Regenerate service/grpc/gen/ after changing openapi/topoplace/v1/topoplace.proto.
 proto: install
 	$(BIN)/python -m service.grpc.codegen
-	$(BIN)/python -m bench.k8s_extender
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
