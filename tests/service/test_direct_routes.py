@@ -13,7 +13,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from service.app import create_app
-from service.direct_routes import DirectRoutes
+from service.direct_routes import DirectRoutes, route_path
 from service.errors import NotFound
 from service.settings import Settings
 from service.slurm import endpoints as slurm_routes
@@ -49,6 +49,23 @@ def test_the_listed_method_and_path_go_to_the_handler_and_the_rest_to_the_router
 def test_the_path_is_matched_below_the_root_path() -> None:
     with TestClient(_app(), root_path="/api") as client:
         assert client.post("/api/x").json()["by"] == "direct"
+
+
+@pytest.mark.parametrize(
+    ("path", "root", "expected"),
+    [
+        ("/v1/x", "", "/v1/x"),
+        ("/api/v1/x", "/api", "/v1/x"),
+        ("/api", "/api", ""),
+        ("/apix/v1", "/api", "/apix/v1"),  # not the mount point's segment
+        ("/other/v1", "/api", "/other/v1"),
+    ],
+)
+def test_route_path_strips_the_mount_point_as_the_router_does(
+    path: str, root: str, expected: str
+) -> None:
+    scope = {"type": "http", "path": path, "root_path": root}
+    assert route_path(scope) == expected
 
 
 @pytest.mark.parametrize(
