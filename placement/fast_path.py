@@ -53,7 +53,6 @@ _PER_REQUEST: dict[str, object] = {
     "nodes": None,
     "exclude_nodes": (),
     "job_id": None,
-    "priority": 0,
     "cpus_per_task": 0,
     "tasks": 1,
 }

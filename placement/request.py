@@ -29,13 +29,11 @@ NumaMode = Literal["required", "preferred", "ignore"]
 
 # Counts are strict: JSON true or "4" is a mistake in the caller, not 1 or 4 GPUs.
 # Every bound is far below what a signed 64-bit database column holds.
-MAX_PRIORITY = 2**31 - 1
 MAX_GPU_MEMORY_MIB = 2**31 - 1  # 2 PiB: well above any GPU
 GpuCount = Annotated[int, Field(strict=True, ge=1, le=64), WHOLE]
 TaskCount = Annotated[int, Field(strict=True, ge=1, le=4096), WHOLE]
 CpuCount = Annotated[int, Field(strict=True, ge=0, le=4096), WHOLE]
 MemoryMib = Annotated[int, Field(strict=True, ge=0, le=MAX_GPU_MEMORY_MIB), WHOLE]
-Priority = Annotated[int, Field(strict=True, ge=-MAX_PRIORITY, le=MAX_PRIORITY), WHOLE]
 Name = Annotated[Text, Field(min_length=1, max_length=253)]
 LabelKey = Annotated[Text, Field(max_length=317)]  # prefix/name, as Kubernetes allows
 LabelValue = Annotated[Text, Field(max_length=63)]
@@ -102,7 +100,6 @@ class PlacementRequest(BaseModel):
         default=None, description="consider only these nodes (e.g. a scheduler's candidates)"
     )
     exclude_nodes: tuple[Name, ...] = ()
-    priority: Priority = 0
     job_id: Text | None = Field(default=None, max_length=256)
 
     @field_validator("mig_profile")

@@ -5,7 +5,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
+from pydantic.json_schema import SkipJsonSchema
+from pydantic_core import PydanticCustomError
 
 from placement import PlacementRequest
 from placement.text import Text
@@ -20,8 +22,28 @@ MAX_TTL_S = 1e9
 
 AllocationState = Literal["pending", "active", "degraded", "released", "expired"]
 
+PRIORITY_REMOVED = (
+    "removed from the API: priority never had an effect on placement; leave it out"
+    " (docs/service.md, 'priority removed')"
+)
 
-class PlaceRequest(PlacementRequest):
+
+class ApiPlacementRequest(PlacementRequest):
+    """The request as /v1/place and /v1/score take it: fields removed from the API
+    are refused by name, so that a caller learns why instead of reading a bare
+    'extra inputs are not permitted'."""
+
+    # Not in the OpenAPI document (the request forbids unknown fields, so it is
+    # documented as refused) and never in a dump: it only carries the refusal.
+    priority: SkipJsonSchema[None] = Field(default=None, exclude=True)
+
+    @field_validator("priority", mode="before")
+    @classmethod
+    def _priority_removed(cls, value: object) -> None:
+        raise PydanticCustomError("removed_field", PRIORITY_REMOVED)
+
+
+class PlaceRequest(ApiPlacementRequest):
     """A placement request plus what the service keeps about the reservation."""
 
     owner: Text | None = Field(default=None, max_length=256, description="who asked (user, team)")
@@ -101,7 +123,7 @@ class ExtendRequest(BaseModel):
     )
 
 
-class ScoreRequest(PlacementRequest):
+class ScoreRequest(ApiPlacementRequest):
     """Rank nodes for a request without reserving anything (``nodes``: only these)."""
 
 

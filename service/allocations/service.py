@@ -39,6 +39,7 @@ from service.allocations.schemas import (
     PlaceRequest,
     ScoreRequest,
 )
+from service.allocations.stored_request import same_request
 from service.db import in_transaction
 from service.errors import BadRequest, Conflict, NotFound, Unavailable, Unresolvable, Unschedulable
 from service.flows import drive, drive_async
@@ -292,7 +293,7 @@ def _replay(state: ServiceState, key: str, request_json: str) -> dict[str, Any] 
         row = repository.by_idempotency_key(conn, key)
     if row is None:
         return None
-    if row["request"] != request_json:
+    if not same_request(row["request"], request_json):
         raise Conflict(
             "this Idempotency-Key was used for a different request; use a new key",
             {"allocation_id": row["id"]},

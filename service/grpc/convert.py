@@ -14,6 +14,7 @@ from typing import Any
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
+from google.protobuf.unknown_fields import UnknownFieldSet
 from pydantic import BaseModel, ConfigDict, Field
 
 from placement.text import forbidden_character
@@ -22,14 +23,32 @@ from service.events import Event
 from service.grpc.gen import topoplace_pb2 as pb
 from service.nodes.schemas import NodeView
 
+# Fields removed from a request message, by number (the .proto reserves them).
+# A client built from the older .proto still sends them; protobuf would keep
+# them as unknown fields and the request would run as if they were not there.
+# They are passed on by name instead, so the request model refuses them with
+# the same words REST uses.
+REMOVED_FIELDS: dict[str, dict[int, str]] = {
+    "PlaceRequest": {16: "priority"},
+    "ScoreRequest": {16: "priority"},
+}
+
 
 def request_fields(message: Message) -> dict[str, Any]:
     """The fields a client set, as the REST JSON body would carry them.
 
     Unset optional fields are left out so the REST defaults apply; a present
-    ``nodes`` (NodeNames) becomes a list, even an empty one.
+    ``nodes`` (NodeNames) becomes a list, even an empty one. A removed field
+    the client still set is there with its raw value (see REMOVED_FIELDS).
     """
     out: dict[str, Any] = {}
+    removed = REMOVED_FIELDS.get(message.DESCRIPTOR.name)
+    if removed:
+        unknown = UnknownFieldSet(message)
+        for index in range(len(unknown)):  # indexed: the stubs declare no __iter__
+            name = removed.get(unknown[index].field_number)
+            if name is not None:
+                out[name] = unknown[index].data
     for descriptor, value in message.ListFields():
         if descriptor.message_type is not None and descriptor.message_type.name == "NodeNames":
             out[descriptor.name] = list(value.names)

@@ -36,7 +36,6 @@ def test_a_count_written_with_a_zero_fraction_is_that_count() -> None:
     [
         {"tasks": True},
         {"cpus_per_task": "8"},
-        {"priority": 2**31},
         {"min_gpu_memory_mib": 2**40},
         {"max_ring_loss": "0.1"},
         {"max_ring_loss": float("nan")},

@@ -407,7 +407,6 @@ class PlaceRequest(_message.Message):
     REGIONS_FIELD_NUMBER: _builtins.int
     NODES_FIELD_NUMBER: _builtins.int
     EXCLUDE_NODES_FIELD_NUMBER: _builtins.int
-    PRIORITY_FIELD_NUMBER: _builtins.int
     JOB_ID_FIELD_NUMBER: _builtins.int
     OWNER_FIELD_NUMBER: _builtins.int
     TTL_S_FIELD_NUMBER: _builtins.int
@@ -425,7 +424,6 @@ class PlaceRequest(_message.Message):
     """required, preferred or ignore"""
     cpus_per_task: _builtins.int
     min_gpu_memory_mib: _builtins.int
-    priority: _builtins.int
     job_id: _builtins.str
     owner: _builtins.str
     ttl_s: _builtins.float
@@ -457,14 +455,13 @@ class PlaceRequest(_message.Message):
         regions: _abc.Iterable[_builtins.str] | None = ...,
         nodes: Global___NodeNames | None = ...,
         exclude_nodes: _abc.Iterable[_builtins.str] | None = ...,
-        priority: _builtins.int | None = ...,
         job_id: _builtins.str | None = ...,
         owner: _builtins.str | None = ...,
         ttl_s: _builtins.float | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_cpus_per_task", b"_cpus_per_task", "_gpus", b"_gpus", "_job_id", b"_job_id", "_locality", b"_locality", "_max_ring_loss", b"_max_ring_loss", "_mig_profile", b"_mig_profile", "_min_gpu_memory_mib", b"_min_gpu_memory_mib", "_numa", b"_numa", "_objective", b"_objective", "_owner", b"_owner", "_policy", b"_policy", "_priority", b"_priority", "_tasks", b"_tasks", "_ttl_s", b"_ttl_s", "cpus_per_task", b"cpus_per_task", "gpus", b"gpus", "job_id", b"job_id", "locality", b"locality", "max_ring_loss", b"max_ring_loss", "mig_profile", b"mig_profile", "min_gpu_memory_mib", b"min_gpu_memory_mib", "nodes", b"nodes", "numa", b"numa", "objective", b"objective", "owner", b"owner", "policy", b"policy", "priority", b"priority", "tasks", b"tasks", "ttl_s", b"ttl_s"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_cpus_per_task", b"_cpus_per_task", "_gpus", b"_gpus", "_job_id", b"_job_id", "_locality", b"_locality", "_max_ring_loss", b"_max_ring_loss", "_mig_profile", b"_mig_profile", "_min_gpu_memory_mib", b"_min_gpu_memory_mib", "_numa", b"_numa", "_objective", b"_objective", "_owner", b"_owner", "_policy", b"_policy", "_tasks", b"_tasks", "_ttl_s", b"_ttl_s", "cpus_per_task", b"cpus_per_task", "gpus", b"gpus", "job_id", b"job_id", "locality", b"locality", "max_ring_loss", b"max_ring_loss", "mig_profile", b"mig_profile", "min_gpu_memory_mib", b"min_gpu_memory_mib", "nodes", b"nodes", "numa", b"numa", "objective", b"objective", "owner", b"owner", "policy", b"policy", "tasks", b"tasks", "ttl_s", b"ttl_s"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_cpus_per_task", b"_cpus_per_task", "_gpus", b"_gpus", "_job_id", b"_job_id", "_locality", b"_locality", "_max_ring_loss", b"_max_ring_loss", "_mig_profile", b"_mig_profile", "_min_gpu_memory_mib", b"_min_gpu_memory_mib", "_numa", b"_numa", "_objective", b"_objective", "_owner", b"_owner", "_policy", b"_policy", "_priority", b"_priority", "_tasks", b"_tasks", "_ttl_s", b"_ttl_s", "cpus_per_task", b"cpus_per_task", "exclude_nodes", b"exclude_nodes", "gpu_models", b"gpu_models", "gpus", b"gpus", "job_id", b"job_id", "locality", b"locality", "max_ring_loss", b"max_ring_loss", "mig_profile", b"mig_profile", "min_gpu_memory_mib", b"min_gpu_memory_mib", "node_labels", b"node_labels", "nodes", b"nodes", "numa", b"numa", "objective", b"objective", "owner", b"owner", "policy", b"policy", "priority", b"priority", "regions", b"regions", "tasks", b"tasks", "ttl_s", b"ttl_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_cpus_per_task", b"_cpus_per_task", "_gpus", b"_gpus", "_job_id", b"_job_id", "_locality", b"_locality", "_max_ring_loss", b"_max_ring_loss", "_mig_profile", b"_mig_profile", "_min_gpu_memory_mib", b"_min_gpu_memory_mib", "_numa", b"_numa", "_objective", b"_objective", "_owner", b"_owner", "_policy", b"_policy", "_tasks", b"_tasks", "_ttl_s", b"_ttl_s", "cpus_per_task", b"cpus_per_task", "exclude_nodes", b"exclude_nodes", "gpu_models", b"gpu_models", "gpus", b"gpus", "job_id", b"job_id", "locality", b"locality", "max_ring_loss", b"max_ring_loss", "mig_profile", b"mig_profile", "min_gpu_memory_mib", b"min_gpu_memory_mib", "node_labels", b"node_labels", "nodes", b"nodes", "numa", b"numa", "objective", b"objective", "owner", b"owner", "policy", b"policy", "regions", b"regions", "tasks", b"tasks", "ttl_s", b"ttl_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__cpus_per_task: _TypeAlias = _typing.Literal["cpus_per_task"]  # noqa: Y015
     _WhichOneofArgType__cpus_per_task: _TypeAlias = _typing.Literal["_cpus_per_task", b"_cpus_per_task"]  # noqa: Y015
@@ -488,8 +485,6 @@ class PlaceRequest(_message.Message):
     _WhichOneofArgType__owner: _TypeAlias = _typing.Literal["_owner", b"_owner"]  # noqa: Y015
     _WhichOneofReturnType__policy: _TypeAlias = _typing.Literal["policy"]  # noqa: Y015
     _WhichOneofArgType__policy: _TypeAlias = _typing.Literal["_policy", b"_policy"]  # noqa: Y015
-    _WhichOneofReturnType__priority: _TypeAlias = _typing.Literal["priority"]  # noqa: Y015
-    _WhichOneofArgType__priority: _TypeAlias = _typing.Literal["_priority", b"_priority"]  # noqa: Y015
     _WhichOneofReturnType__tasks: _TypeAlias = _typing.Literal["tasks"]  # noqa: Y015
     _WhichOneofArgType__tasks: _TypeAlias = _typing.Literal["_tasks", b"_tasks"]  # noqa: Y015
     _WhichOneofReturnType__ttl_s: _TypeAlias = _typing.Literal["ttl_s"]  # noqa: Y015
@@ -516,8 +511,6 @@ class PlaceRequest(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__owner) -> _WhichOneofReturnType__owner | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__policy) -> _WhichOneofReturnType__policy | None: ...
-    @_typing.overload
-    def WhichOneof(self, oneof_group: _WhichOneofArgType__priority) -> _WhichOneofReturnType__priority | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__tasks) -> _WhichOneofReturnType__tasks | None: ...
     @_typing.overload
@@ -566,7 +559,6 @@ class ScoreRequest(_message.Message):
     REGIONS_FIELD_NUMBER: _builtins.int
     NODES_FIELD_NUMBER: _builtins.int
     EXCLUDE_NODES_FIELD_NUMBER: _builtins.int
-    PRIORITY_FIELD_NUMBER: _builtins.int
     JOB_ID_FIELD_NUMBER: _builtins.int
     gpus: _builtins.int
     tasks: _builtins.int
@@ -578,7 +570,6 @@ class ScoreRequest(_message.Message):
     numa: _builtins.str
     cpus_per_task: _builtins.int
     min_gpu_memory_mib: _builtins.int
-    priority: _builtins.int
     job_id: _builtins.str
     @_builtins.property
     def gpu_models(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
@@ -608,12 +599,11 @@ class ScoreRequest(_message.Message):
         regions: _abc.Iterable[_builtins.str] | None = ...,
         nodes: Global___NodeNames | None = ...,
         exclude_nodes: _abc.Iterable[_builtins.str] | None = ...,
-        priority: _builtins.int | None = ...,
         job_id: _builtins.str | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_cpus_per_task", b"_cpus_per_task", "_gpus", b"_gpus", "_job_id", b"_job_id", "_locality", b"_locality", "_max_ring_loss", b"_max_ring_loss", "_mig_profile", b"_mig_profile", "_min_gpu_memory_mib", b"_min_gpu_memory_mib", "_numa", b"_numa", "_objective", b"_objective", "_policy", b"_policy", "_priority", b"_priority", "_tasks", b"_tasks", "cpus_per_task", b"cpus_per_task", "gpus", b"gpus", "job_id", b"job_id", "locality", b"locality", "max_ring_loss", b"max_ring_loss", "mig_profile", b"mig_profile", "min_gpu_memory_mib", b"min_gpu_memory_mib", "nodes", b"nodes", "numa", b"numa", "objective", b"objective", "policy", b"policy", "priority", b"priority", "tasks", b"tasks"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_cpus_per_task", b"_cpus_per_task", "_gpus", b"_gpus", "_job_id", b"_job_id", "_locality", b"_locality", "_max_ring_loss", b"_max_ring_loss", "_mig_profile", b"_mig_profile", "_min_gpu_memory_mib", b"_min_gpu_memory_mib", "_numa", b"_numa", "_objective", b"_objective", "_policy", b"_policy", "_tasks", b"_tasks", "cpus_per_task", b"cpus_per_task", "gpus", b"gpus", "job_id", b"job_id", "locality", b"locality", "max_ring_loss", b"max_ring_loss", "mig_profile", b"mig_profile", "min_gpu_memory_mib", b"min_gpu_memory_mib", "nodes", b"nodes", "numa", b"numa", "objective", b"objective", "policy", b"policy", "tasks", b"tasks"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_cpus_per_task", b"_cpus_per_task", "_gpus", b"_gpus", "_job_id", b"_job_id", "_locality", b"_locality", "_max_ring_loss", b"_max_ring_loss", "_mig_profile", b"_mig_profile", "_min_gpu_memory_mib", b"_min_gpu_memory_mib", "_numa", b"_numa", "_objective", b"_objective", "_policy", b"_policy", "_priority", b"_priority", "_tasks", b"_tasks", "cpus_per_task", b"cpus_per_task", "exclude_nodes", b"exclude_nodes", "gpu_models", b"gpu_models", "gpus", b"gpus", "job_id", b"job_id", "locality", b"locality", "max_ring_loss", b"max_ring_loss", "mig_profile", b"mig_profile", "min_gpu_memory_mib", b"min_gpu_memory_mib", "node_labels", b"node_labels", "nodes", b"nodes", "numa", b"numa", "objective", b"objective", "policy", b"policy", "priority", b"priority", "regions", b"regions", "tasks", b"tasks"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_cpus_per_task", b"_cpus_per_task", "_gpus", b"_gpus", "_job_id", b"_job_id", "_locality", b"_locality", "_max_ring_loss", b"_max_ring_loss", "_mig_profile", b"_mig_profile", "_min_gpu_memory_mib", b"_min_gpu_memory_mib", "_numa", b"_numa", "_objective", b"_objective", "_policy", b"_policy", "_tasks", b"_tasks", "cpus_per_task", b"cpus_per_task", "exclude_nodes", b"exclude_nodes", "gpu_models", b"gpu_models", "gpus", b"gpus", "job_id", b"job_id", "locality", b"locality", "max_ring_loss", b"max_ring_loss", "mig_profile", b"mig_profile", "min_gpu_memory_mib", b"min_gpu_memory_mib", "node_labels", b"node_labels", "nodes", b"nodes", "numa", b"numa", "objective", b"objective", "policy", b"policy", "regions", b"regions", "tasks", b"tasks"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__cpus_per_task: _TypeAlias = _typing.Literal["cpus_per_task"]  # noqa: Y015
     _WhichOneofArgType__cpus_per_task: _TypeAlias = _typing.Literal["_cpus_per_task", b"_cpus_per_task"]  # noqa: Y015
@@ -635,8 +625,6 @@ class ScoreRequest(_message.Message):
     _WhichOneofArgType__objective: _TypeAlias = _typing.Literal["_objective", b"_objective"]  # noqa: Y015
     _WhichOneofReturnType__policy: _TypeAlias = _typing.Literal["policy"]  # noqa: Y015
     _WhichOneofArgType__policy: _TypeAlias = _typing.Literal["_policy", b"_policy"]  # noqa: Y015
-    _WhichOneofReturnType__priority: _TypeAlias = _typing.Literal["priority"]  # noqa: Y015
-    _WhichOneofArgType__priority: _TypeAlias = _typing.Literal["_priority", b"_priority"]  # noqa: Y015
     _WhichOneofReturnType__tasks: _TypeAlias = _typing.Literal["tasks"]  # noqa: Y015
     _WhichOneofArgType__tasks: _TypeAlias = _typing.Literal["_tasks", b"_tasks"]  # noqa: Y015
     @_typing.overload
@@ -659,8 +647,6 @@ class ScoreRequest(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__objective) -> _WhichOneofReturnType__objective | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__policy) -> _WhichOneofReturnType__policy | None: ...
-    @_typing.overload
-    def WhichOneof(self, oneof_group: _WhichOneofArgType__priority) -> _WhichOneofReturnType__priority | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__tasks) -> _WhichOneofReturnType__tasks | None: ...
 

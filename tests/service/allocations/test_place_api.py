@@ -48,6 +48,40 @@ def test_idempotency_key_returns_the_same_allocation(client: TestClient) -> None
     assert reused.status_code == 409 and reused.json()["error"]["code"] == "conflict"
 
 
+def test_priority_is_refused_saying_it_was_removed(client: TestClient) -> None:
+    add_nodes(client, ("hgx-h100", "h0"))
+    for path in ("/v1/place", "/v1/score"):
+        for value in (0, 5, None):
+            response = client.post(path, json={"gpus": 1, "priority": value})
+            assert response.status_code == 422, (path, value)
+            error = response.json()["error"]
+            assert error["code"] == "invalid_request" and error["detail"]["field"] == "priority"
+            assert error["message"].startswith("priority: removed from the API")
+            assert "never had an effect" in error["message"]
+    assert client.get("/v1/allocations").json()["allocations"] == []
+
+
+def test_a_key_stored_with_priority_still_replays(client: TestClient, settings: Settings) -> None:
+    # Rows written before priority was removed store it in their request JSON; a
+    # retry of the same request (without priority now) is still the same request.
+    add_nodes(client, ("hgx-h100", "h0"))
+    headers = {"Idempotency-Key": "from-the-earlier-version"}
+    first = client.post("/v1/place", json={"gpus": 2, "job_id": "old"}, headers=headers)
+    assert first.status_code == 201
+    engine = sa.create_engine(settings.database_url)
+    table = schema.allocations
+    with engine.begin() as conn:
+        stored = conn.execute(sa.select(table.c.request)).scalar_one()
+        assert "priority" not in orjson.loads(stored)
+        legacy = orjson.dumps({**orjson.loads(stored), "priority": 0}).decode()
+        conn.execute(table.update().values(request=legacy))
+    engine.dispose()
+    again = client.post("/v1/place", json={"gpus": 2, "job_id": "old"}, headers=headers)
+    assert again.status_code == 200 and again.json()["id"] == first.json()["id"]
+    other = client.post("/v1/place", json={"gpus": 3, "job_id": "old"}, headers=headers)
+    assert other.status_code == 409 and other.json()["error"]["code"] == "conflict"
+
+
 def test_unschedulable_and_unresolvable_are_told_apart(client: TestClient) -> None:
     add_nodes(client, ("dgx1-v100", "dgx0"))
     never = client.post("/v1/place", json={"gpus": 16, "locality": "nvlink"})

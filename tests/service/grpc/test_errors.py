@@ -43,6 +43,29 @@ def test_invalid_arguments_name_the_field(running: Running) -> None:
     assert details(error)["BadRequest"].field_violations[0].field == "idempotency-key"
 
 
+def test_priority_from_a_client_built_on_the_older_proto_is_refused(running: Running) -> None:
+    # Field 16 (priority, a varint) as such a client still writes it: the current
+    # messages reserve the number, so it arrives as an unknown field.
+    old_priority = b"\x80\x01\x05"
+    for method, message in (("Place", pb.PlaceRequest), ("Score", pb.ScoreRequest)):
+        call = running.channel.unary_unary(
+            f"/topoplace.v1.Topoplace/{method}",
+            request_serializer=lambda raw: raw,
+            response_deserializer=lambda raw: raw,
+        )
+        error = _fails(call, message(gpus=1).SerializeToString() + old_priority)
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, method
+        assert [v.field for v in details(error)["BadRequest"].field_violations] == ["priority"]
+        assert "never had an effect" in error.details()
+    # Any other unknown field is ignored, as protobuf does.
+    unknown = running.channel.unary_unary(
+        "/topoplace.v1.Topoplace/Score",
+        request_serializer=lambda raw: raw,
+        response_deserializer=pb.ScoreResponse.FromString,
+    )
+    assert unknown(pb.ScoreRequest(gpus=1).SerializeToString() + b"\xf8\x07\x01").nodes == []
+
+
 def test_snapshots_that_are_refused(running: Running) -> None:
     error = _fails(
         running.stub.ReportSnapshot, pb.ReportSnapshotRequest(node="n", snapshot_json="{")

@@ -90,7 +90,6 @@ def test_every_request_field_reaches_the_engine(running: Running) -> None:
         min_gpu_memory_mib=1024,
         regions=[],
         exclude_nodes=["dgx0"],
-        priority=3,
         job_id="gang",
         owner="ops",
         ttl_s=60,

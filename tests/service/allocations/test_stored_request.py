@@ -1,0 +1,30 @@
+"""Comparing a stored request with a replayed one across a removed field."""
+
+from __future__ import annotations
+
+import json
+
+from service.allocations.schemas import PlaceRequest
+from service.allocations.stored_request import same_request
+
+
+def test_the_same_text_is_the_same_request() -> None:
+    text = PlaceRequest(gpus=2).model_dump_json()
+    assert same_request(text, text)
+
+
+def test_a_removed_field_in_the_stored_request_is_ignored() -> None:
+    new = PlaceRequest(gpus=2, job_id="j").model_dump_json()
+    old = new.replace('"exclude_nodes":[]', '"exclude_nodes":[],"priority":7')
+    assert old != new and same_request(old, new)
+
+
+def test_anything_else_that_differs_is_another_request() -> None:
+    new = PlaceRequest(gpus=2).model_dump_json()
+    assert not same_request(PlaceRequest(gpus=3).model_dump_json(), new)
+    with_priority = json.dumps(
+        {**json.loads(PlaceRequest(gpus=3).model_dump_json()), "priority": 0}
+    )
+    assert not same_request(with_priority, new)
+    assert not same_request("not json", new)
+    assert not same_request("[]", new)
