@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import signal
 import socket
 import subprocess
 import sys
-import time
+import threading
 from pathlib import Path
 
 import pytest
@@ -138,14 +139,42 @@ def test_daemon_outlives_an_absent_service_and_stops_on_sigterm(tmp_path: Path) 
         "n1",
     ]
     process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
+    lines: queue.Queue[str | None] = queue.Queue()
+    threading.Thread(target=_read_lines, args=(process, lines), daemon=True).start()
+    err: list[str] = []
     try:
-        time.sleep(2.0)
+        # SIGTERM only once the daemon has failed to reach the service three times:
+        # its handler is installed by then, however long the interpreter took to start.
+        while sum("cannot reach topoplace" in line for line in err) < 3:
+            line = _next_line(lines)
+            assert line is not None, f"the agent exited while the service was down: {err}"
+            err.append(line)
         assert process.poll() is None, "the agent exited while the service was down"
         process.send_signal(signal.SIGTERM)
-        _, err = process.communicate(timeout=10)
+        process.wait(timeout=30)  # the reader drains stderr meanwhile: no full pipe
+        while (line := _next_line(lines)) is not None:
+            err.append(line)
     finally:
         if process.poll() is None:
             process.kill()
+            process.wait()
+    text = "".join(err)
     assert process.returncode == 0
-    assert err.count("cannot reach topoplace") >= 3 and "Traceback" not in err
-    assert "agent for node n1 stopped" in err
+    assert "Traceback" not in text
+    assert "agent for node n1 stopped" in text
+
+
+def _read_lines(process: subprocess.Popen[str], into: queue.Queue[str | None]) -> None:
+    """Hand the process's stderr over line by line, then None when it closes."""
+    assert process.stderr is not None
+    for line in process.stderr:
+        into.put(line)
+    into.put(None)
+
+
+def _next_line(lines: queue.Queue[str | None], timeout_s: float = 60) -> str | None:
+    """The next stderr line, or None at its end; the deadline is for a hung daemon only."""
+    try:
+        return lines.get(timeout=timeout_s)
+    except queue.Empty:
+        pytest.fail(f"the agent wrote nothing for {timeout_s:g} s")

@@ -1,8 +1,10 @@
 """Agents in simulated mode against the real service on Postgres, over real HTTP.
 
-Nodes appear when their agents start, turn stale when the agents stop (the
-service's heartbeat TTL is one second here), and are ready again when the
-agents restart with the same keys. One agent runs NVML discovery on the NVML
+Nodes appear when their agents start, turn stale when the agents stop and
+the heartbeat TTL passes, and are ready again when the agents restart with
+the same keys. The service runs on a fake clock the test moves on, so the TTL
+passes when the test says, not after a wall-clock wait a loaded machine can
+outrun; the agents heartbeat in real time. One agent runs NVML discovery on the NVML
 fake, so a GPU can fall off the bus mid-run. What the service stored
 verifies with the signing recipe of docs/agent.md.
 """
@@ -11,8 +13,8 @@ from __future__ import annotations
 
 import random
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -26,6 +28,8 @@ from service.app import create_app
 from service.settings import Settings
 from tests.agent.test_signing import documented_verify
 from tests.live_server import live_server
+from tests.service.conftest import FakeClock
+from tests.waiting import wait_until
 from topoplace.cli import main
 from topoplace_client.api import ApiError, TopoplaceClient
 
@@ -35,9 +39,14 @@ TTL_S = 1.0
 
 
 @pytest.fixture
-def server(postgres_url: str) -> Iterator[str]:
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def server(postgres_url: str, clock: FakeClock) -> Iterator[str]:
     settings = Settings(database_url=postgres_url, heartbeat_ttl_s=TTL_S)
-    with live_server(create_app(settings)) as url:
+    with live_server(create_app(settings, clock=clock)) as url:
         yield url
 
 
@@ -87,33 +96,33 @@ class Agents:
         self.threads, self.clients = [], []
 
 
-def _wait_for(what: str, check: Callable[[], bool], timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.05)
-    pytest.fail(f"not within {timeout_s:g} s: {what}")
-
-
 def _states(client: TopoplaceClient) -> dict[str, str]:
     return {node["name"]: node["state"] for node in client.nodes()["nodes"]}
 
 
-def test_nodes_appear_go_stale_and_recover(server: str, tmp_path: Path) -> None:
+def _heard_since(client: TopoplaceClient, since: datetime) -> bool:
+    """Every node's last heartbeat is at or after ``since`` on the service's clock."""
+    return all(datetime.fromisoformat(client.node(n)["heartbeat_at"]) >= since for n in NODES)
+
+
+def test_nodes_appear_go_stale_and_recover(server: str, clock: FakeClock, tmp_path: Path) -> None:
     keys = {name: NodeKey.generate() for name in NODES}
     agents = Agents(server, keys)
     with TopoplaceClient(server) as client:
         agents.start()
         try:
-            _wait_for("every node ready", lambda: _states(client) == dict.fromkeys(NODES, "ready"))
-            # Heartbeats keep them ready well past the TTL.
-            time.sleep(TTL_S * 1.5)
-            assert _states(client) == dict.fromkeys(NODES, "ready")
+            wait_until(lambda: _states(client) == dict.fromkeys(NODES, "ready"), "every node ready")
+            # Heartbeats keep them ready well past the TTL: half a TTL at a time,
+            # the service's clock moves on and every agent's next heartbeat is awaited.
+            for _ in range(3):
+                clock.advance(TTL_S / 2)
+                now = clock.now
+                wait_until(lambda at=now: _heard_since(client, at), "a heartbeat from every agent")
+                assert _states(client) == dict.fromkeys(NODES, "ready")
             agents.nvml.lose_gpu(5)
-            _wait_for(
-                "the lost GPU reported unhealthy",
+            wait_until(
                 lambda: client.node(FAKE_NVML_NODE)["gpus"][5]["health"] == "unhealthy",
+                "the lost GPU reported unhealthy",
             )
             node = client.node(FAKE_NVML_NODE)
             assert node["state"] == "ready" and node["free_gpus"] == [0, 1, 2, 3, 4, 6, 7]
@@ -129,20 +138,17 @@ def test_nodes_appear_go_stale_and_recover(server: str, tmp_path: Path) -> None:
         gb200 = client.node("e2e-gb200")
         assert gb200["gpu_count"] == 4 and gb200["fabric_domain"] is not None
 
-        _wait_for("every node stale", lambda: _states(client) == dict.fromkeys(NODES, "stale"))
-        # Placement re-reads staleness at most once a second: wait until it has.
-        _wait_for(
-            "no node eligible",
-            lambda: not any(v["fits"] for v in client.score({"gpus": 1})["nodes"]),
-        )
+        clock.advance(TTL_S * 1.5)  # the agents are stopped: no heartbeat within the TTL
+        assert _states(client) == dict.fromkeys(NODES, "stale")
+        assert not any(v["fits"] for v in client.score({"gpus": 1})["nodes"])
         with pytest.raises(ApiError) as refused:
             client.place({"gpus": 1})
         assert refused.value.status == 409 and refused.value.code == "unschedulable"
 
         agents.start()  # restarted, same keys
         try:
-            _wait_for(
-                "every node ready again", lambda: _states(client) == dict.fromkeys(NODES, "ready")
+            wait_until(
+                lambda: _states(client) == dict.fromkeys(NODES, "ready"), "every node ready again"
             )
             for name in NODES:
                 assert client.node(name)["seq"] > first_seq[name]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import random
 import threading
-import time
 from typing import Any
 
 import pytest
@@ -15,6 +14,7 @@ from agent.signing import NodeKey, verify
 from agent.sources import Identity, NvmlSource, SimSource
 from placement import Health
 from placement.profiles import build_profile
+from tests.waiting import wait_until
 from topoplace_client.api import ApiError, ServiceUnreachable
 
 
@@ -205,9 +205,7 @@ def test_run_stops_when_asked() -> None:
     stop = threading.Event()
     thread = threading.Thread(target=agent.run, args=(stop,))
     thread.start()
-    deadline = time.monotonic() + 5
-    while len(service.calls) < 4 and time.monotonic() < deadline:
-        time.sleep(0.005)
+    wait_until(lambda: len(service.calls) >= 4, "four calls to the service", interval_s=0.005)
     stop.set()
     thread.join(timeout=5)
     assert not thread.is_alive()

@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-import socket
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-import uvicorn
 
 from placement.profiles import build_profile
 from service.app import create_app
 from service.settings import Settings
 from slurm_formats.conf import gres_conf_lines, node_conf_line
+from tests.live_server import live_server
 from topoplace.cli import main
 from topoplace_client.api import TopoplaceClient
 
@@ -24,31 +21,12 @@ from topoplace_client.api import TopoplaceClient
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     db = tmp_path_factory.mktemp("slurm-cmd") / "t.sqlite3"
     app = create_app(Settings(database_url=f"sqlite:///{db}", heartbeat_ttl_s=3600))
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    uv = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=uv.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                if httpx.get(f"{url}/readyz", timeout=1, trust_env=False).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "service not ready"
-            time.sleep(0.05)
+    with live_server(app) as url:
         with TopoplaceClient(url) as client:
             for name in ("gpu1", "gpu2"):
                 snap = build_profile("dgx1-v100", name)
                 client.put_snapshot(name, snap.model_dump(mode="json"))
         yield url
-    finally:
-        uv.should_exit = True
-        thread.join(timeout=10)
-        sock.close()
 
 
 def test_gres_conf_prints_every_gpu_of_every_node(

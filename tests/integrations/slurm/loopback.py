@@ -354,6 +354,31 @@ PartitionName=gpu Nodes={",".join(self.nodes)} Default=YES MaxTime=INFINITE Stat
         for pid in self._strays():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+        # A killed process keeps its /proc entry, environment included, until it has
+        # died, which on a loaded machine is not at once: return only when it has.
+        deadline = time.monotonic() + 10
+        while self._strays() and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    def connections(self, daemon: str, port: int) -> int:
+        """How many TCP connections the named daemon has established to a local port."""
+        pid = next(d.process.pid for d in self.daemons if d.name == daemon)
+        inodes = set()
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            with contextlib.suppress(OSError):
+                target = os.readlink(fd)
+                if target.startswith("socket:["):
+                    inodes.add(target[len("socket:[") : -1])
+        count = 0
+        for table in (Path("/proc/net/tcp"), Path("/proc/net/tcp6")):
+            if not table.exists():
+                continue
+            for line in table.read_text().splitlines()[1:]:
+                fields = line.split()  # sl local remote state ... uid timeout inode
+                remote_port = int(fields[2].rsplit(":", 1)[1], 16)
+                if fields[3] == "01" and remote_port == port and fields[9] in inodes:
+                    count += 1  # 01: ESTABLISHED
+        return count
 
     def _strays(self) -> list[int]:
         """PIDs of this cluster's leftover job steps and job processes: slurmstepd or a

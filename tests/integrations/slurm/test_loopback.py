@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 from tests.integrations.slurm.loopback import LoopbackCluster, Service
@@ -12,13 +11,10 @@ def test_stop_ends_every_daemon_and_every_running_job(tmp_path: Path, service: S
     cluster = LoopbackCluster(tmp_path, ["solo1"], service, with_filter=False)
     try:
         cluster.start()
-        job = cluster.sbatch("--gpus=1", script="sleep 60")
-        cluster.wait_state(job.id, ("RUNNING",))
-        # slurmctld may call a job RUNNING a moment before slurmd has started its
-        # slurmstepd: wait for the process itself, not for a fixed time.
-        deadline = time.monotonic() + 15
-        while not cluster._strays() and time.monotonic() < deadline:
-            time.sleep(0.05)
+        job = cluster.sbatch("--gpus=1", script="echo started; sleep 60")
+        # slurmctld may call a job RUNNING before slurmd has started its slurmstepd;
+        # the job's own first line means the step and the job process both exist.
+        cluster.wait_output(job.id, "started", timeout_s=60)
         assert cluster._strays(), "a running job has a slurmstepd carrying the cluster's conf"
     finally:
         cluster.stop()

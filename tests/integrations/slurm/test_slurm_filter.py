@@ -8,12 +8,13 @@ service on loopback, job_submit.lua, cli_filter.lua and the epilog.
 from __future__ import annotations
 
 import itertools
+import json
 import re
 import socket
-import time
 from collections.abc import Callable
 from typing import Any
 
+import httpx
 import pytest
 
 from placement import bandwidth_matrix
@@ -21,6 +22,7 @@ from placement.profiles import build_profile
 from slurm_formats.hostlist import expand
 from tests.integrations.slurm.conftest import NODES, PROFILE
 from tests.integrations.slurm.loopback import LoopbackCluster, Service, free_port
+from tests.waiting import wait_until
 from topoplace_client.api import ApiError
 
 BANDWIDTH = bandwidth_matrix(build_profile(PROFILE, "any"))
@@ -59,11 +61,7 @@ def allocation_ids(show_job: str) -> list[str]:
 
 
 def eventually(check: Callable[[], bool], what: str, timeout_s: float = 15) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} did not happen within {timeout_s} s")
-        time.sleep(0.2)
+    wait_until(check, what, timeout_s=timeout_s, interval_s=0.2)
 
 
 def allocation(service: Service, allocation_id: str) -> dict[str, Any]:
@@ -208,7 +206,11 @@ def test_a_job_whose_epilog_never_ran_is_reconciled(
         assert job.returncode == 0, job.stderr
         [allocation_id] = allocation_ids(cluster.show_job(job.id))
         cluster.wait_state(job.id, ("RUNNING",))
-        time.sleep(1.5)  # a few reconcile rounds while the job runs: it must stay held
+        # A reconcile round on what squeue says while the job runs, pushed now rather
+        # than awaited from the loop's clock: the job's allocation must stay held.
+        squeue = json.loads(cluster.run("squeue", "--json").stdout)
+        round_ = httpx.post(f"{service.url}/v1/slurm/reconcile", json=squeue, timeout=30)
+        assert round_.status_code == 200 and allocation_id not in round_.json()["released"]
         assert allocation(service, allocation_id)["state"] == "active"
         cluster.run("scancel", job.id)
         cluster.wait_state(job.id, ("CANCELLED",))
@@ -268,7 +270,11 @@ def test_a_connection_the_service_closed_while_idle_is_replaced_reserving_once(
     first = cluster.sbatch("--hold", "--gpus=1", script="true")
     jobs.append(first.id)
     assert first.returncode == 0, first.stderr
-    time.sleep(6)
+    port = int(service.url.rsplit(":", 1)[1])
+    assert cluster.connections("slurmctld", port) >= 1, "job_submit.lua keeps its connection"
+    # Not a sleep past uvicorn's 5 s: the moment the service has closed it, however
+    # long a loaded machine takes to get there.
+    eventually(lambda: not cluster.connections("slurmctld", port), "the idle one closed", 30)
     with service.client() as client:
         before = {a["id"] for a in client.allocations(state="active")["allocations"]}
     second = cluster.sbatch("--hold", "--gpus=1", script="true")

@@ -181,7 +181,7 @@ def test_the_loop_runs_as_soon_as_a_fresh_reservation_passes_the_grace_period(
     loop = Reconciler(app.state.service, settings)
     asyncio.run(loop.tick())  # the interval's first run; the next one is an hour away
     orphan = submit(dgx1, tres_per_node="gres:gpu:1")
-    time.sleep(EARLY_GAP_S)  # early runs are spaced at least this much
+    time.sleep(EARLY_GAP_S)  # early runs are this far apart on the loop's own monotonic clock
     asyncio.run(loop.tick())
     released = dgx1.get(f"/v1/allocations/{orphan['allocation_ids'][0]}").json()
     assert released["state"] == "released"
