@@ -33,7 +33,7 @@ from collections.abc import Mapping
 import numpy as np
 from numpy.typing import NDArray
 
-from placement.analysis import query_for, requested_slots
+from placement.analysis import query_for, requested_slots, unknown_names
 from placement.eligibility import gpu_eligible, labels_ok, region_ok
 from placement.explain import group_reasons
 from placement.node_choice import NO_SET
@@ -70,12 +70,6 @@ def refuse(
         return _nothing_to_consider(table)
     resolvable = any(g.resolvable for g in groups)
     return Outcome(status="unschedulable" if resolvable else "unresolvable", reasons=groups)
-
-
-def unknown_names(table: NodeTable, request: PlacementRequest) -> tuple[str, ...]:
-    if request.nodes is None:
-        return ()
-    return tuple(n for n in dict.fromkeys(request.nodes) if n not in table.slot_of)
 
 
 def never_fits(table: NodeTable, request: PlacementRequest, unknown: tuple[str, ...]) -> str | None:

@@ -7,7 +7,7 @@ from typing import TypeVar
 
 import numpy as np
 
-from placement.analysis import CAUSES, Analysis, analyse, requested_slots
+from placement.analysis import CAUSES, Analysis, analyse, requested_slots, unknown_names
 from placement.capacity import refuse
 from placement.explain import refusal
 from placement.fast_path import fast_place
@@ -165,10 +165,5 @@ def verdict_rows(
         analysis.slots[unfit].tolist(), analysis.cause[unfit].tolist(), strict=True
     ):
         out.append(refused(slot_names[slot], CAUSES[code]))
-    if request.nodes is not None:
-        out += [
-            refused(name, Cause.NOT_REGISTERED)
-            for name in dict.fromkeys(request.nodes)
-            if name not in table.slot_of
-        ]
+    out += [refused(name, Cause.NOT_REGISTERED) for name in unknown_names(table, request)]
     return out

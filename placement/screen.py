@@ -23,7 +23,7 @@ from functools import cached_property
 import numpy as np
 from numpy.typing import NDArray
 
-from placement.analysis import CAUSES, FITS, analyse, requested_slots
+from placement.analysis import CAUSES, FITS, analyse, requested_slots, unknown_names
 from placement.explain import cause_message
 from placement.node_choice import mask_to_indices
 from placement.outcome import Cause
@@ -90,7 +90,7 @@ def screen(table: NodeTable, request: PlacementRequest, full_rank: bool = True) 
             rank[where[best]] = 1
     unknown: tuple[str, ...] = ()
     if request.nodes is not None and slots.size < len(request.nodes):
-        unknown = tuple(n for n in dict.fromkeys(request.nodes) if n not in table.slot_of)
+        unknown = unknown_names(table, request)
     return NodeScreen(
         slots=slots,
         slot_names=list(table.slot_names),
