@@ -73,7 +73,7 @@ class ClusterState:
         """``size_mix``: GPUs per request -> how often (any scale), the request mix the
         engine keeps GPUs free for (``placement.what_is_left``). ``shares=False``: refuse
         ``gpu_fraction`` requests with ``SharesUnsupported`` (a caller that cannot hold them)."""
-        self.shares_enabled = shares
+        self._shares = shares
         self._table = NodeTable(bandwidth, block_labels, size_mix)
 
     # Membership ----------------------------------------------------------
@@ -94,7 +94,7 @@ class ClusterState:
         return NodeView(self._table.entry(name))
 
     def nodes(self) -> Iterator[NodeView]:
-        """Every node's view, in the order the nodes were added (the tie-break order)."""
+        """Every node's view, in the order the nodes were added (one added again comes last)."""
         return map(NodeView, list(self._table.entries.values()))
 
     def names(self) -> list[str]:
@@ -209,12 +209,12 @@ class ClusterState:
     def place(self, request: PlacementRequest, waiting: Sequence[PlacementRequest] = ()) -> Outcome:
         """Choose node(s) and GPUs for a request; reserves nothing (see contract)."""
         if request.gpu_fraction is not None:
-            self.refuse_shares(request)
+            self._refuse_shares(request)
         return decide(self._table, request, waiting)
 
     def evaluate(self, request: PlacementRequest) -> list[NodeVerdict]:
         """Every requested node's verdict for one task of the request, best first."""
-        self.refuse_shares(request, verdicts=True)
+        self._refuse_shares(request, verdicts=True)
         return verdicts(self._table, request)
 
     def verdict_rows(
@@ -224,15 +224,15 @@ class ClusterState:
         refused: Callable[[str, Cause], Row],
     ) -> list[Row]:
         """``evaluate`` with the caller building each node's row (whole-GPU requests)."""
-        self.refuse_shares(request, verdicts=True)
+        self._refuse_shares(request, verdicts=True)
         return verdict_rows(self._table, request, fit, refused)
 
     def screen(self, request: PlacementRequest, full_rank: bool = True) -> NodeScreen:
         """Every requested node's verdict as arrays (no TaskPlacement per node): see screen.py."""
-        self.refuse_shares(request, verdicts=True)
+        self._refuse_shares(request, verdicts=True)
         return screen(self._table, request, full_rank)
 
-    def refuse_shares(self, request: PlacementRequest, verdicts: bool = False) -> None:
+    def _refuse_shares(self, request: PlacementRequest, verdicts: bool = False) -> None:
         """Raise SharesUnsupported for a share this state does not take (see __init__).
 
         Per-node verdicts (evaluate, screen) answer whole GPUs and MIG only:
@@ -240,7 +240,7 @@ class ClusterState:
         """
         if request.gpu_fraction is None:
             return
-        if not self.shares_enabled:
+        if not self._shares:
             raise SharesUnsupported(SHARES_UNSUPPORTED)
         if verdicts:
             raise SharesUnsupported("per-node verdicts answer whole GPUs; place() plans a share")
