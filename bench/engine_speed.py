@@ -69,9 +69,10 @@ def build_cluster(nodes: int, seed: int) -> ClusterState:
 def fill(state: ClusterState, fraction: float, seed: int) -> None:
     """Top every node up to a random `fraction` of its GPUs held (random fragmentation)."""
     rng = random.Random(seed)
-    for entry in state.entries.values():
-        free = sorted(g.uuid for g in entry.snapshot.gpus if g.uuid not in entry.busy)
-        more = round(len(entry.snapshot.gpus) * fraction) - len(entry.busy)
+    for entry in state.nodes():
+        held = entry.held_gpus
+        free = sorted(g.uuid for g in entry.snapshot.gpus if g.uuid not in held)
+        more = round(len(entry.snapshot.gpus) * fraction) - len(held)
         if more > 0:
             state.allocate(entry.name, rng.sample(free, k=more))
 
@@ -105,15 +106,14 @@ def run_engine(state: ClusterState, k: int, decisions: int) -> tuple[list[float]
 def run_baseline(state: ClusterState, k: int, decisions: int) -> float:
     """Per-node loop: every node's best set computed directly, best node kept."""
     query = SetQuery(k=k)
-    entries = list(state.entries.values())
+    nodes = [(node, state.topology_class(node.name)) for node in state.nodes()]
     start = time.perf_counter()
     for _ in range(decisions):
         best: tuple[float, float, str] | None = None
-        for entry in entries:
-            tc = state.registry.classes[entry.cid]
+        for entry, tc in nodes:
             if not isinstance(tc, TopologyClass) or not entry.available:
                 continue
-            mask = best_set(tc, entry.free_mask(), query)
+            mask = best_set(tc, entry.free_mask, query)
             if mask == NO_SET:
                 continue
             key = (float(tc.ring[mask]), float(tc.pair[mask]), entry.name)
@@ -130,10 +130,7 @@ def cluster_section(
         t0 = time.perf_counter()
         state = build_cluster(size, seed=size)
         build_s = time.perf_counter() - t0
-        print(
-            f"\n{size} nodes built in {build_s:.1f}s"
-            f" ({len(state.registry.classes)} topology classes)"
-        )
+        print(f"\n{size} nodes built in {build_s:.1f}s ({state.class_count} topology classes)")
         for fraction in fills:
             fresh = state
             fill(fresh, fraction, seed=int(fraction * 100))
@@ -169,7 +166,7 @@ def sixteen_gpu_section(samples: int) -> list[str]:
         cold: list[float] = []
         warm: list[float] = []
         base: list[float] = []
-        tc = state.registry.classes[state.node("dgx2").cid]
+        tc = state.topology_class("dgx2")
         assert isinstance(tc, TopologyClass)
         for _ in range(samples):
             busy_n = rng.randint(0, 16 - k)

@@ -37,17 +37,17 @@ def build(racks: int) -> ClusterState:
 
 
 def fragment(state: ClusterState, rng: random.Random, fill: float) -> None:
-    for entry in state.entries.values():
-        state.release(entry.name, list(entry.busy))
+    for entry in state.nodes():
+        state.release(entry.name, entry.held_gpus)
         busy = [g.uuid for g in entry.snapshot.gpus if rng.random() < fill]
         state.allocate(entry.name, busy)
 
 
 def rack_capacity(state: ClusterState, k: int) -> dict[str, int]:
     out: dict[str, int] = {}
-    for entry in state.entries.values():
+    for entry in state.nodes():
         rack = entry.snapshot.labels["topoplace.io/rack"]
-        out[rack] = out.get(rack, 0) + bin(entry.free_mask()).count("1") // k
+        out[rack] = out.get(rack, 0) + entry.free_mask.bit_count() // k
     return out
 
 

@@ -79,7 +79,7 @@ def seed(url: str, state: ClusterState) -> None:
             "reported_at": now,
             "heartbeat_at": now,
         }
-        for entry in state.entries.values()
+        for entry in state.nodes()
     ]
     engine = sa.create_engine(url)
     with engine.begin() as conn:
@@ -302,7 +302,7 @@ def main() -> None:
     score_rows = []
     for size in (1_000,) if args.quick else (1_000, 10_000):
         state = build_cluster(size, seed=size)
-        names = sorted(state.entries)[:500]
+        names = state.names()[:500]
         with fresh_database(base_url) as url:
             seed(url, state)
             with serve(url) as (base, pid):

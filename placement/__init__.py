@@ -9,6 +9,7 @@ on it; it depends on neither (a test enforces this).
 from placement.bandwidth import DEFAULT_BANDWIDTH, BandwidthTable, bandwidth_matrix
 from placement.cluster import AllocationError, ClusterState, UnknownNodeError
 from placement.islands import Island, islands
+from placement.node_view import NodeView
 from placement.outcome import (
     Cause,
     NodeVerdict,
@@ -45,6 +46,7 @@ __all__ = [
     "Nic",
     "NodeSnapshot",
     "NodeVerdict",
+    "NodeView",
     "NumaNode",
     "Outcome",
     "Placement",

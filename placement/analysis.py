@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from itertools import repeat
-from typing import TYPE_CHECKING
 
 import numpy as np
 from numpy.typing import NDArray
@@ -24,9 +23,7 @@ from placement.node_choice import NO_SET, SetQuery
 from placement.outcome import Cause
 from placement.ranking import RankInputs
 from placement.request import PlacementRequest
-
-if TYPE_CHECKING:
-    from placement.cluster import ClusterState
+from placement.table import NodeTable
 
 CAUSES: tuple[Cause, ...] = tuple(Cause)
 _CODE = {c: i for i, c in enumerate(CAUSES)}
@@ -62,11 +59,17 @@ class Analysis:
     def fits(self) -> NDArray[np.bool_]:
         return np.asarray(self.cause == FITS, dtype=np.bool_)
 
-    def causes(self) -> list[Cause]:
-        return [CAUSES[c] for c in self.cause[self.cause != FITS].tolist()]
+    def cause_counts(self) -> dict[Cause, int]:
+        """How many nodes fail for each cause (causes no node has are left out).
+
+        Counted by code in numpy: a refusal at 10,000 nodes would otherwise
+        build and count a Cause per node.
+        """
+        counts = np.bincount(self.cause[self.cause != FITS], minlength=len(CAUSES)).tolist()
+        return {CAUSES[code]: n for code, n in enumerate(counts) if n}
 
     def rank_inputs(
-        self, sel: NDArray[np.bool_], state: ClusterState, protected: NDArray[np.bool_]
+        self, sel: NDArray[np.bool_], table: NodeTable, protected: NDArray[np.bool_]
     ) -> RankInputs:
         return RankInputs(
             ring=self.ring[sel],
@@ -79,43 +82,52 @@ class Analysis:
             protected=protected[self.slots[sel]],
         )
 
-    def cause_of(self, index: int) -> Cause:
-        return CAUSES[int(self.cause[index])]
-
     def set_cause(self, index: int, cause: Cause) -> None:
         self.cause[index] = _CODE[cause]
         self.chosen[index] = NO_SET
 
 
-def requested_slots(state: ClusterState, request: PlacementRequest) -> I64:
+def requested_slots(table: NodeTable, request: PlacementRequest) -> I64:
     if request.nodes is None:
-        slots = np.flatnonzero(state.present[: state.slot_count]).astype(np.int64)
-    elif state.last_candidates is not None and state.last_candidates[0] == request.nodes:
+        slots = np.flatnonzero(table.present[: table.slot_count]).astype(np.int64)
+    elif table.last_candidates is not None and table.last_candidates[0] == request.nodes:
         # The same list as last time, and no node came or went since (membership
         # changes forget it): comparing names is several times cheaper than looking
         # each up again.
-        slots = state.last_candidates[1]
+        slots = table.last_candidates[1]
     else:
         # Schedulers send thousands of names per call: map() looks them up in C, and a mask
         # over the slots drops duplicates and sorts (slot order breaks ties) in O(slots),
         # several times cheaper than np.unique's sort for 10,000 names.
         found = np.fromiter(
-            map(state.slot_of.get, request.nodes, repeat(-1)),
+            map(table.slot_of.get, request.nodes, repeat(-1)),
             dtype=np.int64,
             count=len(request.nodes),
         )
-        mask = np.zeros(state.slot_count, dtype=np.bool_)
+        mask = np.zeros(table.slot_count, dtype=np.bool_)
         mask[found[found >= 0]] = True
         slots = np.flatnonzero(mask).astype(np.int64)
-        state.last_candidates = (request.nodes, slots)
+        table.last_candidates = (request.nodes, slots)
     if request.exclude_nodes:
-        drop = {state.entries[n].slot for n in request.exclude_nodes if n in state.entries}
+        drop = {table.entries[n].slot for n in request.exclude_nodes if n in table.entries}
         slots = np.asarray([s for s in slots.tolist() if s not in drop], dtype=np.int64)
     return slots
 
 
+def unknown_names(table: NodeTable, request: PlacementRequest) -> tuple[str, ...]:
+    """The named nodes no agent has reported, each once, in the request's order."""
+    if request.nodes is None:
+        return ()
+    slot_of = table.slot_of
+    # The usual call names only known nodes: one pass in C says so, without the ordered
+    # de-duplication (a dict of 10,000 names) that only a missing name needs.
+    if all(map(slot_of.__contains__, request.nodes)):
+        return ()
+    return tuple(n for n in dict.fromkeys(request.nodes) if n not in slot_of)
+
+
 def analyse(
-    state: ClusterState,
+    table: NodeTable,
     request: PlacementRequest,
     k: int,
     slots: I64,
@@ -123,43 +135,52 @@ def analyse(
 ) -> Analysis:
     """free_all: per-slot free masks to use instead of the live ones (gang planning)."""
     q = query_for(request, k)
-    free_all = state.free if free_all is None else free_all
-    elig = gpu_eligible(state, request)[slots]
-    potential = state.potential[slots] & elig
+    free_all = table.free if free_all is None else free_all
+    # What a request does not constrain is not computed: every GPU is eligible and every
+    # present node passes an empty region or label filter (the check would change nothing).
+    constrained = bool(request.gpu_models) or request.min_gpu_memory_mib > 0
+    potential_all = table.potential[slots]
     free_live = free_all[slots]
-    free = free_live & elig
+    healthy = table.healthy[slots]
+    if constrained:
+        elig = gpu_eligible(table, request)[slots]
+        potential, free, healthy = potential_all & elig, free_live & elig, healthy & elig
+    else:
+        potential, free = potential_all, free_live
     cause = np.full(slots.size, FITS, dtype=np.int64)
 
     def mark(cond: NDArray[np.bool_], why: Cause) -> None:
         cause[(cause == FITS) & cond] = _CODE[why]
 
-    mark(~region_ok(state, request.regions)[slots], Cause.REGION)
-    mark(~labels_ok(state, request.node_labels)[slots], Cause.LABELS)
+    if request.regions:
+        mark(~region_ok(table, request.regions)[slots], Cause.REGION)
+    if request.node_labels:
+        mark(~labels_ok(table, request.node_labels)[slots], Cause.LABELS)
     too_few = np.bitwise_count(potential) < k
     if request.gpu_models:
-        models = state.potential[slots] & model_matches(state, request)[slots]
+        models = potential_all & model_matches(table, request)[slots]
         mark(too_few & (np.bitwise_count(models) < k), Cause.GPU_MODEL)
     if request.min_gpu_memory_mib:
-        mark(too_few & (np.bitwise_count(state.potential[slots]) >= k), Cause.GPU_MEMORY)
+        mark(too_few & (np.bitwise_count(potential_all) >= k), Cause.GPU_MEMORY)
     mark(too_few, Cause.TOO_FEW_GPUS)
 
-    cids = state.cid[slots]
-    ideal = _choose(state, q, cids, potential, cause == FITS)
+    cids = table.cid[slots]
+    ideal = _choose(table, q, cids, potential, cause == FITS)
     never = Cause.NO_NVLINK_SET_EVER if q.require_nvlink else Cause.NO_NUMA_SET_EVER
     mark(ideal == NO_SET, never)
     if request.cpus_per_task:
         # Before availability: a cordoned node too small for one task stays too small.
-        mark(state.cpu_count[slots] < request.cpus_per_task, Cause.TOO_FEW_CPUS)
-    mark(~state.available[slots], Cause.UNAVAILABLE)
-    mark(np.bitwise_count(state.healthy[slots] & elig) < k, Cause.UNHEALTHY)
+        mark(table.cpu_count[slots] < request.cpus_per_task, Cause.TOO_FEW_CPUS)
+    mark(~table.available[slots], Cause.UNAVAILABLE)
+    mark(np.bitwise_count(healthy) < k, Cause.UNHEALTHY)
     mark(np.bitwise_count(free) < k, Cause.BUSY)
-    chosen = _choose(state, q, cids, free, cause == FITS)
+    chosen = _choose(table, q, cids, free, cause == FITS)
     now = Cause.NO_NVLINK_SET_NOW if q.require_nvlink else Cause.NO_NUMA_SET_NOW
     mark(chosen == NO_SET, now)
     chosen = np.where(cause == FITS, chosen, NO_SET)
 
     ring, pair, connected, span, ideal_ring, cap_before, cap_after = _metrics(
-        state, cids, chosen, ideal, free_live
+        table, cids, chosen, ideal, free_live
     )
     quality = np.where(ideal_ring > 0, ring / np.where(ideal_ring > 0, ideal_ring, 1.0), 1.0)
     fragmentation = np.where(
@@ -176,15 +197,13 @@ def analyse(
         quality=np.minimum(quality, 1.0),
         fragmentation=np.clip(fragmentation, 0.0, 1.0),
         free_after=np.bitwise_count(free_live).astype(np.int64) - k,
-        gpu_count=np.bitwise_count(state.potential[slots]).astype(np.int64),
+        gpu_count=np.bitwise_count(potential_all).astype(np.int64),
     )
 
 
-def _choose(
-    state: ClusterState, q: SetQuery, cids: I64, masks: I64, active: NDArray[np.bool_]
-) -> I64:
+def _choose(table: NodeTable, q: SetQuery, cids: I64, masks: I64, active: NDArray[np.bool_]) -> I64:
     out = np.full(cids.size, NO_SET, dtype=np.int64)
-    reg = state.registry
+    reg = table.registry
     offsets = reg.offsets[cids]
     exact = active & (offsets >= 0)
     if exact.any():
@@ -195,7 +214,7 @@ def _choose(
 
 
 def _metrics(
-    state: ClusterState, cids: I64, chosen: I64, ideal: I64, free_live: I64
+    table: NodeTable, cids: I64, chosen: I64, ideal: I64, free_live: I64
 ) -> tuple[
     NDArray[np.float64],
     NDArray[np.float64],
@@ -205,7 +224,7 @@ def _metrics(
     NDArray[np.float64],
     NDArray[np.float64],
 ]:
-    reg = state.registry
+    reg = table.registry
     n = cids.size
     ring = np.zeros(n)
     pair = np.zeros(n)

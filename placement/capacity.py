@@ -28,87 +28,81 @@ Only refusals come here: a decision that places pays nothing for it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
 
 import numpy as np
 from numpy.typing import NDArray
 
-from placement.analysis import query_for, requested_slots
+from placement.analysis import query_for, requested_slots, unknown_names
 from placement.eligibility import gpu_eligible, labels_ok, region_ok
 from placement.explain import group_reasons
 from placement.node_choice import NO_SET
 from placement.outcome import Cause, Outcome, ReasonGroup
 from placement.request import PlacementRequest
-
-if TYPE_CHECKING:
-    from placement.cluster import ClusterState
+from placement.table import NodeTable
 
 NAMES_SHOWN = 5
 MIG_NOTE = " (GPUs in MIG mode are given only as MIG instances)"
 
 
 def refuse(
-    state: ClusterState,
+    table: NodeTable,
     request: PlacementRequest,
-    causes: Iterable[Cause],
+    causes: Mapping[Cause, int],
     first: tuple[ReasonGroup, ...] = (),
 ) -> Outcome:
-    """The outcome of a request that was not placed: per-node causes grouped (``first``
+    """The outcome of a request that was not placed: nodes per cause grouped (``first``
     ahead of them), unknown named nodes among them, the status from capacity."""
-    unknown = unknown_names(state, request)
+    unknown = unknown_names(table, request)
     groups = (
         *first,
-        *group_reasons([*causes, *(Cause.NOT_REGISTERED for _ in unknown)], request),
+        *group_reasons(
+            {**causes, Cause.NOT_REGISTERED: causes.get(Cause.NOT_REGISTERED, 0) + len(unknown)}
+            if unknown
+            else causes,
+            request,
+        ),
     )
-    limit = never_fits(state, request, unknown)
+    limit = never_fits(table, request, unknown)
     if limit is not None:
         return Outcome(status="unresolvable", reasons=groups, limit=limit)
     if not groups:
-        return _nothing_to_consider(state)
+        return _nothing_to_consider(table)
     resolvable = any(g.resolvable for g in groups)
     return Outcome(status="unschedulable" if resolvable else "unresolvable", reasons=groups)
 
 
-def unknown_names(state: ClusterState, request: PlacementRequest) -> tuple[str, ...]:
-    if request.nodes is None:
-        return ()
-    return tuple(n for n in dict.fromkeys(request.nodes) if n not in state.slot_of)
-
-
-def never_fits(
-    state: ClusterState, request: PlacementRequest, unknown: tuple[str, ...]
-) -> str | None:
+def never_fits(table: NodeTable, request: PlacementRequest, unknown: tuple[str, ...]) -> str | None:
     """Why the request could never fit the nodes it may use, or None when it could."""
     if unknown and request.nodes is not None and len(unknown) == len(set(request.nodes)):
         return _unknown_sentence(unknown)
     if request.mig_profile is not None:
-        return _mig_limit(state, request)
-    slots = _scope(state, request)
+        return _mig_limit(table, request)
+    slots = _scope(table, request)
     if not slots.size:
         return None  # the per-node causes (region, labels) or the empty cluster decide
     k = request.gpus
-    eligible = gpu_eligible(state, request)[slots]
-    usable = state.potential[slots] & eligible
+    eligible = gpu_eligible(table, request)[slots]
+    usable = table.potential[slots] & eligible
     per_node = np.bitwise_count(usable).astype(np.int64)
     most = int(per_node.max())
     if most < k:
         # GPUs in MIG mode are no whole GPUs: say so where they would have made the difference.
-        with_mig = int(_with_mig(state, slots, eligible).max()) >= k
+        with_mig = int(_with_mig(table, slots, eligible).max()) >= k
         return _gpu_sentence(request, most, with_mig)
     if request.cpus_per_task:
-        cpus = int(state.cpu_count[slots].max())
+        cpus = int(table.cpu_count[slots].max())
         if cpus < request.cpus_per_task:
             return _cpu_sentence(request, cpus)
     if request.tasks == 1:
         return None
-    ever = _ever_tasks(state, request, slots, usable)
+    ever = _ever_tasks(table, request, slots, usable)
     if ever >= request.tasks:
         return None
     owner, plural = _owner(request)
     total = int(per_node.sum())
     if total < request.total_gpus:
-        with_mig = int(_with_mig(state, slots, eligible).sum()) >= request.total_gpus
+        with_mig = int(_with_mig(table, slots, eligible).sum()) >= request.total_gpus
         return (
             f"{owner} {'have' if plural else 'has'} {_gpus(total, request, with_mig)} in all;"
             f" this gang needs {request.total_gpus}" + (MIG_NOTE if with_mig else "")
@@ -120,30 +114,30 @@ def never_fits(
     )
 
 
-def _scope(state: ClusterState, request: PlacementRequest) -> NDArray[np.int64]:
+def _scope(table: NodeTable, request: PlacementRequest) -> NDArray[np.int64]:
     """The nodes the request may use: named (or all), not excluded, in its regions and labels."""
-    slots = requested_slots(state, request)
-    keep = region_ok(state, request.regions)[slots] & labels_ok(state, request.node_labels)[slots]
+    slots = requested_slots(table, request)
+    keep = region_ok(table, request.regions)[slots] & labels_ok(table, request.node_labels)[slots]
     return slots[keep]
 
 
 def _ever_tasks(
-    state: ClusterState,
+    table: NodeTable,
     request: PlacementRequest,
     slots: NDArray[np.int64],
     usable: NDArray[np.int64],
 ) -> int:
     """Tasks the nodes could hold together when idle, as the engine would give them."""
     query = query_for(request, request.gpus)
-    cpus = state.cpu_count[slots] if request.cpus_per_task else None
+    cpus = table.cpu_count[slots] if request.cpus_per_task else None
     memo: dict[tuple[int, int], int] = {}  # most nodes share a design and a GPU list
     total = 0
-    for i, (cid, mask) in enumerate(zip(state.cid[slots].tolist(), usable.tolist(), strict=True)):
+    for i, (cid, mask) in enumerate(zip(table.cid[slots].tolist(), usable.tolist(), strict=True)):
         count = memo.get((cid, mask))
         if count is None:
             count, left = 0, mask
             while True:
-                chosen = state.registry.choose_one(cid, left, query)
+                chosen = table.registry.choose_one(cid, left, query)
                 if chosen == NO_SET:
                     break
                 count += 1
@@ -157,13 +151,13 @@ def _ever_tasks(
     return total
 
 
-def _mig_limit(state: ClusterState, request: PlacementRequest) -> str | None:
-    names = request.nodes if request.nodes is not None else state.names()
+def _mig_limit(table: NodeTable, request: PlacementRequest) -> str | None:
+    names = request.nodes if request.nodes is not None else table.names()
     skip = set(request.exclude_nodes)
     profile = request.mig_profile
     count = 0
     for name in dict.fromkeys(names):
-        entry = state.entries.get(name)
+        entry = table.entries.get(name)
         if entry is None or name in skip:
             continue
         snap = entry.snapshot
@@ -184,8 +178,8 @@ def _mig_limit(state: ClusterState, request: PlacementRequest) -> str | None:
     )
 
 
-def _nothing_to_consider(state: ClusterState) -> Outcome:
-    if not state.entries:
+def _nothing_to_consider(table: NodeTable) -> Outcome:
+    if not table.entries:
         empty = ReasonGroup(
             cause=Cause.NOT_REGISTERED,
             nodes=0,
@@ -200,10 +194,10 @@ def _nothing_to_consider(state: ClusterState) -> Outcome:
 
 
 def _with_mig(
-    state: ClusterState, slots: NDArray[np.int64], eligible: NDArray[np.int64]
+    table: NodeTable, slots: NDArray[np.int64], eligible: NDArray[np.int64]
 ) -> NDArray[np.int64]:
     """Per node, the request's GPUs counting those in MIG mode too (for the words only)."""
-    counts: NDArray[np.int64] = np.bitwise_count(state.every_gpu[slots] & eligible).astype(np.int64)
+    counts: NDArray[np.int64] = np.bitwise_count(table.every_gpu[slots] & eligible).astype(np.int64)
     return counts
 
 

@@ -1,4 +1,8 @@
-"""The engine's cluster state and its public entry points.
+"""The engine's facade: ``ClusterState``, every entry point the service calls.
+
+It owns one ``NodeTable`` (placement.table) and is the only code that changes
+it; decisions are the search modules' (decide, screen) over that table, and
+readers outside the engine get read-only node views (placement.node_view).
 
 Contract (where the engine meets the service):
 
@@ -23,23 +27,19 @@ Contract (where the engine meets the service):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, TypeVar
-
-import numpy as np
-from numpy.typing import NDArray
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import TypeVar
 
 from placement.bandwidth import DEFAULT_BANDWIDTH, BandwidthTable
-from placement.class_registry import ClassRegistry
-from placement.fast_path import ShapeCaches
-from placement.node_entry import NodeEntry
+from placement.class_registry import AnyClass
+from placement.decide import decide, verdict_rows, verdicts
+from placement.node_view import NodeView
 from placement.outcome import Cause, NodeVerdict, Outcome, Placement, TaskPlacement
 from placement.request import PlacementRequest
+from placement.screen import NodeScreen, screen
 from placement.snapshot import NodeSnapshot
-from placement.what_is_left import DEFAULT_SIZE_MIX, size_weights
-
-if TYPE_CHECKING:
-    from placement.screen import NodeScreen
+from placement.table import FULL_SHARE, AllocationError, NodeTable, UnknownNodeError
+from placement.what_is_left import DEFAULT_SIZE_MIX
 
 # Node labels naming the network block a node sits in, most specific first.
 DEFAULT_BLOCK_LABELS: tuple[str, ...] = (
@@ -49,17 +49,7 @@ DEFAULT_BLOCK_LABELS: tuple[str, ...] = (
     "topology.kubernetes.io/rack",
 )
 
-
-_CHANGE_LOG = 32_768
 Row = TypeVar("Row")
-
-
-class UnknownNodeError(ValueError):
-    pass
-
-
-class AllocationError(ValueError):
-    """An allocate/release that does not match the node's state."""
 
 
 class SharesUnsupported(ValueError):
@@ -70,7 +60,6 @@ SHARES_UNSUPPORTED = (
     "GPU shares are planned by the engine and in `topoplace sim`;"
     " the service does not reserve them yet"
 )
-FULL_SHARE = 1000  # a GPU in thousandths, as the trace's gpu_milli
 
 
 class ClusterState:
@@ -84,108 +73,76 @@ class ClusterState:
         """``size_mix``: GPUs per request -> how often (any scale), the request mix the
         engine keeps GPUs free for (``placement.what_is_left``). ``shares=False``: refuse
         ``gpu_fraction`` requests with ``SharesUnsupported`` (a caller that cannot hold them)."""
-        self.shares_enabled = shares
-        # slot -> GPU index -> thousandths held, for every GPU that holds shares.
-        self.shared: dict[int, dict[int, int]] = {}
-        self.bandwidth = bandwidth
-        self.block_labels = tuple(block_labels)
-        size_weights(size_mix, 1)  # refuse a bad mix here, not at the first node
-        self.registry = ClassRegistry(bandwidth, size_mix)
-        self.entries: dict[str, NodeEntry] = {}
-        self._slots: list[NodeEntry | None] = []
-        self.slot_names: list[str] = []  # "" for a free slot; read per request by screen()
-        self.slot_of: dict[str, int] = {}
-        self._free_slots: list[int] = []
-        self.version = 0  # bumps when membership, labels or wiring change
-        cap = 0
-        self.cid = np.zeros(cap, dtype=np.int64)
-        self.free = np.zeros(cap, dtype=np.int64)
-        self.healthy = np.zeros(cap, dtype=np.int64)
-        self.potential = np.zeros(cap, dtype=np.int64)
-        # Fixed by the snapshot, read only to tell "never" from "not now" (placement.capacity).
-        self.every_gpu = np.zeros(cap, dtype=np.int64)
-        self.cpu_count = np.zeros(cap, dtype=np.int64)
-        self.present = np.zeros(cap, dtype=np.bool_)
-        self.available = np.zeros(cap, dtype=np.bool_)
-        # Bumped whenever anything about a slot changes: answer caches keyed
-        # per slot (placement.fast_path) recompute exactly the slots that moved.
-        self.slot_version = np.zeros(cap, dtype=np.int64)
-        self._clock = 0
-        # Slots touched, in clock order: changes[i] was touched at clock
-        # changes_base + i + 1. Bounded: old entries are dropped, and a reader
-        # that fell further behind compares every slot's version instead.
-        self.changes: list[int] = []
-        self.changes_base = 0
-        self._static_cache: dict[object, NDArray[np.generic]] = {}
-        # The last candidate list a request named and its slots (analysis.requested_slots):
-        # schedulers send the same thousands of names pod after pod.
-        self.last_candidates: tuple[tuple[str, ...], NDArray[np.int64]] | None = None
-        self.shape_caches = ShapeCaches()
-        # request shape -> slot -> (slot version, GPU mask, task): see decide.verdict_rows.
-        self.task_cache: dict[
-            tuple[object, ...], dict[int, tuple[int, int, TaskPlacement | None]]
-        ] = {}
+        self._shares = shares
+        self._table = NodeTable(bandwidth, block_labels, size_mix)
 
     # Membership ----------------------------------------------------------
 
     def upsert(self, snapshot: NodeSnapshot) -> None:
         """Add a node or replace its snapshot, keeping its allocations (by UUID)."""
-        cid = self.registry.class_for(snapshot)
-        entry = self.entries.get(snapshot.name)
-        if entry is None:
-            slot = self._free_slots.pop() if self._free_slots else self._grow()
-            entry = NodeEntry(slot=slot, snapshot=snapshot, cid=cid)
-            self.entries[snapshot.name] = entry
-            self._slots[slot] = entry
-            self.slot_names[slot] = snapshot.name
-            self.slot_of[snapshot.name] = slot
-        else:
-            entry.snapshot = snapshot
-            entry.cid = cid
-            entry.shares = {u: m for u, m in entry.shares.items() if u in entry.bit_of}
-            entry.refresh()
-            self._index_shares(entry)
-        self.version += 1
-        self._static_cache.clear()
-        self.last_candidates = None
-        self.every_gpu[entry.slot] = entry.every_gpu
-        self.cpu_count[entry.slot] = entry.cpu_count
-        self._sync(entry)
+        self._table.upsert(snapshot)
 
     def remove(self, name: str) -> None:
-        entry = self._entry(name)
-        entry.shares.clear()
-        self._index_shares(entry)
-        del self.entries[name]
-        del self.slot_of[name]
-        self._slots[entry.slot] = None
-        self.slot_names[entry.slot] = ""
-        self._free_slots.append(entry.slot)
-        self.present[entry.slot] = False
-        self.available[entry.slot] = False
-        self._touch(entry.slot)
-        self.version += 1
-        self._static_cache.clear()
-        self.last_candidates = None
+        self._table.remove(name)
 
     def set_available(self, name: str, available: bool) -> None:
         """Cordon/uncordon, or mark stale: unavailable nodes get no placements."""
-        entry = self._entry(name)
-        entry.available = available
-        self.available[entry.slot] = available
-        self._touch(entry.slot)
+        self._table.set_available(name, available)
 
-    def node(self, name: str) -> NodeEntry:
-        return self._entry(name)
+    def node(self, name: str) -> NodeView:
+        """A read-only view of one node (its snapshot and what is held on it), live."""
+        return NodeView(self._table.entry(name))
+
+    def nodes(self) -> Iterator[NodeView]:
+        """Every node's view, in the order the nodes were added (one added again comes last)."""
+        return map(NodeView, list(self._table.entries.values()))
 
     def names(self) -> list[str]:
-        return sorted(self.entries)
+        return self._table.names()
 
     def __len__(self) -> int:
-        return len(self.entries)
+        return len(self._table.entries)
 
     def __contains__(self, name: object) -> bool:
-        return name in self.entries
+        return name in self._table.entries
+
+    # What the cluster is built from (read-only) ----------------------------
+
+    @property
+    def bandwidth(self) -> BandwidthTable:
+        return self._table.bandwidth
+
+    @property
+    def block_labels(self) -> tuple[str, ...]:
+        return self._table.block_labels
+
+    @property
+    def version(self) -> int:
+        """Bumps when membership, labels or wiring change (not on allocations)."""
+        return self._table.version
+
+    @property
+    def clock(self) -> int:
+        """Bumps on every change to any node (membership, availability, holds)."""
+        return self._table.clock
+
+    @property
+    def slot_names(self) -> Sequence[str]:
+        """Node name per slot ("" for a free slot), as ``NodeScreen.slots`` index them."""
+        return self._table.slot_names
+
+    def slot_of(self, name: str) -> int:
+        """The slot a node holds while it is a member (``UnknownNodeError`` otherwise)."""
+        return self._table.entry(name).slot
+
+    @property
+    def class_count(self) -> int:
+        """Topology classes built so far (one per distinct node design)."""
+        return len(self._table.registry.classes)
+
+    def topology_class(self, name: str) -> AnyClass:
+        """The answer tables (or the large-node search) of a node's design."""
+        return self._table.registry.classes[self._table.entry(name).cid]
 
     # Allocations ---------------------------------------------------------
 
@@ -197,26 +154,7 @@ class ClusterState:
         cpus: Iterable[int] = (),
     ) -> None:
         """Mark GPUs / MIG instances / CPUs held. All or nothing: conflicts change nothing."""
-        entry = self._entry(node)
-        gpus, migs, cpu_set = set(gpu_uuids), set(mig_uuids), set(cpus)
-        if not (gpus or migs or cpu_set):
-            return  # nothing to hold: the node's answers stay cached
-        if unknown := sorted(gpus - entry.bit_of.keys()):
-            raise AllocationError(f"node {node} has no GPU {unknown[0]}")
-        if migs and (unknown := sorted(migs - {m.uuid for m in entry.snapshot.mig_instances})):
-            raise AllocationError(f"node {node} has no MIG instance {unknown[0]}")
-        if taken := sorted(gpus & entry.busy):
-            raise AllocationError(f"GPU {taken[0]} on {node} is already allocated")
-        if taken := sorted(gpus & entry.shares.keys()):
-            raise AllocationError(f"GPU {taken[0]} on {node} holds shares; it is not whole")
-        if taken := sorted(migs & entry.busy_mig):
-            raise AllocationError(f"MIG instance {taken[0]} on {node} is already allocated")
-        if clash := sorted(cpu_set & entry.used_cpus):
-            raise AllocationError(f"CPU {clash[0]} on {node} is already allocated")
-        entry.hold(gpus)
-        entry.busy_mig |= migs
-        entry.used_cpus |= cpu_set
-        self._sync(entry)
+        self._table.allocate(node, gpu_uuids, mig_uuids, cpus)
 
     def release(
         self,
@@ -226,63 +164,30 @@ class ClusterState:
         cpus: Iterable[int] = (),
     ) -> None:
         """Free what an allocation held; releasing something not held is a no-op."""
-        entry = self.entries.get(node)
-        if entry is None:
-            return  # the node left; its allocations went with it
-        gpus = set(gpu_uuids) & entry.busy
-        migs = set(mig_uuids) & entry.busy_mig
-        cpu_set = set(cpus) & entry.used_cpus
-        if not (gpus or migs or cpu_set):
-            return  # nothing held changes: the node's answers stay cached
-        entry.drop(gpus)
-        entry.busy_mig -= migs
-        entry.used_cpus -= cpu_set
-        self._sync(entry)
+        self._table.release(node, gpu_uuids, mig_uuids, cpus)
 
     def allocate_share(
         self, node: str, gpu_uuid: str, fraction: float, cpus: Iterable[int] = ()
     ) -> None:
         """Hold a share of one GPU: refused on a GPU a whole-GPU job holds and past a full GPU."""
-        entry = self._entry(node)
-        milli = _milli(fraction)
-        cpu_set = set(cpus)
-        if gpu_uuid not in entry.bit_of:
-            raise AllocationError(f"node {node} has no GPU {gpu_uuid}")
-        if gpu_uuid in entry.busy:
-            raise AllocationError(f"GPU {gpu_uuid} on {node} is held whole")
-        held = entry.shares.get(gpu_uuid, 0)
-        if held + milli > FULL_SHARE:
-            raise AllocationError(
-                f"GPU {gpu_uuid} on {node} has {FULL_SHARE - held}/1000 left, not {milli}"
-            )
-        if clash := sorted(cpu_set & entry.used_cpus):
-            raise AllocationError(f"CPU {clash[0]} on {node} is already allocated")
-        entry.hold_share(gpu_uuid, milli)
-        entry.used_cpus |= cpu_set
-        self._index_shares(entry)
-        self._sync(entry)
+        self._table.allocate_share(node, gpu_uuid, fraction, cpus)
 
     def release_share(
         self, node: str, gpu_uuid: str, fraction: float, cpus: Iterable[int] = ()
     ) -> None:
         """Give a share back; a GPU whose last share goes is whole and free again."""
-        entry = self.entries.get(node)
-        if entry is None or gpu_uuid not in entry.shares:
-            return
-        entry.drop_share(gpu_uuid, _milli(fraction))
-        entry.used_cpus -= set(cpus)
-        self._index_shares(entry)
-        self._sync(entry)
+        self._table.release_share(node, gpu_uuid, fraction, cpus)
 
     def apply(self, placement: Placement) -> None:
         """Allocate every task of a placement, all or nothing."""
+        table = self._table
         done: list[int] = []
         try:
             for i, task in enumerate(placement.tasks):
                 if task.gpu_fraction is not None:
-                    self.allocate_share(task.node, task.gpu_uuids[0], task.gpu_fraction, task.cpus)
+                    table.allocate_share(task.node, task.gpu_uuids[0], task.gpu_fraction, task.cpus)
                 else:
-                    self.allocate(task.node, _whole_gpus(task), task.mig_uuids, task.cpus)
+                    table.allocate(task.node, _whole_gpus(task), task.mig_uuids, task.cpus)
                 done.append(i)
         except AllocationError:
             for i in done:
@@ -295,25 +200,22 @@ class ClusterState:
 
     def _release_task(self, task: TaskPlacement) -> None:
         if task.gpu_fraction is not None:
-            self.release_share(task.node, task.gpu_uuids[0], task.gpu_fraction, task.cpus)
+            self._table.release_share(task.node, task.gpu_uuids[0], task.gpu_fraction, task.cpus)
         else:
-            self.release(task.node, _whole_gpus(task), task.mig_uuids, task.cpus)
+            self._table.release(task.node, _whole_gpus(task), task.mig_uuids, task.cpus)
 
     # Decisions -----------------------------------------------------------
 
     def place(self, request: PlacementRequest, waiting: Sequence[PlacementRequest] = ()) -> Outcome:
         """Choose node(s) and GPUs for a request; reserves nothing (see contract)."""
-        from placement.decide import decide
-
-        self.refuse_shares(request)
-        return decide(self, request, waiting)
+        if request.gpu_fraction is not None:
+            self._refuse_shares(request)
+        return decide(self._table, request, waiting)
 
     def evaluate(self, request: PlacementRequest) -> list[NodeVerdict]:
         """Every requested node's verdict for one task of the request, best first."""
-        from placement.decide import verdicts
-
-        self.refuse_shares(request, verdicts=True)
-        return verdicts(self, request)
+        self._refuse_shares(request, verdicts=True)
+        return verdicts(self._table, request)
 
     def verdict_rows(
         self,
@@ -322,19 +224,15 @@ class ClusterState:
         refused: Callable[[str, Cause], Row],
     ) -> list[Row]:
         """``evaluate`` with the caller building each node's row (whole-GPU requests)."""
-        from placement.decide import verdict_rows
-
-        self.refuse_shares(request, verdicts=True)
-        return verdict_rows(self, request, fit, refused)
+        self._refuse_shares(request, verdicts=True)
+        return verdict_rows(self._table, request, fit, refused)
 
     def screen(self, request: PlacementRequest, full_rank: bool = True) -> NodeScreen:
         """Every requested node's verdict as arrays (no TaskPlacement per node): see screen.py."""
-        from placement.screen import screen
+        self._refuse_shares(request, verdicts=True)
+        return screen(self._table, request, full_rank)
 
-        self.refuse_shares(request, verdicts=True)
-        return screen(self, request, full_rank)
-
-    def refuse_shares(self, request: PlacementRequest, verdicts: bool = False) -> None:
+    def _refuse_shares(self, request: PlacementRequest, verdicts: bool = False) -> None:
         """Raise SharesUnsupported for a share this state does not take (see __init__).
 
         Per-node verdicts (evaluate, screen) answer whole GPUs and MIG only:
@@ -342,98 +240,24 @@ class ClusterState:
         """
         if request.gpu_fraction is None:
             return
-        if not self.shares_enabled:
+        if not self._shares:
             raise SharesUnsupported(SHARES_UNSUPPORTED)
         if verdicts:
             raise SharesUnsupported("per-node verdicts answer whole GPUs; place() plans a share")
-
-    # Internals -----------------------------------------------------------
-
-    def entry_at(self, slot: int) -> NodeEntry:
-        entry = self._slots[slot]
-        assert entry is not None
-        return entry
-
-    def static_cache(self) -> dict[object, NDArray[np.generic]]:
-        return self._static_cache
-
-    def _entry(self, name: str) -> NodeEntry:
-        entry = self.entries.get(name)
-        if entry is None:
-            raise UnknownNodeError(f"no node named {name!r}")
-        return entry
-
-    def _grow(self) -> int:
-        slot = len(self._slots)
-        self._slots.append(None)
-        self.slot_names.append("")
-        if slot >= self.cid.size:
-            cap = max(16, self.cid.size * 2)
-            for attr in (
-                "cid",
-                "free",
-                "healthy",
-                "potential",
-                "every_gpu",
-                "cpu_count",
-                "present",
-                "available",
-                "slot_version",
-            ):
-                old = getattr(self, attr)
-                new = np.zeros(cap, dtype=old.dtype)
-                new[: old.size] = old
-                setattr(self, attr, new)
-        return slot
-
-    def _sync(self, entry: NodeEntry) -> None:
-        s = entry.slot
-        self.cid[s] = entry.cid
-        self.free[s] = entry.free_mask()
-        self.healthy[s] = entry.healthy
-        self.potential[s] = entry.potential
-        self.present[s] = True
-        self.available[s] = entry.available
-        self._touch(s)
-
-    def _index_shares(self, entry: NodeEntry) -> None:
-        if entry.shares:
-            self.shared[entry.slot] = {
-                entry.bit_of[uuid].bit_length() - 1: milli for uuid, milli in entry.shares.items()
-            }
-        else:
-            self.shared.pop(entry.slot, None)
-
-    def _touch(self, slot: int) -> None:
-        self._clock += 1
-        self.slot_version[slot] = self._clock
-        self.changes.append(slot)
-        if len(self.changes) > 2 * _CHANGE_LOG:
-            drop = len(self.changes) - _CHANGE_LOG
-            del self.changes[:drop]
-            self.changes_base += drop
-
-    @property
-    def clock(self) -> int:
-        return self._clock
-
-    def touched_since(self, clock: int) -> list[int] | None:
-        """Slots changed after `clock`, or None when the log no longer reaches back that far."""
-        if clock < self.changes_base:
-            return None
-        return sorted(set(self.changes[clock - self.changes_base :]))
-
-    @property
-    def slot_count(self) -> int:
-        return len(self._slots)
-
-
-def _milli(fraction: float) -> int:
-    if not 0.0 < fraction < 1.0:
-        raise AllocationError(f"a GPU share is between 0 and 1, not {fraction}")
-    return max(1, round(fraction * FULL_SHARE))
 
 
 def _whole_gpus(task: TaskPlacement) -> tuple[str, ...]:
     """A MIG task names its parent GPU for information; it holds only the instance."""
     return () if task.mig_uuids else task.gpu_uuids
+
+
+__all__ = [
+    "DEFAULT_BLOCK_LABELS",
+    "FULL_SHARE",
+    "SHARES_UNSUPPORTED",
+    "AllocationError",
+    "ClusterState",
+    "NodeView",
+    "SharesUnsupported",
+    "UnknownNodeError",
+]

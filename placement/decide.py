@@ -3,58 +3,58 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
 import numpy as np
 
-from placement.analysis import CAUSES, Analysis, analyse, requested_slots
+from placement.analysis import CAUSES, Analysis, analyse, requested_slots, unknown_names
 from placement.capacity import refuse
 from placement.explain import refusal
-from placement.fast_path import fast_place, shape_key
+from placement.fast_path import fast_place
+from placement.gang import place_gang, protected_slots
+from placement.mig import mig_verdicts, place_mig
 from placement.outcome import Cause, NodeVerdict, Outcome, Placement, TaskPlacement
 from placement.ranking import best_of, rank_order, rank_words, scores
 from placement.request import PlacementRequest
+from placement.shape_cache import shape_key
+from placement.shares import on_shared_gpu, opened_for_sharing, whole_gpu
+from placement.table import NodeTable
 from placement.task_builder import build_task, score_parts
-
-if TYPE_CHECKING:
-    from placement.cluster import ClusterState
 
 
 def decide(
-    state: ClusterState, request: PlacementRequest, waiting: Sequence[PlacementRequest]
+    table: NodeTable, request: PlacementRequest, waiting: Sequence[PlacementRequest]
 ) -> Outcome:
-    from placement.gang import place_gang, protected_slots
-    from placement.mig import place_mig
-
     if request.mig_profile is not None:
-        return place_mig(state, request)
+        return place_mig(table, request)
     if request.gpu_fraction is not None:
-        from placement.shares import place_share
-
-        return place_share(state, request, waiting)
+        shared = on_shared_gpu(table, request)
+        if shared is not None:
+            return shared
+        return opened_for_sharing(request, decide(table, whole_gpu(request), waiting))
     if request.tasks == 1 and not waiting:
-        task = fast_place(state, request)
+        task = fast_place(table, request)
         if task is not None:
             return placed_one(task)
-    protected = protected_slots(state, waiting)
+    protected = protected_slots(table, waiting)
     if request.tasks > 1:
-        return place_gang(state, request, protected)
-    analysis = analyse(state, request, request.gpus, requested_slots(state, request))
+        return place_gang(table, request, protected)
+    analysis = analyse(table, request, request.gpus, requested_slots(table, request))
     fits = analysis.fits()
     where = np.flatnonzero(fits)
     if where.size:
-        inputs = analysis.rank_inputs(fits, state, protected)
+        inputs = analysis.rank_inputs(fits, table, protected)
         words = rank_words(inputs, request)
         remaining = np.arange(where.size, dtype=np.int64)
         while remaining.size:
             best = best_of(words, remaining)
             index = int(where[best])
-            task = task_at(state, analysis, index, request, 0)
+            task = task_at(table, analysis, index, request, 0)
             if task is not None:
                 return placed_one(task)
             analysis.set_cause(index, Cause.CPUS)
             remaining = remaining[remaining != best]
-    return refuse(state, request, analysis.causes())
+    return refuse(table, request, analysis.cause_counts())
 
 
 def placed_one(task: TaskPlacement) -> Outcome:
@@ -63,62 +63,60 @@ def placed_one(task: TaskPlacement) -> Outcome:
 
 
 def ranked(
-    state: ClusterState, analysis: Analysis, request: PlacementRequest, protected: np.ndarray
+    table: NodeTable, analysis: Analysis, request: PlacementRequest, protected: np.ndarray
 ) -> list[tuple[int, float]]:
     """(index into analysis, 0..100 score) of fitting nodes, best first."""
     fits = analysis.fits()
     where = np.flatnonzero(fits)
     if not where.size:
         return []
-    inputs = analysis.rank_inputs(fits, state, protected)
+    inputs = analysis.rank_inputs(fits, table, protected)
     order = rank_order(inputs, request)
     summary = scores(inputs, request)
     return list(zip(where[order].tolist(), summary[order].tolist(), strict=True))
 
 
 def task_at(
-    state: ClusterState, analysis: Analysis, index: int, request: PlacementRequest, task: int
+    table: NodeTable, analysis: Analysis, index: int, request: PlacementRequest, task: int
 ) -> TaskPlacement | None:
     slot = int(analysis.slots[index])
     return build_task(
-        state, slot, int(analysis.chosen[index]), request, task, score_parts(analysis, index)
+        table, slot, int(analysis.chosen[index]), request, task, score_parts(analysis, index)
     )
 
 
 def task_table(
-    state: ClusterState, request: PlacementRequest
+    table: NodeTable, request: PlacementRequest
 ) -> dict[int, tuple[int, int, TaskPlacement | None]]:
     """slot -> (slot version, GPU mask, task) remembered for the request's shape
     (see verdict_rows); bounded by the shapes kept, each by the slots."""
-    tables = state.task_cache
+    shapes = table.task_cache
     key = shape_key(request)
-    table = tables.get(key)
-    if table is None:
-        if len(tables) >= MAX_TASK_SHAPES:
-            tables.pop(next(iter(tables)))  # the oldest shape goes
-        table = tables[key] = {}
-    return table
+    tasks = shapes.get(key)
+    if tasks is None:
+        if len(shapes) >= MAX_TASK_SHAPES:
+            shapes.pop(next(iter(shapes)))  # the oldest shape goes
+        tasks = shapes[key] = {}
+    return tasks
 
 
 Row = TypeVar("Row")
 MAX_TASK_SHAPES = 64
 
 
-def verdicts(state: ClusterState, request: PlacementRequest) -> list[NodeVerdict]:
+def verdicts(table: NodeTable, request: PlacementRequest) -> list[NodeVerdict]:
     """Per requested node: fits (with the task it would get, rank, score) or why not."""
     if request.mig_profile is not None:
-        from placement.mig import mig_verdicts
-
-        return mig_verdicts(state, request)
+        return mig_verdicts(table, request)
 
     def fit(node: str, rank: int, score: float, task: TaskPlacement) -> NodeVerdict:
         return NodeVerdict(node=node, fits=True, rank=rank, score=score, task=task)
 
-    return verdict_rows(state, request, fit, lambda node, cause: refusal(node, cause, request))
+    return verdict_rows(table, request, fit, lambda node, cause: refusal(node, cause, request))
 
 
 def verdict_rows(
-    state: ClusterState,
+    table: NodeTable,
     request: PlacementRequest,
     fit: Callable[[str, int, float, TaskPlacement], Row],
     refused: Callable[[str, Cause], Row],
@@ -131,30 +129,30 @@ def verdict_rows(
     """
     if request.mig_profile is not None:
         raise ValueError("verdict_rows() answers whole-GPU requests; use verdicts() for MIG")
-    analysis = analyse(state, request, request.gpus, requested_slots(state, request))
-    protected = np.zeros(state.slot_count, dtype=np.bool_)
+    analysis = analyse(table, request, request.gpus, requested_slots(table, request))
+    protected = np.zeros(table.slot_count, dtype=np.bool_)
     out: list[Row] = []
     rank = 0
     # The task a node would give depends only on the node's state (its slot
     # version), the set chosen and the request's shape: a scheduler scoring
     # pod after pod against the same nodes gets the tasks built last time for
     # every node that has not changed since.
-    remembered = task_table(state, request)
-    best_first = ranked(state, analysis, request, protected)
+    remembered = task_table(table, request)
+    best_first = ranked(table, analysis, request, protected)
     indices = np.asarray([index for index, _ in best_first], dtype=np.int64)
     slots = analysis.slots[indices]
     for (index, score), slot, mask, version in zip(
         best_first,
         slots.tolist(),
         analysis.chosen[indices].tolist(),
-        state.slot_version[slots].tolist(),
+        table.slot_version[slots].tolist(),
         strict=True,
     ):
         hit = remembered.get(slot)
         if hit is not None and hit[0] == version and hit[1] == mask:
             task = hit[2]
         else:
-            task = task_at(state, analysis, index, request, 0)
+            task = task_at(table, analysis, index, request, 0)
             remembered[slot] = (version, mask, task)
         if task is None:
             analysis.set_cause(index, Cause.CPUS)
@@ -162,15 +160,10 @@ def verdict_rows(
         rank += 1
         out.append(fit(task.node, rank, score, task))
     unfit = np.flatnonzero(~analysis.fits())
-    slot_names = state.slot_names
+    slot_names = table.slot_names
     for slot, code in zip(
         analysis.slots[unfit].tolist(), analysis.cause[unfit].tolist(), strict=True
     ):
         out.append(refused(slot_names[slot], CAUSES[code]))
-    if request.nodes is not None:
-        out += [
-            refused(name, Cause.NOT_REGISTERED)
-            for name in dict.fromkeys(request.nodes)
-            if name not in state.slot_of
-        ]
+    out += [refused(name, Cause.NOT_REGISTERED) for name in unknown_names(table, request)]
     return out

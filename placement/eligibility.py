@@ -8,61 +8,58 @@ dictionary lookup on the hot path once warm.
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
 
 import numpy as np
 from numpy.typing import NDArray
 
 from placement.request import PlacementRequest
-
-if TYPE_CHECKING:
-    from placement.cluster import ClusterState
+from placement.table import NodeTable
 
 ALL_GPUS = np.int64(-1)
 
 
-def region_ok(state: ClusterState, regions: tuple[str, ...]) -> NDArray[np.bool_]:
-    key = ("region", regions, state.version)
-    cached = state.static_cache().get(key)
+def region_ok(table: NodeTable, regions: tuple[str, ...]) -> NDArray[np.bool_]:
+    key = ("region", regions, table.version)
+    cached = table.static_cache.get(key)
     if cached is None:
         allowed = set(regions)
-        cached = np.zeros(state.slot_count, dtype=np.bool_)
-        for entry in state.entries.values():
+        cached = np.zeros(table.slot_count, dtype=np.bool_)
+        for entry in table.entries.values():
             cached[entry.slot] = not allowed or entry.snapshot.region in allowed
-        state.static_cache()[key] = cached
+        table.static_cache[key] = cached
     return cached.astype(np.bool_, copy=False)
 
 
-def labels_ok(state: ClusterState, selector: dict[str, str]) -> NDArray[np.bool_]:
+def labels_ok(table: NodeTable, selector: dict[str, str]) -> NDArray[np.bool_]:
     items = tuple(sorted(selector.items()))
-    key = ("labels", items, state.version)
-    cached = state.static_cache().get(key)
+    key = ("labels", items, table.version)
+    cached = table.static_cache.get(key)
     if cached is None:
-        cached = np.zeros(state.slot_count, dtype=np.bool_)
-        for entry in state.entries.values():
+        cached = np.zeros(table.slot_count, dtype=np.bool_)
+        for entry in table.entries.values():
             labels = entry.snapshot.labels
             cached[entry.slot] = all(labels.get(k) == v for k, v in items)
-        state.static_cache()[key] = cached
+        table.static_cache[key] = cached
     return cached.astype(np.bool_, copy=False)
 
 
-def gpu_eligible(state: ClusterState, request: PlacementRequest) -> NDArray[np.int64]:
+def gpu_eligible(table: NodeTable, request: PlacementRequest) -> NDArray[np.int64]:
     """Per slot, the mask of GPUs whose model and memory the request accepts."""
     if not request.gpu_models and request.min_gpu_memory_mib == 0:
-        return np.full(state.slot_count, ALL_GPUS, dtype=np.int64)
+        return np.full(table.slot_count, ALL_GPUS, dtype=np.int64)
     models = tuple(m.upper() for m in request.gpu_models)
-    key = ("gpus", models, request.min_gpu_memory_mib, state.version)
-    cached = state.static_cache().get(key)
+    key = ("gpus", models, request.min_gpu_memory_mib, table.version)
+    cached = table.static_cache.get(key)
     if cached is None:
-        cached = np.zeros(state.slot_count, dtype=np.int64)
-        for entry in state.entries.values():
+        cached = np.zeros(table.slot_count, dtype=np.int64)
+        for entry in table.entries.values():
             mask = 0
             for gpu in entry.snapshot.gpus:
                 model_ok = not models or any(model_matches_name(m, gpu.model) for m in models)
                 if model_ok and gpu.memory_mib >= request.min_gpu_memory_mib:
                     mask |= 1 << gpu.index
             cached[entry.slot] = mask
-        state.static_cache()[key] = cached
+        table.static_cache[key] = cached
     return cached.astype(np.int64, copy=False)
 
 
@@ -77,8 +74,8 @@ def model_matches_name(wanted: str, model: str) -> bool:
     return re.search(pattern, model.upper()) is not None
 
 
-def model_matches(state: ClusterState, request: PlacementRequest) -> NDArray[np.int64]:
+def model_matches(table: NodeTable, request: PlacementRequest) -> NDArray[np.int64]:
     """Per slot, GPUs whose model alone is accepted (to tell model from memory misses)."""
     if not request.gpu_models:
-        return np.full(state.slot_count, ALL_GPUS, dtype=np.int64)
-    return gpu_eligible(state, request.model_copy(update={"min_gpu_memory_mib": 0}))
+        return np.full(table.slot_count, ALL_GPUS, dtype=np.int64)
+    return gpu_eligible(table, request.model_copy(update={"min_gpu_memory_mib": 0}))

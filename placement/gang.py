@@ -21,7 +21,6 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import numpy as np
 from numpy.typing import NDArray
@@ -31,10 +30,8 @@ from placement.capacity import refuse
 from placement.node_choice import indices_to_mask
 from placement.outcome import Cause, Outcome, Placement, ReasonGroup, ScoreParts, TaskPlacement
 from placement.request import PlacementRequest
+from placement.table import NodeTable
 from placement.task_builder import build_task, score_parts
-
-if TYPE_CHECKING:
-    from placement.cluster import ClusterState
 
 
 @dataclass
@@ -54,22 +51,20 @@ class _NodeSets:
 @dataclass
 class _Capacity:
     nodes: dict[int, _NodeSets]
-    first_causes: list[Cause]
+    first_causes: dict[Cause, int]
 
 
-def _capacity(
-    state: ClusterState, request: PlacementRequest, slots: NDArray[np.int64]
-) -> _Capacity:
-    free = state.free.copy()
+def _capacity(table: NodeTable, request: PlacementRequest, slots: NDArray[np.int64]) -> _Capacity:
+    free = table.free.copy()
     nodes: dict[int, _NodeSets] = {}
     active = slots
-    first_causes: list[Cause] = []
+    first_causes: dict[Cause, int] = {}
     for round_no in range(request.tasks):
         if not active.size:
             break
-        analysis = analyse(state, request, request.gpus, active, free)
+        analysis = analyse(table, request, request.gpus, active, free)
         if round_no == 0:
-            first_causes = analysis.causes()
+            first_causes = analysis.cause_counts()
         fits = np.flatnonzero(analysis.fits())
         for i in fits.tolist():
             slot = int(analysis.slots[i])
@@ -81,19 +76,19 @@ def _capacity(
     return _Capacity(nodes, first_causes)
 
 
-def _domain(state: ClusterState, slot: int) -> str | None:
-    return state.entry_at(slot).snapshot.fabric_domain()
+def _domain(table: NodeTable, slot: int) -> str | None:
+    return table.entry_at(slot).snapshot.fabric_domain()
 
 
-def _block(state: ClusterState, slot: int) -> str:
-    snap = state.entry_at(slot).snapshot
-    for key in state.block_labels:
+def _block(table: NodeTable, slot: int) -> str:
+    snap = table.entry_at(slot).snapshot
+    for key in table.block_labels:
         if key in snap.labels:
             return f"{key}={snap.labels[key]}"
     return f"node={snap.name}"  # unknown network position: a block of its own
 
 
-def _node_order(state: ClusterState, cap: _Capacity, slots: list[int]) -> list[int]:
+def _node_order(table: NodeTable, cap: _Capacity, slots: list[int]) -> list[int]:
     return sorted(
         slots,
         key=lambda s: (-cap.nodes[s].capacity, -cap.nodes[s].quality, s),
@@ -101,15 +96,15 @@ def _node_order(state: ClusterState, cap: _Capacity, slots: list[int]) -> list[i
 
 
 def _choose_group(
-    state: ClusterState, cap: _Capacity, needed: int, protected: NDArray[np.bool_]
+    table: NodeTable, cap: _Capacity, needed: int, protected: NDArray[np.bool_]
 ) -> tuple[list[int], str | None, tuple[str, ...]] | None:
     domains: dict[str, list[int]] = defaultdict(list)
     blocks: dict[str, list[int]] = defaultdict(list)
     for slot in cap.nodes:
-        dom = _domain(state, slot)
+        dom = _domain(table, slot)
         if dom is not None:
             domains[dom].append(slot)
-        blocks[_block(state, slot)].append(slot)
+        blocks[_block(table, slot)].append(slot)
 
     def total(members: list[int]) -> int:
         return sum(cap.nodes[s].capacity for s in members)
@@ -123,7 +118,7 @@ def _choose_group(
     if fitting:
         dom = min(fitting)[1]
         members = domains[dom]
-        return members, dom, tuple(sorted({_block(state, s) for s in members}))
+        return members, dom, tuple(sorted({_block(table, s) for s in members}))
     fitting = [(fit_key(b, m), b) for b, m in blocks.items() if total(m) >= needed]
     if fitting:
         block = min(fitting)[1]
@@ -141,11 +136,11 @@ def _choose_group(
 
 
 def place_gang(
-    state: ClusterState, request: PlacementRequest, protected: NDArray[np.bool_]
+    table: NodeTable, request: PlacementRequest, protected: NDArray[np.bool_]
 ) -> Outcome:
-    slots = requested_slots(state, request)
-    cap = _capacity(state, request, slots)
-    group = _choose_group(state, cap, request.tasks, protected)
+    slots = requested_slots(table, request)
+    cap = _capacity(table, request, slots)
+    group = _choose_group(table, cap, request.tasks, protected)
     if group is None:
         have = sum(n.capacity for n in cap.nodes.values())
         gang = ReasonGroup(
@@ -158,22 +153,22 @@ def place_gang(
         )
         # Whether the gang could fit the idle cluster is placement.capacity's to say;
         # the gang group tells what the nodes with room hold now.
-        return refuse(state, request, cap.first_causes, (gang,) if cap.nodes else ())
+        return refuse(table, request, cap.first_causes, (gang,) if cap.nodes else ())
     members, domain, blocks = group
     tasks: list[TaskPlacement] = []
     reserved_cpus: dict[int, set[int]] = defaultdict(set)
-    for slot in _node_order(state, cap, members):
+    for slot in _node_order(table, cap, members):
         for mask, parts in cap.nodes[slot].sets:
             if len(tasks) == request.tasks:
                 break
-            task = build_task(state, slot, mask, request, len(tasks), parts, reserved_cpus[slot])
+            task = build_task(table, slot, mask, request, len(tasks), parts, reserved_cpus[slot])
             if task is None:
                 continue  # this set's NUMA node is out of CPUs; try the next set
             reserved_cpus[slot] |= set(task.cpus)
             tasks.append(task)
     if len(tasks) < request.tasks:
-        return refuse(state, request, [Cause.CPUS] * len(members))
-    ring = gang_ring(state, tasks, domain, blocks)
+        return refuse(table, request, {Cause.CPUS: len(members)})
+    ring = gang_ring(table, tasks, domain, blocks)
     nodes = list(dict.fromkeys(t.node for t in tasks))
     where = f"fabric domain {domain}" if domain else f"{len(blocks)} network block(s)"
     summary = (
@@ -193,7 +188,7 @@ def place_gang(
 
 
 def gang_ring(
-    state: ClusterState, tasks: Sequence[TaskPlacement], domain: str | None, blocks: tuple[str, ...]
+    table: NodeTable, tasks: Sequence[TaskPlacement], domain: str | None, blocks: tuple[str, ...]
 ) -> float:
     """Predicted ring over all the gang's GPUs: per node the ring of its share, then the network."""
     by_node: dict[str, list[int]] = defaultdict(list)
@@ -202,33 +197,33 @@ def gang_ring(
     rings = []
     for node, indices in by_node.items():
         if len(indices) > 1:
-            entry = state.node(node)
-            rings.append(state.registry.set_metrics(entry.cid, indices_to_mask(indices))[0])
+            entry = table.entry(node)
+            rings.append(table.registry.set_metrics(entry.cid, indices_to_mask(indices))[0])
     if len(by_node) > 1:
         if domain is None:
-            table = state.bandwidth
-            rings.append(table.network_gbps if len(blocks) == 1 else table.cross_block_gbps)
+            bw = table.bandwidth
+            rings.append(bw.network_gbps if len(blocks) == 1 else bw.cross_block_gbps)
         else:
-            rings.append(min(_best_nvlink(state, node) for node in by_node))
+            rings.append(min(_best_nvlink(table, node) for node in by_node))
     return float(min(rings)) if rings else 0.0
 
 
-def _best_nvlink(state: ClusterState, node: str) -> float:
+def _best_nvlink(table: NodeTable, node: str) -> float:
     """Inside one NVLink domain, nodes reach each other at their GPUs' NVLink rate."""
-    entry = state.node(node)
-    tc = state.registry.classes[entry.cid]
+    entry = table.entry(node)
+    tc = table.registry.classes[entry.cid]
     bw = tc.wiring.bw
     nv = bw[tc.wiring.nvlink]
     return float(nv.max()) if nv.size else float(bw.max())
 
 
-def protected_slots(state: ClusterState, waiting: Sequence[PlacementRequest]) -> NDArray[np.bool_]:
-    out = np.zeros(state.slot_count, dtype=np.bool_)
+def protected_slots(table: NodeTable, waiting: Sequence[PlacementRequest]) -> NDArray[np.bool_]:
+    out = np.zeros(table.slot_count, dtype=np.bool_)
     for gang in waiting:
         if gang.tasks <= 1 or gang.mig_profile is not None:
             continue
-        cap = _capacity(state, gang, requested_slots(state, gang))
-        group = _choose_group(state, cap, gang.tasks, out)
+        cap = _capacity(table, gang, requested_slots(table, gang))
+        group = _choose_group(table, cap, gang.tasks, out)
         if group is not None and group[1] is not None:
             out[np.asarray(group[0], dtype=np.int64)] = True
     return out

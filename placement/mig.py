@@ -11,8 +11,8 @@ left, ``spread`` the most. A gang of MIG tasks is all or nothing.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from placement.capacity import refuse
 from placement.explain import refusal
@@ -20,9 +20,7 @@ from placement.node_entry import NodeEntry
 from placement.outcome import Cause, NodeVerdict, Outcome, Placement, ScoreParts, TaskPlacement
 from placement.request import PlacementRequest
 from placement.snapshot import Health, MigInstance
-
-if TYPE_CHECKING:
-    from placement.cluster import ClusterState
+from placement.table import NodeTable
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,20 +99,20 @@ def _static_cause(entry: NodeEntry, request: PlacementRequest) -> Cause | None:
     return None
 
 
-def _candidates(state: ClusterState, request: PlacementRequest) -> list[NodeEntry]:
-    names = request.nodes if request.nodes is not None else state.names()
+def _candidates(table: NodeTable, request: PlacementRequest) -> list[NodeEntry]:
+    names = request.nodes if request.nodes is not None else table.names()
     skip = set(request.exclude_nodes)
-    return [state.entries[n] for n in dict.fromkeys(names) if n in state.entries and n not in skip]
+    return [table.entries[n] for n in dict.fromkeys(names) if n in table.entries and n not in skip]
 
 
 def _assess(
-    state: ClusterState, request: PlacementRequest, held: dict[str, set[str]]
+    table: NodeTable, request: PlacementRequest, held: dict[str, set[str]]
 ) -> tuple[list[tuple[tuple[int, ...], NodeEntry, _Pick]], list[tuple[NodeEntry, Cause]]]:
     """Every candidate node's best instance with its rank key (smaller first), or its cause."""
     profile = request.mig_profile or ""
     options: list[tuple[tuple[int, ...], NodeEntry, _Pick]] = []
     refused: list[tuple[NodeEntry, Cause]] = []
-    for entry in _candidates(state, request):
+    for entry in _candidates(table, request):
         cause = _static_cause(entry, request)
         pick = None
         if cause is None:
@@ -160,21 +158,21 @@ def _task(entry: NodeEntry, pick: _Pick, task: int) -> TaskPlacement:
     )
 
 
-def place_mig(state: ClusterState, request: PlacementRequest) -> Outcome:
+def place_mig(table: NodeTable, request: PlacementRequest) -> Outcome:
     """Tasks one by one, each on the best node at that point; all or nothing."""
     held: dict[str, set[str]] = {}
-    options, refused = _assess(state, request, held)
-    causes = [cause for _, cause in refused]
+    options, refused = _assess(table, request, held)
+    causes = Counter(cause for _, cause in refused)
     tasks: list[TaskPlacement] = []
     while options and len(tasks) < request.tasks:
         _, entry, pick = options[0]
         held[entry.name].add(pick.instance.uuid)
         tasks.append(_task(entry, pick, len(tasks)))
-        options, _ = _assess(state, request, held)
+        options, _ = _assess(table, request, held)
     if len(tasks) < request.tasks:
         if tasks:
-            causes.append(Cause.GANG)
-        return refuse(state, request, causes)
+            causes[Cause.GANG] += 1
+        return refuse(table, request, causes)
     profile = request.mig_profile
     reason = (
         tasks[0].reason
@@ -186,8 +184,8 @@ def place_mig(state: ClusterState, request: PlacementRequest) -> Outcome:
     )
 
 
-def mig_verdicts(state: ClusterState, request: PlacementRequest) -> list[NodeVerdict]:
-    options, refused = _assess(state, request, {})
+def mig_verdicts(table: NodeTable, request: PlacementRequest) -> list[NodeVerdict]:
+    options, refused = _assess(table, request, {})
     total = len(options)
     ranked = [
         NodeVerdict(

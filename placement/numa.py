@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
@@ -20,9 +19,16 @@ class CpuChoice:
 
 def gpu_numa_nodes(snapshot: NodeSnapshot, gpu_indices: Sequence[int]) -> tuple[int, ...]:
     """NUMA nodes of the GPUs, the one holding most of them first."""
-    counts = Counter(
-        g.numa_node for g in (snapshot.gpus[i] for i in gpu_indices) if g.numa_node is not None
-    )
+    # A plain dict: a Counter costs several times more for the one to eight GPUs of a
+    # task, and every placement asks.
+    gpus = snapshot.gpus
+    counts: dict[int, int] = {}
+    for i in gpu_indices:
+        numa = gpus[i].numa_node
+        if numa is not None:
+            counts[numa] = counts.get(numa, 0) + 1
+    if len(counts) == 1:
+        return tuple(counts)
     return tuple(sorted(counts, key=lambda numa: (-counts[numa], numa)))
 
 

@@ -137,10 +137,6 @@ class PlacementRequest(BaseModel):
         return self
 
     @property
-    def is_gang(self) -> bool:
-        return self.tasks > 1
-
-    @property
     def share_milli(self) -> int:
         """The share in thousandths of a GPU (the trace's ``gpu_milli``); 0 for whole GPUs."""
         return 0 if self.gpu_fraction is None else max(1, round(self.gpu_fraction * 1000))

@@ -19,20 +19,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING
 
 import numpy as np
 from numpy.typing import NDArray
 
-from placement.analysis import CAUSES, FITS, analyse, requested_slots
+from placement.analysis import CAUSES, FITS, analyse, requested_slots, unknown_names
 from placement.explain import cause_message
 from placement.node_choice import mask_to_indices
 from placement.outcome import Cause
 from placement.ranking import best_of, rank_order, rank_words, scores
 from placement.request import PlacementRequest
-
-if TYPE_CHECKING:
-    from placement.cluster import ClusterState
+from placement.table import NodeTable
 
 
 @dataclass(frozen=True)
@@ -71,20 +68,20 @@ class NodeScreen:
         return "" if cause is None else cause_message(cause, request)
 
 
-def screen(state: ClusterState, request: PlacementRequest, full_rank: bool = True) -> NodeScreen:
+def screen(table: NodeTable, request: PlacementRequest, full_rank: bool = True) -> NodeScreen:
     """``full_rank=False`` ranks only the best node (1; every other 0): the callers that
     want just "which one is best" skip sorting every node that fits."""
     if request.mig_profile is not None or request.tasks != 1:
         raise ValueError("screen() answers single-task whole-GPU requests; use evaluate()")
-    slots = requested_slots(state, request)
-    analysis = analyse(state, request, request.gpus, slots)
+    slots = requested_slots(table, request)
+    analysis = analyse(table, request, request.gpus, slots)
     fits = analysis.fits()
     where = np.flatnonzero(fits)
     score = np.zeros(slots.size, dtype=np.float64)
     rank = np.zeros(slots.size, dtype=np.int64)
     if where.size:
-        protected = np.zeros(state.slot_count, dtype=np.bool_)
-        inputs = analysis.rank_inputs(fits, state, protected)
+        protected = np.zeros(table.slot_count, dtype=np.bool_)
+        inputs = analysis.rank_inputs(fits, table, protected)
         score[where] = scores(inputs, request)
         if full_rank:
             rank[where[rank_order(inputs, request)]] = np.arange(1, where.size + 1)
@@ -93,10 +90,10 @@ def screen(state: ClusterState, request: PlacementRequest, full_rank: bool = Tru
             rank[where[best]] = 1
     unknown: tuple[str, ...] = ()
     if request.nodes is not None and slots.size < len(request.nodes):
-        unknown = tuple(n for n in dict.fromkeys(request.nodes) if n not in state.slot_of)
+        unknown = unknown_names(table, request)
     return NodeScreen(
         slots=slots,
-        slot_names=list(state.slot_names),
+        slot_names=list(table.slot_names),
         fits=fits,
         score=score,
         rank=rank,

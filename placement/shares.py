@@ -22,8 +22,6 @@ shares of one GPU sum to at most 1000. What enforces a share on the node
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -31,59 +29,67 @@ from placement.analysis import requested_slots
 from placement.eligibility import gpu_eligible, labels_ok, region_ok
 from placement.outcome import Outcome, Placement, ScoreParts, TaskPlacement
 from placement.request import PlacementRequest
+from placement.table import NodeTable
 from placement.task_builder import build_task
-
-if TYPE_CHECKING:
-    from placement.cluster import ClusterState
 
 FULL = 1000
 
 
-def place_share(
-    state: ClusterState, request: PlacementRequest, waiting: Sequence[PlacementRequest]
-) -> Outcome:
+def on_shared_gpu(table: NodeTable, request: PlacementRequest) -> Outcome | None:
+    """Rules 1 and 2: the share on the tightest shared GPU with room, or None.
+
+    Rule 3 (a whole free GPU) is ``decide``'s: it places ``whole_gpu(request)``
+    as any 1-GPU request and hands the outcome to ``opened_for_sharing``.
+    """
     milli = request.share_milli
-    found = _shared_gpu(state, request, milli)
-    if found is not None:
-        slot, gpu, room = found
-        task = _share_task(state, slot, gpu, request, room - milli)
-        if task is not None:
-            return _placed(task)
-    whole = request.model_copy(update={"gpu_fraction": None})
-    outcome = state.place(whole, waiting)
+    found = _shared_gpu(table, request, milli)
+    if found is None:
+        return None
+    slot, gpu, room = found
+    task = _share_task(table, slot, gpu, request, room - milli)
+    return None if task is None else _placed(task)
+
+
+def whole_gpu(request: PlacementRequest) -> PlacementRequest:
+    """The share's request for one whole GPU (rule 3)."""
+    return request.model_copy(update={"gpu_fraction": None})
+
+
+def opened_for_sharing(request: PlacementRequest, outcome: Outcome) -> Outcome:
+    """The whole GPU ``outcome`` placed, turned into the share's task on it."""
     if outcome.placement is None:
         return outcome
     task = outcome.placement.tasks[0]
     shared = dataclasses.replace(
         task,
         gpu_fraction=request.gpu_fraction,
-        reason=f"{milli}/1000 of {task.reason} (a whole GPU opened for sharing)",
+        reason=f"{request.share_milli}/1000 of {task.reason} (a whole GPU opened for sharing)",
     )
     return _placed(shared)
 
 
 def _shared_gpu(
-    state: ClusterState, request: PlacementRequest, milli: int
+    table: NodeTable, request: PlacementRequest, milli: int
 ) -> tuple[int, int, int] | None:
     """(slot, GPU index, room before) of the tightest shared GPU with room, or None."""
-    if not state.shared:
+    if not table.shared:
         return None
-    slots = requested_slots(state, request)
-    ok = np.zeros(state.slot_count, dtype=np.bool_)
+    slots = requested_slots(table, request)
+    ok = np.zeros(table.slot_count, dtype=np.bool_)
     ok[slots] = True
-    ok &= state.available[: state.slot_count] & state.present[: state.slot_count]
+    ok &= table.available[: table.slot_count] & table.present[: table.slot_count]
     if request.regions:
-        ok &= region_ok(state, request.regions)
+        ok &= region_ok(table, request.regions)
     if request.node_labels:
-        ok &= labels_ok(state, request.node_labels)
-    usable = gpu_eligible(state, request) & state.healthy[: state.slot_count]
+        ok &= labels_ok(table, request.node_labels)
+    usable = gpu_eligible(table, request) & table.healthy[: table.slot_count]
     best: tuple[int, int, int] | None = None
     best_room = FULL + 1
-    for slot in sorted(state.shared):
+    for slot in sorted(table.shared):
         if not ok[slot]:
             continue
         mask = int(usable[slot])
-        for gpu, held in sorted(state.shared[slot].items()):
+        for gpu, held in sorted(table.shared[slot].items()):
             room = FULL - held
             if milli <= room < best_room and mask >> gpu & 1:
                 best, best_room = (slot, gpu, room), room
@@ -91,18 +97,18 @@ def _shared_gpu(
 
 
 def _share_task(
-    state: ClusterState, slot: int, gpu: int, request: PlacementRequest, room_after: int
+    table: NodeTable, slot: int, gpu: int, request: PlacementRequest, room_after: int
 ) -> TaskPlacement | None:
-    entry = state.entry_at(slot)
+    entry = table.entry_at(slot)
     parts = ScoreParts(
         ring_gbps=0.0,
         pair_sum_gbps=0.0,
         bandwidth=1.0,
         fragmentation=1.0,  # no whole GPU is taken: the node can serve what it could
         numa_nodes=1 if entry.snapshot.gpus[gpu].numa_node is not None else 0,
-        free_after=int(state.free[slot]).bit_count(),
+        free_after=int(table.free[slot]).bit_count(),
     )
-    task = build_task(state, slot, 1 << gpu, request, 0, parts)
+    task = build_task(table, slot, 1 << gpu, request, 0, parts)
     if task is None:
         return None
     return dataclasses.replace(

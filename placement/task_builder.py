@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Collection
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import numpy as np
 from numpy.typing import NDArray
@@ -12,9 +12,7 @@ from placement.node_choice import mask_to_indices
 from placement.numa import choose_cpus
 from placement.outcome import ScoreParts, TaskPlacement
 from placement.request import PlacementRequest
-
-if TYPE_CHECKING:
-    from placement.cluster import ClusterState
+from placement.table import NodeTable
 
 
 class ScoreArrays(Protocol):
@@ -40,7 +38,7 @@ def score_parts(arrays: ScoreArrays, index: int) -> ScoreParts:
 
 
 def build_task(
-    state: ClusterState,
+    table: NodeTable,
     slot: int,
     mask: int,
     request: PlacementRequest,
@@ -49,7 +47,7 @@ def build_task(
     extra_used_cpus: Collection[int] = (),
 ) -> TaskPlacement | None:
     """None when the CPUs the request asks for are not there (NUMA rule)."""
-    entry = state.entry_at(slot)
+    entry = table.entry_at(slot)
     snap = entry.snapshot
     indices = mask_to_indices(mask)
     used = entry.used_cpus | set(extra_used_cpus) if extra_used_cpus else entry.used_cpus
@@ -57,7 +55,7 @@ def build_task(
     if cpus is None:
         return None
     island_names = tuple(dict.fromkeys(entry.island_of[i] for i in indices))
-    connected = state.registry.set_metrics(entry.cid, mask)[2]
+    connected = table.registry.set_metrics(entry.cid, mask)[2]
     return TaskPlacement(
         task=task,
         node=snap.name,

@@ -58,14 +58,14 @@ def cluster_view(state: ServiceState) -> ClusterView:
             else:
                 nodes["ready"] += 1
             snap = entry.snapshot
-            free = entry.free_mask()
+            free = entry.free_mask
             gpus["total"] += snap.gpu_count
-            gpus["healthy"] += entry.healthy.bit_count()
+            gpus["healthy"] += entry.healthy_mask.bit_count()
             gpus["free"] += free.bit_count()
             gpus["mig_enabled"] += sum(g.mig_enabled for g in snap.gpus)
             gpus["shared"] += len(entry.shares)
             gpus["share_free_milli"] += sum(FULL_SHARE - m for m in entry.shares.values())
-            island_free = [sum(free >> g & 1 for g in i.gpus) for i in entry.island_list]
+            island_free = [sum(free >> g & 1 for g in i.gpus) for i in entry.islands]
             stranded += free.bit_count() - max(island_free, default=0)
     fragmentation = stranded / gpus["free"] if gpus["free"] else 0.0
     return ClusterView(

@@ -203,7 +203,7 @@ class ServiceState:
         if entry.snapshot.seq != row["seq"] or (name in self.cordoned) != bool(row["cordoned"]):
             return False
         devices, cpus = self._wanted(name, held)
-        return devices == set(entry.busy) | set(entry.busy_mig) and cpus == set(entry.used_cpus)
+        return devices == entry.held_gpus | entry.held_migs and cpus == entry.held_cpus
 
     def _wanted(self, name: str, held: set[str]) -> tuple[set[str], set[int]]:
         """(GPU and MIG devices, CPUs) a node should hold: the database's holds plus the
@@ -222,9 +222,9 @@ class ServiceState:
         entry = self.cluster.node(name)
         migs = {m.uuid for m in entry.snapshot.mig_instances}
         wanted, cpus = self._wanted(name, held)
-        gpus_now, migs_now, cpus_now = set(entry.busy), set(entry.busy_mig), set(entry.used_cpus)
+        gpus_now, migs_now, cpus_now = entry.held_gpus, entry.held_migs, entry.held_cpus
         self.cluster.release(name, gpus_now - wanted, migs_now - wanted, cpus_now - cpus)
-        want_gpus = {d for d in wanted - gpus_now - migs_now if d in entry.bit_of}
+        want_gpus = {d for d in wanted - gpus_now - migs_now if entry.has_gpu(d)}
         want_migs = {d for d in wanted - gpus_now - migs_now if d in migs}
         self.cluster.allocate(name, want_gpus, want_migs, cpus - cpus_now)
 

@@ -89,8 +89,8 @@ def useful(
             if node not in cluster:
                 continue
             entry = cluster.node(node)
-            gpus &= set(entry.busy)
-            migs &= set(entry.busy_mig)
+            gpus &= entry.held_gpus
+            migs &= entry.held_migs
             cluster.release(node, gpus, migs)
             try:
                 if pod.screened:

@@ -22,6 +22,7 @@ comes or goes), so a record always names the node its slot holds.
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 
 import numpy as np
 import orjson
@@ -66,7 +67,7 @@ class SlotRecords:
         self._items = rows.view(np.dtype((np.void, rows.shape[1]))).ravel()
 
     @classmethod
-    def build(cls, slot_names: list[str]) -> SlotRecords:
+    def build(cls, slot_names: Sequence[str]) -> SlotRecords:
         prefixes = list(map(_prefix, slot_names))
         lengths = [len(p) for p in prefixes if p]
         width = max(lengths, default=0) + _TAIL
@@ -80,7 +81,7 @@ class SlotRecords:
         rows[:, width - 1] = ord(",")
         return cls(list(slot_names), rows, fill)
 
-    def updated(self, slot_names: list[str]) -> SlotRecords:
+    def updated(self, slot_names: Sequence[str]) -> SlotRecords:
         """The records for ``slot_names``, re-encoding only the slots whose node changed
         (agents resend snapshots, which moves the version, far more often than nodes come
         and go). Rebuilt whole when a longer name needs wider rows (which decides the pad

@@ -36,7 +36,7 @@ def devices_in_memory(state: ServiceState, name: str, devices: set[str]) -> Memo
     nodes the walk takes tens of milliseconds, which /place must not wait for. Each
     entry's snapshot is read once, so its seq and devices always belong together."""
     with state.lock:
-        entries = list(state.cluster.entries.values())
+        entries = list(state.cluster.nodes())
     seqs: dict[str, int] = {}
     owners: dict[str, str] = {}
     for entry in entries:

@@ -50,7 +50,7 @@ class _Probe:
                 cluster is None
                 or cluster.bandwidth != live.bandwidth
                 or cluster.block_labels != live.block_labels
-                or len(cluster.registry.classes) >= _PROBE_CLASSES
+                or cluster.class_count >= _PROBE_CLASSES
             ):
                 cluster = ClusterState(live.bandwidth, live.block_labels)
             self.cluster = None  # a failure midway leaves nothing half-changed behind

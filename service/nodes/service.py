@@ -107,7 +107,7 @@ def _times(state: ServiceState, names: list[str] | None) -> dict[str, sa.RowMapp
 def _view(state: ServiceState, name: str, row: sa.RowMapping, allocations: list[str]) -> NodeView:
     entry = state.cluster.node(name)
     snap = entry.snapshot
-    free = entry.free_mask()
+    free = entry.free_mask
     free_list = [g.index for g in snap.gpus if free >> g.index & 1]
     status = (
         "cordoned" if name in state.cordoned else ("stale" if state.is_stale(name) else "ready")
@@ -135,7 +135,7 @@ def _view(state: ServiceState, name: str, row: sa.RowMapping, allocations: list[
         ],
         islands=[
             IslandView(name=i.name, gpus=list(i.gpus), free=[g for g in i.gpus if free >> g & 1])
-            for i in entry.island_list
+            for i in entry.islands
         ],
         fabric_domain=snap.fabric_domain(),
         state=status,

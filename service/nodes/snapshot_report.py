@@ -57,8 +57,7 @@ def report_snapshot(state: ServiceState, name: str, report: SnapshotReport) -> S
     else:
         raise Conflict(f"node {name!r} was reported concurrently; send the snapshot again")
     with state.lock:
-        known = state.cluster.entries.get(name)
-        if known is None or known.snapshot.seq < snap.seq:
+        if name not in state.cluster or state.cluster.node(name).snapshot.seq < snap.seq:
             state.cluster.upsert(snap)
         state.heartbeats[name] = now
         state.refresh_availability([name])

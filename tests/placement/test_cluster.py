@@ -123,7 +123,7 @@ def test_allocate_refuses_double_booking_and_changes_nothing(dgx1_cluster: Clust
     dgx1_cluster.allocate("dgx0", gpus)
     with pytest.raises(AllocationError, match="already allocated"):
         dgx1_cluster.allocate("dgx0", [*uuids(dgx1_cluster, "dgx0", [2]), gpus[1]])
-    assert dgx1_cluster.node("dgx0").busy == set(gpus)
+    assert dgx1_cluster.node("dgx0").held_gpus == set(gpus)
     with pytest.raises(AllocationError, match="has no GPU"):
         dgx1_cluster.allocate("dgx0", ["GPU-nope"])
     with pytest.raises(UnknownNodeError):
@@ -149,8 +149,8 @@ def test_snapshot_update_keeps_allocations_by_uuid(dgx1_cluster: ClusterState) -
     gpus = uuids(dgx1_cluster, "dgx0", [0, 1, 2, 3])
     dgx1_cluster.allocate("dgx0", gpus)
     dgx1_cluster.upsert(build_profile("dgx1-v100", "dgx0", seq=5))
-    assert dgx1_cluster.node("dgx0").busy == set(gpus)
-    assert bin(int(dgx1_cluster.free[dgx1_cluster.node("dgx0").slot])).count("1") == 4
+    assert dgx1_cluster.node("dgx0").held_gpus == set(gpus)
+    assert dgx1_cluster.node("dgx0").free_mask.bit_count() == 4
 
 
 def test_remove_and_readd_node() -> None:

@@ -41,13 +41,13 @@ def test_gang_too_big_for_any_clique_uses_fewest_blocks() -> None:
 def test_gang_is_all_or_nothing() -> None:
     state = _rack_cluster()
     # 26 trays of 4 GPUs; one tray busy, so a gang of 26 fits the idle cluster but not now.
-    busy = next(iter(state.entries.values()))
+    busy = next(state.nodes())
     state.allocate(busy.name, [g.uuid for g in busy.snapshot.gpus])
     outcome = state.place(PlacementRequest(gpus=4, tasks=26))
     assert outcome.status == "unschedulable"
     assert outcome.reasons[0].cause is Cause.GANG
     assert "25 of 26 tasks" in outcome.reasons[0].message
-    assert [e.name for e in state.entries.values() if e.busy] == [busy.name]
+    assert [n.name for n in state.nodes() if n.held_gpus] == [busy.name]
 
 
 def test_gang_tasks_share_a_node_when_it_has_room() -> None:

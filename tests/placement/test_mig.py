@@ -71,7 +71,7 @@ def test_mig_gang_is_all_or_nothing() -> None:
     state.apply(taken.placement)
     outcome = state.place(PlacementRequest(mig_profile="3g.40gb", tasks=2))
     assert outcome.status == "unschedulable"
-    assert state.node("mig0").busy_mig == set(taken.placement.tasks[0].mig_uuids)
+    assert state.node("mig0").held_migs == set(taken.placement.tasks[0].mig_uuids)
     ok = state.place(PlacementRequest(mig_profile="1g.10gb", tasks=9))
     assert ok.placement is not None and len({t.mig_uuids[0] for t in ok.placement.tasks}) == 9
 

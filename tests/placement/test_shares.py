@@ -36,7 +36,7 @@ def test_shares_fill_a_shared_gpu_before_opening_a_whole_one() -> None:
     assert place(state, share(0.25)) == first  # exactly full: 0.5 + 0.25 + 0.25
     fourth = place(state, share(0.25))
     assert fourth != first
-    assert state.shared[state.slot_of[fourth[0]]][fourth[1][0]] == 250
+    assert state.node(fourth[0]).shares_by_index[fourth[1][0]] == 250
 
 
 def test_tightest_shared_gpu_wins() -> None:
@@ -55,7 +55,7 @@ def test_whole_gpu_jobs_never_share_and_shares_never_take_whole_held_gpus() -> N
         place(state, PlacementRequest(gpus=1))
     _, (shared,) = place(state, share(0.3))
     held = {g.uuid for g in snap.gpus} - {snap.gpus[shared].uuid}
-    assert state.node("a").busy == held  # the share went to the one GPU not held whole
+    assert state.node("a").held_gpus == held  # the share went to the one GPU not held whole
     assert state.place(PlacementRequest(gpus=1)).status == "unschedulable"
     with pytest.raises(AllocationError, match="holds shares"):
         state.allocate("a", [snap.gpus[shared].uuid])
@@ -70,10 +70,10 @@ def test_last_share_released_frees_the_whole_gpu() -> None:
     outcome = state.place(share(0.4))
     assert outcome.placement is not None
     state.apply(outcome.placement)
-    assert state.node("a").free_mask().bit_count() == 7
+    assert state.node("a").free_mask.bit_count() == 7
     state.unapply(outcome.placement)
-    assert state.node("a").free_mask().bit_count() == 8
-    assert not state.shared
+    assert state.node("a").free_mask.bit_count() == 8
+    assert not state.node("a").shares
 
 
 def test_a_share_opens_the_gpu_a_one_gpu_job_would_get() -> None:

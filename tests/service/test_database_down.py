@@ -32,7 +32,7 @@ def test_place_and_readyz_answer_503_when_the_database_is_gone(
         state = client.app.state.service  # type: ignore[attr-defined]
         entry = state.cluster.node("h0")
         assert [
-            g.index for g in entry.snapshot.gpus if entry.free_mask() >> g.index & 1
+            g.index for g in entry.snapshot.gpus if entry.free_mask >> g.index & 1
         ] == free_before
         with admin.connect() as conn:  # give the fixture a database to drop
             conn.execute(sa.text(f'CREATE DATABASE "{name}"'))

@@ -26,7 +26,7 @@ def test_resync_in_chunks_matches_the_database(settings: Settings, clock: FakeCl
             assert writer.delete("/v1/nodes/h1").status_code == 204
             state.resync(chunk=2)
             assert sorted(state.cluster.names()) == ["h0", "h2", "h3", "h4", "v0"]
-            busy = state.cluster.node("h3").busy
+            busy = state.cluster.node("h3").held_gpus
             assert busy == set(placed["tasks"][0]["gpu_uuids"])
             # And the reader's own decisions now avoid what the writer holds.
             mine = reader.post("/v1/place", json={"gpus": 8, "nodes": ["h3"]})
@@ -42,9 +42,9 @@ def test_resync_drops_holds_released_elsewhere(settings: Settings, clock: FakeCl
         with engine.begin() as conn:  # what a release by another replica leaves behind
             repository.end(conn, None, "release", clock.now)
         engine.dispose()
-        assert len(state.cluster.node("h0").busy) == 8
+        assert len(state.cluster.node("h0").held_gpus) == 8
         state.resync(chunk=1)
-        assert state.cluster.node("h0").busy == set()
+        assert state.cluster.node("h0").held_gpus == set()
 
 
 def test_resync_takes_heartbeats_without_syncing_unchanged_nodes(
@@ -77,4 +77,4 @@ def test_resync_takes_heartbeats_without_syncing_unchanged_nodes(
         placed = client.post("/v1/place", json={"gpus": 8})
         assert placed.status_code == 201, placed.text
         assert placed.json()["tasks"][0]["node"] in ("h0", "h1")
-        assert len(state.cluster.node("h2").busy) == 3
+        assert len(state.cluster.node("h2").held_gpus) == 3

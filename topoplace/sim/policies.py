@@ -109,8 +109,8 @@ class EnginePolicy:
         for name in self.state.names():
             entry = self.state.node(name)
             snap = entry.snapshot
-            free = entry.free_mask()
-            by_index = {entry.bit_of[u].bit_length() - 1: m for u, m in entry.shares.items()}
+            free = entry.free_mask
+            by_index = entry.shares_by_index
             rooms = []
             for g in snap.gpus:
                 if g.index in by_index:

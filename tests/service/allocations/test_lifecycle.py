@@ -146,7 +146,7 @@ def test_release_racing_confirm_on_two_replicas_never_leaves_an_empty_live_alloc
             a.sync_nodes(["h0"])
             for replica in (a, b):
                 with replica.lock:
-                    assert replica.cluster.node("h0").free_mask() == 0xFF
+                    assert replica.cluster.node("h0").free_mask == 0xFF
     finally:
         for replica in (a, b):
             replica.committer.stop()
@@ -232,5 +232,5 @@ def test_a_failed_commit_leaves_no_tentative_choice(
         assert failed.status_code == 500 and failed.json()["error"]["code"] == "internal_error"
         monkeypatch.undo()
         with state.lock:
-            assert state.cluster.node("h0").free_mask() == 0xFF and not state.inflight
+            assert state.cluster.node("h0").free_mask == 0xFF and not state.inflight
         assert client.post("/v1/place", json={"gpus": 8}).status_code == 201

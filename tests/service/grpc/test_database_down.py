@@ -43,7 +43,7 @@ def test_place_is_unavailable_and_health_says_so(
             assert details(caught.value)["RetryInfo"].retry_delay.seconds == 5
             # The tentative choice was undone: memory still shows every GPU free.
             entry = app.state.service.cluster.node("h0")
-            assert entry.free_mask() == (1 << 8) - 1
+            assert entry.free_mask == (1 << 8) - 1
             deadline = time.monotonic() + 10
             status = health_pb2.HealthCheckResponse.SERVING
             while time.monotonic() < deadline:

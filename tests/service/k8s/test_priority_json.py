@@ -64,7 +64,7 @@ def test_encoder_follows_the_cluster_membership() -> None:
     assert encoder.records(cluster) is records
     cluster.remove("first")
     cluster.upsert(build_profile("hgx-h100", "second"))
-    slot = cluster.slot_of["second"]
+    slot = cluster.slot_of("second")
     assert _encode(encoder.records(cluster), [slot], [10]) == [{"Host": "second", "Score": 10}]
 
 

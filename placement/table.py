@@ -1,0 +1,309 @@
+"""The engine's table: one slot per node, the per-slot arrays the search reads, the change log.
+
+This is the bottom of the engine's own layers (docs/engine.md): it imports
+values (snapshots, requests, outcomes), the topology code and the answer
+caches' storage, and nothing that scores or searches. The scoring and search
+modules read it; ``placement.cluster.ClusterState`` owns one and is the only
+code that changes it. What it keeps:
+
+- ``entries`` / slots: each node's ``NodeEntry`` (its snapshot and what is
+  held on it) at a slot that stays the node's until it leaves;
+- per-slot arrays (class id, free / healthy / potential GPU masks, CPU
+  counts, presence, availability) so a decision reads 10,000 nodes as a few
+  numpy gathers;
+- ``slot_version`` and the change log (``touched_since``): answer caches
+  keyed per slot recompute exactly the slots that moved;
+- the answer caches' storage (filters per membership version, per-shape
+  answers, tasks per shape), whose entries are pure functions of their keys.
+
+Writes keep every array in step with the entries; a write that would not
+match the node's state raises ``AllocationError`` and changes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+
+import numpy as np
+from numpy.typing import NDArray
+
+from placement.bandwidth import BandwidthTable
+from placement.class_registry import ClassRegistry
+from placement.node_entry import NodeEntry
+from placement.outcome import TaskPlacement
+from placement.shape_cache import ShapeCaches
+from placement.snapshot import NodeSnapshot
+from placement.what_is_left import size_weights
+
+_CHANGE_LOG = 32_768
+FULL_SHARE = 1000  # a GPU in thousandths, as the trace's gpu_milli
+# The per-slot arrays, grown together when the slots outgrow them.
+_ARRAYS = (
+    "cid",
+    "free",
+    "healthy",
+    "potential",
+    "every_gpu",
+    "cpu_count",
+    "present",
+    "available",
+    "slot_version",
+)
+
+
+class UnknownNodeError(ValueError):
+    pass
+
+
+class AllocationError(ValueError):
+    """An allocate/release that does not match the node's state."""
+
+
+class NodeTable:
+    def __init__(
+        self,
+        bandwidth: BandwidthTable,
+        block_labels: Sequence[str],
+        size_mix: Mapping[int, float],
+    ) -> None:
+        size_weights(size_mix, 1)  # refuse a bad mix here, not at the first node
+        self.bandwidth = bandwidth
+        self.block_labels = tuple(block_labels)
+        self.registry = ClassRegistry(bandwidth, size_mix)
+        self.entries: dict[str, NodeEntry] = {}
+        self._slots: list[NodeEntry | None] = []
+        self.slot_names: list[str] = []  # "" for a free slot; read per request by screen()
+        self.slot_of: dict[str, int] = {}
+        self._free_slots: list[int] = []
+        # slot -> GPU index -> thousandths held, for every GPU that holds shares.
+        self.shared: dict[int, dict[int, int]] = {}
+        self.version = 0  # bumps when membership, labels or wiring change
+        cap = 0
+        self.cid = np.zeros(cap, dtype=np.int64)
+        self.free = np.zeros(cap, dtype=np.int64)
+        self.healthy = np.zeros(cap, dtype=np.int64)
+        self.potential = np.zeros(cap, dtype=np.int64)
+        # Fixed by the snapshot, read only to tell "never" from "not now" (placement.capacity).
+        self.every_gpu = np.zeros(cap, dtype=np.int64)
+        self.cpu_count = np.zeros(cap, dtype=np.int64)
+        self.present = np.zeros(cap, dtype=np.bool_)
+        self.available = np.zeros(cap, dtype=np.bool_)
+        # Bumped whenever anything about a slot changes: answer caches keyed
+        # per slot (placement.fast_path) recompute exactly the slots that moved.
+        self.slot_version = np.zeros(cap, dtype=np.int64)
+        self._clock = 0
+        # Slots touched, in clock order: changes[i] was touched at clock
+        # changes_base + i + 1. Bounded: old entries are dropped, and a reader
+        # that fell further behind compares every slot's version instead.
+        self.changes: list[int] = []
+        self.changes_base = 0
+        # Per-slot filters (placement.eligibility), cleared when membership changes.
+        self.static_cache: dict[object, NDArray[np.generic]] = {}
+        # The last candidate list a request named and its slots (analysis.requested_slots):
+        # schedulers send the same thousands of names pod after pod.
+        self.last_candidates: tuple[tuple[str, ...], NDArray[np.int64]] | None = None
+        self.shape_caches = ShapeCaches()
+        # request shape -> slot -> (slot version, GPU mask, task): see decide.verdict_rows.
+        self.task_cache: dict[
+            tuple[object, ...], dict[int, tuple[int, int, TaskPlacement | None]]
+        ] = {}
+
+    # Reads ---------------------------------------------------------------
+
+    def entry(self, name: str) -> NodeEntry:
+        entry = self.entries.get(name)
+        if entry is None:
+            raise UnknownNodeError(f"no node named {name!r}")
+        return entry
+
+    def entry_at(self, slot: int) -> NodeEntry:
+        entry = self._slots[slot]
+        assert entry is not None
+        return entry
+
+    def names(self) -> list[str]:
+        return sorted(self.entries)
+
+    @property
+    def slot_count(self) -> int:
+        return len(self._slots)
+
+    @property
+    def clock(self) -> int:
+        return self._clock
+
+    def touched_since(self, clock: int) -> list[int] | None:
+        """Slots changed after `clock`, or None when the log no longer reaches back that far."""
+        if clock < self.changes_base:
+            return None
+        return sorted(set(self.changes[clock - self.changes_base :]))
+
+    # Membership ----------------------------------------------------------
+
+    def upsert(self, snapshot: NodeSnapshot) -> None:
+        """Add a node or replace its snapshot, keeping its allocations (by UUID)."""
+        cid = self.registry.class_for(snapshot)
+        entry = self.entries.get(snapshot.name)
+        if entry is None:
+            slot = self._free_slots.pop() if self._free_slots else self._grow()
+            entry = NodeEntry(slot=slot, snapshot=snapshot, cid=cid)
+            self.entries[snapshot.name] = entry
+            self._slots[slot] = entry
+            self.slot_names[slot] = snapshot.name
+            self.slot_of[snapshot.name] = slot
+        else:
+            entry.snapshot = snapshot
+            entry.cid = cid
+            entry.shares = {u: m for u, m in entry.shares.items() if u in entry.bit_of}
+            entry.refresh()
+            self._index_shares(entry)
+        self.version += 1
+        self.static_cache.clear()
+        self.last_candidates = None
+        self.every_gpu[entry.slot] = entry.every_gpu
+        self.cpu_count[entry.slot] = entry.cpu_count
+        self._sync(entry)
+
+    def remove(self, name: str) -> None:
+        entry = self.entry(name)
+        entry.shares.clear()
+        self._index_shares(entry)
+        del self.entries[name]
+        del self.slot_of[name]
+        self._slots[entry.slot] = None
+        self.slot_names[entry.slot] = ""
+        self._free_slots.append(entry.slot)
+        self.present[entry.slot] = False
+        self.available[entry.slot] = False
+        self._touch(entry.slot)
+        self.version += 1
+        self.static_cache.clear()
+        self.last_candidates = None
+
+    def set_available(self, name: str, available: bool) -> None:
+        entry = self.entry(name)
+        entry.available = available
+        self.available[entry.slot] = available
+        self._touch(entry.slot)
+
+    # Holds ---------------------------------------------------------------
+
+    def allocate(
+        self, node: str, gpu_uuids: Iterable[str], mig_uuids: Iterable[str], cpus: Iterable[int]
+    ) -> None:
+        entry = self.entry(node)
+        gpus, migs, cpu_set = set(gpu_uuids), set(mig_uuids), set(cpus)
+        if not (gpus or migs or cpu_set):
+            return  # nothing to hold: the node's answers stay cached
+        if unknown := sorted(gpus - entry.bit_of.keys()):
+            raise AllocationError(f"node {node} has no GPU {unknown[0]}")
+        if migs and (unknown := sorted(migs - {m.uuid for m in entry.snapshot.mig_instances})):
+            raise AllocationError(f"node {node} has no MIG instance {unknown[0]}")
+        if taken := sorted(gpus & entry.busy):
+            raise AllocationError(f"GPU {taken[0]} on {node} is already allocated")
+        if taken := sorted(gpus & entry.shares.keys()):
+            raise AllocationError(f"GPU {taken[0]} on {node} holds shares; it is not whole")
+        if taken := sorted(migs & entry.busy_mig):
+            raise AllocationError(f"MIG instance {taken[0]} on {node} is already allocated")
+        if clash := sorted(cpu_set & entry.used_cpus):
+            raise AllocationError(f"CPU {clash[0]} on {node} is already allocated")
+        entry.hold(gpus)
+        entry.busy_mig |= migs
+        entry.used_cpus |= cpu_set
+        self._sync(entry)
+
+    def release(
+        self, node: str, gpu_uuids: Iterable[str], mig_uuids: Iterable[str], cpus: Iterable[int]
+    ) -> None:
+        entry = self.entries.get(node)
+        if entry is None:
+            return  # the node left; its allocations went with it
+        gpus = set(gpu_uuids) & entry.busy
+        migs = set(mig_uuids) & entry.busy_mig
+        cpu_set = set(cpus) & entry.used_cpus
+        if not (gpus or migs or cpu_set):
+            return  # nothing held changes: the node's answers stay cached
+        entry.drop(gpus)
+        entry.busy_mig -= migs
+        entry.used_cpus -= cpu_set
+        self._sync(entry)
+
+    def allocate_share(
+        self, node: str, gpu_uuid: str, fraction: float, cpus: Iterable[int]
+    ) -> None:
+        entry = self.entry(node)
+        milli = share_milli(fraction)
+        cpu_set = set(cpus)
+        if gpu_uuid not in entry.bit_of:
+            raise AllocationError(f"node {node} has no GPU {gpu_uuid}")
+        if gpu_uuid in entry.busy:
+            raise AllocationError(f"GPU {gpu_uuid} on {node} is held whole")
+        held = entry.shares.get(gpu_uuid, 0)
+        if held + milli > FULL_SHARE:
+            raise AllocationError(
+                f"GPU {gpu_uuid} on {node} has {FULL_SHARE - held}/1000 left, not {milli}"
+            )
+        if clash := sorted(cpu_set & entry.used_cpus):
+            raise AllocationError(f"CPU {clash[0]} on {node} is already allocated")
+        entry.hold_share(gpu_uuid, milli)
+        entry.used_cpus |= cpu_set
+        self._index_shares(entry)
+        self._sync(entry)
+
+    def release_share(self, node: str, gpu_uuid: str, fraction: float, cpus: Iterable[int]) -> None:
+        entry = self.entries.get(node)
+        if entry is None or gpu_uuid not in entry.shares:
+            return
+        entry.drop_share(gpu_uuid, share_milli(fraction))
+        entry.used_cpus -= set(cpus)
+        self._index_shares(entry)
+        self._sync(entry)
+
+    # Internals -----------------------------------------------------------
+
+    def _grow(self) -> int:
+        slot = len(self._slots)
+        self._slots.append(None)
+        self.slot_names.append("")
+        if slot >= self.cid.size:
+            cap = max(16, self.cid.size * 2)
+            for attr in _ARRAYS:
+                old = getattr(self, attr)
+                new = np.zeros(cap, dtype=old.dtype)
+                new[: old.size] = old
+                setattr(self, attr, new)
+        return slot
+
+    def _sync(self, entry: NodeEntry) -> None:
+        s = entry.slot
+        self.cid[s] = entry.cid
+        self.free[s] = entry.free_mask()
+        self.healthy[s] = entry.healthy
+        self.potential[s] = entry.potential
+        self.present[s] = True
+        self.available[s] = entry.available
+        self._touch(s)
+
+    def _index_shares(self, entry: NodeEntry) -> None:
+        if entry.shares:
+            self.shared[entry.slot] = {
+                entry.bit_of[uuid].bit_length() - 1: milli for uuid, milli in entry.shares.items()
+            }
+        else:
+            self.shared.pop(entry.slot, None)
+
+    def _touch(self, slot: int) -> None:
+        self._clock += 1
+        self.slot_version[slot] = self._clock
+        self.changes.append(slot)
+        if len(self.changes) > 2 * _CHANGE_LOG:
+            drop = len(self.changes) - _CHANGE_LOG
+            del self.changes[:drop]
+            self.changes_base += drop
+
+
+def share_milli(fraction: float) -> int:
+    """A share of one GPU in thousandths, at least one."""
+    if not 0.0 < fraction < 1.0:
+        raise AllocationError(f"a GPU share is between 0 and 1, not {fraction}")
+    return max(1, round(fraction * FULL_SHARE))
