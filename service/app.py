@@ -23,6 +23,7 @@ from service.demo import heartbeat_demo_cluster, register_demo_cluster
 from service.direct_routes import DirectRoutes
 from service.edge.faults import FaultBarrier
 from service.edge.guard import RequestGuard
+from service.event_loop import off_loop
 from service.grpc.server import start_grpc
 from service.k8s import endpoints as k8s_routes
 from service.nodes import endpoints as node_routes
@@ -55,18 +56,18 @@ async def _background(state: ServiceState, demo_nodes: list[str]) -> None:
     while True:
         await asyncio.sleep(SWEEP_INTERVAL_S)
         try:
-            await asyncio.to_thread(allocation_service.sweep, state)
+            await off_loop(allocation_service.sweep, state)
             # Keeps its own clock: it also runs as soon as a fresh Slurm reservation's
             # grace period ends (service/slurm/fresh.py).
             await slurm.tick()
             if loop.time() - last_checkpoint >= CHECKPOINT_INTERVAL_S:
                 last_checkpoint = loop.time()
-                await asyncio.to_thread(checkpoint, state.engine)
+                await off_loop(checkpoint, state.engine)
             if loop.time() - last_maintenance < interval:
                 continue
             last_maintenance = loop.time()
             if demo_nodes:
-                await asyncio.to_thread(heartbeat_demo_cluster, state, demo_nodes)
+                await off_loop(heartbeat_demo_cluster, state, demo_nodes)
         except Exception:  # the loop must outlive a database hiccup
             log.exception("background sweep failed; retrying")
 
@@ -102,15 +103,15 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if settings.migrate_on_start:
-            await asyncio.to_thread(migrate.upgrade, settings.database_url)
-        await asyncio.to_thread(state.load)
+            await off_loop(migrate.upgrade, settings.database_url)
+        await off_loop(state.load)
         _settle_heap()
         listener = None
         if not settings.is_sqlite:
             listener = Listener(psycopg_dsn(settings.database_url), state)
             listener.start()
-        demo_nodes = await asyncio.to_thread(register_demo_cluster, state) if demo else []
-        app.state.grpc = await asyncio.to_thread(start_grpc, state, token_check)
+        demo_nodes = await off_loop(register_demo_cluster, state) if demo else []
+        app.state.grpc = await off_loop(start_grpc, state, token_check)
         task = asyncio.create_task(_background(state, demo_nodes)) if background else None
         try:
             yield
@@ -120,10 +121,10 @@ def create_app(
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
             if app.state.grpc is not None:
-                await asyncio.to_thread(app.state.grpc.stop)
+                await off_loop(app.state.grpc.stop)
             if listener is not None:
-                await asyncio.to_thread(listener.stop)
-            await asyncio.to_thread(state.committer.stop)
+                await off_loop(listener.stop)
+            await off_loop(state.committer.stop)
             engine.dispose()
 
     app = FastAPI(

@@ -20,10 +20,13 @@ import threading
 import time
 import uuid
 from collections.abc import Iterable
+from typing import Protocol
 
 import psycopg
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
+
+from service.events import EventHub
 
 log = logging.getLogger("topoplace.notify")
 
@@ -64,13 +67,23 @@ def parse(payload: str) -> list[str] | None:
     return None if nodes is None else [str(n) for n in nodes]
 
 
+class Follower(Protocol):
+    """What the listener keeps in step with the database: the service state
+    (service/state.py). Named here by what the listener asks of it, so that this
+    module, which the state's writers import, never imports the state."""
+
+    @property
+    def events(self) -> EventHub: ...
+
+    def resync(self) -> None: ...
+
+    def sync_nodes(self, names: list[str] | None) -> None: ...
+
+
 class Listener:
     """A thread with its own connection, LISTENing and syncing the state it is given."""
 
-    def __init__(self, dsn: str, state: object) -> None:
-        from service.state import ServiceState
-
-        assert isinstance(state, ServiceState)
+    def __init__(self, dsn: str, state: Follower) -> None:
         self.dsn = dsn
         self.state = state
         self._stop = threading.Event()

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, Path, Query, Response, status
-from starlette.concurrency import run_in_threadpool
 
 from service.allocations import observed as service
 from service.allocations.schemas import (
@@ -19,6 +18,7 @@ from service.allocations.schemas import (
     ScoreResult,
 )
 from service.deps import get_state
+from service.event_loop import off_loop
 from service.responses import FastJSON
 from service.state import ServiceState
 
@@ -64,7 +64,7 @@ async def score(body: ScoreRequest, state: State) -> Response:
     if body.nodes is not None and len(body.nodes) <= SCORE_ON_LOOP_NODES:
         encoded = service.score_json(state, body)
     else:
-        encoded = await run_in_threadpool(service.score_json, state, body)
+        encoded = await off_loop(service.score_json, state, body)
     return Response(encoded, media_type="application/json")
 
 

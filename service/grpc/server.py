@@ -25,6 +25,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from service.auth import TokenCheck
+from service.event_loop import off_loop
 from service.grpc.auth import RequireToken
 from service.grpc.gen import topoplace_pb2 as pb
 from service.grpc.gen import topoplace_pb2_grpc as pb_grpc
@@ -134,7 +135,7 @@ class GrpcServer:
             await self._check_health(health_servicer)
 
     async def _check_health(self, health_servicer: health.aio.HealthServicer) -> None:
-        ready = await asyncio.to_thread(self._database_answers)
+        ready = await off_loop(self._database_answers)
         serving = health_pb2.HealthCheckResponse.SERVING
         not_serving = health_pb2.HealthCheckResponse.NOT_SERVING
         await health_servicer.set("", serving)

@@ -8,7 +8,6 @@ moves bytes. Every refusal goes through status_map.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -19,6 +18,7 @@ from pydantic import ValidationError
 from placement.text import forbidden_character
 from service.allocations import observed as allocations
 from service.allocations.schemas import ExtendRequest, PlaceRequest, ScoreRequest
+from service.event_loop import off_loop
 from service.grpc import convert, status_map
 from service.grpc.gen import topoplace_pb2 as pb
 from service.grpc.gen import topoplace_pb2_grpc as pb_grpc
@@ -83,7 +83,7 @@ class TopoplaceServicer(pb_grpc.TopoplaceServicer):
             reply = status_map.invalid_field(field_name, "control characters are not allowed")
             await status_map.abort(context, reply)
         try:
-            return await asyncio.to_thread(call)
+            return await off_loop(call)
         except Refused as refused:
             await status_map.abort(context, refused.reply)
         except Exception as exc:

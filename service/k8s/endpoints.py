@@ -1,9 +1,12 @@
 """HTTP routes of the kube-scheduler extender: POST /k8s/v1/{filter,prioritize,bind,preempt}.
 
 Handlers read the raw body and answer plain JSON bytes (see wire.py for why).
-Filter and prioritize answer from memory in well under a millisecond for a
-few hundred nodes, so they run on the event loop; bind and preempt read the
-database and call the Kubernetes API, so they run in the thread pool.
+They follow service/event_loop.py: filter and prioritize answer from memory
+in well under a millisecond for a few hundred nodes, so they run on the
+event loop, except for a gang member's first sight (its reservation read
+from the database, its members from the API server), which goes to a worker
+thread; bind and preempt read the database and call the Kubernetes API, so
+they run on a worker thread.
 
 The router's lifespan builds the :class:`Extender` (settings from
 ``TOPOPLACE_K8S_*``, or ``app.state.k8s_settings`` / ``app.state.k8s_api``
@@ -19,8 +22,8 @@ import logging
 from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, FastAPI, Request, Response
-from starlette.concurrency import run_in_threadpool
 
+from service.event_loop import off_loop
 from service.k8s.extender import Extender
 from service.k8s.kube_api import KubeConfigError
 from service.k8s.reconcile import reconcile_forever
@@ -50,7 +53,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     tasks: list[asyncio.Task[None]] = []
     if settings.reconcile_interval_s > 0:
         try:
-            kube = await asyncio.to_thread(extender.kube)
+            kube = await off_loop(extender.kube)
         except KubeConfigError as exc:
             log.warning("no Kubernetes API (%s): bind will fail and nothing is reconciled", exc)
         else:
@@ -86,20 +89,20 @@ def _json(body: bytes) -> Response:
 @router.post("/filter", response_model=ExtenderFilterResult, openapi_extra=EXTENDER_ARGS_SCHEMA)
 async def filter_nodes(request: Request) -> Response:
     """ExtenderArgs in, ExtenderFilterResult out, in the mode asked (NodeNames or Nodes)."""
-    return _json(_extender(request).filter(await request.body()))
+    return _json(await _extender(request).filter_async(await request.body()))
 
 
 @router.post("/prioritize", response_model=list[HostPriority], openapi_extra=EXTENDER_ARGS_SCHEMA)
 async def prioritize(request: Request) -> Response:
     """ExtenderArgs in, HostPriorityList (scores 0..10) out."""
-    return _json(_extender(request).prioritize(await request.body()))
+    return _json(await _extender(request).prioritize_async(await request.body()))
 
 
 @router.post("/bind", response_model=ExtenderBindingResult, openapi_extra=BINDING_ARGS_SCHEMA)
 async def bind(request: Request) -> Response:
     """Reserve the pod's GPUs on the node, then create its Binding naming them."""
     body = await request.body()
-    return _json(await run_in_threadpool(_extender(request).bind, body))
+    return _json(await off_loop(_extender(request).bind, body))
 
 
 @router.post(
@@ -108,4 +111,4 @@ async def bind(request: Request) -> Response:
 async def preempt(request: Request) -> Response:
     """Keep only the nodes where evicting the proposed victims lets the pod fit."""
     body = await request.body()
-    return _json(await run_in_threadpool(_extender(request).preempt, body))
+    return _json(await off_loop(_extender(request).preempt, body))

@@ -18,6 +18,8 @@ from itertools import repeat
 from pathlib import Path
 
 from service.errors import BadRequest
+from service.event_loop import off_loop, run_here
+from service.flows import Flow, drive, drive_async
 from service.k8s import bind, preempt
 from service.k8s.gang import GangCoordinator
 from service.k8s.kube_api import KubeApi, KubeApiError, KubeConfigError, from_kubeconfig, in_cluster
@@ -115,12 +117,15 @@ class Extender:
 
     # -- judging ---------------------------------------------------------------------
 
-    def _judge(self, recent: _Recent, names: list[str]) -> Judgement:
+    def _judge(self, recent: _Recent, names: list[str]) -> Flow[Judgement]:
+        """The pod's judgement; a flow whose only blocking step is reading a gang this
+        process has not seen yet (service/event_loop.py)."""
         pod = recent.pod
         if pod.request is None:
             return everyone(names)
         if pod.gang is not None:
-            return self.gangs.judge(pod, names)
+            known = yield from self.gangs.seen(pod.gang)
+            return self.gangs.judge(pod, names, known)
         state = self.state
         with state.lock:
             state.refresh_if_due()  # as /place: walks the nodes only when one could go stale
@@ -169,19 +174,35 @@ class Extender:
 
     # -- verbs -------------------------------------------------------------------------
 
+    # Filter and prioritize are flows (service/flows.py): the routes drive them on the
+    # event loop and hand their one blocking step, a gang's first sight, to a worker
+    # thread; ``filter`` and ``prioritize`` run them where the caller is.
+
     def filter(self, body: bytes) -> bytes:
+        return drive(self._filter(body), run_here)
+
+    async def filter_async(self, body: bytes) -> bytes:
+        return await drive_async(self._filter(body), off_loop)
+
+    def prioritize(self, body: bytes) -> bytes:
+        return drive(self._prioritize(body), run_here)
+
+    async def prioritize_async(self, body: bytes) -> bytes:
+        return await drive_async(self._prioritize(body), off_loop)
+
+    def _filter(self, body: bytes) -> Flow[bytes]:
         pod, names, nodes = extender_args(body)
         try:
             recent = self._remember(pod)
         except BadPodRequest as exc:
             judgement = no_one(names, str(exc), resolvable=False)
         else:
-            judgement = self._judge(recent, names)
+            judgement = yield from self._judge(recent, names)
         return dumps(
             filter_result(judgement.passing, nodes, judgement.failed, judgement.unresolvable)
         )
 
-    def prioritize(self, body: bytes) -> bytes:
+    def _prioritize(self, body: bytes) -> Flow[bytes]:
         pod, names, _ = extender_args(body)
         try:
             recent = self._remember(pod)
@@ -191,7 +212,7 @@ class Extender:
         if cached is not None:
             judgement, exactly_passing = cached
         else:
-            judgement = self._judge(recent, names)
+            judgement = yield from self._judge(recent, names)
             exactly_passing = names == judgement.passing
         if exactly_passing:  # the usual call: the nodes filter let through
             return judgement.passing_priorities()

@@ -15,6 +15,7 @@ affinity), which is what keeps claims consistent.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections import Counter
@@ -27,6 +28,7 @@ from service import schema
 from service.allocations import service as allocations
 from service.allocations.schemas import PlaceRequest
 from service.errors import ServiceError
+from service.flows import Flow
 from service.k8s.kube_api import KubeApi, KubeApiError, KubeConfigError
 from service.k8s.pod_request import Gang, PodRequest
 from service.k8s.screening import PREFIX, Judgement, no_one
@@ -75,8 +77,19 @@ class GangCoordinator:
             self._gangs.pop(key, None)
             self._gang_locks.pop(key, None)
 
+    def seen(self, gang: Gang) -> Flow[GangState]:
+        """The gang as this process knows it. On first sight it is read from the database
+        and the pods: a step the flow's driver runs off the event loop
+        (service/event_loop.py)."""
+        with self._lock:
+            known = self._gangs.get(gang.key)
+        if known is None:
+            known = yield functools.partial(self.current, gang)
+        return known
+
     def current(self, gang: Gang) -> GangState:
-        """The gang as this process knows it; read from the database and the pods on first sight."""
+        """The gang as this process knows it; read from the database and the pods on first
+        sight (blocking: called off the event loop)."""
         with self._lock:
             known = self._gangs.get(gang.key)
         if known is not None:
@@ -109,10 +122,10 @@ class GangCoordinator:
 
     # -- filter and prioritize --------------------------------------------------
 
-    def judge(self, pod: PodRequest, names: list[str]) -> Judgement:
+    def judge(self, pod: PodRequest, names: list[str], known: GangState) -> Judgement:
+        """A member's judgement, from the gang as :meth:`seen` gave it: in memory only."""
         assert pod.gang is not None and pod.request is not None
         gang = pod.gang
-        known = self.current(gang)
         mine = known.task_of(pod.uid)
         if mine is not None and known.allocation is not None:
             node = known.allocation["tasks"][mine]["node"]

@@ -19,6 +19,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from service.allocations import service as allocations
+from service.event_loop import off_loop
 from service.k8s.bind import ALLOCATION_ANNOTATION
 from service.k8s.gang import LIVE, GangCoordinator
 from service.k8s.kube_api import KubeApi
@@ -95,6 +96,6 @@ async def reconcile_forever(
     while True:
         await asyncio.sleep(interval_s)
         try:
-            await asyncio.to_thread(reconcile_once, state, kube, gangs, grace_s)
+            await off_loop(reconcile_once, state, kube, gangs, grace_s)
         except Exception:  # the loop must outlive an API server or database hiccup
             log.exception("reconcile failed; retrying in %.0f s", interval_s)

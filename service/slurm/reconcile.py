@@ -11,7 +11,6 @@ in that answer yet (the filter reserves before slurmctld creates the job).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import shlex
@@ -22,6 +21,7 @@ from typing import Any
 
 from service.allocations import service as allocations
 from service.errors import BadRequest
+from service.event_loop import off_loop
 from service.slurm import truth
 from service.slurm.fresh import FRESH
 from service.slurm.schemas import ReconcileResult
@@ -203,9 +203,9 @@ class Reconciler:
         self._last = now
         self._next = now + self.settings.reconcile_interval_s
         try:
-            squeue = await asyncio.to_thread(read_squeue, command, self.settings.squeue_timeout_s)
+            squeue = await off_loop(read_squeue, command, self.settings.squeue_timeout_s)
         except RuntimeError as exc:
             # Never release on a failed read: an empty answer would free every GPU.
             log.warning("reconcile skipped: %s", exc)
             return
-        await asyncio.to_thread(reconcile, self.state, self.settings, squeue)
+        await off_loop(reconcile, self.state, self.settings, squeue)

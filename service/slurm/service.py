@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from typing import Any
 
 from service.allocations import observed as allocations
 from service.allocations.schemas import PlaceRequest, ScoreRequest
 from service.errors import ServiceError, Unresolvable, Unschedulable
+from service.event_loop import off_loop
 from service.flows import drive_async
 from service.slurm import job_options
 from service.slurm.fresh import FRESH
@@ -43,23 +44,28 @@ def _unchanged(message: str) -> JobDecision:
 
 
 # The decision is a generator that yields each reservation it needs (a
-# PlaceRequest) and receives the allocation, or has the refusal thrown in;
+# PlaceRequest) and receives the allocation, or has the refusal thrown in, and
+# yields each other blocking step (undoing reservations) as a function to run;
 # ``decide`` drives it on the event loop, as /place does: slurmctld waits on
 # this answer with its locks held, and a worker thread per call cost more than
-# the decision.
-DecideFlow = Generator[PlaceRequest, dict[str, Any], JobDecision]
+# the decision. What is blocking goes off the loop (service/event_loop.py).
+Blocking = Callable[[], object]
+DecideFlow = Generator[PlaceRequest | Blocking, Any, JobDecision]
 
 
 async def decide(state: ServiceState, settings: SlurmSettings, job: JobSubmit) -> JobDecision:
     """What job_submit.lua (or cli_filter.lua, with ``reserve`` false) does with the job.
-    Runs on the event loop; each reservation's commit is awaited."""
+    Runs on the event loop; each reservation's commit is awaited, an undo runs on a
+    worker thread."""
 
-    async def reserve(request: PlaceRequest) -> dict[str, Any]:
+    async def step(request: PlaceRequest | Blocking) -> Any:
+        if not isinstance(request, PlaceRequest):
+            return await off_loop(request)
         placed = (await allocations.place_async(state, request, None, active=True))[0]
         FRESH.note()  # the reconcile loop checks soon that a job took it
         return placed
 
-    return await drive_async(_decide_flow(state, settings, job), reserve)
+    return await drive_async(_decide_flow(state, settings, job), step)
 
 
 def _decide_flow(state: ServiceState, settings: SlurmSettings, job: JobSubmit) -> DecideFlow:
@@ -148,13 +154,14 @@ def _nodes(
     node_count = max(job.min_nodes or 1, len(required))
     if job.max_nodes is not None and job.max_nodes < node_count:
         raise _LeaveAlone("the job's node count range is inconsistent; left to Slurm")
-    known = state.cluster.names()
-    pool = [n for n in (required or partition or known) if n in state.cluster]
-    if partition and required:
-        allowed = set(partition)
-        pool = [n for n in pool if n in allowed]
-    if job.features:
-        pool = _with_features(state, pool, job.features)
+    with state.lock:  # the engine's contract: its state is read under the lock
+        known = state.cluster.names()
+        pool = [n for n in (required or partition or known) if n in state.cluster]
+        if partition and required:
+            allowed = set(partition)
+            pool = [n for n in pool if n in allowed]
+        if job.features:
+            pool = _with_features(state, pool, job.features)
     if not pool:
         raise _LeaveAlone("no node the job may use is known to topoplace; left to Slurm")
     if required and len(pool) < len(required):
@@ -164,15 +171,21 @@ def _nodes(
 
 
 def _with_features(state: ServiceState, pool: list[str], expression: str) -> list[str]:
+    """The nodes of ``pool`` that have every feature; called with the state lock held."""
     if _COMPLEX_CONSTRAINT & set(expression):
         raise _LeaveAlone(f"constraint {expression!r} is more than a list of features")
     wanted = {f.strip() for f in expression.replace("&", ",").split(",") if f.strip()}
     return [n for n in pool if wanted <= set(conf.features(state.cluster.node(n).snapshot))]
 
 
-def _release(state: ServiceState, placed: list[dict[str, Any]]) -> None:
-    for allocation in placed:
-        allocations.release(state, str(allocation["id"]))
+def _release(state: ServiceState, placed: list[dict[str, Any]]) -> Blocking:
+    """The step that undoes these reservations (a database write: off the loop)."""
+
+    def undo() -> None:
+        for allocation in placed:
+            allocations.release(state, str(allocation["id"]))
+
+    return undo
 
 
 def _node_sets(allocation: dict[str, Any]) -> dict[str, tuple[int, ...]]:
@@ -184,7 +197,7 @@ def _node_sets(allocation: dict[str, Any]) -> dict[str, tuple[int, ...]]:
 
 def _place_nodes(
     state: ServiceState, base: dict[str, Any], node_count: int, owner: str
-) -> Generator[PlaceRequest, dict[str, Any], list[dict[str, Any]]]:
+) -> Generator[PlaceRequest | Blocking, Any, list[dict[str, Any]]]:
     """A multi-node job: every node the same GPU indices, all or nothing.
 
     First as one gang (which keeps it inside one NVLink domain or network
@@ -196,7 +209,7 @@ def _place_nodes(
     sets = _node_sets(gang)
     if len(sets) == node_count and len(set(sets.values())) == 1:
         return [gang]
-    _release(state, [gang])
+    yield _release(state, [gang])
     gpus, group = _same_gpu_group(state, base, node_count)
     placed: list[dict[str, Any]] = []
     try:
@@ -205,7 +218,8 @@ def _place_nodes(
             if _node_sets(placed[-1]).get(node) != gpus:
                 raise _LeaveAlone(f"{node} changed while the job was placed; left to Slurm")
     except (ServiceError, _LeaveAlone):
-        _release(state, placed)
+        if placed:
+            yield _release(state, placed)
         raise
     return placed
 

@@ -10,6 +10,7 @@ from fastapi.testclient import TestClient
 from bench.k8s_objects import binding_args, names_args, pod
 from tests.service.helpers import add_nodes
 from tests.service.k8s.fake_kube import FakeKubeApi
+from tests.service.loop_watch import LoopWatch
 
 NODES = ["h100-a", "h100-b", "l40s-c"]
 RING = {
@@ -95,3 +96,24 @@ def test_a_gang_that_does_not_fit_binds_no_member(fleet: TestClient, kube: FakeK
     assert "cannot be reserved" in _bind(fleet, member, "h100-a")
     assert kube.bindings == []
     assert fleet.get("/v1/nodes/h100-a").json()["free_gpus"] == list(range(8))
+
+
+def test_a_gangs_first_sight_reads_the_database_and_its_pods_off_the_event_loop(
+    fleet: TestClient, kube: FakeKubeApi
+) -> None:
+    first = kube.add(pod("ring-0", 8, annotations=RING))
+    second = kube.add(pod("ring-1", 8, annotations=RING))
+    assert _bind(fleet, first, "h100-a") == ""
+    extender = fleet.app.state.k8s  # type: ignore[attr-defined]
+    watch = LoopWatch()
+    watch.calls(kube, "list_pods", "get_pod")
+    with watch.database(fleet.app.state.service.engine):  # type: ignore[attr-defined]
+        # As after a restart, filter first and prioritize first: both read the gang.
+        extender.gangs.forget("k8s-gang:ml-team/ring")
+        assert _filter(fleet, second)["NodeNames"] == ["h100-b"]
+        extender.gangs.forget("k8s-gang:ml-team/ring")
+        scores = fleet.post("/k8s/v1/prioritize", json=names_args(second, NODES)).json()
+    assert {s["Host"]: s["Score"] for s in scores}["h100-b"] > 0
+    # The reads happened, each on a worker thread.
+    assert watch.seen["FakeKubeApi.list_pods"] == 2 and watch.seen["a database connection"] >= 2
+    watch.check()

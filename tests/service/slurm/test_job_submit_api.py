@@ -10,9 +10,11 @@ from fastapi.testclient import TestClient
 
 from service.app import create_app
 from service.settings import Settings
+from service.slurm import service as slurm_service
 from service.slurm.settings import SlurmSettings
 from tests.service.conftest import FakeClock
 from tests.service.helpers import add_nodes
+from tests.service.loop_watch import LoopWatch
 
 NO_VAL = 4294967294
 
@@ -133,6 +135,40 @@ def test_a_multi_node_job_whose_nodes_differ_is_left_to_slurm_holding_nothing(
     decision = submit(dgx1, tres_per_node="gres:gpu:6", min_nodes=2)
     assert decision["action"] == "unchanged" and "same GPUs" in decision["message"]
     assert live(dgx1) == before
+
+
+def test_undoing_a_multi_node_gang_writes_the_database_off_the_event_loop(
+    dgx1: TestClient,
+) -> None:
+    submit(dgx1, tres_per_node="gres:gpu:2", req_nodes="node1")
+    before = live(dgx1)
+    watch = LoopWatch()
+    with watch.database(dgx1.app.state.service.engine):  # type: ignore[attr-defined]
+        # Placed as one gang whose nodes get different GPUs: released, then left to Slurm.
+        decision = submit(dgx1, tres_per_node="gres:gpu:6", min_nodes=2)
+    assert decision["action"] == "unchanged" and live(dgx1) == before
+    assert watch.seen["a database connection"] > 0  # the release happened, on a worker thread
+    watch.check()
+
+
+def test_undoing_the_nodes_placed_one_by_one_writes_the_database_off_the_event_loop(
+    dgx1: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    submit(dgx1, tres_per_node="gres:gpu:2", req_nodes="node1")
+    before = live(dgx1)
+    # Node by node, the first placement already gives other GPUs than the group was
+    # chosen for (as when the node changed meanwhile): what was placed is undone.
+    monkeypatch.setattr(
+        slurm_service, "_same_gpu_group", lambda *_: ((0, 1, 2, 3, 4, 5), ["node2", "node1"])
+    )
+    watch = LoopWatch()
+    with watch.database(dgx1.app.state.service.engine):  # type: ignore[attr-defined]
+        decision = submit(dgx1, tres_per_node="gres:gpu:6", min_nodes=2)
+    assert decision["action"] == "unchanged" and "changed while" in decision["message"]
+    assert live(dgx1) == before
+    everything = dgx1.get("/v1/allocations").json()["allocations"]
+    assert [a["state"] for a in everything].count("released") >= 1  # placed, then undone
+    watch.check()
 
 
 def test_opt_out_can_be_forbidden(dgx1: TestClient) -> None:
