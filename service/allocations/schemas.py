@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
 
 from pydantic import BaseModel, Field
 
 from placement import PlacementRequest
 from placement.text import Text
+from service.allocations.results import AllocationState as AllocationState  # one definition
 
 # The bounds any service accepts: a tenth of a second at least (1e-300 expires at once),
 # about 31 years at most (the expiry stays a timestamp the database holds). Within
@@ -17,8 +17,6 @@ from placement.text import Text
 # TOPOPLACE_MAX_RESERVATION_TTL_S, each a 400 bad_request naming the setting.
 MIN_TTL_S = 0.1
 MAX_TTL_S = 1e9
-
-AllocationState = Literal["pending", "active", "degraded", "released", "expired"]
 
 
 class PlaceRequest(PlacementRequest):
