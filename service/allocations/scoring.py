@@ -45,15 +45,11 @@ def _refused_mig(verdict: NodeVerdict) -> NodeScore:
 def score(state: ServiceState, body: ScoreRequest) -> list[NodeScore]:
     """Every requested node's verdict (NodeScoreView), typed."""
     messages = _Messages(body)
-    plan = state.score_cache.plan
-
-    def fit(node: str, rank: int, score: float, task: TaskPlacement) -> NodeScore:
-        return NodeScore(node, True, rank, score, None, task.reason, True, plan(task))
-
+    fit = state.score_cache.fit
     return _score_rows(
         state,
         body,
-        fit,
+        lambda node, rank, score, task: fit(rank, score, task),
         lambda node, cause: _refused(node, cause, messages.of(cause)),
         _refused_mig,
     )
