@@ -15,8 +15,8 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import OperationalError
 
 from service import cluster_view, migrate
+from service.allocations import api as allocations
 from service.allocations import endpoints as allocation_routes
-from service.allocations import observed as allocation_service
 from service.auth import RequireToken, TokenCheck
 from service.db import checkpoint, make_engine
 from service.demo import heartbeat_demo_cluster, register_demo_cluster
@@ -56,7 +56,7 @@ async def _background(state: ServiceState, demo_nodes: list[str]) -> None:
     while True:
         await asyncio.sleep(SWEEP_INTERVAL_S)
         try:
-            await off_loop(allocation_service.sweep, state)
+            await off_loop(allocations.sweep, state)  # one `expired` event each
             # Keeps its own clock: it also runs as soon as a fresh Slurm reservation's
             # grace period ends (service/slurm/fresh.py).
             await slurm.tick()

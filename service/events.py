@@ -1,8 +1,9 @@
 """An in-process hub of allocation and node events, for watchers (the gRPC Watch stream).
 
-Publishers are the service's worker threads (REST handlers, gRPC handlers,
-the expiry sweep, the replica listener); subscribers are coroutines on some
-event loop. :meth:`EventHub.publish` never blocks and never waits for a
+Publishers are the allocations API (service/allocations/api.py: one event
+per change, whoever made it), the node operations (service/nodes/observed.py)
+and the replica listener, on whichever thread or loop they run; subscribers
+are coroutines on some event loop. :meth:`EventHub.publish` never blocks and never waits for a
 subscriber: each subscription has a bounded buffer, and one that falls more
 than ``maxsize`` events behind is closed as overflowed (the watcher lists
 again and watches again) rather than letting a slow reader grow memory
@@ -22,7 +23,9 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Literal
+
+from service.allocations.results import Allocation
 
 EventKind = Literal["watch", "allocation", "node"]
 KINDS: frozenset[str] = frozenset({"allocation", "node"})
@@ -35,7 +38,7 @@ class Event:
     at: datetime
     kind: EventKind
     type: str
-    allocation: dict[str, Any] | None = None  # the AllocationView after the change
+    allocation: Allocation | None = None  # the allocation after the change
     node: str | None = None
 
 
@@ -112,7 +115,7 @@ class EventHub:
         self,
         kind: EventKind,
         type_: str,
-        allocation: dict[str, Any] | None = None,
+        allocation: Allocation | None = None,
         node: str | None = None,
     ) -> Event:
         return Event(next(self._seq), datetime.now(UTC), kind, type_, allocation, node)
@@ -122,7 +125,7 @@ class EventHub:
         kind: EventKind,
         type_: str,
         *,
-        allocation: dict[str, Any] | None = None,
+        allocation: Allocation | None = None,
         node: str | None = None,
     ) -> None:
         """Hand an event to every subscriber of its kind; safe from any thread."""
@@ -147,10 +150,6 @@ class EventHub:
                 sub.loop.call_soon_threadsafe(sub.close)
             except RuntimeError:  # its loop is closed already
                 self._drop(sub)
-
-    def allocations(self, type_: str, views: Iterable[dict[str, Any]]) -> None:
-        for view in views:
-            self.publish("allocation", type_, allocation=view)
 
     def nodes(self, type_: str, names: Iterable[str]) -> None:
         for name in names:

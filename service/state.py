@@ -21,6 +21,7 @@ from sqlalchemy.engine import Engine
 from placement import ClusterState, NodeSnapshot, PlacementRequest
 from service import schema
 from service.allocations.group_commit import GroupCommitter
+from service.allocations.score_cache import ScoreCache
 from service.events import EventHub
 from service.settings import Settings
 
@@ -50,6 +51,7 @@ class ServiceState:
         self.inflight: dict[str, Counter[str]] = defaultdict(Counter)
         self._next_stale_at = _EPOCH
         self.events = EventHub()  # what changed, for watchers (gRPC Watch)
+        self.score_cache = ScoreCache()  # /score rows per engine task (score_cache.py)
 
     def load(self) -> None:
         """Build the in-memory state from the database (start-up)."""

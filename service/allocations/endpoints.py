@@ -6,7 +6,8 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, Path, Query, Response, status
 
-from service.allocations import observed as service
+from service.allocations import api
+from service.allocations.encoding import allocation_json, allocation_list_json
 from service.allocations.schemas import (
     AllocationList,
     AllocationState,
@@ -19,17 +20,21 @@ from service.allocations.schemas import (
 )
 from service.deps import get_state
 from service.event_loop import off_loop
-from service.responses import FastJSON
 from service.state import ServiceState
 
 router = APIRouter(prefix="/v1", tags=["placement"])
-# Responses are built as plain data by service.py in the documented shapes
-# (response_model); returning them as FastJSON skips a second validation.
+# The API answers typed results in the documented shapes (response_model); they are
+# encoded here (encoding.py) and returned as bytes, which skips a second validation.
 State = Annotated[ServiceState, Depends(get_state)]
 # Lengths as the database columns hold them; control characters are refused for every
 # path and query parameter by the request guard (service.edge.guard).
 AllocationId = Annotated[str, Path(min_length=1, max_length=64)]
 JobId = Annotated[str, Path(min_length=1, max_length=256)]
+JSON = "application/json"
+
+
+def _json(body: bytes) -> Response:
+    return Response(body, media_type=JSON)
 
 
 @router.post(
@@ -42,14 +47,15 @@ async def place(
     body: PlaceRequest,
     state: State,
     idempotency_key: Annotated[str | None, Header(min_length=1, max_length=256)] = None,
-) -> FastJSON:
+) -> Response:
     """Choose node(s) and GPUs and reserve them (pending until confirmed or expired)."""
     # Async: the decision runs on the event loop and the commit is awaited
-    # (service.place_async), so no worker thread is taken per request.
-    allocation, created = await service.place_async(state, body, idempotency_key)
-    if created:
-        return FastJSON(allocation, status_code=status.HTTP_201_CREATED)
-    return FastJSON(allocation, headers={"Idempotent-Replayed": "true"})
+    # (api.place_async), so no worker thread is taken per request.
+    placed = await api.place_async(state, body, idempotency_key)
+    encoded = allocation_json(placed.allocation)
+    if placed.created:
+        return Response(encoded, status_code=status.HTTP_201_CREATED, media_type=JSON)
+    return Response(encoded, headers={"Idempotent-Replayed": "true"}, media_type=JSON)
 
 
 # A /score of up to this many named nodes runs on the event loop (about a millisecond for
@@ -62,10 +68,10 @@ SCORE_ON_LOOP_NODES = 2_000
 async def score(body: ScoreRequest, state: State) -> Response:
     """Rank nodes for a request without reserving: per node the GPUs it would get, or why not."""
     if body.nodes is not None and len(body.nodes) <= SCORE_ON_LOOP_NODES:
-        encoded = service.score_json(state, body)
+        encoded = api.score_json(state, body)
     else:
-        encoded = await off_loop(service.score_json, state, body)
-    return Response(encoded, media_type="application/json")
+        encoded = await off_loop(api.score_json, state, body)
+    return _json(encoded)
 
 
 @router.get("/allocations", response_model=AllocationList)
@@ -75,33 +81,33 @@ def list_allocations(
     node: Annotated[str | None, Query(max_length=253)] = None,
     allocation_state: Annotated[AllocationState | None, Query(alias="state")] = None,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 500,
-) -> FastJSON:
-    allocations = service.listing(state, job_id, node, allocation_state, limit)
-    return FastJSON({"allocations": allocations})
+) -> Response:
+    allocations = api.listing(state, job_id, node, allocation_state, limit)
+    return _json(allocation_list_json(allocations))
 
 
 @router.get("/allocations/{allocation_id}", response_model=AllocationView)
-def get_allocation(allocation_id: AllocationId, state: State) -> FastJSON:
-    return FastJSON(service.get(state, allocation_id))
+def get_allocation(allocation_id: AllocationId, state: State) -> Response:
+    return _json(allocation_json(api.get(state, allocation_id)))
 
 
 @router.post("/allocations/{allocation_id}/confirm", response_model=AllocationView)
-def confirm(allocation_id: AllocationId, state: State) -> FastJSON:
+def confirm(allocation_id: AllocationId, state: State) -> Response:
     """pending -> active (the scheduler bound the job); active allocations never expire."""
-    return FastJSON(service.confirm(state, allocation_id))
+    return _json(allocation_json(api.confirm(state, allocation_id)))
 
 
 @router.post("/allocations/{allocation_id}/extend", response_model=AllocationView)
-def extend(allocation_id: AllocationId, body: ExtendRequest, state: State) -> FastJSON:
-    return FastJSON(service.extend(state, allocation_id, body.ttl_s))
+def extend(allocation_id: AllocationId, body: ExtendRequest, state: State) -> Response:
+    return _json(allocation_json(api.extend(state, allocation_id, body.ttl_s)))
 
 
 @router.post("/allocations/{allocation_id}/release", response_model=ReleaseResult)
 def release(allocation_id: AllocationId, state: State) -> ReleaseResult:
-    return ReleaseResult(released=service.release(state, allocation_id))
+    return ReleaseResult(released=list(api.release(state, allocation_id).ids))
 
 
 @router.post("/jobs/{job_id}/release", response_model=ReleaseResult)
 def release_job(job_id: JobId, state: State) -> ReleaseResult:
     """Release every live allocation of a job (e.g. from a Slurm epilog)."""
-    return ReleaseResult(released=service.release_job(state, job_id))
+    return ReleaseResult(released=list(api.release_job(state, job_id).ids))

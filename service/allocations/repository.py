@@ -67,6 +67,11 @@ def by_id(conn: Connection, allocation_id: str) -> sa.RowMapping | None:
     return conn.execute(sa.select(_T).where(_T.c.id == allocation_id)).mappings().first()
 
 
+def by_ids(conn: Connection, allocation_ids: Sequence[str]) -> list[sa.RowMapping]:
+    query = sa.select(_T).where(_T.c.id.in_(list(allocation_ids)))
+    return list(conn.execute(query).mappings().all())
+
+
 def by_idempotency_key(conn: Connection, key: str) -> sa.RowMapping | None:
     query = sa.select(_T).where(_T.c.idempotency_key == key)
     return conn.execute(query).mappings().first()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
 
 from pydantic import BaseModel, Field, field_validator
 from pydantic.json_schema import SkipJsonSchema
@@ -11,6 +10,7 @@ from pydantic_core import PydanticCustomError
 
 from placement import PlacementRequest
 from placement.text import Text
+from service.allocations.results import AllocationState as AllocationState  # one definition
 
 # The bounds any service accepts: a tenth of a second at least (1e-300 expires at once),
 # about 31 years at most (the expiry stays a timestamp the database holds). Within
@@ -19,8 +19,6 @@ from placement.text import Text
 # TOPOPLACE_MAX_RESERVATION_TTL_S, each a 400 bad_request naming the setting.
 MIN_TTL_S = 0.1
 MAX_TTL_S = 1e9
-
-AllocationState = Literal["pending", "active", "degraded", "released", "expired"]
 
 PRIORITY_REMOVED = (
     "removed from the API: priority never had an effect on placement; leave it out"

@@ -1,9 +1,9 @@
 """Between protobuf messages and the service layer's shapes.
 
 Requests become the REST request models (the same pydantic validation, the
-same field names); the service's answers, plain data in the documented
-shapes, become messages field by field: building messages directly is far
-cheaper than going through JSON.
+same field names); the allocations API's typed results (results.py) become
+messages field by field: building messages directly is far cheaper than
+going through JSON.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from google.protobuf.unknown_fields import UnknownFieldSet
 from pydantic import BaseModel, ConfigDict, Field
 
 from placement.text import forbidden_character
+from service.allocations.results import Allocation, NodeScore, Task, TaskPlan
 from service.allocations.schemas import AllocationState
 from service.events import Event
 from service.grpc.gen import topoplace_pb2 as pb
@@ -115,59 +116,60 @@ def timestamp(value: str | datetime | None) -> Timestamp | None:
     return out
 
 
-def task(view: dict[str, Any]) -> pb.Task:
-    score = view["score"]
+def task(value: TaskPlan) -> pb.Task:
+    score = value.score
     return pb.Task(
-        task=view["task"],
-        node=view["node"],
-        gpu_indices=view["gpu_indices"],
-        gpu_uuids=view["gpu_uuids"],
-        mig_uuids=view["mig_uuids"],
-        cpuset=view["cpuset"],
-        cpus=view["cpus"],
-        numa_nodes=view["numa_nodes"],
-        islands=view["islands"],
-        nvlink_connected=view["nvlink_connected"],
+        task=value.task,
+        node=value.node,
+        gpu_indices=value.gpu_indices,
+        gpu_uuids=value.gpu_uuids,
+        mig_uuids=value.mig_uuids,
+        cpuset=value.cpuset,
+        cpus=value.cpus,
+        numa_nodes=value.numa_nodes,
+        islands=value.islands,
+        nvlink_connected=value.nvlink_connected,
         score=pb.TaskScore(
-            ring_gbps=score["ring_gbps"],
-            pair_sum_gbps=score["pair_sum_gbps"],
-            bandwidth=score["bandwidth"],
-            fragmentation=score["fragmentation"],
-            numa_nodes=score["numa_nodes"],
-            free_after=score["free_after"],
+            ring_gbps=score.ring_gbps,
+            pair_sum_gbps=score.pair_sum_gbps,
+            bandwidth=score.bandwidth,
+            fragmentation=score.fragmentation,
+            numa_nodes=score.numa_nodes,
+            free_after=score.free_after,
         ),
-        reason=view["reason"],
-        env=view.get("env", {}),  # /score tasks reserve nothing and carry no environment
+        reason=value.reason,
+        # /score tasks reserve nothing and carry no environment
+        env=value.env if isinstance(value, Task) else {},
     )
 
 
-def allocation(view: dict[str, Any]) -> pb.Allocation:
+def allocation(value: Allocation) -> pb.Allocation:
     return pb.Allocation(
-        id=view["id"],
-        state=view["state"],
-        job_id=view["job_id"],
-        owner=view["owner"],
-        tasks=[task(t) for t in view["tasks"]],
-        ring_gbps=view["ring_gbps"],
-        fabric_domain=view["fabric_domain"],
-        network_blocks=view["network_blocks"],
-        reason=view["reason"],
-        created_at=timestamp(view["created_at"]),
-        expires_at=timestamp(view["expires_at"]),
-        ended_at=timestamp(view["ended_at"]),
+        id=value.id,
+        state=value.state,
+        job_id=value.job_id,
+        owner=value.owner,
+        tasks=[task(t) for t in value.tasks],
+        ring_gbps=value.ring_gbps,
+        fabric_domain=value.fabric_domain,
+        network_blocks=value.network_blocks,
+        reason=value.reason,
+        created_at=timestamp(value.created_at),
+        expires_at=timestamp(value.expires_at),
+        ended_at=timestamp(value.ended_at),
     )
 
 
-def node_score(view: dict[str, Any]) -> pb.NodeScore:
+def node_score(value: NodeScore) -> pb.NodeScore:
     return pb.NodeScore(
-        node=view["node"],
-        fits=view["fits"],
-        rank=view["rank"],
-        score=view["score"],
-        cause=view["cause"],
-        message=view["message"],
-        resolvable=view["resolvable"],
-        task=task(view["task"]) if view["task"] is not None else None,
+        node=value.node,
+        fits=value.fits,
+        rank=value.rank,
+        score=value.score,
+        cause=value.cause,
+        message=value.message,
+        resolvable=value.resolvable,
+        task=task(value.task) if value.task is not None else None,
     )
 
 

@@ -1,9 +1,9 @@
 """The gRPC methods: thin, each one converts, calls the service layer, converts back.
 
-The service layer is the one REST calls (``observed``: the service plus
-events for watchers). Its functions block on the database, so each call runs
-on the server's worker threads, as FastAPI runs REST's; the event loop only
-moves bytes. Every refusal goes through status_map.
+The allocations are the one API every caller uses (service/allocations/api.py,
+which also publishes the events Watch streams). Its functions block on the
+database, so each call runs on the server's worker threads, as FastAPI runs
+REST's; the event loop only moves bytes. Every refusal goes through status_map.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from google.protobuf.message import Message
 from pydantic import ValidationError
 
 from placement.text import forbidden_character
-from service.allocations import observed as allocations
+from service.allocations import api as allocations
 from service.allocations.schemas import ExtendRequest, PlaceRequest, ScoreRequest
 from service.event_loop import off_loop
 from service.grpc import convert, status_map
@@ -143,8 +143,8 @@ class TopoplaceServicer(pb_grpc.TopoplaceServicer):
             if key is not None:
                 _check_key(key)
             body = _validate(PlaceRequest, convert.request_fields(request))
-            view, created = allocations.place(self.state, body, key)
-            return convert.allocation(view), created
+            placed = allocations.place(self.state, body, key)
+            return convert.allocation(placed.allocation), placed.created
 
         allocation, created = await self._run(request, context, call)
         if not created:
@@ -204,7 +204,7 @@ class TopoplaceServicer(pb_grpc.TopoplaceServicer):
         return await self._run(
             request,
             context,
-            lambda: pb.ReleaseResponse(released=allocations.release(self.state, request.id)),
+            lambda: pb.ReleaseResponse(released=allocations.release(self.state, request.id).ids),
         )
 
     async def ReleaseJob(
@@ -214,7 +214,7 @@ class TopoplaceServicer(pb_grpc.TopoplaceServicer):
             request,
             context,
             lambda: pb.ReleaseResponse(
-                released=allocations.release_job(self.state, request.job_id)
+                released=allocations.release_job(self.state, request.job_id).ids
             ),
         )
 

@@ -16,9 +16,10 @@ releases the old one first.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from collections.abc import Sequence
 
-from service.allocations import service as allocations
+from service.allocations import api as allocations
+from service.allocations.results import Allocation, TaskPlan
 from service.allocations.schemas import PlaceRequest
 from service.errors import ServiceError
 from service.k8s.gang import LIVE, TASK_ANNOTATION, BindRefused, GangCoordinator
@@ -35,16 +36,16 @@ ALLOCATION_ANNOTATION = "topoplace.io/allocation"
 CPUSET_ANNOTATION = "topoplace.io/cpuset"
 
 
-def binding_annotations(allocation: dict[str, Any], tasks: list[dict[str, Any]]) -> dict[str, str]:
+def binding_annotations(allocation: Allocation, tasks: Sequence[TaskPlan]) -> dict[str, str]:
     """What the Binding (and so the pod) carries: the devices by UUID and by index."""
-    devices = [d for t in tasks for d in (t["mig_uuids"] or t["gpu_uuids"])]
-    indices = sorted({i for t in tasks for i in t["gpu_indices"]})
+    devices = [d for t in tasks for d in t.devices]
+    indices = sorted({i for t in tasks for i in t.gpu_indices})
     notes = {
         GPUS_ANNOTATION: ",".join(devices),
         INDICES_ANNOTATION: ",".join(str(i) for i in indices),
-        ALLOCATION_ANNOTATION: str(allocation["id"]),
+        ALLOCATION_ANNOTATION: allocation.id,
     }
-    cpusets = [t["cpuset"] for t in tasks if t["cpuset"]]
+    cpusets = [t.cpuset for t in tasks if t.cpuset]
     if cpusets:
         notes[CPUSET_ANNOTATION] = ",".join(cpusets)
     return notes
@@ -70,12 +71,14 @@ def create_binding(kube: KubeApi, pod: PodRequest, node: str, notes: dict[str, s
     return None
 
 
-def _confirm(state: ServiceState, allocation_id: str) -> None:
+def _confirm(state: ServiceState, allocation: Allocation) -> Allocation:
+    """The allocation confirmed; as it was when the confirm failed."""
     try:
-        allocations.confirm(state, allocation_id)
+        return allocations.confirm(state, allocation.id)
     except ServiceError as exc:
         # Still pending: the reconciler confirms it once it sees the pod bound.
-        log.warning("allocation %s stays pending: %s", allocation_id, exc.message)
+        log.warning("allocation %s stays pending: %s", allocation.id, exc.message)
+        return allocation
 
 
 def bind_pod(state: ServiceState, kube: KubeApi, pod: PodRequest, node: str, ttl_s: float) -> str:
@@ -83,11 +86,11 @@ def bind_pod(state: ServiceState, kube: KubeApi, pod: PodRequest, node: str, ttl
     if pod.request is None:
         return create_binding(kube, pod, node, {}) or ""
     earlier = allocations.listing(state, pod.uid, None, None, 1_000)
-    live = [a for a in earlier if a["state"] in LIVE]
-    here = next((a for a in live if a["tasks"][0]["node"] == node), None)
+    live = [a for a in earlier if a.state in LIVE]
+    here = next((a for a in live if a.tasks[0].node == node), None)
     for stale in live:
         if stale is not here:  # an earlier attempt on another node failed; give those back
-            allocations.release(state, stale["id"])
+            allocations.release(state, stale.id)
     allocation = here
     if allocation is None:
         body = PlaceRequest.model_validate(
@@ -100,15 +103,16 @@ def bind_pod(state: ServiceState, kube: KubeApi, pod: PodRequest, node: str, ttl
             }
         )
         try:
-            allocation, _ = allocations.place(state, body, f"k8s-pod:{pod.uid}:{len(earlier)}")
+            key = f"k8s-pod:{pod.uid}:{len(earlier)}"
+            allocation = allocations.place(state, body, key).allocation
         except ServiceError as exc:
             return f"{PREFIX}cannot reserve GPUs on {node}: {exc.message}"
-    refused = create_binding(kube, pod, node, binding_annotations(allocation, allocation["tasks"]))
+    refused = create_binding(kube, pod, node, binding_annotations(allocation, allocation.tasks))
     if refused is not None:
-        allocations.release(state, allocation["id"])
+        allocations.release(state, allocation.id)
         return refused
-    if allocation["state"] == "pending":
-        _confirm(state, allocation["id"])
+    if allocation.state == "pending":
+        _confirm(state, allocation)
     return ""
 
 
@@ -127,13 +131,12 @@ def bind_gang_member(
             allocation, task = gangs.claim(pod, node, ttl_s)
         except BindRefused as exc:
             return str(exc)
-        notes = binding_annotations(allocation, [allocation["tasks"][task]])
+        notes = binding_annotations(allocation, [allocation.tasks[task]])
         notes[TASK_ANNOTATION] = str(task)
         refused = create_binding(kube, pod, node, notes)
         if refused is not None:
             gangs.unclaim(pod, task)  # the gang keeps its reservation for its members
             return refused
-        if allocation["state"] == "pending":
-            _confirm(state, allocation["id"])
-            allocation["state"] = "active"
+        if allocation.state == "pending":
+            gangs.update(pod.gang, _confirm(state, allocation))
     return ""

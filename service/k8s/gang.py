@@ -21,11 +21,11 @@ import threading
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from placement import PlacementRequest
 from service import schema
-from service.allocations import service as allocations
+from service.allocations import api as allocations
+from service.allocations.results import Allocation, Task
 from service.allocations.schemas import PlaceRequest
 from service.errors import ServiceError
 from service.flows import Flow
@@ -48,16 +48,16 @@ class BindRefused(Exception):
 
 @dataclass(slots=True)
 class GangState:
-    allocation: dict[str, Any] | None = None  # the live reservation (AllocationView)
+    allocation: Allocation | None = None  # the live reservation
     claims: dict[int, str] = field(default_factory=dict)  # task index -> pod uid
 
     def task_of(self, uid: str) -> int | None:
         return next((t for t, owner in self.claims.items() if owner == uid), None)
 
-    def open_tasks(self) -> list[dict[str, Any]]:
+    def open_tasks(self) -> list[Task]:
         if self.allocation is None:
             return []
-        return [t for t in self.allocation["tasks"] if t["task"] not in self.claims]
+        return [t for t in self.allocation.tasks if t.task not in self.claims]
 
 
 class GangCoordinator:
@@ -96,13 +96,19 @@ class GangCoordinator:
             return known
         found = GangState(allocation=self._live_allocation(gang))
         if found.allocation is not None:
-            found.claims = self._claims_from_pods(gang, found.allocation["id"])
+            found.claims = self._claims_from_pods(gang, found.allocation.id)
         with self._lock:
             return self._gangs.setdefault(gang.key, found)
 
-    def _live_allocation(self, gang: Gang) -> dict[str, Any] | None:
+    def update(self, gang: Gang, allocation: Allocation) -> None:
+        """The gang's reservation as it is now (after a confirm), called with :meth:`lock` held."""
+        known = self.current(gang)
+        if known.allocation is not None and known.allocation.id == allocation.id:
+            known.allocation = allocation
+
+    def _live_allocation(self, gang: Gang) -> Allocation | None:
         rows = allocations.listing(self.state, gang.key, None, None, 100)
-        live = [a for a in rows if a["state"] in LIVE]
+        live = [a for a in rows if a.state in LIVE]
         return live[0] if live else None
 
     def _claims_from_pods(self, gang: Gang, allocation_id: str) -> dict[int, str]:
@@ -128,12 +134,12 @@ class GangCoordinator:
         gang = pod.gang
         mine = known.task_of(pod.uid)
         if mine is not None and known.allocation is not None:
-            node = known.allocation["tasks"][mine]["node"]
+            node = known.allocation.tasks[mine].node
             return _only(
                 names, Counter({node: 1}), f"this member of gang {gang.name} holds GPUs on {node}"
             )
         if known.allocation is not None:
-            room = Counter(t["node"] for t in known.open_tasks())
+            room = Counter(t.node for t in known.open_tasks())
             return _only(names, room, f"gang {gang.name}'s reserved GPUs are on other nodes")
         request = pod.gang_request().model_copy(update={"nodes": tuple(names)})
         with self.state.lock:
@@ -147,7 +153,7 @@ class GangCoordinator:
 
     # -- bind ----------------------------------------------------------------------
 
-    def claim(self, pod: PodRequest, node: str, ttl_s: float) -> tuple[dict[str, Any], int]:
+    def claim(self, pod: PodRequest, node: str, ttl_s: float) -> tuple[Allocation, int]:
         """Reserve the gang if nobody has, then give this member a task on ``node``.
 
         Called with :meth:`lock` held. Returns (allocation, task index).
@@ -155,7 +161,7 @@ class GangCoordinator:
         assert pod.gang is not None and pod.request is not None
         gang = pod.gang
         known = self.current(gang)
-        if known.allocation is not None and not self._still_live(known.allocation["id"]):
+        if known.allocation is not None and not self._still_live(known.allocation.id):
             known.allocation, known.claims = None, {}
         mine = known.task_of(pod.uid)
         if mine is not None and known.allocation is not None:
@@ -164,10 +170,10 @@ class GangCoordinator:
             known.allocation = self._reserve(pod, gang, ttl_s)
             known.claims = {}
         for task in known.open_tasks():
-            if task["node"] == node:
-                known.claims[task["task"]] = pod.uid
-                return known.allocation, task["task"]
-        nodes = sorted({t["node"] for t in known.open_tasks()})
+            if task.node == node:
+                known.claims[task.task] = pod.uid
+                return known.allocation, task.task
+        nodes = sorted({t.node for t in known.open_tasks()})
         raise BindRefused(
             f"{PREFIX}gang {gang.name}'s reservation has no free task on {node}"
             f" (free tasks on: {', '.join(nodes) or 'none'})"
@@ -181,11 +187,11 @@ class GangCoordinator:
 
     def _still_live(self, allocation_id: str) -> bool:
         try:
-            return allocations.get(self.state, allocation_id)["state"] in LIVE
+            return allocations.get(self.state, allocation_id).state in LIVE
         except ServiceError:
             return False
 
-    def _reserve(self, pod: PodRequest, gang: Gang, ttl_s: float) -> dict[str, Any]:
+    def _reserve(self, pod: PodRequest, gang: Gang, ttl_s: float) -> Allocation:
         request: PlacementRequest = pod.gang_request()
         earlier = allocations.listing(self.state, gang.key, None, None, 10_000)
         body = PlaceRequest.model_validate(
@@ -197,14 +203,12 @@ class GangCoordinator:
             }
         )
         try:
-            allocation, _ = allocations.place(
-                self.state, body, f"{gang.key}:{pod.uid}:{len(earlier)}"
-            )
+            key = f"{gang.key}:{pod.uid}:{len(earlier)}"
+            return allocations.place(self.state, body, key).allocation
         except ServiceError as exc:
             raise BindRefused(
                 f"{PREFIX}gang {gang.name} cannot be reserved: {exc.message}"
             ) from None
-        return allocation
 
 
 def _only(names: list[str], room: Counter[str], elsewhere: str) -> Judgement:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from service.allocations import service as allocations
+from service.allocations import api as allocations
 from service.errors import BadRequest
 from service.k8s.gang import LIVE
 from service.k8s.pod_request import PodRequest
@@ -61,15 +61,15 @@ def _held(state: ServiceState, uids: list[str], node: str) -> tuple[set[str], se
     migs: set[str] = set()
     for uid in uids:
         for allocation in allocations.listing(state, uid, node, None, 100):
-            if allocation["state"] not in LIVE:
+            if allocation.state not in LIVE:
                 continue
-            for task in allocation["tasks"]:
-                if task["node"] != node:
+            for task in allocation.tasks:
+                if task.node != node:
                     continue
-                if task["mig_uuids"]:
-                    migs |= set(task["mig_uuids"])
+                if task.mig_uuids:
+                    migs |= set(task.mig_uuids)
                 else:
-                    gpus |= set(task["gpu_uuids"])
+                    gpus |= set(task.gpu_uuids)
     return gpus, migs
 
 

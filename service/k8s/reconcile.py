@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
-from service.allocations import service as allocations
+from service.allocations import api as allocations
+from service.allocations.results import Allocation
 from service.event_loop import off_loop
 from service.k8s.bind import ALLOCATION_ANNOTATION
 from service.k8s.gang import LIVE, GangCoordinator
@@ -32,11 +33,11 @@ POD_OWNER = "k8s-pod:"
 GANG_OWNER = "k8s-gang:"
 
 
-def _ours(state: ServiceState) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
+def _ours(state: ServiceState) -> list[Allocation]:
+    out: list[Allocation] = []
     for status in LIVE:
         for allocation in allocations.listing(state, None, None, status, 10_000):
-            if (allocation["owner"] or "").startswith((POD_OWNER, GANG_OWNER)):
+            if (allocation.owner or "").startswith((POD_OWNER, GANG_OWNER)):
                 out.append(allocation)
     return out
 
@@ -65,26 +66,26 @@ def reconcile_once(
     cutoff = state.clock() - timedelta(seconds=grace_s)
     released: list[str] = []
     for allocation in ours:
-        young = datetime.fromisoformat(allocation["created_at"]) > cutoff
-        if allocation["owner"].startswith(GANG_OWNER):
-            key = str(allocation["job_id"])
+        young = allocation.created_at > cutoff
+        if (allocation.owner or "").startswith(GANG_OWNER):
+            key = str(allocation.job_id)
             if key not in gangs_alive and not young:
-                released += allocations.release(state, allocation["id"])
+                released += allocations.release(state, allocation.id).ids
                 gangs.forget(key)
             continue
-        pod = by_uid.get(str(allocation["job_id"]))
+        pod = by_uid.get(str(allocation.job_id))
         if pod is None:
             if not young:
-                released += allocations.release(state, allocation["id"])
+                released += allocations.release(state, allocation.id).ids
             continue
         bound_to = (pod.get("spec") or {}).get("nodeName")
         notes = (pod.get("metadata") or {}).get("annotations") or {}
         if (
-            allocation["state"] == "pending"
-            and bound_to == allocation["tasks"][0]["node"]
-            and notes.get(ALLOCATION_ANNOTATION) == allocation["id"]
+            allocation.state == "pending"
+            and bound_to == allocation.tasks[0].node
+            and notes.get(ALLOCATION_ANNOTATION) == allocation.id
         ):
-            allocations.confirm(state, allocation["id"])
+            allocations.confirm(state, allocation.id)
     if released:
         log.info("released %d reservations of pods that are gone or finished", len(released))
     return released

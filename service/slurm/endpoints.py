@@ -111,6 +111,6 @@ def job_started(body: JobStarted, state: State) -> JobStartedResult:
         action=observation.action,
         job_id=job.job_id,
         allocation_id=observation.allocation_id,
-        superseded=observation.superseded,
-        merged=observation.merged,
+        superseded=list(observation.superseded),
+        merged=list(observation.merged),
     )

@@ -16,10 +16,11 @@ import logging
 import shlex
 import subprocess
 import time
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
-from service.allocations import service as allocations
+from service.allocations import api as allocations
+from service.allocations.results import Allocation
 from service.errors import BadRequest
 from service.event_loop import off_loop
 from service.slurm import truth
@@ -79,11 +80,8 @@ def live_allocations(squeue: Any) -> tuple[set[str], int]:
     return live, jobs
 
 
-def _held(allocation: dict[str, Any]) -> dict[str, list[int]]:
-    held: dict[str, list[int]] = {}
-    for task in allocation["tasks"]:
-        held.setdefault(task["node"], []).extend(task["gpu_indices"])
-    return {node: sorted(gpus) for node, gpus in held.items()}
+def _held(allocation: Allocation) -> dict[str, list[int]]:
+    return {node: list(gpus) for node, gpus in allocation.gpus_by_node().items()}
 
 
 def reconcile(state: ServiceState, settings: SlurmSettings, squeue: Any) -> ReconcileResult:
@@ -113,11 +111,11 @@ def reconcile(state: ServiceState, settings: SlurmSettings, squeue: Any) -> Reco
     ]
     held_by_job: dict[str, dict[str, list[int]]] = {}
     for allocation in current:
-        if allocation["job_id"] is not None:
-            merged = held_by_job.setdefault(str(allocation["job_id"]), {})
+        if allocation.job_id is not None:
+            merged = held_by_job.setdefault(allocation.job_id, {})
             for node, gpus in _held(allocation).items():
                 merged[node] = sorted({*merged.get(node, []), *gpus})
-    without_job = {str(a["id"]) for a in current if a["job_id"] is None}
+    without_job = {a.id for a in current if a.job_id is None}
     observed: list[str] = []
     attached: list[str] = []
     for job in jobs:
@@ -145,16 +143,15 @@ def reconcile(state: ServiceState, settings: SlurmSettings, squeue: Any) -> Reco
     cutoff = state.clock() - timedelta(seconds=settings.reconcile_grace_s)
     released: list[str] = []
     for allocation in current:
-        if not str(allocation["owner"] or "").startswith(OWNER_PREFIX):
+        if not (allocation.owner or "").startswith(OWNER_PREFIX):
             continue
-        allocation_id = str(allocation["id"])
-        job_id = allocation["job_id"]
-        if allocation_id in live_named or (job_id is not None and str(job_id) in unfinished):
+        allocation_id = allocation.id
+        job_id = allocation.job_id
+        if allocation_id in live_named or (job_id is not None and job_id in unfinished):
             continue
-        created = datetime.fromisoformat(str(allocation["created_at"]))
         gone = allocation_id in finished_named or job_id is not None
-        if gone or created <= cutoff:
-            released += allocations.release(state, allocation_id)
+        if gone or allocation.created_at <= cutoff:
+            released += allocations.release(state, allocation_id).ids
     if released:
         log.info("reconcile: released %d allocation(s) of jobs Slurm no longer has", len(released))
     return ReconcileResult(

@@ -13,14 +13,12 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Callable, Generator
 from typing import Any
 
-from service.allocations import observed as allocations
+from service.allocations import api as allocations
+from service.allocations.results import Allocation
 from service.allocations.schemas import PlaceRequest, ScoreRequest
 from service.errors import ServiceError, Unresolvable, Unschedulable
-from service.event_loop import off_loop
-from service.flows import drive_async
 from service.slurm import job_options
 from service.slurm.fresh import FRESH
 from service.slurm.schemas import JobDecision, JobSubmit
@@ -43,29 +41,25 @@ def _unchanged(message: str) -> JobDecision:
     return JobDecision(action="unchanged", message=f"topoplace: {message}")
 
 
-# The decision is a generator that yields each reservation it needs (a
-# PlaceRequest) and receives the allocation, or has the refusal thrown in, and
-# yields each other blocking step (undoing reservations) as a function to run;
-# ``decide`` drives it on the event loop, as /place does: slurmctld waits on
-# this answer with its locks held, and a worker thread per call cost more than
-# the decision. What is blocking goes off the loop (service/event_loop.py).
-Blocking = Callable[[], object]
-DecideFlow = Generator[PlaceRequest | Blocking, Any, JobDecision]
+# The decision is a flow of the /place flow's steps: each reservation it needs
+# is the allocations API's own flow, taken with ``yield from`` (a refusal is
+# raised where it waited), and ``decide`` drives the whole of it once on the
+# event loop, as /place is driven: slurmctld waits on this answer with its
+# locks held, and a worker thread per call cost more than the decision.
+DecideFlow = allocations.Flow[JobDecision]
 
 
 async def decide(state: ServiceState, settings: SlurmSettings, job: JobSubmit) -> JobDecision:
     """What job_submit.lua (or cli_filter.lua, with ``reserve`` false) does with the job.
-    Runs on the event loop; each reservation's commit is awaited, an undo runs on a
-    worker thread."""
+    Runs on the event loop; each reservation's commit is awaited."""
+    return await allocations.run_async(state, _decide_flow(state, settings, job))
 
-    async def step(request: PlaceRequest | Blocking) -> Any:
-        if not isinstance(request, PlaceRequest):
-            return await off_loop(request)
-        placed = (await allocations.place_async(state, request, None, active=True))[0]
-        FRESH.note()  # the reconcile loop checks soon that a job took it
-        return placed
 
-    return await drive_async(_decide_flow(state, settings, job), step)
+def _reserve(state: ServiceState, request: PlaceRequest) -> allocations.Flow[Allocation]:
+    """One reservation, active at once: Slurm owns the job from the answer on."""
+    placed = yield from allocations.placing(state, request, None, active=True)
+    FRESH.note()  # the reconcile loop checks soon that a job took it
+    return placed.allocation
 
 
 def _decide_flow(state: ServiceState, settings: SlurmSettings, job: JobSubmit) -> DecideFlow:
@@ -108,7 +102,7 @@ def _decide_flow(state: ServiceState, settings: SlurmSettings, job: JobSubmit) -
             return _proposal(state, base, node_count)
         owner = f"{OWNER_PREFIX}{job.user_name or 'unknown'}"
         if node_count == 1:
-            placed = [(yield PlaceRequest(**base, owner=owner))]
+            placed = [(yield from _reserve(state, PlaceRequest(**base, owner=owner)))]
         else:
             placed = yield from _place_nodes(state, base, node_count, owner)
     except _LeaveAlone as exc:
@@ -178,26 +172,24 @@ def _with_features(state: ServiceState, pool: list[str], expression: str) -> lis
     return [n for n in pool if wanted <= set(conf.features(state.cluster.node(n).snapshot))]
 
 
-def _release(state: ServiceState, placed: list[dict[str, Any]]) -> Blocking:
-    """The step that undoes these reservations (a database write: off the loop)."""
+def _release(state: ServiceState, placed: list[Allocation]) -> allocations.Step:
+    """The step that undoes these reservations: a database write, so the driver runs
+    it off the loop (service/event_loop.py)."""
 
     def undo() -> None:
         for allocation in placed:
-            allocations.release(state, str(allocation["id"]))
+            allocations.release(state, allocation.id)
 
     return undo
 
 
-def _node_sets(allocation: dict[str, Any]) -> dict[str, tuple[int, ...]]:
-    sets: dict[str, list[int]] = defaultdict(list)
-    for task in allocation["tasks"]:
-        sets[task["node"]] += task["gpu_indices"]
-    return {node: tuple(sorted(gpus)) for node, gpus in sets.items()}
+def _node_sets(allocation: Allocation) -> dict[str, tuple[int, ...]]:
+    return allocation.gpus_by_node()
 
 
 def _place_nodes(
     state: ServiceState, base: dict[str, Any], node_count: int, owner: str
-) -> Generator[PlaceRequest | Blocking, Any, list[dict[str, Any]]]:
+) -> allocations.Flow[list[Allocation]]:
     """A multi-node job: every node the same GPU indices, all or nothing.
 
     First as one gang (which keeps it inside one NVLink domain or network
@@ -205,16 +197,17 @@ def _place_nodes(
     nodes different GPUs, the nodes that would give the same GPUs are taken
     one by one, each as its own allocation, undone if any fails.
     """
-    gang = yield PlaceRequest(**{**base, "tasks": node_count}, owner=owner)
+    gang = yield from _reserve(state, PlaceRequest(**{**base, "tasks": node_count}, owner=owner))
     sets = _node_sets(gang)
     if len(sets) == node_count and len(set(sets.values())) == 1:
         return [gang]
     yield _release(state, [gang])
     gpus, group = _same_gpu_group(state, base, node_count)
-    placed: list[dict[str, Any]] = []
+    placed: list[Allocation] = []
     try:
         for node in group:
-            placed.append((yield PlaceRequest(**{**base, "nodes": (node,)}, owner=owner)))
+            request = PlaceRequest(**{**base, "nodes": (node,)}, owner=owner)
+            placed.append((yield from _reserve(state, request)))
             if _node_sets(placed[-1]).get(node) != gpus:
                 raise _LeaveAlone(f"{node} changed while the job was placed; left to Slurm")
     except (ServiceError, _LeaveAlone):
@@ -231,8 +224,8 @@ def _same_gpu_group(
     verdicts = allocations.score(state, ScoreRequest(**base))
     groups: dict[tuple[int, ...], list[tuple[int, str]]] = defaultdict(list)
     for v in verdicts:
-        if v["fits"] and v["task"] is not None:
-            groups[tuple(v["task"]["gpu_indices"])].append((v["rank"], v["node"]))
+        if v.fits and v.task is not None and v.rank is not None:
+            groups[v.task.gpu_indices].append((v.rank, v.node))
     usable = [
         (gpus, sorted(members)[:node_count])
         for gpus, members in groups.items()
@@ -251,29 +244,33 @@ def _proposal(state: ServiceState, base: dict[str, Any], node_count: int) -> Job
     """What would be chosen for a single-node job, reserving nothing (cli_filter.lua)."""
     if node_count != 1:
         raise _LeaveAlone("multi-node jobs are placed by job_submit only")
-    verdicts = [v for v in allocations.score(state, ScoreRequest(**base)) if v["fits"]]
-    if not verdicts:
+    fitting = [
+        (v.rank, v.node, v.task)
+        for v in allocations.score(state, ScoreRequest(**base))
+        if v.fits and v.task is not None and v.rank is not None
+    ]
+    if not fitting:
         raise _LeaveAlone("nothing fits now")
-    best = min(verdicts, key=lambda v: v["rank"])
-    gpus = sorted(best["task"]["gpu_indices"])
+    _, node, task = min(fitting, key=lambda v: v[0])
+    gpus = sorted(task.gpu_indices)
     return JobDecision(
         action="modify",
-        message=f"topoplace: {best['node']} GPUs {gpus} proposed",
-        set={"req_nodes": best["node"], "tres_per_node": per_gpu_tres(gpus)},
-        nodes=[best["node"]],
+        message=f"topoplace: {node} GPUs {gpus} proposed",
+        set={"req_nodes": node, "tres_per_node": per_gpu_tres(gpus)},
+        nodes=[node],
         gpu_indices=gpus,
         gres=per_gpu_tres(gpus).replace("gres:", ""),
     )
 
 
 def _modify(
-    state: ServiceState, job: JobSubmit, placed: list[dict[str, Any]], per_job: bool
+    state: ServiceState, job: JobSubmit, placed: list[Allocation], per_job: bool
 ) -> JobDecision:
     nodes = [node for allocation in placed for node in _node_sets(allocation)]
     gpus = next(iter(_node_sets(placed[0]).values()))
-    ids = [str(a["id"]) for a in placed]
-    ring = min(float(a["ring_gbps"]) for a in placed)
-    bandwidth = min(float(t["score"]["bandwidth"]) for a in placed for t in a["tasks"])
+    ids = [a.id for a in placed]
+    ring = min(a.ring_gbps for a in placed)
+    bandwidth = min(t.score.bandwidth for a in placed for t in a.tasks)
     fields = {
         "req_nodes": ",".join(nodes),
         "tres_per_node": per_gpu_tres(gpus),

@@ -5,7 +5,7 @@ prolog``, run by slurmctld as PrologSlurmctld when a job starts) sends
 ``scontrol -d show job -o JOBID``; the reconcile loop reads ``squeue --json``
 (``nodes`` and ``gres_detail`` per job). Either way the job's GPUs are the
 ``(IDX:...)`` lists Slurm prints per node, and ``record`` makes the
-service's allocation say the same (service.allocations.service.observe):
+service's allocation say the same (``observe`` of service/allocations/api.py):
 Slurm is running the job, so its choice wins over any reservation.
 """
 
@@ -16,7 +16,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from service.allocations import service as allocations
+from service.allocations import api as allocations
+from service.allocations.results import Observation
 from service.slurm.service import OWNER_PREFIX
 from service.state import ServiceState
 from slurm_formats import hostlist
@@ -92,7 +93,7 @@ def from_squeue_job(job: dict[str, Any]) -> JobTruth:
     )
 
 
-def record(state: ServiceState, truth: JobTruth) -> allocations.Observation | None:
+def record(state: ServiceState, truth: JobTruth) -> Observation | None:
     """Make the job's allocation match what Slurm runs; None for a job without GPUs here."""
     known = {n: g for n, g in truth.gpus.items() if n in state.cluster}
     if not known:
@@ -128,7 +129,7 @@ class _Mismatches:
         self.created = 0
         self.superseded = 0
 
-    def add(self, observation: allocations.Observation) -> None:
+    def add(self, observation: Observation) -> None:
         self.moved += observation.action == "moved"
         self.created += observation.action == "created"
         self.superseded += len(observation.superseded)

@@ -1189,8 +1189,9 @@ class Event(_message.Message):
     """watch, allocation or node"""
     type: _builtins.str
     """watch: started. allocation: placed, confirmed, extended, released,
-    expired. node: reported, cordoned, uncordoned, removed, changed (by
-    another replica), resync (many nodes changed: list again).
+    expired, attached, moved (docs/grpc.md). node: reported, cordoned,
+    uncordoned, removed, changed (by another replica), resync (many nodes
+    changed: list again).
     """
     node: _builtins.str
     """the node's name (node events)"""

@@ -22,7 +22,7 @@ from sqlalchemy.exc import DataError
 
 from placement.profiles import build_profile
 from service import schema
-from service.allocations import repository, service
+from service.allocations import api, repository
 from service.allocations.group_commit import GroupCommitter
 from service.allocations.schemas import PlaceRequest
 from service.app import create_app
@@ -113,31 +113,31 @@ def test_release_racing_confirm_on_two_replicas_never_leaves_an_empty_live_alloc
     outcomes: dict[str, int] = {"confirmed": 0, "refused": 0}
     try:
         for _ in range(40):
-            allocation, _ = service.place(a, PlaceRequest(gpus=8), None)
+            allocation = api.place(a, PlaceRequest(gpus=8), None).allocation
             start = threading.Barrier(2)
 
             def confirming(
-                allocation_id: str = allocation["id"], start: threading.Barrier = start
+                allocation_id: str = allocation.id, start: threading.Barrier = start
             ) -> None:
                 start.wait()
                 try:
-                    service.confirm(a, allocation_id)
+                    api.confirm(a, allocation_id)
                     outcomes["confirmed"] += 1
                 except Exception as exc:  # the Conflict of a release that won
                     assert getattr(exc, "status", None) == 409, exc
                     outcomes["refused"] += 1
 
             def releasing(
-                allocation_id: str = allocation["id"], start: threading.Barrier = start
+                allocation_id: str = allocation.id, start: threading.Barrier = start
             ) -> None:
                 start.wait()
-                assert service.release(b, allocation_id) == [allocation_id]
+                assert api.release(b, allocation_id).ids == (allocation_id,)
 
             with ThreadPoolExecutor(2) as pool:
                 for done in [pool.submit(confirming), pool.submit(releasing)]:
                     done.result()
             with a.engine.connect() as conn:
-                row = repository.by_id(conn, allocation["id"])
+                row = repository.by_id(conn, allocation.id)
                 held = conn.execute(
                     sa.select(sa.func.count()).select_from(schema.gpu_holds)
                 ).scalar_one()

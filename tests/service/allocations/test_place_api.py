@@ -9,7 +9,7 @@ from fastapi.testclient import TestClient
 
 from placement import Health
 from service import schema
-from service.allocations import service
+from service.allocations import api
 from service.allocations.schemas import AllocationView, ScoreRequest, ScoreResult
 from service.app import create_app
 from service.settings import Settings
@@ -116,10 +116,8 @@ def test_confirm_extend_release_and_expiry(client: TestClient, clock: FakeClock)
     assert extended["state"] == "pending"
     clock.advance(61)
     client.post("/v1/nodes/h0/heartbeat")
-    from service.allocations.service import sweep
-
     state = client.app.state.service  # type: ignore[attr-defined]
-    assert sweep(state) == [lapse["id"]]
+    assert api.sweep(state).ids == (lapse["id"],)
     assert client.get(f"/v1/allocations/{lapse['id']}").json()["state"] == "expired"
     assert client.get(f"/v1/allocations/{keep['id']}").json()["state"] == "active"
     assert len(client.get("/v1/nodes/h0").json()["free_gpus"]) == 6
@@ -204,7 +202,7 @@ def test_score_answer_over_http_is_the_plain_data_answer(
         assert answer.status_code == 200, answer.text
         assert answer.headers["content-type"] == "application/json"
         ScoreResult.model_validate(answer.json())
-        plain = service.score(state, ScoreRequest.model_validate(request_body))
+        plain = api.score(state, ScoreRequest.model_validate(request_body))
         assert answer.json() == orjson.loads(orjson.dumps({"nodes": plain}))
         # The best node changes between calls, so ranks move and rows are reused.
         assert client.post("/v1/place", json={"gpus": 2}).status_code in (201, 409)

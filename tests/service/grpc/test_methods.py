@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import orjson
+
+from service.allocations import api
+from service.allocations.encoding import allocation_json
 from service.allocations.schemas import AllocationView
 from service.grpc import convert
 from service.grpc.gen import topoplace_pb2 as pb
@@ -44,7 +48,9 @@ def test_place_score_and_the_allocation_lifecycle(running: Running, clock: FakeC
     # The message carries what REST shows for the same allocation.
     rest = running.rest.get(f"/v1/allocations/{placed.id}").json()
     assert AllocationView.model_validate(rest).tasks[0].gpu_uuids == list(task.gpu_uuids)
-    assert convert.allocation(rest) == placed
+    # Both encode one typed allocation, each at its own edge.
+    typed = api.get(running.state, placed.id)
+    assert convert.allocation(typed) == placed and orjson.loads(allocation_json(typed)) == rest
 
     scored = running.stub.Score(pb.ScoreRequest(gpus=4, nodes=pb.NodeNames(names=["dgx0"])))
     assert [(n.node, n.fits, n.rank) for n in scored.nodes] == [("dgx0", True, 1)]

@@ -11,7 +11,7 @@ import pytest
 import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
-from service.allocations import observed
+from service.allocations import api
 from service.app import create_app
 from service.grpc.gen import topoplace_pb2 as pb
 from service.grpc.gen import topoplace_pb2_grpc as pb_grpc
@@ -38,7 +38,7 @@ def test_watch_sees_every_change_from_both_transports(running: Running, clock: F
     running.rest.post("/v1/nodes/h0/cordon")
     running.rest.post("/v1/nodes/h0/uncordon")
     clock.advance(100)
-    assert observed.sweep(running.state) == [lapsing.id]  # what the background sweep runs
+    assert api.sweep(running.state).ids == (lapsing.id,)  # what the background sweep runs
     running.rest.post(f"/v1/allocations/{kept['id']}/release")
 
     events = [next(stream) for _ in range(9)]

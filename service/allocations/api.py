@@ -1,0 +1,186 @@
+"""The allocations API: the one entry point for every change to an allocation and every read.
+
+REST (endpoints.py), gRPC (service/grpc/servicer.py), the Kubernetes
+extender (bind, gangs, preemption, its reconciler), the Slurm filter, prolog
+and reconciler, and the background sweep all call these functions and
+nothing below them. What they get back is typed and frozen (results.py);
+JSON is written only at the edges (encoding.py for REST, service/grpc/convert.py
+for gRPC and the Watch stream).
+
+The event rule: every change publishes exactly one event on the state's
+hub (service/events.py), here and only here, whoever asked for it; a call
+that changes nothing publishes nothing (a replayed Idempotency-Key, a
+confirm repeated, a release of an ended allocation, an observation that
+matched). docs/grpc.md lists the event types.
+
+| change | event |
+|---|---|
+| a reservation made (/place, a bind, a gang, the Slurm filter) | ``placed`` |
+| an allocation created from what the scheduler runs (Slurm) | ``placed`` |
+| pending -> active, or a degraded one's TTL dropped | ``confirmed`` |
+| a new TTL | ``extended`` |
+| ended by a release (a caller, a reconciler; superseded or merged by Slurm) | ``released`` |
+| ended by its TTL (the sweep, or a confirm or extend that found it passed) | ``expired`` |
+| a live allocation learnt its scheduler job id | ``attached`` |
+| a live allocation moved onto the GPUs its job really runs on | ``moved`` |
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+from service.allocations import lifecycle, place_flow, queries, scoring
+from service.allocations.place_flow import Flow, Step, run, run_async
+from service.allocations.results import (
+    Allocation,
+    Ended,
+    Observation,
+    Placed,
+)
+from service.allocations.schemas import PlaceRequest
+from service.state import ServiceState
+
+__all__ = [
+    "Flow",
+    "Step",
+    "attach",
+    "confirm",
+    "extend",
+    "get",
+    "listing",
+    "observe",
+    "place",
+    "place_async",
+    "placing",
+    "release",
+    "release_job",
+    "run",
+    "run_async",
+    "score",
+    "score_json",
+    "sweep",
+]
+
+EventType = Literal["placed", "confirmed", "extended", "released", "expired", "attached", "moved"]
+
+
+def _publish(state: ServiceState, type_: EventType, allocation: Allocation) -> None:
+    state.events.publish("allocation", type_, allocation=allocation)
+
+
+def _publish_ids(state: ServiceState, type_: EventType, ids: Sequence[str]) -> None:
+    """One event per id, carrying the allocation as it is now; read only when watched."""
+    if ids and state.events.watched:
+        for allocation in queries.by_ids(state, ids):
+            _publish(state, type_, allocation)
+
+
+# ---- reads ----------------------------------------------------------------------
+
+get = queries.get
+listing = queries.listing
+score = scoring.score
+score_json = scoring.score_json
+
+# ---- placing ---------------------------------------------------------------------
+
+
+def placing(
+    state: ServiceState, body: PlaceRequest, idempotency_key: str | None, active: bool = False
+) -> Flow[Placed]:
+    """The /place flow with its event, for a caller that drives a flow of its own (the
+    Slurm filter takes its reservations with ``yield from``) and for the two drivers
+    below. ``active``: made active at once instead of pending until confirmed."""
+    placed = yield from place_flow.place_flow(state, body, idempotency_key, active)
+    if placed.created:
+        _publish(state, "placed", placed.allocation)
+    return placed
+
+
+def place(state: ServiceState, body: PlaceRequest, idempotency_key: str | None) -> Placed:
+    """Choose and reserve, blocking on the database (worker threads: gRPC, Kubernetes)."""
+    return run(state, placing(state, body, idempotency_key))
+
+
+async def place_async(
+    state: ServiceState, body: PlaceRequest, idempotency_key: str | None, active: bool = False
+) -> Placed:
+    """``place`` on the event loop: the database steps are awaited, not blocked on."""
+    return await run_async(state, placing(state, body, idempotency_key, active))
+
+
+# ---- the lifecycle ----------------------------------------------------------------
+
+
+def _settle(state: ServiceState, transition: lifecycle.Transition, type_: EventType) -> Allocation:
+    if transition.allocation is not None:
+        if transition.expired:
+            _publish(state, "expired", transition.allocation)
+        elif transition.changed:
+            _publish(state, type_, transition.allocation)
+    if transition.refusal is not None:
+        raise transition.refusal
+    assert transition.allocation is not None
+    return transition.allocation
+
+
+def confirm(state: ServiceState, allocation_id: str) -> Allocation:
+    return _settle(state, lifecycle.confirm(state, allocation_id), "confirmed")
+
+
+def extend(state: ServiceState, allocation_id: str, ttl_s: float) -> Allocation:
+    return _settle(state, lifecycle.extend(state, allocation_id, ttl_s), "extended")
+
+
+def release(state: ServiceState, allocation_id: str) -> Ended:
+    ended = lifecycle.release(state, allocation_id)
+    _publish_ids(state, "released", ended.ids)
+    return ended
+
+
+def release_job(state: ServiceState, job_id: str) -> Ended:
+    ended = lifecycle.release_job(state, job_id)
+    _publish_ids(state, "released", ended.ids)
+    return ended
+
+
+def sweep(state: ServiceState) -> Ended:
+    """Expire the reservations whose TTL passed (the background loop, every 0.1 s)."""
+    ended = lifecycle.sweep(state)
+    _publish_ids(state, "expired", ended.ids)
+    return ended
+
+
+# ---- a scheduler's truth (Slurm) ----------------------------------------------------
+
+
+def attach(state: ServiceState, allocation_ids: list[str], job_id: str) -> tuple[str, ...]:
+    """The scheduler's job id on live allocations that have none; the ids changed."""
+    attached = lifecycle.attach(state, allocation_ids, job_id)
+    _publish_ids(state, "attached", attached)
+    return attached
+
+
+def observe(
+    state: ServiceState,
+    job_id: str,
+    owner: str,
+    gpus: dict[str, list[int]],
+    named: list[str],
+    reason: str,
+) -> Observation:
+    """The scheduler runs ``job_id`` on ``gpus`` (node -> indices): make it so here
+    (lifecycle.observe). Events: the allocations it released first, then the one
+    that now holds the job (attached, moved, or placed when created)."""
+    observation = lifecycle.observe(state, job_id, owner, gpus, named, reason)
+    _publish_ids(state, "released", [*observation.superseded, *observation.merged])
+    held: dict[str, tuple[EventType, Sequence[str]]] = {
+        "attached": ("attached", observation.attached),
+        "moved": ("moved", [observation.allocation_id]),
+        "created": ("placed", [observation.allocation_id]),
+    }
+    if observation.action in held:
+        type_, ids = held[observation.action]
+        _publish_ids(state, type_, ids)
+    return observation

@@ -1,0 +1,225 @@
+"""/place: choose in memory, reserve in the database, never twice.
+
+The write path (style: snapshot in, plan out, commit optimistically):
+
+1. under the state lock, the engine chooses and the choice is applied to the
+   in-memory state at once, so concurrent requests in this process see it;
+2. the allocation and one ``gpu_holds`` row per GPU are inserted in one
+   transaction (shared with concurrent reservations: group_commit.py); the
+   holds' primary key makes a GPU held twice impossible at the database
+   level, whichever process or replica wrote first;
+3. if the insert fails on a hold, another replica got there first: the
+   tentative choice is undone, that replica's holds are read into memory and
+   the decision is made again on fresh state (a few times, then 409).
+
+An ``Idempotency-Key`` is stored with the allocation (unique), so a retried
+request gets the same allocation back, never a second one.
+
+The flow is written once, as a generator that yields each step that waits on
+the database (service/flows.py); a driver runs those steps. The thread
+driver (``run``) blocks on them: gRPC and the Kubernetes bind run in worker
+threads. The asyncio driver (``run_async``) awaits them, so REST
+/place and the Slurm filter decide on the event loop (a fraction of a
+millisecond) and wait for the group commit without a thread per request:
+under load, handing every request to a worker thread and back cost more CPU
+than the decision itself. A caller with a flow of its own (the Slurm filter)
+takes these steps with ``yield from`` and is driven once, by the same driver.
+"""
+
+from __future__ import annotations
+
+import functools
+import uuid
+from collections.abc import Callable, Generator
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, TypeVar
+
+from sqlalchemy.exc import IntegrityError, OperationalError
+
+from placement import Outcome, Placement
+from service.allocations import repository, views
+from service.allocations.results import Allocation, Placed
+from service.allocations.schemas import PlaceRequest
+from service.allocations.stored_request import same_request
+from service.errors import BadRequest, Conflict, Unavailable, Unresolvable, Unschedulable
+from service.event_loop import off_loop
+from service.flows import drive, drive_async
+from service.state import ServiceState, cpu_device
+
+PLACE_ATTEMPTS = 4
+
+Blocking = Callable[[], Any]  # a step run as it is: blocking, or in a worker thread
+
+
+@dataclass(frozen=True, slots=True)
+class Commit:
+    """A step: the reservation's row and holds, for the group committer."""
+
+    row: dict[str, Any]
+    holds: list[tuple[str, str, str]]
+    nodes: tuple[str, ...]
+
+
+Step = Blocking | Commit
+Result = TypeVar("Result")
+Flow = Generator[Step, Any, Result]
+
+
+def _blocking_step(state: ServiceState, step: Step) -> Any:
+    if isinstance(step, Commit):
+        return state.committer.commit(step.row, step.holds, step.nodes)
+    return step()
+
+
+async def _awaited_step(state: ServiceState, step: Step) -> Any:
+    if isinstance(step, Commit):
+        return await state.committer.commit_async(step.row, step.holds, step.nodes)
+    return await off_loop(step)
+
+
+def run(state: ServiceState, flow: Flow[Result]) -> Result:
+    """Drive a flow of these steps blocking on each (a worker thread)."""
+    return drive(flow, functools.partial(_blocking_step, state))
+
+
+async def run_async(state: ServiceState, flow: Flow[Result]) -> Result:
+    """Drive a flow of these steps on the event loop, awaiting each."""
+    return await drive_async(flow, functools.partial(_awaited_step, state))
+
+
+def holds_of(placement: Placement) -> list[tuple[str, str, str]]:
+    """(node, device, kind) rows for gpu_holds. CPUs reserved with ``cpus_per_task``
+    are held the same way (device ``cpu:N``), so they too are exclusive at the
+    database level and every replica learns of them."""
+    out: list[tuple[str, str, str]] = []
+    for task in placement.tasks:
+        if task.mig_uuids:
+            out += [(task.node, m, "mig") for m in task.mig_uuids]
+        else:
+            out += [(task.node, g, "gpu") for g in task.gpu_uuids]
+        out += [(task.node, cpu_device(c), "cpu") for c in task.cpus]
+    return out
+
+
+def refusal(outcome: Outcome) -> Exception:
+    detail = {
+        "reasons": [
+            {
+                "cause": g.cause.value,
+                "nodes": g.nodes,
+                "message": g.message,
+                "resolvable": g.resolvable,
+            }
+            for g in outcome.reasons
+        ]
+    }
+    message = outcome.summary()
+    if outcome.status == "unresolvable":
+        return Unresolvable(f"the cluster can never hold this request: {message}", detail)
+    return Unschedulable(f"nothing fits now: {message}", detail)
+
+
+def checked_ttl(state: ServiceState, requested: float | None) -> float:
+    ttl = state.settings.reservation_ttl_s if requested is None else requested
+    if not ttl >= state.settings.min_reservation_ttl_s:  # NaN is refused too
+        raise BadRequest(
+            f"ttl_s {ttl:g} is under the minimum of {state.settings.min_reservation_ttl_s:g}"
+            " seconds (TOPOPLACE_MIN_RESERVATION_TTL_S)",
+            {"field": "ttl_s"},
+        )
+    if ttl > state.settings.max_reservation_ttl_s:
+        raise BadRequest(
+            f"ttl_s {ttl:g} is over the limit of {state.settings.max_reservation_ttl_s:g} seconds",
+            {"field": "ttl_s"},
+        )
+    return ttl
+
+
+def place_flow(
+    state: ServiceState, body: PlaceRequest, idempotency_key: str | None, active: bool
+) -> Flow[Placed]:
+    """Choose and reserve. ``active``: active at once instead of pending until confirmed,
+    for a scheduler that owns the job from the answer on (Slurm)."""
+    request_json = body.model_dump_json()
+    if idempotency_key is not None:
+        replay = yield functools.partial(_replay, state, idempotency_key, request_json)
+        if replay is not None:
+            return Placed(replay, False)
+    ttl = checked_ttl(state, body.ttl_s)
+    for _ in range(PLACE_ATTEMPTS):
+        with state.lock:
+            state.refresh_if_due()
+            outcome = state.cluster.place(body)  # a PlacementRequest; owner and TTL stay here
+            if outcome.placement is None:
+                raise refusal(outcome)
+            placement = outcome.placement
+            state.cluster.apply(placement)  # tentative: concurrent requests here skip these GPUs
+            holds = holds_of(placement)
+            devices = [(node, device) for node, device, _ in holds]
+            state.begin_inflight(devices)
+        now = state.clock()
+        tasks = tuple(views.reserved_task(t) for t in placement.tasks)
+        row = {
+            "id": str(uuid.uuid4()),
+            # No confirmation write follows an active one, and active allocations never expire.
+            "state": "active" if active else "pending",
+            "job_id": body.job_id,
+            "owner": body.owner,
+            "idempotency_key": idempotency_key,
+            "request": request_json,
+            "placement": views.placement_text(placement, tasks),
+            "created_at": now,
+            "expires_at": None if active else now + timedelta(seconds=ttl),
+            "ended_at": None,
+            # Live, and named by one of its own holds (schema.py): the database refuses
+            # a live allocation that holds nothing.
+            "live": True,
+            "anchor_node": holds[0][0],
+            "anchor_device": holds[0][1],
+        }
+        try:
+            yield Commit(row, holds, placement.nodes)
+        except IntegrityError:
+            _undo(state, placement, devices)
+            if idempotency_key is not None:
+                replay = yield functools.partial(_replay, state, idempotency_key, request_json)
+                if replay is not None:
+                    return Placed(replay, False)
+            # Another process holds some of these GPUs: learn what it holds, choose again.
+            yield functools.partial(state.sync_nodes, list(placement.nodes))
+            continue
+        except OperationalError as exc:
+            _undo(state, placement, devices)
+            raise Unavailable(f"the database did not answer: {exc.orig}") from None
+        except Exception:
+            # Whatever else failed (a value the database refused, a fault), this
+            # request's tentative choice must not outlive it.
+            _undo(state, placement, devices)
+            raise
+        with state.lock:
+            state.end_inflight(devices)
+        return Placed(views.allocation(row, tasks, placement), True)
+    raise Unschedulable(
+        f"other replicas took the chosen GPUs {PLACE_ATTEMPTS} times in a row; retry",
+        {"reasons": []},
+    )
+
+
+def _replay(state: ServiceState, key: str, request_json: str) -> Allocation | None:
+    with state.engine.connect() as conn:
+        row = repository.by_idempotency_key(conn, key)
+    if row is None:
+        return None
+    if not same_request(row["request"], request_json):
+        raise Conflict(
+            "this Idempotency-Key was used for a different request; use a new key",
+            {"allocation_id": row["id"]},
+        )
+    return views.allocation(row)
+
+
+def _undo(state: ServiceState, placement: Placement, devices: list[tuple[str, str]]) -> None:
+    with state.lock:
+        state.end_inflight(devices)
+        state.cluster.unapply(placement)

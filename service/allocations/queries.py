@@ -1,0 +1,35 @@
+"""Reading allocations: one by id, a filtered listing, several by id (for events)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from service.allocations import repository, views
+from service.allocations.results import Allocation
+from service.errors import NotFound
+from service.state import ServiceState
+
+
+def get(state: ServiceState, allocation_id: str) -> Allocation:
+    with state.engine.connect() as conn:
+        row = repository.by_id(conn, allocation_id)
+    if row is None:
+        raise NotFound(f"no allocation {allocation_id!r}")
+    return views.allocation(row)
+
+
+def listing(
+    state: ServiceState, job_id: str | None, node: str | None, status: str | None, limit: int
+) -> list[Allocation]:
+    with state.engine.connect() as conn:
+        rows = repository.listing(conn, job_id=job_id, node=node, state=status, limit=limit)
+    return [views.allocation(r) for r in rows]
+
+
+def by_ids(state: ServiceState, allocation_ids: Sequence[str]) -> list[Allocation]:
+    """These allocations as they are now, in the order asked; unknown ids are left out."""
+    if not allocation_ids:
+        return []
+    with state.engine.connect() as conn:
+        rows = {str(r["id"]): r for r in repository.by_ids(conn, allocation_ids)}
+    return [views.allocation(rows[i]) for i in allocation_ids if i in rows]

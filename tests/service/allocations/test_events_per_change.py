@@ -1,0 +1,264 @@
+"""Every change to an allocation publishes exactly one event, whoever made it.
+
+A watcher subscribes to the state's event hub, as the gRPC Watch stream
+does; after each action the test publishes a marker and reads up to it, so
+the events in between are exactly those the action published.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from bench.k8s_objects import binding_args, pod
+from service.allocations import api
+from service.app import create_app
+from service.events import Event, EventHub
+from service.k8s.reconcile import reconcile_once
+from service.k8s.settings import ExtenderSettings
+from service.settings import Settings
+from service.slurm.reconcile import reconcile
+from service.slurm.settings import SlurmSettings
+from service.state import ServiceState
+from tests.service.conftest import FakeClock
+from tests.service.helpers import add_nodes
+from tests.service.k8s.fake_kube import FakeKubeApi
+
+NO_VAL = 4294967294
+
+
+class Watcher:
+    """A subscription on a loop of its own thread, read up to a marker."""
+
+    def __init__(self, hub: EventHub) -> None:
+        self.hub = hub
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.marks = itertools.count()
+
+        async def subscribe() -> Any:
+            sub = hub.subscribe()
+            started = await sub.next()
+            assert started is not None and started.type == "started"
+            return sub
+
+        self.sub = asyncio.run_coroutine_threadsafe(subscribe(), self.loop).result(10)
+
+    def since_last(self) -> list[tuple[str, str, str]]:
+        """(type, allocation id, allocation state) of the allocation events since the last call."""
+        mark = f"mark-{next(self.marks)}"
+        self.hub.publish("node", "mark", node=mark)
+
+        async def read() -> list[Event]:
+            seen: list[Event] = []
+            while True:
+                event = await self.sub.next()
+                assert event is not None, "the watcher was closed"
+                if event.kind == "node" and event.node == mark:
+                    return seen
+                seen.append(event)
+
+        events = asyncio.run_coroutine_threadsafe(read(), self.loop).result(10)
+        out = []
+        for e in events:
+            if e.kind == "allocation":
+                assert e.allocation is not None
+                out.append((e.type, e.allocation.id, e.allocation.state))
+        return out
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.sub.close)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+        self.loop.close()
+
+
+@pytest.fixture
+def kube() -> FakeKubeApi:
+    return FakeKubeApi()
+
+
+@pytest.fixture
+def app_client(settings: Settings, clock: FakeClock, kube: FakeKubeApi) -> Iterator[TestClient]:
+    app = create_app(settings, clock=clock, background=False)
+    app.state.k8s_settings = ExtenderSettings(reconcile_interval_s=0)
+    app.state.k8s_api = kube
+    with TestClient(app) as client:
+        yield client
+
+
+@pytest.fixture
+def state(app_client: TestClient) -> ServiceState:
+    service: ServiceState = app_client.app.state.service  # type: ignore[attr-defined]
+    return service
+
+
+@pytest.fixture
+def watcher(state: ServiceState) -> Iterator[Watcher]:
+    w = Watcher(state.events)
+    yield w
+    w.close()
+
+
+def _bind(client: TestClient, p: dict[str, Any], node: str) -> None:
+    assert client.post("/k8s/v1/bind", json=binding_args(p, node)).json() == {"Error": ""}
+
+
+def _only_id(client: TestClient, job_id: str) -> str:
+    [allocation] = client.get("/v1/allocations", params={"job_id": job_id}).json()["allocations"]
+    return str(allocation["id"])
+
+
+def test_a_kubernetes_bind_publishes_one_event_per_change(
+    app_client: TestClient, kube: FakeKubeApi, watcher: Watcher
+) -> None:
+    add_nodes(app_client, ("hgx-h100", "h0"))
+    watcher.since_last()
+    p = kube.add(pod("train", 2))
+    _bind(app_client, p, "h0")
+    allocation = _only_id(app_client, p["metadata"]["uid"])
+    # Two changes: the reservation, then its confirmation once the Binding exists.
+    assert watcher.since_last() == [
+        ("placed", allocation, "pending"),
+        ("confirmed", allocation, "active"),
+    ]
+    _bind(app_client, p, "h0")  # a scheduler's retry: the same reservation, no change
+    assert watcher.since_last() == []
+
+
+def test_a_gang_publishes_its_reservation_once_not_per_member(
+    app_client: TestClient, kube: FakeKubeApi, watcher: Watcher
+) -> None:
+    add_nodes(app_client, ("hgx-h100", "h0"))
+    notes = {"topoplace.io/gang": "pair", "topoplace.io/gang-size": "2"}
+    members = [kube.add(pod(f"pair-{i}", 4, annotations=notes)) for i in range(2)]
+    watcher.since_last()
+    _bind(app_client, members[0], "h0")
+    gang = _only_id(app_client, "k8s-gang:ml-team/pair")
+    assert watcher.since_last() == [("placed", gang, "pending"), ("confirmed", gang, "active")]
+    _bind(app_client, members[1], "h0")  # claims a task of the same reservation
+    assert watcher.since_last() == []
+
+
+def test_a_kubernetes_reconcile_release_publishes_one_event(
+    app_client: TestClient, kube: FakeKubeApi, watcher: Watcher, clock: FakeClock
+) -> None:
+    add_nodes(app_client, ("hgx-h100", "h0"))
+    p = kube.add(pod("gone", 2))
+    _bind(app_client, p, "h0")
+    allocation = _only_id(app_client, p["metadata"]["uid"])
+    kube.delete("ml-team", "gone")
+    clock.advance(61)
+    watcher.since_last()
+    app: Any = app_client.app
+    assert reconcile_once(app.state.service, kube, app.state.k8s.gangs, 60.0) == [allocation]
+    assert watcher.since_last() == [("released", allocation, "released")]
+    assert reconcile_once(app.state.service, kube, app.state.k8s.gangs, 60.0) == []
+    assert watcher.since_last() == []
+
+
+def test_a_slurm_reconcile_publishes_one_event_per_change(
+    app_client: TestClient, state: ServiceState, watcher: Watcher
+) -> None:
+    add_nodes(app_client, ("dgx1-v100", "node1"))
+    body = {"min_nodes": NO_VAL, "max_nodes": NO_VAL, "num_tasks": NO_VAL, "user_name": "alice"}
+    decision = app_client.post(
+        "/v1/slurm/job-submit", json={**body, "tres_per_node": "gres:gpu:1"}
+    ).json()
+    [reserved] = decision["allocation_ids"]
+    assert watcher.since_last() == [("placed", reserved, "active")]  # the filter's reservation
+
+    settings = SlurmSettings(reconcile_grace_s=60)
+    cancelled = {
+        "job_id": 11,
+        "job_state": "CANCELLED",
+        "admin_comment": decision["set"]["admin_comment"],
+    }
+    running = {
+        "job_id": 12,
+        "job_state": "RUNNING",
+        "user_name": "bob",
+        "nodes": "node1",
+        "gres_detail": ["gpu:2(IDX:3-4)"],
+        "admin_comment": "",
+    }
+    result = reconcile(state, settings, {"jobs": [cancelled, running]})
+    [observed] = result.observed
+    assert result.released == [reserved]
+    # Slurm's running job is recorded (one allocation made), the cancelled one's released.
+    assert sorted(watcher.since_last()) == [
+        ("placed", observed, "active"),
+        ("released", reserved, "released"),
+    ]
+    assert reconcile(state, settings, {"jobs": [running]}).observed == []  # matched
+    assert watcher.since_last() == []
+    finished = {**running, "job_state": "COMPLETED"}
+    assert reconcile(state, settings, {"jobs": [finished]}).released == [observed]
+    assert watcher.since_last() == [("released", observed, "released")]
+
+
+def test_a_slurm_prolog_that_moves_a_job_publishes_moved_and_released(
+    app_client: TestClient, watcher: Watcher
+) -> None:
+    add_nodes(app_client, ("dgx1-v100", "node1"))
+    stale = app_client.post("/v1/place", json={"gpus": 1, "nodes": ["node1"]}).json()["id"]
+    body = {"min_nodes": NO_VAL, "max_nodes": NO_VAL, "num_tasks": NO_VAL, "user_name": "alice"}
+    decision = app_client.post(
+        "/v1/slurm/job-submit", json={**body, "tres_per_node": "gres:gpu:1"}
+    ).json()
+    [mine] = decision["allocation_ids"]
+    held = app_client.get(f"/v1/allocations/{stale}").json()["tasks"][0]["gpu_indices"][0]
+    watcher.since_last()
+    # Slurm runs the job on the GPU the stale reservation holds.
+    show_job = (
+        "JobId=5 JobName=train UserId=alice(1000) GroupId=alice(1000) JobState=RUNNING"
+        f" NodeList=node1 JOB_GRES=gpu:1 Nodes=node1 CPU_IDs=0-1 Mem=0 GRES=gpu:1(IDX:{held})"
+        f" MinCPUsNode=1 Features=(null) AdminComment={decision['set']['admin_comment']}"
+    )
+    answer = app_client.post("/v1/slurm/job-started", json={"show_job": show_job}).json()
+    assert (answer["action"], answer["superseded"]) == ("moved", [stale])
+    assert watcher.since_last() == [("released", stale, "released"), ("moved", mine, "active")]
+
+
+def test_a_sweep_expiry_publishes_one_event(
+    app_client: TestClient, state: ServiceState, watcher: Watcher, clock: FakeClock
+) -> None:
+    add_nodes(app_client, ("hgx-h100", "h0"))
+    lapsing = app_client.post("/v1/place", json={"gpus": 2, "ttl_s": 30}).json()["id"]
+    kept = app_client.post("/v1/place", json={"gpus": 2, "ttl_s": 300}).json()["id"]
+    assert watcher.since_last() == [("placed", lapsing, "pending"), ("placed", kept, "pending")]
+    clock.advance(31)
+    assert api.sweep(state).ids == (lapsing,)  # what the background loop runs
+    assert watcher.since_last() == [("expired", lapsing, "expired")]
+    assert api.sweep(state).ids == ()
+    assert watcher.since_last() == []
+
+
+def test_calls_that_change_nothing_publish_nothing(
+    app_client: TestClient, watcher: Watcher, clock: FakeClock
+) -> None:
+    add_nodes(app_client, ("hgx-h100", "h0"))
+    key = {"Idempotency-Key": "once"}
+    first = app_client.post("/v1/place", json={"gpus": 2}, headers=key).json()["id"]
+    lapsing = app_client.post("/v1/place", json={"gpus": 2, "ttl_s": 30}).json()["id"]
+    watcher.since_last()
+    assert app_client.post("/v1/place", json={"gpus": 2}, headers=key).status_code == 200
+    assert watcher.since_last() == []  # a replay
+    app_client.post(f"/v1/allocations/{first}/confirm")
+    assert watcher.since_last() == [("confirmed", first, "active")]
+    app_client.post(f"/v1/allocations/{first}/confirm")
+    assert watcher.since_last() == []  # confirmed before: answered unchanged
+    app_client.post(f"/v1/allocations/{first}/release")
+    app_client.post(f"/v1/allocations/{first}/release")
+    assert watcher.since_last() == [("released", first, "released")]
+    # A confirm that finds the TTL passed expires the reservation: that change is told.
+    clock.advance(31)
+    assert app_client.post(f"/v1/allocations/{lapsing}/confirm").status_code == 409
+    assert watcher.since_last() == [("expired", lapsing, "expired")]
