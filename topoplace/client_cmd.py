@@ -36,6 +36,7 @@ EXIT_UNREACHABLE = 3
 
 SERVER_ENV = "TOPOPLACE_SERVER"
 TOKEN_ENV = "TOPOPLACE_TOKEN"
+CA_BUNDLE_ENV = "TOPOPLACE_CA_BUNDLE"
 DEFAULT_SERVER = "http://127.0.0.1:8080"  # where `topoplace serve` listens by default
 DEFAULT_TIMEOUT_S = 10.0
 # The service's codes for a request it could not make sense of: the caller's
@@ -73,6 +74,12 @@ def _service_options() -> argparse.ArgumentParser:
         "--token-file",
         metavar="PATH",
         help=f"a file holding the API token (default: ${TOKEN_ENV}, else none)",
+    )
+    group.add_argument(
+        "--ca-bundle",
+        metavar="PEM",
+        help=f"CA certificates an https service's certificate must chain to (default:"
+        f" ${CA_BUNDLE_ENV}, else the system's)",
     )
     group.add_argument(
         "--json", action="store_true", help="print the service's JSON answer, errors included"
@@ -245,7 +252,8 @@ def run(action: Action, args: argparse.Namespace) -> int:
         print(f"error: --token-file: {exc}", file=sys.stderr)
         return EXIT_USAGE
     try:
-        client = TopoplaceClient(server, timeout=args.timeout, token=token)
+        ca_bundle = args.ca_bundle or os.environ.get(CA_BUNDLE_ENV, "").strip() or None
+        client = TopoplaceClient(server, timeout=args.timeout, token=token, ca_bundle=ca_bundle)
     except ValueError as exc:
         print(f"error: {source}: {exc}", file=sys.stderr)
         return EXIT_USAGE
