@@ -243,11 +243,13 @@ class TopoplaceClient:
         """POST /v1/nodes/{name}/heartbeat (204)."""
         self._request("POST", f"/v1/nodes/{_segment(name)}/heartbeat")
 
-    def put_node_key(self, name: str, public_key: str) -> JSONObject:
-        """PUT /v1/nodes/{name}/key: register the node's Ed25519 public key (base64)."""
+    def put_node_key(self, name: str, public_key: str, *, replace: bool = False) -> JSONObject:
+        """PUT /v1/nodes/{name}/key: register the node's Ed25519 public key (base64);
+        ``replace``: replace a different registered key (an admin action)."""
         path = f"/v1/nodes/{_segment(name)}/key"
         body = {"algorithm": "ed25519", "public_key": public_key}
-        return self._object(self._request("PUT", path, json=body))
+        params = {"replace": "true"} if replace else None
+        return self._object(self._request("PUT", path, params=params, json=body))
 
     def node_key(self, name: str) -> JSONObject:
         """GET /v1/nodes/{name}/key: the registered public key."""
