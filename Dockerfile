@@ -11,9 +11,11 @@ WORKDIR /src
 COPY . .
 RUN pip install . \
     && rm -rf /src/build \
-    && useradd --create-home --uid 10001 --shell /usr/sbin/nologin topoplace
+    && useradd --create-home --uid 10001 --shell /usr/sbin/nologin topoplace \
+    && install -d -o topoplace -m 0700 /var/lib/topoplace
 
-# Run unprivileged, from a directory the user owns (the default SQLite file
+# /var/lib/topoplace holds an agent's node key: a volume mounted there starts
+# out owned by the agent's user. Run unprivileged, from a directory the user owns (the default SQLite file
 # lands there when TOPOPLACE_DATABASE_URL is not set).
 USER topoplace
 WORKDIR /home/topoplace

@@ -45,6 +45,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--server", metavar="URL", help="the topoplace service")
     p.add_argument("--token-file", type=Path, metavar="PATH", help="file holding the API token")
     p.add_argument("--key-file", type=Path, metavar="PATH", help="the node's Ed25519 private key")
+    p.add_argument(
+        "--ca-bundle",
+        type=Path,
+        metavar="PEM",
+        help="CA certificates an https server's certificate must chain to",
+    )
     p.add_argument("--source", metavar="SOURCE", help=SOURCE_KINDS)
     p.add_argument("--node-name", metavar="NAME", help="node name (default: the host name)")
     p.add_argument("--region", metavar="REGION", help="region (default: default)")
@@ -79,7 +85,14 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         description="Write the private key to PATH (mode 0600) and the public key to PATH.pub.",
     )
     keygen.add_argument("--key-file", type=Path, metavar="PATH", help="where to write the key")
-    keygen.add_argument("--force", action="store_true", help="replace an existing key")
+    which = keygen.add_mutually_exclusive_group()
+    which.add_argument("--force", action="store_true", help="replace an existing key")
+    which.add_argument(
+        "--if-missing",
+        action="store_true",
+        help="keep an existing key (and print its public key): what a container runs at every"
+        " start, so that the node keeps the identity the service registered",
+    )
     keygen.set_defaults(func=run_keygen)
 
 
@@ -98,7 +111,16 @@ def _flags(args: argparse.Namespace) -> dict[str, Any]:
             if "=" not in item:
                 raise ConfigError(f"--label {item!r} is not KEY=VALUE")
             labels.update(parse_labels(item))
-    names = ("server", "token_file", "key_file", "source", "node_name", "region", "gpu_model")
+    names = (
+        "server",
+        "token_file",
+        "key_file",
+        "ca_bundle",
+        "source",
+        "node_name",
+        "region",
+        "gpu_model",
+    )
     flags = {name: getattr(args, name) for name in (*names, "interval_s", "timeout_s")}
     return {**flags, "labels": labels}
 
@@ -113,6 +135,14 @@ def run_keygen(args: argparse.Namespace) -> int:
         return _fail(str(exc), EXIT_USAGE)
     if config.key_file is None:
         return _fail("keygen needs --key-file PATH (or TOPOPLACE_AGENT_KEY_FILE)", EXIT_USAGE)
+    if args.if_missing and config.key_file.exists():
+        try:
+            kept = NodeKey.load(config.key_file)
+        except KeyFileError as exc:
+            return _fail(str(exc), EXIT_USAGE)
+        print(f"private key: {config.key_file} (kept)")
+        print(kept.public_key)
+        return EXIT_OK
     key = NodeKey.generate()
     try:
         public_path = key.save(config.key_file, overwrite=args.force)
@@ -173,7 +203,10 @@ def _serve(args: argparse.Namespace, config: Any, source: Any, name: str) -> int
         )
     try:
         key = NodeKey.load(config.key_file)
-        client = TopoplaceClient(config.server, timeout=config.timeout_s, token=config.token())
+        ca_bundle = str(config.ca_bundle) if config.ca_bundle else None
+        client = TopoplaceClient(
+            config.server, timeout=config.timeout_s, token=config.token(), ca_bundle=ca_bundle
+        )
     except (KeyFileError, ConfigError, ValueError) as exc:
         return _fail(str(exc), EXIT_USAGE)
     backoff = Backoff(config.backoff_initial_s, config.backoff_max_s)

@@ -34,6 +34,11 @@ class AgentConfig(BaseModel):
     server: str | None = Field(default=None, description="the topoplace service URL")
     token_file: Path | None = Field(default=None, description="a file holding the API token")
     key_file: Path | None = Field(default=None, description="the node's Ed25519 private key")
+    ca_bundle: Path | None = Field(
+        default=None,
+        description="CA certificates an https server's certificate must chain to"
+        " (default: the system's)",
+    )
     source: str = Field(default="nvml", description="nvml, smi:FILE, sim:PROFILE, fake:PROFILE")
     node_name: str | None = Field(default=None, description="default: the host name")
     region: str = "default"

@@ -4,8 +4,9 @@ Each round reads the node, compares a hash of its content (everything but
 ``seq`` and ``timestamp``) with the last one the service acknowledged, and
 sends a full signed snapshot when it differs, else a heartbeat. A snapshot
 that was signed but not yet acknowledged is resent unchanged (same seq, same
-signature) until the service takes it, so a retry after a lost answer is a
-no-op on the service.
+signature) until the service takes it; a service that had taken it answers
+``replayed_snapshot`` (a signed snapshot is taken once), and the agent signs
+the next round's with a newer seq.
 
 ``seq`` is the larger of the last seq + 1 and the time in milliseconds, so
 it keeps increasing across restarts without a state file; if the service
@@ -182,9 +183,11 @@ class Agent:
         return self.pending
 
     def _refused(self, exc: ApiError) -> float:
-        if exc.code == "conflict" and exc.detail.get("field") == "snapshot.seq":
+        seq_refused = exc.code in ("conflict", "replayed_snapshot")
+        if seq_refused and exc.detail.get("field") == "snapshot.seq":
             # The service holds this seq or a later one (our clock went back,
-            # or another agent used this name): continue after it.
+            # another agent used this name, or it took a resent snapshot whose
+            # answer was lost: a signed snapshot is taken once): continue after it.
             stored = exc.detail.get("stored_seq")
             self.seq = max(self.seq, stored if isinstance(stored, int) else self.seq)
             self.pending = None

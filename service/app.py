@@ -23,6 +23,7 @@ from service.demo import heartbeat_demo_cluster, register_demo_cluster
 from service.direct_routes import DirectRoutes
 from service.edge.faults import FaultBarrier
 from service.edge.guard import RequestGuard
+from service.edge.rate_limit import RateLimit, RateLimiter
 from service.event_loop import off_loop
 from service.grpc.server import start_grpc
 from service.k8s import endpoints as k8s_routes
@@ -97,6 +98,7 @@ def create_app(
     engine = make_engine(settings.database_url)
     state = ServiceState(settings, engine, clock)
     token_check = TokenCheck(settings.accepted_tokens())
+    limiter = RateLimiter(settings.rate_limit_per_s, settings.rate_limit_burst)
     if not token_check.enabled:
         log.warning("no API tokens configured: the API accepts every caller")
 
@@ -111,7 +113,7 @@ def create_app(
             listener = Listener(psycopg_dsn(settings.database_url), state)
             listener.start()
         demo_nodes = await off_loop(register_demo_cluster, state) if demo else []
-        app.state.grpc = await off_loop(start_grpc, state, token_check)
+        app.state.grpc = await off_loop(start_grpc, state, token_check, limiter)
         task = asyncio.create_task(_background(state, demo_nodes)) if background else None
         try:
             yield
@@ -152,8 +154,13 @@ def create_app(
     # Innermost first: the direct routes run behind the request checks and the token
     # check; a fault anywhere inside is answered by the barrier, outermost.
     app.add_middleware(DirectRoutes, routes=slurm_routes.DIRECT)
-    app.add_middleware(RequestGuard, max_body_bytes=settings.max_body_bytes)
+    app.add_middleware(
+        RequestGuard,
+        max_body_bytes=settings.max_body_bytes,
+        body_timeout_s=settings.body_timeout_s,
+    )
     app.add_middleware(RequireToken, check=token_check)
+    app.add_middleware(RateLimit, limiter=limiter)
     app.add_middleware(FaultBarrier)
     declare_errors(app)
 

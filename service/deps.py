@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fastapi import Request
 
+from service.admin_actions import Caller
 from service.state import ServiceState
 
 
@@ -12,3 +13,8 @@ async def get_state(request: Request) -> ServiceState:
     # hop per request that cost more than a 500-node /score's own work.
     state: ServiceState = request.app.state.service
     return state
+
+
+async def get_caller(request: Request) -> Caller:
+    """Who sent the request, for the actions only some callers may perform."""
+    return Caller(request.headers.get("authorization"), request.app.state.token_check)

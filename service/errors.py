@@ -2,10 +2,16 @@
 
     ServiceError                 {"error": {"code", "message", "detail"}}
     ├── BadRequest        400    the request cannot be understood
+    ├── Forbidden         403    the caller may not do this (e.g. register a node's key)
+    │   ├── BadSignature  403    a snapshot not signed by its node's registered key
+    │   └── NodeKeyRequired 403  a snapshot of a node without a key, from a non-admin
     ├── NotFound          404    no such node / allocation / route
     ├── MethodNotAllowed  405    the route exists, not with this method (Allow)
     ├── Conflict          409    the state says no (e.g. idempotency key reused)
+    │   └── ReplayedSnapshot 409 a signed snapshot not newer than the stored one
     ├── Unschedulable     409    nothing fits now; retry later (Retry-After)
+    ├── RequestTimeout    408    headers or body arrived too slowly (connection closed)
+    ├── RateLimited       429    over the request rate of this token or address (Retry-After)
     ├── InvalidRequest    422    a field, parameter or header is malformed
     ├── Unresolvable      422    nothing could ever fit; change the request
     ├── Unsupported       422    valid, but this service does not do it (GPU shares)
@@ -42,6 +48,19 @@ class BadRequest(ServiceError):
     code = "bad_request"
 
 
+class Forbidden(ServiceError):
+    status = 403
+    code = "forbidden"
+
+
+class BadSignature(Forbidden):
+    code = "bad_signature"
+
+
+class NodeKeyRequired(Forbidden):
+    code = "node_key_required"
+
+
 class NotFound(ServiceError):
     status = 404
     code = "not_found"
@@ -55,6 +74,28 @@ class MethodNotAllowed(ServiceError):
 class Conflict(ServiceError):
     status = 409
     code = "conflict"
+
+
+class ReplayedSnapshot(Conflict):
+    code = "replayed_snapshot"
+
+
+class RequestTimeout(ServiceError):
+    status = 408
+    code = "request_timeout"
+
+
+class RateLimited(ServiceError):
+    """Over the rate; ``retry_after`` is per instance: the seconds until a token is back."""
+
+    status = 429
+    code = "rate_limited"
+
+    def __init__(
+        self, message: str, retry_after: int, detail: dict[str, Any] | None = None
+    ) -> None:
+        super().__init__(message, detail)
+        self.retry_after = retry_after  # type: ignore[misc]
 
 
 class Unschedulable(ServiceError):

@@ -5,8 +5,10 @@ service never sends) and nothing else; a client generated from that
 misreads every error. Here, once the document is built, every operation
 gets the service's ``Error`` schema for each status it can answer:
 
-- every operation: 400, 413 and 414 (the edge checks, service.edge.guard),
+- every operation: 400, 408, 413 and 414 (the edge checks, service.edge),
   422 (validation, including control characters in any parameter), 500;
+- every operation but the probes: 429 (the rate limit, service.edge.rate_limit);
+- the snapshot and key operations: 403 (signatures and admin actions);
 - every operation but /healthz: 503 (the database is down);
 - operations behind the token check: 401, with the bearer security scheme;
 - operations with path parameters: 404; operations that change state: 409.
@@ -28,6 +30,7 @@ from fastapi import FastAPI
 
 from placement.text import PLAIN_PATTERN
 from service.auth import OPEN_PATHS
+from service.edge.rate_limit import UNLIMITED_PATHS
 
 ERROR_SCHEMA: dict[str, Any] = {
     "title": "Error",
@@ -50,11 +53,14 @@ ERROR_REF = {"$ref": "#/components/schemas/Error"}
 DESCRIPTIONS = {
     400: "the request cannot be understood",
     401: "no token, or not one this service accepts",
+    403: "not signed by the node's registered key, or an admin action",
+    408: "the headers or body arrived too slowly; the connection is closed",
     404: "no such node, allocation or job",
     409: "the state says no: nothing fits now (Retry-After), or a conflicting change",
     413: "the body is over the limit",
     414: "the path and query are over the limit",
     422: "a field, parameter or header is invalid, or the request could never fit",
+    429: "over the request rate of this token (Retry-After)",
     500: "a fault of the service",
     503: "the database cannot be reached (Retry-After)",
 }
@@ -62,10 +68,19 @@ _MUTATIONS = frozenset({"post", "put", "patch", "delete"})
 _UNUSED = ("HTTPValidationError", "ValidationError")
 
 
+# Operations that check a node's key or an admin's authority (service/nodes/signatures.py,
+# service/admin_actions.py).
+_SIGNED_OR_ADMIN = frozenset({"/v1/nodes/{name}/snapshot", "/v1/nodes/{name}/key"})
+
+
 def _statuses(path: str, method: str) -> list[int]:
-    statuses = [400, 413, 414, 422, 500]
+    statuses = [400, 408, 413, 414, 422, 500]
     if path != "/healthz":
         statuses.append(503)
+    if path not in UNLIMITED_PATHS:
+        statuses.append(429)
+    if path in _SIGNED_OR_ADMIN and method in _MUTATIONS:
+        statuses.append(403)
     if path not in OPEN_PATHS:
         statuses.append(401)
     if "{" in path:

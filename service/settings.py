@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_DATABASE_URL = "sqlite:///./topoplace.sqlite3"
@@ -36,6 +36,36 @@ class Settings(BaseSettings):
         default=20, ge=1, description="snapshots kept per node, newest first"
     )
     max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
+    header_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="a connection must send a request's headers within this many seconds"
+        " of opening (or of the request's first byte), else 408 and it is closed",
+    )
+    body_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="a request's whole body must arrive within this many seconds of its"
+        " headers, else 408 and the connection is closed",
+    )
+    keep_alive_timeout_s: int = Field(
+        default=5, ge=1, description="an idle kept-alive connection is closed after this"
+    )
+    rate_limit_per_s: float = Field(
+        default=2000.0,
+        ge=0,
+        description="requests a second each token (each client address without one) may"
+        " make over time; 0: no limit. The probes are never limited",
+    )
+    rate_limit_burst: int = Field(
+        default=4000, ge=1, description="requests a token may make at once above the rate"
+    )
+    max_score_nodes: int = Field(
+        default=1000,
+        ge=1,
+        description="the most nodes one /score answer lists; a larger `limit` is refused,"
+        " and `offset` pages through the rest",
+    )
     access_log: bool = Field(
         default=False,
         description="log one line per HTTP request (uvicorn's access log). Off by default:"
@@ -51,6 +81,19 @@ class Settings(BaseSettings):
         default=None, description="a file of accepted bearer tokens, one per line"
     )
 
+    tls_cert: str | None = Field(
+        default=None,
+        description="PEM certificate (chain) the REST and gRPC APIs serve TLS with;"
+        " with tls_key, both APIs speak only TLS",
+    )
+    tls_key: str | None = Field(default=None, description="the PEM private key of tls_cert")
+    trust_on_first_use: bool = Field(
+        default=False,
+        description="let a node's first public key be registered by any caller the token"
+        " check accepts (its agent), not only by an admin; replacing or deleting a key stays"
+        " an admin action",
+    )
+
     grpc_port: int | None = Field(
         default=None,
         ge=0,
@@ -58,6 +101,16 @@ class Settings(BaseSettings):
         description="port of the gRPC API (0: any free one); unset or 'off': no gRPC server."
         " `topoplace serve` uses 50051 unless told otherwise",
     )
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> Settings:
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ValueError("TLS needs both TOPOPLACE_TLS_CERT and TOPOPLACE_TLS_KEY")
+        return self
+
+    @property
+    def tls(self) -> bool:
+        return bool(self.tls_cert and self.tls_key)
 
     @field_validator("grpc_port", mode="before")
     @classmethod

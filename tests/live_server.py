@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -14,13 +16,16 @@ import uvicorn
 from fastapi import FastAPI
 
 
-def _wait_ready(url: str, thread: threading.Thread, timeout_s: float) -> None:
+def _wait_ready(
+    url: str, thread: threading.Thread, timeout_s: float, verify: ssl.SSLContext | bool
+) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if not thread.is_alive():
             pytest.fail("the service thread stopped before it was ready")
         try:
-            if httpx.get(f"{url}/readyz", timeout=1.0, trust_env=False).status_code == 200:
+            answer = httpx.get(f"{url}/readyz", timeout=1.0, trust_env=False, verify=verify)
+            if answer.status_code == 200:
                 return
         except httpx.TransportError:
             pass
@@ -29,19 +34,32 @@ def _wait_ready(url: str, thread: threading.Thread, timeout_s: float) -> None:
 
 
 @contextlib.contextmanager
-def live_server(app: FastAPI, timeout_s: float = 10.0) -> Iterator[str]:
-    """Serve ``app`` until the block ends; yields its base URL once /readyz answers 200."""
+def live_server(
+    app: FastAPI,
+    timeout_s: float = 10.0,
+    *,
+    options: dict[str, Any] | None = None,
+    ca_bundle: str | None = None,
+) -> Iterator[str]:
+    """Serve ``app`` until the block ends; yields its base URL once /readyz answers 200.
+
+    ``options``: more uvicorn settings (``topoplace serve``'s own, say); with
+    ``ssl_certfile`` the URL is https, checked against ``ca_bundle``."""
     # uvicorn serves on a socket bound here, so no other process can take the
     # port between choosing it and listening on it.
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    config = {**(options or {}), "log_level": "warning", "lifespan": "on"}
+    config.pop("host", None), config.pop("port", None)
+    server = uvicorn.Server(uvicorn.Config(app, **config))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
-    url = f"http://127.0.0.1:{port}"
+    tls = bool(config.get("ssl_certfile"))
+    url = f"{'https' if tls else 'http'}://127.0.0.1:{port}"
+    verify: ssl.SSLContext | bool = ssl.create_default_context(cafile=ca_bundle) if tls else True
     try:
-        _wait_ready(url, thread, timeout_s)
+        _wait_ready(url, thread, timeout_s, verify)
         yield url
     finally:
         server.should_exit = True

@@ -129,6 +129,27 @@ def test_dockerfile_runs_the_service_unprivileged() -> None:
 # --- the agents' script against a real service -----------------------------------------
 
 
+def _script(service: dict[str, Any], key_dir: Path) -> str:
+    """The agent service's shell command, its key volume's mount point replaced by key_dir."""
+    (volume,) = service["volumes"]
+    _, _, mount = volume.partition(":")
+    assert mount == "/var/lib/topoplace" and mount in service["command"][2]
+    key_dir.mkdir(parents=True, exist_ok=True)
+    return str(service["command"][2]).replace(mount, str(key_dir))
+
+
+def test_each_agent_keeps_its_key_on_a_volume_of_its_own(
+    services: dict[str, Any], agents: dict[str, dict[str, Any]]
+) -> None:
+    volumes = [service["volumes"][0].partition(":")[0] for service in agents.values()]
+    assert len(set(volumes)) == len(agents)  # one key per node, not one shared
+    yaml = pytest.importorskip("yaml")
+    declared = yaml.safe_load(COMPOSE.read_text(encoding="utf-8"))["volumes"]
+    assert set(volumes) <= set(declared)
+    for service in agents.values():
+        assert "--force" not in service["command"][2]  # a restart must not make a new key
+
+
 @pytest.fixture
 def live_service(tmp_path: Path) -> Iterator[str]:
     import uvicorn
@@ -170,7 +191,7 @@ def test_the_agent_services_report_to_a_live_service(
                 "TOPOPLACE_AGENT_SERVER": live_service,
                 "PATH": f"{bin_dir}:{os.environ.get('PATH', '')}",
             }
-            script = service["command"][2].replace("/tmp/node.key", str(tmp_path / f"{name}.key"))
+            script = _script(service, tmp_path / name)
             procs.append(subprocess.Popen(["sh", "-c", script], env=env))
         wanted = {environment(s)["TOPOPLACE_AGENT_NODE_NAME"] for s in agents.values()}
         deadline = time.monotonic() + 60
@@ -191,3 +212,42 @@ def test_the_agent_services_report_to_a_live_service(
             proc.terminate()
         for proc in procs:
             proc.wait(timeout=10)
+
+
+def test_a_restarted_agent_service_keeps_its_key_and_is_taken(
+    agents: dict[str, dict[str, Any]], live_service: str, tmp_path: Path
+) -> None:
+    """One agent service's command as shipped, started, stopped and started again on the
+    same key volume: the second run signs with the key the service registered."""
+    service = next(iter(agents.values()))
+    env = {
+        **os.environ,
+        **environment(service),
+        "TOPOPLACE_AGENT_SERVER": live_service,
+        "TOPOPLACE_AGENT_INTERVAL_S": "0.2",
+        "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
+    }
+    name = environment(service)["TOPOPLACE_AGENT_NODE_NAME"]
+    key_dir = tmp_path / "volume"
+    script = _script(service, key_dir)
+    seqs, keys = [], []
+    for _ in range(2):
+        proc = subprocess.Popen(["sh", "-c", script], env=env)
+        try:
+            deadline = time.monotonic() + 60
+            while True:
+                assert proc.poll() is None, "the agent exited"
+                assert time.monotonic() < deadline, "the node was never reported"
+                node = httpx.get(f"{live_service}/v1/nodes/{name}", timeout=5)
+                if node.status_code == 200 and (not seqs or node.json()["seq"] > seqs[-1]):
+                    break
+                time.sleep(0.1)
+            seqs.append(node.json()["seq"])
+            keys.append((key_dir / "node.key.pub").read_text().strip())
+        finally:
+            proc.terminate()
+            proc.wait(timeout=10)
+    assert keys[0] == keys[1]
+    stored = httpx.get(f"{live_service}/v1/nodes/{name}/key", timeout=5).json()
+    assert stored["public_key"] == keys[0]
+    assert seqs[1] > seqs[0]  # the restarted agent's signed snapshot was taken

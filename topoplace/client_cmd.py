@@ -36,6 +36,7 @@ EXIT_UNREACHABLE = 3
 
 SERVER_ENV = "TOPOPLACE_SERVER"
 TOKEN_ENV = "TOPOPLACE_TOKEN"
+CA_BUNDLE_ENV = "TOPOPLACE_CA_BUNDLE"
 DEFAULT_SERVER = "http://127.0.0.1:8080"  # where `topoplace serve` listens by default
 DEFAULT_TIMEOUT_S = 10.0
 # The service's codes for a request it could not make sense of: the caller's
@@ -75,6 +76,12 @@ def _service_options() -> argparse.ArgumentParser:
         help=f"a file holding the API token (default: ${TOKEN_ENV}, else none)",
     )
     group.add_argument(
+        "--ca-bundle",
+        metavar="PEM",
+        help=f"CA certificates an https service's certificate must chain to (default:"
+        f" ${CA_BUNDLE_ENV}, else the system's)",
+    )
+    group.add_argument(
         "--json", action="store_true", help="print the service's JSON answer, errors included"
     )
     group.add_argument(
@@ -101,6 +108,24 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 
     p = command("node", show_node, "one node in detail: GPUs, islands, live allocations")
     p.add_argument("name", help="node name")
+
+    p = command(
+        "node-key",
+        do_node_key,
+        "show, register, replace or delete a node's signing key (registering a first key,"
+        " replacing and deleting are admin actions)",
+    )
+    p.add_argument("name", help="node name")
+    change = p.add_mutually_exclusive_group()
+    change.add_argument(
+        "--register",
+        metavar="KEY",
+        help="register this public key: base64, or @PATH of the agent's .pub file",
+    )
+    change.add_argument("--delete", action="store_true", help="forget the node's key")
+    p.add_argument(
+        "--replace", action="store_true", help="with --register: replace a different key"
+    )
 
     p = command("topo", show_topology, "a node's GPU topology as `nvidia-smi topo -m` prints it")
     p.add_argument("node", help="node name")
@@ -245,7 +270,8 @@ def run(action: Action, args: argparse.Namespace) -> int:
         print(f"error: --token-file: {exc}", file=sys.stderr)
         return EXIT_USAGE
     try:
-        client = TopoplaceClient(server, timeout=args.timeout, token=token)
+        ca_bundle = args.ca_bundle or os.environ.get(CA_BUNDLE_ENV, "").strip() or None
+        client = TopoplaceClient(server, timeout=args.timeout, token=token, ca_bundle=ca_bundle)
     except ValueError as exc:
         print(f"error: {source}: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -406,6 +432,30 @@ def show_nodes(client: TopoplaceClient, args: argparse.Namespace) -> None:
         for n in nodes
     ]
     print(_table(["NAME", "STATE", "FREE/GPUS", "FREE ISLANDS (free/size)", "REGION"], rows))
+
+
+def do_node_key(client: TopoplaceClient, args: argparse.Namespace) -> None:
+    if args.delete:
+        client.delete_node_key(args.name)
+        print(f"node {args.name}: key deleted")
+        return
+    if args.register is not None:
+        key = args.register
+        if key.startswith("@"):
+            try:
+                with open(key[1:], encoding="ascii") as handle:
+                    key = handle.readline()
+            except (OSError, UnicodeDecodeError) as exc:
+                print(f"error: --register: cannot read {key[1:]}: {exc}", file=sys.stderr)
+                raise SystemExit(EXIT_USAGE) from None
+        view = client.put_node_key(args.name, key.strip(), replace=args.replace)
+    else:
+        view = client.node_key(args.name)
+    if args.json:
+        print_json(view)
+        return
+    shown = ("node", "algorithm", "public_key", "registered_at")
+    print(_fields([(k, str(view[k])) for k in shown]))
 
 
 def show_node(client: TopoplaceClient, args: argparse.Namespace) -> None:

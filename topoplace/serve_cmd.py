@@ -38,6 +38,14 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         "--no-grpc", action="store_true", help="serve REST only (or TOPOPLACE_GRPC_PORT=off)"
     )
     serve.add_argument(
+        "--tls-cert",
+        metavar="PEM",
+        help="serve REST and gRPC over TLS with this certificate chain (TOPOPLACE_TLS_CERT)",
+    )
+    serve.add_argument(
+        "--tls-key", metavar="PEM", help="the certificate's private key (TOPOPLACE_TLS_KEY)"
+    )
+    serve.add_argument(
         "--access-log",
         action="store_true",
         help="log every HTTP request (TOPOPLACE_ACCESS_LOG; off by default)",
@@ -63,6 +71,8 @@ def _settings(args: argparse.Namespace) -> Settings:
             "database_url": getattr(args, "database_url", None),
             "migrate_on_start": False if getattr(args, "no_migrate", False) else None,
             "access_log": True if getattr(args, "access_log", False) else None,
+            "tls_cert": getattr(args, "tls_cert", None),
+            "tls_key": getattr(args, "tls_key", None),
             "grpc_port": "off"
             if getattr(args, "no_grpc", False)
             else getattr(args, "grpc_port", None),
@@ -79,14 +89,33 @@ def run_serve(args: argparse.Namespace) -> int:
 
     settings = _with_grpc_port(_settings(args))
     app = create_app(settings, demo=args.demo)
-    uvicorn.run(
-        app,
-        host=settings.host,
-        port=settings.port,
-        log_level="info",
-        access_log=settings.access_log,
-    )
+    uvicorn.run(app, **uvicorn_options(settings))
     return 0
+
+
+def header_deadline_protocol(seconds: float) -> type:
+    from service.edge.slow_headers import with_header_deadline
+
+    return with_header_deadline(seconds)
+
+
+def uvicorn_options(settings: Settings) -> dict[str, Any]:
+    """uvicorn's settings for ``serve``: address, TLS and the connection limits
+    (docs/security.md, "Limits")."""
+    options: dict[str, Any] = {
+        "host": settings.host,
+        "port": settings.port,
+        "log_level": "info",
+        "access_log": settings.access_log,
+        # An idle kept-alive connection is closed after this; a slow request's headers
+        # and body have their own deadline in the request guard (service/edge).
+        "timeout_keep_alive": settings.keep_alive_timeout_s,
+        "http": header_deadline_protocol(settings.header_timeout_s),
+    }
+    if settings.tls:
+        options["ssl_certfile"] = settings.tls_cert
+        options["ssl_keyfile"] = settings.tls_key
+    return options
 
 
 def _with_grpc_port(settings: Settings) -> Settings:

@@ -91,7 +91,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         default=DEFAULT_CONFIG,
         metavar="PATH",
         help=f"topoplace.conf shared with job_submit.lua (default {DEFAULT_CONFIG}):"
-        " server, token_file, scontrol, slurm_conf",
+        " server, token_file, ca_file, scontrol, slurm_conf",
     )
     p.add_argument("--job", metavar="ID", help="the job (default: $SLURM_JOB_ID)")
     p.set_defaults(func=run_epilog)
@@ -151,6 +151,7 @@ def run_epilog(args: argparse.Namespace) -> int:
         os.environ["SLURM_CONF"] = config["slurm_conf"]
     args.server = args.server or config.get("server")
     args.token_file = args.token_file or config.get("token_file")
+    args.ca_bundle = getattr(args, "ca_bundle", None) or config.get("ca_file")
     try:
         ids = allocation_ids(admin_comment(config.get("scontrol", "scontrol"), job))
     except (OSError, RuntimeError, subprocess.TimeoutExpired) as exc:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import ssl
 import subprocess
 import sys
 import urllib.error
@@ -71,7 +72,11 @@ def report(config: dict[str, str], job: str) -> str:
     token = _token(config)
     if token:
         request.add_header("Authorization", f"Bearer {token}")
-    with urllib.request.urlopen(request, timeout=TIMEOUT_S) as answer:
+    # https: the CA bundle of topoplace.conf's ca_file, else the system's.
+    context = None
+    if server.startswith("https://"):
+        context = ssl.create_default_context(cafile=config.get("ca_file") or None)
+    with urllib.request.urlopen(request, timeout=TIMEOUT_S, context=context) as answer:
         body: bytes = answer.read()
     return body.decode(errors="replace")
 

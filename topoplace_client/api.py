@@ -90,6 +90,15 @@ def normalize_server_url(url: str) -> str:
     return url.rstrip("/")
 
 
+def tls_context(ca_bundle: str) -> ssl.SSLContext:
+    """A client context trusting only the CAs in ``ca_bundle`` (certificate and host name
+    verified); ValueError naming the file when it cannot be read."""
+    try:
+        return ssl.create_default_context(cafile=ca_bundle)
+    except (OSError, ssl.SSLError) as exc:
+        raise ValueError(f"cannot read the CA bundle {ca_bundle}: {exc}") from None
+
+
 def _json_or_none(response: httpx.Response) -> Any:
     try:
         return response.json()
@@ -112,7 +121,10 @@ class TopoplaceClient:
         timeout: float = DEFAULT_TIMEOUT_S,
         transport: httpx.BaseTransport | None = None,
         token: str | None = None,
+        ca_bundle: str | None = None,
     ) -> None:
+        """``ca_bundle``: a PEM file of the certificate authorities an https service's
+        certificate must chain to (default: the system's); the host name is checked too."""
         self.server = normalize_server_url(server)
         self.timeout = timeout
         if transport is None and self.server.startswith("http://"):
@@ -120,6 +132,8 @@ class TopoplaceClient:
             # tens of milliseconds, a noticeable share of a command's run. The
             # empty context still verifies, so it would refuse any TLS peer.
             transport = httpx.HTTPTransport(verify=ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT))
+        elif transport is None and ca_bundle:
+            transport = httpx.HTTPTransport(verify=tls_context(ca_bundle))
         headers = {"Authorization": f"Bearer {token}"} if token else None
         self._http = httpx.Client(
             base_url=self.server, timeout=timeout, transport=transport, headers=headers
@@ -229,11 +243,13 @@ class TopoplaceClient:
         """POST /v1/nodes/{name}/heartbeat (204)."""
         self._request("POST", f"/v1/nodes/{_segment(name)}/heartbeat")
 
-    def put_node_key(self, name: str, public_key: str) -> JSONObject:
-        """PUT /v1/nodes/{name}/key: register the node's Ed25519 public key (base64)."""
+    def put_node_key(self, name: str, public_key: str, *, replace: bool = False) -> JSONObject:
+        """PUT /v1/nodes/{name}/key: register the node's Ed25519 public key (base64);
+        ``replace``: replace a different registered key (an admin action)."""
         path = f"/v1/nodes/{_segment(name)}/key"
         body = {"algorithm": "ed25519", "public_key": public_key}
-        return self._object(self._request("PUT", path, json=body))
+        params = {"replace": "true"} if replace else None
+        return self._object(self._request("PUT", path, params=params, json=body))
 
     def node_key(self, name: str) -> JSONObject:
         """GET /v1/nodes/{name}/key: the registered public key."""

@@ -3,9 +3,14 @@
 -- Lua 5.1 with luasocket and lua-cjson (Debian: lua-socket, lua-cjson).
 -- Settings come from topoplace.conf in the same directory (next to
 -- slurm.conf), "key = value" lines, "#" comments:
---   server = http://127.0.0.1:8080   the topoplace service
+--   server = http://127.0.0.1:8080   the topoplace service (https://... for TLS)
 --   timeout_ms = 100                  the whole HTTP exchange, connect included
 --   token_file = /etc/slurm/topoplace.token   bearer token, first line (optional)
+--   ca_file = /etc/slurm/topoplace-ca.crt     https: the CA bundle the service's
+--                                     certificate must chain to (default: the
+--                                     system's, /etc/ssl/certs)
+-- https needs LuaSec (Debian: lua-sec); the certificate's chain and its names
+-- (subjectAltName DNS or IP) are checked against the server's host.
 -- Raw HTTP/1.1 on one kept-alive connection, with a deadline per step:
 -- slurmctld holds its locks while job_submit runs, so a slow service must cost
 -- at most the timeout, and any failure lets the job through unchanged.
@@ -52,8 +57,10 @@ end
 M.config = read_config(script_dir() .. "topoplace.conf")
 M.timeout_s = (tonumber(M.config.timeout_ms) or 100) / 1000
 M.token = read_token(M.config.token_file)
-local host, port, base = M.config.server:match("^http://([^:/]+):?(%d*)(.-)/*$")
-M.host, M.port, M.base = host or "127.0.0.1", tonumber(port) or 80, base or ""
+local scheme, host, port, base = M.config.server:match("^(https?)://([^:/]+):?(%d*)(.-)/*$")
+M.tls = scheme == "https"
+M.host, M.base = host or "127.0.0.1", base or ""
+M.port = tonumber(port) or (M.tls and 443 or 80)
 
 M.NO_VAL = 4294967294
 
@@ -109,6 +116,57 @@ local function exchange(tcp, request)
   return read_response(tcp)
 end
 
+-- Whether the certificate names host: LuaSec checks the chain, not the name.
+local function names_host(cert, wanted)
+  local extensions = cert and cert:extensions() or {}
+  local names = extensions["2.5.29.17"] or {}
+  for _, ip in ipairs(names.iPAddress or {}) do
+    if ip == wanted then
+      return true
+    end
+  end
+  for _, name in ipairs(names.dNSName or {}) do
+    local suffix = name:match("^%*(%..+)$")
+    if name:lower() == wanted:lower() then
+      return true
+    end
+    if suffix and wanted:lower():sub(-#suffix) == suffix:lower()
+        and not wanted:sub(1, #wanted - #suffix):find(".", 1, true) then
+      return true
+    end
+  end
+  return false
+end
+
+-- The connection wrapped in TLS, the server's certificate verified; or nil, why.
+local function secured(tcp)
+  local ok_ssl, ssl = pcall(require, "ssl")
+  if not ok_ssl then
+    return nil, "https needs LuaSec (lua-sec)"
+  end
+  local conn, err = ssl.wrap(tcp, {
+    mode = "client",
+    protocol = "any",
+    options = { "all", "no_sslv2", "no_sslv3", "no_tlsv1", "no_tlsv1_1" },
+    verify = { "peer", "fail_if_no_peer_cert" },
+    cafile = M.config.ca_file,
+    capath = M.config.ca_file == nil and "/etc/ssl/certs" or nil,
+  })
+  if conn == nil then
+    return nil, err
+  end
+  conn:sni(M.host)
+  conn:settimeout(M.timeout_s)
+  local ok, handshake_err = conn:dohandshake()
+  if not ok then
+    return nil, handshake_err
+  end
+  if not names_host(conn:getpeercertificate(), M.host) then
+    return nil, "the service's certificate does not name " .. M.host
+  end
+  return conn
+end
+
 local function fresh()
   local tcp = socket.tcp()
   tcp:settimeout(M.timeout_s, "t") -- a deadline for each step below
@@ -116,6 +174,14 @@ local function fresh()
   if not ok then
     tcp:close()
     return nil, err
+  end
+  if M.tls then
+    local conn, tls_err = secured(tcp)
+    if conn == nil then
+      tcp:close()
+      return nil, tls_err
+    end
+    return conn
   end
   return tcp
 end

@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, Path, Query, Response, status
 
-from service.allocations import api
+from service.allocations import api, score_pages
 from service.allocations.encoding import allocation_json, allocation_list_json
 from service.allocations.schemas import (
     AllocationList,
@@ -65,8 +65,22 @@ SCORE_ON_LOOP_NODES = 2_000
 
 
 @router.post("/score", response_model=ScoreResult)
-async def score(body: ScoreRequest, state: State) -> Response:
-    """Rank nodes for a request without reserving: per node the GPUs it would get, or why not."""
+async def score(
+    body: ScoreRequest,
+    state: State,
+    limit: Annotated[int | None, Query(ge=1, description="nodes in this page")] = None,
+    offset: Annotated[int, Query(ge=0, description="nodes of the answer skipped")] = 0,
+) -> Response:
+    """Rank nodes for a request without reserving: per node the GPUs it would get, or why not.
+
+    At most TOPOPLACE_MAX_SCORE_NODES nodes per answer; page larger ones with limit/offset."""
+    maximum = state.settings.max_score_nodes
+    count = score_pages.listed_count(body.nodes, len(state.cluster))
+    if score_pages.check_bound(count, limit, offset, maximum):
+        rows = await off_loop(api.score, state, body)
+        return Response(
+            score_pages.page_json(rows, limit, offset, maximum), media_type="application/json"
+        )
     if body.nodes is not None and len(body.nodes) <= SCORE_ON_LOOP_NODES:
         encoded = api.score_json(state, body)
     else:

@@ -138,3 +138,8 @@ class NodeScoreView(BaseModel):
 
 class ScoreResult(BaseModel):
     nodes: list[NodeScoreView]
+    total: int | None = Field(default=None, description="paged answers: nodes in all pages")
+    offset: int | None = Field(default=None, description="paged answers: this page's start")
+    next_offset: int | None = Field(
+        default=None, description="paged answers: the next page's offset; null on the last"
+    )

@@ -6,7 +6,10 @@
   query string or the headers the service reads (422 ``invalid_request``):
   they go to the database as they are, and no route has a use for them.
 - The body is read here, counted as it arrives, and refused with 413 as soon
-  as it passes the limit, whether it came with a Content-Length or chunked;
+  as it passes the limit, whether it came with a Content-Length or chunked,
+  and with 408 when it has not all arrived within ``body_timeout_s`` (the
+  connection is closed after either: the rest of the body is never read;
+  the headers' own deadline is slow_headers.py);
   it is then checked for nesting depth (json_scan) and handed on, whole, to
   the application, which reads it as usual. Control characters in the body
   are refused field by field (``placement.text.Text``): free-form bodies
@@ -20,6 +23,7 @@ and a count of brackets in the body.
 
 from __future__ import annotations
 
+import asyncio
 import re
 from urllib.parse import unquote
 
@@ -27,7 +31,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from placement.text import forbidden_character
 from service.edge.json_scan import MAX_DEPTH, too_deep
-from service.errors import InvalidRequest, ServiceError, TooLarge, UriTooLong
+from service.errors import InvalidRequest, RequestTimeout, ServiceError, TooLarge, UriTooLong
 from service.responses import error_response
 
 MAX_URL_BYTES = 8 * 1024
@@ -39,9 +43,10 @@ _READ_HEADERS = frozenset({b"idempotency-key", b"authorization"})
 
 
 class RequestGuard:
-    def __init__(self, app: ASGIApp, max_body_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_body_bytes: int, body_timeout_s: float = 30.0) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
+        self.body_timeout_s = body_timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -51,10 +56,19 @@ class RequestGuard:
         if refusal is not None:
             await error_response(refusal)(scope, receive, send)
             return
-        body, end, refusal = await self._read_body(receive)
+        try:
+            async with asyncio.timeout(self.body_timeout_s):
+                body, end, refusal = await self._read_body(receive)
+        except TimeoutError:
+            body, end = b"", None
+            refusal = RequestTimeout(
+                f"the request's body did not arrive within {self.body_timeout_s:g} s"
+                " (TOPOPLACE_BODY_TIMEOUT_S)",
+                {"limit_s": self.body_timeout_s, "part": "body"},
+            )
         if refusal is not None:
             response = error_response(refusal)
-            if isinstance(refusal, TooLarge):
+            if isinstance(refusal, TooLarge | RequestTimeout):
                 # The rest of the body is not read: the connection cannot carry another request.
                 response.headers["Connection"] = "close"
             await response(scope, receive, send)

@@ -25,11 +25,14 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from service.auth import TokenCheck
+from service.edge.rate_limit import RateLimiter
 from service.event_loop import off_loop
 from service.grpc.auth import RequireToken
 from service.grpc.gen import topoplace_pb2 as pb
 from service.grpc.gen import topoplace_pb2_grpc as pb_grpc
+from service.grpc.rate_limit import RateLimit
 from service.grpc.servicer import TopoplaceServicer
+from service.settings import Settings
 from service.state import ServiceState
 
 # Announced beside uvicorn's own "running on" line, on the logger uvicorn configures.
@@ -50,9 +53,12 @@ class GrpcServer:
         port: int,
         *,
         health_interval_s: float | None = None,
+        limiter: RateLimiter | None = None,
     ) -> None:
         self.state = state
         self.check = check
+        settings = state.settings
+        self.limiter = limiter or RateLimiter(settings.rate_limit_per_s, settings.rate_limit_burst)
         self.host = host
         self.requested_port = port
         self.port: int | None = None  # the bound one (port 0 picks a free one)
@@ -94,7 +100,12 @@ class GrpcServer:
         self._stop = asyncio.Event()
         try:
             server, health_servicer = self._build()
-            port = server.add_insecure_port(f"{self.host}:{self.requested_port}")
+            address = f"{self.host}:{self.requested_port}"
+            credentials = server_credentials(self.state.settings)
+            if credentials is None:
+                port = server.add_insecure_port(address)
+            else:
+                port = server.add_secure_port(address, credentials)
             if port == 0:
                 raise OSError("the address is in use or not available")
             await server.start()
@@ -104,7 +115,12 @@ class GrpcServer:
             self._started.set()
             return
         self.port = port
-        announce.info("gRPC API on %s:%d (health and reflection on)", self.host, port)
+        announce.info(
+            "gRPC API on %s:%d (%s; health and reflection on)",
+            self.host,
+            port,
+            "TLS" if self.state.settings.tls else "plaintext",
+        )
         self._started.set()
         probe = asyncio.create_task(self._probe(health_servicer))
         await self._stop.wait()
@@ -115,13 +131,13 @@ class GrpcServer:
 
     def _build(self) -> tuple[grpc.aio.Server, health.aio.HealthServicer]:
         server = grpc.aio.server(
-            interceptors=[RequireToken(self.check)],
+            interceptors=[RateLimit(self.limiter), RequireToken(self.check)],
             options=[
                 ("grpc.max_receive_message_length", self.state.settings.max_body_bytes),
                 ("grpc.so_reuseport", 0),  # a port in use is an error, not shared
             ],
         )
-        pb_grpc.add_TopoplaceServicer_to_server(TopoplaceServicer(self.state), server)
+        pb_grpc.add_TopoplaceServicer_to_server(TopoplaceServicer(self.state, self.check), server)
         health_servicer = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
         names = (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME)
@@ -150,11 +166,22 @@ class GrpcServer:
         return self.state.loaded
 
 
-def start_grpc(state: ServiceState, check: TokenCheck) -> GrpcServer | None:
+def server_credentials(settings: Settings) -> grpc.ServerCredentials | None:
+    """TLS credentials from TOPOPLACE_TLS_CERT/KEY, the files REST serves too; None without."""
+    if not settings.tls:
+        return None
+    assert settings.tls_cert is not None and settings.tls_key is not None
+    with open(settings.tls_key, "rb") as key, open(settings.tls_cert, "rb") as cert:
+        return grpc.ssl_server_credentials([(key.read(), cert.read())])
+
+
+def start_grpc(
+    state: ServiceState, check: TokenCheck, limiter: RateLimiter | None = None
+) -> GrpcServer | None:
     """Start the gRPC API when TOPOPLACE_GRPC_PORT is set; None otherwise."""
     port = state.settings.grpc_port
     if port is None:
         return None
-    server = GrpcServer(state, check, state.settings.host, port)
+    server = GrpcServer(state, check, state.settings.host, port, limiter=limiter)
     server.start()
     return server

@@ -16,8 +16,10 @@ from google.protobuf.message import Message
 from pydantic import ValidationError
 
 from placement.text import forbidden_character
+from service.admin_actions import Caller
 from service.allocations import api as allocations
 from service.allocations.schemas import ExtendRequest, PlaceRequest, ScoreRequest
+from service.auth import TokenCheck
 from service.event_loop import off_loop
 from service.grpc import convert, status_map
 from service.grpc.gen import topoplace_pb2 as pb
@@ -70,8 +72,9 @@ def _check_key(key: str) -> None:
 
 
 class TopoplaceServicer(pb_grpc.TopoplaceServicer):
-    def __init__(self, state: ServiceState) -> None:
+    def __init__(self, state: ServiceState, check: TokenCheck | None = None) -> None:
         self.state = state
+        self.check = check if check is not None else TokenCheck(())
 
     async def _run(self, request: Message, context: Context, call: Callable[[], T]) -> T:
         """``call`` on a worker thread, its refusals and faults as gRPC statuses.
@@ -95,6 +98,8 @@ class TopoplaceServicer(pb_grpc.TopoplaceServicer):
     async def ReportSnapshot(
         self, request: pb.ReportSnapshotRequest, context: Context
     ) -> pb.SnapshotAccepted:
+        caller = Caller(_metadata(context, "authorization"), self.check)
+
         def call() -> pb.SnapshotAccepted:
             from placement import NodeSnapshot
 
@@ -104,7 +109,7 @@ class TopoplaceServicer(pb_grpc.TopoplaceServicer):
                 raise Refused(status_map.from_validation(exc, "snapshot_json")) from None
             signature = request.signature if request.HasField("signature") else None
             report = _validate(SnapshotReport, {"snapshot": snapshot, "signature": signature})
-            accepted = nodes.report_snapshot(self.state, request.node, report)
+            accepted = nodes.report_snapshot(self.state, request.node, report, caller)
             return pb.SnapshotAccepted(
                 node=accepted.node, seq=accepted.seq, changed=accepted.changed
             )

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Path, Response, status
+from fastapi import APIRouter, Depends, Path, Query, Response, status
 
 from placement.snapshot import NODE_NAME_PATTERN
-from service.deps import get_state
+from service.admin_actions import Caller
+from service.deps import get_caller, get_state
 from service.nodes import observed as service
 from service.nodes.schemas import (
     NodeKeyRegistration,
@@ -22,6 +23,7 @@ from service.state import ServiceState
 
 router = APIRouter(prefix="/v1/nodes", tags=["nodes"])
 State = Annotated[ServiceState, Depends(get_state)]
+Who = Annotated[Caller, Depends(get_caller)]
 # As long as the database's column; control characters are refused by the request guard.
 NodeName = Annotated[str, Path(min_length=1, max_length=253)]
 # A key is registered only for a valid node name (register_key checks it); the document
@@ -32,9 +34,12 @@ NewNodeName = Annotated[
 
 
 @router.put("/{name}/snapshot", response_model=SnapshotAccepted)
-def put_snapshot(name: NodeName, report: SnapshotReport, state: State) -> SnapshotAccepted:
-    """An agent reports its node's full snapshot (on start and whenever it changes)."""
-    return service.report_snapshot(state, name, report)
+def put_snapshot(
+    name: NodeName, report: SnapshotReport, state: State, caller: Who
+) -> SnapshotAccepted:
+    """An agent reports its node's full snapshot (on start and whenever it changes), signed
+    by the node's registered key (docs/security.md)."""
+    return service.report_snapshot(state, name, report, caller)
 
 
 @router.post("/{name}/heartbeat", status_code=status.HTTP_204_NO_CONTENT)
@@ -44,9 +49,18 @@ def post_heartbeat(name: NodeName, state: State) -> Response:
 
 
 @router.put("/{name}/key", response_model=NodeKeyView)
-def put_key(name: NewNodeName, key: NodeKeyRegistration, state: State) -> NodeKeyView:
-    """An agent registers the Ed25519 public key it signs snapshots with (first key wins)."""
-    return service.register_key(state, name, key)
+def put_key(
+    name: NewNodeName,
+    key: NodeKeyRegistration,
+    state: State,
+    caller: Who,
+    replace: Annotated[
+        bool, Query(description="replace a different registered key (an admin action)")
+    ] = False,
+) -> NodeKeyView:
+    """Register the Ed25519 public key a node signs snapshots with: an admin action, or its
+    agent's on first use when the service trusts on first use (docs/security.md)."""
+    return service.register_key(state, name, key, caller, replace=replace)
 
 
 @router.get("/{name}/key", response_model=NodeKeyView)
@@ -55,9 +69,10 @@ def get_key(name: NodeName, state: State) -> NodeKeyView:
 
 
 @router.delete("/{name}/key", status_code=status.HTTP_204_NO_CONTENT)
-def delete_key(name: NodeName, state: State) -> Response:
-    """Forget a node's key, so that a new one (a reinstalled node) can be registered."""
-    service.delete_key(state, name)
+def delete_key(name: NodeName, state: State, caller: Who) -> Response:
+    """Forget a node's key, so that a new one (a reinstalled node) can be registered (an
+    admin action)."""
+    service.delete_key(state, name, caller)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 

@@ -8,6 +8,7 @@ node's ``state`` when it is read).
 
 from __future__ import annotations
 
+from service.admin_actions import INTERNAL, Caller
 from service.nodes import service
 from service.nodes.schemas import NodeView, SnapshotAccepted, SnapshotReport
 from service.nodes.service import (
@@ -37,8 +38,10 @@ __all__ = [
 ]
 
 
-def report_snapshot(state: ServiceState, name: str, report: SnapshotReport) -> SnapshotAccepted:
-    accepted = service.report_snapshot(state, name, report)
+def report_snapshot(
+    state: ServiceState, name: str, report: SnapshotReport, caller: Caller = INTERNAL
+) -> SnapshotAccepted:
+    accepted = service.report_snapshot(state, name, report, caller)
     if accepted.changed:
         state.events.publish("node", "reported", node=name)
     return accepted

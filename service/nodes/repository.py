@@ -45,16 +45,21 @@ def insert_snapshot(conn: Connection, snap: StoredSnapshot, now: datetime) -> No
     conn.execute(sa.insert(schema.nodes).values(name=snap.name, cordoned=False, **snap.values(now)))
 
 
-def update_snapshot(conn: Connection, snap: StoredSnapshot, now: datetime) -> bool:
-    """Store a newer snapshot, or the same one again; False when the stored one is newer.
+def update_snapshot(
+    conn: Connection, snap: StoredSnapshot, now: datetime, *, same_again: bool = True
+) -> bool:
+    """Store a newer snapshot, or (``same_again``) the same one again; False when the stored
+    one is newer (or, without ``same_again``, not older).
 
     The seq rule is the statement's condition, not a read before it: of two
     reports racing, the older can never overwrite the newer.
     """
     nodes = schema.nodes
-    not_older = sa.or_(
-        nodes.c.seq < snap.seq, sa.and_(nodes.c.seq == snap.seq, nodes.c.snapshot == snap.body)
-    )
+    not_older = nodes.c.seq < snap.seq
+    if same_again:
+        not_older = sa.or_(
+            not_older, sa.and_(nodes.c.seq == snap.seq, nodes.c.snapshot == snap.body)
+        )
     result = conn.execute(
         sa.update(nodes).where(nodes.c.name == snap.name, not_older).values(**snap.values(now))
     )

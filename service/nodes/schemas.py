@@ -27,7 +27,10 @@ class SnapshotReport(BaseModel):
 
     snapshot: NodeSnapshot
     signature: Text | None = Field(
-        default=None, max_length=512, description="Ed25519 signature (stored, not yet enforced)"
+        default=None,
+        max_length=512,
+        description="the node's Ed25519 signature over the snapshot, standard base64"
+        " (docs/agent.md); required once the node has a registered key",
     )
 
 

@@ -16,6 +16,7 @@ from sqlalchemy.exc import IntegrityError
 from placement import NodeSnapshot, bandwidth_matrix
 from placement.topo_text import render_topo_matrix
 from service import schema
+from service.admin_actions import INTERNAL, Caller, require_admin
 from service.errors import Conflict, NotFound
 from service.nodes import repository
 from service.nodes.schemas import (
@@ -210,11 +211,21 @@ def _key_view(row: sa.RowMapping) -> NodeKeyView:
     )
 
 
-def register_key(state: ServiceState, name: str, key: NodeKeyRegistration) -> NodeKeyView:
-    """Trust on first use: the first key a node name gets stays until it is deleted.
+def register_key(
+    state: ServiceState,
+    name: str,
+    key: NodeKeyRegistration,
+    caller: Caller = INTERNAL,
+    *,
+    replace: bool = False,
+) -> NodeKeyView:
+    """Register the key a node signs its snapshots with (docs/security.md).
 
-    The same key again is accepted (agents register on every start); a
-    different one is a conflict, so a stray agent cannot take over a name.
+    A node's first key is registered by an admin, or by anyone the token
+    check lets through when the operator trusts on first use
+    (TOPOPLACE_TRUST_ON_FIRST_USE). The same key again is accepted (agents
+    register on every start); a different one is a conflict, so a stray
+    agent cannot take over a name, unless an admin ``replace``s it.
     """
     try:
         NodeSnapshot(name=name)
@@ -222,11 +233,17 @@ def register_key(state: ServiceState, name: str, key: NodeKeyRegistration) -> No
         raise RequestValidationError(
             [{"loc": ("path", "name"), "msg": exc.errors()[0]["msg"], "type": "value_error"}]
         ) from None
+    if replace:
+        require_admin(caller, "replacing a node's key")
     for _ in range(2):  # a concurrent first registration may win the insert
         try:
             with state.engine.begin() as conn:
                 row = repository.get_key(conn, name)
-                if row is None:
+                if row is None or (replace and _differs(row, key)):
+                    if row is None and not state.settings.trust_on_first_use:
+                        require_admin(caller, "registering a node's first key")
+                    if row is not None:
+                        repository.delete_key(conn, name)
                     repository.insert_key(
                         conn,
                         name=name,
@@ -238,14 +255,19 @@ def register_key(state: ServiceState, name: str, key: NodeKeyRegistration) -> No
                     assert row is not None
         except IntegrityError:
             continue
-        if row["public_key"] != key.public_key or row["algorithm"] != key.algorithm:
+        if _differs(row, key):
             raise Conflict(
                 f"node {name!r} already has a different {row['algorithm']} public key;"
-                f" delete it first (DELETE /v1/nodes/{name}/key) to register a new one",
+                f" an admin replaces it (PUT /v1/nodes/{name}/key?replace=true) or deletes it"
+                f" (DELETE /v1/nodes/{name}/key)",
                 {"field": "public_key"},
             )
         return _key_view(row)
     raise Conflict(f"the key of node {name!r} changed while registering; try again")
+
+
+def _differs(row: sa.RowMapping, key: NodeKeyRegistration) -> bool:
+    return bool(row["public_key"] != key.public_key or row["algorithm"] != key.algorithm)
 
 
 def get_key(state: ServiceState, name: str) -> NodeKeyView:
@@ -256,7 +278,8 @@ def get_key(state: ServiceState, name: str) -> NodeKeyView:
     return _key_view(row)
 
 
-def delete_key(state: ServiceState, name: str) -> None:
+def delete_key(state: ServiceState, name: str, caller: Caller = INTERNAL) -> None:
+    require_admin(caller, "deleting a node's key")
     with state.engine.begin() as conn:
         if not repository.delete_key(conn, name):
             raise NotFound(f"no public key is registered for node {name!r}")

@@ -1,8 +1,10 @@
 """Snapshots in: an agent's report checked, stored and applied.
 
-Everything is checked before anything is kept: a snapshot the engine could
-not load (422, loadable.py), a seq older than the stored one or an equal
-seq with other content (409), a device another node holds (409,
+Everything is checked before anything is kept: its signature against the
+node's registered key (403, signatures.py), a snapshot the engine could not
+load (422, loadable.py), a seq older than the stored one or an equal seq
+with other content (409; for a node with a key, any seq not newer is a
+replay: 409 ``replayed_snapshot``), a device another node holds (409,
 device_owners.py). The seq rule is also the condition of the write, so of
 racing reports the newest wins whatever their order, and a first report
 racing another first one is retried as a later one.
@@ -18,9 +20,10 @@ from sqlalchemy.exc import IntegrityError
 from placement import Health, NodeSnapshot
 from placement.snapshot import MAX_SEQ
 from service import schema
-from service.errors import BadRequest, Conflict
+from service.admin_actions import INTERNAL, Caller
+from service.errors import BadRequest, Conflict, ReplayedSnapshot
 from service.nodes import device_owners as owners
-from service.nodes import repository
+from service.nodes import repository, signatures
 from service.nodes.loadable import check_loadable
 from service.nodes.schemas import SnapshotAccepted, SnapshotReport
 from service.notify import publish
@@ -29,10 +32,14 @@ from service.state import ServiceState
 FIRST_REPORT_TRIES = 3  # a first snapshot racing another first one re-reads and tries again
 
 
-def report_snapshot(state: ServiceState, name: str, report: SnapshotReport) -> SnapshotAccepted:
+def report_snapshot(
+    state: ServiceState, name: str, report: SnapshotReport, caller: Caller = INTERNAL
+) -> SnapshotAccepted:
     """Store a node's snapshot and apply it; everything is checked before anything is kept.
 
-    Refused: a snapshot the engine could not load (422, loadable.py), a seq
+    ``caller`` is who sent it (the transports pass theirs; the default is the
+    process itself). Refused: a signature that is not the node's registered
+    key's (403, signatures.py), a snapshot the engine could not load (422, loadable.py), a seq
     older than the stored one or an equal seq with other content (409), and
     a GPU or MIG UUID that another node's snapshot holds (409). The seq rule
     is also the condition of the write, so of racing reports the newest
@@ -44,13 +51,15 @@ def report_snapshot(state: ServiceState, name: str, report: SnapshotReport) -> S
             f"snapshot.name is {snap.name!r} but the URL names node {name!r}",
             {"field": "snapshot.name"},
         )
+    with state.engine.connect() as conn:
+        key = signatures.verified_key(conn, name, report, caller)
     body = check_loadable(snap, state.cluster)
     devices = owners.device_uuids(snap)
     now = state.clock()
     for _ in range(FIRST_REPORT_TRIES):
         memory = owners.devices_in_memory(state, name, devices)
         try:
-            changed = _store(state, name, report, body, devices, memory, now)
+            changed = _store(state, name, report, body, devices, memory, now, key)
         except IntegrityError:
             continue  # another first report of this node was inserted meanwhile
         break
@@ -72,25 +81,28 @@ def _store(
     devices: set[str],
     memory: owners.MemoryDevices,
     now: datetime,
+    key: str | None,
 ) -> bool:
     """The report's transaction; whether the snapshot changed. IntegrityError: a first
     report of this node was stored meanwhile (the transaction is undone)."""
     snap = report.snapshot
     with state.engine.begin() as conn:
         repository.lock_device_uuids(conn, devices)
+        signatures.check_unchanged(conn, name, key)
+        keyed = key is not None
         row = repository.get(conn, name)
         if row is not None:
-            _check_seq(name, snap.seq, int(row["seq"]), row["snapshot"] == body)
+            _check_seq(name, snap.seq, int(row["seq"]), row["snapshot"] == body, keyed)
         changed = row is None or row["snapshot"] != body
         stored = repository.StoredSnapshot(
             name=name, region=snap.region, body=body, seq=snap.seq, signature=report.signature
         )
         if row is None:
             repository.insert_snapshot(conn, stored, now)
-        elif not repository.update_snapshot(conn, stored, now):
+        elif not repository.update_snapshot(conn, stored, now, same_again=not keyed):
             newer = repository.get(conn, name)  # a newer report won the race since the read
             if newer is not None:
-                _check_seq(name, snap.seq, int(newer["seq"]), newer["snapshot"] == body)
+                _check_seq(name, snap.seq, int(newer["seq"]), newer["snapshot"] == body, keyed)
             raise Conflict(
                 f"node {name!r} was removed or changed while this snapshot was stored;"
                 " send it again"
@@ -114,13 +126,20 @@ def _store(
     return changed
 
 
-def _check_seq(name: str, seq: int, stored: int, same_content: bool) -> None:
+def _check_seq(name: str, seq: int, stored: int, same_content: bool, keyed: bool) -> None:
+    if keyed and seq <= stored:
+        # A signed snapshot is only taken once: sent again, even unchanged, it is a
+        # replay, and taking it would refresh the heartbeat of a node that may be dead.
+        raise ReplayedSnapshot(
+            f"snapshot seq {seq} is not newer than the stored seq {stored}: node {name!r}"
+            " signs its snapshots, and a signed snapshot is taken once (send a new seq)",
+            {"field": "snapshot.seq", "stored_seq": stored},
+        )
     if seq == stored and same_content:
         return
     if stored >= MAX_SEQ:
-        # Only a forged report gets here (agents count from the time in ms);
-        # signatures, once verified, close this. Until then the node is
-        # deleted and reported again.
+        # Only a forged report of a node without a key gets here (agents count
+        # from the time in ms, and sign): the node is deleted and reported again.
         raise Conflict(
             f"node {name!r} holds the largest seq a snapshot can have ({stored}), so no later"
             f" snapshot can be accepted; delete the node (DELETE /v1/nodes/{name}) and report"

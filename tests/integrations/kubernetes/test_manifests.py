@@ -166,12 +166,32 @@ def test_the_agent_command_is_one_the_agent_accepts():
     args = build_parser().parse_args(container["args"][1:])
     assert args.server.startswith("http://topoplace.")
     key_file = str(args.key_file)
-    assert key_file in init["command"][-1] and args.token_file
+    assert key_file in init["command"] and args.token_file
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
     assert key_file.startswith(mounts["node-key"])
     assert {m["name"] for m in init["volumeMounts"]} == {"node-key"}
     volumes = {v["name"]: v for v in spec["volumes"]}
     assert volumes["node-key"]["hostPath"]["path"] == mounts["node-key"]
+
+
+def test_the_init_container_keeps_the_node_key_across_restarts(tmp_path: Path) -> None:
+    """The init container's command as shipped, run twice on one node directory: the
+    second start keeps the key the first made (the service refuses any other)."""
+    import subprocess
+    import sys
+
+    spec = _one("DaemonSet", "topoplace-agent")["spec"]["template"]["spec"]
+    (init,) = spec["initContainers"]
+    (mount,) = [m["mountPath"] for m in init["volumeMounts"] if m["name"] == "node-key"]
+    command = [a.replace(mount, str(tmp_path)) for a in init["command"]]
+    assert command[0] == "topoplace"
+    run = [sys.executable, "-m", "topoplace", *command[1:]]
+    public = tmp_path / "node.key.pub"
+    subprocess.run(run, check=True, capture_output=True)
+    first = public.read_text()
+    subprocess.run(run, check=True, capture_output=True)
+    assert public.read_text() == first
+    assert first.strip() in subprocess.run(run, check=True, capture_output=True, text=True).stdout
 
 
 @pytest.mark.parametrize("name", ["topoplace-scheduler", "topoplace-agent"])

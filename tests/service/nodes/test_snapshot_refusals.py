@@ -78,7 +78,7 @@ def test_seq_past_bigint_is_refused_and_the_largest_one_locks_out_with_409(
     _invalid(_put(client, "h0", {**body, "seq": MAX_SEQ + 1}), "snapshot.seq")
     assert client.get("/v1/nodes/h0").status_code == 404
 
-    # A forged report with the largest seq: accepted (signatures are not yet verified) ...
+    # A report of a node without a key, by an admin, with the largest seq: accepted ...
     assert _put(client, "h0", {**body, "seq": MAX_SEQ}).status_code == 200
     assert _put(client, "h0", {**body, "seq": MAX_SEQ}).json()["changed"] is False
     # ... and the real agent then gets a 409 that says why, never a 500.

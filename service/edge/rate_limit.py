@@ -1,0 +1,111 @@
+"""At most so many requests a second per caller: a token bucket per presented token.
+
+The caller is the Authorization header presented (a digest of it, so no
+token is kept in memory in the clear), or the client's address when there
+is none. Each bucket holds ``burst`` requests and refills at ``rate`` a
+second; a request finding it empty is answered 429 ``rate_limited`` with
+Retry-After (the whole seconds until a request is back), in the one error
+shape, before the token check or any route runs. The probes (/healthz,
+/readyz, /metrics) are never limited: a kubelet polling them must not be
+told to wait.
+
+The buckets are bounded (:data:`MAX_BUCKETS`): a flood of made-up headers
+evicts the oldest buckets instead of growing the process. REST (here) and
+gRPC (service/grpc/rate_limit.py) share one limiter, so a token's rate is
+its rate over both.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import threading
+import time
+from collections.abc import Callable
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from service.errors import RateLimited
+from service.responses import error_response
+
+UNLIMITED_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
+MAX_BUCKETS = 10_000
+
+
+class RateLimiter:
+    """Token buckets by caller key; thread-safe (the gRPC server runs on its own thread)."""
+
+    def __init__(
+        self, rate: float, burst: int, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.rate = rate
+        self.burst = burst
+        self.clock = clock
+        self._buckets: dict[bytes, tuple[float, float]] = {}  # key -> (tokens, at)
+        self._lock = threading.Lock()
+
+    @property
+    def enabled(self) -> bool:
+        return self.rate > 0
+
+    def take(self, key: bytes) -> float:
+        """Take one request from ``key``'s bucket: 0.0 when allowed, else the seconds until
+        one is back."""
+        now = self.clock()
+        with self._lock:
+            tokens, at = self._buckets.pop(key, (float(self.burst), now))
+            tokens = min(float(self.burst), tokens + (now - at) * self.rate)
+            wait = 0.0
+            if tokens >= 1.0:
+                tokens -= 1.0
+            else:
+                wait = (1.0 - tokens) / self.rate
+            self._buckets[key] = (tokens, now)  # re-inserted: the newest is last
+            if len(self._buckets) > MAX_BUCKETS:
+                del self._buckets[next(iter(self._buckets))]
+        return wait
+
+    def check(self, authorization: str | bytes | None, address: str | None) -> None:
+        """Raise :class:`RateLimited` when this caller is over its rate."""
+        wait = self.take(caller_key(authorization, address))
+        if wait > 0:
+            raise RateLimited(
+                f"over the request rate of {self.rate:g}/s (burst {self.burst}) for this"
+                " token, or this address without one (TOPOPLACE_RATE_LIMIT_PER_S)",
+                retry_after=max(1, math.ceil(wait)),
+                detail={"rate_per_s": self.rate, "burst": self.burst},
+            )
+
+
+def caller_key(authorization: str | bytes | None, address: str | None) -> bytes:
+    if authorization:
+        raw = authorization.encode("latin-1") if isinstance(authorization, str) else authorization
+        return b"t" + hashlib.blake2b(raw, digest_size=16).digest()
+    return b"a" + (address or "").encode()
+
+
+class RateLimit:
+    """ASGI middleware applying a :class:`RateLimiter` to every HTTP request but the probes."""
+
+    def __init__(self, app: ASGIApp, limiter: RateLimiter) -> None:
+        self.app = app
+        self.limiter = limiter
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (
+            scope["type"] == "http"
+            and self.limiter.enabled
+            and scope["path"] not in UNLIMITED_PATHS
+        ):
+            header = None
+            for name, value in scope.get("headers", ()):
+                if name == b"authorization":
+                    header = value
+                    break
+            client = scope.get("client")
+            try:
+                self.limiter.check(header, client[0] if client else None)
+            except RateLimited as refused:
+                await error_response(refused)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)

@@ -1,0 +1,80 @@
+"""A deadline for a request's headers, which no ASGI middleware can see.
+
+uvicorn hands a request to the application only once its headers are
+complete, and sets no limit on how long they take: a client sending a byte
+of headers every few seconds held a connection (and its memory) for as long
+as it liked, and 40 of them stayed open 30 s and more. Here the protocol
+itself starts a timer when a connection opens and when a request's first
+byte arrives, and stops it when the headers are complete; when it fires,
+the client gets 408 in the service's error shape and the connection is
+closed. The body has its own deadline, in the request guard (guard.py).
+Idle kept-alive connections are uvicorn's own ``timeout_keep_alive``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from service.errors import RequestTimeout
+
+
+def timeout_response(error: RequestTimeout) -> bytes:
+    body = json.dumps(error.body()).encode()
+    head = (
+        b"HTTP/1.1 408 Request Timeout\r\n"
+        b"content-type: application/json\r\n"
+        b"connection: close\r\n"
+        b"content-length: " + str(len(body)).encode() + b"\r\n\r\n"
+    )
+    return head + body
+
+
+def with_header_deadline(seconds: float) -> type[HttpToolsProtocol]:
+    """uvicorn's httptools protocol with a ``seconds`` deadline on every request's headers."""
+
+    class HeaderDeadline(HttpToolsProtocol):
+        header_timeout_s = seconds
+        _header_timer: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            self._arm()
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            self._arm()
+
+        def on_headers_complete(self) -> None:
+            self._disarm()
+            super().on_headers_complete()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._header_timer = self.loop.call_later(self.header_timeout_s, self._too_slow)
+
+        def _disarm(self) -> None:
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+                self._header_timer = None
+
+        def _too_slow(self) -> None:
+            self._header_timer = None
+            if self.transport.is_closing():
+                return
+            error = RequestTimeout(
+                f"the request's headers did not arrive within {self.header_timeout_s:g} s"
+                " (TOPOPLACE_HEADER_TIMEOUT_S)",
+                {"limit_s": self.header_timeout_s, "part": "headers"},
+            )
+            self.transport.write(timeout_response(error))
+            self.transport.close()
+
+    return HeaderDeadline

@@ -1,0 +1,111 @@
+"""Slow clients are cut off: headers or a body slower than their deadline get 408, closed.
+
+Against a real uvicorn with `topoplace serve`'s own options (its protocol with
+the header deadline), since a test client never sends anything slowly.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from service.app import create_app
+from service.settings import Settings
+from tests.live_server import live_server
+from topoplace.serve_cmd import uvicorn_options
+
+DEADLINE_S = 1.0
+SLOW_CLIENTS = 40
+DRIP_INTERVAL_S = 0.2
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[tuple[str, int]]:
+    settings = Settings(
+        database_url=f"sqlite:///{tmp_path / 'slow.sqlite3'}",
+        header_timeout_s=DEADLINE_S,
+        body_timeout_s=DEADLINE_S,
+    )
+    app = create_app(settings, background=False)
+    with live_server(app, options=uvicorn_options(settings)) as url:
+        host, port = url.removeprefix("http://").split(":")
+        yield host, int(port)
+
+
+def _open(address: tuple[str, int], first: bytes) -> socket.socket:
+    sock = socket.create_connection(address, timeout=5)
+    sock.sendall(first)
+    sock.setblocking(False)
+    return sock
+
+
+def _answer(received: bytes) -> tuple[int, dict[str, object]]:
+    head, _, body = received.partition(b"\r\n\r\n")
+    status = int(head.split(b" ", 2)[1])
+    assert b"connection: close" in head.lower()
+    return status, json.loads(body)
+
+
+def test_forty_slow_connections_are_answered_408_and_closed_at_the_deadline(
+    server: tuple[str, int],
+) -> None:
+    half = SLOW_CLIENTS // 2
+    # Half drip their headers; half send headers promptly and drip a body.
+    slow_headers = [_open(server, b"POST /v1/place HTTP/1.1\r\nHost: x\r\n") for _ in range(half)]
+    head = b"POST /v1/place HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    slow_bodies = [_open(server, head + b"Content-Length: 1000\r\n\r\n{") for _ in range(half)]
+    started = time.monotonic()
+    received = {sock: b"" for sock in slow_headers + slow_bodies}
+    closed_after: dict[socket.socket, float] = {}
+    drip = {sock: b"X-Slow: 1\r\n" if sock in slow_headers else b" " for sock in received}
+    while len(closed_after) < SLOW_CLIENTS and time.monotonic() - started < 10 * DEADLINE_S:
+        time.sleep(DRIP_INTERVAL_S)
+        for sock in received:
+            if sock in closed_after:
+                continue
+            try:
+                while chunk := sock.recv(65536):
+                    received[sock] += chunk
+                closed_after[sock] = time.monotonic() - started  # the server closed it
+                continue
+            except BlockingIOError:
+                pass
+            except ConnectionResetError:
+                closed_after[sock] = time.monotonic() - started
+                continue
+            try:
+                sock.send(drip[sock][:1])  # one byte per round: never done within the deadline
+            except OSError:
+                closed_after[sock] = time.monotonic() - started
+    for sock in received:
+        sock.close()
+    assert len(closed_after) == SLOW_CLIENTS, "some slow connections stayed open"
+    # Cut off at the deadline (plus a drip round and some scheduling), not after 30 s.
+    assert max(closed_after.values()) < DEADLINE_S + 1.5
+    for sock, answer in received.items():
+        status, body = _answer(answer)
+        part = "headers" if sock in slow_headers else "body"
+        assert status == 408
+        error = body["error"]
+        assert isinstance(error, dict) and error["code"] == "request_timeout"
+        assert error["detail"] == {"limit_s": DEADLINE_S, "part": part}
+
+
+def test_a_prompt_client_on_a_kept_connection_is_not_cut_off(server: tuple[str, int]) -> None:
+    """Requests on one kept-alive connection, each sent at once, with pauses shorter than the
+    keep-alive timeout between them: none of them meets the deadline."""
+    with socket.create_connection(server, timeout=5) as sock:
+        for _ in range(3):
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            answer = b""
+            while not answer.endswith(b'{"status":"ok"}'):
+                chunk = sock.recv(65536)
+                assert chunk, "the connection was closed"
+                answer += chunk
+            assert answer.startswith(b"HTTP/1.1 200")
+            time.sleep(DEADLINE_S * 1.5)  # idle: the header deadline starts with a request
