@@ -29,9 +29,26 @@ def _score(parts: ScoreParts) -> TaskScore:
     )
 
 
-def task_plan(task: TaskPlacement) -> TaskPlan:
-    """What the engine chose for a task, as /score shows it (no environment)."""
-    return TaskPlan(
+# TaskPlan's fields, in order: typed so that a field added to one side fails the check.
+PlanFields = tuple[
+    int,
+    str,
+    tuple[int, ...],
+    tuple[str, ...],
+    tuple[str, ...],
+    str,
+    tuple[int, ...],
+    tuple[int, ...],
+    tuple[str, ...],
+    bool,
+    TaskScore,
+    str,
+]
+
+
+def _plan_fields(task: TaskPlacement) -> PlanFields:
+    """The fields a TaskPlan and a Task share, in their order (a Task adds ``env``)."""
+    return (
         task.task,
         task.node,
         task.gpu_indices,
@@ -45,6 +62,11 @@ def task_plan(task: TaskPlacement) -> TaskPlan:
         _score(task.score),
         task.reason,
     )
+
+
+def task_plan(task: TaskPlacement) -> TaskPlan:
+    """What the engine chose for a task, as /score shows it (no environment)."""
+    return TaskPlan(*_plan_fields(task))
 
 
 def reserved_task(task: TaskPlacement) -> Task:
@@ -54,21 +76,7 @@ def reserved_task(task: TaskPlacement) -> Task:
     env = {"CUDA_VISIBLE_DEVICES": visible, "NVIDIA_VISIBLE_DEVICES": visible}
     if task.cpuset:
         env["TOPOPLACE_CPUSET"] = task.cpuset
-    return Task(
-        task.task,
-        task.node,
-        task.gpu_indices,
-        task.gpu_uuids,
-        task.mig_uuids,
-        task.cpuset,
-        task.cpus,
-        task.numa_nodes,
-        task.islands,
-        task.nvlink_connected,
-        _score(task.score),
-        task.reason,
-        env,
-    )
+    return Task(*_plan_fields(task), env)
 
 
 def _task_record(task: Task) -> dict[str, Any]:
