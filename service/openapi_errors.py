@@ -8,7 +8,8 @@ gets the service's ``Error`` schema for each status it can answer:
 - every operation: 400, 413 and 414 (the edge checks, service.edge.guard),
   422 (validation, including control characters in any parameter), 500;
 - every operation but /healthz: 503 (the database is down);
-- operations behind the token check: 401, with the bearer security scheme;
+- operations behind the token check: 401 and 403 (role or scope, service/access.py),
+  with the bearer security scheme;
 - operations with path parameters: 404; operations that change state: 409.
 
 Every string parameter (path, query, header) is declared without control
@@ -50,6 +51,7 @@ ERROR_REF = {"$ref": "#/components/schemas/Error"}
 DESCRIPTIONS = {
     400: "the request cannot be understood",
     401: "no token, or not one this service accepts",
+    403: "the token's role or scope does not allow this call (forbidden)",
     404: "no such node, allocation or job",
     409: "the state says no: nothing fits now (Retry-After), or a conflicting change",
     413: "the body is over the limit",
@@ -67,7 +69,7 @@ def _statuses(path: str, method: str) -> list[int]:
     if path != "/healthz":
         statuses.append(503)
     if path not in OPEN_PATHS:
-        statuses.append(401)
+        statuses += [401, 403]
     if "{" in path:
         statuses.append(404)
     if method in _MUTATIONS:
@@ -93,7 +95,7 @@ def add_error_responses(schema: dict[str, Any]) -> dict[str, Any]:
         "bearer": {
             "type": "http",
             "scheme": "bearer",
-            "description": "required when the service has tokens (TOPOPLACE_API_TOKENS)",
+            "description": "an API token (docs/security.md): its role decides what it may call",
         }
     }
     for path, operations in schema.get("paths", {}).items():

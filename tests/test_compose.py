@@ -129,14 +129,55 @@ def test_dockerfile_runs_the_service_unprivileged() -> None:
 # --- the agents' script against a real service -----------------------------------------
 
 
+def test_the_service_and_agents_use_the_generated_tokens(services: dict[str, Any]) -> None:
+    assert environment(services["topoplace"])["TOPOPLACE_API_TOKEN_FILE"] == "/secrets/admin.token"
+    assert "TOPOPLACE_INSECURE_DEV" not in environment(services["topoplace"])
+    made = environment(services["secrets"])["TOPOPLACE_AGENT_NODES"].split()
+    for name, service in services.items():
+        if name.startswith("agent-"):
+            env = environment(service)
+            assert (
+                env["TOPOPLACE_AGENT_TOKEN_FILE"]
+                == f"/secrets/{env['TOPOPLACE_AGENT_NODE_NAME']}.token"
+            )
+            assert env["TOPOPLACE_AGENT_NODE_NAME"] in made
+
+
 @pytest.fixture
-def live_service(tmp_path: Path) -> Iterator[str]:
+def secrets_dir(services: dict[str, Any], tmp_path: Path) -> Path:
+    """The `secrets` service's own script, run here on a SQLite database (twice: the second
+    run, a restart, keeps what the first made)."""
+    service = services["secrets"]
+    secrets = tmp_path / "secrets"
+    secrets.mkdir()
+    env = {
+        **os.environ,
+        **environment(service),
+        "TOPOPLACE_SECRETS_DIR": str(secrets),
+        "TOPOPLACE_DATABASE_URL": f"sqlite:///{tmp_path / 'agents.sqlite3'}",
+        "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
+    }
+    script = service["command"][2].replace("$$", "$")  # as Compose hands it to the shell
+    subprocess.run([service["command"][0], service["command"][1], script], env=env, check=True)
+    made = {p.name: p.read_text() for p in secrets.iterdir()}
+    subprocess.run([service["command"][0], service["command"][1], script], env=env, check=True)
+    assert {p.name: p.read_text() for p in secrets.iterdir()} == made
+    assert len(made["admin.token"].strip()) >= 32
+    return secrets
+
+
+@pytest.fixture
+def live_service(tmp_path: Path, secrets_dir: Path) -> Iterator[str]:
     import uvicorn
 
     from service.app import create_app
     from service.settings import Settings
 
-    settings = Settings(database_url=f"sqlite:///{tmp_path / 'agents.sqlite3'}")
+    settings = Settings(
+        database_url=f"sqlite:///{tmp_path / 'agents.sqlite3'}",
+        api_token_file=str(secrets_dir / "admin.token"),
+        insecure_dev=False,
+    )
     app = create_app(settings, background=False)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
@@ -157,10 +198,11 @@ def live_service(tmp_path: Path) -> Iterator[str]:
 
 
 def test_the_agent_services_report_to_a_live_service(
-    agents: dict[str, dict[str, Any]], live_service: str, tmp_path: Path
+    agents: dict[str, dict[str, Any]], live_service: str, tmp_path: Path, secrets_dir: Path
 ) -> None:
     """Each agent service's own command and environment, run here against a real service."""
     bin_dir = str(Path(sys.executable).parent)
+    admin = {"Authorization": f"Bearer {(secrets_dir / 'admin.token').read_text().strip()}"}
     procs = []
     try:
         for name, service in agents.items():
@@ -168,6 +210,9 @@ def test_the_agent_services_report_to_a_live_service(
                 **os.environ,
                 **environment(service),
                 "TOPOPLACE_AGENT_SERVER": live_service,
+                "TOPOPLACE_AGENT_TOKEN_FILE": environment(service)[
+                    "TOPOPLACE_AGENT_TOKEN_FILE"
+                ].replace("/secrets", str(secrets_dir)),
                 "PATH": f"{bin_dir}:{os.environ.get('PATH', '')}",
             }
             script = service["command"][2].replace("/tmp/node.key", str(tmp_path / f"{name}.key"))
@@ -179,12 +224,14 @@ def test_the_agent_services_report_to_a_live_service(
             assert time.monotonic() < deadline, f"nodes never reported: {wanted - ready}"
             assert all(p.poll() is None for p in procs), "an agent exited"
             time.sleep(0.2)
-            listing = httpx.get(f"{live_service}/v1/nodes", timeout=5).json()["nodes"]
+            listing = httpx.get(f"{live_service}/v1/nodes", timeout=5, headers=admin).json()[
+                "nodes"
+            ]
             ready = {n["name"] for n in listing if n["state"] == "ready"}
         for name in wanted:
-            node = httpx.get(f"{live_service}/v1/nodes/{name}", timeout=5).json()
+            node = httpx.get(f"{live_service}/v1/nodes/{name}", timeout=5, headers=admin).json()
             assert node["labels"]["topoplace.io/simulated"] == "true"
-            key = httpx.get(f"{live_service}/v1/nodes/{name}/key", timeout=5)
+            key = httpx.get(f"{live_service}/v1/nodes/{name}/key", timeout=5, headers=admin)
             assert key.status_code == 200, key.text  # the agent registered its public key
     finally:
         for proc in procs:

@@ -24,7 +24,7 @@ import sqlalchemy as sa
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from service.auth import TokenCheck
+from service.auth import Authenticator, region_checker
 from service.event_loop import off_loop
 from service.grpc.auth import RequireToken
 from service.grpc.gen import topoplace_pb2 as pb
@@ -45,7 +45,7 @@ class GrpcServer:
     def __init__(
         self,
         state: ServiceState,
-        check: TokenCheck,
+        check: Authenticator,
         host: str,
         port: int,
         *,
@@ -115,7 +115,7 @@ class GrpcServer:
 
     def _build(self) -> tuple[grpc.aio.Server, health.aio.HealthServicer]:
         server = grpc.aio.server(
-            interceptors=[RequireToken(self.check)],
+            interceptors=[RequireToken(self.check, region_checker(self.state))],
             options=[
                 ("grpc.max_receive_message_length", self.state.settings.max_body_bytes),
                 ("grpc.so_reuseport", 0),  # a port in use is an error, not shared
@@ -150,7 +150,7 @@ class GrpcServer:
         return self.state.loaded
 
 
-def start_grpc(state: ServiceState, check: TokenCheck) -> GrpcServer | None:
+def start_grpc(state: ServiceState, check: Authenticator) -> GrpcServer | None:
     """Start the gRPC API when TOPOPLACE_GRPC_PORT is set; None otherwise."""
     port = state.settings.grpc_port
     if port is None:

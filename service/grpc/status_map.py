@@ -8,6 +8,7 @@ of the REST ``detail``), and where they apply:
     code (REST)              gRPC status            more details
     invalid_request, bad_request  INVALID_ARGUMENT  BadRequest naming the field(s)
     unauthorized             UNAUTHENTICATED
+    forbidden                PERMISSION_DENIED
     not_found                NOT_FOUND
     conflict                 FAILED_PRECONDITION    (retrying will not help)
     unschedulable            RESOURCE_EXHAUSTED     RetryInfo 5 s, PlacementRefusal
@@ -48,6 +49,7 @@ CODES: dict[str, grpc.StatusCode] = {
     "invalid_request": grpc.StatusCode.INVALID_ARGUMENT,
     "bad_request": grpc.StatusCode.INVALID_ARGUMENT,
     "unauthorized": grpc.StatusCode.UNAUTHENTICATED,
+    "forbidden": grpc.StatusCode.PERMISSION_DENIED,
     "not_found": grpc.StatusCode.NOT_FOUND,
     "conflict": grpc.StatusCode.FAILED_PRECONDITION,
     "unschedulable": grpc.StatusCode.RESOURCE_EXHAUSTED,
