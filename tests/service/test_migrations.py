@@ -29,7 +29,8 @@ def test_0003_mends_rows_the_lifecycle_races_left(database_url: str) -> None:
 
     engine = sa.create_engine(database_url)
     with engine.begin() as conn:  # a fresh database at 0002
-        for table in ("gpu_holds", "allocations", "node_snapshots", "nodes", "node_keys"):
+        tables = ("gpu_holds", "allocations", "node_snapshots", "nodes", "node_keys", "api_tokens")
+        for table in tables:
             conn.execute(
                 sa.text(
                     f"DROP TABLE IF EXISTS {table} CASCADE"
