@@ -17,7 +17,7 @@ from sqlalchemy.exc import OperationalError
 from service import cluster_view, migrate
 from service.allocations import api as allocations
 from service.allocations import endpoints as allocation_routes
-from service.auth import RequireToken, TokenCheck
+from service.auth import REVOCATION_POLL_S, Authenticator, RequireToken, region_checker
 from service.db import checkpoint, make_engine
 from service.demo import heartbeat_demo_cluster, register_demo_cluster
 from service.direct_routes import DirectRoutes
@@ -35,6 +35,8 @@ from service.settings import Settings
 from service.slurm import endpoints as slurm_routes
 from service.slurm.reconcile import Reconciler
 from service.state import Clock, ServiceState, utc_now
+from service.tokens import endpoints as token_routes
+from service.tokens import store as token_store
 
 log = logging.getLogger("topoplace.service")
 # Expiry runs often, so each sweep ends few reservations: ending hundreds at
@@ -73,6 +75,42 @@ async def _background(state: ServiceState, demo_nodes: list[str]) -> None:
             log.exception("background sweep failed; retrying")
 
 
+INSECURE_BANNER = (
+    "\n" + "!" * 72 + "\n"
+    "!! INSECURE: --insecure-dev / TOPOPLACE_INSECURE_DEV is on. Every caller without\n"
+    "!! a token is an admin: it may place, release, cordon, delete nodes and keys.\n"
+    "!! For a laptop only; never on a network others can reach.\n" + "!" * 72
+)
+
+
+class NoTokenSource(RuntimeError):
+    """The service would start open: no token of any kind and no --insecure-dev."""
+
+
+def require_token_source(settings: Settings, engine: sa.Engine, check: Authenticator) -> None:
+    """Refuse to serve without a way to authenticate anyone (secure by default)."""
+    if settings.insecure_dev:
+        log.warning(INSECURE_BANNER)
+        return
+    if check.has_static or token_store.any_live(engine):
+        return
+    raise NoTokenSource(
+        "refusing to start without API tokens: set TOPOPLACE_BOOTSTRAP_ADMIN_TOKEN (or"
+        " TOPOPLACE_API_TOKENS / TOPOPLACE_API_TOKEN_FILE), or make one with `topoplace token"
+        " create --database-url URL --role admin`; for a laptop, `--insecure-dev`"
+    )
+
+
+async def _forget_revoked(check: Authenticator) -> None:
+    """Keep this process's token cache in step with revocations made anywhere."""
+    while True:
+        await asyncio.sleep(REVOCATION_POLL_S)
+        try:
+            await off_loop(check.forget_revoked)
+        except Exception:  # a database hiccup: the next round tries again
+            log.exception("token revocation check failed; retrying")
+
+
 def _settle_heap() -> None:
     """Move the loaded cluster out of the garbage collector's sight.
 
@@ -97,15 +135,14 @@ def create_app(
     settings = settings or Settings()
     engine = make_engine(settings.database_url)
     state = ServiceState(settings, engine, clock)
-    token_check = TokenCheck(settings.accepted_tokens())
+    token_check = Authenticator(engine, settings.static_tokens(), insecure=settings.insecure_dev)
     limiter = RateLimiter(settings.rate_limit_per_s, settings.rate_limit_burst)
-    if not token_check.enabled:
-        log.warning("no API tokens configured: the API accepts every caller")
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if settings.migrate_on_start:
             await off_loop(migrate.upgrade, settings.database_url)
+        await off_loop(require_token_source, settings, engine, token_check)
         await off_loop(state.load)
         _settle_heap()
         listener = None
@@ -115,9 +152,13 @@ def create_app(
         demo_nodes = await off_loop(register_demo_cluster, state) if demo else []
         app.state.grpc = await off_loop(start_grpc, state, token_check, limiter)
         task = asyncio.create_task(_background(state, demo_nodes)) if background else None
+        revocations = asyncio.create_task(_forget_revoked(token_check))
         try:
             yield
         finally:
+            revocations.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await revocations
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -142,6 +183,7 @@ def create_app(
     app.include_router(cluster_view.router)
     app.include_router(slurm_routes.router)
     app.include_router(k8s_routes.router)
+    app.include_router(token_routes.router)
 
     async def _handled(_: Request, exc: Exception) -> JSONResponse:
         response = handled_error(exc)
@@ -159,7 +201,13 @@ def create_app(
         max_body_bytes=settings.max_body_bytes,
         body_timeout_s=settings.body_timeout_s,
     )
-    app.add_middleware(RequireToken, check=token_check)
+    app.add_middleware(
+        RequireToken,
+        check=token_check,
+        region_of=region_checker(state),
+        max_body_bytes=settings.max_body_bytes,
+    )
+    # Outside the token check: a flood of bad tokens is throttled before it costs a hash.
     app.add_middleware(RateLimit, limiter=limiter)
     app.add_middleware(FaultBarrier)
     declare_errors(app)
@@ -182,6 +230,9 @@ def create_app(
             return database_down(exc)
         if not state.loaded:
             return JSONResponse({"status": "loading"}, status_code=503)
-        return {"status": "ready", "nodes": len(state.cluster)}
+        ready: dict[str, Any] = {"status": "ready", "nodes": len(state.cluster)}
+        if settings.insecure_dev:
+            ready["insecure"] = True  # callers without a token are admins
+        return ready
 
     return app

@@ -1,32 +1,89 @@
-"""Bearer-token authentication, one check for every transport.
+"""Who is calling, and may they: one check for every transport.
 
-Tokens come from ``TOPOPLACE_API_TOKENS`` (comma-separated) and/or
-``TOPOPLACE_API_TOKEN_FILE`` (one per line, ``#`` comments). With neither set
-the service is open, as on a laptop or behind a mesh that authenticates for
-it; the log says so at start. REST reads ``Authorization: Bearer TOKEN``;
-other transports pass the same header value to :meth:`TokenCheck.verify`.
+A caller presents ``Authorization: Bearer TOKEN``. A token is one of:
 
-Health probes and the API's own documentation stay open: a kubelet or a load
-balancer cannot present a token, and the schema is not a secret.
+- a database token (``tpp_<id>_<secret>``, service/tokens/): a role and, for
+  agents, a scope; made with ``topoplace token create`` or POST /v1/tokens;
+- a static admin token from ``TOPOPLACE_API_TOKENS`` (comma-separated),
+  ``TOPOPLACE_API_TOKEN_FILE`` (one per line) or
+  ``TOPOPLACE_BOOTSTRAP_ADMIN_TOKEN``: the bootstrap path, and what
+  deployments from before database tokens use.
+
+The principal a token stands for is then checked against the one rule table
+(service/access.py): 401 ``unauthorized`` without a known token, 403
+``forbidden`` with one whose role or scope does not allow the call.
+
+Verifying a database token costs one scrypt hash (tens of ms), so each
+process keeps the principals it verified, keyed by the token's SHA-256: a
+request pays a hash of its token and a dictionary lookup. A revoked token
+leaves every process's cache within ``REVOCATION_POLL_S``: each process asks
+the database which of its cached tokens are still live (a short indexed
+read); the process that revoked it drops it at once.
+
+With ``--insecure-dev`` (TOPOPLACE_INSECURE_DEV) a request without a token
+is an admin; a token that is presented is still checked.
+
+Health probes, metrics and the API's own documentation stay open: a kubelet
+or a load balancer cannot present a token, and the schema is not a secret.
 """
 
 from __future__ import annotations
 
-import hmac
-from collections.abc import Iterable
+import hashlib
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from starlette.types import ASGIApp, Receive, Scope, Send
+import orjson
+import sqlalchemy as sa
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.errors import ServiceError
+from service import access
+from service.access import OPEN_PATHS, Permission, Role
+from service.direct_routes import route_path
+from service.errors import ServiceError, TooLarge
+from service.event_loop import off_loop
 from service.responses import error_response
+from service.tokens import secrets, store
 
-OPEN_PATHS = frozenset({"/healthz", "/readyz", "/docs", "/docs/oauth2-redirect", "/openapi.json"})
+__all__ = ["OPEN_PATHS", "Authenticator", "Forbidden", "Principal", "RequireToken"]
+
+REVOCATION_POLL_S = 0.25
+_REFUSED_TTL_S = 5.0  # an unknown tpp_ token is not hashed again for this long
+_REFUSED_MAX = 10_000
 
 
 class Unauthorized(ServiceError):
     status = 401
     code = "unauthorized"
+
+
+class Forbidden(ServiceError):
+    status = 403
+    code = "forbidden"
+
+
+@dataclass(frozen=True)
+class Principal:
+    token_id: str
+    role: Role
+    nodes: frozenset[str] = field(default_factory=frozenset)
+    region: str | None = None
+    name: str = ""
+
+    def scope_text(self) -> str:
+        parts = []
+        if self.nodes:
+            parts.append("nodes " + ", ".join(sorted(self.nodes)))
+        if self.region is not None:
+            parts.append(f"region {self.region}")
+        return "; ".join(parts) or "nothing"
+
+
+INSECURE = Principal("insecure-dev", Role.ADMIN, name="--insecure-dev: no token")
 
 
 def read_token_file(path: Path) -> list[str]:
@@ -37,12 +94,46 @@ def read_token_file(path: Path) -> list[str]:
     return [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")]
 
 
-class TokenCheck:
-    """Compares a presented token with every configured one in constant time."""
+def _digest(token: str) -> bytes:
+    return hashlib.sha256(token.encode()).digest()
 
-    def __init__(self, tokens: Iterable[str]) -> None:
-        self._tokens = [t.encode() for t in tokens if t]
+
+def _presented(authorization: str | None) -> str:
+    if not authorization:
+        raise Unauthorized(
+            "this service requires a token: send 'Authorization: Bearer TOKEN'"
+            " (the client reads it from --token-file or TOPOPLACE_TOKEN)"
+        )
+    scheme, _, presented = authorization.partition(" ")
+    if scheme.lower() != "bearer" or not presented.strip():
+        raise Unauthorized("the Authorization header must be 'Bearer TOKEN'")
+    return presented.strip()
+
+
+RegionOf = Callable[[str], "str | None"]
+
+
+class Authenticator:
+    """Tokens to principals (cached), and principals against the rule table."""
+
+    def __init__(
+        self,
+        engine: sa.Engine | None,
+        static_tokens: Iterable[str] = (),
+        *,
+        insecure: bool = False,
+    ) -> None:
+        self.engine = engine
+        self.insecure = insecure
         self._open_prefixes: tuple[str, ...] = ()
+        self._static: dict[bytes, Principal] = {}
+        for index, token in enumerate(t for t in static_tokens if t):
+            self._static[_digest(token)] = Principal(f"static-{index}", Role.ADMIN, name="static")
+        self._cache: dict[bytes, Principal] = {}
+        self._refused: dict[bytes, float] = {}
+        self._lock = threading.Lock()
+
+    # -- which paths need nothing --------------------------------------------
 
     def open_prefix(self, prefix: str) -> None:
         """Let paths under ``prefix`` through without a token (a caller that cannot send one,
@@ -53,49 +144,237 @@ class TokenCheck:
         return path in OPEN_PATHS or path.startswith(self._open_prefixes)
 
     @property
-    def enabled(self) -> bool:
-        return bool(self._tokens)
+    def has_static(self) -> bool:
+        return bool(self._static)
 
-    def verify(self, authorization: str | None) -> None:
-        """Raise :class:`Unauthorized` unless ``authorization`` is ``Bearer <known token>``."""
-        if not self._tokens:
-            return
-        if not authorization:
-            raise Unauthorized(
-                "this service requires a token: send 'Authorization: Bearer TOKEN'"
-                " (the client reads it from --token-file or TOPOPLACE_TOKEN)"
-            )
-        scheme, _, presented = authorization.partition(" ")
-        if scheme.lower() != "bearer" or not presented.strip():
-            raise Unauthorized("the Authorization header must be 'Bearer TOKEN'")
-        candidate = presented.strip().encode()
-        # Check every token, not the first match only, so timing says nothing.
-        matched = False
-        for token in self._tokens:
-            matched |= hmac.compare_digest(candidate, token)
-        if not matched:
+    # -- who is calling -------------------------------------------------------
+
+    def cached(self, authorization: str | None) -> Principal | None:
+        """The principal, when known without the database; None when it must be looked up.
+
+        Raises :class:`Unauthorized` for a missing or malformed header, a token of no
+        known form, and a database token refused within the last few seconds."""
+        if not authorization and self.insecure:
+            return INSECURE
+        token = _presented(authorization)
+        digest = _digest(token)
+        found = self._static.get(digest) or self._cache.get(digest)
+        if found is not None:
+            return found
+        refused_until = self._refused.get(digest)
+        if refused_until is not None and refused_until > time.monotonic():
             raise Unauthorized("the token is not one this service accepts")
+        if self.engine is None or secrets.split(token) is None:
+            raise Unauthorized("the token is not one this service accepts")
+        return None
+
+    def lookup(self, authorization: str | None) -> Principal:
+        """The principal for a token :meth:`cached` did not know (blocking: a read, a hash)."""
+        found = self.cached(authorization)
+        if found is not None:
+            return found
+        token = _presented(authorization)
+        parts = secrets.split(token)
+        assert parts is not None and self.engine is not None  # cached() checked both
+        record = store.verified(self.engine, *parts)
+        digest = _digest(token)
+        if record is None:
+            with self._lock:
+                if len(self._refused) >= _REFUSED_MAX:
+                    self._refused.clear()
+                self._refused[digest] = time.monotonic() + _REFUSED_TTL_S
+            raise Unauthorized("the token is not one this service accepts (unknown or revoked)")
+        principal = Principal(
+            record.id, record.role, record.scope.nodes, record.scope.region, record.name
+        )
+        with self._lock:
+            self._cache[digest] = principal
+        return principal
+
+    def authenticate(self, authorization: str | None) -> Principal:
+        """Blocking form of the two steps, for callers already off the event loop."""
+        return self.cached(authorization) or self.lookup(authorization)
+
+    async def authenticate_async(self, authorization: str | None) -> Principal:
+        found = self.cached(authorization)
+        if found is not None:
+            return found
+        return await off_loop(self.lookup, authorization)
+
+    # -- revocation -----------------------------------------------------------
+
+    def drop(self, token_id: str) -> None:
+        """Forget a token at once (this process revoked it)."""
+        with self._lock:
+            for digest in [d for d, p in self._cache.items() if p.token_id == token_id]:
+                del self._cache[digest]
+
+    def forget_revoked(self) -> None:
+        """Drop the cached tokens the database no longer holds live (blocking)."""
+        if self.engine is None or not self._cache:
+            return
+        with self._lock:
+            cached_ids = {p.token_id for p in self._cache.values()}
+        live = store.live_ids(self.engine, cached_ids)
+        gone = cached_ids - live
+        if gone:
+            with self._lock:
+                for digest in [d for d, p in self._cache.items() if p.token_id in gone]:
+                    del self._cache[digest]
+
+    # -- may they -------------------------------------------------------------
+
+    def authorize(
+        self,
+        principal: Principal,
+        permission: Permission,
+        node: str | None,
+        node_region: str | None,
+    ) -> None:
+        """Raise :class:`Forbidden` unless ``principal`` may do this to ``node``."""
+        if permission not in access.GRANTS[principal.role]:
+            roles = " or ".join(r.value for r in access.roles_with(permission))
+            raise Forbidden(
+                f"this call needs the {roles} role; the token has the {principal.role} role",
+                {"needed": [r.value for r in access.roles_with(permission)]},
+            )
+        if principal.role is not Role.AGENT or permission is not Permission.REPORT:
+            return
+        if node is not None and node in principal.nodes:
+            return
+        if principal.region is not None and node_region == principal.region:
+            return
+        raise Forbidden(
+            f"this agent token may not act for node {node!r} (its scope: {principal.scope_text()})",
+            {"node": node},
+        )
+
+
+def snapshot_region(body: bytes, *, wrapped: bool = True) -> str | None:
+    """The region a snapshot's JSON names (the model's default when absent): of a REST
+    report's body (``{"snapshot": {...}}``), or of the snapshot itself (gRPC)."""
+    try:
+        parsed = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    snapshot = parsed.get("snapshot") if wrapped and isinstance(parsed, dict) else parsed
+    if not isinstance(snapshot, dict):
+        return None
+    region = snapshot.get("region", "default")
+    return region if isinstance(region, str) else None
+
+
+def region_checker(state: Any) -> RegionOf:
+    """The stored region of a node, from the service's in-memory cluster; None if unknown."""
+
+    def region_of(node: str) -> str | None:
+        cluster = state.cluster
+        if node not in cluster:
+            return None
+        region: str = cluster.node(node).snapshot.region
+        return region
+
+    return region_of
 
 
 class RequireToken:
-    """ASGI middleware applying :class:`TokenCheck` to every HTTP request but the open paths."""
+    """ASGI middleware: the caller's principal, checked against the rule table, for every
+    HTTP request but the open paths. The principal is left in ``scope["state"]``."""
 
-    def __init__(self, app: ASGIApp, check: TokenCheck) -> None:
+    def __init__(
+        self, app: ASGIApp, check: Authenticator, region_of: RegionOf, max_body_bytes: int
+    ) -> None:
         self.app = app
         self.check = check
+        self.region_of = region_of
+        self.max_body_bytes = max_body_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and self.check.enabled and not self.check.is_open(scope["path"]):
-            header = None
-            for key, value in scope.get("headers", ()):
-                if key == b"authorization":
-                    header = value.decode("latin-1")
-                    break
-            try:
-                self.check.verify(header)
-            except Unauthorized as error:
-                response = error_response(error)
-                response.headers["WWW-Authenticate"] = "Bearer"
-                await response(scope, receive, send)
-                return
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = route_path(scope)
+        if self.check.is_open(path):
+            await self.app(scope, receive, send)
+            return
+        header = None
+        for key, value in scope.get("headers", ()):
+            if key == b"authorization":
+                header = value.decode("latin-1")
+                break
+        try:
+            principal = await self.check.authenticate_async(header)
+            receive = await self._authorize(principal, scope, path, receive)
+        except Unauthorized as error:
+            response = error_response(error)
+            response.headers["WWW-Authenticate"] = "Bearer"
+            await response(scope, receive, send)
+            return
+        except (Forbidden, TooLarge) as refusal:
+            await error_response(refusal)(scope, receive, send)
+            return
+        scope.setdefault("state", {})["principal"] = principal
         await self.app(scope, receive, send)
+
+    async def _authorize(
+        self, principal: Principal, scope: Scope, path: str, receive: Receive
+    ) -> Receive:
+        query = scope.get("query_string", b"").decode("latin-1")
+        match = access.rest_rule(scope["method"], path, query)
+        node = match.node
+        region = self.region_of(node) if node is not None else None
+        needs_body = (
+            principal.role is Role.AGENT
+            and match.permission is Permission.REPORT
+            and principal.region is not None
+            and node not in principal.nodes
+            and scope["method"] == "PUT"
+            and path.endswith("/snapshot")
+        )
+        if not needs_body:
+            if (
+                principal.role is Role.AGENT
+                and principal.region is not None
+                and region is None
+                and path.endswith("/key")
+            ):
+                # A key comes before a node's first snapshot: a region token may register
+                # one for a node not yet known (its snapshot must then be in the region).
+                region = principal.region
+            self.check.authorize(principal, match.permission, node, region)
+            return receive
+        # A region-scoped agent's snapshot: the node must be in the region now (if known)
+        # and stay in it, so the body is read here (bounded) and handed on unchanged.
+        body, replay = await _buffer(receive, self.max_body_bytes)
+        claimed = snapshot_region(body)
+        if region is not None and claimed != region:
+            claimed = None
+        self.check.authorize(principal, match.permission, node, claimed)
+        return replay
+
+
+async def _buffer(receive: Receive, limit: int) -> tuple[bytes, Receive]:
+    chunks: list[bytes] = []
+    size = 0
+    more = True
+    while more:
+        message = await receive()
+        if message["type"] != "http.request":
+            break
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise TooLarge(f"the body is over {limit} bytes")
+        chunks.append(chunk)
+        more = message.get("more_body", False)
+    body = b"".join(chunks)
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return body, replay

@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import Request
 
 from service.admin_actions import Caller
+from service.auth import Authenticator, Principal
 from service.state import ServiceState
 
 
@@ -16,5 +17,11 @@ async def get_state(request: Request) -> ServiceState:
 
 
 async def get_caller(request: Request) -> Caller:
-    """Who sent the request, for the actions only some callers may perform."""
-    return Caller(request.headers.get("authorization"), request.app.state.token_check)
+    """Who sent the request, for the actions only some callers may perform: the principal
+    the token middleware (service/auth.py RequireToken) authenticated and left in the
+    request's state, or, where it did not run, the Authorization header checked here."""
+    principal: Principal | None = request.scope.get("state", {}).get("principal")
+    if principal is not None:
+        return Caller(principal)
+    check: Authenticator = request.app.state.token_check
+    return Caller(await check.authenticate_async(request.headers.get("authorization")))

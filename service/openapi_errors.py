@@ -8,9 +8,10 @@ gets the service's ``Error`` schema for each status it can answer:
 - every operation: 400, 408, 413 and 414 (the edge checks, service.edge),
   422 (validation, including control characters in any parameter), 500;
 - every operation but the probes: 429 (the rate limit, service.edge.rate_limit);
-- the snapshot and key operations: 403 (signatures and admin actions);
 - every operation but /healthz: 503 (the database is down);
-- operations behind the token check: 401, with the bearer security scheme;
+- operations behind the token check: 401, and 403 (role or scope, service/access.py;
+  admin actions, service/admin_actions.py; snapshot signatures,
+  service/nodes/signatures.py), with the bearer security scheme;
 - operations with path parameters: 404; operations that change state: 409.
 
 Every string parameter (path, query, header) is declared without control
@@ -53,7 +54,11 @@ ERROR_REF = {"$ref": "#/components/schemas/Error"}
 DESCRIPTIONS = {
     400: "the request cannot be understood",
     401: "no token, or not one this service accepts",
-    403: "not signed by the node's registered key, or an admin action",
+    403: (
+        "refused: the token's role or scope does not allow this call (forbidden, or an"
+        " admin action such as replacing a node's key); or a snapshot not signed by the"
+        " node's registered key (bad_signature, node_key_required)"
+    ),
     408: "the headers or body arrived too slowly; the connection is closed",
     404: "no such node, allocation or job",
     409: "the state says no: nothing fits now (Retry-After), or a conflicting change",
@@ -68,21 +73,14 @@ _MUTATIONS = frozenset({"post", "put", "patch", "delete"})
 _UNUSED = ("HTTPValidationError", "ValidationError")
 
 
-# Operations that check a node's key or an admin's authority (service/nodes/signatures.py,
-# service/admin_actions.py).
-_SIGNED_OR_ADMIN = frozenset({"/v1/nodes/{name}/snapshot", "/v1/nodes/{name}/key"})
-
-
 def _statuses(path: str, method: str) -> list[int]:
     statuses = [400, 408, 413, 414, 422, 500]
     if path != "/healthz":
         statuses.append(503)
     if path not in UNLIMITED_PATHS:
         statuses.append(429)
-    if path in _SIGNED_OR_ADMIN and method in _MUTATIONS:
-        statuses.append(403)
     if path not in OPEN_PATHS:
-        statuses.append(401)
+        statuses += [401, 403]
     if "{" in path:
         statuses.append(404)
     if method in _MUTATIONS:
@@ -108,7 +106,7 @@ def add_error_responses(schema: dict[str, Any]) -> dict[str, Any]:
         "bearer": {
             "type": "http",
             "scheme": "bearer",
-            "description": "required when the service has tokens (TOPOPLACE_API_TOKENS)",
+            "description": "an API token (docs/security.md): its role decides what it may call",
         }
     }
     for path, operations in schema.get("paths", {}).items():

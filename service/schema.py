@@ -146,3 +146,20 @@ node_keys = sa.Table(
     sa.Column("public_key", sa.Text, nullable=False),  # base64 of the raw key
     sa.Column("registered_at", sa.DateTime(timezone=True), nullable=False),
 )
+
+# API tokens (service/tokens/): only the scrypt hash of each secret is kept. The
+# scope is JSON ({"nodes": [...], "region": ...}) and empty for every role but agent.
+api_tokens = sa.Table(
+    "api_tokens",
+    metadata,
+    sa.Column("id", sa.String(32), primary_key=True),
+    sa.Column("role", sa.String(16), nullable=False),
+    sa.Column("scope", sa.Text, nullable=False, server_default="{}"),
+    sa.Column("name", sa.String(256), nullable=False, server_default=""),
+    sa.Column("secret_hash", sa.Text, nullable=False),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("revoked_at", sa.DateTime(timezone=True), nullable=True),
+    sa.CheckConstraint(
+        "role IN ('agent', 'scheduler', 'viewer', 'admin')", name="ck_api_tokens_role"
+    ),
+)

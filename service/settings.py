@@ -74,11 +74,20 @@ class Settings(BaseSettings):
     )
     api_tokens: str = Field(
         default="",
-        description="comma-separated bearer tokens the API accepts; empty (and no token file)"
-        " leaves the API open",
+        description="comma-separated static admin tokens (the bootstrap and compatibility"
+        " path; role tokens live in the database, docs/security.md)",
     )
     api_token_file: str | None = Field(
-        default=None, description="a file of accepted bearer tokens, one per line"
+        default=None, description="a file of static admin tokens, one per line"
+    )
+    bootstrap_admin_token: str = Field(
+        default="",
+        description="one static admin token, to make the first database tokens with",
+    )
+    insecure_dev: bool = Field(
+        default=False,
+        description="accept callers without a token (as admins): for a laptop only."
+        " Without it the service refuses to start with no token at all",
     )
 
     tls_cert: str | None = Field(
@@ -89,9 +98,9 @@ class Settings(BaseSettings):
     tls_key: str | None = Field(default=None, description="the PEM private key of tls_cert")
     trust_on_first_use: bool = Field(
         default=False,
-        description="let a node's first public key be registered by any caller the token"
-        " check accepts (its agent), not only by an admin; replacing or deleting a key stays"
-        " an admin action",
+        description="let a node's first public key be registered by an agent token whose"
+        " scope holds the node, not only by an admin; replacing or deleting a key stays an"
+        " admin action",
     )
 
     grpc_port: int | None = Field(
@@ -126,6 +135,27 @@ class Settings(BaseSettings):
         tokens = [t.strip() for t in self.api_tokens.split(",") if t.strip()]
         if self.api_token_file:
             tokens += read_token_file(Path(self.api_token_file))
+        if self.bootstrap_admin_token.strip():
+            tokens.append(self.bootstrap_admin_token.strip())
+        return tokens
+
+    def static_tokens(self) -> list[str]:
+        """:meth:`accepted_tokens`, refusing (ValueError) a default or too short one:
+        a static token is an admin's, so a guessable one opens everything."""
+        from service.tokens.secrets import weak_reason
+
+        for name in ("api_tokens", "bootstrap_admin_token"):
+            value: str = getattr(self, name)
+            if name in self.model_fields_set and not value.replace(",", "").strip():
+                raise ValueError(f"refusing TOPOPLACE_{name.upper()}: it is set but empty")
+        tokens = self.accepted_tokens()
+        for token in tokens:
+            reason = weak_reason(token)
+            if reason is not None:
+                raise ValueError(
+                    f"refusing a configured API token: {reason}; make one with"
+                    " `python -c 'import secrets; print(secrets.token_urlsafe(32))'`"
+                )
         return tokens
 
     @field_validator("database_url")

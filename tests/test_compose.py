@@ -129,19 +129,27 @@ def test_dockerfile_runs_the_service_unprivileged() -> None:
 # --- the agents' script against a real service -----------------------------------------
 
 
+KEY_MOUNT = "/var/lib/topoplace"
+
+
+def _key_volume(service: dict[str, Any]) -> str:
+    """The named volume an agent service keeps its node key on."""
+    (volume,) = [v for v in service["volumes"] if v.partition(":")[2] == KEY_MOUNT]
+    return str(volume).partition(":")[0]
+
+
 def _script(service: dict[str, Any], key_dir: Path) -> str:
     """The agent service's shell command, its key volume's mount point replaced by key_dir."""
-    (volume,) = service["volumes"]
-    _, _, mount = volume.partition(":")
-    assert mount == "/var/lib/topoplace" and mount in service["command"][2]
+    _key_volume(service)  # the key is on a volume: a restart keeps it
+    assert KEY_MOUNT in service["command"][2]
     key_dir.mkdir(parents=True, exist_ok=True)
-    return str(service["command"][2]).replace(mount, str(key_dir))
+    return str(service["command"][2]).replace(KEY_MOUNT, str(key_dir))
 
 
 def test_each_agent_keeps_its_key_on_a_volume_of_its_own(
     services: dict[str, Any], agents: dict[str, dict[str, Any]]
 ) -> None:
-    volumes = [service["volumes"][0].partition(":")[0] for service in agents.values()]
+    volumes = [_key_volume(service) for service in agents.values()]
     assert len(set(volumes)) == len(agents)  # one key per node, not one shared
     yaml = pytest.importorskip("yaml")
     declared = yaml.safe_load(COMPOSE.read_text(encoding="utf-8"))["volumes"]
@@ -150,14 +158,78 @@ def test_each_agent_keeps_its_key_on_a_volume_of_its_own(
         assert "--force" not in service["command"][2]  # a restart must not make a new key
 
 
+def test_the_service_and_agents_use_the_generated_tokens(services: dict[str, Any]) -> None:
+    assert environment(services["topoplace"])["TOPOPLACE_API_TOKEN_FILE"] == "/secrets/admin.token"
+    assert "TOPOPLACE_INSECURE_DEV" not in environment(services["topoplace"])
+    assert "secrets:/secrets:ro" in services["topoplace"]["volumes"]
+    made = environment(services["secrets"])["TOPOPLACE_AGENT_NODES"].split()
+    for name, service in services.items():
+        if name.startswith("agent-"):
+            env = environment(service)
+            assert (
+                env["TOPOPLACE_AGENT_TOKEN_FILE"]
+                == f"/secrets/{env['TOPOPLACE_AGENT_NODE_NAME']}.token"
+            )
+            assert env["TOPOPLACE_AGENT_NODE_NAME"] in made
+            assert "secrets:/secrets:ro" in service["volumes"]
+
+
+def test_agents_register_their_own_first_key(services: dict[str, Any]) -> None:
+    """Compose gives agents agent tokens, not admin ones: they can register their node's
+    first key only because the service trusts on first use."""
+    assert environment(services["topoplace"])["TOPOPLACE_TRUST_ON_FIRST_USE"] == "true"
+
+
 @pytest.fixture
-def live_service(tmp_path: Path) -> Iterator[str]:
+def secrets_dir(services: dict[str, Any], tmp_path: Path) -> Path:
+    """The `secrets` service's own script, run here on a SQLite database (twice: the second
+    run, a restart, keeps what the first made)."""
+    service = services["secrets"]
+    secrets = tmp_path / "secrets"
+    secrets.mkdir()
+    env = {
+        **os.environ,
+        **environment(service),
+        "TOPOPLACE_SECRETS_DIR": str(secrets),
+        "TOPOPLACE_DATABASE_URL": f"sqlite:///{tmp_path / 'agents.sqlite3'}",
+        "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
+    }
+    script = service["command"][2].replace("$$", "$")  # as Compose hands it to the shell
+    subprocess.run([service["command"][0], service["command"][1], script], env=env, check=True)
+    made = {p.name: p.read_text() for p in secrets.iterdir()}
+    subprocess.run([service["command"][0], service["command"][1], script], env=env, check=True)
+    assert {p.name: p.read_text() for p in secrets.iterdir()} == made
+    assert len(made["admin.token"].strip()) >= 32
+    return secrets
+
+
+@pytest.fixture
+def live_service(
+    services: dict[str, Any],
+    tmp_path: Path,
+    secrets_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> Iterator[str]:
+    """The topoplace service with its compose environment (tokens, trust on first use),
+    its database, token file and listening address replaced by local ones."""
     import uvicorn
 
     from service.app import create_app
     from service.settings import Settings
 
-    settings = Settings(database_url=f"sqlite:///{tmp_path / 'agents.sqlite3'}")
+    for key, value in environment(services["topoplace"]).items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("TOPOPLACE_DATABASE_URL", f"sqlite:///{tmp_path / 'agents.sqlite3'}")
+    monkeypatch.setenv(
+        "TOPOPLACE_API_TOKEN_FILE",
+        environment(services["topoplace"])["TOPOPLACE_API_TOKEN_FILE"].replace(
+            "/secrets", str(secrets_dir)
+        ),
+    )
+    monkeypatch.setenv("TOPOPLACE_GRPC_PORT", "off")  # REST is what the agents use
+    monkeypatch.delenv("TOPOPLACE_INSECURE_DEV", raising=False)  # as compose: tokens only
+    settings = Settings()
+    assert settings.trust_on_first_use and not settings.insecure_dev
     app = create_app(settings, background=False)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
@@ -178,10 +250,11 @@ def live_service(tmp_path: Path) -> Iterator[str]:
 
 
 def test_the_agent_services_report_to_a_live_service(
-    agents: dict[str, dict[str, Any]], live_service: str, tmp_path: Path
+    agents: dict[str, dict[str, Any]], live_service: str, tmp_path: Path, secrets_dir: Path
 ) -> None:
     """Each agent service's own command and environment, run here against a real service."""
     bin_dir = str(Path(sys.executable).parent)
+    admin = {"Authorization": f"Bearer {(secrets_dir / 'admin.token').read_text().strip()}"}
     procs = []
     try:
         for name, service in agents.items():
@@ -189,6 +262,9 @@ def test_the_agent_services_report_to_a_live_service(
                 **os.environ,
                 **environment(service),
                 "TOPOPLACE_AGENT_SERVER": live_service,
+                "TOPOPLACE_AGENT_TOKEN_FILE": environment(service)[
+                    "TOPOPLACE_AGENT_TOKEN_FILE"
+                ].replace("/secrets", str(secrets_dir)),
                 "PATH": f"{bin_dir}:{os.environ.get('PATH', '')}",
             }
             script = _script(service, tmp_path / name)
@@ -200,12 +276,14 @@ def test_the_agent_services_report_to_a_live_service(
             assert time.monotonic() < deadline, f"nodes never reported: {wanted - ready}"
             assert all(p.poll() is None for p in procs), "an agent exited"
             time.sleep(0.2)
-            listing = httpx.get(f"{live_service}/v1/nodes", timeout=5).json()["nodes"]
+            listing = httpx.get(f"{live_service}/v1/nodes", timeout=5, headers=admin).json()[
+                "nodes"
+            ]
             ready = {n["name"] for n in listing if n["state"] == "ready"}
         for name in wanted:
-            node = httpx.get(f"{live_service}/v1/nodes/{name}", timeout=5).json()
+            node = httpx.get(f"{live_service}/v1/nodes/{name}", timeout=5, headers=admin).json()
             assert node["labels"]["topoplace.io/simulated"] == "true"
-            key = httpx.get(f"{live_service}/v1/nodes/{name}/key", timeout=5)
+            key = httpx.get(f"{live_service}/v1/nodes/{name}/key", timeout=5, headers=admin)
             assert key.status_code == 200, key.text  # the agent registered its public key
     finally:
         for proc in procs:
@@ -215,16 +293,20 @@ def test_the_agent_services_report_to_a_live_service(
 
 
 def test_a_restarted_agent_service_keeps_its_key_and_is_taken(
-    agents: dict[str, dict[str, Any]], live_service: str, tmp_path: Path
+    agents: dict[str, dict[str, Any]], live_service: str, tmp_path: Path, secrets_dir: Path
 ) -> None:
     """One agent service's command as shipped, started, stopped and started again on the
     same key volume: the second run signs with the key the service registered."""
     service = next(iter(agents.values()))
+    admin = {"Authorization": f"Bearer {(secrets_dir / 'admin.token').read_text().strip()}"}
     env = {
         **os.environ,
         **environment(service),
         "TOPOPLACE_AGENT_SERVER": live_service,
         "TOPOPLACE_AGENT_INTERVAL_S": "0.2",
+        "TOPOPLACE_AGENT_TOKEN_FILE": environment(service)["TOPOPLACE_AGENT_TOKEN_FILE"].replace(
+            "/secrets", str(secrets_dir)
+        ),
         "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
     }
     name = environment(service)["TOPOPLACE_AGENT_NODE_NAME"]
@@ -238,7 +320,7 @@ def test_a_restarted_agent_service_keeps_its_key_and_is_taken(
             while True:
                 assert proc.poll() is None, "the agent exited"
                 assert time.monotonic() < deadline, "the node was never reported"
-                node = httpx.get(f"{live_service}/v1/nodes/{name}", timeout=5)
+                node = httpx.get(f"{live_service}/v1/nodes/{name}", timeout=5, headers=admin)
                 if node.status_code == 200 and (not seqs or node.json()["seq"] > seqs[-1]):
                     break
                 time.sleep(0.1)
@@ -248,6 +330,6 @@ def test_a_restarted_agent_service_keeps_its_key_and_is_taken(
             proc.terminate()
             proc.wait(timeout=10)
     assert keys[0] == keys[1]
-    stored = httpx.get(f"{live_service}/v1/nodes/{name}/key", timeout=5).json()
+    stored = httpx.get(f"{live_service}/v1/nodes/{name}/key", timeout=5, headers=admin).json()
     assert stored["public_key"] == keys[0]
     assert seqs[1] > seqs[0]  # the restarted agent's signed snapshot was taken

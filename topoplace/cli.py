@@ -22,6 +22,7 @@ from topoplace import (
     serve_cmd,
     sim_cmd,
     slurm_cmd,
+    token_cmd,
 )
 
 COMMANDS_GROUP = "topoplace.commands"
@@ -49,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve_cmd.add_parsers(sub)
     openapi_cmd.add_parser(sub)
     client_cmd.add_parsers(sub)
+    token_cmd.add_parser(sub)
     for add_parser in plugin_commands():
         add_parser(sub)
     slurm_cmd.add_parser(sub)

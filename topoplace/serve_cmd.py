@@ -24,7 +24,15 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     serve.add_argument("--port", type=int, help="listen port (TOPOPLACE_PORT, default 8080)")
     serve.add_argument("--database-url", help="TOPOPLACE_DATABASE_URL")
     serve.add_argument(
-        "--demo", action="store_true", help="also run a small simulated cluster in-process"
+        "--demo",
+        action="store_true",
+        help="also run a small simulated cluster in-process (implies --insecure-dev)",
+    )
+    serve.add_argument(
+        "--insecure-dev",
+        action="store_true",
+        help="accept callers without a token, as admins (TOPOPLACE_INSECURE_DEV): a laptop"
+        " only. Without it serve refuses to start unless some token is configured",
     )
     serve.add_argument(
         "--no-migrate", action="store_true", help="do not apply database migrations on start"
@@ -73,6 +81,9 @@ def _settings(args: argparse.Namespace) -> Settings:
             "access_log": True if getattr(args, "access_log", False) else None,
             "tls_cert": getattr(args, "tls_cert", None),
             "tls_key": getattr(args, "tls_key", None),
+            "insecure_dev": True
+            if getattr(args, "insecure_dev", False) or getattr(args, "demo", False)
+            else None,
             "grpc_port": "off"
             if getattr(args, "no_grpc", False)
             else getattr(args, "grpc_port", None),
@@ -83,12 +94,27 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 
 def run_serve(args: argparse.Namespace) -> int:
+    import sys
+
     import uvicorn
 
-    from service.app import create_app
+    from service import migrate
+    from service.app import INSECURE_BANNER, NoTokenSource, create_app, require_token_source
 
-    settings = _with_grpc_port(_settings(args))
-    app = create_app(settings, demo=args.demo)
+    try:
+        settings = _with_grpc_port(_settings(args))
+        app = create_app(settings, demo=args.demo)
+        if settings.insecure_dev:
+            print(INSECURE_BANNER, file=sys.stderr)
+        else:
+            # Said here, before uvicorn starts, so the refusal is one clear line.
+            if settings.migrate_on_start:
+                migrate.upgrade(settings.database_url)
+            require_token_source(settings, app.state.service.engine, app.state.token_check)
+    except (NoTokenSource, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    # uvicorn_options carries TLS and the slow-header deadline (docs/security.md).
     uvicorn.run(app, **uvicorn_options(settings))
     return 0
 

@@ -329,3 +329,27 @@ class TopoplaceClient:
     def cluster(self) -> JSONObject:
         """GET /v1/cluster: node and GPU counts, fragmentation, allocations by state."""
         return self._get("/v1/cluster")
+
+    # -- tokens (admin) ------------------------------------------------------
+
+    def create_token(
+        self,
+        role: str,
+        *,
+        nodes: list[str] | None = None,
+        region: str | None = None,
+        name: str = "",
+    ) -> JSONObject:
+        """POST /v1/tokens: the new token, its secret in ``token`` (shown only this once)."""
+        body: JSONObject = {"role": role, "nodes": list(nodes or []), "name": name}
+        if region is not None:
+            body["region"] = region
+        return self._post("/v1/tokens", body)
+
+    def tokens(self, include_revoked: bool = False) -> JSONObject:
+        """GET /v1/tokens: ``{"tokens": [...]}``, without secrets."""
+        return self._get("/v1/tokens", {"revoked": "true"} if include_revoked else None)
+
+    def revoke_token(self, token_id: str) -> None:
+        """DELETE /v1/tokens/{id} (204): refused everywhere within a second."""
+        self._request("DELETE", f"/v1/tokens/{_segment(token_id)}")

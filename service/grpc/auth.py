@@ -1,8 +1,12 @@
 """Bearer tokens for gRPC: the REST check (service/auth.py) on ``authorization`` metadata.
 
-Health checking and reflection stay open, as REST's probes and schema do:
-a load balancer cannot present a token, and the schema is not a secret.
-A refused call ends with UNAUTHENTICATED before the method runs.
+The permission each method needs comes from the same table as REST's
+(service/access.py). Health checking and reflection stay open, as REST's
+probes and schema do. A call without a known token ends with
+UNAUTHENTICATED, one whose role does not allow it with PERMISSION_DENIED,
+before the method runs. An agent's ReportSnapshot and Heartbeat name their
+node in the request, so the scope is checked on the request message, before
+the method's body sees it.
 """
 
 from __future__ import annotations
@@ -12,21 +16,27 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from service.auth import TokenCheck, Unauthorized
+from service import access
+from service.access import Permission, Role
+from service.auth import (
+    Authenticator,
+    Forbidden,
+    Principal,
+    RegionOf,
+    Unauthorized,
+    snapshot_region,
+)
 from service.grpc import status_map
 
-OPEN_PREFIXES = (
-    "/grpc.health.v1.Health/",
-    "/grpc.reflection.v1alpha.ServerReflection/",
-    "/grpc.reflection.v1.ServerReflection/",
-)
+OPEN_PREFIXES = access.GRPC_OPEN_PREFIXES
 if TYPE_CHECKING:  # generic only in the stubs
     Handler = grpc.RpcMethodHandler[Any, Any]
 
 
 class RequireToken(grpc.aio.ServerInterceptor):
-    def __init__(self, check: TokenCheck) -> None:
+    def __init__(self, check: Authenticator, region_of: RegionOf) -> None:
         self.check = check
+        self.region_of = region_of
 
     async def intercept_service(
         self,
@@ -34,22 +44,46 @@ class RequireToken(grpc.aio.ServerInterceptor):
         handler_call_details: grpc.HandlerCallDetails,
     ) -> Handler | None:
         handler = await continuation(handler_call_details)
-        if (
-            handler is None
-            or not self.check.enabled
-            or handler_call_details.method.startswith(OPEN_PREFIXES)
-        ):
+        if handler is None or handler_call_details.method.startswith(OPEN_PREFIXES):
             return handler
         header = None
         for key, value in handler_call_details.invocation_metadata or ():
             if key == "authorization":
                 header = value if isinstance(value, str) else value.decode("latin-1")
                 break
+        permission = access.grpc_rule(handler_call_details.method)
         try:
-            self.check.verify(header)
-        except Unauthorized as error:
+            principal = await self.check.authenticate_async(header)
+            if principal.role is Role.AGENT and permission is Permission.REPORT:
+                return self._scoped(handler, principal)
+            self.check.authorize(principal, permission, None, None)
+        except (Unauthorized, Forbidden) as error:
             return _refusing(handler, status_map.from_service_error(error))
         return handler
+
+    def _scoped(self, handler: Handler, principal: Principal) -> Handler:
+        """``handler`` behind a check of the node its (unary) request names."""
+        inner: Any = handler.unary_unary  # the servicer's coroutine (the stubs say sync)
+        assert inner is not None  # ReportSnapshot and Heartbeat are unary
+
+        async def unary(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+            node = request.node
+            region = self.region_of(node)
+            snapshot_json = getattr(request, "snapshot_json", None)
+            if principal.region is not None and node not in principal.nodes and snapshot_json:
+                claimed = snapshot_region(snapshot_json.encode(), wrapped=False)
+                region = claimed if region is None or region == claimed else None
+            try:
+                self.check.authorize(principal, Permission.REPORT, node, region)
+            except Forbidden as error:
+                await status_map.abort(context, status_map.from_service_error(error))
+            return await inner(request, context)
+
+        return grpc.unary_unary_rpc_method_handler(
+            unary,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
 
 
 def _refusing(handler: Handler, reply: status_map.ErrorReply) -> Handler:

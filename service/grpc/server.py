@@ -24,7 +24,7 @@ import sqlalchemy as sa
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from service.auth import TokenCheck
+from service.auth import Authenticator, region_checker
 from service.edge.rate_limit import RateLimiter
 from service.event_loop import off_loop
 from service.grpc.auth import RequireToken
@@ -48,7 +48,7 @@ class GrpcServer:
     def __init__(
         self,
         state: ServiceState,
-        check: TokenCheck,
+        check: Authenticator,
         host: str,
         port: int,
         *,
@@ -131,7 +131,10 @@ class GrpcServer:
 
     def _build(self) -> tuple[grpc.aio.Server, health.aio.HealthServicer]:
         server = grpc.aio.server(
-            interceptors=[RateLimit(self.limiter), RequireToken(self.check)],
+            interceptors=[
+                RateLimit(self.limiter),
+                RequireToken(self.check, region_checker(self.state)),
+            ],
             options=[
                 ("grpc.max_receive_message_length", self.state.settings.max_body_bytes),
                 ("grpc.so_reuseport", 0),  # a port in use is an error, not shared
@@ -176,7 +179,7 @@ def server_credentials(settings: Settings) -> grpc.ServerCredentials | None:
 
 
 def start_grpc(
-    state: ServiceState, check: TokenCheck, limiter: RateLimiter | None = None
+    state: ServiceState, check: Authenticator, limiter: RateLimiter | None = None
 ) -> GrpcServer | None:
     """Start the gRPC API when TOPOPLACE_GRPC_PORT is set; None otherwise."""
     port = state.settings.grpc_port

@@ -19,7 +19,7 @@ from placement.text import forbidden_character
 from service.admin_actions import Caller
 from service.allocations import api as allocations
 from service.allocations.schemas import ExtendRequest, PlaceRequest, ScoreRequest
-from service.auth import TokenCheck
+from service.auth import Authenticator
 from service.event_loop import off_loop
 from service.grpc import convert, status_map
 from service.grpc.gen import topoplace_pb2 as pb
@@ -72,9 +72,9 @@ def _check_key(key: str) -> None:
 
 
 class TopoplaceServicer(pb_grpc.TopoplaceServicer):
-    def __init__(self, state: ServiceState, check: TokenCheck | None = None) -> None:
+    def __init__(self, state: ServiceState, check: Authenticator) -> None:
         self.state = state
-        self.check = check if check is not None else TokenCheck(())
+        self.check = check
 
     async def _run(self, request: Message, context: Context, call: Callable[[], T]) -> T:
         """``call`` on a worker thread, its refusals and faults as gRPC statuses.
@@ -98,10 +98,13 @@ class TopoplaceServicer(pb_grpc.TopoplaceServicer):
     async def ReportSnapshot(
         self, request: pb.ReportSnapshotRequest, context: Context
     ) -> pb.SnapshotAccepted:
-        caller = Caller(_metadata(context, "authorization"), self.check)
+        authorization = _metadata(context, "authorization")
 
         def call() -> pb.SnapshotAccepted:
             from placement import NodeSnapshot
+
+            # The interceptor authenticated this header already: a cache hit here.
+            caller = Caller.authenticated(self.check, authorization)
 
             try:
                 snapshot = NodeSnapshot.model_validate_json(request.snapshot_json)

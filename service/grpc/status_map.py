@@ -8,6 +8,11 @@ of the REST ``detail``), and where they apply:
     code (REST)              gRPC status            more details
     invalid_request, bad_request  INVALID_ARGUMENT  BadRequest naming the field(s)
     unauthorized             UNAUTHENTICATED
+    forbidden                PERMISSION_DENIED      (role, scope, or an admin action)
+    bad_signature            PERMISSION_DENIED
+    node_key_required        PERMISSION_DENIED
+    replayed_snapshot        FAILED_PRECONDITION
+    rate_limited             RESOURCE_EXHAUSTED     RetryInfo (the seconds until allowed)
     not_found                NOT_FOUND
     conflict                 FAILED_PRECONDITION    (retrying will not help)
     unschedulable            RESOURCE_EXHAUSTED     RetryInfo 5 s, PlacementRefusal

@@ -221,11 +221,12 @@ def register_key(
 ) -> NodeKeyView:
     """Register the key a node signs its snapshots with (docs/security.md).
 
-    A node's first key is registered by an admin, or by anyone the token
-    check lets through when the operator trusts on first use
-    (TOPOPLACE_TRUST_ON_FIRST_USE). The same key again is accepted (agents
-    register on every start); a different one is a conflict, so a stray
-    agent cannot take over a name, unless an admin ``replace``s it.
+    The access table (service/access.py) lets only admins and the agent
+    tokens whose scope holds the node call this. A node's first key is
+    registered by an admin, or by that agent when the operator trusts on
+    first use (TOPOPLACE_TRUST_ON_FIRST_USE). The same key again is accepted
+    (agents register on every start); a different one is a conflict, so a
+    stray agent cannot take over a name, unless an admin ``replace``s it.
     """
     try:
         NodeSnapshot(name=name)

@@ -38,8 +38,8 @@ def verified_key(
         if not is_admin(caller):
             raise NodeKeyRequired(
                 f"node {name!r} has no registered public key: register it first"
-                f" (PUT /v1/nodes/{name}/key; an admin action unless the service trusts"
-                " on first use, TOPOPLACE_TRUST_ON_FIRST_USE)",
+                f" (PUT /v1/nodes/{name}/key: an admin, or the node's agent when the"
+                " service trusts on first use, TOPOPLACE_TRUST_ON_FIRST_USE)",
                 {"field": "signature"},
             )
         return None

@@ -119,8 +119,19 @@ def settings(database_url: str) -> Settings:
     return Settings(database_url=database_url, heartbeat_ttl_s=60, reservation_ttl_s=120)
 
 
+# The admin token the API tests present (a static bootstrap token, insecure mode off).
+ADMIN_TOKEN = "test-admin-token-0123456789abcdef"
+
+
+def secured(settings: Settings) -> Settings:
+    """``settings`` with insecure mode off and ``ADMIN_TOKEN`` as the bootstrap admin token."""
+    return settings.model_copy(update={"insecure_dev": False, "bootstrap_admin_token": ADMIN_TOKEN})
+
+
 @pytest.fixture
 def client(settings: Settings, clock: FakeClock) -> Iterator[TestClient]:
-    app = create_app(settings, clock=clock, background=False)
-    with TestClient(app) as test_client:
+    """The API through a real token check, as an admin."""
+    app = create_app(secured(settings), clock=clock, background=False)
+    headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    with TestClient(app, headers=headers) as test_client:
         yield test_client

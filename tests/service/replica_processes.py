@@ -38,11 +38,17 @@ def start(
     database_url: str, env: Mapping[str, str], port: int | None = None
 ) -> tuple[str, subprocess.Popen[bytes]]:
     """One `topoplace serve` (REST only) on ``database_url``; returns (base URL, process)
-    without waiting for it to be ready."""
+    without waiting for it to be ready. Insecure (no token needed) unless ``env`` says
+    otherwise: the replica tests are about keeping processes in step."""
     port = port or free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "topoplace", "serve", "--port", str(port), "--no-grpc"],
-        env={**os.environ, "TOPOPLACE_DATABASE_URL": database_url, **env},
+        env={
+            **os.environ,
+            "TOPOPLACE_INSECURE_DEV": "1",
+            "TOPOPLACE_DATABASE_URL": database_url,
+            **env,
+        },
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

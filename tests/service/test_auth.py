@@ -1,4 +1,8 @@
-"""Bearer tokens: one check in front of every route but health and the docs."""
+"""Bearer tokens: one check in front of every route but health and the docs.
+
+The static (bootstrap, compatibility) tokens here; database tokens, roles and
+scopes in tests/service/test_access_*.py.
+"""
 
 from __future__ import annotations
 
@@ -8,20 +12,51 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from service.app import create_app
-from service.auth import TokenCheck, Unauthorized
+from service.app import NoTokenSource, create_app
+from service.auth import Authenticator, Unauthorized
 from service.settings import Settings
 from topoplace_client.api import ApiError, TopoplaceClient
 
 
-def _client(tmp_path: Path, **settings: str) -> TestClient:
+def _client(tmp_path: Path, insecure_dev: bool = False, **settings: str) -> TestClient:
     url = f"sqlite:///{tmp_path / 'auth.sqlite3'}"
-    return TestClient(create_app(Settings(database_url=url, **settings), background=False))
+    configured = Settings(database_url=url, insecure_dev=insecure_dev, **settings)
+    return TestClient(create_app(configured, background=False))
 
 
-def test_without_tokens_the_api_is_open(tmp_path: Path) -> None:
-    with _client(tmp_path) as client:
+def test_without_tokens_the_service_refuses_to_start(tmp_path: Path) -> None:
+    with pytest.raises(NoTokenSource, match="insecure-dev"), _client(tmp_path):
+        pass
+
+
+def test_insecure_dev_is_open_and_says_so(tmp_path: Path) -> None:
+    with _client(tmp_path, insecure_dev=True) as client:
         assert client.get("/v1/nodes").status_code == 200
+        assert client.get("/readyz").json()["insecure"] is True
+        # A token that is presented is still checked.
+        wrong = client.get("/v1/nodes", headers={"Authorization": "Bearer tpp_0123456789ab_x"})
+        assert wrong.status_code == 401
+
+
+def test_a_secured_service_does_not_say_insecure(tmp_path: Path) -> None:
+    with _client(tmp_path, api_tokens="s3cret-0123456789abcdef") as client:
+        assert "insecure" not in client.get("/readyz").json()
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"api_tokens": "changeme"}, "well-known default"),
+        ({"api_tokens": "short"}, "shorter than 16"),
+        ({"bootstrap_admin_token": ""}, "set but empty"),
+        ({"api_tokens": " , "}, "set but empty"),
+    ],
+)
+def test_a_default_empty_or_short_token_is_refused(
+    tmp_path: Path, settings: dict[str, str], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        _client(tmp_path, **settings)
 
 
 @pytest.mark.parametrize(
@@ -36,7 +71,7 @@ def test_without_tokens_the_api_is_open(tmp_path: Path) -> None:
 def test_a_missing_or_wrong_token_is_refused(
     tmp_path: Path, header: str | None, message: str
 ) -> None:
-    with _client(tmp_path, api_tokens="s3cret,other") as client:
+    with _client(tmp_path, api_tokens="s3cret-0123456789abcdef,other-0123456789abcdef") as client:
         headers = {"Authorization": header} if header else {}
         response = client.post("/v1/place", json={"gpus": 1}, headers=headers)
         assert response.status_code == 401
@@ -48,9 +83,11 @@ def test_a_missing_or_wrong_token_is_refused(
 
 def test_every_configured_token_is_accepted(tmp_path: Path) -> None:
     token_file = tmp_path / "tokens"
-    token_file.write_text("# agents\nfrom-file\n\n")
-    with _client(tmp_path, api_tokens="s3cret", api_token_file=str(token_file)) as client:
-        for token in ("s3cret", "from-file"):
+    token_file.write_text("# agents\nfrom-file-0123456789abcdef\n\n")
+    with _client(
+        tmp_path, api_tokens="s3cret-0123456789abcdef", api_token_file=str(token_file)
+    ) as client:
+        for token in ("s3cret-0123456789abcdef", "from-file-0123456789abcdef"):
             response = client.get("/v1/nodes", headers={"Authorization": f"Bearer {token}"})
             assert response.status_code == 200, token
         assert client.get("/v1/nodes", headers={"Authorization": "Bearer # agents"}).status_code
@@ -58,7 +95,7 @@ def test_every_configured_token_is_accepted(tmp_path: Path) -> None:
 
 
 def test_health_and_docs_stay_open(tmp_path: Path) -> None:
-    with _client(tmp_path, api_tokens="s3cret") as client:
+    with _client(tmp_path, api_tokens="s3cret-0123456789abcdef") as client:
         for path in ("/healthz", "/readyz", "/openapi.json", "/docs"):
             assert client.get(path).status_code == 200, path
 
@@ -70,16 +107,18 @@ def test_an_unreadable_token_file_is_a_clear_startup_error(tmp_path: Path) -> No
 
 
 def test_the_check_itself() -> None:
-    check = TokenCheck(["a", ""])
-    assert check.enabled
-    check.verify("bearer a")
+    check = Authenticator(None, ["a-static-token-0123456789", ""])
+    assert check.has_static
+    assert check.authenticate("bearer a-static-token-0123456789").role == "admin"
     with pytest.raises(Unauthorized):
-        check.verify("Bearer b")
-    TokenCheck([]).verify(None)  # open
+        check.authenticate("Bearer b")
+    with pytest.raises(Unauthorized):
+        Authenticator(None).authenticate(None)  # closed, not open
+    assert Authenticator(None, insecure=True).authenticate(None).role == "admin"
 
 
 def test_the_client_sends_its_token(tmp_path: Path) -> None:
-    with _client(tmp_path, api_tokens="s3cret") as app_client:
+    with _client(tmp_path, api_tokens="s3cret-0123456789abcdef") as app_client:
         transport = httpx.MockTransport(
             lambda request: httpx.Response(
                 app_client.get(
@@ -89,7 +128,9 @@ def test_the_client_sends_its_token(tmp_path: Path) -> None:
                 json={"nodes": []},
             )
         )
-        with TopoplaceClient("http://svc", transport=transport, token="s3cret") as good:
+        with TopoplaceClient(
+            "http://svc", transport=transport, token="s3cret-0123456789abcdef"
+        ) as good:
             assert good.nodes() == {"nodes": []}
         with (
             TopoplaceClient("http://svc", transport=transport) as anonymous,

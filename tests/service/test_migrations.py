@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlalchemy as sa
+from alembic import command
 
 from service import migrate, schema
 
@@ -29,7 +30,8 @@ def test_0003_mends_rows_the_lifecycle_races_left(database_url: str) -> None:
 
     engine = sa.create_engine(database_url)
     with engine.begin() as conn:  # a fresh database at 0002
-        for table in ("gpu_holds", "allocations", "node_snapshots", "nodes", "node_keys"):
+        tables = ("gpu_holds", "allocations", "node_snapshots", "nodes", "node_keys", "api_tokens")
+        for table in tables:
             conn.execute(
                 sa.text(
                     f"DROP TABLE IF EXISTS {table} CASCADE"
@@ -89,3 +91,16 @@ def test_0003_mends_rows_the_lifecycle_races_left(database_url: str) -> None:
     assert (after["held"]["anchor_node"], after["held"]["anchor_device"]) == ("n0", "GPU-a")
     assert after["empty"]["state"] == "released" and after["empty"]["ended_at"] is not None
     assert after["ended"]["state"] == "released" and after["ended"]["live"] is None
+
+
+def test_0004_adds_and_removes_the_tokens_table(database_url: str) -> None:
+    migrate.upgrade(database_url)
+    engine = sa.create_engine(database_url)
+    try:
+        assert sa.inspect(engine).has_table("api_tokens")
+        command.downgrade(migrate.alembic_config(database_url), "0003")
+        assert not sa.inspect(engine).has_table("api_tokens")
+        migrate.upgrade(database_url)
+        assert sa.inspect(engine).has_table("api_tokens")
+    finally:
+        engine.dispose()

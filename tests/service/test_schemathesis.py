@@ -84,7 +84,7 @@ def _seed(url: str) -> None:
 def test_every_operation_conforms(database_url: str) -> None:
     config = schemathesis.Config.from_dict(_CONFIG)
     schema = schemathesis.openapi.from_path(COMMITTED, config=config)
-    app = create_app(Settings(database_url=database_url, api_tokens=TOKEN))
+    app = create_app(Settings(database_url=database_url, api_tokens=TOKEN, insecure_dev=False))
     with live_server(app) as url:
         _seed(url)
         failures: list[str] = []

@@ -16,7 +16,10 @@ from service.settings import Settings
 from tests.service.conftest import FakeClock
 from tests.service.grpc.conftest import Running, details, reason, start
 
-TOKENS = "token-a,token-b"
+# Static admin tokens (long enough to be accepted: a short one is refused at start).
+TOKEN_A = "rate-limit-token-a-0123456789"
+TOKEN_B = "rate-limit-token-b-0123456789"
+TOKENS = f"{TOKEN_A},{TOKEN_B}"
 
 
 class Seconds:
@@ -65,6 +68,7 @@ def limited(tmp_path_factory: pytest.TempPathFactory) -> Settings:
     return Settings(
         database_url=f"sqlite:///{path}",
         api_tokens=TOKENS,
+        insecure_dev=False,  # a caller without a token is refused, and counted
         rate_limit_per_s=0.001,  # nothing comes back within a test
         rate_limit_burst=3,
     )
@@ -72,8 +76,8 @@ def limited(tmp_path_factory: pytest.TempPathFactory) -> Settings:
 
 def test_rest_answers_429_with_retry_after_per_token(limited: Settings) -> None:
     with TestClient(create_app(limited, background=False)) as client:
-        a = {"Authorization": "Bearer token-a"}
-        b = {"Authorization": "Bearer token-b"}
+        a = {"Authorization": f"Bearer {TOKEN_A}"}
+        b = {"Authorization": f"Bearer {TOKEN_B}"}
         assert [client.get("/v1/nodes", headers=a).status_code for _ in range(3)] == [200] * 3
         refused = client.get("/v1/nodes", headers=a)
         assert refused.status_code == 429
@@ -102,11 +106,11 @@ def test_no_limit_when_the_rate_is_zero(tmp_path_factory: pytest.TempPathFactory
 
 @pytest.fixture
 def running(limited: Settings) -> Iterator[Running]:
-    yield from start(limited.model_copy(update={"api_tokens": ""}), FakeClock())
+    yield from start(limited, FakeClock())
 
 
 def test_grpc_shares_the_limit_and_answers_resource_exhausted(running: Running) -> None:
-    metadata = (("authorization", "Bearer token-a"),)
+    metadata = (("authorization", f"Bearer {TOKEN_A}"),)
     for _ in range(3):
         running.stub.ListNodes(pb.ListNodesRequest(), metadata=metadata)
     with pytest.raises(grpc.RpcError) as refused:
@@ -115,5 +119,5 @@ def test_grpc_shares_the_limit_and_answers_resource_exhausted(running: Running) 
     assert reason(refused.value) == "rate_limited"
     assert details(refused.value)["RetryInfo"].retry_delay.seconds >= 1  # type: ignore[attr-defined]
     # The same token over REST has used its bucket up too.
-    limited = running.rest.get("/v1/nodes", headers={"Authorization": "Bearer token-a"})
+    limited = running.rest.get("/v1/nodes", headers={"Authorization": f"Bearer {TOKEN_A}"})
     assert limited.status_code == 429

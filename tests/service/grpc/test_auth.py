@@ -17,7 +17,11 @@ from tests.service.grpc.conftest import Running, details, reason, start
 
 @pytest.fixture
 def guarded(tmp_path: Path) -> Iterator[Running]:
-    settings = Settings(database_url=f"sqlite:///{tmp_path / 'auth.sqlite3'}", api_tokens="s3cret")
+    settings = Settings(
+        database_url=f"sqlite:///{tmp_path / 'auth.sqlite3'}",
+        api_tokens="s3cret-0123456789abcdef",
+        insecure_dev=False,
+    )
     yield from start(settings)
 
 
@@ -46,12 +50,12 @@ def test_a_missing_or_wrong_token_is_unauthenticated(
     with pytest.raises(grpc.RpcError):
         guarded.stub.Place(pb.PlaceRequest(gpus=1), metadata=metadata)
     assert guarded.rest.get(
-        "/v1/allocations", headers={"Authorization": "Bearer s3cret"}
+        "/v1/allocations", headers={"Authorization": "Bearer s3cret-0123456789abcdef"}
     ).json() == {"allocations": []}
 
 
 def test_the_right_token_is_accepted(guarded: Running) -> None:
-    token = (("authorization", "Bearer s3cret"),)
+    token = (("authorization", "Bearer s3cret-0123456789abcdef"),)
     assert not guarded.stub.ListNodes(pb.ListNodesRequest(), metadata=token).nodes
     stream = guarded.stub.Watch(pb.WatchRequest(), metadata=token)
     assert next(stream).type == "started"

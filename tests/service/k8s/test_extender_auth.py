@@ -16,7 +16,11 @@ from tests.service.conftest import FakeClock
 
 def _client(settings: Settings, clock: FakeClock, extender_open: bool) -> Iterator[TestClient]:
     app = create_app(
-        settings.model_copy(update={"api_tokens": "s3cret"}), clock=clock, background=False
+        settings.model_copy(
+            update={"api_tokens": "s3cret-0123456789abcdef", "insecure_dev": False}
+        ),
+        clock=clock,
+        background=False,
     )
     app.state.k8s_settings = ExtenderSettings(reconcile_interval_s=0, extender_open=extender_open)
     with TestClient(app) as client:
@@ -39,7 +43,10 @@ def test_open_extender_routes_take_calls_without_a_token(open_client: TestClient
     # Everything else still needs the token.
     assert open_client.get("/v1/nodes").status_code == 401
     assert (
-        open_client.get("/v1/nodes", headers={"Authorization": "Bearer s3cret"}).status_code == 200
+        open_client.get(
+            "/v1/nodes", headers={"Authorization": "Bearer s3cret-0123456789abcdef"}
+        ).status_code
+        == 200
     )
 
 
@@ -49,6 +56,6 @@ def test_closed_extender_routes_need_the_token(closed_client: TestClient):
     authorized = closed_client.post(
         "/k8s/v1/filter",
         json=names_args(pod("p", 1), ["n"]),
-        headers={"Authorization": "Bearer s3cret"},
+        headers={"Authorization": "Bearer s3cret-0123456789abcdef"},
     )
     assert authorized.status_code == 200

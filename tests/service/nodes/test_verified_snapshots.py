@@ -19,8 +19,9 @@ from agent.signing import NodeKey
 from placement import NodeSnapshot
 from placement.profiles import build_profile
 from service import schema
+from service.access import Role
 from service.admin_actions import Caller
-from service.auth import TokenCheck, Unauthorized
+from service.auth import Forbidden, Principal
 from service.errors import NodeKeyRequired
 from service.grpc.gen import topoplace_pb2 as pb
 from service.nodes import service
@@ -31,8 +32,9 @@ from tests.service.conftest import FakeClock
 from tests.service.grpc.conftest import Running, reason, start
 
 NAME = "h100-a"
-# A caller the token check refuses: what an agent token becomes once roles exist.
-NOT_ADMIN = Caller(None, TokenCheck(["an-admin-token"]))
+# An agent token whose scope holds the nodes below: it may report them, not administer.
+NOT_ADMIN = Caller(Principal("t-agent", Role.AGENT, frozenset({"no-key", "new-node"})))
+ADMIN = Caller(Principal("t-admin", Role.ADMIN))
 
 
 def _body(snap: NodeSnapshot, seq: int) -> dict[str, Any]:
@@ -157,16 +159,15 @@ def test_an_unkeyed_node_is_refused_from_a_caller_who_may_not_register_its_key(
     with pytest.raises(NodeKeyRequired):
         service.report_snapshot(_state(client), "no-key", SnapshotReport(snapshot=snap), NOT_ADMIN)
     assert client.get("/v1/nodes/no-key").status_code == 404
-    # An admin may (it could register any key it likes first): today, any accepted token.
-    admin = Caller("Bearer an-admin-token", TokenCheck(["an-admin-token"]))
-    service.report_snapshot(_state(client), "no-key", SnapshotReport(snapshot=snap), admin)
+    # An admin may (it could register any key it likes first).
+    service.report_snapshot(_state(client), "no-key", SnapshotReport(snapshot=snap), ADMIN)
     assert client.get("/v1/nodes/no-key").status_code == 200
 
 
 def test_a_first_key_is_an_admin_action_unless_trust_on_first_use(client: TestClient) -> None:
     state = _state(client)
     key = NodeKeyRegistration(public_key=NodeKey.generate().public_key)
-    with pytest.raises(Unauthorized, match="admin action"):
+    with pytest.raises(Forbidden, match="admin action"):
         service.register_key(state, "new-node", key, NOT_ADMIN)
     assert client.get("/v1/nodes/new-node/key").status_code == 404
     trusting = state.settings.model_copy(update={"trust_on_first_use": True})
@@ -175,9 +176,9 @@ def test_a_first_key_is_an_admin_action_unless_trust_on_first_use(client: TestCl
     # The same key again is fine; another one, or a replacement, is not.
     service.register_key(state, "new-node", key, NOT_ADMIN)
     other = NodeKeyRegistration(public_key=NodeKey.generate().public_key)
-    with pytest.raises(Unauthorized, match="admin action"):
+    with pytest.raises(Forbidden, match="admin action"):
         service.register_key(state, "new-node", other, NOT_ADMIN, replace=True)
-    with pytest.raises(Unauthorized, match="admin action"):
+    with pytest.raises(Forbidden, match="admin action"):
         service.delete_key(state, "new-node", NOT_ADMIN)
     assert client.get("/v1/nodes/new-node/key").json()["public_key"] == key.public_key
 

@@ -195,12 +195,17 @@ def test_a_body_that_is_not_json_gets_the_one_error_shape(dgx1: TestClient) -> N
 
 def test_the_filter_route_keeps_the_token_check_and_body_limit(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'slurm.sqlite3'}"
-    settings = Settings(database_url=url, api_tokens="s3cret", max_body_bytes=2048)
+    settings = Settings(
+        database_url=url,
+        api_tokens="s3cret-0123456789abcdef",
+        insecure_dev=False,
+        max_body_bytes=2048,
+    )
     with TestClient(create_app(settings, background=False)) as client:
         body = {"tres_per_node": "gres:gpu:1"}
         refused = client.post("/v1/slurm/job-submit", json=body)
         assert refused.status_code == 401 and refused.json()["error"]["code"] == "unauthorized"
-        token = {"Authorization": "Bearer s3cret"}
+        token = {"Authorization": "Bearer s3cret-0123456789abcdef"}
         large = client.post("/v1/slurm/job-submit", json={"comment": "x" * 4096}, headers=token)
         assert large.status_code == 413
         answer = client.post("/v1/slurm/job-submit", json=body, headers=token)

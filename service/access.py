@@ -1,0 +1,210 @@
+"""Who may call what: the one table REST and gRPC both enforce.
+
+Every REST route and every gRPC method has a rule naming the permission it
+needs. A role is a set of permissions:
+
+    permission   what it covers                                roles
+    report       a node's snapshot, heartbeat and key,          agent (its scope only), admin
+                 for the nodes in the token's scope
+    read         every GET, the gRPC reads and Watch             viewer, scheduler, admin
+    schedule     place, score, confirm, extend, release,        scheduler, admin
+                 the Kubernetes extender and Slurm routes
+    admin        tokens, node keys (replace, delete), cordon,   admin
+                 delete
+
+An ``agent`` token carries a scope: node names and/or one region. A
+``report`` call names its node (the ``{name}`` of the path, the ``node``
+field of the gRPC request); it is allowed when the node is in the scope.
+Other roles have no scope.
+
+A rule may name a boolean query parameter (``?replace=true``): it then
+applies when the parameter is given and not false, before the rule of the
+same route without it. Whether a node's *first* key is an agent's to
+register depends on the node and the settings, not on the call, so it is
+decided by service/admin_actions.py (trust on first use), not here.
+
+A request no rule matches needs ``admin``: a route added without a rule is
+closed, not open, and tests/service/test_access_matrix.py fails for it.
+docs/security.md shows this table (``markdown_table``); a test keeps the two
+in step.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import dataclass
+from urllib.parse import parse_qsl
+
+
+class Role(enum.StrEnum):
+    AGENT = "agent"
+    SCHEDULER = "scheduler"
+    VIEWER = "viewer"
+    ADMIN = "admin"
+
+
+class Permission(enum.StrEnum):
+    REPORT = "report"
+    READ = "read"
+    SCHEDULE = "schedule"
+    ADMIN = "admin"
+
+
+GRANTS: dict[Role, frozenset[Permission]] = {
+    Role.AGENT: frozenset({Permission.REPORT}),
+    Role.VIEWER: frozenset({Permission.READ}),
+    Role.SCHEDULER: frozenset({Permission.READ, Permission.SCHEDULE}),
+    Role.ADMIN: frozenset(Permission),
+}
+
+
+def roles_with(permission: Permission) -> list[Role]:
+    return [role for role in Role if permission in GRANTS[role]]
+
+
+@dataclass(frozen=True)
+class Rule:
+    method: str
+    path: str  # a route template: /v1/nodes/{name}/snapshot
+    permission: Permission
+    flag: str | None = None  # a boolean query parameter that selects this rule
+
+    @property
+    def pattern(self) -> re.Pattern[str]:
+        return _compile(self.path)
+
+    @property
+    def call(self) -> str:
+        """The call as the docs show it: ``PUT /v1/nodes/{name}/key?replace=true``."""
+        query = f"?{self.flag}=true" if self.flag else ""
+        return f"{self.method} {self.path}{query}"
+
+
+# The strings the service's boolean parameters read as false (pydantic's); any other value
+# given selects the flagged rule, so a value the handler would refuse is judged strictly.
+_FALSE = frozenset({"0", "off", "f", "false", "n", "no"})
+
+
+def _flagged(query_string: str, flag: str) -> bool:
+    values = [v for k, v in parse_qsl(query_string, keep_blank_values=True) if k == flag]
+    return any(v.strip().lower() not in _FALSE for v in values)
+
+
+def _compile(template: str) -> re.Pattern[str]:
+    parts = re.split(r"(\{[^}]+\})", template)
+    regex = "".join(f"(?P<{p[1:-1]}>[^/]+)" if p.startswith("{") else re.escape(p) for p in parts)
+    return re.compile(f"^{regex}$")
+
+
+R, S, V, A = Permission.REPORT, Permission.SCHEDULE, Permission.READ, Permission.ADMIN
+
+REST_RULES: tuple[Rule, ...] = (
+    # nodes: what an agent reports, what everyone reads, what only an admin changes
+    Rule("PUT", "/v1/nodes/{name}/snapshot", R),
+    Rule("POST", "/v1/nodes/{name}/heartbeat", R),
+    Rule("PUT", "/v1/nodes/{name}/key", A, flag="replace"),  # replacing a node's key
+    Rule("PUT", "/v1/nodes/{name}/key", R),
+    Rule("GET", "/v1/nodes/{name}/key", V),
+    Rule("DELETE", "/v1/nodes/{name}/key", A),
+    Rule("GET", "/v1/nodes", V),
+    Rule("GET", "/v1/nodes/{name}", V),
+    Rule("GET", "/v1/nodes/{name}/topology", V),
+    Rule("GET", "/v1/nodes/{name}/snapshots", V),
+    Rule("POST", "/v1/nodes/{name}/cordon", A),
+    Rule("POST", "/v1/nodes/{name}/uncordon", A),
+    Rule("DELETE", "/v1/nodes/{name}", A),
+    Rule("GET", "/v1/cluster", V),
+    # allocations
+    Rule("POST", "/v1/place", S),
+    Rule("POST", "/v1/score", S),
+    Rule("GET", "/v1/allocations", V),
+    Rule("GET", "/v1/allocations/{allocation_id}", V),
+    Rule("POST", "/v1/allocations/{allocation_id}/confirm", S),
+    Rule("POST", "/v1/allocations/{allocation_id}/extend", S),
+    Rule("POST", "/v1/allocations/{allocation_id}/release", S),
+    Rule("POST", "/v1/jobs/{job_id}/release", S),
+    # the schedulers' own routes
+    Rule("POST", "/v1/slurm/job-submit", S),
+    Rule("POST", "/v1/slurm/reconcile", S),
+    Rule("POST", "/v1/slurm/job-started", S),
+    Rule("POST", "/k8s/v1/filter", S),
+    Rule("POST", "/k8s/v1/prioritize", S),
+    Rule("POST", "/k8s/v1/bind", S),
+    Rule("POST", "/k8s/v1/preempt", S),
+    # tokens
+    Rule("POST", "/v1/tokens", A),
+    Rule("GET", "/v1/tokens", A),
+    Rule("DELETE", "/v1/tokens/{token_id}", A),
+)
+
+# Open to every caller, with or without a token: probes cannot present one, and
+# the API's own description is not a secret.
+OPEN_PATHS = frozenset(
+    {"/healthz", "/readyz", "/metrics", "/docs", "/docs/oauth2-redirect", "/openapi.json"}
+)
+
+GRPC_SERVICE = "/topoplace.v1.Topoplace/"
+GRPC_RULES: dict[str, Permission] = {
+    "ReportSnapshot": R,
+    "Heartbeat": R,
+    "ListNodes": V,
+    "GetNode": V,
+    "Place": S,
+    "Score": S,
+    "GetAllocation": V,
+    "ListAllocations": V,
+    "ConfirmAllocation": S,
+    "ExtendAllocation": S,
+    "ReleaseAllocation": S,
+    "ReleaseJob": S,
+    "Watch": V,
+}
+GRPC_OPEN_PREFIXES = (
+    "/grpc.health.v1.Health/",
+    "/grpc.reflection.v1alpha.ServerReflection/",
+    "/grpc.reflection.v1.ServerReflection/",
+)
+
+_BY_METHOD: dict[str, list[tuple[re.Pattern[str], Rule]]] = {}
+for _rule in REST_RULES:
+    _BY_METHOD.setdefault(_rule.method, []).append((_rule.pattern, _rule))
+
+
+@dataclass(frozen=True)
+class Match:
+    permission: Permission
+    node: str | None  # the node a report names
+    rule: Rule | None  # None: no rule matched (admin needed)
+
+
+def rest_rule(method: str, path: str, query_string: str = "") -> Match:
+    """The permission ``method path?query_string`` needs, and the node it names (``{name}``)."""
+    lookup = "GET" if method == "HEAD" else method
+    for pattern, rule in _BY_METHOD.get(lookup, ()):
+        if rule.flag is not None and not _flagged(query_string, rule.flag):
+            continue
+        found = pattern.match(path)
+        if found is not None:
+            return Match(rule.permission, found.groupdict().get("name"), rule)
+    return Match(Permission.ADMIN, None, None)
+
+
+def grpc_rule(full_method: str) -> Permission:
+    """The permission a gRPC method (``/package.Service/Method``) needs; admin when unknown."""
+    if full_method.startswith(GRPC_SERVICE):
+        return GRPC_RULES.get(full_method[len(GRPC_SERVICE) :], Permission.ADMIN)
+    return Permission.ADMIN
+
+
+def markdown_table() -> str:
+    """The REST and gRPC rules as the Markdown table docs/security.md shows."""
+    names = ", ".join
+    lines = ["| call | permission | roles |", "| --- | --- | --- |"]
+    for rule in REST_RULES:
+        roles = names(r.value for r in roles_with(rule.permission))
+        lines.append(f"| `{rule.call}` | {rule.permission} | {roles} |")
+    for method, permission in GRPC_RULES.items():
+        roles = names(r.value for r in roles_with(permission))
+        lines.append(f"| gRPC `{method}` | {permission} | {roles} |")
+    return "\n".join(lines)

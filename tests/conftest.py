@@ -1,0 +1,16 @@
+"""Suite-wide defaults.
+
+The service refuses to start without a token source (service/app.py); most
+of the suite is about placement, nodes and schedulers, not about who may
+call, so it runs the service with --insecure-dev unless a test says
+otherwise. The API tests go through a real admin token instead
+(tests/service/conftest.py ``client``), and the access tests
+(tests/service/test_access_*.py, tests/service/grpc/test_auth.py) turn
+insecure mode off explicitly.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TOPOPLACE_INSECURE_DEV", "1")
