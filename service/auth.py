@@ -39,11 +39,12 @@ from typing import Any
 
 import orjson
 import sqlalchemy as sa
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from service import access
 from service.access import OPEN_PATHS, Permission, Role
 from service.direct_routes import route_path
+from service.edge.guard import replay_body
 from service.errors import ServiceError, TooLarge
 from service.event_loop import off_loop
 from service.responses import error_response
@@ -368,13 +369,4 @@ async def _buffer(receive: Receive, limit: int) -> tuple[bytes, Receive]:
         chunks.append(chunk)
         more = message.get("more_body", False)
     body = b"".join(chunks)
-    sent = False
-
-    async def replay() -> Message:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
-
-    return body, replay
+    return body, replay_body(body, receive)

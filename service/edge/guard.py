@@ -79,7 +79,7 @@ class RequestGuard:
             refusal = InvalidRequest("body", f"JSON nested deeper than {MAX_DEPTH} levels")
             await error_response(refusal)(scope, receive, send)
             return
-        await self.app(scope, _replay(body, receive), send)
+        await self.app(scope, replay_body(body, receive), send)
 
     def _url_or_header_problem(self, scope: Scope) -> ServiceError | None:
         path: str = scope["path"]
@@ -135,7 +135,7 @@ class RequestGuard:
         )
 
 
-def _replay(body: bytes, receive: Receive) -> Receive:
+def replay_body(body: bytes, receive: Receive) -> Receive:
     """The body as one message, then whatever the client sends next (its disconnect)."""
     sent = False
 

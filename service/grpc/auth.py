@@ -33,6 +33,14 @@ if TYPE_CHECKING:  # generic only in the stubs
     Handler = grpc.RpcMethodHandler[Any, Any]
 
 
+def authorization_of(details: grpc.HandlerCallDetails) -> str | None:
+    """The call's ``authorization`` metadata, as the REST header would read."""
+    for key, value in details.invocation_metadata or ():
+        if key == "authorization":
+            return value if isinstance(value, str) else value.decode("latin-1")
+    return None
+
+
 class RequireToken(grpc.aio.ServerInterceptor):
     def __init__(self, check: Authenticator, region_of: RegionOf) -> None:
         self.check = check
@@ -46,11 +54,7 @@ class RequireToken(grpc.aio.ServerInterceptor):
         handler = await continuation(handler_call_details)
         if handler is None or handler_call_details.method.startswith(OPEN_PREFIXES):
             return handler
-        header = None
-        for key, value in handler_call_details.invocation_metadata or ():
-            if key == "authorization":
-                header = value if isinstance(value, str) else value.decode("latin-1")
-                break
+        header = authorization_of(handler_call_details)
         permission = access.grpc_rule(handler_call_details.method)
         try:
             principal = await self.check.authenticate_async(header)

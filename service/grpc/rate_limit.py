@@ -15,7 +15,7 @@ import grpc
 from service.edge.rate_limit import RateLimiter
 from service.errors import RateLimited
 from service.grpc import status_map
-from service.grpc.auth import OPEN_PREFIXES, _refusing
+from service.grpc.auth import OPEN_PREFIXES, _refusing, authorization_of
 
 if TYPE_CHECKING:
     Handler = grpc.RpcMethodHandler[Any, Any]
@@ -37,15 +37,10 @@ class RateLimit(grpc.aio.ServerInterceptor):
             or handler_call_details.method.startswith(OPEN_PREFIXES)
         ):
             return handler
-        header: str | bytes | None = None
-        for key, value in handler_call_details.invocation_metadata or ():
-            if key == "authorization":
-                header = value
-                break
         try:
             # The peer address is not in the call details: callers without a token
             # share one bucket, as callers behind one proxy would.
-            self.limiter.check(header, None)
+            self.limiter.check(authorization_of(handler_call_details), None)
         except RateLimited as refused:
             return _refusing(handler, status_map.from_service_error(refused))
         return handler
