@@ -87,6 +87,9 @@ class Service:
             **os.environ,
             "TOPOPLACE_DATABASE_URL": f"sqlite:///{self.root / 'topoplace.sqlite3'}",
             "TOPOPLACE_HEARTBEAT_TTL_S": "86400",
+            # A cluster of its own on loopback, for the Slurm tests and bench.slurm_submit:
+            # its scripts carry no token (a test that wants one sets it in env_extra).
+            "TOPOPLACE_INSECURE_DEV": "1",
             **self.env_extra,
         }
         log = open(self.root / "service.log", "wb")  # noqa: SIM115 - the process owns it
