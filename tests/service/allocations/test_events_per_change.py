@@ -18,16 +18,14 @@ from fastapi.testclient import TestClient
 
 from bench.k8s_objects import binding_args, pod
 from service.allocations import api
-from service.app import create_app
 from service.events import Event, EventHub
 from service.k8s.reconcile import reconcile_once
-from service.k8s.settings import ExtenderSettings
-from service.settings import Settings
 from service.slurm.reconcile import reconcile
 from service.slurm.settings import SlurmSettings
 from service.state import ServiceState
 from tests.service.conftest import FakeClock
 from tests.service.helpers import add_nodes
+from tests.service.k8s import fixtures
 from tests.service.k8s.fake_kube import FakeKubeApi
 
 NO_VAL = 4294967294
@@ -80,23 +78,14 @@ class Watcher:
         self.loop.close()
 
 
-@pytest.fixture
-def kube() -> FakeKubeApi:
-    return FakeKubeApi()
+# The extender's app and its fake Kubernetes API, as the extender's own tests have them.
+kube = fixtures.kube
+k8s_client = fixtures.k8s_client
 
 
 @pytest.fixture
-def app_client(settings: Settings, clock: FakeClock, kube: FakeKubeApi) -> Iterator[TestClient]:
-    app = create_app(settings, clock=clock, background=False)
-    app.state.k8s_settings = ExtenderSettings(reconcile_interval_s=0)
-    app.state.k8s_api = kube
-    with TestClient(app) as client:
-        yield client
-
-
-@pytest.fixture
-def state(app_client: TestClient) -> ServiceState:
-    service: ServiceState = app_client.app.state.service  # type: ignore[attr-defined]
+def state(k8s_client: TestClient) -> ServiceState:
+    service: ServiceState = k8s_client.app.state.service  # type: ignore[attr-defined]
     return service
 
 
@@ -117,47 +106,47 @@ def _only_id(client: TestClient, job_id: str) -> str:
 
 
 def test_a_kubernetes_bind_publishes_one_event_per_change(
-    app_client: TestClient, kube: FakeKubeApi, watcher: Watcher
+    k8s_client: TestClient, kube: FakeKubeApi, watcher: Watcher
 ) -> None:
-    add_nodes(app_client, ("hgx-h100", "h0"))
+    add_nodes(k8s_client, ("hgx-h100", "h0"))
     watcher.since_last()
     p = kube.add(pod("train", 2))
-    _bind(app_client, p, "h0")
-    allocation = _only_id(app_client, p["metadata"]["uid"])
+    _bind(k8s_client, p, "h0")
+    allocation = _only_id(k8s_client, p["metadata"]["uid"])
     # Two changes: the reservation, then its confirmation once the Binding exists.
     assert watcher.since_last() == [
         ("placed", allocation, "pending"),
         ("confirmed", allocation, "active"),
     ]
-    _bind(app_client, p, "h0")  # a scheduler's retry: the same reservation, no change
+    _bind(k8s_client, p, "h0")  # a scheduler's retry: the same reservation, no change
     assert watcher.since_last() == []
 
 
 def test_a_gang_publishes_its_reservation_once_not_per_member(
-    app_client: TestClient, kube: FakeKubeApi, watcher: Watcher
+    k8s_client: TestClient, kube: FakeKubeApi, watcher: Watcher
 ) -> None:
-    add_nodes(app_client, ("hgx-h100", "h0"))
+    add_nodes(k8s_client, ("hgx-h100", "h0"))
     notes = {"topoplace.io/gang": "pair", "topoplace.io/gang-size": "2"}
     members = [kube.add(pod(f"pair-{i}", 4, annotations=notes)) for i in range(2)]
     watcher.since_last()
-    _bind(app_client, members[0], "h0")
-    gang = _only_id(app_client, "k8s-gang:ml-team/pair")
+    _bind(k8s_client, members[0], "h0")
+    gang = _only_id(k8s_client, "k8s-gang:ml-team/pair")
     assert watcher.since_last() == [("placed", gang, "pending"), ("confirmed", gang, "active")]
-    _bind(app_client, members[1], "h0")  # claims a task of the same reservation
+    _bind(k8s_client, members[1], "h0")  # claims a task of the same reservation
     assert watcher.since_last() == []
 
 
 def test_a_kubernetes_reconcile_release_publishes_one_event(
-    app_client: TestClient, kube: FakeKubeApi, watcher: Watcher, clock: FakeClock
+    k8s_client: TestClient, kube: FakeKubeApi, watcher: Watcher, clock: FakeClock
 ) -> None:
-    add_nodes(app_client, ("hgx-h100", "h0"))
+    add_nodes(k8s_client, ("hgx-h100", "h0"))
     p = kube.add(pod("gone", 2))
-    _bind(app_client, p, "h0")
-    allocation = _only_id(app_client, p["metadata"]["uid"])
+    _bind(k8s_client, p, "h0")
+    allocation = _only_id(k8s_client, p["metadata"]["uid"])
     kube.delete("ml-team", "gone")
     clock.advance(61)
     watcher.since_last()
-    app: Any = app_client.app
+    app: Any = k8s_client.app
     assert reconcile_once(app.state.service, kube, app.state.k8s.gangs, 60.0) == [allocation]
     assert watcher.since_last() == [("released", allocation, "released")]
     assert reconcile_once(app.state.service, kube, app.state.k8s.gangs, 60.0) == []
@@ -165,11 +154,11 @@ def test_a_kubernetes_reconcile_release_publishes_one_event(
 
 
 def test_a_slurm_reconcile_publishes_one_event_per_change(
-    app_client: TestClient, state: ServiceState, watcher: Watcher
+    k8s_client: TestClient, state: ServiceState, watcher: Watcher
 ) -> None:
-    add_nodes(app_client, ("dgx1-v100", "node1"))
+    add_nodes(k8s_client, ("dgx1-v100", "node1"))
     body = {"min_nodes": NO_VAL, "max_nodes": NO_VAL, "num_tasks": NO_VAL, "user_name": "alice"}
-    decision = app_client.post(
+    decision = k8s_client.post(
         "/v1/slurm/job-submit", json={**body, "tres_per_node": "gres:gpu:1"}
     ).json()
     [reserved] = decision["allocation_ids"]
@@ -205,16 +194,16 @@ def test_a_slurm_reconcile_publishes_one_event_per_change(
 
 
 def test_a_slurm_prolog_that_moves_a_job_publishes_moved_and_released(
-    app_client: TestClient, watcher: Watcher
+    k8s_client: TestClient, watcher: Watcher
 ) -> None:
-    add_nodes(app_client, ("dgx1-v100", "node1"))
-    stale = app_client.post("/v1/place", json={"gpus": 1, "nodes": ["node1"]}).json()["id"]
+    add_nodes(k8s_client, ("dgx1-v100", "node1"))
+    stale = k8s_client.post("/v1/place", json={"gpus": 1, "nodes": ["node1"]}).json()["id"]
     body = {"min_nodes": NO_VAL, "max_nodes": NO_VAL, "num_tasks": NO_VAL, "user_name": "alice"}
-    decision = app_client.post(
+    decision = k8s_client.post(
         "/v1/slurm/job-submit", json={**body, "tres_per_node": "gres:gpu:1"}
     ).json()
     [mine] = decision["allocation_ids"]
-    held = app_client.get(f"/v1/allocations/{stale}").json()["tasks"][0]["gpu_indices"][0]
+    held = k8s_client.get(f"/v1/allocations/{stale}").json()["tasks"][0]["gpu_indices"][0]
     watcher.since_last()
     # Slurm runs the job on the GPU the stale reservation holds.
     show_job = (
@@ -222,17 +211,17 @@ def test_a_slurm_prolog_that_moves_a_job_publishes_moved_and_released(
         f" NodeList=node1 JOB_GRES=gpu:1 Nodes=node1 CPU_IDs=0-1 Mem=0 GRES=gpu:1(IDX:{held})"
         f" MinCPUsNode=1 Features=(null) AdminComment={decision['set']['admin_comment']}"
     )
-    answer = app_client.post("/v1/slurm/job-started", json={"show_job": show_job}).json()
+    answer = k8s_client.post("/v1/slurm/job-started", json={"show_job": show_job}).json()
     assert (answer["action"], answer["superseded"]) == ("moved", [stale])
     assert watcher.since_last() == [("released", stale, "released"), ("moved", mine, "active")]
 
 
 def test_a_sweep_expiry_publishes_one_event(
-    app_client: TestClient, state: ServiceState, watcher: Watcher, clock: FakeClock
+    k8s_client: TestClient, state: ServiceState, watcher: Watcher, clock: FakeClock
 ) -> None:
-    add_nodes(app_client, ("hgx-h100", "h0"))
-    lapsing = app_client.post("/v1/place", json={"gpus": 2, "ttl_s": 30}).json()["id"]
-    kept = app_client.post("/v1/place", json={"gpus": 2, "ttl_s": 300}).json()["id"]
+    add_nodes(k8s_client, ("hgx-h100", "h0"))
+    lapsing = k8s_client.post("/v1/place", json={"gpus": 2, "ttl_s": 30}).json()["id"]
+    kept = k8s_client.post("/v1/place", json={"gpus": 2, "ttl_s": 300}).json()["id"]
     assert watcher.since_last() == [("placed", lapsing, "pending"), ("placed", kept, "pending")]
     clock.advance(31)
     assert api.sweep(state).ids == (lapsing,)  # what the background loop runs
@@ -242,23 +231,23 @@ def test_a_sweep_expiry_publishes_one_event(
 
 
 def test_calls_that_change_nothing_publish_nothing(
-    app_client: TestClient, watcher: Watcher, clock: FakeClock
+    k8s_client: TestClient, watcher: Watcher, clock: FakeClock
 ) -> None:
-    add_nodes(app_client, ("hgx-h100", "h0"))
+    add_nodes(k8s_client, ("hgx-h100", "h0"))
     key = {"Idempotency-Key": "once"}
-    first = app_client.post("/v1/place", json={"gpus": 2}, headers=key).json()["id"]
-    lapsing = app_client.post("/v1/place", json={"gpus": 2, "ttl_s": 30}).json()["id"]
+    first = k8s_client.post("/v1/place", json={"gpus": 2}, headers=key).json()["id"]
+    lapsing = k8s_client.post("/v1/place", json={"gpus": 2, "ttl_s": 30}).json()["id"]
     watcher.since_last()
-    assert app_client.post("/v1/place", json={"gpus": 2}, headers=key).status_code == 200
+    assert k8s_client.post("/v1/place", json={"gpus": 2}, headers=key).status_code == 200
     assert watcher.since_last() == []  # a replay
-    app_client.post(f"/v1/allocations/{first}/confirm")
+    k8s_client.post(f"/v1/allocations/{first}/confirm")
     assert watcher.since_last() == [("confirmed", first, "active")]
-    app_client.post(f"/v1/allocations/{first}/confirm")
+    k8s_client.post(f"/v1/allocations/{first}/confirm")
     assert watcher.since_last() == []  # confirmed before: answered unchanged
-    app_client.post(f"/v1/allocations/{first}/release")
-    app_client.post(f"/v1/allocations/{first}/release")
+    k8s_client.post(f"/v1/allocations/{first}/release")
+    k8s_client.post(f"/v1/allocations/{first}/release")
     assert watcher.since_last() == [("released", first, "released")]
     # A confirm that finds the TTL passed expires the reservation: that change is told.
     clock.advance(31)
-    assert app_client.post(f"/v1/allocations/{lapsing}/confirm").status_code == 409
+    assert k8s_client.post(f"/v1/allocations/{lapsing}/confirm").status_code == 409
     assert watcher.since_last() == [("expired", lapsing, "expired")]
