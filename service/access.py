@@ -110,6 +110,7 @@ REST_RULES: tuple[Rule, ...] = (
     Rule("GET", "/v1/nodes", V),
     Rule("GET", "/v1/nodes/{name}", V),
     Rule("GET", "/v1/nodes/{name}/topology", V),
+    Rule("GET", "/v1/nodes/{name}/topology.svg", V),
     Rule("GET", "/v1/nodes/{name}/snapshots", V),
     Rule("POST", "/v1/nodes/{name}/cordon", A),
     Rule("POST", "/v1/nodes/{name}/uncordon", A),
@@ -141,8 +142,20 @@ REST_RULES: tuple[Rule, ...] = (
 # Open to every caller, with or without a token: probes cannot present one, and
 # the API's own description is not a secret.
 OPEN_PATHS = frozenset(
-    {"/healthz", "/readyz", "/metrics", "/docs", "/docs/oauth2-redirect", "/openapi.json"}
+    {
+        "/healthz",
+        "/readyz",
+        "/metrics",
+        "/docs",
+        "/docs/oauth2-redirect",
+        "/redoc",
+        "/openapi.json",
+        "/console",
+    }
 )
+# The pages' scripts and styles, shipped in the package: they hold no data (the
+# console reads the API with the caller's own token).
+OPEN_PREFIXES = ("/assets/",)
 
 GRPC_SERVICE = "/topoplace.v1.Topoplace/"
 GRPC_RULES: dict[str, Permission] = {
