@@ -135,8 +135,7 @@ def render_svg(picture: Picture) -> str:
                 f' y1="{switch.box.y + switch.box.h:.1f}" x2="{box.cx:.1f}" y2="{box.y:.1f}"/>'
             )
         out.append(_rect(switch.box, "", 5))
-        lanes = sorted({lanes for _, lanes in switch.ports})
-        lane_text = "/".join(str(n) for n in lanes)
+        lane_text = "/".join(str(n) for n in sorted({n for _, n in switch.ports}))
         out.append(
             _text(
                 switch.box.cx,

@@ -240,7 +240,8 @@ def lay_out(snap: NodeSnapshot, island_of: Sequence[str], holders: Mapping[int, 
             nics_by_numa.setdefault(numa, []).append(nic.name)
 
     cpus = {numa.id: numa.cpus for numa in snap.numa_nodes}
-    numas: list[int | None] = sorted({g.numa_node for g in snap.gpus if g.numa_node is not None})
+    known = sorted({g.numa_node for g in snap.gpus if g.numa_node is not None})
+    numas: list[int | None] = list(known)
     if any(g.numa_node is None for g in snap.gpus):
         numas.append(None)
     numas += [n for n in nics_by_numa if n is not None and n >= 0 and n not in numas]
@@ -253,7 +254,7 @@ def lay_out(snap: NodeSnapshot, island_of: Sequence[str], holders: Mapping[int, 
         for i in range(snap.gpu_count)
         for j in range(i + 1, snap.gpu_count)
     )
-    y = TOP + len(switched) * (SWITCH_H + 30) + (ARC_ROOM if direct else 0)
+    y: float = TOP + len(switched) * (SWITCH_H + 30) + (ARC_ROOM if direct else 0)
     bands: list[Band] = []
     gpu_boxes: dict[int, Box] = {}
     nic_boxes: list[NicBox] = []
@@ -269,8 +270,8 @@ def lay_out(snap: NodeSnapshot, island_of: Sequence[str], holders: Mapping[int, 
         if loose:
             units.append(([], loose))
         has_nics = any(nics for _, nics in units)
-        group_h = PAD * 2 + (GPU_H if any(gpus for gpus, _ in units) else 0)
-        group_h += (NIC_H + GAP / 2) if has_nics else 0
+        group_h = PAD * 2 + (GPU_H if any(gpus for gpus, _ in units) else 0.0)
+        group_h += (NIC_H + GAP / 2) if has_nics else 0.0
         top = y + PAD
         for gpus, nics in units:
             cols = max(len(gpus), (len(nics) * (NIC_W + GAP) + GPU_W) // (GPU_W + GAP), 1)
@@ -313,7 +314,7 @@ def lay_out(snap: NodeSnapshot, island_of: Sequence[str], holders: Mapping[int, 
                 continue
             edges.append(_edge(i, j, link.lanes, gpu_boxes[i], gpu_boxes[j]))
 
-    gpus = tuple(
+    gpu_views = tuple(
         GpuBox(
             index=g.index,
             box=gpu_boxes[g.index],
@@ -332,8 +333,8 @@ def lay_out(snap: NodeSnapshot, island_of: Sequence[str], holders: Mapping[int, 
     legend: dict[str, Legend] = {}
     for g in sorted(holders):
         holder = holders[g]
-        known = legend.get(holder.allocation_id)
-        held = (*known.gpus, g) if known else (g,)
+        before = legend.get(holder.allocation_id)
+        held = (*before.gpus, g) if before else (g,)
         legend[holder.allocation_id] = Legend(holder, colours[holder.allocation_id], held)
     height = y - BAND_GAP + 30 + 18 * (len(legend) + 1)
     return Picture(
@@ -341,7 +342,7 @@ def lay_out(snap: NodeSnapshot, island_of: Sequence[str], holders: Mapping[int, 
         width=max(width + LEFT, 560),
         height=height,
         bands=tuple(bands),
-        gpus=gpus,
+        gpus=gpu_views,
         nics=tuple(nic_boxes),
         edges=tuple(edges),
         switches=tuple(switches),

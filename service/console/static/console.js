@@ -29,7 +29,7 @@ async function api(path, options = {}) {
     let code = "error";
     let message = text || response.statusText;
     try {
-      const body = JSON.parse(text);
+      const body = JSON.parse(text).error || {};
       code = body.code || code;
       message = body.message || message;
     } catch (ignored) { /* not JSON: say what came */ }
