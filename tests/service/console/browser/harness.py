@@ -8,8 +8,10 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -24,6 +26,9 @@ from service.demo import demo_snapshots
 
 LOOPBACK = frozenset({"127.0.0.1", "localhost", "[::1]", "::1"})
 LOCAL_SCHEMES = frozenset({"data", "blob", "about", "chrome-error"})
+HOP_BY_HOP = frozenset(
+    {"connection", "keep-alive", "transfer-encoding", "upgrade", "host", "proxy-connection"}
+)
 
 
 def free_port() -> int:
@@ -203,3 +208,51 @@ def start_browser(chromium: str, driver: str, artefacts: Path) -> Browser:
     chrome = webdriver.Chrome(service=DriverService(driver), options=options)
     chrome.set_page_load_timeout(60)
     return Browser(chrome, artefacts)
+
+
+class PrefixProxy:
+    """A reverse proxy on loopback serving ``upstream`` under ``prefix``, stripping it
+    before passing a request on, as an ingress with a rewrite does."""
+
+    def __init__(self, upstream: str, prefix: str) -> None:
+        self.upstream, self.prefix = upstream, prefix
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def _forward(self) -> None:
+                if not self.path.startswith(proxy.prefix + "/"):
+                    self.send_error(404, "outside the prefix")
+                    return
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else None
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP_BY_HOP}
+                headers["X-Forwarded-Prefix"] = proxy.prefix
+                answer = httpx.request(
+                    self.command,
+                    proxy.upstream + self.path[len(proxy.prefix) :],
+                    headers=headers,
+                    content=body,
+                    timeout=30,
+                )
+                self.send_response(answer.status_code)
+                for key, value in answer.headers.items():
+                    if key.lower() not in HOP_BY_HOP | {"content-length", "content-encoding"}:
+                        self.send_header(key, value)
+                self.send_header("Content-Length", str(len(answer.content)))
+                self.end_headers()
+                self.wfile.write(answer.content)
+
+            do_GET = do_POST = do_PUT = do_DELETE = _forward
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass  # quiet: the service's own log says what was asked
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}{prefix}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join()
