@@ -6,6 +6,7 @@
 const TOKEN_KEY = "topoplace.token";
 const POLL_MS = 1000; // allocations and totals; an allocation shows within a second or two
 const NODES_EVERY = 5; // the node list every fifth poll, or at once when allocations change
+const LARGE_FLEET = 500; // nodes; past this the list is read every thirtieth poll
 const $ = (id) => document.getElementById(id);
 
 class ApiError extends Error {
@@ -268,11 +269,11 @@ async function poll() {
   busy = true;
   try {
     const changed = await loadAllocations();
+    if (view.node && changed) await loadNode(view.node);
     await loadTotals();
-    if (changed || ticks % NODES_EVERY === 0) {
-      await loadNodes();
-      if (view.node && changed) await loadNode(view.node);
-    }
+    // A large fleet's node list is large: read it less often, and at once on a change.
+    const every = view.nodes.length > LARGE_FLEET ? NODES_EVERY * 6 : NODES_EVERY;
+    if (changed || ticks % every === 0) await loadNodes();
     show("banner", "");
     $("live").textContent = `live · ${new Date().toLocaleTimeString()}`;
   } catch (error) {

@@ -26,7 +26,18 @@ def test_the_overview_lists_the_nodes_by_design(browser: Browser, demo: Served) 
     totals = dict(zip(browser.attrs(cards, "data-total"), browser.texts(cards), strict=True))
     assert totals["nodes"].startswith("12"), totals
     assert "fragmentation" in totals
-    browser.screenshot("console-overview")
+
+    demo.call("POST", "/v1/nodes/h100-b/cordon")
+    try:
+        state = '#nodes tr[data-node="h100-b"] td:nth-child(2)'
+        browser.wait(lambda: browser.text(state) == "cordoned", "h100-b shown cordoned")
+        browser.wait(
+            lambda: browser.text('#totals [data-total="cordoned"]').startswith("1"),
+            "the cordoned count",
+        )
+        browser.screenshot("console-overview")
+    finally:
+        demo.call("POST", "/v1/nodes/h100-b/uncordon")
 
 
 def test_a_dgx1_is_drawn_and_an_allocation_shows_within_two_seconds(
