@@ -131,7 +131,7 @@ async function loadNodes() {
       rows.push(el("tr", { "data-node": node.name },
         el("td", {}, el("a", { href: `#/nodes/${encodeURIComponent(node.name)}` }, node.name)),
         el("td", { class: `state-${state}` }, state),
-        el("td", {}, `${node.free_gpus.length} free / ${node.gpu_count - node.free_gpus.length} held`),
+        el("td", {}, `${node.free_gpus.length} of ${node.gpu_count} free`),
         el("td", {}, islands),
         el("td", {}, node.allocations.length),
         el("td", {}, ago(node.heartbeat_at))));
