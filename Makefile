@@ -33,9 +33,11 @@ bench: install
 	$(BIN)/python -m bench.grpc_vs_rest
 	$(BIN)/python -m bench.k8s_extender
 
-# Regenerate service/grpc/gen/ after changing openapi/topoplace/v1/topoplace.proto.
+# Regenerate service/grpc/gen/ after changing openapi/topoplace/v1/topoplace.proto, and
+# agent/deviceplugin/gen/ after changing the kubelet's .proto files beside it.
 proto: install
 	$(BIN)/python -m service.grpc.codegen
+	$(BIN)/python -m agent.deviceplugin.codegen
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
