@@ -91,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         stale = stale_files(files)
         if stale:
-            print(f"out of date in {OUT}: {', '.join(stale)}; run python -m agent.deviceplugin.codegen")
+            names = ", ".join(stale)
+            print(f"out of date in {OUT}: {names}; run python -m agent.deviceplugin.codegen")
             return 1
         print(f"{OUT} is current")
         return 0

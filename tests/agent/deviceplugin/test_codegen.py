@@ -32,7 +32,8 @@ def test_generated_imports_point_into_the_package() -> None:
 def test_the_wire_names_are_the_kubelets() -> None:
     from agent.deviceplugin.gen.deviceplugin.v1beta1 import api_pb2
 
-    fields = {f.name: f.number for f in api_pb2.ContainerPreferredAllocationRequest.DESCRIPTOR.fields}
+    request = api_pb2.ContainerPreferredAllocationRequest.DESCRIPTOR
+    fields = {f.name: f.number for f in request.fields}
     assert fields == {
         "available_deviceIDs": 1,
         "must_include_deviceIDs": 2,
