@@ -89,7 +89,7 @@ def reservations(state: ServiceState, node: str) -> list[PodReservation]:
         out.append(
             PodReservation(
                 allocation_id=allocation.id,
-                state=allocation.state,  # type: ignore[arg-type]
+                state=allocation.state,
                 namespace=named[0],
                 pod=named[1],
                 pod_uid=allocation.job_id,
@@ -212,9 +212,9 @@ def _reconcile_pod(
         [allocation.id] if allocation is not None else [],
         f"observed: the kubelet gave pod {pod.namespace}/{pod.name} these GPUs",
     )
-    outcome.action = (
-        "matched" if observation.action in ("matched", "attached") else observation.action
-    )
+    outcome.action = "moved" if observation.action == "moved" else "matched"
+    if observation.action == "created":
+        outcome.action = "created"
     outcome.allocation_id = observation.allocation_id
     if outcome.action != "matched" or observation.superseded:
         _record(node, pod, outcome, reserved, observation.superseded)
