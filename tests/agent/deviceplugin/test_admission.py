@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 from typing import Any
@@ -226,10 +227,8 @@ class Switch:
             pass
         finally:
             for x in (a, b):
-                try:
+                with contextlib.suppress(OSError):
                     x.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
 
 
 def test_a_service_that_is_down_still_lets_pods_start_and_is_told_later(
