@@ -104,6 +104,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         default=2.0,
         help="service calls (the kubelet waits on admissions)",
     )
+    p.add_argument(
+        "--publish-topology",
+        action="store_true",
+        help="keep this node's NodeResourceTopology object (in-cluster account)",
+    )
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     p.set_defaults(func=run_plugin)
 
@@ -164,7 +169,15 @@ def run_plugin(args: argparse.Namespace) -> int:
         interval_s=args.interval_s,
         truth_interval_s=args.truth_interval_s,
     )
-    daemon = DevicePluginDaemon(settings, source, ServiceLink(node, *clients))
+    publisher = None
+    if args.publish_topology:
+        from agent.deviceplugin.kube_publish import PublishError, TopologyPublisher
+
+        try:
+            publisher = TopologyPublisher.in_cluster()
+        except PublishError as exc:
+            return _fail(str(exc), EXIT_USAGE)
+    daemon = DevicePluginDaemon(settings, source, ServiceLink(node, *clients), publisher)
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: daemon.stop.set())

@@ -15,13 +15,16 @@ from typing import Any
 
 from agent.deviceplugin import devices as dev
 from agent.deviceplugin.container import ContainerOptions
+from agent.deviceplugin.kube_publish import PublishError, TopologyPublisher
 from agent.deviceplugin.kubelet import Endpoint, keep_registered
 from agent.deviceplugin.matching import Reservation
 from agent.deviceplugin.plugin import ResourcePlugin
 from agent.deviceplugin.state import Claims, Devices, ReservationCache
+from agent.deviceplugin.topology_object import node_resource_topology
 from agent.deviceplugin.truth import TruthLoop
 from agent.nvml_discovery import DiscoveryError
 from agent.sources import Source
+from placement.snapshot import NodeSnapshot
 from topoplace_client.api import TopoplaceClient
 
 log = logging.getLogger("topoplace.deviceplugin")
@@ -38,6 +41,7 @@ class PluginSettings:
     interval_s: float = 15.0
     truth_interval_s: float = 10.0
     register_poll_s: float = 1.0
+    publish_topology: bool = False  # keep the node's NodeResourceTopology object
 
 
 class ServiceLink:
@@ -62,8 +66,16 @@ class ServiceLink:
 
 
 class DevicePluginDaemon:
-    def __init__(self, settings: PluginSettings, source: Source, link: ServiceLink) -> None:
+    def __init__(
+        self,
+        settings: PluginSettings,
+        source: Source,
+        link: ServiceLink,
+        publisher: TopologyPublisher | None = None,
+    ) -> None:
         self.settings = settings
+        self.publisher = publisher
+        self.snapshot: NodeSnapshot | None = None
         self.source = source
         self.link = link
         self.devices = Devices()
@@ -78,6 +90,7 @@ class DevicePluginDaemon:
             link.reservations_for_report,
             link.report,
             settings.truth_interval_s,
+            on_round=self.publish_topology if publisher is not None else None,
         )
 
     def read_devices(self) -> None:
@@ -93,11 +106,21 @@ class DevicePluginDaemon:
                 ]
                 self.devices.update(resource, sick)
             return
+        self.snapshot = snapshot
         if not self.resources:
             self.resources = dev.resources_of(snapshot, self.settings.whole_gpu_resource)
         for resource in self.resources:
             now = dev.advertised(snapshot, resource)
             self.devices.update(resource, dev.merge(self.devices.get(resource), now))
+
+    def publish_topology(self, held: set[str]) -> None:
+        if self.publisher is None or self.snapshot is None:
+            return
+        devices = {r: self.devices.get(r) for r in self.resources}
+        try:
+            self.publisher.publish(node_resource_topology(self.snapshot, devices, held))
+        except PublishError as exc:
+            log.warning("NodeResourceTopology not kept: %s", exc)
 
     def truth_soon(self) -> None:
         """An Allocate or PreStartContainer happened: read PodResources now."""

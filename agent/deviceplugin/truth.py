@@ -67,6 +67,7 @@ class TruthLoop:
         report: Callable[[str, list[dict[str, Any]]], Any],
         interval_s: float,
         timeout_s: float = 5.0,
+        on_round: Callable[[set[str]], None] | None = None,
     ) -> None:
         self.socket = socket
         self.resources = resources
@@ -75,6 +76,7 @@ class TruthLoop:
         self.report = report
         self.interval_s = interval_s
         self.timeout_s = timeout_s
+        self.on_round = on_round  # with every device held by a pod, each round
         self.wake = threading.Event()
         self.rounds = 0
 
@@ -85,6 +87,8 @@ class TruthLoop:
         except grpc.RpcError as exc:
             log.warning("the kubelet's PodResources API did not answer: %s", exc.details())
             return False
+        if self.on_round is not None:
+            self.on_round({d for pods in held.values() for ids in pods.values() for d in ids})
         try:
             reservations = self.fetch()
         except Exception as exc:  # the service is down: claims stay, reported next round
