@@ -15,6 +15,7 @@ from placement.snapshot import Health, NodeSnapshot
 from tests.agent.deviceplugin.fake_kubelet import FakeKubelet
 from tests.agent.deviceplugin.harness import Cluster, PluginProcess
 from tests.waiting import wait_until
+from topoplace.cli import main
 
 NODE = "k8s-node"
 GPU = "nvidia.com/gpu"
@@ -58,7 +59,10 @@ def test_ten_pods_in_quick_succession_each_get_their_own_reservation(
 
 
 def test_the_kubelets_own_choice_moves_the_allocation(
-    cluster: Cluster, kubelet: FakeKubelet, plugins: list[PluginProcess]
+    cluster: Cluster,
+    kubelet: FakeKubelet,
+    plugins: list[PluginProcess],
+    capsys: pytest.CaptureFixture[str],
 ):
     snap = cluster.add_node("hgx-h100", NODE)
     _start(cluster, plugins)
@@ -76,6 +80,11 @@ def test_the_kubelets_own_choice_moves_the_allocation(
     assert mismatches["counts"]["moved"] == 1
     (seen,) = mismatches["recent"]
     assert seen["reserved"] == reserved and seen["allocated"] == other
+    # What a person reads: `topoplace k8s reconcile`.
+    assert main(["k8s", "reconcile", "--server", cluster.url]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("moved 1, created 0")
+    assert f"ml-team/trainer  moved   {','.join(reserved)}  {','.join(other)}" in text
 
 
 def test_a_pod_nobody_reserved_gets_an_allocation(
