@@ -151,6 +151,8 @@ class DevicePluginDaemon:
             self.read_devices()
         if self.stop.is_set():
             return
+        # After a restart: learn from PodResources what was given before serving anything.
+        self.truth.once()
         endpoints = self.endpoints()
         threads = [
             threading.Thread(
