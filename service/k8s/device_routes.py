@@ -8,6 +8,7 @@ is a read.
 
 from __future__ import annotations
 
+import threading
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Request
@@ -26,6 +27,17 @@ from service.state import ServiceState
 router = APIRouter(tags=["kubernetes"])
 State = Annotated[ServiceState, Depends(get_state)]
 NodeName = Annotated[str, Path(min_length=1, max_length=253)]
+_CREATE = threading.Lock()
+
+
+def _mismatches(request: Request) -> node_devices.MismatchLog:
+    """The application's difference log, since it started (one per app, not per process)."""
+    with _CREATE:  # the routes run on worker threads: one log, whoever comes first
+        found: node_devices.MismatchLog | None = getattr(request.app.state, "k8s_mismatches", None)
+        if found is None:
+            found = node_devices.MismatchLog()
+            request.app.state.k8s_mismatches = found
+        return found
 
 
 @router.get("/v1/nodes/{name}/k8s/reservations", response_model=NodeReservations)
@@ -43,13 +55,12 @@ def post_devices(
     each pod's allocation is kept, moved onto those GPUs or created; every difference is
     counted (``GET /v1/k8s/mismatches``)."""
     extender: Extender = request.app.state.k8s
-    outcomes = node_devices.report(state, extender.kube, name, body)
-    return DeviceReportResult(
-        node=name, outcomes=outcomes, mismatches=node_devices.MISMATCHES.view().counts
-    )
+    log = _mismatches(request)
+    outcomes = node_devices.report(state, extender.kube, name, body, log)
+    return DeviceReportResult(node=name, outcomes=outcomes, mismatches=log.view().counts)
 
 
 @router.get("/v1/k8s/mismatches", response_model=Mismatches)
-def get_mismatches() -> Mismatches:
+def get_mismatches(request: Request) -> Mismatches:
     """How often, and for which pods, the kubelet allocated other devices than reserved."""
-    return node_devices.MISMATCHES.view()
+    return _mismatches(request).view()

@@ -132,9 +132,6 @@ class MismatchLog:
             return Mismatches(counts=self.counts.model_copy(), recent=list(self.recent))
 
 
-MISMATCHES = MismatchLog()
-
-
 def _check_devices(snapshot: NodeSnapshot, report: DeviceReport) -> dict[str, int]:
     """GPU UUID -> index; every reported device must be one of the node's (a 400 otherwise,
     before anything changes)."""
@@ -152,12 +149,16 @@ def _check_devices(snapshot: NodeSnapshot, report: DeviceReport) -> dict[str, in
 
 
 def report(
-    state: ServiceState, kube: Callable[[], KubeApi], node: str, body: DeviceReport
+    state: ServiceState,
+    kube: Callable[[], KubeApi],
+    node: str,
+    body: DeviceReport,
+    mismatches: MismatchLog,
 ) -> list[PodOutcome]:
     snapshot = _snapshot(state, node)
     by_uuid = _check_devices(snapshot, body)
     held = {_pod_name(a.owner): a for a in pod_allocations(state, node)}
-    return [_reconcile_pod(state, kube, node, by_uuid, held, pod) for pod in body.pods]
+    return [_reconcile_pod(state, kube, node, by_uuid, held, pod, mismatches) for pod in body.pods]
 
 
 def _reconcile_pod(
@@ -167,6 +168,7 @@ def _reconcile_pod(
     by_uuid: dict[str, int],
     held: dict[tuple[str, str] | None, Allocation],
     pod: PodDevices,
+    mismatches: MismatchLog,
 ) -> PodOutcome:
     allocation = held.get((pod.namespace, pod.name))
     reserved = _devices_on(allocation, node) if allocation is not None else []
@@ -178,7 +180,7 @@ def _reconcile_pod(
         outcome.action = "unmatched"
         outcome.message = "MIG instances other than the reservation's are counted, not moved"
         outcome.allocation_id = allocation.id if allocation else None
-        _record(node, pod, outcome, reserved, ())
+        _record(mismatches, node, pod, outcome, reserved, ())
         return outcome
     job_id = allocation.job_id if allocation is not None else None
     if job_id is None:
@@ -196,7 +198,7 @@ def _reconcile_pod(
         if GANG in (meta.get("annotations") or {}):
             outcome.action = "unmatched"
             outcome.message = "a gang member's GPUs are held by its gang's allocation"
-            _record(node, pod, outcome, reserved, ())
+            _record(mismatches, node, pod, outcome, reserved, ())
             return outcome
         job_id = str(meta.get("uid") or "")
         if not job_id:
@@ -217,18 +219,19 @@ def _reconcile_pod(
         outcome.action = "created"
     outcome.allocation_id = observation.allocation_id
     if outcome.action != "matched" or observation.superseded:
-        _record(node, pod, outcome, reserved, observation.superseded)
+        _record(mismatches, node, pod, outcome, reserved, observation.superseded)
     return outcome
 
 
 def _record(
+    mismatches: MismatchLog,
     node: str,
     pod: PodDevices,
     outcome: PodOutcome,
     reserved: list[str],
     superseded: tuple[str, ...],
 ) -> None:
-    MISMATCHES.add(
+    mismatches.add(
         Mismatch(
             at=datetime.now().astimezone(),
             node=node,
