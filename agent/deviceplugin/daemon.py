@@ -97,7 +97,7 @@ class DevicePluginDaemon:
         """One look at the node; a source that cannot answer makes every device Unhealthy."""
         try:
             snapshot = self.source.read()
-        except DiscoveryError as exc:
+        except (DiscoveryError, ValueError) as exc:  # ValueError: a snapshot that does not validate
             log.warning("the node cannot be read (%s): every device is Unhealthy", exc)
             for resource in self.resources:
                 sick = [

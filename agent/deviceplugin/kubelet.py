@@ -99,6 +99,10 @@ def keep_registered(endpoints: list[Endpoint], stop: threading.Event, poll_s: fl
                 except grpc.RpcError as exc:
                     log.warning("cannot register %s yet: %s", ep.plugin.resource, exc.details())
                     ep.registered_with = None
+                except (OSError, RuntimeError) as exc:  # the folder, the socket: tried again
+                    log.warning("cannot serve %s on %s: %s", ep.plugin.resource, ep.path, exc)
+                    ep.stop()
+                    ep.registered_with = None
         stop.wait(poll_s)
     for ep in endpoints:
         ep.stop()
