@@ -138,8 +138,10 @@ class ResourcePlugin(pb_grpc.DevicePluginServicer):
             if reservations is None:
                 reservations = self._read_reservations(reuse=False)
             with self.claims.lock:
+                # Offers are not excluded: the kubelet admits one pod at a time, so an offer
+                # not yet given is this pod's own, asked again after a failed admission.
                 chosen = matching.pick(
-                    reservations, self.claims.taken(), self.resource, size, available, must
+                    reservations, self.claims.given_now(), self.resource, size, available, must
                 )
                 if chosen is not None:
                     self.claims.offer(chosen)

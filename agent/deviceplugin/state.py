@@ -62,6 +62,11 @@ class Claims:
         self._offered = {k: v for k, v in self._offered.items() if v[0] > now}
         return self.given | set(self._offered)
 
+    def given_now(self) -> set[str]:
+        """Under ``lock``: the ids given to containers (expired offers dropped)."""
+        self.taken()
+        return set(self.given)
+
     def offer(self, reservation: Reservation) -> None:
         self._offered[reservation.allocation_id] = (self._clock() + OFFER_TTL_S, reservation)
 

@@ -328,3 +328,26 @@ def _details(stub: Any, request: Any) -> str:
     except grpc.RpcError as exc:
         return str(exc.details())
     return ""
+
+
+def test_a_preferred_allocation_asked_again_gets_the_same_reservation(
+    cluster: Cluster, kubelet: FakeKubelet, plugins: list[PluginProcess]
+):
+    cluster.add_node("hgx-h100", NODE)
+    _start(cluster, plugins)
+    first = cluster.schedule("first", 1, NODE)
+    second = cluster.schedule("second", 1, NODE)
+    stub = kubelet.plugin(GPU).stub
+    request = pb.PreferredAllocationRequest(
+        container_requests=[
+            pb.ContainerPreferredAllocationRequest(
+                available_deviceIDs=kubelet.free(GPU), allocation_size=1
+            )
+        ]
+    )
+    # The kubelet's admission of the first pod failed after the answer; it asks again.
+    for _ in range(2):
+        answer = stub.GetPreferredAllocation(request, timeout=5)
+        assert list(answer.container_responses[0].deviceIDs) == _annotated(first)
+    assert kubelet.admit("ml-team", "first", GPU, 1).devices == _annotated(first)
+    assert kubelet.admit("ml-team", "second", GPU, 1).devices == _annotated(second)
