@@ -9,6 +9,7 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
+import httpx
 import sqlalchemy as sa
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -25,6 +26,9 @@ from service.edge.faults import FaultBarrier
 from service.edge.guard import RequestGuard
 from service.edge.rate_limit import RateLimit, RateLimiter
 from service.event_loop import off_loop
+from service.federation import endpoints as federation_routes
+from service.federation.pusher import SummaryPusher
+from service.federation.registry import Registry
 from service.grpc.server import start_grpc
 from service.k8s import endpoints as k8s_routes
 from service.nodes import endpoints as node_routes
@@ -137,6 +141,10 @@ def create_app(
     state = ServiceState(settings, engine, clock)
     token_check = Authenticator(engine, settings.static_tokens(), insecure=settings.insecure_dev)
     limiter = RateLimiter(settings.rate_limit_per_s, settings.rate_limit_burst)
+    # A region's service pushes its summary to a global one (docs/federation.md); the
+    # key and token are read now, so that `serve` refuses a bad one before it starts.
+    pusher = SummaryPusher(state, settings) if settings.federation_global else None
+    federation_client = httpx.AsyncClient(trust_env=False)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -153,9 +161,15 @@ def create_app(
         app.state.grpc = await off_loop(start_grpc, state, token_check, limiter)
         task = asyncio.create_task(_background(state, demo_nodes)) if background else None
         revocations = asyncio.create_task(_forget_revoked(token_check))
+        pushing = asyncio.create_task(pusher.run()) if pusher is not None else None
         try:
             yield
         finally:
+            if pushing is not None:
+                pushing.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await pushing
+            await federation_client.aclose()
             revocations.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await revocations
@@ -178,12 +192,16 @@ def create_app(
     )
     app.state.service = state
     app.state.token_check = token_check
+    app.state.federation = Registry(engine, settings.federation_stale_s, clock)
+    app.state.federation_client = federation_client
+    app.state.pusher = pusher
     app.include_router(node_routes.router)
     app.include_router(allocation_routes.router)
     app.include_router(cluster_view.router)
     app.include_router(slurm_routes.router)
     app.include_router(k8s_routes.router)
     app.include_router(token_routes.router)
+    app.include_router(federation_routes.router)
 
     async def _handled(_: Request, exc: Exception) -> JSONResponse:
         response = handled_error(exc)
