@@ -162,9 +162,13 @@ def create_app(
         task = asyncio.create_task(_background(state, demo_nodes)) if background else None
         revocations = asyncio.create_task(_forget_revoked(token_check))
         pushing = asyncio.create_task(pusher.run()) if pusher is not None else None
+        following = asyncio.create_task(app.state.federation.follow())
         try:
             yield
         finally:
+            following.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await following
             if pushing is not None:
                 pushing.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

@@ -9,6 +9,7 @@ keep calling their region's service.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Annotated, Any
 
 import httpx
@@ -167,13 +168,14 @@ def push_summary(region: RegionPath, body: SummaryReport, request: Request) -> d
             {"field": "signature"},
         )
     seq = body.summary.seq
-    if not store.store_summary(registry.engine, region, summary, seq, registry.clock()):
+    now = registry.clock()
+    if not store.store_summary(registry.engine, region, summary, seq, now):
         raise ReplayedSummary(
             f"seq {seq} is not newer than region {region!r}'s stored summary"
             f" ({record.summary_seq})",
             {"stored_seq": record.summary_seq},
         )
-    registry.invalidate()
+    registry.put(replace(record, summary=summary, summary_seq=seq, summary_at=now))
     return {"region": region, "seq": seq}
 
 

@@ -27,10 +27,13 @@ the node and GPUs, and a refusal there sends the job to the next region.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from placement.eligibility import model_matches_name
+
+MAX_ISLAND = 64  # GPUs in a node, at most (the engine's bit masks)
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,10 +48,19 @@ class DesignFree:
     island_gbps: float
     # largest free NVLink island (GPUs) -> how many usable nodes have exactly that
     by_island: Mapping[int, int] = field(default_factory=dict)
+    # tasks_fitting for every size, counted once per summary rather than per request
+    capacity: tuple[int, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        counts = [
+            sum(count * (size // need) for size, count in self.by_island.items() if size >= need)
+            for need in range(1, MAX_ISLAND + 1)
+        ]
+        object.__setattr__(self, "capacity", (0, *counts))
 
     def tasks_fitting(self, need: int) -> int:
         """Tasks of ``need`` GPUs the largest free islands hold, one island per task."""
-        return sum(count * (size // need) for size, count in self.by_island.items() if size >= need)
+        return self.capacity[need] if 0 < need <= MAX_ISLAND else 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +105,13 @@ class Region:
     egress: Egress
     summary: Summary | None
     stale: bool = False
+    # each design's price, in the summary's order, found once per summary
+    priced: tuple[Price | None, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        designs = self.summary.designs if self.summary is not None else ()
+        priced = tuple(price_for(self.prices, d.gpu_model) for d in designs)
+        object.__setattr__(self, "priced", priced)
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,10 +163,15 @@ class Candidate:
     rank_key: float = 0.0
 
 
-def price_for(prices: Iterable[Price], gpu_model: str) -> Price | None:
+# Routing asks the same few (model, GPU name) questions for every region on every
+# request: a regular expression each, remembered.
+_matches = lru_cache(maxsize=65_536)(model_matches_name)
+
+
+def price_for(prices: Sequence[Price], gpu_model: str) -> Price | None:
     """The region's price whose model names this GPU (a whole token: "H100")."""
     for price in prices:
-        if model_matches_name(price.gpu_model, gpu_model):
+        if _matches(price.gpu_model, gpu_model):
             return price
     return None
 
@@ -178,37 +202,33 @@ def _design_choice(
 ) -> tuple[Candidate | None, str]:
     """The region's best design for the job, or the reason none fits."""
     need = max(job.gpus, job.floor_island)
+    gpus = job.gpus * job.tasks
+    gpu_hours = gpus * job.hours
     best: Candidate | None = None
-    reasons: list[str] = []
-    for design in summary.designs:
-        if job.gpu_models and not any(
-            model_matches_name(m, design.gpu_model) for m in job.gpu_models
-        ):
+    refused: list[tuple[str, DesignFree, float]] = []  # (why, design, the number): told late
+    for design, price in zip(summary.designs, region.priced, strict=True):
+        if job.gpu_models and not any(_matches(m, design.gpu_model) for m in job.gpu_models):
             continue
-        price = price_for(region.prices, design.gpu_model)
         if price is None:
-            reasons.append(f"no price for {design.gpu_model}")
+            refused.append(("unpriced", design, 0.0))
             continue
         if design.tasks_fitting(need) < job.tasks:
-            reasons.append(f"{design.design}: not {job.tasks} free island(s) of {need}")
+            refused.append(("full", design, 0.0))
             continue
         gbps = _gang_gbps(job, summary, design)
         if gbps < job.floor_gbps:
-            reasons.append(f"{design.design}: {gbps:g} GB/s is under the floor")
+            refused.append(("slow", design, gbps))
             continue
         spot = job.spot and price.spot is not None
         rate = price.spot if spot and price.spot is not None else price.on_demand
-        gpu_hours = job.gpus * job.tasks * job.hours
-        cost = Cost(rate, spot, gpu_hours, gpu_hours * rate, egress)
-        if (
-            job.budget_per_hour is not None
-            and cost.per_hour(job.gpus * job.tasks) > job.budget_per_hour
-        ):
-            reasons.append(
-                f"{design.design}: {cost.per_hour(job.gpus * job.tasks):g}/h is over budget"
-            )
+        if job.budget_per_hour is not None and rate * gpus > job.budget_per_hour:
+            refused.append(("dear", design, rate * gpus))
             continue
-        found = Candidate(
+        if best is not None and best.cost is not None:
+            total = gpu_hours * rate + egress
+            if (best.cost.total, -best.predicted_gbps) <= (total, -gbps):
+                continue
+        best = Candidate(
             region.name,
             region.cloud,
             True,
@@ -216,18 +236,27 @@ def _design_choice(
             design=design.design,
             gpu_model=price.gpu_model,
             predicted_gbps=gbps,
-            cost=cost,
+            cost=Cost(rate, spot, gpu_hours, gpu_hours * rate, egress),
         )
-        if best is None or _better_design(found, best):
-            best = found
-    if best is None and not reasons:
-        reasons.append("no node of the requested GPU models")
-    return best, "; ".join(reasons)
+    if best is not None:
+        return best, ""
+    return None, _refusals(refused, job, need)
 
 
-def _better_design(a: Candidate, b: Candidate) -> bool:
-    assert a.cost is not None and b.cost is not None
-    return (a.cost.total, -a.predicted_gbps) < (b.cost.total, -b.predicted_gbps)
+def _refusals(refused: list[tuple[str, DesignFree, float]], job: Job, need: int) -> str:
+    if not refused:
+        return "no node of the requested GPU models"
+    said = []
+    for why, design, number in refused:
+        if why == "unpriced":
+            said.append(f"no price for {design.gpu_model}")
+        elif why == "full":
+            said.append(f"{design.design}: not {job.tasks} free island(s) of {need}")
+        elif why == "slow":
+            said.append(f"{design.design}: {number:g} GB/s is under the floor")
+        else:
+            said.append(f"{design.design}: {number:g}/h is over budget")
+    return "; ".join(said)
 
 
 def candidate(job: Job, region: Region, regions: Mapping[str, Region]) -> Candidate:

@@ -1,13 +1,18 @@
 """The global service's view of its regions: parsed once per change, staleness per call.
 
 Routing reads the regions on every request, so they are kept in memory as
-the ranking's values (``ranking.Region``), re-read from the database when
-this process changed them or when they are a second old (another replica
-may have taken a push), and judged stale against the clock at each call.
+the ranking's values (``ranking.Region``) and judged stale against the clock
+at each call. A summary this process takes replaces its region's entry at
+once; a registration or a retirement here makes the next request read the
+table again; and every second a background task reads it (``follow``), for
+what other replicas took. No request waits for a read but the first one
+after a registration or a retirement.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import threading
 import time
 from dataclasses import dataclass, replace
@@ -16,11 +21,13 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from service.event_loop import off_loop
 from service.federation import ranking, store
 from service.federation.store import RegionRecord
 from service.state import Clock
 
 REREAD_S = 1.0
+log = logging.getLogger("topoplace.federation")
 
 
 def summary_of(body: dict[str, Any]) -> ranking.Summary:
@@ -61,6 +68,10 @@ def region_of(record: RegionRecord) -> ranking.Region:
     )
 
 
+def _newer(kept: RegionRecord, read: RegionRecord) -> bool:
+    return (kept.summary_seq or 0) > (read.summary_seq or 0) and kept.retired_at == read.retired_at
+
+
 @dataclass(frozen=True)
 class Known:
     record: RegionRecord
@@ -81,7 +92,23 @@ class Registry:
 
     @property
     def due(self) -> bool:
-        return time.monotonic() - self._read_at >= REREAD_S
+        """Never read, or changed here since: the next request reads before it routes."""
+        return self._read_at < 0
+
+    def put(self, record: RegionRecord) -> None:
+        """This process stored a newer summary of ``record``'s region: route by it now."""
+        with self._lock:
+            self._known[record.name] = Known(record, region_of(record))
+
+    async def follow(self) -> None:
+        """Read the table every REREAD_S: summaries other replicas took, and their
+        registrations and retirements."""
+        while True:
+            await asyncio.sleep(REREAD_S)
+            try:
+                await off_loop(self.reread)
+            except Exception:  # the database down a moment: the next round reads again
+                log.exception("reading the regions failed; retrying")
 
     def reread(self) -> None:
         """Read the live regions from the database (blocking); parse only what changed."""
@@ -90,7 +117,8 @@ class Registry:
             known: dict[str, Known] = {}
             for record in records:
                 old = self._known.get(record.name)
-                if old is not None and old.record == record:
+                if old is not None and (old.record == record or _newer(old.record, record)):
+                    # the same, or a summary put here after this read began
                     known[record.name] = old
                 else:
                     known[record.name] = Known(record, region_of(record))

@@ -199,6 +199,8 @@ def _placed(
         "gpus": [u for t in tasks for u in t.get("gpu_uuids", [])],
         "allocation": allocation,
         "replayed": result.replayed,
+        "design": chosen.design,
+        "gpu_model": chosen.gpu_model,
         "predicted_gbps": chosen.predicted_gbps,
         "cost": cost_view(chosen, gpus) or cost_view(_free(chosen), gpus),
         "alternatives": [candidate_view(c, gpus) for c in candidates if c.region != chosen.region],

@@ -269,6 +269,8 @@ class FederatedPlacement(BaseModel):
     gpus: list[str] = Field(description="the GPUs' UUIDs, in task order")
     allocation: dict[str, Any]
     replayed: bool
+    design: str | None = Field(description="the node design the ranking chose")
+    gpu_model: str = Field(description="the GPU model the forward asked the region for")
     predicted_gbps: float
     cost: CostView
     alternatives: list[CandidateView]
