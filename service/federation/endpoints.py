@@ -13,7 +13,8 @@ from dataclasses import replace
 from typing import Annotated, Any
 
 import httpx
-from fastapi import APIRouter, Header, Path, Query, Request, status
+import orjson
+from fastapi import APIRouter, Header, Path, Query, Request, Response, status
 
 from service.errors import (
     BadSignature,
@@ -42,6 +43,7 @@ from service.federation.signing import verify_summary
 from service.federation.store import NameTaken, RegionRecord
 
 router = APIRouter(tags=["federation"])
+JSON = "application/json"
 RegionPath = Annotated[str, Path(min_length=1, max_length=63, pattern=REGION_NAME_PATTERN)]
 
 
@@ -180,12 +182,13 @@ def push_summary(region: RegionPath, body: SummaryReport, request: Request) -> d
 
 
 @router.post("/v1/federation/score", response_model=FederatedScore, tags=["federation"])
-async def federation_score(body: FederatedPlaceRequest, request: Request) -> dict[str, Any]:
+async def federation_score(body: FederatedPlaceRequest, request: Request) -> Response:
     """Rank the regions for a job without reserving: per region the design, predicted
     bandwidth and cost it would get, or why not."""
     candidates = await routing.ranked(_registry(request), body)
     gpus = body.gpus * body.tasks
-    return {"candidates": [routing.candidate_view(c, gpus) for c in candidates]}
+    views = [routing.candidate_view(c, gpus) for c in candidates]
+    return Response(orjson.dumps({"candidates": views}), media_type=JSON)
 
 
 @router.post(
@@ -195,10 +198,13 @@ async def federation_place(
     body: FederatedPlaceRequest,
     request: Request,
     idempotency_key: Annotated[str | None, Header(min_length=1, max_length=256)] = None,
-) -> dict[str, Any]:
+) -> Response:
     """Route a job to the best region and reserve it there (that region's ``/v1/place``,
     the same Idempotency-Key); a refusal sends it to the next region."""
-    return await routing.place(_registry(request), _client(request), body, idempotency_key)
+    placed = await routing.place(_registry(request), _client(request), body, idempotency_key)
+    # Encoded here, in the documented shape (response_model), without validating it again:
+    # routing's own time is what a dispatcher waits for.
+    return Response(orjson.dumps(placed), status_code=status.HTTP_201_CREATED, media_type=JSON)
 
 
 __all__ = ["router"]

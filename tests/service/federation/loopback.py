@@ -195,7 +195,7 @@ def federation(tmp: Path) -> Iterator[Federation]:
     )
     fed = Federation(f"http://127.0.0.1:{port}", proc)
     try:
-        wait_ready(fed.url, proc)
+        wait_ready(fed.url, proc, 90)
         for spec in REGIONS:
             region_port = loopback_port(taken)
             url = f"http://127.0.0.1:{region_port}"
@@ -233,7 +233,7 @@ def federation(tmp: Path) -> Iterator[Federation]:
             fed.regions[spec.name] = region
         for region in fed.regions.values():
             assert region.proc is not None
-            wait_ready(region.url, region.proc)
+            wait_ready(region.url, region.proc, 90)
             load_nodes(region)
         yield fed
     finally:

@@ -233,7 +233,7 @@ def test_a_stopped_region_is_skipped_then_stale_then_back(fed: Federation) -> No
     assert aws.proc is not None
     from tests.service.replica_processes import wait_ready
 
-    wait_ready(aws.url, aws.proc)
+    wait_ready(aws.url, aws.proc, 90)
     wait_until(lambda: _fresh(fed, "aws-east"), "aws pushes again")
     assert _region(fed, "aws-east")["summary"]["live_allocations"] == 1
     back = _place(fed, near).json()
