@@ -145,7 +145,9 @@ async def place(
                 return await place(registry, client, body, key)  # a twin request went first
         sent_at = time.perf_counter()
         sent = forward_body(body, chosen)
-        result = await forward(client, record.url, record.forward_token, sent, key, left)
+        # At most half the deadline each: a region that hangs leaves time for the next.
+        wait = min(left, body.federation.deadline_s / 2)
+        result = await forward(client, record.url, record.forward_token, sent, key, wait)
         forwards_s += time.perf_counter() - sent_at
         attempts.append(_attempt(chosen.region, result.status, result.outcome, result.detail))
         if result.outcome is Outcome.PLACED:
