@@ -32,6 +32,7 @@ bench: install
 	$(BIN)/python -m bench.service_speed
 	$(BIN)/python -m bench.grpc_vs_rest
 	$(BIN)/python -m bench.k8s_extender
+	$(BIN)/python -m bench.federation_routing
 
 # Regenerate service/grpc/gen/ after changing openapi/topoplace/v1/topoplace.proto.
 proto: install

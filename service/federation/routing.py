@@ -158,13 +158,19 @@ async def place(
                 " answer: retry later with the same key",
                 {"attempts": attempts},
             )
+        if pinned:
+            # It answered for this key and holds nothing for it (a replay would have said
+            # so): the key is free again, and the job is routed as a new one.
+            assert key is not None
+            await off_loop(store.forget_forward, registry.engine, key, chosen.region)
+            return await place(registry, client, body, key)
         if key is not None and result.outcome is Outcome.AMBIGUOUS:
             raise RegionUnavailable(
                 f"region {chosen.region} took the request but did not answer within the"
                 " deadline: retry with the same Idempotency-Key (it goes to the same region)",
                 {"attempts": attempts},
             )
-        if key is not None and not pinned:
+        if key is not None:
             # Nothing was reserved there: the key may go to the next region.
             await off_loop(store.forget_forward, registry.engine, key, chosen.region)
         recorded = None

@@ -195,3 +195,13 @@ def test_a_keyed_region_that_is_down_is_not_replaced(client: TestClient, regions
     answer = place(client, "k-4")
     assert answer.status_code == 503 and answer.json()["error"]["code"] == "region_unavailable"
     assert [r for r, key, _ in regions.seen if key == "k-4"] == ["cheap", "cheap"]
+
+
+def test_a_keyed_region_that_refuses_frees_the_key(client: TestClient, regions: Regions) -> None:
+    regions.answers["cheap"] = no_answer
+    assert place(client, "k-5").status_code == 503
+    # It never reserved (it refuses the key now): the job is routed afresh.
+    regions.answers["cheap"] = refuse
+    again = place(client, "k-5")
+    assert again.status_code == 201 and again.json()["region"] == "mid"
+    assert [r for r, key, _ in regions.seen if key == "k-5"] == ["cheap", "cheap", "cheap", "mid"]
