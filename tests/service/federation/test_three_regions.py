@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
+from agent.signing import NodeKey
 from tests.service.federation.loopback import (
     STALE_S,
     Federation,
@@ -20,6 +21,7 @@ from tests.service.federation.loopback import (
     federation,
     summary_body,
 )
+from tests.service.replica_processes import wait_ready
 from tests.waiting import wait_until
 
 
@@ -72,6 +74,14 @@ def test_regions_are_listed_with_their_summaries(fed: Federation) -> None:
     shown = _region(fed, "gcp-central")
     assert shown["prices"][0] == {"gpu_model": "H100", "on_demand": 3.0, "spot": None}
     assert "forward_token" not in shown and "token" not in shown
+    # A bad registration changes nothing; a summary not signed by the region is refused.
+    bad = fed.post("/v1/regions", {"name": "azure-west", "cloud": "azure", "url": "nowhere"})
+    assert bad.status_code == 422 and bad.json()["error"]["code"] == "invalid_request"
+    assert len(fed.get("/v1/regions").json()["regions"]) == 3
+    aws = fed.regions["aws-east"]
+    forged = fed.push("aws-east", summary_body("aws-east", []), NodeKey.generate(), aws.token)
+    assert forged.status_code == 403 and forged.json()["error"]["code"] == "bad_signature"
+    assert _free(fed, "aws-east") == 16
 
 
 def test_the_cheapest_region_meeting_the_floor_gets_the_job(fed: Federation) -> None:
@@ -231,8 +241,6 @@ def test_a_stopped_region_is_skipped_then_stale_then_back(fed: Federation) -> No
     # Back on its next push, its allocation still there.
     aws.start()
     assert aws.proc is not None
-    from tests.service.replica_processes import wait_ready
-
     wait_ready(aws.url, aws.proc, 90)
     wait_until(lambda: _fresh(fed, "aws-east"), "aws pushes again")
     assert _region(fed, "aws-east")["summary"]["live_allocations"] == 1
