@@ -19,6 +19,8 @@ the node and GPUs, and a refusal there sends the job to the next region.
   job allows it and the region offers it), plus the data's egress: its size
   in GB x the data region's price to another region of the same cloud, or
   to the internet for another cloud. Data in the region itself moves free.
+- **Labels.** A job may require region labels (capabilities such as
+  ``interconnect=infiniband``); a region without all of them does not fit.
 - **Rank.** Among regions that fit, meet the bandwidth floor and the budget:
   ``cost_weight x cost/most_cost - (1 - cost_weight) x gbps/best_gbps``,
   lowest first; ties by cost, then name. A weight of 1 (the default) is the
@@ -105,6 +107,7 @@ class Region:
     egress: Egress
     summary: Summary | None
     stale: bool = False
+    labels: Mapping[str, str] = field(default_factory=dict)  # its capabilities
     # each design's price, in the summary's order, found once per summary
     priced: tuple[Price | None, ...] = field(init=False, repr=False, compare=False)
 
@@ -129,6 +132,7 @@ class Job:
     budget_per_hour: float | None = None
     floor_island: int = 0
     floor_gbps: float = 0.0
+    labels: Mapping[str, str] = field(default_factory=dict)  # the region must have these
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,6 +270,9 @@ def candidate(job: Job, region: Region, regions: Mapping[str, Region]) -> Candid
         return _with_reason(refused, "not among the allowed regions")
     if job.clouds and region.cloud not in job.clouds:
         return _with_reason(refused, f"cloud {region.cloud} is not allowed")
+    missing = [k for k, v in job.labels.items() if region.labels.get(k) != v]
+    if missing:
+        return _with_reason(refused, f"lacks the label(s) {', '.join(sorted(missing))}")
     if region.summary is None:
         return _with_reason(refused, "no summary pushed yet")
     if region.stale:

@@ -65,6 +65,7 @@ def region_of(record: RegionRecord) -> ranking.Region:
         ),
         egress=ranking.Egress(record.egress["region_gb"], record.egress["internet_gb"]),
         summary=None if record.summary is None else summary_of(record.summary),
+        labels=record.labels,
     )
 
 

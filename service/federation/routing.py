@@ -31,6 +31,7 @@ def job_of(body: FederatedPlaceRequest) -> ranking.Job:
         budget_per_hour=options.budget_per_hour,
         floor_island=options.floor.island,
         floor_gbps=options.floor.gbps,
+        labels=options.labels,
     )
 
 

@@ -199,6 +199,9 @@ class BandwidthFloor(_Strict):
 class FederationOptions(_Strict):
     regions: list[RegionName] = Field(default_factory=list, max_length=1000)
     clouds: list[RegionName] = Field(default_factory=list, max_length=100)
+    labels: dict[LabelText, LabelText] = Field(
+        default_factory=dict, max_length=64, description="region labels the job needs"
+    )
     data: DataLocation | None = None
     hours: float = Field(default=1.0, gt=0, le=1e5, allow_inf_nan=False, description="job length")
     cost_weight: float = Field(

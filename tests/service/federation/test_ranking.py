@@ -142,3 +142,10 @@ def test_an_unpriced_model_is_not_chosen() -> None:
     unpriced = region("x", "aws", (design(H100, 450, {8: 1}),), (Price("A100", 0.1),))
     found = rank(Job(gpus=1), [unpriced])[0]
     assert not found.fits and "no price" in found.reason
+
+
+def test_required_labels_leave_only_the_regions_that_have_them() -> None:
+    ib = Region("ib", "onprem", ONPREM.prices, ONPREM.egress, ONPREM.summary, labels={"ib": "yes"})
+    ranked = rank(Job(gpus=4, labels={"ib": "yes"}), [ib, ONPREM])
+    assert [c.region for c in ranked if c.fits] == ["ib"]
+    assert "lacks the label(s) ib" in ranked[1].reason

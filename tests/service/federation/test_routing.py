@@ -34,6 +34,11 @@ def allocation(region: str, replayed: bool = False) -> httpx.Response:
     return httpx.Response(200 if replayed else 201, json=body, headers=headers)
 
 
+def answering(region: str, replayed: bool = False) -> Answer:
+    """A region that places every request."""
+    return lambda request: allocation(region, replayed)
+
+
 class Regions:
     """What each region answers, and the requests each got."""
 
@@ -89,7 +94,7 @@ def regions(client: TestClient) -> Iterator[Regions]:
             headers={"Authorization": f"Bearer {created.json()['token']}"},
         )
         assert pushed.status_code == 200, pushed.text
-        fake.answers[name] = lambda request, name=name: allocation(name)
+        fake.answers[name] = answering(name)
     app: Any = client.app
     app.state.federation_client = httpx.AsyncClient(transport=httpx.MockTransport(fake.handle))
     yield fake
@@ -110,7 +115,8 @@ def no_answer(request: httpx.Request) -> httpx.Response:
 
 def place(client: TestClient, key: str | None = None) -> httpx.Response:
     headers = {"Idempotency-Key": key} if key else {}
-    return client.post("/v1/federation/place", json={"gpus": 2}, headers=headers)
+    answer: httpx.Response = client.post("/v1/federation/place", json={"gpus": 2}, headers=headers)
+    return answer
 
 
 def test_the_forward_is_the_callers_request_with_the_priced_model(
@@ -170,7 +176,7 @@ def test_with_a_key_an_unanswered_region_keeps_the_key(
     assert answer.json()["error"]["code"] == "region_unavailable"
     assert [r for r, _, _ in regions.seen] == ["cheap"]  # not sent anywhere else
     # The region did reserve; its answer comes on the retry, from the same region.
-    regions.answers["cheap"] = lambda request: allocation("cheap", replayed=True)
+    regions.answers["cheap"] = answering("cheap", replayed=True)
     again = place(client, "k-2")
     assert again.status_code == 201 and again.json()["region"] == "cheap"
     assert again.json()["replayed"] is True
@@ -181,8 +187,8 @@ def test_a_refusal_moves_the_key_to_the_next_region(client: TestClient, regions:
     first = place(client, "k-3").json()
     assert first["region"] == "mid"
     # The cheap region could take it now, but the key stays where its allocation is.
-    regions.answers["cheap"] = lambda request: allocation("cheap")
-    regions.answers["mid"] = lambda request: allocation("mid", replayed=True)
+    regions.answers["cheap"] = answering("cheap")
+    regions.answers["mid"] = answering("mid", replayed=True)
     again = place(client, "k-3").json()
     assert again["region"] == "mid" and again["replayed"] is True
     assert [r for r, key, _ in regions.seen if key == "k-3"] == ["cheap", "mid", "mid"]

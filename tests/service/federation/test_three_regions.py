@@ -63,7 +63,7 @@ def _place(fed: Federation, body: dict[str, Any], key: str | None = None) -> htt
     return fed.post("/v1/federation/place", body, headers=headers)
 
 
-H100_FLOOR = {"gpus": 4, "federation": {"floor": {"gbps": 400}}}
+H100_FLOOR: dict[str, Any] = {"gpus": 4, "federation": {"floor": {"gbps": 400}}}
 
 
 def test_regions_are_listed_with_their_summaries(fed: Federation) -> None:
