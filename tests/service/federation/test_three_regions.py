@@ -49,6 +49,12 @@ def _free(fed: Federation, name: str) -> int:
     return -1 if summary is None else int(summary["free_gpus"])
 
 
+def _all_free(fed: Federation) -> None:
+    """Wait for every region's releases to reach the global service (16 GPUs each)."""
+    names = ("aws-east", "gcp-central", "onprem-dgx")
+    wait_until(lambda: all(_free(fed, n) == 16 for n in names), "every region wholly free")
+
+
 def _release(region: Region, allocation_id: str) -> None:
     answer = httpx.post(
         f"{region.url}/v1/allocations/{allocation_id}/release",
@@ -115,6 +121,7 @@ def test_the_cheapest_region_meeting_the_floor_gets_the_job(fed: Federation) -> 
 
 
 def test_a_large_dataset_keeps_the_job_near_its_data(fed: Federation) -> None:
+    _all_free(fed)
     near = {**H100_FLOOR, "federation": {**H100_FLOOR["federation"]}}
     near["federation"]["data"] = {"region": "aws-east", "size_gb": 2000}
     placed = _place(fed, near)
@@ -145,6 +152,7 @@ def test_a_large_dataset_keeps_the_job_near_its_data(fed: Federation) -> None:
 
 
 def test_score_explains_without_reserving(fed: Federation) -> None:
+    _all_free(fed)
     body = {"gpus": 4, "federation": {"floor": {"gbps": 400}, "spot": True}}
     answer = fed.post("/v1/federation/score", body)
     assert answer.status_code == 200, answer.text
@@ -156,6 +164,7 @@ def test_score_explains_without_reserving(fed: Federation) -> None:
 
 
 def test_a_refusal_fails_over_to_the_next_region(fed: Federation) -> None:
+    _all_free(fed)
     gcp = fed.regions["gcp-central"]
     cordon = httpx.post(f"{gcp.url}/v1/nodes/a3-1/cordon", headers=gcp.headers, trust_env=False)
     assert cordon.status_code == 200, cordon.text
@@ -193,6 +202,7 @@ def test_a_refusal_fails_over_to_the_next_region(fed: Federation) -> None:
 
 
 def test_the_same_key_forwarded_twice_is_one_allocation(fed: Federation) -> None:
+    _all_free(fed)
     first = _place(fed, H100_FLOOR, key="job-42")
     assert first.status_code == 201, first.text
     region = first.json()["region"]
@@ -212,6 +222,7 @@ def test_the_same_key_forwarded_twice_is_one_allocation(fed: Federation) -> None
 
 
 def test_a_stopped_region_is_skipped_then_stale_then_back(fed: Federation) -> None:
+    _all_free(fed)
     aws = fed.regions["aws-east"]
     near = {
         "gpus": 4,
@@ -248,3 +259,20 @@ def test_a_stopped_region_is_skipped_then_stale_then_back(fed: Federation) -> No
     assert back["region"] == "aws-east"
     _release(aws, back["allocation"]["id"])
     _release(aws, kept.json()["allocation"]["id"])
+
+
+def test_a_gang_never_spans_regions(fed: Federation) -> None:
+    _all_free(fed)
+    # Three 8-GPU tasks: five free 8-GPU boxes in all, but no region has three.
+    spread = _place(fed, {"gpus": 8, "tasks": 3})
+    assert spread.status_code == 409, spread.text
+    assert spread.json()["error"]["code"] == "no_region"
+    _all_free(fed)
+    # Two H100 boxes: only AWS has them, though GCP's one is cheaper per GPU-hour. Between
+    # them the gang talks over the network (no multi-node NVLink here): 25 GB/s predicted.
+    gang = _place(fed, {"gpus": 8, "tasks": 2, "gpu_models": ["H100"]})
+    assert gang.status_code == 201, gang.text
+    body = gang.json()
+    assert body["region"] == "aws-east" and sorted(body["nodes"]) == ["p5-1", "p5-2"]
+    assert body["cost"]["gpu_hours"] == 16.0 and body["predicted_gbps"] == 25.0
+    _release(fed.regions["aws-east"], body["allocation"]["id"])
