@@ -91,6 +91,14 @@ def summarize(
     }
 
 
+def change_key(state: ServiceState) -> tuple[int, int]:
+    """What moves whenever the summary could: the engine's membership version and its
+    change clock (holds, availability). Cheap, so a quiet region skips the summary."""
+    with state.lock:
+        state.refresh_if_due()
+        return state.cluster.version, state.cluster.clock
+
+
 def content_of(summary: dict[str, Any]) -> dict[str, Any]:
     """What changes when the region changes: the summary without its seq and time."""
     return {k: v for k, v in summary.items() if k not in ("seq", "sent_at")}

@@ -10,7 +10,7 @@ from agent.signing import MESSAGE_PREFIX, NodeKey
 from placement.profiles import build_profile, gb200_nvl72_rack
 from service.federation.schemas import RegionSummary
 from service.federation.signing import sign_summary, summary_message, verify_summary
-from service.federation.summary import content_of, summarize
+from service.federation.summary import change_key, content_of, summarize
 from service.settings import Settings
 from service.state import ServiceState
 
@@ -70,3 +70,16 @@ def test_a_summary_signature_is_not_a_snapshot_signature() -> None:
     assert not verify_summary(NodeKey.generate().public_key, summary, signature)
     assert not summary_message(summary).startswith(MESSAGE_PREFIX)
     assert not verify_summary(key.public_key, summary, key.sign(summary))  # a snapshot's
+
+
+def test_the_change_key_moves_with_holds_and_availability() -> None:
+    state = cluster()
+    before = change_key(state)
+    assert change_key(state) == before
+    h1 = state.cluster.node("h1").snapshot
+    state.cluster.allocate("h1", (h1.gpus[0].uuid,))
+    held = change_key(state)
+    assert held != before
+    state.heartbeats["h2"] = state.clock() - timedelta(seconds=3600)
+    state.refresh_availability()
+    assert change_key(state) != held
