@@ -17,6 +17,7 @@ from sqlalchemy.exc import OperationalError
 from service import cluster_view, migrate
 from service.allocations import api as allocations
 from service.allocations import endpoints as allocation_routes
+from service.audit.actor import acting, service_task
 from service.auth import REVOCATION_POLL_S, Authenticator, RequireToken, region_checker
 from service.db import checkpoint, make_engine
 from service.demo import heartbeat_demo_cluster, register_demo_cluster
@@ -45,6 +46,7 @@ log = logging.getLogger("topoplace.service")
 # /place by 10-15 ms twice a second; every 0.1 s those stalls are gone.
 SWEEP_INTERVAL_S = 0.1
 MAINTENANCE_INTERVAL_S = 2.0  # demo heartbeats
+SWEEP = service_task("sweep")
 # SQLite's WAL is copied into the database here, off the commit path (db.checkpoint):
 # at a thousand reservations a second that is under 10,000 pages a time.
 CHECKPOINT_INTERVAL_S = 1.0
@@ -59,7 +61,8 @@ async def _background(state: ServiceState, demo_nodes: list[str]) -> None:
     while True:
         await asyncio.sleep(SWEEP_INTERVAL_S)
         try:
-            await off_loop(allocations.sweep, state)  # one `expired` event each
+            with acting(SWEEP):  # the audit log's actor of what expires
+                await off_loop(allocations.sweep, state)  # one `expired` event each
             # Keeps its own clock: it also runs as soon as a fresh Slurm reservation's
             # grace period ends (service/slurm/fresh.py).
             await slurm.tick()
