@@ -136,6 +136,8 @@ REST_RULES: tuple[Rule, ...] = (
     Rule("POST", "/v1/tokens", A),
     Rule("GET", "/v1/tokens", A),
     Rule("DELETE", "/v1/tokens/{token_id}", A),
+    # the audit log: it names every token and what each did, so an admin's, like the tokens
+    Rule("GET", "/v1/audit", A),
 )
 
 # Open to every caller, with or without a token: probes cannot present one, and

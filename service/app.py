@@ -17,6 +17,8 @@ from sqlalchemy.exc import OperationalError
 from service import cluster_view, migrate
 from service.allocations import api as allocations
 from service.allocations import endpoints as allocation_routes
+from service.audit import endpoints as audit_routes
+from service.audit import retention as audit_retention
 from service.audit.actor import acting, service_task
 from service.auth import REVOCATION_POLL_S, Authenticator, RequireToken, region_checker
 from service.db import checkpoint, make_engine
@@ -53,10 +55,12 @@ CHECKPOINT_INTERVAL_S = 1.0
 
 
 async def _background(state: ServiceState, demo_nodes: list[str]) -> None:
-    """Expire stale reservations; checkpoint SQLite; keep the demo nodes' heartbeats fresh."""
+    """Expire stale reservations; checkpoint SQLite; prune the audit log; keep the demo
+    nodes' heartbeats fresh."""
     interval = min(MAINTENANCE_INTERVAL_S, state.settings.heartbeat_ttl_s / 3)
     slurm = Reconciler(state)  # where squeue is present (TOPOPLACE_SLURM_SQUEUE_COMMAND)
     last_maintenance = last_checkpoint = 0.0
+    last_prune = float("-inf")  # the first round prunes what a stopped service left
     loop = asyncio.get_running_loop()
     while True:
         await asyncio.sleep(SWEEP_INTERVAL_S)
@@ -69,6 +73,9 @@ async def _background(state: ServiceState, demo_nodes: list[str]) -> None:
             if loop.time() - last_checkpoint >= CHECKPOINT_INTERVAL_S:
                 last_checkpoint = loop.time()
                 await off_loop(checkpoint, state.engine)
+            if loop.time() - last_prune >= state.settings.audit_prune_interval_s:
+                last_prune = loop.time()
+                await off_loop(audit_retention.prune, state)
             if loop.time() - last_maintenance < interval:
                 continue
             last_maintenance = loop.time()
@@ -187,6 +194,7 @@ def create_app(
     app.include_router(slurm_routes.router)
     app.include_router(k8s_routes.router)
     app.include_router(token_routes.router)
+    app.include_router(audit_routes.router)
 
     async def _handled(_: Request, exc: Exception) -> JSONResponse:
         response = handled_error(exc)

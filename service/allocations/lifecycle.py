@@ -259,7 +259,7 @@ def observe(
             repository.insert(conn, row, holds)
             observation = Observation("created", str(row["id"]), tuple(superseded), tuple(merged))
             placed = records.placed(
-                now, str(row["id"]), job_id, gpus, str(row["request"]), placement_text
+                now, str(row["id"]), job_id, gpus, "active", str(row["request"]), placement_text
             )
             audit.write(conn, [placed])
         publish(conn, {h.node for h in freed} | set(gpus))

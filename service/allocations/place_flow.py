@@ -182,7 +182,13 @@ def place_flow(
         }
         # The decision's audit row commits with the reservation, in its transaction.
         audit = records.placed(
-            now, row["id"], body.job_id, placement.nodes, request_json, row["placement"]
+            now,
+            row["id"],
+            body.job_id,
+            placement.nodes,
+            row["state"],
+            request_json,
+            row["placement"],
         )
         try:
             yield Commit(row, holds, placement.nodes, audit)

@@ -57,12 +57,14 @@ def placed(
     allocation_id: str,
     job_id: str | None,
     nodes: Iterable[str],
+    state: str,
     request_json: str,
     placement_json: str,
 ) -> dict[str, Any]:
-    """A placement decision: the request as stored and the chosen nodes, GPUs and score
-    parts (the allocation's ``placement`` column), joined without decoding them."""
-    detail = f'{{"request": {request_json}, "placement": {placement_json}}}'
+    """A placement decision: the allocation's state as made, the request as stored and
+    the chosen nodes, GPUs and score parts (the allocation's ``placement`` column),
+    joined without decoding them: this is on /place's path."""
+    detail = f'{{"state": "{state}", "request": {request_json}, "placement": {placement_json}}}'
     return record(
         "allocation",
         "placed",

@@ -30,7 +30,15 @@ def test_0003_mends_rows_the_lifecycle_races_left(database_url: str) -> None:
 
     engine = sa.create_engine(database_url)
     with engine.begin() as conn:  # a fresh database at 0002
-        tables = ("gpu_holds", "allocations", "node_snapshots", "nodes", "node_keys", "api_tokens")
+        tables = (
+            "gpu_holds",
+            "allocations",
+            "node_snapshots",
+            "nodes",
+            "node_keys",
+            "api_tokens",
+            "audit_log",
+        )
         for table in tables:
             conn.execute(
                 sa.text(
@@ -102,5 +110,19 @@ def test_0004_adds_and_removes_the_tokens_table(database_url: str) -> None:
         assert not sa.inspect(engine).has_table("api_tokens")
         migrate.upgrade(database_url)
         assert sa.inspect(engine).has_table("api_tokens")
+    finally:
+        engine.dispose()
+
+
+def test_0005_adds_and_removes_the_audit_log(database_url: str) -> None:
+    migrate.upgrade(database_url)
+    engine = sa.create_engine(database_url)
+    try:
+        assert sa.inspect(engine).has_table("audit_log")
+        command.downgrade(migrate.alembic_config(database_url), "0004")
+        assert not sa.inspect(engine).has_table("audit_log")
+        assert sa.inspect(engine).has_table("api_tokens")
+        migrate.upgrade(database_url)
+        assert sa.inspect(engine).has_table("audit_log")
     finally:
         engine.dispose()
