@@ -69,7 +69,7 @@ def _pages(client: TopoplaceClient, args: argparse.Namespace) -> tuple[list[Any]
 def _actor(entry: dict[str, Any]) -> str:
     actor = entry["actor"]
     if actor["token_id"] is None:
-        return actor["name"]
+        return str(actor["name"])
     return f"{actor['name'] or actor['token_id']} ({actor['role']}, {actor['token_id']})"
 
 

@@ -183,12 +183,12 @@ def place_flow(
         # The decision's audit row commits with the reservation, in its transaction.
         audit = records.placed(
             now,
-            row["id"],
+            str(row["id"]),
             body.job_id,
             placement.nodes,
-            row["state"],
+            str(row["state"]),
             request_json,
-            row["placement"],
+            str(row["placement"]),
         )
         try:
             yield Commit(row, holds, placement.nodes, audit)

@@ -84,7 +84,7 @@ def _gpus(placement_json: str) -> dict[str, list[int]]:
     return {node: sorted(indices) for node, indices in gpus.items()}
 
 
-def allocation_change(action: str, at: datetime, row: Mapping[str, Any]) -> dict[str, Any]:
+def allocation_change(action: str, at: datetime, row: Mapping[Any, Any]) -> dict[str, Any]:
     """A change to an allocation, from its row as the change left it."""
     gpus = _gpus(str(row["placement"]))
     expires = row["expires_at"]
