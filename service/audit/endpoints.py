@@ -9,7 +9,6 @@ from typing import Annotated, Any
 import sqlalchemy as sa
 from fastapi import APIRouter, Depends, Query
 
-from service.allocations.views import aware
 from service.audit import store
 from service.audit.schemas import AuditKind, AuditPage
 from service.deps import get_state
@@ -29,6 +28,11 @@ def _utc(value: datetime | None) -> datetime | None:
     return value.replace(tzinfo=UTC)
 
 
+def _aware(value: datetime) -> datetime:
+    """SQLite hands back naive datetimes for timezone-aware columns; they are UTC."""
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+
+
 def _cursor(text: str | None) -> int | None:
     if text is None:
         return None
@@ -44,7 +48,7 @@ def _nodes(text: str) -> list[str]:
 def entry(row: sa.RowMapping) -> dict[str, Any]:
     return {
         "id": int(row["id"]),
-        "at": aware(row["at"]),
+        "at": _aware(row["at"]),
         "kind": row["kind"],
         "action": row["action"],
         "actor": {
