@@ -30,15 +30,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal
 
-from service.allocations import lifecycle, place_flow, queries, scoring
+from service.allocations import lifecycle, place_flow, queries, score_pages, scoring
 from service.allocations.place_flow import Flow, Step, run, run_async
 from service.allocations.results import (
     Allocation,
     Ended,
     Observation,
     Placed,
+    ScorePage,
 )
-from service.allocations.schemas import PlaceRequest
+from service.allocations.schemas import PlaceRequest, ScoreRequest
 from service.state import ServiceState
 
 __all__ = [
@@ -59,6 +60,7 @@ __all__ = [
     "run_async",
     "score",
     "score_json",
+    "score_page",
     "sweep",
 ]
 
@@ -82,6 +84,22 @@ get = queries.get
 listing = queries.listing
 score = scoring.score
 score_json = scoring.score_json
+
+
+def score_page(
+    state: ServiceState, body: ScoreRequest, limit: int | None, offset: int
+) -> ScorePage:
+    """/score bounded by TOPOPLACE_MAX_SCORE_NODES (score_pages.py): the whole answer
+    when it is within the bound and not paged, else the page asked for; an answer over
+    the bound, unpaged, is refused (InvalidRequest on ``limit``)."""
+    maximum = state.settings.max_score_nodes
+    count = score_pages.listed_count(body.nodes, len(state.cluster))
+    paged = score_pages.check_bound(count, limit, offset, maximum)
+    rows = scoring.score(state, body)
+    if not paged:
+        return ScorePage(tuple(rows), len(rows), 0, None)
+    return score_pages.page(rows, limit, offset, maximum)
+
 
 # ---- placing ---------------------------------------------------------------------
 
