@@ -11,7 +11,10 @@ The event rule: every change publishes exactly one event on the state's
 hub (service/events.py), here and only here, whoever asked for it; a call
 that changes nothing publishes nothing (a replayed Idempotency-Key, a
 confirm repeated, a release of an ended allocation, an observation that
-matched). docs/grpc.md lists the event types.
+matched). docs/grpc.md lists the event types. Each change also leaves one
+audit row of the same name (service/audit/), written below, in the change's
+own transaction (place_flow.py's commit, lifecycle.py), so the audit log and
+the events tell the same story (tests/service/allocations/test_events_per_change.py).
 
 | change | event |
 |---|---|
