@@ -140,12 +140,11 @@ def _end(state: ServiceState, ids: list[str] | None, transition: str) -> Ended:
     now = state.clock()
 
     def work(conn: Connection) -> tuple[list[str], list[repository.FreedHold]]:
-        ended, freed = repository.end(conn, ids, transition, now)
+        rows, freed = repository.end_rows(conn, ids, transition, now)
         publish(conn, {h.node for h in freed})
-        audit.write_allocations(
-            conn, "expired" if transition == "expire" else "released", ended, now
-        )
-        return ended, freed
+        action = "expired" if transition == "expire" else "released"
+        audit.write(conn, [records.allocation_change(action, now, row) for row in rows])
+        return [str(row["id"]) for row in rows], freed
 
     ended, freed = in_transaction(state.engine, work)
     _forget(state, freed)
