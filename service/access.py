@@ -158,6 +158,8 @@ REST_RULES: tuple[Rule, ...] = (
     Rule("PUT", "/v1/regions/{region}/summary", F),
     Rule("POST", "/v1/federation/place", S),
     Rule("POST", "/v1/federation/score", S),
+    # the audit log: it names every token and what each did, so an admin's, like the tokens
+    Rule("GET", "/v1/audit", A),
 )
 
 # Open to every caller, with or without a token: probes cannot present one, and

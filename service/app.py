@@ -18,6 +18,9 @@ from sqlalchemy.exc import OperationalError
 from service import cluster_view, migrate
 from service.allocations import api as allocations
 from service.allocations import endpoints as allocation_routes
+from service.audit import endpoints as audit_routes
+from service.audit import retention as audit_retention
+from service.audit.actor import acting, service_task
 from service.auth import REVOCATION_POLL_S, Authenticator, RequireToken, region_checker
 from service.console import endpoints as console_routes
 from service.db import checkpoint, make_engine
@@ -51,27 +54,34 @@ log = logging.getLogger("topoplace.service")
 # /place by 10-15 ms twice a second; every 0.1 s those stalls are gone.
 SWEEP_INTERVAL_S = 0.1
 MAINTENANCE_INTERVAL_S = 2.0  # demo heartbeats
+SWEEP = service_task("sweep")
 # SQLite's WAL is copied into the database here, off the commit path (db.checkpoint):
 # at a thousand reservations a second that is under 10,000 pages a time.
 CHECKPOINT_INTERVAL_S = 1.0
 
 
 async def _background(state: ServiceState, demo_nodes: list[str]) -> None:
-    """Expire stale reservations; checkpoint SQLite; keep the demo nodes' heartbeats fresh."""
+    """Expire stale reservations; checkpoint SQLite; prune the audit log; keep the demo
+    nodes' heartbeats fresh."""
     interval = min(MAINTENANCE_INTERVAL_S, state.settings.heartbeat_ttl_s / 3)
     slurm = Reconciler(state)  # where squeue is present (TOPOPLACE_SLURM_SQUEUE_COMMAND)
     last_maintenance = last_checkpoint = 0.0
+    last_prune = float("-inf")  # the first round prunes what a stopped service left
     loop = asyncio.get_running_loop()
     while True:
         await asyncio.sleep(SWEEP_INTERVAL_S)
         try:
-            await off_loop(allocations.sweep, state)  # one `expired` event each
+            with acting(SWEEP):  # the audit log's actor of what expires
+                await off_loop(allocations.sweep, state)  # one `expired` event each
             # Keeps its own clock: it also runs as soon as a fresh Slurm reservation's
             # grace period ends (service/slurm/fresh.py).
             await slurm.tick()
             if loop.time() - last_checkpoint >= CHECKPOINT_INTERVAL_S:
                 last_checkpoint = loop.time()
                 await off_loop(checkpoint, state.engine)
+            if loop.time() - last_prune >= state.settings.audit_prune_interval_s:
+                last_prune = loop.time()
+                await off_loop(audit_retention.prune, state)
             if loop.time() - last_maintenance < interval:
                 continue
             last_maintenance = loop.time()
@@ -214,6 +224,7 @@ def create_app(
     app.include_router(console_routes.router)
     console_routes.mount_assets(app)
     app.include_router(federation_routes.router)
+    app.include_router(audit_routes.router)
 
     async def _handled(_: Request, exc: Exception) -> JSONResponse:
         response = handled_error(exc)

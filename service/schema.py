@@ -199,3 +199,28 @@ federation_forwards = sa.Table(
     sa.Column("gpu_model", sa.String(128), nullable=False),  # what the forward asked for
     sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
 )
+
+# The audit log (service/audit/): one row per thing that happened, newest last. ``id``
+# orders the rows and is the paging cursor. ``nodes`` holds every node the row
+# concerns as ",a,b," so one LIKE finds a node among several (a gang spans nodes);
+# ``detail`` is JSON and differs by kind (docs/security.md, "Audit log").
+audit_log = sa.Table(
+    "audit_log",
+    metadata,
+    sa.Column("id", sa.BigInteger().with_variant(sa.Integer, "sqlite"), primary_key=True),
+    sa.Column("at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("kind", sa.String(16), nullable=False),  # allocation | admin | snapshot
+    sa.Column("action", sa.String(32), nullable=False),
+    sa.Column("actor_id", sa.String(64), nullable=True),  # the token's id; NULL: the service
+    sa.Column("actor_name", sa.String(256), nullable=False, server_default=""),
+    sa.Column("actor_role", sa.String(16), nullable=True),
+    sa.Column("route", sa.String(128), nullable=False),  # "POST /v1/place", "gRPC Place", "sweep"
+    sa.Column("nodes", sa.Text, nullable=False, server_default=""),
+    sa.Column("job_id", sa.String(256), nullable=True),
+    sa.Column("allocation_id", sa.String(36), nullable=True),
+    sa.Column("detail", sa.Text, nullable=False, server_default="{}"),
+    sa.Index("ix_audit_log_at", "at"),
+    sa.Index("ix_audit_log_allocation_id", "allocation_id"),
+    sa.Index("ix_audit_log_job_id", "job_id"),
+    sa.Index("ix_audit_log_actor_id", "actor_id"),
+)

@@ -66,6 +66,15 @@ class Settings(BaseSettings):
         description="the most nodes one /score answer lists; a larger `limit` is refused,"
         " and `offset` pages through the rest",
     )
+    audit_retention_days: float = Field(
+        default=90.0,
+        ge=0,
+        description="audit log rows older than this many days are deleted (in batches, by"
+        " the background loop); 0: kept forever",
+    )
+    audit_prune_interval_s: float = Field(
+        default=300.0, gt=0, description="how often the audit log's old rows are pruned"
+    )
     access_log: bool = Field(
         default=False,
         description="log one line per HTTP request (uvicorn's access log). Off by default:"

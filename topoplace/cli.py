@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from importlib.metadata import distribution
 
 from topoplace import (
+    audit_cmd,
     client_cmd,
     export_cmd,
     k8s_cmd,
@@ -53,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     client_cmd.add_parsers(sub)
     token_cmd.add_parser(sub)
     region_cmd.add_parser(sub)
+    audit_cmd.add_parser(sub)
     for add_parser in plugin_commands():
         add_parser(sub)
     slurm_cmd.add_parser(sub)

@@ -87,6 +87,7 @@ def do_create(client: TopoplaceClient, args: argparse.Namespace) -> None:
 def _create_in_database(args: argparse.Namespace) -> int:
     from service import migrate
     from service.access import Role
+    from service.audit.actor import Actor, acting
     from service.db import make_engine
     from service.settings import Settings
     from service.tokens import store
@@ -98,9 +99,12 @@ def _create_in_database(args: argparse.Namespace) -> int:
         return client_cmd.EXIT_USAGE
     migrate.upgrade(url)
     engine = make_engine(url)
+    # The audit log names this way in: no token, straight to the database.
+    operator = Actor(None, "topoplace token create --database-url", None, "database")
     try:
         scope = store.Scope(frozenset(args.node), args.region)
-        record, secret = store.create(engine, Role(args.role), scope, args.name)
+        with acting(operator):
+            record, secret = store.create(engine, Role(args.role), scope, args.name)
     except store.ScopeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return client_cmd.EXIT_USAGE

@@ -401,3 +401,36 @@ class TopoplaceClient:
     def federation_score(self, request: Mapping[str, Any]) -> JSONObject:
         """POST /v1/federation/score: every region's candidate, best first."""
         return self._post("/v1/federation/score", dict(request))
+
+    # -- the audit log (admin) -----------------------------------------------
+
+    def audit(
+        self,
+        *,
+        kind: str | None = None,
+        action: str | None = None,
+        actor: str | None = None,
+        node: str | None = None,
+        job_id: str | None = None,
+        allocation_id: str | None = None,
+        since: str | None = None,
+        until: str | None = None,
+        limit: int | None = None,
+        cursor: str | None = None,
+    ) -> JSONObject:
+        """GET /v1/audit: ``{"entries": [...], "next_cursor": ...}``, newest first; pass
+        ``next_cursor`` back as ``cursor`` for the older rows."""
+        given = {
+            "kind": kind,
+            "action": action,
+            "actor": actor,
+            "node": node,
+            "job_id": job_id,
+            "allocation_id": allocation_id,
+            "since": since,
+            "until": until,
+            "limit": limit,
+            "cursor": cursor,
+        }
+        params: dict[str, str | int] = {k: v for k, v in given.items() if v is not None}
+        return self._get("/v1/audit", params)

@@ -10,7 +10,7 @@ SQLite cannot alter a CHECK constraint, so there the token table is copied
 into one with the new check; Postgres drops and adds the constraint.
 
 Revision ID: 0006
-Revises: 0004
+Revises: 0005
 Create Date: 2026-12-02
 """
 
@@ -20,7 +20,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0006"
-down_revision = "0004"
+down_revision = "0005"
 branch_labels = None
 depends_on = None
 

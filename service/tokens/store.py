@@ -14,6 +14,8 @@ from datetime import UTC, datetime
 import sqlalchemy as sa
 
 from service.access import Role
+from service.audit import records
+from service.audit import store as audit
 from service.schema import api_tokens
 from service.tokens import secrets
 
@@ -134,6 +136,17 @@ def create_in(
             created_at=created,
         )
     )
+    detail = {
+        "token_id": token_id,
+        "role": role.value,
+        "name": name,
+        "nodes": sorted(scope.nodes),
+        "region": scope.region,
+    }
+    audit.write(
+        conn,
+        [records.record("admin", "token_created", created, nodes=scope.nodes, detail=detail)],
+    )
     record = TokenRecord(token_id, role, scope, name, created, None)
     return record, secrets.compose(token_id, secret)
 
@@ -156,12 +169,20 @@ def revoke_in(
     conn: sa.Connection, token_id: str, now: datetime | None = None
 ) -> TokenRecord | None:
     """:func:`revoke` inside the caller's transaction."""
-    conn.execute(
+    at = now or datetime.now(UTC)
+    revoked = conn.execute(
         api_tokens.update()
         .where(api_tokens.c.id == token_id, api_tokens.c.revoked_at.is_(None))
-        .values(revoked_at=now or datetime.now(UTC))
-    )
+        .values(revoked_at=at)
+    ).rowcount
     row = conn.execute(sa.select(api_tokens).where(api_tokens.c.id == token_id)).first()
+    if revoked and row is not None:  # a token revoked before is not revoked again
+        detail = {
+            "token_id": token_id,
+            "role": row._mapping["role"],
+            "name": row._mapping["name"],
+        }
+        audit.write(conn, [records.record("admin", "token_revoked", at, detail=detail)])
     return None if row is None else _record(row)
 
 

@@ -39,6 +39,7 @@ def test_0003_mends_rows_the_lifecycle_races_left(database_url: str) -> None:
             "api_tokens",
             "regions",
             "federation_forwards",
+            "audit_log",
         )
         for table in tables:
             conn.execute(
@@ -123,6 +124,7 @@ def test_0006_keeps_the_tokens_and_takes_the_region_role(database_url: str) -> N
     cascade = " CASCADE" if engine.dialect.name == "postgresql" else ""
     with engine.begin() as conn:
         for table in (
+            "audit_log",
             "federation_forwards",
             "regions",
             "gpu_holds",
@@ -158,3 +160,17 @@ def test_0006_keeps_the_tokens_and_takes_the_region_role(database_url: str) -> N
     else:
         raise AssertionError("the role check let 'root' in")
     engine.dispose()
+
+
+def test_0005_adds_and_removes_the_audit_log(database_url: str) -> None:
+    migrate.upgrade(database_url)
+    engine = sa.create_engine(database_url)
+    try:
+        assert sa.inspect(engine).has_table("audit_log")
+        command.downgrade(migrate.alembic_config(database_url), "0004")
+        assert not sa.inspect(engine).has_table("audit_log")
+        assert sa.inspect(engine).has_table("api_tokens")
+        migrate.upgrade(database_url)
+        assert sa.inspect(engine).has_table("audit_log")
+    finally:
+        engine.dispose()

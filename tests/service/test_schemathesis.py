@@ -40,7 +40,8 @@ EXAMPLES = int(os.environ.get("TOPOPLACE_SCHEMATHESIS_EXAMPLES", "6"))
 # unsupported), a Slurm job report whose `scontrol show job` text names no job (400);
 # a token whose scope does not fit its role, a region's URL that is no http(s) URL or a
 # key that is no Ed25519 key, a summary naming another region, a federated request
-# naming a region not registered or breaking /place's own rules (422).
+# naming a region not registered or breaking /place's own rules, an audit query whose
+# cursor the service never gave out or whose until is not after its since (422).
 _ACCEPTED = ["2xx", "3xx", "401", "403", "404", "409", "429", "5xx"]
 _CONFIG = {
     # The token as schemathesis's own bearer auth: its negative cases leave it out on
@@ -82,6 +83,10 @@ _CONFIG = {
                 "/v1/federation/score",
             )
         ),
+        {
+            "include-path": "/v1/audit",
+            "checks": {"positive_data_acceptance": {"expected-statuses": [*_ACCEPTED, "422"]}},
+        },
         {
             "include-path": "/v1/allocations/{allocation_id}/extend",
             "checks": {"positive_data_acceptance": {"expected-statuses": [*_ACCEPTED, "400"]}},
