@@ -29,7 +29,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         ),
     )
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--topology", type=Path, help="nvidia-smi topo -m output or snapshot JSON")
+    src.add_argument(
+        "--topology",
+        type=Path,
+        metavar="FILE|SAMPLE",
+        help="nvidia-smi topo -m output or snapshot JSON, or a sample (`topoplace samples`)",
+    )
     src.add_argument("--profile", help="a built-in simulated profile (see `topoplace profiles`)")
     p.add_argument("--gpus", type=int, required=True, help="GPUs for the task")
     p.add_argument("--busy", default="", help="comma-separated GPU indices already in use")
