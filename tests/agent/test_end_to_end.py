@@ -164,6 +164,6 @@ def test_nodes_appear_go_stale_and_recover(server: str, clock: FakeClock, tmp_pa
         assert main([*base, "--key-file", str(key_file), "--once"]) == 0
         other = tmp_path / "other.key"
         NodeKey.generate().save(other)
-        # Its key registration is refused (logged), and so is its snapshot: not the node's key.
+        # Its key registration is refused (another key holds the name): exit 1, nothing sent.
         assert main([*base, "--key-file", str(other), "--once"]) == 1
         assert client.node_key("e2e-h100")["public_key"] == keys["e2e-h100"].public_key
