@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
+import pytest
 from fastapi.testclient import TestClient
 
 from placement.profiles import build_profile
@@ -34,6 +37,32 @@ def test_same_snapshot_again_is_idempotent_and_history_is_bounded(client: TestCl
         )
     history = client.get("/v1/nodes/h0/snapshots").json()
     assert len(history) == 20 and history[0]["seq"] == 29
+
+
+def test_a_new_seq_with_the_same_content_is_a_heartbeat_not_a_change(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    state = client.app.state.service  # type: ignore[attr-defined]
+    events: list[tuple[str, str]] = []
+    publish = state.events.publish
+    monkeypatch.setattr(
+        state.events,
+        "publish",
+        lambda kind, type_, **kw: (events.append((kind, type_)), publish(kind, type_, **kw)),
+    )
+    snap = build_profile("hgx-h100", "h0", seq=1)
+    assert report(client, snap).json()["changed"] is True
+    later = snap.model_copy(update={"seq": 2, "timestamp": datetime(2030, 1, 1, tzinfo=UTC)})
+    assert report(client, later).json() == {"node": "h0", "seq": 2, "changed": False}
+    assert client.get("/v1/nodes/h0").json()["seq"] == 2  # the seq is stored all the same
+    assert [row["seq"] for row in client.get("/v1/nodes/h0/snapshots").json()] == [1]
+    assert events == [("node", "reported")]
+    # An older seq is still refused, and a real change still is one.
+    assert report(client, snap).status_code == 409
+    changed = later.model_copy(update={"seq": 3, "labels": {"rack": "r2"}})
+    assert report(client, changed).json()["changed"] is True
+    assert [row["seq"] for row in client.get("/v1/nodes/h0/snapshots").json()] == [3, 1]
+    assert events == [("node", "reported")] * 2
 
 
 def test_replayed_or_mismatched_snapshots_are_refused(client: TestClient) -> None:
