@@ -14,7 +14,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from sqlalchemy.exc import OperationalError
 
-from service import cluster_view, migrate
+from service import cluster_view, front_page, migrate
 from service.allocations import api as allocations
 from service.allocations import endpoints as allocation_routes
 from service.auth import REVOCATION_POLL_S, Authenticator, RequireToken, region_checker
@@ -184,6 +184,7 @@ def create_app(
     app.include_router(slurm_routes.router)
     app.include_router(k8s_routes.router)
     app.include_router(token_routes.router)
+    app.include_router(front_page.router)
 
     async def _handled(_: Request, exc: Exception) -> JSONResponse:
         response = handled_error(exc)
