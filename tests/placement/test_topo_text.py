@@ -101,7 +101,10 @@ def test_pcie_l40s() -> None:
     assert [(nic.name, nic.links) for nic in snap.nics] == [("NIC0", ["SYS"] * 8)]
     assert snap.numa_cpus(0) == tuple(range(90))
     assert snap.numa_cpus(1) == tuple(range(90, 180))
-    assert [island.gpus for island in islands(snap)] == [(i,) for i in range(8)]
+    assert [(island.name, island.gpus) for island in islands(snap)] == [
+        ("pcie0", (0, 1, 2, 3)),
+        ("pcie1", (4, 5, 6, 7)),
+    ]
 
 
 def test_workstation_a6000() -> None:
@@ -111,7 +114,7 @@ def test_workstation_a6000() -> None:
     assert [node.cpus for node in snap.numa_nodes] == ["0-31,64-95"]
     assert [(island.name, island.gpus) for island in islands(snap)] == [
         ("nvl0", (0, 1)),
-        ("nvl1", (2,)),
+        ("pcie0", (2,)),
     ]
 
 

@@ -24,6 +24,35 @@ def test_report_list_get_and_topology(client: TestClient) -> None:
     assert topo["text"].splitlines()[0].split("\t")[1] == "GPU0"
 
 
+def test_pcie_groups_are_named_as_such(client: TestClient) -> None:
+    add_nodes(client, ("pcie-8x-l40s", "l0"), ("workstation-2x-a6000", "w0"))
+    node = client.get("/v1/nodes/l0").json()
+    assert [(i["name"], i["kind"], i["gpus"]) for i in node["islands"]] == [
+        ("pcie0", "pcie", [0, 1, 2, 3]),
+        ("pcie1", "pcie", [4, 5, 6, 7]),
+    ]
+    assert [g["island"] for g in node["gpus"]] == ["pcie0"] * 4 + ["pcie1"] * 4
+    pair = client.get("/v1/nodes/w0").json()["islands"]
+    assert pair == [{"name": "nvl0", "gpus": [0, 1], "free": [0, 1], "kind": "nvlink"}]
+
+
+def test_mig_gpus_count_as_mig_and_a_refusal_says_how_many_whole_gpus(
+    client: TestClient,
+) -> None:
+    add_nodes(client, ("dgx-a100-mig", "m0"))
+    gpus = client.get("/v1/cluster").json()["gpus"]
+    assert (gpus["total"], gpus["healthy"], gpus["unhealthy"]) == (8, 8, 0)
+    assert gpus["mig_enabled"] == 4 and gpus["free"] == 4
+    refused = client.post("/v1/place", json={"gpus": 8})
+    assert refused.status_code == 422, refused.text
+    error = refused.json()["error"]
+    assert "the largest has 4" in error["message"] and "MIG mode" in error["message"]
+    assert "in total" not in refused.text
+    scored = client.post("/v1/score", json={"gpus": 8}).json()["nodes"]
+    assert [(n["node"], n["fits"]) for n in scored] == [("m0", False)]
+    assert scored[0]["message"].startswith("4 whole GPUs, fewer than 8 GPUs: the others are in MIG")
+
+
 def test_same_snapshot_again_is_idempotent_and_history_is_bounded(client: TestClient) -> None:
     snap = build_profile("hgx-h100", "h0")
     assert report(client, snap).json()["changed"] is True
