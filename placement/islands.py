@@ -19,8 +19,9 @@ from typing import Literal
 
 from placement.snapshot import NodeSnapshot
 
-NVLINK, PCIE = "nvlink", "pcie"
 GroupKind = Literal["nvlink", "pcie"]
+NVLINK: GroupKind = "nvlink"
+PCIE: GroupKind = "pcie"
 
 
 @dataclass(frozen=True, slots=True)
