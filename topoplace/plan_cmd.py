@@ -78,6 +78,14 @@ def run(args: argparse.Namespace) -> int:
         message = exc.errors()[0]["msg"] if isinstance(exc, ValidationError) else str(exc)
         print(f"topoplace plan: {message}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    if any(gpu.model == "unknown" for gpu in snapshot.gpus):
+        # The matrix names no model; say so once, where it does not mix with --json output.
+        print(
+            "topoplace plan: the topology names no GPU model, so the GPUs are model 'unknown'"
+            " (NVLink speeds of no GPU family); give --model MODEL, e.g. --model"
+            " 'Tesla V100-SXM2-32GB'",
+            file=sys.stderr,
+        )
     state = ClusterState()
     state.upsert(snapshot)
     state.allocate(snapshot.name, busy)

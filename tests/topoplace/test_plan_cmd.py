@@ -32,6 +32,9 @@ def test_plan_on_a_sample_by_name() -> None:
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert out["gpus"] == [0, 1, 2, 3] and "NUMA 0" in out["reason"]
+    assert "give --model MODEL" in proc.stderr
+    given = run("--topology", "pcie-8x-l40s", "--gpus", "4", "--model", "NVIDIA L40S")
+    assert given.returncode == 0 and given.stderr == ""
     proc = run("--topology", "no-such-sample", "--gpus", "1")
     assert proc.returncode == 2 and "sample name: dgx1-v100" in proc.stderr
 
@@ -66,7 +69,7 @@ def test_plan_on_snapshot_json(tmp_path: Path) -> None:
 def test_unschedulable_exits_nonzero_with_reason(dgx1_file: Path) -> None:
     proc = run("--topology", str(dgx1_file), "--gpus", "3", "--busy", "0,1,2,3,4,5")
     assert proc.returncode == 1
-    assert proc.stderr.strip() == "unschedulable: 1 node: fewer than 3 GPUs free"
+    assert proc.stderr.strip().splitlines()[-1] == "unschedulable: 1 node: fewer than 3 GPUs free"
 
 
 def test_bad_input_names_the_problem(tmp_path: Path) -> None:

@@ -402,6 +402,8 @@ _ANSI_RE = re.compile(r"\x1b\[[0-9;]*m")
 def _topology_dir() -> Path | None:
     here = Path(__file__).resolve()
     candidates = [os.environ.get("TOPOPLACE_TOPOLOGY_DIR", "")]
+    # The samples shipped in the package, so a fresh clone checks the profiles too.
+    candidates += [str(here.parents[3] / "topoplace_client" / "samples")]
     candidates += [str(p / "shared" / "data" / "topologies") for p in here.parents]
     for candidate in candidates:
         if candidate and Path(candidate, "README.md").is_file():
