@@ -63,3 +63,12 @@ def test_redoc_is_open_exactly_when_docs_is(tmp_path: Path) -> None:
         assert client.get("/docs").status_code == client.get("/redoc").status_code == 200
         rest = client.get("/v1/nodes")
         assert rest.status_code == 401, rest.text  # the rest still asks for a token
+
+
+def test_an_unknown_path_points_at_the_docs(tmp_path: Path) -> None:
+    with _client(tmp_path) as client:
+        token = {"Authorization": f"Bearer {TOKEN}"}
+        answer = client.get("/v1/no-such-thing", headers=token)
+        assert answer.status_code == 404
+        error = answer.json()["error"]
+        assert error["code"] == "not_found" and "/docs" in error["message"]
