@@ -110,6 +110,7 @@ REST_RULES: tuple[Rule, ...] = (
     Rule("GET", "/v1/nodes", V),
     Rule("GET", "/v1/nodes/{name}", V),
     Rule("GET", "/v1/nodes/{name}/topology", V),
+    Rule("GET", "/v1/nodes/{name}/topology.svg", V),
     Rule("GET", "/v1/nodes/{name}/snapshots", V),
     Rule("POST", "/v1/nodes/{name}/cordon", A),
     Rule("POST", "/v1/nodes/{name}/uncordon", A),
@@ -151,8 +152,12 @@ OPEN_PATHS = frozenset(
         "/docs/oauth2-redirect",
         "/redoc",
         "/openapi.json",
+        "/console",
     }
 )
+# The pages' scripts and styles, shipped in the package: they hold no data (the
+# console reads the API with the caller's own token).
+OPEN_PREFIXES = ("/assets/",)
 
 GRPC_SERVICE = "/topoplace.v1.Topoplace/"
 GRPC_RULES: dict[str, Permission] = {

@@ -18,6 +18,7 @@ from service import cluster_view, front_page, migrate
 from service.allocations import api as allocations
 from service.allocations import endpoints as allocation_routes
 from service.auth import REVOCATION_POLL_S, Authenticator, RequireToken, region_checker
+from service.console import endpoints as console_routes
 from service.db import checkpoint, make_engine
 from service.demo import heartbeat_demo_cluster, register_demo_cluster
 from service.direct_routes import DirectRoutes
@@ -175,6 +176,9 @@ def create_app(
         version="1",
         description="Topology-aware GPU placement: chooses the node and the exact GPUs.",
         lifespan=lifespan,
+        # Served from the package by service/console/, not from a CDN: see docs/console.md.
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.service = state
     app.state.token_check = token_check
@@ -184,6 +188,8 @@ def create_app(
     app.include_router(slurm_routes.router)
     app.include_router(k8s_routes.router)
     app.include_router(token_routes.router)
+    app.include_router(console_routes.router)
+    console_routes.mount_assets(app)
     app.include_router(front_page.router)
 
     async def _handled(_: Request, exc: Exception) -> JSONResponse:

@@ -1,8 +1,8 @@
 """GET /: where to go from here (the API's description, the health routes, the console).
 
 A person who opens the service's address in a browser gets a short page; a
-program gets the same links as JSON. The console is listed only when the
-application serves one: the route table is read at request time, so the
+program gets the same links as JSON. A page is listed only when the
+application serves it: the route table is read at request time, so the
 page never points at a path that would answer 404.
 """
 
@@ -13,7 +13,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, JSONResponse
-from starlette.routing import BaseRoute
+from starlette.routing import BaseRoute, Match
 
 router = APIRouter()
 
@@ -21,17 +21,19 @@ CONSOLE_PATH = "/console"
 
 
 def _serves(routes: list[BaseRoute], path: str) -> bool:
-    """Whether a route (or a mount) of the application answers ``path``."""
-    return any(getattr(route, "path", None) in (path, f"{path}/") for route in routes)
+    """Whether a route of the application (an included router's, a mount's) answers GET
+    ``path``: asked of the routes themselves, as the router would ask them."""
+    scope = {"type": "http", "method": "GET", "path": path, "root_path": "", "headers": []}
+    return any(route.matches(scope)[0] is Match.FULL for route in routes)
 
 
 def links(request: Request) -> dict[str, Any]:
+    """The pages the application serves, found in its route table (whoever serves them)."""
     app = request.app
     found: dict[str, Any] = {"service": "topoplace"}
-    if app.docs_url:
-        found["docs"] = app.docs_url
-    if app.redoc_url:
-        found["redoc"] = app.redoc_url
+    for key, path in (("docs", "/docs"), ("redoc", "/redoc")):
+        if _serves(app.routes, path):
+            found[key] = path
     if app.openapi_url:
         found["openapi"] = app.openapi_url
     found["health"] = ["/healthz", "/readyz"]

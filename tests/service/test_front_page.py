@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from fastapi import FastAPI
 from fastapi.responses import PlainTextResponse
 from fastapi.testclient import TestClient
 
+from service import front_page
 from service.access import OPEN_PATHS
 from service.app import create_app
 from service.settings import Settings
@@ -30,9 +32,10 @@ def test_json_for_a_program_without_a_token(tmp_path: Path) -> None:
             "redoc": "/redoc",
             "openapi": "/openapi.json",
             "health": ["/healthz", "/readyz"],
+            "console": "/console",
         }
         # Every link it gives is open too.
-        for path in ("/docs", "/redoc", "/openapi.json", "/healthz", "/readyz"):
+        for path in ("/docs", "/redoc", "/openapi.json", "/healthz", "/readyz", "/console"):
             assert client.get(path).status_code == 200, path
 
 
@@ -41,14 +44,20 @@ def test_a_page_for_a_browser(tmp_path: Path) -> None:
         answer = client.get("/", headers={"Accept": "text/html,application/xhtml+xml"})
         assert answer.status_code == 200 and answer.headers["content-type"].startswith("text/html")
         assert '<a href="/docs">' in answer.text and '<a href="/healthz">' in answer.text
-        assert "/console" not in answer.text
+        assert '<a href="/console">console</a>' in answer.text
 
 
-def test_the_console_is_linked_only_when_the_app_serves_it(tmp_path: Path) -> None:
-    with _client(tmp_path) as client:
-        assert "console" not in client.get("/").json()
+def test_pages_are_linked_only_when_the_app_serves_them() -> None:
+    # The front page in an application of its own, without a console: none is linked ...
+    bare = FastAPI()
+    bare.include_router(front_page.router)
+    with TestClient(bare) as client:
+        found = client.get("/").json()
+        assert "console" not in found and found["docs"] == "/docs"
+        assert "/console" not in client.get("/", headers={"Accept": "text/html"}).text
 
-        @client.app.get("/console", include_in_schema=False)  # type: ignore[attr-defined]
+        # ... and once the application serves one (decided per request), it is.
+        @bare.get("/console", include_in_schema=False)
         def console() -> PlainTextResponse:
             return PlainTextResponse("console")
 
