@@ -133,6 +133,10 @@ REST_RULES: tuple[Rule, ...] = (
     Rule("POST", "/k8s/v1/prioritize", S),
     Rule("POST", "/k8s/v1/bind", S),
     Rule("POST", "/k8s/v1/preempt", S),
+    # The device plugin, with its node's agent token; a difference log for people.
+    Rule("GET", "/v1/nodes/{name}/k8s/reservations", R),
+    Rule("POST", "/v1/nodes/{name}/k8s/devices", R),
+    Rule("GET", "/v1/k8s/mismatches", V),
     # tokens
     Rule("POST", "/v1/tokens", A),
     Rule("GET", "/v1/tokens", A),

@@ -27,6 +27,7 @@ from service.edge.guard import RequestGuard
 from service.edge.rate_limit import RateLimit, RateLimiter
 from service.event_loop import off_loop
 from service.grpc.server import start_grpc
+from service.k8s import device_routes as k8s_device_routes
 from service.k8s import endpoints as k8s_routes
 from service.nodes import endpoints as node_routes
 from service.notify import Listener, psycopg_dsn
@@ -187,6 +188,7 @@ def create_app(
     app.include_router(cluster_view.router)
     app.include_router(slurm_routes.router)
     app.include_router(k8s_routes.router)
+    app.include_router(k8s_device_routes.router)
     app.include_router(token_routes.router)
     app.include_router(console_routes.router)
     console_routes.mount_assets(app)
