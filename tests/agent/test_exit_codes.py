@@ -115,3 +115,13 @@ def test_4_discovery_cannot_start(capsys: pytest.CaptureFixture[str]) -> None:
         pytest.skip("this machine has an NVIDIA driver, so NVML discovery starts")
     assert main(["agent", "--node-name", "n1", "--once"]) == 4
     assert "NVML cannot be initialised" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("source", ["sim:nope", "bogus", "smi:/no/such/file.txt"])
+def test_2_bad_source_for_the_device_plugin_too(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, source: str
+) -> None:
+    args = ["device-plugin", "--source", source, "--node-name", "n1"]
+    args += ["--server", "http://127.0.0.1:9", "--kubelet-dir", str(tmp_path)]
+    assert main(args) == 2
+    assert "--source" in capsys.readouterr().err
