@@ -9,6 +9,7 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
+import httpx
 import sqlalchemy as sa
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -26,6 +27,9 @@ from service.edge.faults import FaultBarrier
 from service.edge.guard import RequestGuard
 from service.edge.rate_limit import RateLimit, RateLimiter
 from service.event_loop import off_loop
+from service.federation import endpoints as federation_routes
+from service.federation.pusher import SummaryPusher
+from service.federation.registry import Registry
 from service.grpc.server import start_grpc
 from service.k8s import device_routes as k8s_device_routes
 from service.k8s import endpoints as k8s_routes
@@ -139,6 +143,10 @@ def create_app(
     state = ServiceState(settings, engine, clock)
     token_check = Authenticator(engine, settings.static_tokens(), insecure=settings.insecure_dev)
     limiter = RateLimiter(settings.rate_limit_per_s, settings.rate_limit_burst)
+    # A region's service pushes its summary to a global one (docs/federation.md); the
+    # key and token are read now, so that `serve` refuses a bad one before it starts.
+    pusher = SummaryPusher(state, settings) if settings.federation_global else None
+    federation_client = httpx.AsyncClient(trust_env=False)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -155,9 +163,19 @@ def create_app(
         app.state.grpc = await off_loop(start_grpc, state, token_check, limiter)
         task = asyncio.create_task(_background(state, demo_nodes)) if background else None
         revocations = asyncio.create_task(_forget_revoked(token_check))
+        pushing = asyncio.create_task(pusher.run()) if pusher is not None else None
+        following = asyncio.create_task(app.state.federation.follow())
         try:
             yield
         finally:
+            following.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await following
+            if pushing is not None:
+                pushing.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await pushing
+            await federation_client.aclose()
             revocations.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await revocations
@@ -183,6 +201,9 @@ def create_app(
     )
     app.state.service = state
     app.state.token_check = token_check
+    app.state.federation = Registry(engine, settings.federation_stale_s, clock)
+    app.state.federation_client = federation_client
+    app.state.pusher = pusher
     app.include_router(node_routes.router)
     app.include_router(allocation_routes.router)
     app.include_router(cluster_view.router)
@@ -192,6 +213,7 @@ def create_app(
     app.include_router(token_routes.router)
     app.include_router(console_routes.router)
     console_routes.mount_assets(app)
+    app.include_router(federation_routes.router)
     app.include_router(front_page.router)
 
     async def _handled(_: Request, exc: Exception) -> JSONResponse:

@@ -231,13 +231,23 @@ class Authenticator:
         permission: Permission,
         node: str | None,
         node_region: str | None,
+        path_region: str | None = None,
     ) -> None:
-        """Raise :class:`Forbidden` unless ``principal`` may do this to ``node``."""
+        """Raise :class:`Forbidden` unless ``principal`` may do this to ``node`` (or, for a
+        region's summary, to the region its path names)."""
         if permission not in access.GRANTS[principal.role]:
             roles = " or ".join(r.value for r in access.roles_with(permission))
             raise Forbidden(
                 f"this call needs the {roles} role; the token has the {principal.role} role",
                 {"needed": [r.value for r in access.roles_with(permission)]},
+            )
+        if principal.role is Role.REGION:
+            if path_region is not None and path_region == principal.region:
+                return
+            raise Forbidden(
+                f"this region token may only push the summary of region {principal.region!r},"
+                f" not of {path_region!r}",
+                {"region": path_region},
             )
         if principal.role is not Role.AGENT or permission is not Permission.REPORT:
             return
@@ -342,7 +352,7 @@ class RequireToken:
                 # A key comes before a node's first snapshot: a region token may register
                 # one for a node not yet known (its snapshot must then be in the region).
                 region = principal.region
-            self.check.authorize(principal, match.permission, node, region)
+            self.check.authorize(principal, match.permission, node, region, match.region)
             return receive
         # A region-scoped agent's snapshot: the node must be in the region now (if known)
         # and stay in it, so the body is read here (bounded) and handed on unchanged.

@@ -148,7 +148,8 @@ node_keys = sa.Table(
 )
 
 # API tokens (service/tokens/): only the scrypt hash of each secret is kept. The
-# scope is JSON ({"nodes": [...], "region": ...}) and empty for every role but agent.
+# scope is JSON ({"nodes": [...], "region": ...}) and empty for every role but agent
+# and region.
 api_tokens = sa.Table(
     "api_tokens",
     metadata,
@@ -160,6 +161,41 @@ api_tokens = sa.Table(
     sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
     sa.Column("revoked_at", sa.DateTime(timezone=True), nullable=True),
     sa.CheckConstraint(
-        "role IN ('agent', 'scheduler', 'viewer', 'admin')", name="ck_api_tokens_role"
+        "role IN ('agent', 'region', 'scheduler', 'viewer', 'admin')", name="ck_api_tokens_role"
     ),
+)
+
+# Federation (service/federation/): the regions a global service routes to. Prices,
+# egress and labels are JSON; ``summary`` is the latest signed summary the region
+# pushed (its seq only grows). ``forward_token`` is the token the global service
+# presents to the region's own service when it forwards a placement.
+regions = sa.Table(
+    "regions",
+    metadata,
+    sa.Column("name", sa.String(63), primary_key=True),
+    sa.Column("cloud", sa.String(63), nullable=False),
+    sa.Column("location", sa.String(128), nullable=False, server_default=""),
+    sa.Column("url", sa.Text, nullable=False),
+    sa.Column("public_key", sa.Text, nullable=False),
+    sa.Column("forward_token", sa.Text, nullable=True),
+    sa.Column("token_id", sa.String(32), nullable=False),
+    sa.Column("prices", sa.Text, nullable=False),
+    sa.Column("egress", sa.Text, nullable=False),
+    sa.Column("labels", sa.Text, nullable=False, server_default="{}"),
+    sa.Column("registered_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("retired_at", sa.DateTime(timezone=True), nullable=True),
+    sa.Column("summary", sa.Text, nullable=True),
+    sa.Column("summary_seq", sa.BigInteger, nullable=True),
+    sa.Column("summary_at", sa.DateTime(timezone=True), nullable=True),
+)
+
+# Which region each Idempotency-Key went to: the same key retried goes there again,
+# where the region's own service answers with the allocation it already made.
+federation_forwards = sa.Table(
+    "federation_forwards",
+    metadata,
+    sa.Column("idempotency_key", sa.String(256), primary_key=True),
+    sa.Column("region", sa.String(63), nullable=False),
+    sa.Column("gpu_model", sa.String(128), nullable=False),  # what the forward asked for
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
 )

@@ -19,6 +19,7 @@ from topoplace import (
     openapi_cmd,
     plan_cmd,
     profiles_cmd,
+    region_cmd,
     samples_cmd,
     serve_cmd,
     sim_cmd,
@@ -53,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     openapi_cmd.add_parser(sub)
     client_cmd.add_parsers(sub)
     token_cmd.add_parser(sub)
+    region_cmd.add_parser(sub)
     for add_parser in plugin_commands():
         add_parser(sub)
     slurm_cmd.add_parser(sub)

@@ -17,7 +17,7 @@ from topoplace import client_cmd
 if TYPE_CHECKING:
     from topoplace_client.api import TopoplaceClient
 
-ROLES = ("agent", "scheduler", "viewer", "admin")
+ROLES = ("agent", "region", "scheduler", "viewer", "admin")
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -35,7 +35,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     create.add_argument(
         "--node", action="append", default=[], metavar="NODE", help="agent: a node (repeatable)"
     )
-    create.add_argument("--region", metavar="REGION", help="agent: every node of this region")
+    create.add_argument(
+        "--region",
+        metavar="REGION",
+        help="agent: every node of this region; region: its own region",
+    )
     create.add_argument("--name", default="", help="what the token is for")
     create.add_argument(
         "--database-url",

@@ -370,3 +370,34 @@ class TopoplaceClient:
     def revoke_token(self, token_id: str) -> None:
         """DELETE /v1/tokens/{id} (204): refused everywhere within a second."""
         self._request("DELETE", f"/v1/tokens/{_segment(token_id)}")
+
+    # -- federation (a global service) ----------------------------------------
+
+    def register_region(self, body: Mapping[str, Any]) -> JSONObject:
+        """POST /v1/regions: the region, its region token in ``token`` (shown only now)."""
+        return self._post("/v1/regions", dict(body))
+
+    def regions(self, include_retired: bool = False) -> JSONObject:
+        """GET /v1/regions: ``{"regions": [...]}``."""
+        return self._get("/v1/regions", {"retired": "true"} if include_retired else None)
+
+    def region(self, name: str) -> JSONObject:
+        return self._get(f"/v1/regions/{_segment(name)}")
+
+    def retire_region(self, name: str, *, force: bool = False) -> JSONObject:
+        """POST /v1/regions/{name}/retire: refused (409 region_busy) with live allocations
+        unless ``force``."""
+        path = f"/v1/regions/{_segment(name)}/retire"
+        params = {"force": "true"} if force else None
+        return self._object(self._request("POST", path, params=params))
+
+    def federation_place(
+        self, request: Mapping[str, Any], idempotency_key: str | None = None
+    ) -> JSONObject:
+        """POST /v1/federation/place: the region, node, GPUs, cost and alternatives."""
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
+        return self._post("/v1/federation/place", dict(request), headers=headers)
+
+    def federation_score(self, request: Mapping[str, Any]) -> JSONObject:
+        """POST /v1/federation/score: every region's candidate, best first."""
+        return self._post("/v1/federation/score", dict(request))
