@@ -13,6 +13,13 @@ it keeps increasing across restarts without a state file; if the service
 says a seq went back (its clock-independent check), the agent continues
 from the service's stored seq + 1.
 
+The key is registered before the first report and again whenever the
+service has forgotten the node or its key (a heartbeat answered 404, a
+snapshot refused with ``node_key_required``). A key the service refuses (a
+different one holds the name, or only an admin may register a first key)
+stops reporting until it is fixed, with an error naming the fixing command,
+logged at most every ``KEY_ERROR_EVERY_S``.
+
 Nothing the service does stops the agent: an unreachable or failing
 service, or a refusal, is logged and retried with exponential backoff and
 jitter. A round whose discovery fails as a whole sends no heartbeat either,
@@ -37,6 +44,14 @@ from placement.snapshot import NodeSnapshot
 from topoplace_client.api import ApiError, JSONObject, ServiceUnreachable
 
 log = logging.getLogger("topoplace.agent")
+
+# A key the service refuses is logged as an error at most this often (seconds).
+KEY_ERROR_EVERY_S = 300.0
+
+
+class KeyRefused(Exception):
+    """The service refuses the node's key (another key holds the name, or only an admin may
+    register a first key); the message says what fixes it."""
 
 
 class AgentClient(Protocol):
@@ -93,6 +108,7 @@ class Agent:
         interval_s: float,
         backoff: Backoff,
         clock: Callable[[], float] = time.time,
+        key_hint: str | None = None,
     ) -> None:
         self.source = source
         self.client = client
@@ -105,6 +121,9 @@ class Agent:
         self.acked: str | None = None  # content hash the service last acknowledged
         self.pending: SignedReport | None = None
         self.key_registered = False
+        # How the fixing command names the key (``@PATH.pub``); else the key itself.
+        self.key_hint = key_hint
+        self.key_problem_logged_at: float | None = None
 
     # -- one round -------------------------------------------------------------
 
@@ -121,6 +140,8 @@ class Agent:
         except ServiceUnreachable as exc:
             log.warning("%s; retrying", exc)
             return self.backoff.next()
+        except KeyRefused as exc:
+            return self._key_not_accepted(exc)
         except ApiError as exc:
             return self._refused(exc)
         except Exception:
@@ -135,14 +156,41 @@ class Agent:
         try:
             self.client.put_node_key(self.name, self.key.public_key)
         except ApiError as exc:
-            if exc.code != "conflict":
-                raise
-            # Registration is trust on first use: another key owns this name.
-            # Snapshots are still sent; verifying services will refuse them.
-            log.error(
-                "the service holds a different public key for node %s: %s", self.name, exc.message
-            )
+            raise self._key_refusal(exc) from None
+        if self.key_problem_logged_at is not None:
+            log.info("public key of node %s registered", self.name)
+            self.key_problem_logged_at = None
         self.key_registered = True
+
+    def _key_refusal(self, exc: ApiError) -> Exception:
+        """The refusal of a key registration as a KeyRefused naming the command that fixes it."""
+        key = self.key_hint or self.key.public_key
+        if exc.code == "conflict" and exc.detail.get("field") == "public_key":
+            return KeyRefused(
+                f"the service holds a different public key for node {self.name}, so it refuses"
+                " this agent's snapshots (was the node reinstalled, or does another machine"
+                " use this name?); if this agent's key is the node's now, an admin replaces the"
+                f" old one: topoplace node-key {self.name} --register {key} --replace"
+            )
+        if exc.status == 403 and exc.code == "forbidden":
+            return KeyRefused(
+                f"node {self.name} has no registered public key and this service lets only an"
+                f" admin register a node's first key: an admin runs topoplace node-key"
+                f" {self.name} --register {key} (or the service trusts on first use:"
+                f" TOPOPLACE_TRUST_ON_FIRST_USE=true); the service said: {exc.message}"
+            )
+        return exc
+
+    def _key_not_accepted(self, exc: KeyRefused) -> float:
+        """Loud, but once per KEY_ERROR_EVERY_S: the agent retries every round until it is fixed."""
+        now = self.clock()
+        last = self.key_problem_logged_at
+        if last is None or now - last >= KEY_ERROR_EVERY_S:
+            log.error("%s; nothing is reported until then (retrying)", exc)
+            self.key_problem_logged_at = now
+        else:
+            log.debug("%s", exc)
+        return self.backoff.next()
 
     def _report(self, snap: NodeSnapshot) -> None:
         digest = content_hash(snap)
@@ -153,9 +201,12 @@ class Agent:
             except ApiError as exc:
                 if exc.code != "not_found":
                     raise
-                # The service forgot the node (deleted, or a new database): report it again.
+                # The service forgot the node (deleted, or a new database): register the
+                # key again (a new database has none) and report the node again.
                 log.warning("the service does not know node %s; sending the snapshot", self.name)
                 self.acked = None
+                self.key_registered = False
+                self._register_key()
         self._send(snap, digest)
 
     def _send(self, snap: NodeSnapshot, digest: str) -> JSONObject:
@@ -166,7 +217,8 @@ class Agent:
         return answer
 
     def send_once(self) -> JSONObject:
-        """Register the key and send the snapshot now; errors are raised, not retried."""
+        """Register the key and send the snapshot now; errors (``KeyRefused`` among them)
+        are raised, not retried."""
         snap = self.source.read()
         self._register_key()
         return self._send(snap, content_hash(snap))
@@ -183,6 +235,11 @@ class Agent:
         return self.pending
 
     def _refused(self, exc: ApiError) -> float:
+        if exc.code == "node_key_required":
+            # The service has no key for the node (e.g. its database was reset): register again.
+            log.warning("the service has no public key for node %s; registering it", self.name)
+            self.key_registered = False
+            return 0.0
         seq_refused = exc.code in ("conflict", "replayed_snapshot")
         if seq_refused and exc.detail.get("field") == "snapshot.seq":
             # The service holds this seq or a later one (our clock went back,
