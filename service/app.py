@@ -233,6 +233,9 @@ def create_app(
         ready: dict[str, Any] = {"status": "ready", "nodes": len(state.cluster)}
         if settings.insecure_dev:
             ready["insecure"] = True  # callers without a token are admins
+        k8s = getattr(app.state, "k8s", None)
+        if k8s is not None:  # the pod watch: says when the Kubernetes API is unreachable
+            ready["kubernetes"] = k8s.health()
         return ready
 
     return app

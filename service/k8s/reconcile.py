@@ -9,12 +9,18 @@ when none of its members is left. Reservations younger than
 ``reconcile_grace_s`` are left alone (their bind may still be running), and
 a pending reservation whose pod is bound to its node is confirmed (the bind
 could not confirm it, e.g. the database blinked).
+
+With the pod watch on (pod_watch.py) the reconciler is its backstop: what
+it still finds to release is what no watch saw (a pod deleted while no
+replica was watching, a bind that reserved but never reached its pod). It
+counts those (:class:`Backstop`, on /readyz) and says so in the log.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -91,12 +97,34 @@ def reconcile_once(
     return released
 
 
+@dataclass(slots=True)
+class Backstop:
+    """What the reconciler's passes did: with a watch running, ``fixed`` should stay 0."""
+
+    passes: int = 0
+    fixed: int = 0
+
+
 async def reconcile_forever(
-    state: ServiceState, kube: KubeApi, gangs: GangCoordinator, interval_s: float, grace_s: float
+    state: ServiceState,
+    kube: KubeApi,
+    gangs: GangCoordinator,
+    interval_s: float,
+    grace_s: float,
+    backstop: Backstop | None = None,
 ) -> None:
+    counts = backstop if backstop is not None else Backstop()
     while True:
         await asyncio.sleep(interval_s)
         try:
-            await off_loop(reconcile_once, state, kube, gangs, grace_s)
+            released = await off_loop(reconcile_once, state, kube, gangs, grace_s)
+            counts.passes += 1
+            counts.fixed += len(released)
+            if released and backstop is not None:
+                log.warning(
+                    "the reconciler released %d reservations the pod watch had not: %s",
+                    len(released),
+                    ", ".join(released),
+                )
         except Exception:  # the loop must outlive an API server or database hiccup
             log.exception("reconcile failed; retrying in %.0f s", interval_s)
