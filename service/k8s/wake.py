@@ -64,6 +64,7 @@ class WakeUp:
         self.check_s = check_s
         self.wake_ups = 0  # completed: every known node patched once
         self.patched = 0
+        self.checks = 0  # readiness checks made
         self._left: list[str] | None = None  # nodes still to patch in this wake-up
         self._value = ""
 
@@ -71,6 +72,7 @@ class WakeUp:
         was_ready = False
         while True:
             ready = await off_loop(self.ready, self.state)
+            self.checks += 1
             if ready and not was_ready:
                 with self.state.lock:
                     self._left = list(self.state.cluster.names())
