@@ -202,15 +202,15 @@ def main() -> None:
         )
         for size in (12, 500):
             names = [f"h100-{i:04d}" for i in range(size)]
-            count = min(pods, size * 8 - 8)  # one GPU each: the fleet never fills
+            count = min(pods, size * 8 - 16)  # one GPU each, warm-up too: the fleet never fills
             url = f"sqlite:///{Path(tmp) / f'serve-{size}.sqlite3'}"
             seed(url, _fleet(size))
             with _thread_server(_nothing_extender(api_port)) as port:
                 base = f"http://127.0.0.1:{port}"
-                schedule(base, names, 10)  # warm-up
+                schedule(base, names, 5)  # warm-up
                 nothing = _summary(schedule(base, names, count))
             with serve(url) as (base, _pid):
-                schedule(base, names, 10)
+                schedule(base, names, 5)
                 topoplace = _summary(schedule(base, names, count))
             results[size] = {"do-nothing": nothing, "topoplace": topoplace}
     print(f"{'nodes':>5} {'extender':<11} {'pods/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'mean ms':>8}")

@@ -4,8 +4,9 @@ Every ``reconcile_interval_s`` the reconciler reads the live reservations the
 extender made (owner ``k8s-pod:...`` or ``k8s-gang:...``), then lists the
 pods that have not finished, in that order: a reservation read before the
 list belongs to a pod that existed before it, so a live pod is never missed.
-A pod's reservation is released when no unfinished pod has its UID; a gang's
-when none of its members is left. Reservations younger than
+A pod's reservation is released when no unfinished pod has its UID, or
+when its pod is still unbound (the bind reserved, then died before the
+Binding); a gang's when none of its members is left. Reservations younger than
 ``reconcile_grace_s`` are left alone (their bind may still be running), and
 a pending reservation whose pod is bound to its node is confirmed (the bind
 could not confirm it, e.g. the database blinked).
@@ -86,6 +87,11 @@ def reconcile_once(
             continue
         bound_to = (pod.get("spec") or {}).get("nodeName")
         notes = (pod.get("metadata") or {}).get("annotations") or {}
+        if not bound_to and not young:
+            # Reserved (active at once) but the Binding never happened: the process died
+            # between the two. The pod's next bind reserves again.
+            released += allocations.release(state, allocation.id).ids
+            continue
         if (
             allocation.state == "pending"
             and bound_to == allocation.tasks[0].node
