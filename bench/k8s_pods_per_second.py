@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import sqlalchemy as sa
 
 from bench.k8s_objects import binding_args, names_args, pod
 from bench.machine import describe
@@ -172,6 +173,15 @@ def _kubeconfig(path: Path, api_port: int) -> None:
     )
 
 
+def _fresh_postgres(server_url: str, name: str) -> str:
+    admin = sa.create_engine(server_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    admin.dispose()
+    return sa.make_url(server_url).set(database=name).render_as_string(hide_password=False)
+
+
 def _summary(times: list[float]) -> dict[str, float]:
     ordered = sorted(times)
     verbs = {f"{v}_p50_ms": statistics.median(t) * 1000 for v, t in VERBS.items()}
@@ -187,6 +197,12 @@ def _summary(times: list[float]) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer pods")
+    parser.add_argument(
+        "--postgres",
+        metavar="URL",
+        help="an empty Postgres database per fleet size is made on this server (URL of"
+        " any database on it); default SQLite files",
+    )
     args = parser.parse_args()
     pods = 60 if args.quick else 300
     print(describe())
@@ -203,7 +219,11 @@ def main() -> None:
         for size in (12, 500):
             names = [f"h100-{i:04d}" for i in range(size)]
             count = min(pods, size * 8 - 16)  # one GPU each, warm-up too: the fleet never fills
-            url = f"sqlite:///{Path(tmp) / f'serve-{size}.sqlite3'}"
+            url = (
+                _fresh_postgres(args.postgres, f"k8s_pods_bench_{size}")
+                if args.postgres
+                else f"sqlite:///{Path(tmp) / f'serve-{size}.sqlite3'}"
+            )
             seed(url, _fleet(size))
             with _thread_server(_nothing_extender(api_port)) as port:
                 base = f"http://127.0.0.1:{port}"

@@ -23,7 +23,8 @@ class ExtenderSettings(BaseSettings):
     bind_ttl_s: float = Field(
         default=120.0,
         gt=0,
-        description="a pod's reservation is pending for this long while its Binding is created",
+        description="the TTL a pod's reservation had when binds made it pending until confirmed;"
+        " a pod's reservation is now active at once (kept so existing settings still load)",
     )
     gang_ttl_s: float = Field(
         default=600.0,
