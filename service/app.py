@@ -195,7 +195,7 @@ def create_app(
 
     # Innermost first: the direct routes run behind the request checks and the token
     # check; a fault anywhere inside is answered by the barrier, outermost.
-    app.add_middleware(DirectRoutes, routes=slurm_routes.DIRECT)
+    app.add_middleware(DirectRoutes, routes={**slurm_routes.DIRECT, **k8s_routes.DIRECT})
     app.add_middleware(
         RequestGuard,
         max_body_bytes=settings.max_body_bytes,

@@ -128,3 +128,12 @@ async def preempt(request: Request) -> Response:
     """Keep only the nodes where evicting the proposed victims lets the pod fit."""
     body = await request.body()
     return _json(await off_loop(_extender(request).preempt, body))
+
+
+# kube-scheduler blocks on these for every GPU pod, one pod after another: they are served
+# before FastAPI's router (service/direct_routes.py); the routes above document them.
+DIRECT = {
+    ("POST", f"{PREFIX}/filter"): filter_nodes,
+    ("POST", f"{PREFIX}/prioritize"): prioritize,
+    ("POST", f"{PREFIX}/bind"): bind,
+}

@@ -22,7 +22,7 @@ node per task) and every member is assigned a task of it, once, and
 filtered onto exactly that task's node; the first bind reserves that plan
 (candidates: the plan's nodes), and later members claim the tasks on the
 nodes they were assigned. A plan nobody reserved is made again after
-``PLAN_HOLD_S`` without use.
+``PLAN_HOLD_S`` in which no member passed filter on it.
 """
 
 from __future__ import annotations
@@ -174,8 +174,10 @@ class GangCoordinator:
             now = time.monotonic()
             plan = known.plan
             if plan is not None and now - known.used_at <= PLAN_HOLD_S:
-                known.used_at = now
-                return self._assign(known, gang.name, pod.uid, names, Counter(plan), "placement")
+                judged = self._assign(known, gang.name, pod.uid, names, Counter(plan), "placement")
+                if judged.passing:  # a plan whose nodes kube no longer offers ages out
+                    known.used_at = now
+                return judged
         request = pod.gang_request().model_copy(update={"nodes": tuple(names)})
         with self.state.lock:
             self.state.refresh_if_due()
