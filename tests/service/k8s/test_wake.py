@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from typing import Any
 
 from fastapi.testclient import TestClient
 
-from service.k8s.wake import WAKE_LABEL
+from service.k8s.wake import WAKE_LABEL, WakeUp
 from service.settings import Settings
 from tests.service.conftest import FakeClock
 from tests.service.helpers import add_nodes
@@ -66,3 +68,40 @@ def test_a_wake_up_the_api_server_refused_is_finished_later(
         api.refuse = False
         wait_until(lambda: _k8s(client).wake.wake_ups == 1, "the wake-up")
     assert sorted(name for name, _ in api.patches) == ["h100-a", "h100-b"]
+
+
+class _Done(Exception):
+    pass
+
+
+class _Stream:
+    def __init__(self) -> None:
+        self.labelled: list[str] = []
+
+    async def label_node(self, name: str, key: str, value: str) -> bool:
+        self.labelled.append(name)
+        return True
+
+
+def test_each_return_to_ready_wakes_once(settings: Settings, clock: FakeClock, api: FakeApiServer):
+    # Ready, then the database gone for two checks, then back: two wake-ups, not one a check.
+    _fleet(settings, clock, api)
+    with live_app(settings, clock, api) as client:
+        state = client.app.state.service  # type: ignore[attr-defined]
+    answers = [True, True, False, False, True, True, True]
+
+    def ready(_: object) -> bool:
+        if not answers:
+            raise _Done
+        return answers.pop(0)
+
+    stream = _Stream()
+    wake = WakeUp(state, stream, rate_per_s=1000, ready=ready, check_s=0)  # type: ignore[arg-type]
+
+    async def until_done() -> None:
+        with contextlib.suppress(_Done):
+            await wake.run()
+
+    asyncio.run(until_done())
+    assert wake.wake_ups == 2
+    assert sorted(stream.labelled) == sorted(["h100-a", "h100-b", "lab-1"] * 2)
