@@ -55,9 +55,21 @@ def _bind_later(
     return thread
 
 
-def test_members_filtered_during_binds_get_their_own_task(client: TestClient, api: FakeApiServer):
-    members = [api.add(pod(f"trio-{i}", 8, annotations=TRIO)) for i in range(3)]
-    candidates = list(NODES)
+@pytest.mark.parametrize("size", [3, 12])
+def test_members_filtered_during_binds_get_their_own_task(
+    settings: Settings, clock: FakeClock, api: FakeApiServer, size: int
+):
+    nodes = [f"h100-{i:02d}" for i in range(size + 2)]
+    notes = {**TRIO, "topoplace.io/gang-size": str(size)}
+    with live_app(settings, clock, api, watch=False) as client:
+        add_nodes(client, *(("hgx-h100", n) for n in nodes))
+        members = [api.add(pod(f"trio-{i}", 8, annotations=notes)) for i in range(size)]
+        _all_bind_first_time(client, api, members, nodes)
+
+
+def _all_bind_first_time(
+    client: TestClient, api: FakeApiServer, members: list[dict[str, Any]], candidates: list[str]
+) -> None:
     chosen: list[str] = []
     errors: list[str] = []
     threads: list[threading.Thread] = []
@@ -78,8 +90,8 @@ def test_members_filtered_during_binds_get_their_own_task(client: TestClient, ap
     api.bind_gate.set()
     for thread in threads:
         thread.join(timeout=30)
-    assert errors == ["", "", ""]  # no member refused at bind
-    assert len(set(chosen)) == 3
+    assert errors == [""] * len(members)  # no member refused at bind
+    assert len(set(chosen)) == len(members)
     (gang,) = client.get("/v1/allocations", params={"job_id": "k8s-gang:ml-team/trio"}).json()[
         "allocations"
     ]
