@@ -237,7 +237,7 @@ def create_app(
 
     # Innermost first: the direct routes run behind the request checks and the token
     # check; a fault anywhere inside is answered by the barrier, outermost.
-    app.add_middleware(DirectRoutes, routes=slurm_routes.DIRECT)
+    app.add_middleware(DirectRoutes, routes={**slurm_routes.DIRECT, **k8s_routes.DIRECT})
     app.add_middleware(
         RequestGuard,
         max_body_bytes=settings.max_body_bytes,
@@ -275,6 +275,9 @@ def create_app(
         ready: dict[str, Any] = {"status": "ready", "nodes": len(state.cluster)}
         if settings.insecure_dev:
             ready["insecure"] = True  # callers without a token are admins
+        k8s = getattr(app.state, "k8s", None)
+        if k8s is not None:  # the pod watch: says when the Kubernetes API is unreachable
+            ready["kubernetes"] = k8s.health()
         return ready
 
     return app

@@ -119,9 +119,11 @@ def placing(
     return placed
 
 
-def place(state: ServiceState, body: PlaceRequest, idempotency_key: str | None) -> Placed:
+def place(
+    state: ServiceState, body: PlaceRequest, idempotency_key: str | None, active: bool = False
+) -> Placed:
     """Choose and reserve, blocking on the database (worker threads: gRPC, Kubernetes)."""
-    return run(state, placing(state, body, idempotency_key))
+    return run(state, placing(state, body, idempotency_key, active))
 
 
 async def place_async(

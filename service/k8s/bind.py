@@ -3,8 +3,11 @@
 Order matters. The reservation comes first (the database refuses a GPU held
 twice), then the Binding; if the Binding fails the reservation is released,
 so a pod never runs on GPUs nobody holds and GPUs are never held for a pod
-that did not bind. Once bound, the reservation is confirmed (it never
-expires; the reconciler releases it when the pod ends).
+that did not bind. A pod's reservation is made active at once (one database
+transaction on the bind's path, not a pending one and then a confirm): if
+the Binding fails it is released here, and if the process dies between the
+two, the reconciler releases it once its pod is still unbound after the
+grace. A gang's reservation is pending until its first member binds.
 
 Retries never double-book: a pod's reservations carry its UID as job id and
 an Idempotency-Key made of the UID and the number of reservations it had
@@ -109,7 +112,7 @@ def bind_pod(state: ServiceState, kube: KubeApi, pod: PodRequest, node: str, ttl
         )
         try:
             key = f"k8s-pod:{pod.uid}:{len(earlier)}"
-            allocation = allocations.place(state, body, key).allocation
+            allocation = allocations.place(state, body, key, active=True).allocation
         except ServiceError as exc:
             return f"{PREFIX}cannot reserve GPUs on {node}: {exc.message}"
     refused = create_binding(kube, pod, node, binding_annotations(allocation, allocation.tasks))

@@ -11,7 +11,8 @@ they run on a worker thread.
 The router's lifespan builds the :class:`Extender` (settings from
 ``TOPOPLACE_K8S_*``, or ``app.state.k8s_settings`` / ``app.state.k8s_api``
 when a caller set them), opens ``/k8s/`` to callers without a token when
-``TOPOPLACE_K8S_EXTENDER_OPEN`` says so, and runs the reconciler.
+``TOPOPLACE_K8S_EXTENDER_OPEN`` says so, and runs the pod watch
+(pod_watch.py), the reconciler behind it and the wake-up (wake.py).
 """
 
 from __future__ import annotations
@@ -25,9 +26,11 @@ from fastapi import APIRouter, FastAPI, Request, Response
 
 from service.event_loop import off_loop
 from service.k8s.extender import Extender
-from service.k8s.kube_api import KubeConfigError
+from service.k8s.kube_api import KubeConfigError, PodStream
+from service.k8s.pod_watch import PodWatcher
 from service.k8s.reconcile import reconcile_forever
 from service.k8s.settings import ExtenderSettings
+from service.k8s.wake import WakeUp
 from service.k8s.wire import (
     BINDING_ARGS_SCHEMA,
     EXTENDER_ARGS_SCHEMA,
@@ -51,20 +54,31 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.token_check.open_prefix("/k8s/")
         log.warning("the /k8s/ extender routes accept callers without a token")
     tasks: list[asyncio.Task[None]] = []
-    if settings.reconcile_interval_s > 0:
+    stream: PodStream | None = None
+    if settings.reconcile_interval_s > 0 or settings.watch or settings.wake_nodes:
         try:
             kube = await off_loop(extender.kube)
         except KubeConfigError as exc:
-            log.warning("no Kubernetes API (%s): bind will fail and nothing is reconciled", exc)
+            log.warning("no Kubernetes API (%s): bind will fail and nothing is released", exc)
         else:
-            reconcile = reconcile_forever(
-                app.state.service,
-                kube,
-                extender.gangs,
-                settings.reconcile_interval_s,
-                settings.reconcile_grace_s,
-            )
-            tasks.append(asyncio.create_task(reconcile))
+            opener = getattr(kube, "stream", None)  # only a real API server can be watched
+            stream = opener() if (settings.watch or settings.wake_nodes) and opener else None
+            if stream is not None and settings.watch:
+                extender.watcher = PodWatcher(app.state.service, extender.gangs, stream)
+                tasks.append(asyncio.create_task(extender.watcher.run()))
+            if stream is not None and settings.wake_nodes:
+                extender.wake = WakeUp(app.state.service, stream, settings.wake_rate_per_s)
+                tasks.append(asyncio.create_task(extender.wake.run()))
+            if settings.reconcile_interval_s > 0:
+                reconcile = reconcile_forever(
+                    app.state.service,
+                    kube,
+                    extender.gangs,
+                    settings.reconcile_interval_s,
+                    settings.reconcile_grace_s,
+                    extender.backstop if extender.watcher is not None else None,
+                )
+                tasks.append(asyncio.create_task(reconcile))
     try:
         yield
     finally:
@@ -72,6 +86,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        if stream is not None:
+            await stream.aclose()
 
 
 router = APIRouter(prefix=PREFIX, tags=["kubernetes"], lifespan=lifespan)
@@ -112,3 +128,12 @@ async def preempt(request: Request) -> Response:
     """Keep only the nodes where evicting the proposed victims lets the pod fit."""
     body = await request.body()
     return _json(await off_loop(_extender(request).preempt, body))
+
+
+# kube-scheduler blocks on these for every GPU pod, one pod after another: they are served
+# before FastAPI's router (service/direct_routes.py); the routes above document them.
+DIRECT = {
+    ("POST", f"{PREFIX}/filter"): filter_nodes,
+    ("POST", f"{PREFIX}/prioritize"): prioritize,
+    ("POST", f"{PREFIX}/bind"): bind,
+}

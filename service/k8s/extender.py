@@ -16,6 +16,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass
 from itertools import repeat
 from pathlib import Path
+from typing import Any
 
 from service.errors import BadRequest
 from service.event_loop import off_loop, run_here
@@ -24,9 +25,12 @@ from service.k8s import bind, preempt
 from service.k8s.gang import GangCoordinator
 from service.k8s.kube_api import KubeApi, KubeApiError, KubeConfigError, from_kubeconfig, in_cluster
 from service.k8s.pod_request import BadPodRequest, PodRequest, parse_pod
+from service.k8s.pod_watch import PodWatcher
 from service.k8s.priority_json import PriorityEncoder
+from service.k8s.reconcile import Backstop
 from service.k8s.screening import PREFIX, Judgement, everyone, judge_mig, judge_screen, no_one
 from service.k8s.settings import ExtenderSettings
+from service.k8s.wake import WakeUp
 from service.k8s.wire import (
     ExtenderBindingResult,
     ExtenderPreemptionResult,
@@ -80,6 +84,19 @@ class Extender:
         self._judged: deque[_Recent] = deque()
         self._recent_lock = threading.Lock()
         self._priority_json = PriorityEncoder()
+        self.watcher: PodWatcher | None = None  # set when the router's lifespan runs them
+        self.wake: WakeUp | None = None
+        self.backstop = Backstop()
+
+    def health(self) -> dict[str, Any]:
+        """/readyz detail: whether pods are followed (and why not), what the backstop fixed."""
+        out: dict[str, Any] = (
+            self.watcher.health() if self.watcher is not None else {"watch": "off"}
+        )
+        out["reconciled"] = {"passes": self.backstop.passes, "fixed": self.backstop.fixed}
+        if self.wake is not None:
+            out["wake_ups"] = self.wake.wake_ups
+        return out
 
     def kube(self) -> KubeApi:
         """The Kubernetes API, connected on first use; KubeConfigError when unreachable."""

@@ -11,6 +11,18 @@ process and are rebuilt from the members' own annotations
 (``topoplace.io/allocation``, ``topoplace.io/gang-task``) after a restart.
 kube-scheduler talks to one replica at a time (the Service uses ClientIP
 affinity), which is what keeps claims consistent.
+
+The gang is judged against one plan from its first member's filter on.
+kube-scheduler filters the next member while the previous one's bind is
+still in flight, and by then its candidates lack the nodes it assumed for
+the earlier members: planning the gang afresh over them would give another
+placement than the one the first bind reserves, and members would be
+refused at bind. So the first filter's placement is kept (``plan``, one
+node per task) and every member is assigned a task of it, once, and
+filtered onto exactly that task's node; the first bind reserves that plan
+(candidates: the plan's nodes), and later members claim the tasks on the
+nodes they were assigned. A plan nobody reserved is made again after
+``PLAN_HOLD_S`` in which no member passed filter on it.
 """
 
 from __future__ import annotations
@@ -18,6 +30,7 @@ from __future__ import annotations
 import functools
 import logging
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -42,6 +55,9 @@ ALLOCATION_ANNOTATION = "topoplace.io/allocation"
 TASK_ANNOTATION = "topoplace.io/gang-task"
 
 
+PLAN_HOLD_S = 30.0
+
+
 class BindRefused(Exception):
     """This bind cannot happen now; the message is the ExtenderBindingResult.Error."""
 
@@ -50,6 +66,9 @@ class BindRefused(Exception):
 class GangState:
     allocation: Allocation | None = None  # the live reservation
     claims: dict[int, str] = field(default_factory=dict)  # task index -> pod uid
+    plan: list[str] | None = None  # node per task, from the first member's filter
+    used_at: float = 0.0  # when a member was last judged against the plan
+    assigned: dict[str, str] = field(default_factory=dict)  # pod uid -> node of its task
 
     def task_of(self, uid: str) -> int | None:
         return next((t for t, owner in self.claims.items() if owner == uid), None)
@@ -76,6 +95,16 @@ class GangCoordinator:
         with self._lock:
             self._gangs.pop(key, None)
             self._gang_locks.pop(key, None)
+
+    def member_gone(self, key: str, uid: str) -> None:
+        """A member's pod ended: its task (claimed or assigned) is free for a recreated one."""
+        with self._lock:
+            known = self._gangs.get(key)
+            if known is None:
+                return
+            known.assigned.pop(uid, None)
+            for task in [t for t, owner in known.claims.items() if owner == uid]:
+                del known.claims[task]
 
     def seen(self, gang: Gang) -> Flow[GangState]:
         """The gang as this process knows it. On first sight it is read from the database
@@ -138,9 +167,17 @@ class GangCoordinator:
             return _only(
                 names, Counter({node: 1}), f"this member of gang {gang.name} holds GPUs on {node}"
             )
-        if known.allocation is not None:
-            room = Counter(t.node for t in known.open_tasks())
-            return _only(names, room, f"gang {gang.name}'s reserved GPUs are on other nodes")
+        with self._lock:
+            if known.allocation is not None:
+                room = Counter(t.node for t in known.open_tasks())
+                return self._assign(known, gang.name, pod.uid, names, room, "reserved GPUs")
+            now = time.monotonic()
+            plan = known.plan
+            if plan is not None and now - known.used_at <= PLAN_HOLD_S:
+                judged = self._assign(known, gang.name, pod.uid, names, Counter(plan), "placement")
+                if judged.passing:  # a plan whose nodes kube no longer offers ages out
+                    known.used_at = now
+                return judged
         request = pod.gang_request().model_copy(update={"nodes": tuple(names)})
         with self.state.lock:
             self.state.refresh_if_due()
@@ -148,8 +185,42 @@ class GangCoordinator:
         if outcome.placement is None:
             message = f"gang {gang.name} ({gang.size} pods) does not fit: {outcome.summary()}"
             return no_one(names, message, outcome.status == "unschedulable")
-        plan = Counter(t.node for t in outcome.placement.tasks)
-        return _only(names, plan, f"gang {gang.name}'s placement uses other nodes")
+        with self._lock:
+            if known.allocation is None and (known.plan is None or known.plan is plan):
+                known.plan = [t.node for t in outcome.placement.tasks]
+                known.assigned = {}
+            known.used_at = time.monotonic()
+            if known.allocation is not None:
+                room = Counter(t.node for t in known.open_tasks())
+                return self._assign(known, gang.name, pod.uid, names, room, "reserved GPUs")
+            assert known.plan is not None
+            return self._assign(known, gang.name, pod.uid, names, Counter(known.plan), "placement")
+
+    def _assign(
+        self,
+        known: GangState,
+        gang_name: str,
+        uid: str,
+        names: list[str],
+        room: Counter[str],
+        what: str,
+    ) -> Judgement:
+        """This member's task: the one it was given, else a free one among the candidates;
+        it passes only on that task's node. Called with the coordinator's lock held."""
+        node = known.assigned.get(uid)
+        if node is None or room[node] == 0:
+            taken = Counter(n for other, n in known.assigned.items() if other != uid)
+            free = [n for n in names if room[n] - taken[n] > 0]
+            if not free:
+                known.assigned.pop(uid, None)
+                return _only(
+                    names, Counter(), f"gang {gang_name}'s {what} has no task left on these nodes"
+                )
+            node = free[0]
+            known.assigned[uid] = node
+        return _only(
+            names, Counter({node: 1}), f"gang {gang_name}'s {what} puts this member on {node}"
+        )
 
     # -- bind ----------------------------------------------------------------------
 
@@ -167,11 +238,22 @@ class GangCoordinator:
         if mine is not None and known.allocation is not None:
             return known.allocation, mine
         if known.allocation is None:
-            known.allocation = self._reserve(pod, gang, ttl_s)
-            known.claims = {}
-        for task in known.open_tasks():
-            if task.node == node:
+            with self._lock:
+                plan = known.plan
+            try:
+                reserved = self._reserve(pod, gang, ttl_s, plan)
+            except BindRefused:
+                with self._lock:
+                    known.plan, known.assigned = None, {}  # the next filter plans again
+                raise
+            with self._lock:
+                known.allocation, known.claims = reserved, {}
+        with self._lock:
+            for task in known.open_tasks():
+                if task.node != node:
+                    continue
                 known.claims[task.task] = pod.uid
+                known.assigned.pop(pod.uid, None)
                 return known.allocation, task.task
         nodes = sorted({t.node for t in known.open_tasks()})
         raise BindRefused(
@@ -191,8 +273,12 @@ class GangCoordinator:
         except ServiceError:
             return False
 
-    def _reserve(self, pod: PodRequest, gang: Gang, ttl_s: float) -> Allocation:
+    def _reserve(
+        self, pod: PodRequest, gang: Gang, ttl_s: float, plan: list[str] | None
+    ) -> Allocation:
         request: PlacementRequest = pod.gang_request()
+        if plan is not None:  # the placement every member was filtered against
+            request = request.model_copy(update={"nodes": tuple(dict.fromkeys(plan))})
         earlier = allocations.listing(self.state, gang.key, None, None, 10_000)
         body = PlaceRequest.model_validate(
             {

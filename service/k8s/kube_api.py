@@ -4,18 +4,26 @@
 with httpx, authenticated by the pod's service account (in-cluster) or a
 kubeconfig file. Tests use an in-memory fake and a fake API server on
 loopback. What it needs from RBAC: ``create`` on ``pods/binding`` and
-``get``/``list`` on ``pods`` (see integrations/kubernetes/rbac.yaml).
+``get``/``list``/``watch`` on ``pods``, ``patch`` on ``nodes`` (see
+integrations/kubernetes/rbac.yaml).
+
+:class:`PodStream` is the asynchronous side the pod watch and the wake-up
+use: a paged list of every pod with the list's resourceVersion, a watch from
+that version (newline-separated JSON events over one long response), and a
+merge patch of a Node's labels.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import json
 import os
 import ssl
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import quote
@@ -29,7 +37,8 @@ from service.k8s.wire import Pod
 # integrations/kubernetes/rbac.yaml grants exactly these (a test holds them equal).
 RBAC_RULES = (
     ("", "pods/binding", ("create",)),  # bind
-    ("", "pods", ("get", "list")),  # bind (a pod filter did not see), the reconciler
+    ("", "pods", ("get", "list", "watch")),  # bind, the reconciler, the pod watch
+    ("", "nodes", ("patch",)),  # the wake-up label on GPU nodes
 )
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 TOKEN_REREAD_S = 60.0  # projected service-account tokens rotate; re-read them now and then
@@ -43,6 +52,14 @@ class KubeApiError(Exception):
         super().__init__(message)
         self.status = status
         self.message = message
+
+
+class WatchExpired(KubeApiError):
+    """410 Gone: the resourceVersion a watch asked for is compacted away; list again."""
+
+
+class WatchBroken(KubeApiError):
+    """The watch's stream ended mid-way (a proxy, a restart of the API server): resume it."""
 
 
 class KubeConfigError(ValueError):
@@ -60,6 +77,23 @@ class KubeApi(Protocol):
 
     def list_pods(self, namespace: str | None = None) -> list[Pod]:
         """Every pod (in one namespace, or all) that has not finished."""
+
+
+class PodStream(Protocol):
+    async def list_all(self) -> tuple[list[Pod], str]:
+        """Every pod, finished ones too, and the list's resourceVersion."""
+
+    def watch(
+        self, resource_version: str, opened: Callable[[], None]
+    ) -> AsyncIterator[dict[str, Any]]:
+        """The pod events after ``resource_version`` (BOOKMARKs included) until the server
+        ends the stream; ``opened`` is called once the server accepted the watch.
+        WatchExpired on 410, WatchBroken when the stream breaks off, KubeApiError else."""
+
+    async def label_node(self, name: str, key: str, value: str) -> bool:
+        """Merge-patch one label onto a Node; False when there is no such Node."""
+
+    async def aclose(self) -> None: ...
 
 
 def binding_body(
@@ -96,7 +130,12 @@ class HttpKubeApi:
         timeout_s: float = 5.0,
     ) -> None:
         self._token = token
-        self._client = httpx.Client(base_url=server.rstrip("/"), verify=verify, timeout=timeout_s)
+        self._server, self._verify, self._timeout_s = server.rstrip("/"), verify, timeout_s
+        self._client = httpx.Client(base_url=self._server, verify=verify, timeout=timeout_s)
+
+    def stream(self) -> HttpPodStream:
+        """A client for the pod watch and the wake-up, on the caller's event loop."""
+        return HttpPodStream(self._server, self._token, self._verify, self._timeout_s)
 
     def close(self) -> None:
         self._client.close()
@@ -146,6 +185,108 @@ class HttpKubeApi:
             if not more:
                 return pods
             params["continue"] = more
+
+
+WATCH_TIMEOUT_S = 300  # the server ends each watch after this; it is resumed at once
+
+
+class HttpPodStream:
+    def __init__(
+        self,
+        server: str,
+        token: Callable[[], str | None],
+        verify: ssl.SSLContext | bool,
+        timeout_s: float,
+    ) -> None:
+        self._token = token
+        # A watch is silent between events (bookmarks come about once a minute), so its
+        # reads wait for as long as the server keeps the watch open.
+        timeout = httpx.Timeout(timeout_s, read=WATCH_TIMEOUT_S + timeout_s)
+        self._client = httpx.AsyncClient(base_url=server, verify=verify, timeout=timeout)
+
+    def _headers(self) -> dict[str, str]:
+        headers = {"Accept": "application/json"}
+        token = self._token()
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        return headers
+
+    async def list_all(self) -> tuple[list[Pod], str]:
+        params = {"limit": str(LIST_PAGE)}
+        pods: list[Pod] = []
+        version = ""
+        while True:
+            try:
+                response = await self._client.get(
+                    "/api/v1/pods", params=params, headers=self._headers()
+                )
+            except httpx.HTTPError as exc:
+                raise KubeApiError(0, f"the Kubernetes API did not answer: {exc}") from None
+            if response.status_code != 200:
+                raise KubeApiError(response.status_code, _message(response))
+            body = response.json()
+            meta = body.get("metadata") or {}
+            version = version or str(meta.get("resourceVersion") or "")
+            pods += body.get("items") or []
+            if not meta.get("continue"):
+                return pods, version
+            params["continue"] = meta["continue"]
+
+    async def watch(
+        self, resource_version: str, opened: Callable[[], None]
+    ) -> AsyncIterator[dict[str, Any]]:
+        params = {
+            "watch": "1",
+            "resourceVersion": resource_version,
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": str(WATCH_TIMEOUT_S),
+        }
+        request = self._client.build_request(
+            "GET", "/api/v1/pods", params=params, headers=self._headers()
+        )
+        try:
+            response = await self._client.send(request, stream=True)
+        except httpx.HTTPError as exc:
+            raise KubeApiError(0, f"the Kubernetes API did not answer: {exc}") from None
+        try:
+            if response.status_code != 200:
+                await response.aread()
+                raise KubeApiError(response.status_code, _message(response))
+            opened()
+            async for line in response.aiter_lines():
+                if not line.strip():
+                    continue
+                event = json.loads(line)
+                if event.get("type") == "ERROR":
+                    status = event.get("object") or {}
+                    code = int(status.get("code") or 0)
+                    message = str(status.get("message") or "watch error")
+                    raise (WatchExpired if code == 410 else KubeApiError)(code, message)
+                yield event
+        except httpx.HTTPError as exc:
+            raise WatchBroken(0, f"the pod watch broke off: {exc}") from None
+        except ValueError as exc:
+            raise KubeApiError(0, f"the pod watch sent something that is not JSON: {exc}") from None
+        finally:
+            await response.aclose()
+
+    async def label_node(self, name: str, key: str, value: str) -> bool:
+        headers = {**self._headers(), "Content-Type": "application/merge-patch+json"}
+        body = json.dumps({"metadata": {"labels": {key: value}}})
+        try:
+            response = await self._client.patch(
+                f"/api/v1/nodes/{quote(name)}", content=body, headers=headers
+            )
+        except httpx.HTTPError as exc:
+            raise KubeApiError(0, f"the Kubernetes API did not answer: {exc}") from None
+        if response.status_code == 404:
+            return False
+        if response.status_code != 200:
+            raise KubeApiError(response.status_code, _message(response))
+        return True
+
+    async def aclose(self) -> None:
+        await asyncio.shield(self._client.aclose())
 
 
 class _FileToken:

@@ -4,17 +4,24 @@ Every ``reconcile_interval_s`` the reconciler reads the live reservations the
 extender made (owner ``k8s-pod:...`` or ``k8s-gang:...``), then lists the
 pods that have not finished, in that order: a reservation read before the
 list belongs to a pod that existed before it, so a live pod is never missed.
-A pod's reservation is released when no unfinished pod has its UID; a gang's
-when none of its members is left. Reservations younger than
+A pod's reservation is released when no unfinished pod has its UID, or
+when its pod is still unbound (the bind reserved, then died before the
+Binding); a gang's when none of its members is left. Reservations younger than
 ``reconcile_grace_s`` are left alone (their bind may still be running), and
 a pending reservation whose pod is bound to its node is confirmed (the bind
 could not confirm it, e.g. the database blinked).
+
+With the pod watch on (pod_watch.py) the reconciler is its backstop: what
+it still finds to release is what no watch saw (a pod deleted while no
+replica was watching, a bind that reserved but never reached its pod). It
+counts those (:class:`Backstop`, on /readyz) and says so in the log.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -82,6 +89,11 @@ def reconcile_once(
             continue
         bound_to = (pod.get("spec") or {}).get("nodeName")
         notes = (pod.get("metadata") or {}).get("annotations") or {}
+        if not bound_to and not young:
+            # Reserved (active at once) but the Binding never happened: the process died
+            # between the two. The pod's next bind reserves again.
+            released += allocations.release(state, allocation.id).ids
+            continue
         if (
             allocation.state == "pending"
             and bound_to == allocation.tasks[0].node
@@ -93,13 +105,35 @@ def reconcile_once(
     return released
 
 
+@dataclass(slots=True)
+class Backstop:
+    """What the reconciler's passes did: with a watch running, ``fixed`` should stay 0."""
+
+    passes: int = 0
+    fixed: int = 0
+
+
 async def reconcile_forever(
-    state: ServiceState, kube: KubeApi, gangs: GangCoordinator, interval_s: float, grace_s: float
+    state: ServiceState,
+    kube: KubeApi,
+    gangs: GangCoordinator,
+    interval_s: float,
+    grace_s: float,
+    backstop: Backstop | None = None,
 ) -> None:
+    counts = backstop if backstop is not None else Backstop()
     while True:
         await asyncio.sleep(interval_s)
         try:
             with acting(RECONCILER):  # the audit log's actor of what it releases
-                await off_loop(reconcile_once, state, kube, gangs, grace_s)
+                released = await off_loop(reconcile_once, state, kube, gangs, grace_s)
+            counts.passes += 1
+            counts.fixed += len(released)
+            if released and backstop is not None:
+                log.warning(
+                    "the reconciler released %d reservations the pod watch had not: %s",
+                    len(released),
+                    ", ".join(released),
+                )
         except Exception:  # the loop must outlive an API server or database hiccup
             log.exception("reconcile failed; retrying in %.0f s", interval_s)

@@ -23,20 +23,38 @@ class ExtenderSettings(BaseSettings):
     bind_ttl_s: float = Field(
         default=120.0,
         gt=0,
-        description="a pod's reservation is pending for this long while its Binding is created",
+        description="the TTL a pod's reservation had when binds made it pending until confirmed;"
+        " a pod's reservation is now active at once (kept so existing settings still load)",
     )
     gang_ttl_s: float = Field(
         default=600.0,
         gt=0,
         description="a gang's reservation waits this long for its first member to bind",
     )
+    watch: bool = Field(
+        default=True,
+        description="follow pods with list-and-watch and release the GPUs of a deleted or"
+        " finished pod at once (off: only the reconciler releases them)",
+    )
     reconcile_interval_s: float = Field(
         default=30.0,
         ge=0,
-        description="how often GPUs of deleted or finished pods are released (0: never)",
+        description="how often the reconciler, the backstop behind the watch, releases GPUs"
+        " of deleted or finished pods the watch missed (0: never)",
     )
     reconcile_grace_s: float = Field(
         default=60.0,
         ge=0,
         description="reservations younger than this are left alone by the reconciler",
+    )
+    wake_nodes: bool = Field(
+        default=True,
+        description="when the service becomes ready (start, database back), patch the label"
+        " topoplace.io/extender-ready on each GPU node once, a cluster event that makes"
+        " kube-scheduler retry the pods it parked while the extender could not answer",
+    )
+    wake_rate_per_s: float = Field(
+        default=20.0,
+        gt=0,
+        description="at most this many Node patches a second during a wake-up",
     )

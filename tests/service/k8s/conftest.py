@@ -1,3 +1,3 @@
-from tests.service.k8s.fixtures import k8s_client, kube
+from tests.service.k8s.fixtures import api, k8s_client, kube
 
-__all__ = ["k8s_client", "kube"]
+__all__ = ["api", "k8s_client", "kube"]

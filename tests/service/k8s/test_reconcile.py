@@ -72,3 +72,20 @@ def test_a_gang_is_released_when_no_member_is_left(
     kube.delete("ml-team", "pair-1")
     assert len(_reconcile(k8s_client, kube)) == 1
     assert len(k8s_client.get("/v1/nodes/h100-a").json()["free_gpus"]) == 8
+
+
+def test_a_reservation_whose_pod_never_bound_is_released_after_the_grace(
+    k8s_client: TestClient, kube: FakeKubeApi, clock: FakeClock
+):
+    # A bind reserves (active at once), then the process dies before the Binding.
+    add_nodes(k8s_client, ("hgx-h100", "h100-a"))
+    bound = kube.add(pod("bound", 2))
+    _bind(k8s_client, bound, "h100-a")
+    waiting = kube.add(pod("waiting", 2))
+    uid = waiting["metadata"]["uid"]
+    body = {"gpus": 2, "owner": "k8s-pod:ml-team/waiting", "job_id": uid}
+    assert k8s_client.post("/v1/place", json=body).status_code == 201
+    assert _reconcile(k8s_client, kube) == []  # young: its Binding may be under way
+    clock.advance(61)
+    (released,) = _reconcile(k8s_client, kube)  # the bound pod keeps its GPUs
+    assert k8s_client.get(f"/v1/allocations/{released}").json()["job_id"] == uid

@@ -1,0 +1,220 @@
+"""Follow pods with list-and-watch and give back their GPUs the moment they end.
+
+The watcher lists every pod (paged) and watches from the list's
+resourceVersion, with bookmarks (the version moves even when no pod does),
+so it resumes where it was after a watch ends or breaks off; a 410 Gone
+(the version is compacted away) means list again; a failure (the server
+unreachable, an error status) means try again after a backoff that doubles
+from ``BACKOFF_MIN_S`` to ``BACKOFF_MAX_S``, and says so in the log and on
+/readyz. It keeps only the pods that
+matter here: those bound with a topoplace reservation
+(``topoplace.io/allocation``) and gang members (``topoplace.io/gang``,
+bound or not: a gang is alive while any member is). The API server cannot
+select on annotations, so this filter runs here.
+
+A pod is gone when it is deleted or its phase turns Succeeded or Failed:
+its reservation (job id = its UID) is released at once, through the
+allocations API. A gang member that is gone gives up its task claim (a
+recreated member can take it), and the gang's reservation is released when
+its last member is gone. After a re-list, pods it knew that are no longer
+there, or finished meanwhile, are gone too.
+
+Several replicas each run a watcher: the first release of an allocation
+ends it, a second one finds it ended and changes nothing (the guarded
+transitions of service/allocations/lifecycle.py). The periodic reconciler
+stays as a backstop for what no watch could see (a pod deleted while no
+replica was watching, a reservation whose bind never reached the pod) and
+counts what it had to fix.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from service.allocations import api as allocations
+from service.event_loop import off_loop
+from service.k8s.gang import ALLOCATION_ANNOTATION, GangCoordinator
+from service.k8s.kube_api import KubeApiError, PodStream, WatchBroken, WatchExpired
+from service.k8s.pod_request import GANG, GANG_SIZE, BadPodRequest, Gang, parse_pod
+from service.state import ServiceState
+
+log = logging.getLogger("topoplace.k8s")
+
+BACKOFF_MIN_S = 0.2
+BACKOFF_MAX_S = 30.0
+FINISHED = ("Succeeded", "Failed")
+
+
+@dataclass(frozen=True, slots=True)
+class Followed:
+    """What the watcher keeps of a pod: enough to release what it holds."""
+
+    gang: str | None  # the gang's key, for a gang member
+    name: str  # NS/NAME, for the log
+
+
+def followed(pod: dict[str, Any]) -> Followed | None:
+    """The pod as the watcher keeps it; None for a pod that holds nothing of topoplace's."""
+    meta = pod.get("metadata") or {}
+    notes = meta.get("annotations") or {}
+    name = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+    if GANG in notes and GANG_SIZE in notes:
+        try:
+            gang = parse_pod(pod).gang
+        except BadPodRequest:
+            gang = None
+        if isinstance(gang, Gang):
+            return Followed(gang.key, name)
+    if ALLOCATION_ANNOTATION in notes:
+        return Followed(None, name)
+    return None
+
+
+def _uid(pod: dict[str, Any]) -> str:
+    return str((pod.get("metadata") or {}).get("uid") or "")
+
+
+def _finished(pod: dict[str, Any]) -> bool:
+    return (pod.get("status") or {}).get("phase") in FINISHED
+
+
+class PodWatcher:
+    def __init__(self, state: ServiceState, gangs: GangCoordinator, stream: PodStream) -> None:
+        self.state = state
+        self.gangs = gangs
+        self.stream = stream
+        self.pods: dict[str, Followed] = {}  # uid -> what it holds
+        self.members: dict[str, set[str]] = {}  # gang key -> uids of live members
+        self.resource_version = ""
+        self.following = False  # a watch is open and its list was read
+        self.error: str | None = None  # why the API server cannot be followed now
+        self.lists = 0
+        self.released = 0  # allocations ended by this watcher
+        self.ends = 0  # pods seen to end, their releases done
+        self.last_event_at = 0.0
+
+    def health(self) -> dict[str, Any]:
+        """For /readyz: whether pods are followed, and why not."""
+        out: dict[str, Any] = {
+            "watch": "following" if self.following else "unreachable" if self.error else "starting",
+            "pods_followed": len(self.pods),
+            "released": self.released,
+        }
+        if self.error:
+            out["error"] = self.error
+        return out
+
+    async def run(self) -> None:
+        backoff = BACKOFF_MIN_S
+        listed = False
+        while True:
+            try:
+                if not listed:
+                    await self._list()
+                    listed = True
+                # Resume from the last version seen, each time a watch ends or breaks off.
+                async for event in self.stream.watch(self.resource_version, self._opened):
+                    backoff = BACKOFF_MIN_S
+                    await self._event(event)
+            except WatchBroken as exc:  # not yet a sign of trouble: resume after a pause
+                log.info("pod watch: %s; resuming", exc.message)
+                await asyncio.sleep(backoff)
+                backoff = min(BACKOFF_MAX_S, backoff * 2)
+            except WatchExpired:
+                log.info("pod watch: version %s is gone; listing again", self.resource_version)
+                listed = False
+            except KubeApiError as exc:
+                status = f"HTTP {exc.status}: " if exc.status else ""
+                self._unreachable(status + exc.message)
+                await asyncio.sleep(backoff)
+                backoff = min(BACKOFF_MAX_S, backoff * 2)
+
+    def _opened(self) -> None:
+        if self.error is not None:
+            log.info("pod watch: following pods again")
+        self.following, self.error = True, None
+
+    def _unreachable(self, message: str) -> None:
+        if self.error != message:
+            log.warning("pod watch: cannot follow pods on the Kubernetes API: %s", message)
+        self.following, self.error = False, message
+
+    async def _list(self) -> None:
+        pods, version = await self.stream.list_all()
+        self.lists += 1
+        seen: dict[str, Followed] = {}
+        gone: list[tuple[str, Followed]] = []
+        for pod in pods:
+            uid, kept = _uid(pod), followed(pod)
+            if kept is None or not uid:
+                continue
+            if _finished(pod):
+                gone.append((uid, kept))
+            else:
+                seen[uid] = kept
+        gone += [(uid, kept) for uid, kept in self.pods.items() if uid not in seen]
+        self.pods = seen
+        self.members = {}
+        for uid, kept in seen.items():
+            if kept.gang is not None:
+                self.members.setdefault(kept.gang, set()).add(uid)
+        self.resource_version = version
+        self.following, self.error = True, None
+        for uid, kept in gone:
+            await self._gone(uid, kept)
+
+    async def _event(self, event: dict[str, Any]) -> None:
+        kind = event.get("type")
+        pod = event.get("object") or {}
+        version = (pod.get("metadata") or {}).get("resourceVersion")
+        if version:
+            self.resource_version = str(version)
+        if kind not in ("ADDED", "MODIFIED", "DELETED"):
+            return  # BOOKMARK: only the version moves
+        self.last_event_at = time.monotonic()
+        uid = _uid(pod)
+        kept = self.pods.get(uid) or followed(pod)
+        if kept is None or not uid:
+            return
+        if kind == "DELETED" or _finished(pod):
+            self.pods.pop(uid, None)
+            if kept.gang is not None:
+                self.members.get(kept.gang, set()).discard(uid)
+            await self._gone(uid, kept)
+            return
+        now = followed(pod) or kept
+        self.pods[uid] = now
+        if now.gang is not None:
+            self.members.setdefault(now.gang, set()).add(uid)
+
+    async def _gone(self, uid: str, kept: Followed) -> None:
+        """The pod ended: release what it held, and its gang's reservation if it was the last."""
+        try:
+            await self._release(uid, kept)
+        except Exception:  # the database blinked: the reconciler releases it on its pass
+            log.exception(
+                "pod watch: releasing what %s held failed; left to the reconciler", kept.name
+            )
+        self.ends += 1
+
+    async def _release(self, uid: str, kept: Followed) -> None:
+        if kept.gang is None:
+            ended = await off_loop(allocations.release_job, self.state, uid)
+            self._count(ended.ids, f"pod {kept.name} ended")
+            return
+        self.gangs.member_gone(kept.gang, uid)
+        if self.members.get(kept.gang):
+            return
+        self.members.pop(kept.gang, None)
+        ended = await off_loop(allocations.release_job, self.state, kept.gang)
+        self.gangs.forget(kept.gang)
+        self._count(ended.ids, f"the last member of gang {kept.gang} ended")
+
+    def _count(self, ids: tuple[str, ...], why: str) -> None:
+        if ids:
+            self.released += len(ids)
+            log.info("released %s: %s", ", ".join(ids), why)
