@@ -29,6 +29,8 @@ from tests.waiting import wait_until
 def fed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Federation]:
     with federation(tmp_path_factory.mktemp("federation")) as running:
         wait_until(lambda: all(_fresh(running, name) for name in running.regions), "summaries")
+        # A region's first push may come before all its nodes have reported.
+        _all_free(running)
         yield running
 
 
