@@ -75,6 +75,19 @@ class Settings(BaseSettings):
     audit_prune_interval_s: float = Field(
         default=300.0, gt=0, description="how often the audit log's old rows are pruned"
     )
+    audit_refusal_window_s: float = Field(
+        default=60.0,
+        ge=0,
+        description="a refused placement of one shape (token, route, request without job_id"
+        " and owner) writes at most one audit row this often; the others are counted on its"
+        " next row. 0: every refusal writes one (within audit_refusal_rows)",
+    )
+    audit_refusal_rows: int = Field(
+        default=600,
+        ge=0,
+        description="the most audit rows refused placements write in one window, all shapes"
+        " together; 0: none",
+    )
     access_log: bool = Field(
         default=False,
         description="log one line per HTTP request (uvicorn's access log). Off by default:"

@@ -22,6 +22,7 @@ from placement import ClusterState, NodeSnapshot, PlacementRequest
 from service import schema
 from service.allocations.group_commit import GroupCommitter
 from service.allocations.score_cache import ScoreCache
+from service.audit.refusals import RefusalGate
 from service.events import EventHub
 from service.settings import Settings
 
@@ -42,6 +43,10 @@ class ServiceState:
         self.clock = clock
         self.cluster = ClusterState(shares=False)  # no share holds in the database yet
         self.committer = GroupCommitter(engine)
+        # Which refused placements write an audit row (service/audit/refusals.py).
+        self.refusal_gate = RefusalGate(
+            settings.audit_refusal_window_s, settings.audit_refusal_rows
+        )
         self.lock = threading.RLock()
         self.heartbeats: dict[str, datetime] = {}
         self.cordoned: set[str] = set()

@@ -29,26 +29,38 @@ takes these steps with ``yield from`` and is driven once, by the same driver.
 from __future__ import annotations
 
 import functools
+import hashlib
+import logging
 import uuid
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar
 
-from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.exc import IntegrityError, OperationalError, SQLAlchemyError
 
 from placement import Outcome, Placement
 from service.allocations import repository, views
 from service.allocations.results import Allocation, Placed
 from service.allocations.schemas import PlaceRequest
 from service.allocations.stored_request import same_request
+from service.audit import actor as audit_actor
 from service.audit import records
-from service.errors import BadRequest, Conflict, Unavailable, Unresolvable, Unschedulable
+from service.audit import store as audit_store
+from service.errors import (
+    BadRequest,
+    Conflict,
+    ServiceError,
+    Unavailable,
+    Unresolvable,
+    Unschedulable,
+)
 from service.event_loop import off_loop
 from service.flows import drive, drive_async
 from service.state import ServiceState, cpu_device
 
 PLACE_ATTEMPTS = 4
+log = logging.getLogger("topoplace.place")
 
 Blocking = Callable[[], Any]  # a step run as it is: blocking, or in a worker thread
 
@@ -104,7 +116,7 @@ def holds_of(placement: Placement) -> list[tuple[str, str, str]]:
     return out
 
 
-def refusal(outcome: Outcome) -> Exception:
+def refusal(outcome: Outcome) -> ServiceError:
     detail = {
         "reasons": [
             {
@@ -153,13 +165,16 @@ def place_flow(
         with state.lock:
             state.refresh_if_due()
             outcome = state.cluster.place(body)  # a PlacementRequest; owner and TTL stay here
-            if outcome.placement is None:
-                raise refusal(outcome)
             placement = outcome.placement
-            state.cluster.apply(placement)  # tentative: concurrent requests here skip these GPUs
-            holds = holds_of(placement)
-            devices = [(node, device) for node, device, _ in holds]
-            state.begin_inflight(devices)
+            if placement is not None:
+                state.cluster.apply(placement)  # tentative: concurrent ones here skip these GPUs
+                holds = holds_of(placement)
+                devices = [(node, device) for node, device, _ in holds]
+                state.begin_inflight(devices)
+        if placement is None:
+            refused = refusal(outcome)
+            yield from _audit_refused(state, body, request_json, refused)
+            raise refused
         now = state.clock()
         tasks = tuple(views.reserved_task(t) for t in placement.tasks)
         row = {
@@ -212,10 +227,42 @@ def place_flow(
         with state.lock:
             state.end_inflight(devices)
         return Placed(views.allocation(row, tasks, placement), True)
-    raise Unschedulable(
+    raced = Unschedulable(
         f"other replicas took the chosen GPUs {PLACE_ATTEMPTS} times in a row; retry",
         {"reasons": []},
     )
+    yield from _audit_refused(state, body, request_json, raced)
+    raise raced
+
+
+def _audit_refused(
+    state: ServiceState, body: PlaceRequest, request_json: str, error: ServiceError
+) -> Flow[None]:
+    """The refused decision's audit row, in a transaction of its own (nothing else was
+    written), unless the gate coalesces it into a later row (service/audit/refusals.py)."""
+    shape = (audit_actor.current().token_id, audit_actor.current().route, _shape(body))
+    coalesced = state.refusal_gate.admit(shape)
+    if coalesced is None:
+        return
+    reasons = error.detail.get("reasons", [])
+    row = records.refused(
+        state.clock(), body.job_id, request_json, error.code, error.message, reasons, coalesced
+    )
+    yield functools.partial(_write_refused, state, row)
+
+
+def _shape(body: PlaceRequest) -> str:
+    """The request without what names the job: a client retrying the same impossible
+    request under new job ids is one shape."""
+    text = body.model_dump_json(exclude={"job_id", "owner"})
+    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+
+
+def _write_refused(state: ServiceState, row: dict[str, Any]) -> None:
+    try:
+        audit_store.write_alone(state.engine, row)
+    except SQLAlchemyError:  # the refusal is the answer; a database hiccup must not hide it
+        log.exception("the audit row of a refused placement was not written")
 
 
 def _replay(state: ServiceState, key: str, request_json: str) -> Allocation | None:

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from service.audit.actor import Actor, current
 
-Kind = Literal["allocation", "admin", "snapshot"]
+Kind = Literal["allocation", "admin", "snapshot", "summary"]
 
 
 def nodes_text(nodes: Iterable[str]) -> str:
@@ -74,6 +74,28 @@ def placed(
         allocation_id=allocation_id,
         detail=detail,
     )
+
+
+def refused(
+    at: datetime,
+    job_id: str | None,
+    request_json: str,
+    code: str,
+    message: str,
+    reasons: object,
+    coalesced: int,
+) -> dict[str, Any]:
+    """A refused placement decision: the request as it came, the refusal's code and
+    message, the engine's reasons (cause, nodes, message, resolvable) and how many
+    refusals of the same shape before it wrote no row (refusals.py)."""
+    detail = {
+        "code": code,
+        "message": message,
+        "request": json.loads(request_json),
+        "reasons": reasons,
+        "coalesced": coalesced,
+    }
+    return record("allocation", "refused", at, job_id=job_id, detail=detail)
 
 
 def _gpus(placement_json: str) -> dict[str, list[int]]:

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-AuditKind = Literal["allocation", "admin", "snapshot"]
+AuditKind = Literal["allocation", "admin", "snapshot", "summary"]
 
 
 class AuditActor(BaseModel):
@@ -21,7 +21,7 @@ class AuditEntry(BaseModel):
     at: datetime
     kind: AuditKind
     action: str = Field(
-        description="allocation: placed, confirmed, extended, released, expired, attached,"
+        description="allocation: placed, refused, confirmed, extended, released, expired, attached,"
         " moved; admin: token_created, token_revoked, key_registered, key_replaced,"
         " key_deleted, node_cordoned, node_uncordoned, node_deleted; snapshot: the"
         " refusal's error code (bad_signature, replayed_snapshot, node_key_required,"

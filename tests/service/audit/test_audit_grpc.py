@@ -71,3 +71,18 @@ def test_a_refused_grpc_snapshot_is_recorded(running: Running) -> None:
         ["h0"],
     )
     assert entry["actor"]["role"] == "admin"
+
+
+def test_a_refused_grpc_place_is_recorded_with_its_reasons(running: Running) -> None:
+    admin = (("authorization", f"Bearer {ADMIN_TOKEN}"),)
+    running.stub.ReportSnapshot(snapshot_request("dgx1-v100", "dgx0"), metadata=admin)
+    with pytest.raises(grpc.RpcError) as refused:
+        running.stub.Place(pb.PlaceRequest(gpus=32, job_id="huge"), metadata=admin)
+    assert refused.value.code() != grpc.StatusCode.OK
+    [entry] = _audit(running, action="refused")
+    assert (entry["route"], entry["job_id"], entry["detail"]["code"]) == (
+        "gRPC Place",
+        "huge",
+        "unresolvable",
+    )
+    assert entry["detail"]["reasons"]
