@@ -23,7 +23,8 @@ class AuditEntry(BaseModel):
     action: str = Field(
         description="allocation: placed, refused, confirmed, extended, released, expired, attached,"
         " moved; admin: token_created, token_revoked, key_registered, key_replaced,"
-        " key_deleted, node_cordoned, node_uncordoned, node_deleted; snapshot: the"
+        " key_deleted, node_cordoned, node_uncordoned, node_deleted, region_registered,"
+        " region_retired; summary and snapshot: the"
         " refusal's error code (bad_signature, replayed_snapshot, node_key_required,"
         " conflict, ...)"
     )

@@ -9,13 +9,17 @@ keep calling their region's service.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 from typing import Annotated, Any
 
 import httpx
 import orjson
 from fastapi import APIRouter, Header, Path, Query, Request, Response, status
+from sqlalchemy.exc import SQLAlchemyError
 
+from service.audit import records
+from service.audit import store as audit
 from service.errors import (
     BadSignature,
     Conflict,
@@ -24,6 +28,7 @@ from service.errors import (
     RegionBusy,
     RegionRetired,
     ReplayedSummary,
+    ServiceError,
 )
 from service.federation import routing, store
 from service.federation.registry import Registry
@@ -43,6 +48,7 @@ from service.federation.signing import verify_summary
 from service.federation.store import NameTaken, RegionRecord
 
 router = APIRouter(tags=["federation"])
+log = logging.getLogger("topoplace.federation")
 JSON = "application/json"
 RegionPath = Annotated[str, Path(min_length=1, max_length=63, pattern=REGION_NAME_PATTERN)]
 
@@ -153,8 +159,34 @@ def retire_region(
 @router.put("/v1/regions/{region}/summary", response_model=SummaryAccepted)
 def push_summary(region: RegionPath, body: SummaryReport, request: Request) -> dict[str, Any]:
     """A region's signed summary: kept when its signature is the region's and its seq is
-    newer than the stored one."""
+    newer than the stored one. A refusal leaves an audit row (``summary``, the refusal's
+    code as the action), in a transaction of its own, as a refused snapshot does."""
     registry = _registry(request)
+    try:
+        return _push_summary(registry, region, body)
+    except ServiceError as refusal:
+        _audit_refusal(registry, region, body, refusal)
+        raise
+
+
+def _audit_refusal(
+    registry: Registry, region: str, body: SummaryReport, refusal: ServiceError
+) -> None:
+    detail = {
+        "region": region,
+        "code": refusal.code,
+        "message": refusal.message,
+        "detail": refusal.detail,
+        "seq": body.summary.seq,
+    }
+    row = records.record("summary", refusal.code, registry.clock(), detail=detail)
+    try:
+        audit.write_alone(registry.engine, row)
+    except SQLAlchemyError:  # the refusal is the answer; a database hiccup must not hide it
+        log.exception("the audit row of a refused summary of region %s was not written", region)
+
+
+def _push_summary(registry: Registry, region: str, body: SummaryReport) -> dict[str, Any]:
     record = _found(registry, region)
     if record.retired_at is not None:
         raise RegionRetired(f"region {region!r} is retired: its summaries are not taken")

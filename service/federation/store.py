@@ -14,6 +14,8 @@ import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
 
 from service.access import Role
+from service.audit import records
+from service.audit import store as audit
 from service.schema import federation_forwards, regions
 from service.tokens import store as token_store
 
@@ -99,6 +101,9 @@ def register(engine: sa.Engine, body: dict[str, Any], now: datetime) -> tuple[Re
         except IntegrityError:
             raise NameTaken(name) from None
         row = conn.execute(sa.select(regions).where(regions.c.name == name)).one()
+        detail = {"region": name, "cloud": body["cloud"], "url": body["url"]}
+        detail |= {"token_id": record.id, "public_key": body["public_key"]}
+        audit.write(conn, [records.record("admin", "region_registered", now, detail=detail)])
     return _record(row), secret
 
 
@@ -125,6 +130,8 @@ def retire(engine: sa.Engine, name: str, now: datetime) -> RegionRecord | None:
         if row._mapping["retired_at"] is None:
             conn.execute(regions.update().where(regions.c.name == name).values(retired_at=now))
             token_store.revoke_in(conn, row._mapping["token_id"], now)
+            detail = {"region": name, "token_id": row._mapping["token_id"]}
+            audit.write(conn, [records.record("admin", "region_retired", now, detail=detail)])
         row = conn.execute(sa.select(regions).where(regions.c.name == name)).one()
     return _record(row)
 
