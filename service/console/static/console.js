@@ -7,6 +7,7 @@ const TOKEN_KEY = "topoplace.token";
 const POLL_MS = 1000; // allocations and totals; an allocation shows within a second or two
 const NODES_EVERY = 5; // the node list every fifth poll, or at once when allocations change
 const LARGE_FLEET = 500; // nodes; past this the list is read every thirtieth poll
+const DECISIONS = 20; // recent decisions listed
 const $ = (id) => document.getElementById(id);
 
 class ApiError extends Error {
@@ -82,7 +83,7 @@ function ago(iso) {
 }
 
 // ---- state the pieces share -------------------------------------------------
-const view = { nodes: [], allocations: [], signature: "", scores: new Map(), node: null };
+const view = { nodes: [], allocations: [], signature: "", scores: new Map(), node: null, audit: null };
 
 function design(node) {
   const models = [...new Set(node.gpus.map((g) => g.model))].join(" + ") || "no GPUs";
@@ -157,14 +158,60 @@ async function loadAllocations() {
     el("td", { title: a.expires_at || "" }, a.expires_at ? ago(a.expires_at) : "no expiry")));
   $("allocation-table").replaceChildren(
     rows.length ? table(["id", "job", "owner", "state", "GPUs", "expires"], rows) : el("p", {}, "No live allocations."));
-  const recent = view.allocations.slice(0, 20).map((a) => el("li", { "data-allocation": a.id },
-    el("b", {}, `${ago(a.created_at)} · ${a.job_id || a.id.slice(0, 8)}${a.owner ? ` (${a.owner})` : ""} · ${a.state}: `),
-    a.reason));
-  $("decision-list").replaceChildren(...recent);
+  if (view.audit === false) {
+    const recent = view.allocations.slice(0, DECISIONS).map((a) => el("li", { "data-allocation": a.id },
+      el("b", {}, `${ago(a.created_at)} · ${a.job_id || a.id.slice(0, 8)}${a.owner ? ` (${a.owner})` : ""} · ${a.state}: `),
+      a.reason));
+    $("decision-list").replaceChildren(...recent);
+  }
   const signature = view.allocations.map((a) => `${a.id}:${a.state}`).join("|");
   const changed = signature !== view.signature;
   view.signature = signature;
   return changed;
+}
+
+// The decisions as the audit log has them, refusals included, for a token that may read it
+// (admin). Any other token is refused (403) once and shown the allocations instead until
+// the token changes; view.audit is null (not asked yet), true or false.
+function who(entry) {
+  return `${entry.actor.name}${entry.actor.role ? ` (${entry.actor.role})` : ""} via ${entry.route}`;
+}
+
+function decision(entry) {
+  const d = entry.detail;
+  const job = entry.job_id || (entry.allocation_id || "").slice(0, 8) || "no job id";
+  if (entry.action === "refused") {
+    const reasons = (d.reasons || []).map((r) => el("li", { "data-cause": r.cause },
+      `${r.cause}: ${r.message}${r.nodes && r.nodes.length ? ` (${r.nodes.length} node${r.nodes.length > 1 ? "s" : ""})` : ""}`));
+    const more = d.coalesced ? ` · ${d.coalesced} more like it not listed` : "";
+    return el("li", { "data-audit": entry.id, "data-decision": "refused", class: "refused" },
+      el("b", {}, `${ago(entry.at)} · ${job} · refused, ${d.code}: `), d.message,
+      el("span", { class: "who" }, ` · ${who(entry)}${more}`), el("ul", { class: "reasons" }, ...reasons));
+  }
+  const tasks = (d.placement && d.placement.tasks) || [];
+  const gpus = tasks.map((t) => `${t.node}: GPU ${(t.gpu_indices || []).join(",")}`).join("; ");
+  return el("li", { "data-audit": entry.id, "data-decision": "placed", "data-allocation": entry.allocation_id || "" },
+    el("b", {}, `${ago(entry.at)} · ${job} · placed on ${gpus}: `), (d.placement && d.placement.reason) || "",
+    el("span", { class: "who" }, ` · ${who(entry)}`));
+}
+
+async function loadDecisions() {
+  if (view.audit === false) return;
+  let placed, refused;
+  try {
+    [placed, refused] = await Promise.all(["placed", "refused"].map(
+      (action) => api(`v1/audit?kind=allocation&action=${action}&limit=${DECISIONS}`)));
+  } catch (error) {
+    if (error instanceof ApiError && error.status === 403) {
+      view.audit = false; // not an admin: the allocations stand in, as before
+      loadAllocations().catch(() => {});
+      return;
+    }
+    throw error;
+  }
+  view.audit = true;
+  const entries = [...placed.entries, ...refused.entries].sort((a, b) => b.id - a.id).slice(0, DECISIONS);
+  $("decision-list").replaceChildren(...entries.map(decision));
 }
 
 // ---- one node ---------------------------------------------------------------------
@@ -274,6 +321,8 @@ async function poll() {
     // A large fleet's node list is large: read it less often, and at once on a change.
     const every = view.nodes.length > LARGE_FLEET ? NODES_EVERY * 6 : NODES_EVERY;
     if (changed || ticks % every === 0) await loadNodes();
+    // A refusal changes no allocation: the log is read every poll while it is readable.
+    await loadDecisions();
     show("banner", "");
     $("live").textContent = `live · ${new Date().toLocaleTimeString()}`;
   } catch (error) {
@@ -301,6 +350,7 @@ function forget() {
 function restart() {
   $("token").placeholder = token() ? "a token is in use (this tab only)" : "tpp_… (kept for this tab only)";
   view.signature = "";
+  view.audit = null; // another token may read the log, or may not
   ticks = 0;
   poll();
   route();

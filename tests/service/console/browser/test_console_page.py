@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+import httpx
 from selenium.webdriver.support.ui import Select
 
 from tests.service.console.browser.harness import Browser, Served, is_local
@@ -150,3 +151,37 @@ def test_a_viewer_sees_the_cluster_and_is_told_it_may_not_score(
     assert error.startswith("403 forbidden: this token's role may not score"), error
     assert browser.css("#whatif-results tr") == []
     browser.screenshot("console-viewer-403")
+
+
+def test_an_admin_sees_refused_decisions_with_their_reasons(browser: Browser, demo: Served) -> None:
+    browser.open(f"{demo.url}/console")
+    browser.wait(lambda: browser.css(f'#nodes tr[data-node="{DGX1}"]'), "the node table")
+    refused = httpx.post(f"{demo.url}/v1/place", json={"gpus": 48, "job_id": "too-big"})
+    assert refused.status_code == 422, refused.text
+    reasons = refused.json()["error"]["detail"]["reasons"]
+    item = '#decision-list li[data-decision="refused"]'
+    browser.wait(lambda: "too-big" in " ".join(browser.texts(item)), "the refusal in the list")
+    text = next(t for t in browser.texts(item) if "too-big" in t)
+    assert "refused, unresolvable" in text and "--demo" not in text
+    causes = browser.attrs(f"{item} li[data-cause]", "data-cause")
+    assert {r["cause"] for r in reasons} <= set(causes)
+    assert reasons[0]["message"] in text
+    browser.screenshot("console-refused-decision")
+
+
+def test_a_viewer_sees_decisions_from_the_allocations_instead(
+    browser: Browser, secured: Served
+) -> None:
+    placed = secured.call("POST", "/v1/place", json={"gpus": 1, "job_id": "for-viewer"})
+    made = secured.call("POST", "/v1/tokens", json={"role": "viewer", "name": "decisions"})
+    browser.open(f"{secured.url}/console")
+    browser.driver.execute_script(
+        "sessionStorage.setItem('topoplace.token', arguments[0])", made["token"]
+    )
+    browser.open(f"{secured.url}/console")
+    row = f'#decision-list li[data-allocation="{placed["id"]}"]'
+    browser.wait(lambda: browser.css(row), "the allocation among the decisions")
+    assert placed["reason"] in browser.text(row)
+    assert browser.css('#decision-list li[data-decision="refused"]') == []
+    assert browser.css("#banner")[0].get_attribute("hidden") is not None
+    secured.call("POST", f"/v1/allocations/{placed['id']}/release")
