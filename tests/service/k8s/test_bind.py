@@ -131,3 +131,17 @@ def test_bind_args_are_checked(fleet: TestClient):
     )
     assert response.status_code == 400
     assert "PodNamespace" in response.json()["error"]["message"]
+
+
+def test_a_bind_that_cannot_reserve_is_a_refused_decision_in_the_audit_log(
+    fleet: TestClient, kube: FakeKubeApi
+):
+    p = kube.add(pod("trainer-big", 8))
+    assert _bind(fleet, p, "h100-a") == ""
+    q = kube.add(pod("trainer-late", 8))
+    error = _bind(fleet, q, "h100-a")  # h100-a's 8 GPUs are held
+    assert error.startswith("topoplace: ")
+    refused = fleet.get("/v1/audit", params={"action": "refused"}).json()["entries"]
+    [entry] = refused
+    assert (entry["route"], entry["job_id"]) == ("POST /k8s/v1/bind", q["metadata"]["uid"])
+    assert entry["detail"]["code"] == "unschedulable" and entry["detail"]["reasons"]

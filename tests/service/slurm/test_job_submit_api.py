@@ -114,6 +114,10 @@ def test_nothing_free_leaves_the_job_to_slurm_queue(dgx1: TestClient) -> None:
         assert submit(dgx1, tres_per_node="gres:gpu:8", req_nodes=node)["action"] == "modify"
     decision = submit(dgx1, tres_per_node="gres:gpu:1")
     assert decision["action"] == "unchanged" and "nothing fits now" in decision["message"]
+    # The refusal is a decision too: in the audit log with the Slurm route and the reasons.
+    refused = dgx1.get("/v1/audit", params={"action": "refused"}).json()["entries"]
+    assert refused and {e["route"] for e in refused} == {"POST /v1/slurm/job-submit"}
+    assert refused[0]["detail"]["code"] == "unschedulable" and refused[0]["detail"]["reasons"]
 
 
 def test_a_multi_node_job_gets_the_same_gpus_on_every_node(dgx1: TestClient) -> None:
