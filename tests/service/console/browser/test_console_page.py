@@ -162,7 +162,7 @@ def test_an_admin_sees_refused_decisions_with_their_reasons(browser: Browser, de
     item = '#decision-list li[data-decision="refused"]'
     browser.wait(lambda: "too-big" in " ".join(browser.texts(item)), "the refusal in the list")
     text = next(t for t in browser.texts(item) if "too-big" in t)
-    assert "refused, unresolvable" in text and "--demo" not in text
+    assert "refused, unresolvable" in text and "via POST /v1/place" in text
     causes = browser.attrs(f"{item} li[data-cause]", "data-cause")
     assert {r["cause"] for r in reasons} <= set(causes)
     assert reasons[0]["message"] in text
