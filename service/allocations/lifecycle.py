@@ -60,7 +60,7 @@ class _Outcome:
 
 
 def _transition(state: ServiceState, work: Callable[[Connection], _Outcome]) -> Transition:
-    outcome = in_transaction(state.engine, work)
+    outcome = in_transaction(state.engine, work, state.metrics.retried)
     _forget(state, outcome.freed)
     allocation = None if outcome.row is None else views.allocation(outcome.row)
     return Transition(allocation, outcome.changed, outcome.expired, outcome.refusal)
@@ -137,7 +137,7 @@ def _end(state: ServiceState, ids: list[str] | None, transition: str) -> Ended:
         publish(conn, {h.node for h in freed})
         return ended, freed
 
-    ended, freed = in_transaction(state.engine, work)
+    ended, freed = in_transaction(state.engine, work, state.metrics.retried)
     _forget(state, freed)
     return Ended(tuple(ended))
 
@@ -181,7 +181,9 @@ def attach(state: ServiceState, allocation_ids: list[str], job_id: str) -> tuple
     now = state.clock()
     return tuple(
         in_transaction(
-            state.engine, lambda conn: repository.attach(conn, allocation_ids, job_id, now)
+            state.engine,
+            lambda conn: repository.attach(conn, allocation_ids, job_id, now),
+            state.metrics.retried,
         )
     )
 
@@ -247,7 +249,7 @@ def observe(
 
     for attempt in range(OBSERVE_ATTEMPTS):
         try:
-            observation, freed = in_transaction(state.engine, work)
+            observation, freed = in_transaction(state.engine, work, state.metrics.retried)
             break
         except IntegrityError:
             if attempt == OBSERVE_ATTEMPTS - 1:
