@@ -69,6 +69,13 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         metavar="SECONDS",
         help="default 15",
     )
+    p.add_argument(
+        "--telemetry-interval",
+        dest="telemetry_interval_s",
+        type=positive_seconds,
+        metavar="SECONDS",
+        help="send NVLink counters with a heartbeat at most this often (default 30)",
+    )
     p.add_argument("--timeout", dest="timeout_s", type=positive_seconds, metavar="SECONDS")
     p.add_argument(
         "--once",
@@ -121,7 +128,10 @@ def _flags(args: argparse.Namespace) -> dict[str, Any]:
         "region",
         "gpu_model",
     )
-    flags = {name: getattr(args, name) for name in (*names, "interval_s", "timeout_s")}
+    flags = {
+        name: getattr(args, name)
+        for name in (*names, "interval_s", "telemetry_interval_s", "timeout_s")
+    }
     return {**flags, "labels": labels}
 
 
@@ -187,6 +197,7 @@ def _serve(args: argparse.Namespace, config: Any, source: Any, name: str) -> int
     from agent.nvml_discovery import DiscoveryError
     from agent.runner import Agent, Backoff
     from agent.signing import KeyFileError, NodeKey
+    from agent.sources import NvmlSource
     from topoplace_client.api import ApiError, ServiceUnreachable, TopoplaceClient
 
     if config.server is None:
@@ -210,7 +221,16 @@ def _serve(args: argparse.Namespace, config: Any, source: Any, name: str) -> int
     except (KeyFileError, ConfigError, ValueError) as exc:
         return _fail(str(exc), EXIT_USAGE)
     backoff = Backoff(config.backoff_initial_s, config.backoff_max_s)
-    agent = Agent(source, client, key, name, interval_s=config.interval_s, backoff=backoff)
+    agent = Agent(
+        source,
+        client,
+        key,
+        name,
+        interval_s=config.interval_s,
+        backoff=backoff,
+        telemetry=source.nvlink if isinstance(source, NvmlSource) else None,
+        telemetry_interval_s=config.telemetry_interval_s,
+    )
     with client:
         if args.once:
             try:

@@ -45,6 +45,11 @@ class AgentConfig(BaseModel):
     labels: dict[str, str] = Field(default_factory=dict)
     gpu_model: str = Field(default="unknown", description="GPU model for smi:FILE sources")
     interval_s: float = Field(default=15.0, gt=0, description="seconds between rounds")
+    telemetry_interval_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="NVLink counters go with a heartbeat at most once per this many seconds",
+    )
     timeout_s: float = Field(default=10.0, gt=0, description="HTTP timeout")
     backoff_initial_s: float = Field(default=1.0, gt=0)
     backoff_max_s: float = Field(default=60.0, gt=0)
