@@ -159,7 +159,11 @@ class Agent:
         digest = content_hash(snap)
         if digest == self.acked:
             try:
-                self.client.heartbeat(self.name, self._due_telemetry())
+                nvlink = self._due_telemetry()
+                if nvlink is None:
+                    self.client.heartbeat(self.name)
+                else:
+                    self.client.heartbeat(self.name, nvlink)
                 return
             except ApiError as exc:
                 if exc.code != "not_found":
