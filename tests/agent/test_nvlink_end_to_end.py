@@ -26,6 +26,7 @@ from topoplace_client.api import TopoplaceClient
 def _metrics(server: str) -> str:
     return httpx.get(f"{server}/metrics", trust_env=False).text
 
+
 NODE = "tele-dgx1"
 
 

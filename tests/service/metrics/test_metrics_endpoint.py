@@ -95,9 +95,7 @@ def test_every_documented_metric_is_exported_and_moves(
         assert types.get(family_name(name, kind)) == kind, f"{name}: not exported as a {kind}"
         if name in NOT_MOVED_HERE:
             continue
-        moved = {
-            key for key, value in after.items() if key[0].startswith(family_name(name, kind))
-        }
+        moved = {key for key, value in after.items() if key[0].startswith(family_name(name, kind))}
         changed = [key for key in moved if before.get(key) != after[key]]
         assert changed, f"{name} did not move"
 
