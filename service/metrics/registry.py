@@ -71,6 +71,20 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
+        self.kube_api = Histogram(
+            "topoplace_kube_api_request_duration_seconds",
+            "Calls the service makes to the Kubernetes API, by call and outcome.",
+            ["call", "outcome"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.squeue = Histogram(
+            "topoplace_squeue_duration_seconds",
+            "squeue --json runs of the Slurm reconciler, by outcome (ok, failed).",
+            ["outcome"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         self.unschedulable = Counter(
             "topoplace_unschedulable",
             "Placements refused for now (409), by cause; a refusal with several causes"

@@ -17,11 +17,14 @@ from tests.service.metrics.scrape import Samples, documented, family_name, parse
 
 NO_VAL = 4294967294
 DGX1, H100 = "m-dgx1", "m-h100"
-# Only several replicas on Postgres move these (tests/service/metrics/test_replica_metrics.py
-# and test_retries_are_counted below).
+# Moved where what they measure happens: another replica's notification and a deadlock
+# (test_replica_metrics.py), the Kubernetes API (k8s/test_timed_api.py), squeue
+# (slurm/test_reconcile_loop.py).
 NOT_MOVED_HERE = {
     "topoplace_replica_notification_lag_seconds",
     "topoplace_database_retries_total",
+    "topoplace_kube_api_request_duration_seconds",
+    "topoplace_squeue_duration_seconds",
 }
 
 
