@@ -2,7 +2,10 @@
 
 The route is the template the router matched (``/v1/nodes/{name}``), never
 the path, so node names and ids do not become series; a request no route
-matched counts as ``unmatched``. The outcome is the status class (``2xx``)
+matched counts as ``unmatched``, and so does one answered before routing
+(throttled, refused by the token check or the request limits): finding its
+template would cost a match against every route on exactly the requests a
+flood is made of. The outcome is the status class (``2xx``)
 and, for an error, the error's stable ``code`` read from the body of the
 one error shape (service/errors.py). Only error bodies are read, and they
 are small; a successful answer costs a clock read and one observation.
