@@ -12,12 +12,13 @@ resync, a restart); these gauges are the state itself at scrape time:
 
 A node's *design* is its GPU count and model (``8x NVIDIA H100 80GB HBM3``):
 nodes of one design answer placements alike, and there are few designs.
-The state lock is taken for ``CHUNK`` nodes at a time, so a scrape of a large
-cluster never stalls /place for long.
+The state lock is taken for ``CHUNK`` nodes at a time, only to copy their
+values, so a scrape of a large cluster never stalls /place for long.
 """
 
 from __future__ import annotations
 
+import threading
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -28,12 +29,12 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from placement import NodeSnapshot
-from placement.node_view import NodeView
+from placement.islands import Island
 from service import schema
 from service.nodes.nvlink import COUNTERS
 from service.state import ServiceState
 
-CHUNK = 500  # nodes read per hold of the state lock
+CHUNK = 200  # nodes copied per hold of the state lock (as in the resync, state.py)
 CONDITIONS = ("ready", "stale", "cordoned")
 GPU_STATES = ("free", "held", "unavailable")
 NVLINK_HELP = {
@@ -61,21 +62,46 @@ class _Group:
     largest_free_island: int = 0
 
 
-def _add(group: _Group, entry: NodeView, condition: str) -> None:
-    group.nodes[condition] += 1
-    free = entry.free_mask if condition == "ready" else 0
-    held = len(entry.held_gpus)
+@dataclass(frozen=True, slots=True)
+class _Design:
+    """What a scrape needs of a snapshot, worked out once per snapshot."""
+
+    snapshot: NodeSnapshot  # held so that its id() names only it while cached
+    group: tuple[str, str]  # (design, region)
+    island_masks: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _Reading:
+    """A node as one hold of the lock saw it: immutable values only."""
+
+    snapshot: NodeSnapshot
+    islands: tuple[Island, ...]
+    free: int
+    held: int
+    condition: str
+
+
+def _add(group: _Group, reading: _Reading, design: _Design) -> None:
+    group.nodes[reading.condition] += 1
+    free = reading.free if reading.condition == "ready" else 0
     free_count = free.bit_count()
     group.gpus["free"] += free_count
-    group.gpus["held"] += held
-    group.gpus["unavailable"] += max(0, entry.snapshot.gpu_count - held - free_count)
-    island_free = max((sum(free >> g & 1 for g in i.gpus) for i in entry.islands), default=0)
+    group.gpus["held"] += reading.held
+    group.gpus["unavailable"] += max(0, reading.snapshot.gpu_count - reading.held - free_count)
+    island_free = max(((free & m).bit_count() for m in design.island_masks), default=0)
     group.largest_free_island = max(group.largest_free_island, island_free)
 
 
 class ClusterCollector(Collector):
+    """The lock is held only to copy each node's immutable values (a snapshot, a mask,
+    a count); designs and island masks are worked out outside it, once per snapshot:
+    at 10,000 nodes, working them out under the lock held it 10 ms per 500 nodes."""
+
     def __init__(self, state: ServiceState) -> None:
         self.state = state
+        self._designs: dict[int, _Design] = {}  # id(snapshot) -> its design
+        self._designs_lock = threading.Lock()  # two scrapes at once share the cache
 
     def describe(self) -> list[Metric]:
         """Nothing: registering must not read the state (it may not be loaded yet)."""
@@ -87,11 +113,11 @@ class ClusterCollector(Collector):
         if self.state.settings.metrics_nvlink:
             yield from self._nvlink()
 
-    def _groups(self) -> dict[tuple[str, str], _Group]:
+    def _readings(self) -> list[_Reading]:
         state = self.state
-        groups: dict[tuple[str, str], _Group] = defaultdict(_Group)
         with state.lock:
             names = state.cluster.names()
+        readings: list[_Reading] = []
         for start in range(0, len(names), CHUNK):
             with state.lock:
                 for name in names[start : start + CHUNK]:
@@ -104,8 +130,34 @@ class ClusterCollector(Collector):
                         condition = "stale"
                     else:
                         condition = "ready"
-                    snap = entry.snapshot
-                    _add(groups[(design_of(snap), snap.region)], entry, condition)
+                    readings.append(
+                        _Reading(
+                            entry.snapshot,
+                            entry.islands,
+                            entry.free_mask,
+                            len(entry.held_gpus),
+                            condition,
+                        )
+                    )
+        return readings
+
+    def _design(self, reading: _Reading) -> _Design:
+        found = self._designs.get(id(reading.snapshot))
+        if found is None or found.snapshot is not reading.snapshot:
+            snap = reading.snapshot
+            masks = tuple(sum(1 << g for g in i.gpus) for i in reading.islands)
+            found = _Design(snap, (design_of(snap), snap.region), masks)
+        return found
+
+    def _groups(self) -> dict[tuple[str, str], _Group]:
+        groups: dict[tuple[str, str], _Group] = defaultdict(_Group)
+        with self._designs_lock:
+            seen: dict[int, _Design] = {}
+            for reading in self._readings():
+                design = self._design(reading)
+                seen[id(reading.snapshot)] = design
+                _add(groups[design.group], reading, design)
+            self._designs = seen  # the nodes gone or re-reported are dropped
         return groups
 
     def _nodes(self) -> Iterator[Metric]:
