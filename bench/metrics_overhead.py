@@ -8,7 +8,9 @@ connection (each followed by its job's release, so the cluster never fills)
 to one process, then to the other; rounds alternate, so that drift of a
 shared machine lands on both. Printed: /place p50 and p99 of each, and
 their ratio, and the middleware's own time per request measured in-process
-around an ASGI app that does nothing.
+around an ASGI app that does nothing, and what a scrape of 10,000 nodes
+costs: the median and longest hold of the state lock, the first scrape (designs
+worked out) and the next.
 
 Run: ``python -m bench.metrics_overhead [--rounds N]``; ports 24100-24101.
 """
@@ -24,14 +26,17 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import cast
 
 import httpx
 import numpy as np
 
+from bench.engine_speed import build_cluster
 from bench.http_load import encode_post, in_sequence
 from bench.machine import StealMeter, describe
 from placement.profiles import build_profile
+from service.metrics.cluster import ClusterCollector
 from service.metrics.http import RequestMetrics
 from service.metrics.registry import Metrics
 
@@ -118,6 +123,31 @@ def middleware_alone(samples: int = 20_000) -> float:
     return (timed - bare) * 1e6
 
 
+def scrape_cost(nodes: int = 10_000) -> tuple[float, float, float, float]:
+    """(median and longest hold of the state lock, first scrape, next scrape) in ms, for
+    the node gauges over the engine benchmark's mixed fleet of ``nodes`` nodes."""
+    cluster = build_cluster(nodes, 1)
+    held: list[float] = []
+
+    class TimedLock:
+        def __enter__(self) -> None:
+            self.t0 = time.perf_counter()
+
+        def __exit__(self, *_: object) -> None:
+            held.append(time.perf_counter() - self.t0)
+
+    state = SimpleNamespace(cluster=cluster, lock=TimedLock(), cordoned=set(), is_stale=bool)
+    collector = ClusterCollector(state)  # type: ignore[arg-type]
+    t0 = time.perf_counter()
+    collector._groups()
+    first = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    collector._groups()
+    second = time.perf_counter() - t0
+    holds = held[1:]  # [0]: reading the names
+    return statistics.median(holds) * 1e3, max(holds) * 1e3, first * 1e3, second * 1e3
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=6)
@@ -154,6 +184,11 @@ def main() -> None:
     print(f"  per-round p50 (with): {[round(x, 3) for x in _per_round(latencies['with'])]}")
     print(f"  per-round p50 (without): {[round(x, 3) for x in _per_round(latencies['without'])]}")
     print(f"middleware alone: {middleware_alone():.2f} us per request")
+    median, longest, first, second = scrape_cost()
+    print(
+        f"scrape of 10,000 nodes: state-lock hold median {median:.2f} ms, longest"
+        f" {longest:.2f} ms; first scrape {first:.0f} ms, next {second:.0f} ms"
+    )
     print(f"steal: {steal.percent():.1f}%")
 
 
