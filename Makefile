@@ -32,10 +32,13 @@ bench: install
 	$(BIN)/python -m bench.service_speed
 	$(BIN)/python -m bench.grpc_vs_rest
 	$(BIN)/python -m bench.k8s_extender
+	$(BIN)/python -m bench.device_plugin
 
-# Regenerate service/grpc/gen/ after changing openapi/topoplace/v1/topoplace.proto.
+# Regenerate service/grpc/gen/ after changing openapi/topoplace/v1/topoplace.proto, and
+# agent/deviceplugin/gen/ after changing the kubelet's .proto files beside it.
 proto: install
 	$(BIN)/python -m service.grpc.codegen
+	$(BIN)/python -m agent.deviceplugin.codegen
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

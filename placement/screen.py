@@ -41,6 +41,9 @@ class NodeScreen:
     fits: NDArray[np.bool_]
     score: NDArray[np.float64]  # 0..100 where the node fits, 0 elsewhere
     rank: NDArray[np.int64]  # 1 = best among the nodes that fit, 0 where it does not fit
+    # Every node the ranking cannot tell from the best one (equal on every rank key):
+    # the best by slot order is only the first of them.
+    tied_best: NDArray[np.bool_]
     masks: NDArray[np.int64]  # the GPU set each fitting node would give, over its GPU list
     cause_codes: NDArray[np.int64]
     unknown: tuple[str, ...]
@@ -79,15 +82,23 @@ def screen(table: NodeTable, request: PlacementRequest, full_rank: bool = True) 
     where = np.flatnonzero(fits)
     score = np.zeros(slots.size, dtype=np.float64)
     rank = np.zeros(slots.size, dtype=np.int64)
+    tied = np.zeros(slots.size, dtype=np.bool_)
     if where.size:
         protected = np.zeros(table.slot_count, dtype=np.bool_)
         inputs = analysis.rank_inputs(fits, table, protected)
         score[where] = scores(inputs, request)
+        words = rank_words(inputs, request)
         if full_rank:
-            rank[where[rank_order(inputs, request)]] = np.arange(1, where.size + 1)
+            order = rank_order(inputs, request)
+            rank[where[order]] = np.arange(1, where.size + 1)
+            best = int(order[0])
         else:
-            best = best_of(rank_words(inputs, request), np.arange(where.size))
+            best = best_of(words, np.arange(where.size))
             rank[where[best]] = 1
+        same = np.ones(where.size, dtype=np.bool_)
+        for word in words:
+            same &= word == word[best]
+        tied[where[same]] = True
     unknown: tuple[str, ...] = ()
     if request.nodes is not None and slots.size < len(request.nodes):
         unknown = unknown_names(table, request)
@@ -97,6 +108,7 @@ def screen(table: NodeTable, request: PlacementRequest, full_rank: bool = True) 
         fits=fits,
         score=score,
         rank=rank,
+        tied_best=tied,
         masks=analysis.chosen,
         cause_codes=analysis.cause,
         unknown=unknown,

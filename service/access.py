@@ -110,6 +110,7 @@ REST_RULES: tuple[Rule, ...] = (
     Rule("GET", "/v1/nodes", V),
     Rule("GET", "/v1/nodes/{name}", V),
     Rule("GET", "/v1/nodes/{name}/topology", V),
+    Rule("GET", "/v1/nodes/{name}/topology.svg", V),
     Rule("GET", "/v1/nodes/{name}/snapshots", V),
     Rule("GET", "/v1/nodes/{name}/nvlink", V),
     Rule("POST", "/v1/nodes/{name}/cordon", A),
@@ -133,6 +134,10 @@ REST_RULES: tuple[Rule, ...] = (
     Rule("POST", "/k8s/v1/prioritize", S),
     Rule("POST", "/k8s/v1/bind", S),
     Rule("POST", "/k8s/v1/preempt", S),
+    # The device plugin, with its node's agent token; a difference log for people.
+    Rule("GET", "/v1/nodes/{name}/k8s/reservations", R),
+    Rule("POST", "/v1/nodes/{name}/k8s/devices", R),
+    Rule("GET", "/v1/k8s/mismatches", V),
     # tokens
     Rule("POST", "/v1/tokens", A),
     Rule("GET", "/v1/tokens", A),
@@ -142,8 +147,20 @@ REST_RULES: tuple[Rule, ...] = (
 # Open to every caller, with or without a token: probes cannot present one, and
 # the API's own description is not a secret.
 OPEN_PATHS = frozenset(
-    {"/healthz", "/readyz", "/metrics", "/docs", "/docs/oauth2-redirect", "/openapi.json"}
+    {
+        "/healthz",
+        "/readyz",
+        "/metrics",
+        "/docs",
+        "/docs/oauth2-redirect",
+        "/redoc",
+        "/openapi.json",
+        "/console",
+    }
 )
+# The pages' scripts and styles, shipped in the package: they hold no data (the
+# console reads the API with the caller's own token).
+OPEN_PREFIXES = ("/assets/",)
 
 GRPC_SERVICE = "/topoplace.v1.Topoplace/"
 GRPC_RULES: dict[str, Permission] = {

@@ -18,6 +18,7 @@ from service import cluster_view, migrate
 from service.allocations import api as allocations
 from service.allocations import endpoints as allocation_routes
 from service.auth import REVOCATION_POLL_S, Authenticator, RequireToken, region_checker
+from service.console import endpoints as console_routes
 from service.db import checkpoint, make_engine
 from service.demo import heartbeat_demo_cluster, register_demo_cluster
 from service.direct_routes import DirectRoutes
@@ -26,6 +27,7 @@ from service.edge.guard import RequestGuard
 from service.edge.rate_limit import RateLimit, RateLimiter
 from service.event_loop import off_loop
 from service.grpc.server import start_grpc
+from service.k8s import device_routes as k8s_device_routes
 from service.k8s import endpoints as k8s_routes
 from service.metrics import endpoint as metrics_route
 from service.metrics.http import RequestMetrics
@@ -178,6 +180,9 @@ def create_app(
         version="1",
         description="Topology-aware GPU placement: chooses the node and the exact GPUs.",
         lifespan=lifespan,
+        # Served from the package by service/console/, not from a CDN: see docs/console.md.
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.service = state
     app.state.token_check = token_check
@@ -186,9 +191,12 @@ def create_app(
     app.include_router(cluster_view.router)
     app.include_router(slurm_routes.router)
     app.include_router(k8s_routes.router)
+    app.include_router(k8s_device_routes.router)
     app.include_router(token_routes.router)
     app.include_router(metrics_route.router)
     app.state.exposition = metrics_route.exposition(state)
+    app.include_router(console_routes.router)
+    console_routes.mount_assets(app)
 
     async def _handled(_: Request, exc: Exception) -> JSONResponse:
         response = handled_error(exc)

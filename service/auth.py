@@ -126,7 +126,7 @@ class Authenticator:
     ) -> None:
         self.engine = engine
         self.insecure = insecure
-        self._open_prefixes: tuple[str, ...] = ()
+        self._open_prefixes: tuple[str, ...] = access.OPEN_PREFIXES
         self._static: dict[bytes, Principal] = {}
         for index, token in enumerate(t for t in static_tokens if t):
             self._static[_digest(token)] = Principal(f"static-{index}", Role.ADMIN, name="static")

@@ -13,4 +13,13 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 os.environ.setdefault("TOPOPLACE_INSECURE_DEV", "1")
+
+
+@pytest.fixture(scope="module")
+def anyio_backend() -> str:
+    """The service runs on asyncio (uvicorn); anyio's tests would also run on trio
+    wherever trio is installed, and selenium (the browser tests) brings it along."""
+    return "asyncio"

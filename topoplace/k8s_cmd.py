@@ -24,7 +24,7 @@ import shlex
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from topoplace import client_cmd
+from topoplace import client_cmd, k8s_reconcile_cmd
 
 if TYPE_CHECKING:
     from topoplace_client.api import TopoplaceClient
@@ -89,3 +89,4 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "--kubectl", action="store_true", help="print a `kubectl label node` command instead"
     )
     labels.set_defaults(func=lambda args: client_cmd.run(show_labels, args))
+    k8s_reconcile_cmd.add_parser(k8s_sub)

@@ -13,7 +13,7 @@ apart because callers react to them differently:
 from __future__ import annotations
 
 import ssl
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import Any, Self
 from urllib.parse import quote, urlsplit
@@ -304,6 +304,23 @@ class TopoplaceClient:
         if limit is not None:
             params["limit"] = limit
         return self._get("/v1/allocations", params)
+
+    # -- Kubernetes device plugin ----------------------------------------------
+
+    def k8s_reservations(self, node: str) -> JSONObject:
+        """GET /v1/nodes/{name}/k8s/reservations: the node's pod reservations, oldest first."""
+        return self._get(f"/v1/nodes/{_segment(node)}/k8s/reservations")
+
+    def k8s_report_devices(
+        self, node: str, resource: str, pods: Sequence[Mapping[str, Any]]
+    ) -> JSONObject:
+        """POST /v1/nodes/{name}/k8s/devices: what the kubelet really gave each pod."""
+        body = {"resource": resource, "pods": list(pods)}
+        return self._post(f"/v1/nodes/{_segment(node)}/k8s/devices", body)
+
+    def k8s_mismatches(self) -> JSONObject:
+        """GET /v1/k8s/mismatches: where the kubelet's choice differed from the reservation."""
+        return self._get("/v1/k8s/mismatches")
 
     def allocation(self, allocation_id: str) -> JSONObject:
         """GET /v1/allocations/{id}."""

@@ -67,6 +67,11 @@ def create_binding(kube: KubeApi, pod: PodRequest, node: str, notes: dict[str, s
     except KubeApiError as exc:
         if exc.status == 409 and _already_bound(kube, pod, node):
             return None
+        if exc.status == 0:  # nothing answered: say which server, not that it refused
+            return (
+                f"{PREFIX}the Kubernetes API server did not answer the binding to {node}"
+                f" ({exc.message}); check that it is reachable from the service"
+            )
         return f"{PREFIX}the Kubernetes API refused the binding to {node}: {exc.message}"
     return None
 

@@ -59,6 +59,15 @@ class _Recent:
     clock: int = -1
 
 
+def no_api_server(exc: KubeConfigError) -> str:
+    """What a bind without a Kubernetes API says: what is missing and how to give it."""
+    return (
+        f"cannot bind: no Kubernetes API server is configured ({exc}); the service needs"
+        " one to write the pod's Binding: run it in the cluster with its service account"
+        " (integrations/kubernetes/rbac.yaml) or set TOPOPLACE_K8S_KUBECONFIG"
+    )
+
+
 class Extender:
     def __init__(
         self, state: ServiceState, settings: ExtenderSettings, kube: KubeApi | None = None
@@ -230,7 +239,11 @@ class Extender:
             kube = self.kube()
         except BadPodRequest as exc:
             return dumps(ExtenderBindingResult(Error=PREFIX + str(exc)))
-        except (KubeApiError, KubeConfigError) as exc:
+        except KubeConfigError as exc:
+            # The pod may well be known (filter saw it); what is missing is the API server
+            # the Binding is written to: say so, and how to give it one.
+            return dumps(ExtenderBindingResult(Error=f"{PREFIX}{no_api_server(exc)}"))
+        except KubeApiError as exc:
             return dumps(ExtenderBindingResult(Error=f"{PREFIX}cannot read the pod: {exc}"))
         node = args["Node"]
         if pod.gang is not None and pod.request is not None:

@@ -67,10 +67,13 @@ def screen_tenths(screen: NodeScreen) -> NDArray[np.int64]:
 
     The engine's best node gets 10 and every other fitting node at most 9,
     so its choice survives the rounding to eleven levels; the scheduler
-    multiplies by the extender's weight and adds its own scores.
+    multiplies by the extender's weight and adds its own scores. Nodes the
+    ranking cannot tell from the best one (equal on every rank key) get 10
+    as well: equal nodes must get equal priorities, or the scheduler's sum
+    over extenders and plugins is skewed by which one came first in slot order.
     """
     tenths = np.minimum(screen.score // 10, MAX_PRIORITY - 1).astype(np.int64)
-    tenths[screen.rank == 1] = MAX_PRIORITY
+    tenths[screen.tied_best] = MAX_PRIORITY
     tenths[~screen.fits] = 0
     return tenths
 

@@ -99,3 +99,16 @@ def test_names_at_reads_the_names_of_the_moment_it_screened() -> None:
     state.remove(first)
     assert screened.names_at(np.zeros(1, dtype=np.int64)) == [first]
     assert screened.names[0] == first
+
+
+@pytest.mark.parametrize("full_rank", [True, False])
+def test_identical_nodes_tie_with_the_best_and_others_do_not(full_rank: bool) -> None:
+    cluster = ClusterState()
+    for profile, name in [("hgx-h100", "a"), ("hgx-h100", "b"), ("dgx1-v100", "v")]:
+        cluster.upsert(build_profile(profile, name))
+    request = PlacementRequest(gpus=4, nodes=("v", "b", "a"))
+    screen = cluster.screen(request, full_rank=full_rank)
+    tied = dict(zip(screen.names, screen.tied_best.tolist(), strict=True))
+    best = screen.names[int(np.flatnonzero(screen.rank == 1)[0])]
+    assert tied[best]
+    assert tied == {"a": True, "b": True, "v": False}

@@ -17,7 +17,10 @@ def test_the_agent_command_is_declared_in_the_packaging() -> None:
         for ep in distribution(cli.DISTRIBUTION).entry_points
         if ep.group == cli.COMMANDS_GROUP
     }
-    assert declared == {"agent": "agent.cli:add_parser"}
+    assert declared == {
+        "agent": "agent.cli:add_parser",
+        "device-plugin": "agent.deviceplugin.cli:add_parser",
+    }
 
 
 def test_topoplace_agent_runs_the_agent(capsys: pytest.CaptureFixture[str]) -> None:

@@ -38,6 +38,11 @@ def _scheduler_config() -> dict[str, Any]:
     return config
 
 
+def _container(spec: dict[str, Any], name: str) -> dict[str, Any]:
+    (found,) = [c for c in spec["containers"] if c["name"] == name]
+    return found
+
+
 def test_every_manifest_parses_and_is_named():
     files = sorted(p.name for p in ROOT.glob("*.yaml"))
     assert files, "no manifests found"
@@ -149,7 +154,7 @@ def test_the_agent_runs_on_gpu_nodes_with_nvml():
     spec = agent["spec"]["template"]["spec"]
     assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
     assert spec["runtimeClassName"] == "nvidia"
-    (container,) = spec["containers"]
+    container = _container(spec, "agent")
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["NVIDIA_VISIBLE_DEVICES"] == "all" and "utility" in env["NVIDIA_DRIVER_CAPABILITIES"]
     assert "nvidia.com/gpu" not in str(container.get("resources"))  # reads NVML, holds no GPU
@@ -162,7 +167,7 @@ def test_the_agent_command_is_one_the_agent_accepts():
 
     spec = _one("DaemonSet", "topoplace-agent")["spec"]["template"]["spec"]
     (init,) = spec["initContainers"]
-    (container,) = spec["containers"]
+    container = _container(spec, "agent")
     args = build_parser().parse_args(container["args"][1:])
     assert args.server.startswith("http://topoplace.")
     key_file = str(args.key_file)
@@ -201,3 +206,31 @@ def test_the_network_policy_admits_the_callers(name: str):
         p["podSelector"]["matchLabels"] for r in policy["spec"]["ingress"] for p in r["from"]
     ]
     assert {"app.kubernetes.io/name": name} in allowed
+
+
+def test_the_device_plugin_runs_beside_the_agent_with_the_kubelets_folders():
+    from topoplace.cli import build_parser
+
+    spec = _one("DaemonSet", "topoplace-agent")["spec"]["template"]["spec"]
+    assert [c["name"] for c in spec["containers"]] == ["agent", "device-plugin"]
+    plugin = _container(spec, "device-plugin")
+    args = build_parser().parse_args(plugin["args"][1:])
+    assert args.command == "device-plugin" and args.publish_topology
+    mounts = {m["name"]: m["mountPath"] for m in plugin["volumeMounts"]}
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert str(args.kubelet_dir) == mounts["device-plugins"]
+    assert volumes["device-plugins"]["hostPath"]["path"] == "/var/lib/kubelet/device-plugins"
+    assert str(args.pod_resources_socket).startswith(mounts["pod-resources"])
+    assert volumes["pod-resources"]["hostPath"]["path"] == "/var/lib/kubelet/pod-resources"
+    assert mounts["kube-api"] == "/var/run/secrets/kubernetes.io/serviceaccount"
+    assert "kube-api" not in {m["name"] for m in _container(spec, "agent")["volumeMounts"]}
+    assert "nvidia.com/gpu" not in str(plugin.get("resources"))
+
+
+def test_the_device_plugin_may_keep_only_node_resource_topologies():
+    role = _one("ClusterRole", "topoplace-device-plugin")
+    (rule,) = role["rules"]
+    assert rule["resources"] == ["noderesourcetopologies"]
+    assert sorted(rule["verbs"]) == ["create", "get", "update"]
+    crd = _one("CustomResourceDefinition", "noderesourcetopologies.topology.node.k8s.io")
+    assert crd["spec"]["group"] == rule["apiGroups"][0]

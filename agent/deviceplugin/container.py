@@ -1,0 +1,84 @@
+"""What a container gets for its devices: the runtime's way to them, and CUDA/NCCL hints.
+
+Strategies, as NVIDIA's device plugin names them (``--strategy``):
+
+- ``envvar``: ``NVIDIA_VISIBLE_DEVICES`` with the UUIDs, read by the NVIDIA
+  container runtime;
+- ``cdi-cri``: CDI device names ``nvidia.com/gpu=<UUID>`` in the
+  response's ``cdi_devices`` (containerd 1.7+, CRI-O);
+- ``cdi-annotations``: the same names in the ``cdi.k8s.io/...`` annotation.
+
+``--device-specs`` adds ``/dev/nvidiactl``, ``/dev/nvidia-uvm``,
+``/dev/nvidia-uvm-tools`` and ``/dev/nvidia<N>`` of each GPU, for runtimes
+that need the nodes listed. Besides, unless switched off, the container gets
+``CUDA_VISIBLE_DEVICES`` with the UUIDs in the reservation's order (CUDA
+accepts UUIDs, so the order survives the runtime's renumbering), and the
+NCCL hints its wiring implies: ``NCCL_P2P_LEVEL=NVL`` when every pair of its
+GPUs is on NVLink.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+STRATEGIES = ("envvar", "cdi-cri", "cdi-annotations")
+CDI_KIND = "nvidia.com/gpu"
+CDI_ANNOTATION_PREFIX = "cdi.k8s.io/topoplace-device-plugin_"
+
+
+@dataclass(frozen=True)
+class Wiring:
+    """What the plugin knows of the devices handed out."""
+
+    nvlink_connected: bool = False
+    allocation_id: str | None = None
+
+
+@dataclass(frozen=True)
+class ContainerOptions:
+    strategies: tuple[str, ...] = ("envvar",)
+    device_specs: bool = False
+    cuda_env: bool = True
+    nccl_hints: bool = True
+
+
+@dataclass
+class ContainerAnswer:
+    envs: dict[str, str] = field(default_factory=dict)
+    annotations: dict[str, str] = field(default_factory=dict)
+    cdi_devices: list[str] = field(default_factory=list)
+    device_specs: list[tuple[str, str, str]] = field(default_factory=list)  # path, host, perms
+
+
+def answer(
+    devices: Sequence[str],
+    gpu_index: dict[str, int],
+    wiring: Wiring,
+    options: ContainerOptions,
+) -> ContainerAnswer:
+    out = ContainerAnswer()
+    uuids = ",".join(devices)
+    names = [f"{CDI_KIND}={d}" for d in devices]
+    if "envvar" in options.strategies:
+        out.envs["NVIDIA_VISIBLE_DEVICES"] = uuids
+    if "cdi-cri" in options.strategies:
+        out.cdi_devices = names
+    if "cdi-annotations" in options.strategies:
+        key = hashlib.sha256(uuids.encode()).hexdigest()[:16]
+        out.annotations[CDI_ANNOTATION_PREFIX + key] = ",".join(names)
+    if options.device_specs:
+        for path in ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"):
+            out.device_specs.append((path, path, "rw"))
+        for index in sorted({gpu_index[d] for d in devices if d in gpu_index}):
+            path = f"/dev/nvidia{index}"
+            out.device_specs.append((path, path, "rw"))
+    if options.cuda_env:
+        out.envs["CUDA_VISIBLE_DEVICES"] = uuids
+        out.envs["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    if options.nccl_hints and len(devices) > 1 and wiring.nvlink_connected:
+        out.envs["NCCL_P2P_LEVEL"] = "NVL"
+    if wiring.allocation_id is not None:
+        out.envs["TOPOPLACE_ALLOCATION"] = wiring.allocation_id
+    return out

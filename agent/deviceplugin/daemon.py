@@ -1,0 +1,172 @@
+"""The plugin process: read the node, serve the kubelet, tell the service the truth.
+
+Three threads besides gRPC's: the device loop (the agent's source every
+``interval_s``: health for ListAndWatch), the registration watcher
+(kubelet.py) and the truth loop (truth.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agent.deviceplugin import devices as dev
+from agent.deviceplugin.container import ContainerOptions
+from agent.deviceplugin.kube_publish import PublishError, TopologyPublisher
+from agent.deviceplugin.kubelet import Endpoint, keep_registered
+from agent.deviceplugin.matching import Reservation
+from agent.deviceplugin.plugin import ResourcePlugin
+from agent.deviceplugin.state import Claims, Devices, ReservationCache
+from agent.deviceplugin.topology_object import node_resource_topology
+from agent.deviceplugin.truth import TruthLoop
+from agent.nvml_discovery import DiscoveryError
+from agent.sources import Source
+from placement.snapshot import NodeSnapshot
+from topoplace_client.api import TopoplaceClient
+
+log = logging.getLogger("topoplace.deviceplugin")
+
+
+@dataclass(frozen=True)
+class PluginSettings:
+    node: str
+    resources: tuple[str, ...]  # empty: every resource the node has (whole GPUs, MIG profiles)
+    whole_gpu_resource: str
+    kubelet_dir: Path
+    pod_resources_socket: Path
+    options: ContainerOptions
+    interval_s: float = 15.0
+    truth_interval_s: float = 10.0
+    register_poll_s: float = 1.0
+    publish_topology: bool = False  # keep the node's NodeResourceTopology object
+
+
+class ServiceLink:
+    """The service, through two clients: admissions never wait behind a truth report."""
+
+    def __init__(self, node: str, admissions: TopoplaceClient, reports: TopoplaceClient) -> None:
+        self.node = node
+        self.admissions = admissions
+        self.reports = reports
+
+    def _parse(self, answer: dict[str, Any]) -> list[Reservation]:
+        return [Reservation.from_json(r) for r in answer.get("reservations", [])]
+
+    def reservations(self) -> list[Reservation]:
+        return self._parse(self.admissions.k8s_reservations(self.node))
+
+    def reservations_for_report(self) -> list[Reservation]:
+        return self._parse(self.reports.k8s_reservations(self.node))
+
+    def report(self, resource: str, pods: list[dict[str, Any]]) -> Any:
+        return self.reports.k8s_report_devices(self.node, resource, pods)
+
+
+class DevicePluginDaemon:
+    def __init__(
+        self,
+        settings: PluginSettings,
+        source: Source,
+        link: ServiceLink,
+        publisher: TopologyPublisher | None = None,
+    ) -> None:
+        self.settings = settings
+        self.publisher = publisher
+        self.snapshot: NodeSnapshot | None = None
+        self.source = source
+        self.link = link
+        self.devices = Devices()
+        self.claims = Claims()
+        self.reservations = ReservationCache(link.reservations)
+        self.stop = threading.Event()
+        self.resources: list[str] = list(settings.resources)
+        self.truth = TruthLoop(
+            str(settings.pod_resources_socket),
+            lambda: set(self.resources),
+            self.claims,
+            link.reservations_for_report,
+            link.report,
+            settings.truth_interval_s,
+            on_round=self.publish_topology if publisher is not None else None,
+        )
+
+    def read_devices(self) -> None:
+        """One look at the node; a source that cannot answer makes every device Unhealthy."""
+        try:
+            snapshot = self.source.read()
+        except (DiscoveryError, ValueError) as exc:  # ValueError: a snapshot that does not validate
+            log.warning("the node cannot be read (%s): every device is Unhealthy", exc)
+            for resource in self.resources:
+                sick = [
+                    dev.Device(d.id, False, d.numa_node, d.gpu_index)
+                    for d in self.devices.get(resource)
+                ]
+                self.devices.update(resource, sick)
+            return
+        self.snapshot = snapshot
+        if not self.resources:
+            self.resources = dev.resources_of(snapshot, self.settings.whole_gpu_resource)
+        for resource in self.resources:
+            now = dev.advertised(snapshot, resource)
+            self.devices.update(resource, dev.merge(self.devices.get(resource), now))
+
+    def publish_topology(self, held: set[str]) -> None:
+        if self.publisher is None or self.snapshot is None:
+            return
+        devices = {r: self.devices.get(r) for r in self.resources}
+        try:
+            self.publisher.publish(node_resource_topology(self.snapshot, devices, held))
+        except PublishError as exc:
+            log.warning("NodeResourceTopology not kept: %s", exc)
+
+    def truth_soon(self) -> None:
+        """An Allocate or PreStartContainer happened: read PodResources now."""
+        self.truth.wake.set()
+
+    def endpoints(self) -> list[Endpoint]:
+        return [
+            Endpoint(
+                self.settings.kubelet_dir,
+                ResourcePlugin(
+                    resource,
+                    self.devices,
+                    self.claims,
+                    self.reservations,
+                    self.settings.options,
+                    self.truth_soon,
+                    self.stop.is_set,
+                ),
+            )
+            for resource in self.resources
+        ]
+
+    def run(self) -> None:
+        self.read_devices()
+        if not self.resources:
+            log.warning("this node has no GPUs to advertise; waiting for some")
+        while not self.resources and not self.stop.wait(self.settings.interval_s):
+            self.read_devices()
+        if self.stop.is_set():
+            return
+        # After a restart: learn from PodResources what was given before serving anything.
+        self.truth.once()
+        endpoints = self.endpoints()
+        threads = [
+            threading.Thread(
+                target=keep_registered,
+                args=(endpoints, self.stop, self.settings.register_poll_s),
+                name="register",
+                daemon=True,
+            ),
+            threading.Thread(target=self.truth.run, args=(self.stop,), name="truth", daemon=True),
+        ]
+        for t in threads:
+            t.start()
+        while not self.stop.wait(self.settings.interval_s):
+            self.read_devices()
+        self.truth.wake.set()
+        for t in threads:
+            t.join(10)

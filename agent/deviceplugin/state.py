@@ -1,0 +1,114 @@
+"""The plugin's memory, shared by every resource it serves: devices, reservations, claims.
+
+Claims are allocation ids already given to a container (or offered to the
+admission in progress). They live in the process and are rebuilt from the
+kubelet's PodResources List after a restart (truth.py), so nothing is
+allocated twice.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+from agent.deviceplugin.devices import Device
+from agent.deviceplugin.matching import Reservation
+
+OFFER_TTL_S = 30.0  # an offer not followed by its Allocate is given up after this
+RESERVATIONS_FRESH_S = 2.0  # Allocate reuses the list GetPreferredAllocation just read
+
+
+class Devices:
+    """Each resource's devices as the source last said, with a version for ListAndWatch."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._devices: dict[str, list[Device]] = {}
+        self.version = 0
+
+    def update(self, resource: str, devices: list[Device]) -> bool:
+        with self._cond:
+            if self._devices.get(resource) == devices:
+                return False
+            self._devices[resource] = list(devices)
+            self.version += 1
+            self._cond.notify_all()
+            return True
+
+    def get(self, resource: str) -> list[Device]:
+        with self._cond:
+            return list(self._devices.get(resource, ()))
+
+    def wait_change(self, version: int, timeout_s: float) -> int:
+        """Block until the version moves past ``version`` or the timeout; the version now."""
+        with self._cond:
+            self._cond.wait_for(lambda: self.version != version, timeout=timeout_s)
+            return self.version
+
+
+class Claims:
+    """Which reservations are taken: given to a container, or offered to the current admission."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.lock = threading.Lock()
+        self._clock = clock
+        self.given: set[str] = set()
+        self._offered: dict[str, tuple[float, Reservation]] = {}
+
+    def taken(self) -> set[str]:
+        """Under ``lock``: every id not to offer again now."""
+        now = self._clock()
+        self._offered = {k: v for k, v in self._offered.items() if v[0] > now}
+        return self.given | set(self._offered)
+
+    def given_now(self) -> set[str]:
+        """Under ``lock``: the ids given to containers (expired offers dropped)."""
+        self.taken()
+        return set(self.given)
+
+    def offer(self, reservation: Reservation) -> None:
+        self._offered[reservation.allocation_id] = (self._clock() + OFFER_TTL_S, reservation)
+
+    def offered(self, resource: str, devices: set[str]) -> Reservation | None:
+        """Under ``lock``: the offered reservation of exactly these devices."""
+        for _, r in self._offered.values():
+            if r.resource == resource and set(r.devices) == devices:
+                return r
+        return None
+
+    def give(self, reservation: Reservation) -> None:
+        self._offered.pop(reservation.allocation_id, None)
+        self.given.add(reservation.allocation_id)
+
+    def rebuild(self, given: set[str], live: set[str]) -> None:
+        """From the truth: ``given`` ids are held by admitted pods; ids no longer ``live``
+        (their allocation ended) are forgotten."""
+        with self.lock:
+            self.given = (self.given & live) | given
+
+
+class ReservationCache:
+    """The service's list of this node's reservations, read at most once per admission."""
+
+    def __init__(
+        self, fetch: Callable[[], list[Reservation]], clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._fetch = fetch
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._at = -1e9
+        self._value: list[Reservation] = []
+
+    def fresh(self) -> list[Reservation]:
+        """Read now (raises what ``fetch`` raises when the service cannot answer)."""
+        value = self._fetch()
+        with self._lock:
+            self._value, self._at = value, self._clock()
+        return value
+
+    def recent(self) -> list[Reservation] | None:
+        with self._lock:
+            if self._clock() - self._at <= RESERVATIONS_FRESH_S:
+                return list(self._value)
+        return None

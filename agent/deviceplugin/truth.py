@@ -1,0 +1,118 @@
+"""After the fact: which devices each pod really got, from the kubelet's PodResources API.
+
+Every round (and soon after an Allocate) the plugin lists the kubelet's pod
+resources, reports each pod's devices of its resources to the service
+(``POST /v1/nodes/{name}/k8s/devices``), which moves or creates allocations
+to match, and rebuilds its claims from the same list: a reservation whose
+pod already holds devices, or whose devices another pod holds, is not
+offered again. After a restart this is how the plugin learns what it gave.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+
+from agent.deviceplugin.gen.podresources.v1 import api_pb2 as pr
+from agent.deviceplugin.gen.podresources.v1 import api_pb2_grpc as pr_grpc
+from agent.deviceplugin.matching import Reservation
+from agent.deviceplugin.state import Claims
+
+log = logging.getLogger("topoplace.deviceplugin")
+PodKey = tuple[str, str]
+
+
+def list_pod_devices(
+    socket: str, resources: set[str], timeout_s: float
+) -> dict[str, dict[PodKey, list[str]]]:
+    """resource -> (namespace, pod) -> its devices of that resource, over every container."""
+    with grpc.insecure_channel(f"unix://{socket}") as channel:
+        answer = pr_grpc.PodResourcesListerStub(channel).List(
+            pr.ListPodResourcesRequest(), timeout=timeout_s
+        )
+    out: dict[str, dict[PodKey, list[str]]] = {r: {} for r in resources}
+    for pod in answer.pod_resources:
+        for c in pod.containers:
+            for d in c.devices:
+                if d.resource_name in out and d.device_ids:
+                    held = out[d.resource_name].setdefault((pod.namespace, pod.name), [])
+                    held.extend(i for i in d.device_ids if i not in held)
+    return out
+
+
+def given_ids(
+    reservations: list[Reservation], held: dict[str, dict[PodKey, list[str]]]
+) -> set[str]:
+    """Reservations not to offer: their pod holds devices, or their devices are held."""
+    out = set()
+    for r in reservations:
+        pods = held.get(r.resource, {})
+        in_use = {d for ids in pods.values() for d in ids}
+        if (r.namespace, r.pod) in pods or in_use & set(r.devices):
+            out.add(r.allocation_id)
+    return out
+
+
+class TruthLoop:
+    def __init__(
+        self,
+        socket: str,
+        resources: Callable[[], set[str]],
+        claims: Claims,
+        fetch: Callable[[], list[Reservation]],
+        report: Callable[[str, list[dict[str, Any]]], Any],
+        interval_s: float,
+        timeout_s: float = 5.0,
+        on_round: Callable[[set[str]], None] | None = None,
+    ) -> None:
+        self.socket = socket
+        self.resources = resources
+        self.claims = claims
+        self.fetch = fetch
+        self.report = report
+        self.interval_s = interval_s
+        self.timeout_s = timeout_s
+        self.on_round = on_round  # with every device held by a pod, each round
+        self.wake = threading.Event()
+        self.rounds = 0
+
+    def once(self) -> bool:
+        """One round; False when the kubelet or the service could not be read (tried again)."""
+        try:
+            held = list_pod_devices(self.socket, self.resources(), self.timeout_s)
+        except grpc.RpcError as exc:
+            log.warning("the kubelet's PodResources API did not answer: %s", exc.details())
+            return False
+        if self.on_round is not None:
+            self.on_round({d for pods in held.values() for ids in pods.values() for d in ids})
+        try:
+            reservations = self.fetch()
+        except Exception as exc:  # the service is down: claims stay, reported next round
+            log.warning("cannot read this node's reservations: %s", exc)
+            return False
+        live = {r.allocation_id for r in reservations}
+        self.claims.rebuild(given_ids(reservations, held), live)
+        ok = True
+        for resource, pods in held.items():
+            body = [
+                {"namespace": ns, "name": n, "devices": d} for (ns, n), d in sorted(pods.items())
+            ]
+            if not body:
+                continue
+            try:
+                self.report(resource, body)
+            except Exception as exc:
+                log.warning("cannot report %s allocations to the service: %s", resource, exc)
+                ok = False
+        self.rounds += 1
+        return ok
+
+    def run(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            self.wake.clear()
+            self.once()
+            self.wake.wait(self.interval_s)

@@ -1,0 +1,108 @@
+"""What the device plugin and the service say to each other about one node's pods.
+
+The plugin (``topoplace device-plugin``, agent/deviceplugin/) asks for the
+reservations the extender made on its node, to answer the kubelet, and
+reports what the kubelet really allocated (its PodResources API), so the
+service's allocations follow the truth. Field names are the plugin's JSON.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+DeviceId = str  # a GPU UUID or a MIG UUID, as NVML and the kubelet name it
+_ID = Field(min_length=1, max_length=128)
+_K8S_NAME = Field(min_length=1, max_length=253)
+
+
+class PodReservation(BaseModel):
+    allocation_id: str
+    state: Literal["pending", "active", "degraded"]
+    namespace: str
+    pod: str
+    pod_uid: str | None
+    resource: str = Field(
+        description="the resource its devices are: nvidia.com/gpu or nvidia.com/mig-<profile>"
+    )
+    devices: list[DeviceId] = Field(description="GPU or MIG UUIDs, in the reservation's order")
+    gpu_indices: list[int]
+    numa_nodes: list[int]
+    nvlink_connected: bool = Field(description="every pair of its GPUs is joined by NVLink")
+    created_at: datetime
+
+
+class NodeReservations(BaseModel):
+    node: str
+    reservations: list[PodReservation] = Field(description="oldest first: the order pods bound")
+
+
+class PodDevices(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    namespace: str = _K8S_NAME
+    name: str = _K8S_NAME
+    devices: list[str] = Field(min_length=1, max_length=64)
+
+
+class DeviceReport(BaseModel):
+    """Every pod the kubelet's PodResources List shows with devices of ``resource``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    resource: str = Field(
+        min_length=1,
+        max_length=253,
+        pattern=r"^[a-z0-9.\-]+/[a-z0-9.\-]+$",
+        examples=["nvidia.com/gpu"],
+    )
+    pods: list[PodDevices] = Field(max_length=1000)
+
+
+ReportAction = Literal["matched", "moved", "created", "deferred", "unmatched"]
+
+
+class PodOutcome(BaseModel):
+    namespace: str
+    name: str
+    action: ReportAction = Field(
+        description="matched: the reservation is what the kubelet gave; moved: the pod's"
+        " allocation now holds the devices it really got; created: a pod without a reservation"
+        " got one; deferred: nothing changed now, reported again later (the pod could not be"
+        " read from the Kubernetes API); unmatched: differs, but is not moved here (MIG"
+        " instances, gang members): counted, see message"
+    )
+    allocation_id: str | None = None
+    message: str = ""
+
+
+class Mismatch(BaseModel):
+    at: datetime
+    node: str
+    namespace: str
+    pod: str
+    action: ReportAction
+    allocation_id: str | None
+    reserved: list[DeviceId] = Field(description="what the service held for the pod before")
+    allocated: list[DeviceId] = Field(description="what the kubelet gave it")
+    superseded: list[str] = Field(description="allocations of others released: they held these")
+
+
+class MismatchCounts(BaseModel):
+    moved: int = 0
+    created: int = 0
+    unmatched: int = 0
+    superseded: int = 0
+
+
+class DeviceReportResult(BaseModel):
+    node: str
+    outcomes: list[PodOutcome]
+    mismatches: MismatchCounts = Field(description="since the service started, every node")
+
+
+class Mismatches(BaseModel):
+    counts: MismatchCounts
+    recent: list[Mismatch] = Field(description="the latest, newest last")

@@ -1,0 +1,255 @@
+"""A node's pods as the device plugin sees them: their reservations, and what they really got.
+
+The kubelet gives a device plugin no pod identity, so the plugin matches an
+admission to the reservations this module lists for its node (pods the
+extender bound there, oldest first). Afterwards the kubelet's PodResources
+API says which devices each container really got; ``report`` makes the
+service's allocations say the same: the kubelet runs the pod, so its choice
+wins over any reservation (``observe`` of service/allocations/api.py, as for
+Slurm). Every difference is counted and kept for ``topoplace k8s reconcile``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable
+from datetime import datetime
+
+from placement.snapshot import NodeSnapshot
+from service.allocations import api as allocations
+from service.allocations.results import Allocation
+from service.errors import BadRequest, NotFound
+from service.k8s.device_schemas import (
+    DeviceReport,
+    Mismatch,
+    MismatchCounts,
+    Mismatches,
+    PodDevices,
+    PodOutcome,
+    PodReservation,
+)
+from service.k8s.kube_api import KubeApi, KubeApiError, KubeConfigError
+from service.k8s.pod_request import GANG
+from service.k8s.reconcile import POD_OWNER
+from service.state import ServiceState
+
+log = logging.getLogger("topoplace.k8s")
+WHOLE_GPU = "nvidia.com/gpu"
+MIG_PREFIX = "nvidia.com/mig-"
+_LIVE = ("pending", "active", "degraded")
+_RECENT = 200
+
+
+def resource_of(allocation: Allocation, snapshot: NodeSnapshot) -> str:
+    """The kubelet resource a pod reservation's devices are advertised as."""
+    migs = [t for t in allocation.tasks if t.mig_uuids]
+    if not migs:
+        return WHOLE_GPU
+    profiles = {m.uuid: m.profile for m in snapshot.mig_instances}
+    return MIG_PREFIX + profiles.get(migs[0].mig_uuids[0], "unknown")
+
+
+def _pod_name(owner: str | None) -> tuple[str, str] | None:
+    if not owner or not owner.startswith(POD_OWNER):
+        return None
+    namespace, _, name = owner[len(POD_OWNER) :].partition("/")
+    return (namespace, name) if namespace and name else None
+
+
+def _snapshot(state: ServiceState, node: str) -> NodeSnapshot:
+    with state.lock:
+        if node not in state.cluster:
+            raise NotFound(f"node {node!r} is unknown to topoplace (has its agent reported?)")
+        return state.cluster.node(node).snapshot
+
+
+def pod_allocations(state: ServiceState, node: str) -> list[Allocation]:
+    """Live allocations the extender made for single pods on ``node``, oldest first."""
+    found: dict[str, Allocation] = {}
+    for status in _LIVE:
+        for allocation in allocations.listing(state, None, node, status, 10_000):
+            if _pod_name(allocation.owner) and any(t.node == node for t in allocation.tasks):
+                found[allocation.id] = allocation
+    return sorted(found.values(), key=lambda a: (a.created_at, a.id))
+
+
+def _devices_on(allocation: Allocation, node: str) -> list[str]:
+    return [d for t in allocation.tasks if t.node == node for d in t.devices]
+
+
+def reservations(state: ServiceState, node: str) -> list[PodReservation]:
+    snapshot = _snapshot(state, node)
+    out = []
+    for allocation in pod_allocations(state, node):
+        named = _pod_name(allocation.owner)
+        assert named is not None and allocation.state in _LIVE
+        tasks = [t for t in allocation.tasks if t.node == node]
+        out.append(
+            PodReservation(
+                allocation_id=allocation.id,
+                state=allocation.state,
+                namespace=named[0],
+                pod=named[1],
+                pod_uid=allocation.job_id,
+                resource=resource_of(allocation, snapshot),
+                devices=_devices_on(allocation, node),
+                gpu_indices=[i for t in tasks for i in t.gpu_indices],
+                numa_nodes=sorted({n for t in tasks for n in t.numa_nodes}),
+                nvlink_connected=all(t.nvlink_connected for t in tasks),
+                created_at=allocation.created_at,
+            )
+        )
+    return out
+
+
+class MismatchLog:
+    """How often the kubelet's truth differed from the service's view, since start."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.counts = MismatchCounts()
+        self.recent: deque[Mismatch] = deque(maxlen=_RECENT)
+        # A difference that is not moved (MIG, gangs) is reported every round: count it once.
+        self._unmoved: set[tuple[str, str, str, tuple[str, ...]]] = set()
+
+    def add(self, mismatch: Mismatch) -> None:
+        key = (mismatch.node, mismatch.namespace, mismatch.pod, tuple(mismatch.allocated))
+        with self._lock:
+            if mismatch.action == "unmatched":
+                if key in self._unmoved:
+                    return
+                self._unmoved.add(key)
+            self.recent.append(mismatch)
+            if mismatch.action in ("moved", "created", "unmatched"):
+                name = mismatch.action
+                setattr(self.counts, name, getattr(self.counts, name) + 1)
+            self.counts.superseded += len(mismatch.superseded)
+
+    def view(self) -> Mismatches:
+        with self._lock:
+            return Mismatches(counts=self.counts.model_copy(), recent=list(self.recent))
+
+
+def _check_devices(snapshot: NodeSnapshot, report: DeviceReport) -> dict[str, int]:
+    """GPU UUID -> index; every reported device must be one of the node's (a 400 otherwise,
+    before anything changes)."""
+    by_uuid = {g.uuid: g.index for g in snapshot.gpus}
+    migs = {m.uuid for m in snapshot.mig_instances}
+    for i, pod in enumerate(report.pods):
+        for device in pod.devices:
+            if device not in by_uuid and device not in migs:
+                raise BadRequest(
+                    f"pod {pod.namespace}/{pod.name}: device {device!r} is not a GPU or MIG"
+                    f" instance of node {snapshot.name} as its agent reported it",
+                    {"field": f"pods.{i}.devices", "device": device},
+                )
+    return by_uuid
+
+
+def report(
+    state: ServiceState,
+    kube: Callable[[], KubeApi],
+    node: str,
+    body: DeviceReport,
+    mismatches: MismatchLog,
+) -> list[PodOutcome]:
+    snapshot = _snapshot(state, node)
+    by_uuid = _check_devices(snapshot, body)
+    held = {_pod_name(a.owner): a for a in pod_allocations(state, node)}
+    return [_reconcile_pod(state, kube, node, by_uuid, held, pod, mismatches) for pod in body.pods]
+
+
+def _reconcile_pod(
+    state: ServiceState,
+    kube: Callable[[], KubeApi],
+    node: str,
+    by_uuid: dict[str, int],
+    held: dict[tuple[str, str] | None, Allocation],
+    pod: PodDevices,
+    mismatches: MismatchLog,
+) -> PodOutcome:
+    allocation = held.get((pod.namespace, pod.name))
+    reserved = _devices_on(allocation, node) if allocation is not None else []
+    outcome = PodOutcome(namespace=pod.namespace, name=pod.name, action="matched")
+    if allocation is not None and set(reserved) == set(pod.devices):
+        outcome.allocation_id = allocation.id
+        return outcome
+    if any(d not in by_uuid for d in pod.devices):
+        outcome.action = "unmatched"
+        outcome.message = "MIG instances other than the reservation's are counted, not moved"
+        outcome.allocation_id = allocation.id if allocation else None
+        _record(mismatches, node, pod, outcome, reserved, ())
+        return outcome
+    job_id = allocation.job_id if allocation is not None else None
+    if job_id is None:
+        try:
+            found = kube().get_pod(pod.namespace, pod.name)
+        except (KubeApiError, KubeConfigError) as exc:
+            outcome.action = "deferred"
+            outcome.message = f"cannot read the pod from the Kubernetes API: {exc}"
+            return outcome
+        if found is None:
+            outcome.action = "deferred"
+            outcome.message = "the pod is gone from the Kubernetes API"
+            return outcome
+        meta = found.get("metadata") or {}
+        if GANG in (meta.get("annotations") or {}):
+            outcome.action = "unmatched"
+            outcome.message = "a gang member's GPUs are held by its gang's allocation"
+            _record(mismatches, node, pod, outcome, reserved, ())
+            return outcome
+        job_id = str(meta.get("uid") or "")
+        if not job_id:
+            outcome.action = "deferred"
+            outcome.message = "the pod has no UID yet"
+            return outcome
+    indices = sorted(by_uuid[d] for d in pod.devices)
+    observation = allocations.observe(
+        state,
+        job_id,
+        f"{POD_OWNER}{pod.namespace}/{pod.name}",
+        {node: indices},
+        [allocation.id] if allocation is not None else [],
+        f"observed: the kubelet gave pod {pod.namespace}/{pod.name} these GPUs",
+    )
+    outcome.action = "moved" if observation.action == "moved" else "matched"
+    if observation.action == "created":
+        outcome.action = "created"
+    outcome.allocation_id = observation.allocation_id
+    if outcome.action != "matched" or observation.superseded:
+        _record(mismatches, node, pod, outcome, reserved, observation.superseded)
+    return outcome
+
+
+def _record(
+    mismatches: MismatchLog,
+    node: str,
+    pod: PodDevices,
+    outcome: PodOutcome,
+    reserved: list[str],
+    superseded: tuple[str, ...],
+) -> None:
+    mismatches.add(
+        Mismatch(
+            at=datetime.now().astimezone(),
+            node=node,
+            namespace=pod.namespace,
+            pod=pod.name,
+            action=outcome.action,
+            allocation_id=outcome.allocation_id,
+            reserved=reserved,
+            allocated=list(pod.devices),
+            superseded=list(superseded),
+        )
+    )
+    log.warning(
+        "pod %s/%s on %s got %s, reserved %s: %s",
+        pod.namespace,
+        pod.name,
+        node,
+        ",".join(pod.devices),
+        ",".join(reserved) or "nothing",
+        outcome.action,
+    )

@@ -1,0 +1,3 @@
+from tests.agent.deviceplugin.harness import cluster, kubelet, plugins
+
+__all__ = ["cluster", "kubelet", "plugins"]

@@ -1,0 +1,49 @@
+"""What a container is given: per strategy, with the CUDA order and the NCCL hint."""
+
+from __future__ import annotations
+
+from agent.deviceplugin.container import CDI_ANNOTATION_PREFIX, ContainerOptions, Wiring, answer
+
+DEVICES = ["GPU-b", "GPU-a"]
+INDEX = {"GPU-a": 0, "GPU-b": 3}
+
+
+def test_envvar_keeps_the_reservations_order_for_cuda():
+    out = answer(DEVICES, INDEX, Wiring(True, "alloc-1"), ContainerOptions())
+    assert out.envs == {
+        "NVIDIA_VISIBLE_DEVICES": "GPU-b,GPU-a",
+        "CUDA_VISIBLE_DEVICES": "GPU-b,GPU-a",
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+        "NCCL_P2P_LEVEL": "NVL",
+        "TOPOPLACE_ALLOCATION": "alloc-1",
+    }
+    assert out.cdi_devices == [] and out.annotations == {} and out.device_specs == []
+
+
+def test_cdi_names_in_the_field_and_the_annotation():
+    out = answer(
+        DEVICES, INDEX, Wiring(), ContainerOptions(strategies=("cdi-cri", "cdi-annotations"))
+    )
+    assert out.cdi_devices == ["nvidia.com/gpu=GPU-b", "nvidia.com/gpu=GPU-a"]
+    ((key, value),) = out.annotations.items()
+    assert key.startswith(CDI_ANNOTATION_PREFIX) and len(key) <= 63 + len("cdi.k8s.io/")
+    assert value == "nvidia.com/gpu=GPU-b,nvidia.com/gpu=GPU-a"
+    assert "NVIDIA_VISIBLE_DEVICES" not in out.envs
+
+
+def test_no_nvlink_no_hint_and_hints_switch_off():
+    assert "NCCL_P2P_LEVEL" not in answer(DEVICES, INDEX, Wiring(False), ContainerOptions()).envs
+    assert "NCCL_P2P_LEVEL" not in answer(DEVICES[:1], INDEX, Wiring(True), ContainerOptions()).envs
+    off = answer(DEVICES, INDEX, Wiring(True), ContainerOptions(cuda_env=False, nccl_hints=False))
+    assert set(off.envs) == {"NVIDIA_VISIBLE_DEVICES"}
+
+
+def test_device_specs_name_the_control_nodes_and_each_gpu():
+    out = answer(DEVICES, INDEX, Wiring(), ContainerOptions(device_specs=True))
+    assert [p for p, _, _ in out.device_specs] == [
+        "/dev/nvidiactl",
+        "/dev/nvidia-uvm",
+        "/dev/nvidia-uvm-tools",
+        "/dev/nvidia0",
+        "/dev/nvidia3",
+    ]

@@ -1,0 +1,47 @@
+"""Which reservation an admission is for, and the choice when none fits."""
+
+from __future__ import annotations
+
+from agent.deviceplugin.matching import Reservation, exact, fallback, pick
+
+GPU = "nvidia.com/gpu"
+
+
+def _r(i: str, *devices: str, resource: str = GPU) -> Reservation:
+    return Reservation(i, "ns", f"pod-{i}", resource, devices, True, (0,))
+
+
+RESERVATIONS = [
+    _r("a", "g0", "g1"),
+    _r("b", "g2"),
+    _r("c", "g3", "g4"),
+    _r("m", "mig0", resource="nvidia.com/mig-1g.10gb"),
+]
+ALL = ["g0", "g1", "g2", "g3", "g4", "g5"]
+
+
+def test_the_oldest_unclaimed_reservation_of_that_size_and_resource_is_picked():
+    assert pick(RESERVATIONS, set(), GPU, 2, ALL) == RESERVATIONS[0]
+    assert pick(RESERVATIONS, {"a"}, GPU, 2, ALL) == RESERVATIONS[2]
+    assert pick(RESERVATIONS, {"a", "c"}, GPU, 2, ALL) is None
+    assert pick(RESERVATIONS, set(), GPU, 1, ALL) == RESERVATIONS[1]
+    assert pick(RESERVATIONS, set(), "nvidia.com/mig-1g.10gb", 1, ["mig0"]) == RESERVATIONS[3]
+
+
+def test_a_reservation_with_a_device_not_offered_or_missing_a_required_one_is_skipped():
+    assert pick(RESERVATIONS, set(), GPU, 2, ["g1", "g3", "g4"]) == RESERVATIONS[2]
+    assert pick(RESERVATIONS, set(), GPU, 2, ALL, must_include=["g4"]) == RESERVATIONS[2]
+    assert pick(RESERVATIONS, set(), GPU, 2, ALL, must_include=["g5"]) is None
+
+
+def test_allocate_matches_exactly_the_devices_in_any_order():
+    assert exact(RESERVATIONS, set(), GPU, ["g4", "g3"]) == RESERVATIONS[2]
+    assert exact(RESERVATIONS, {"c"}, GPU, ["g4", "g3"]) is None
+    assert exact(RESERVATIONS, set(), GPU, ["g3"]) is None
+
+
+def test_the_fallback_keeps_must_include_and_stays_on_its_numa_node():
+    numa = {"g0": 0, "g1": 0, "g2": 1, "g3": 1, "g4": 1, "g5": None}
+    assert fallback(ALL, ["g2"], 3, numa) == ["g2", "g3", "g4"]
+    assert fallback(ALL, [], 2, numa) == ["g0", "g1"]
+    assert len(fallback(ALL, [], 6, numa)) == 6

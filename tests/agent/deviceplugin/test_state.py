@@ -1,0 +1,57 @@
+"""Claims: offered, given, rebuilt from what the kubelet says pods hold."""
+
+from __future__ import annotations
+
+from agent.deviceplugin.kubelet import socket_name
+from agent.deviceplugin.matching import Reservation
+from agent.deviceplugin.state import OFFER_TTL_S, Claims
+from agent.deviceplugin.truth import given_ids
+
+GPU = "nvidia.com/gpu"
+
+
+def _r(i: str, pod: str, *devices: str) -> Reservation:
+    return Reservation(i, "ns", pod, GPU, devices, False, ())
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_an_offer_blocks_others_until_given_or_expired():
+    clock = Clock()
+    claims = Claims(clock)
+    a = _r("a", "pa", "g0")
+    with claims.lock:
+        claims.offer(a)
+        assert claims.taken() == {"a"}
+        assert claims.offered(GPU, {"g0"}) == a
+        assert claims.offered(GPU, {"g1"}) is None
+    clock.now += OFFER_TTL_S + 1
+    with claims.lock:
+        assert claims.taken() == set()  # the kubelet never came back with its Allocate
+        claims.offer(a)
+        claims.give(a)
+    clock.now += OFFER_TTL_S + 1
+    with claims.lock:
+        assert claims.taken() == {"a"}  # given is for good
+
+
+def test_the_truth_rebuilds_claims_and_forgets_ended_allocations():
+    reservations = [_r("a", "pa", "g0"), _r("b", "pb", "g1"), _r("c", "pc", "g2")]
+    held = {GPU: {("ns", "pa"): ["g5"], ("ns", "other"): ["g1"]}}
+    # a: its pod holds devices (other ones); b: its device is another pod's; c: free.
+    assert given_ids(reservations, held) == {"a", "b"}
+    claims = Claims()
+    claims.given = {"gone", "c"}
+    claims.rebuild({"a", "b"}, live={"a", "b", "c"})
+    assert claims.given == {"a", "b", "c"}
+
+
+def test_socket_names_are_one_per_resource():
+    assert socket_name("nvidia.com/gpu") == "topoplace-nvidia.com-gpu.sock"
+    assert socket_name("nvidia.com/mig-3g.40gb") == "topoplace-nvidia.com-mig-3g.40gb.sock"

@@ -1,0 +1,152 @@
+"""/console in a real Chromium: the overview, a DGX-1's wiring, live allocations, what-if."""
+
+from __future__ import annotations
+
+import time
+
+from selenium.webdriver.support.ui import Select
+
+from tests.service.console.browser.harness import Browser, Served, is_local
+
+DGX1 = "v100-a"  # the demo fleet's DGX-1 (dgx1-v100)
+
+
+def _picture(browser: Browser) -> list:  # type: ignore[type-arg]
+    return browser.css(f'#node-picture svg[data-node="{DGX1}"]')
+
+
+def test_the_overview_lists_the_nodes_by_design(browser: Browser, demo: Served) -> None:
+    browser.open(f"{demo.url}/console")
+    browser.wait(lambda: browser.css(f'#nodes tr[data-node="{DGX1}"]'), "the node table")
+    designs = browser.texts("#nodes tr.design")
+    assert any(d.startswith("8\u00d7 Tesla V100-SXM2-32GB · region default") for d in designs), (
+        designs
+    )
+    cards = "#totals .card"
+    totals = dict(zip(browser.attrs(cards, "data-total"), browser.texts(cards), strict=True))
+    assert totals["nodes"].startswith("12"), totals
+    assert "fragmentation" in totals
+
+    demo.call("POST", "/v1/nodes/h100-b/cordon")
+    try:
+        state = '#nodes tr[data-node="h100-b"] td:nth-child(2)'
+        browser.wait(lambda: browser.text(state) == "cordoned", "h100-b shown cordoned")
+        browser.wait(
+            lambda: browser.text('#totals [data-total="cordoned"]').startswith("1"),
+            "the cordoned count",
+        )
+        browser.screenshot("console-overview")
+    finally:
+        demo.call("POST", "/v1/nodes/h100-b/uncordon")
+
+
+def test_a_dgx1_is_drawn_and_an_allocation_shows_within_two_seconds(
+    browser: Browser, demo: Served
+) -> None:
+    browser.open(f"{demo.url}/console#/nodes/{DGX1}")
+    browser.wait(lambda: _picture(browser), "the DGX-1's picture")
+    islands = browser.attrs("#node-picture [data-gpu]", "data-island")
+    assert len(islands) == 8 and set(islands) == {"nvl0"}
+    lanes = browser.attrs("#node-picture [data-nvlink]", "data-lanes")
+    assert len(lanes) == 16 and set(lanes) == {"1", "2"}
+    assert len(browser.attrs("#node-picture [data-nic]", "data-nic")) == 4
+
+    placed = demo.call(
+        "POST",
+        "/v1/place",
+        json={"gpus": 2, "nodes": [DGX1], "job_id": "seen-live", "owner": "ann"},
+    )
+    made = time.monotonic()
+    held = set(placed["tasks"][0]["gpu_indices"])
+
+    def shown() -> bool:
+        rows = browser.attrs(f'#allocation-table tr[data-allocation="{placed["id"]}"]', "class")
+        picture = f'#node-picture [data-allocation="{placed["id"]}"][data-gpu]'
+        coloured = {int(str(g)) for g in browser.attrs(picture, "data-gpu")}
+        return bool(rows) and coloured == held
+
+    browser.wait(shown, "the new allocation in the table and the picture", timeout_s=10)
+    took = time.monotonic() - made
+    browser.screenshot("console-dgx1-allocation")
+    assert took < 2.0, f"the allocation showed after {took:.2f}s"
+    row = browser.text(f'#allocation-table tr[data-allocation="{placed["id"]}"]')
+    assert "seen-live" in row and "ann" in row and "pending" in row
+    decision = browser.text(f'#decision-list li[data-allocation="{placed["id"]}"]')
+    assert placed["reason"] in decision
+    demo.call("POST", f"/v1/allocations/{placed['id']}/release")
+
+
+def test_the_what_if_form_highlights_the_gpus_a_node_would_give(
+    browser: Browser, demo: Served
+) -> None:
+    browser.open(f"{demo.url}/console#/nodes/{DGX1}")
+    browser.wait(lambda: _picture(browser), "the DGX-1's picture")
+    form = browser.css("#whatif-form")[0]
+    gpus = form.find_element("name", "gpus")
+    gpus.clear()
+    gpus.send_keys("4")
+    form.find_element("name", "model").send_keys("V100")
+    Select(form.find_element("name", "locality")).select_by_visible_text("nvlink")
+    form.find_element("css selector", "button").click()
+    row = browser.wait(
+        lambda: browser.css(f'#whatif-results tr.fits[data-node="{DGX1}"]'), "the score rows"
+    )[0]
+    given = {int(c.get_attribute("data-gpu")) for c in row.find_elements("css selector", ".given")}
+    assert len(given) == 4
+    expected = demo.call(
+        "POST", "/v1/score", json={"gpus": 4, "gpu_models": ["V100"], "locality": "nvlink"}
+    )
+    [answer] = [n for n in expected["nodes"] if n["node"] == DGX1]
+    assert given == set(answer["task"]["gpu_indices"])
+    highlighted = {
+        int(str(g)) for g in browser.attrs("#node-picture .whatif[data-gpu]", "data-gpu")
+    }
+    assert highlighted == given
+    browser.screenshot("console-what-if")
+
+
+def test_an_unknown_node_is_a_clear_page(browser: Browser, demo: Served) -> None:
+    browser.open(f"{demo.url}/console#/nodes/no-such-node")
+    browser.wait(lambda: browser.css("#node-missing"), "the missing-node notice")
+    assert 'There is no node named "no-such-node"' in browser.text("#node-missing")
+    assert browser.text("#node-title") == "No such node"
+    browser.screenshot("console-unknown-node")
+
+
+def test_no_page_asks_for_anything_beyond_loopback(browser: Browser, demo: Served) -> None:
+    for page in ("/console", f"/console#/nodes/{DGX1}", "/docs", "/redoc"):
+        browser.open(demo.url + page)
+        browser.wait(
+            lambda: browser.driver.execute_script("return document.readyState") == "complete",
+            f"{page} to load",
+        )
+    browser.wait(lambda: browser.css("svg, .swagger-ui, redoc, .api-content"), "a page body")
+    urls = browser.requested()
+    assert any(url.endswith("/assets/docs/redoc.standalone.js") for url in urls), urls
+    outside = [url for url in urls if not is_local(url)]
+    assert outside == []
+
+
+def test_a_viewer_sees_the_cluster_and_is_told_it_may_not_score(
+    browser: Browser, secured: Served
+) -> None:
+    browser.open(f"{secured.url}/console")
+    browser.wait(lambda: browser.css("#banner:not([hidden])"), "the 401 banner")
+    assert browser.text("#banner").startswith(
+        "401 unauthorized: read the cluster needs an API token"
+    )
+    browser.screenshot("console-no-token")
+
+    made = secured.call("POST", "/v1/tokens", json={"role": "viewer", "name": "wall screen"})
+    browser.css("#token")[0].send_keys(made["token"])
+    browser.css("#token-form button[type=submit]")[0].click()
+    browser.wait(lambda: browser.css(f'#nodes tr[data-node="{DGX1}"]'), "the node table")
+    assert browser.driver.execute_script("return sessionStorage.getItem('topoplace.token')")
+    assert browser.css("#banner")[0].get_attribute("hidden") is not None
+
+    browser.css("#whatif-form button")[0].click()
+    browser.wait(lambda: browser.css("#whatif-error:not([hidden])"), "the 403 notice")
+    error = browser.text("#whatif-error")
+    assert error.startswith("403 forbidden: this token's role may not score"), error
+    assert browser.css("#whatif-results tr") == []
+    browser.screenshot("console-viewer-403")

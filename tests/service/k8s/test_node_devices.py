@@ -1,0 +1,178 @@
+"""The device plugin's two calls: a node's pod reservations, and the kubelet's truth winning."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from bench.k8s_objects import binding_args, names_args, pod
+from placement.profiles import build_profile
+from service.k8s.kube_api import KubeApiError
+from tests.service.conftest import FakeClock
+from tests.service.helpers import add_nodes
+from tests.service.k8s.fake_kube import FakeKubeApi
+
+NODE = "h100-a"
+
+
+@pytest.fixture
+def fleet(k8s_client: TestClient) -> TestClient:
+    add_nodes(k8s_client, ("hgx-h100", NODE), ("dgx-a100-mig", "mig-b"))
+    return k8s_client
+
+
+def _bound(client: TestClient, kube: FakeKubeApi, name: str, gpus: int) -> dict[str, Any]:
+    p = kube.add(pod(name, gpus))
+    assert client.post("/k8s/v1/filter", json=names_args(p, [NODE])).json()["NodeNames"] == [NODE]
+    assert client.post("/k8s/v1/bind", json=binding_args(p, NODE)).json() == {"Error": ""}
+    return kube.get_pod("ml-team", name) or {}
+
+
+def _uuids() -> list[str]:
+    return [g.uuid for g in build_profile("hgx-h100", NODE).gpus]
+
+
+def _reservations(client: TestClient) -> list[dict[str, Any]]:
+    response = client.get(f"/v1/nodes/{NODE}/k8s/reservations")
+    assert response.status_code == 200, response.text
+    found: list[dict[str, Any]] = response.json()["reservations"]
+    return found
+
+
+def _report(client: TestClient, pods: list[dict[str, Any]]) -> Any:
+    return client.post(
+        f"/v1/nodes/{NODE}/k8s/devices", json={"resource": "nvidia.com/gpu", "pods": pods}
+    )
+
+
+def test_reservations_are_the_bound_pods_oldest_first_with_their_annotated_gpus(
+    fleet: TestClient, kube: FakeKubeApi, clock: FakeClock
+):
+    first = _bound(fleet, kube, "first", 2)
+    clock.advance(1)
+    second = _bound(fleet, kube, "second", 4)
+    found = _reservations(fleet)
+    assert [(r["namespace"], r["pod"]) for r in found] == [
+        ("ml-team", "first"),
+        ("ml-team", "second"),
+    ]
+    for reservation, p in zip(found, (first, second), strict=True):
+        notes = p["metadata"]["annotations"]
+        assert reservation["devices"] == notes["topoplace.io/gpus"].split(",")
+        assert reservation["allocation_id"] == notes["topoplace.io/allocation"]
+        assert reservation["pod_uid"] == p["metadata"]["uid"]
+        assert reservation["resource"] == "nvidia.com/gpu"
+        assert reservation["nvlink_connected"] is True  # NVSwitch: every pair on NVLink
+        assert reservation["state"] == "active"
+
+
+def test_a_matching_report_changes_nothing(fleet: TestClient, kube: FakeKubeApi):
+    _bound(fleet, kube, "first", 2)
+    (reservation,) = _reservations(fleet)
+    before = fleet.get("/v1/k8s/mismatches").json()["counts"]
+    body = _report(
+        fleet, [{"namespace": "ml-team", "name": "first", "devices": reservation["devices"][::-1]}]
+    )
+    assert body.status_code == 200, body.text
+    (outcome,) = body.json()["outcomes"]
+    assert outcome["action"] == "matched"
+    assert outcome["allocation_id"] == reservation["allocation_id"]
+    assert fleet.get("/v1/k8s/mismatches").json()["counts"] == before
+
+
+def test_the_kubelets_choice_moves_the_allocation(fleet: TestClient, kube: FakeKubeApi):
+    _bound(fleet, kube, "first", 2)
+    (reservation,) = _reservations(fleet)
+    uuids = _uuids()
+    other = [u for u in uuids if u not in reservation["devices"]][:2]
+    before = fleet.get("/v1/k8s/mismatches").json()["counts"]["moved"]
+    body = _report(fleet, [{"namespace": "ml-team", "name": "first", "devices": other}]).json()
+    (outcome,) = body["outcomes"]
+    assert outcome == {
+        "namespace": "ml-team",
+        "name": "first",
+        "action": "moved",
+        "allocation_id": reservation["allocation_id"],
+        "message": "",
+    }
+    (now,) = _reservations(fleet)
+    assert sorted(now["devices"]) == sorted(other)
+    mismatches = fleet.get("/v1/k8s/mismatches").json()
+    assert mismatches["counts"]["moved"] == before + 1
+    assert mismatches["recent"][-1]["reserved"] == reservation["devices"]
+    # The GPUs given up are free again: nothing is held twice.
+    allocation = fleet.get(f"/v1/allocations/{reservation['allocation_id']}").json()
+    assert sorted(d for t in allocation["tasks"] for d in t["gpu_uuids"]) == sorted(other)
+
+
+def test_a_pod_without_a_reservation_gets_one(fleet: TestClient, kube: FakeKubeApi):
+    manual = kube.add(pod("manual", 1))
+    uuids = _uuids()
+    body = _report(
+        fleet, [{"namespace": "ml-team", "name": "manual", "devices": uuids[-1:]}]
+    ).json()
+    (outcome,) = body["outcomes"]
+    assert outcome["action"] == "created"
+    allocation = fleet.get(f"/v1/allocations/{outcome['allocation_id']}").json()
+    assert allocation["job_id"] == manual["metadata"]["uid"]
+    assert allocation["owner"] == "k8s-pod:ml-team/manual"
+    assert allocation["state"] == "active"
+
+
+def test_an_unreadable_pod_is_deferred_not_guessed(fleet: TestClient, kube: FakeKubeApi):
+    kube.add(pod("manual", 1))
+    uuids = _uuids()
+    kube.get_pod = _refuse  # type: ignore[method-assign]
+    body = _report(fleet, [{"namespace": "ml-team", "name": "manual", "devices": uuids[:1]}]).json()
+    (outcome,) = body["outcomes"]
+    assert outcome["action"] == "deferred"
+    assert "Kubernetes API" in outcome["message"]
+    assert fleet.get("/v1/allocations", params={"node": NODE}).json()["allocations"] == []
+
+
+def _refuse(namespace: str, name: str) -> dict[str, Any] | None:
+    raise KubeApiError(0, "connection refused")
+
+
+def test_an_unknown_device_is_refused_before_anything_changes(fleet: TestClient, kube: FakeKubeApi):
+    _bound(fleet, kube, "first", 2)
+    (reservation,) = _reservations(fleet)
+    uuids = _uuids()
+    other = [u for u in uuids if u not in reservation["devices"]][:2]
+    response = _report(
+        fleet,
+        [
+            {"namespace": "ml-team", "name": "first", "devices": other},
+            {"namespace": "ml-team", "name": "x", "devices": ["GPU-not-here"]},
+        ],
+    )
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["code"] == "bad_request"
+    assert "GPU-not-here" in error["message"]
+    assert error["detail"]["field"] == "pods.1.devices"
+    (now,) = _reservations(fleet)
+    assert now["devices"] == reservation["devices"]  # the first pod was not moved either
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"resource": "nvidia.com/gpu"},
+        {"resource": "gpu", "pods": []},
+        {"resource": "nvidia.com/gpu", "pods": [{"namespace": "a", "name": "b", "devices": []}]},
+        {"resource": "nvidia.com/gpu", "pods": [], "extra": 1},
+    ],
+)
+def test_malformed_reports_are_refused(fleet: TestClient, body: dict[str, Any]):
+    response = fleet.post(f"/v1/nodes/{NODE}/k8s/devices", json=body)
+    assert response.status_code == 422
+    assert response.json()["error"]["code"] == "invalid_request"
+
+
+def test_an_unknown_node_is_a_404(fleet: TestClient):
+    response = fleet.get("/v1/nodes/nowhere/k8s/reservations")
+    assert response.status_code == 404
+    assert "nowhere" in response.json()["error"]["message"]
