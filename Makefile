@@ -33,6 +33,7 @@ bench: install
 	$(BIN)/python -m bench.grpc_vs_rest
 	$(BIN)/python -m bench.k8s_extender
 	$(BIN)/python -m bench.device_plugin
+	$(BIN)/python -m bench.federation_routing
 
 # Regenerate service/grpc/gen/ after changing openapi/topoplace/v1/topoplace.proto, and
 # agent/deviceplugin/gen/ after changing the kubelet's .proto files beside it.

@@ -9,13 +9,18 @@ needs. A role is a set of permissions:
     read         every GET, the gRPC reads and Watch             viewer, scheduler, admin
     schedule     place, score, confirm, extend, release,        scheduler, admin
                  the Kubernetes extender and Slurm routes
+    summary      a region's signed summary to a global          region (its own region only),
+                 service (docs/federation.md)                  admin
     admin        tokens, node keys (replace, delete), cordon,   admin
-                 delete
+                 delete, regions (register, retire)
 
 An ``agent`` token carries a scope: node names and/or one region. A
 ``report`` call names its node (the ``{name}`` of the path, the ``node``
 field of the gRPC request); it is allowed when the node is in the scope.
-Other roles have no scope.
+A ``region`` token carries one region, its scope: it may only push that
+region's summary (``PUT /v1/regions/{region}/summary``), nothing else, so a
+region's credentials on the global service cannot place, read or report a
+node. Other roles have no scope.
 
 A rule may name a boolean query parameter (``?replace=true``): it then
 applies when the parameter is given and not false, before the rule of the
@@ -39,6 +44,7 @@ from urllib.parse import parse_qsl
 
 class Role(enum.StrEnum):
     AGENT = "agent"
+    REGION = "region"
     SCHEDULER = "scheduler"
     VIEWER = "viewer"
     ADMIN = "admin"
@@ -48,11 +54,13 @@ class Permission(enum.StrEnum):
     REPORT = "report"
     READ = "read"
     SCHEDULE = "schedule"
+    SUMMARY = "summary"
     ADMIN = "admin"
 
 
 GRANTS: dict[Role, frozenset[Permission]] = {
     Role.AGENT: frozenset({Permission.REPORT}),
+    Role.REGION: frozenset({Permission.SUMMARY}),
     Role.VIEWER: frozenset({Permission.READ}),
     Role.SCHEDULER: frozenset({Permission.READ, Permission.SCHEDULE}),
     Role.ADMIN: frozenset(Permission),
@@ -98,6 +106,7 @@ def _compile(template: str) -> re.Pattern[str]:
 
 
 R, S, V, A = Permission.REPORT, Permission.SCHEDULE, Permission.READ, Permission.ADMIN
+F = Permission.SUMMARY
 
 REST_RULES: tuple[Rule, ...] = (
     # nodes: what an agent reports, what everyone reads, what only an admin changes
@@ -142,6 +151,16 @@ REST_RULES: tuple[Rule, ...] = (
     Rule("POST", "/v1/tokens", A),
     Rule("GET", "/v1/tokens", A),
     Rule("DELETE", "/v1/tokens/{token_id}", A),
+    # federation: regions register with a global service and push their summaries
+    Rule("POST", "/v1/regions", A),
+    Rule("GET", "/v1/regions", V),
+    Rule("GET", "/v1/regions/{region}", V),
+    Rule("POST", "/v1/regions/{region}/retire", A),
+    Rule("PUT", "/v1/regions/{region}/summary", F),
+    Rule("POST", "/v1/federation/place", S),
+    Rule("POST", "/v1/federation/score", S),
+    # the audit log: it names every token and what each did, so an admin's, like the tokens
+    Rule("GET", "/v1/audit", A),
 )
 
 # Open to every caller, with or without a token: probes cannot present one, and
@@ -194,6 +213,7 @@ class Match:
     permission: Permission
     node: str | None  # the node a report names
     rule: Rule | None  # None: no rule matched (admin needed)
+    region: str | None = None  # the region a path names (``{region}``)
 
 
 def rest_rule(method: str, path: str, query_string: str = "") -> Match:
@@ -204,7 +224,8 @@ def rest_rule(method: str, path: str, query_string: str = "") -> Match:
             continue
         found = pattern.match(path)
         if found is not None:
-            return Match(rule.permission, found.groupdict().get("name"), rule)
+            params = found.groupdict()
+            return Match(rule.permission, params.get("name"), rule, params.get("region"))
     return Match(Permission.ADMIN, None, None)
 
 

@@ -9,6 +9,7 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
+import httpx
 import sqlalchemy as sa
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -17,6 +18,9 @@ from sqlalchemy.exc import OperationalError
 from service import cluster_view, migrate
 from service.allocations import api as allocations
 from service.allocations import endpoints as allocation_routes
+from service.audit import endpoints as audit_routes
+from service.audit import retention as audit_retention
+from service.audit.actor import acting, service_task
 from service.auth import REVOCATION_POLL_S, Authenticator, RequireToken, region_checker
 from service.console import endpoints as console_routes
 from service.db import checkpoint, make_engine
@@ -26,6 +30,9 @@ from service.edge.faults import FaultBarrier
 from service.edge.guard import RequestGuard
 from service.edge.rate_limit import RateLimit, RateLimiter
 from service.event_loop import off_loop
+from service.federation import endpoints as federation_routes
+from service.federation.pusher import SummaryPusher
+from service.federation.registry import Registry
 from service.grpc.server import start_grpc
 from service.k8s import device_routes as k8s_device_routes
 from service.k8s import endpoints as k8s_routes
@@ -49,27 +56,34 @@ log = logging.getLogger("topoplace.service")
 # /place by 10-15 ms twice a second; every 0.1 s those stalls are gone.
 SWEEP_INTERVAL_S = 0.1
 MAINTENANCE_INTERVAL_S = 2.0  # demo heartbeats
+SWEEP = service_task("sweep")
 # SQLite's WAL is copied into the database here, off the commit path (db.checkpoint):
 # at a thousand reservations a second that is under 10,000 pages a time.
 CHECKPOINT_INTERVAL_S = 1.0
 
 
 async def _background(state: ServiceState, demo_nodes: list[str]) -> None:
-    """Expire stale reservations; checkpoint SQLite; keep the demo nodes' heartbeats fresh."""
+    """Expire stale reservations; checkpoint SQLite; prune the audit log; keep the demo
+    nodes' heartbeats fresh."""
     interval = min(MAINTENANCE_INTERVAL_S, state.settings.heartbeat_ttl_s / 3)
     slurm = Reconciler(state)  # where squeue is present (TOPOPLACE_SLURM_SQUEUE_COMMAND)
     last_maintenance = last_checkpoint = 0.0
+    last_prune = float("-inf")  # the first round prunes what a stopped service left
     loop = asyncio.get_running_loop()
     while True:
         await asyncio.sleep(SWEEP_INTERVAL_S)
         try:
-            await off_loop(allocations.sweep, state)  # one `expired` event each
+            with acting(SWEEP):  # the audit log's actor of what expires
+                await off_loop(allocations.sweep, state)  # one `expired` event each
             # Keeps its own clock: it also runs as soon as a fresh Slurm reservation's
             # grace period ends (service/slurm/fresh.py).
             await slurm.tick()
             if loop.time() - last_checkpoint >= CHECKPOINT_INTERVAL_S:
                 last_checkpoint = loop.time()
                 await off_loop(checkpoint, state.engine)
+            if loop.time() - last_prune >= state.settings.audit_prune_interval_s:
+                last_prune = loop.time()
+                await off_loop(audit_retention.prune, state)
             if loop.time() - last_maintenance < interval:
                 continue
             last_maintenance = loop.time()
@@ -141,6 +155,10 @@ def create_app(
     state = ServiceState(settings, engine, clock)
     token_check = Authenticator(engine, settings.static_tokens(), insecure=settings.insecure_dev)
     limiter = RateLimiter(settings.rate_limit_per_s, settings.rate_limit_burst)
+    # A region's service pushes its summary to a global one (docs/federation.md); the
+    # key and token are read now, so that `serve` refuses a bad one before it starts.
+    pusher = SummaryPusher(state, settings) if settings.federation_global else None
+    federation_client = httpx.AsyncClient(trust_env=False)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -158,9 +176,19 @@ def create_app(
         app.state.grpc = await off_loop(start_grpc, state, token_check, limiter)
         task = asyncio.create_task(_background(state, demo_nodes)) if background else None
         revocations = asyncio.create_task(_forget_revoked(token_check))
+        pushing = asyncio.create_task(pusher.run()) if pusher is not None else None
+        following = asyncio.create_task(app.state.federation.follow())
         try:
             yield
         finally:
+            following.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await following
+            if pushing is not None:
+                pushing.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await pushing
+            await federation_client.aclose()
             revocations.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await revocations
@@ -186,6 +214,9 @@ def create_app(
     )
     app.state.service = state
     app.state.token_check = token_check
+    app.state.federation = Registry(engine, settings.federation_stale_s, clock)
+    app.state.federation_client = federation_client
+    app.state.pusher = pusher
     app.include_router(node_routes.router)
     app.include_router(allocation_routes.router)
     app.include_router(cluster_view.router)
@@ -197,6 +228,8 @@ def create_app(
     app.state.exposition = metrics_route.exposition(state)
     app.include_router(console_routes.router)
     console_routes.mount_assets(app)
+    app.include_router(federation_routes.router)
+    app.include_router(audit_routes.router)
 
     async def _handled(_: Request, exc: Exception) -> JSONResponse:
         response = handled_error(exc)

@@ -43,6 +43,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from service import access
 from service.access import OPEN_PATHS, Permission, Role
+from service.audit import actor as audit_actor
 from service.direct_routes import route_path
 from service.edge.guard import replay_body
 from service.errors import ServiceError, TooLarge
@@ -74,6 +75,10 @@ class Principal:
     nodes: frozenset[str] = field(default_factory=frozenset)
     region: str | None = None
     name: str = ""
+
+    def actor(self, route: str) -> audit_actor.Actor:
+        """Who this is in the audit log, calling through ``route``."""
+        return audit_actor.Actor(self.token_id, self.name, self.role.value, route)
 
     def scope_text(self) -> str:
         parts = []
@@ -231,13 +236,23 @@ class Authenticator:
         permission: Permission,
         node: str | None,
         node_region: str | None,
+        path_region: str | None = None,
     ) -> None:
-        """Raise :class:`Forbidden` unless ``principal`` may do this to ``node``."""
+        """Raise :class:`Forbidden` unless ``principal`` may do this to ``node`` (or, for a
+        region's summary, to the region its path names)."""
         if permission not in access.GRANTS[principal.role]:
             roles = " or ".join(r.value for r in access.roles_with(permission))
             raise Forbidden(
                 f"this call needs the {roles} role; the token has the {principal.role} role",
                 {"needed": [r.value for r in access.roles_with(permission)]},
+            )
+        if principal.role is Role.REGION:
+            if path_region is not None and path_region == principal.region:
+                return
+            raise Forbidden(
+                f"this region token may only push the summary of region {principal.region!r},"
+                f" not of {path_region!r}",
+                {"region": path_region},
             )
         if principal.role is not Role.AGENT or permission is not Permission.REPORT:
             return
@@ -280,7 +295,8 @@ def region_checker(state: Any) -> RegionOf:
 
 class RequireToken:
     """ASGI middleware: the caller's principal, checked against the rule table, for every
-    HTTP request but the open paths. The principal is left in ``scope["state"]``."""
+    HTTP request but the open paths. The principal is left in ``scope["state"]``, and
+    is the audit log's actor while the request runs (service/audit/actor.py)."""
 
     def __init__(
         self, app: ASGIApp, check: Authenticator, region_of: RegionOf, max_body_bytes: int
@@ -296,7 +312,10 @@ class RequireToken:
             return
         path = route_path(scope)
         if self.check.is_open(path):
-            await self.app(scope, receive, send)
+            # No token is asked for (a probe; the extender when its routes are open).
+            anonymous = audit_actor.Actor(None, "no token", None, f"{scope['method']} {path}")
+            with audit_actor.acting(anonymous):
+                await self.app(scope, receive, send)
             return
         header = None
         for key, value in scope.get("headers", ()):
@@ -305,7 +324,7 @@ class RequireToken:
                 break
         try:
             principal = await self.check.authenticate_async(header)
-            receive = await self._authorize(principal, scope, path, receive)
+            receive, route = await self._authorize(principal, scope, path, receive)
         except Unauthorized as error:
             response = error_response(error)
             response.headers["WWW-Authenticate"] = "Bearer"
@@ -315,13 +334,17 @@ class RequireToken:
             await error_response(refusal)(scope, receive, send)
             return
         scope.setdefault("state", {})["principal"] = principal
-        await self.app(scope, receive, send)
+        with audit_actor.acting(principal.actor(route)):
+            await self.app(scope, receive, send)
 
     async def _authorize(
         self, principal: Principal, scope: Scope, path: str, receive: Receive
-    ) -> Receive:
+    ) -> tuple[Receive, str]:
+        """The body's receive (replayed when it was read here) and the route as the audit
+        log names it, the rule's template (``POST /v1/allocations/{allocation_id}/confirm``)."""
         query = scope.get("query_string", b"").decode("latin-1")
         match = access.rest_rule(scope["method"], path, query)
+        route = f"{scope['method']} {match.rule.path if match.rule else path}"
         node = match.node
         region = self.region_of(node) if node is not None else None
         needs_body = (
@@ -342,8 +365,8 @@ class RequireToken:
                 # A key comes before a node's first snapshot: a region token may register
                 # one for a node not yet known (its snapshot must then be in the region).
                 region = principal.region
-            self.check.authorize(principal, match.permission, node, region)
-            return receive
+            self.check.authorize(principal, match.permission, node, region, match.region)
+            return receive, route
         # A region-scoped agent's snapshot: the node must be in the region now (if known)
         # and stay in it, so the body is read here (bounded) and handed on unchanged.
         body, replay = await _buffer(receive, self.max_body_bytes)
@@ -351,7 +374,7 @@ class RequireToken:
         if region is not None and claimed != region:
             claimed = None
         self.check.authorize(principal, match.permission, node, claimed)
-        return replay
+        return replay, route
 
 
 async def _buffer(receive: Receive, limit: int) -> tuple[bytes, Receive]:

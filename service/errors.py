@@ -8,8 +8,12 @@
     ├── NotFound          404    no such node / allocation / route
     ├── MethodNotAllowed  405    the route exists, not with this method (Allow)
     ├── Conflict          409    the state says no (e.g. idempotency key reused)
-    │   └── ReplayedSnapshot 409 a signed snapshot not newer than the stored one
+    │   ├── ReplayedSnapshot 409 a signed snapshot not newer than the stored one
+    │   ├── ReplayedSummary 409  a region's summary not newer than the stored one
+    │   ├── RegionBusy    409    retiring a region with live allocations, unforced
+    │   └── RegionRetired 409    a summary for, or a job to, a retired region
     ├── Unschedulable     409    nothing fits now; retry later (Retry-After)
+    │   └── NoRegion      409    no region fits, or every one that did refused
     ├── RequestTimeout    408    headers or body arrived too slowly (connection closed)
     ├── RateLimited       429    over the request rate of this token or address (Retry-After)
     ├── InvalidRequest    422    a field, parameter or header is malformed
@@ -18,7 +22,8 @@
     ├── TooLarge          413    the body is over the limit
     ├── UriTooLong        414    the path and query are over the limit
     ├── (itself)          500    a fault of the service (logged with its traceback)
-    └── Unavailable       503    the database cannot be reached (Retry-After)
+    ├── Unavailable       503    the database cannot be reached (Retry-After)
+    └── RegionUnavailable 503    a keyed job's region did not answer: retry the same key
 
 Validation errors from pydantic become 422 ``invalid_request`` naming the
 field. Codes are stable: clients switch on ``code``, people read ``message``.
@@ -80,6 +85,18 @@ class ReplayedSnapshot(Conflict):
     code = "replayed_snapshot"
 
 
+class ReplayedSummary(Conflict):
+    code = "replayed_summary"
+
+
+class RegionBusy(Conflict):
+    code = "region_busy"
+
+
+class RegionRetired(Conflict):
+    code = "region_retired"
+
+
 class RequestTimeout(ServiceError):
     status = 408
     code = "request_timeout"
@@ -102,6 +119,10 @@ class Unschedulable(ServiceError):
     status = 409
     code = "unschedulable"
     retry_after = 5
+
+
+class NoRegion(Unschedulable):
+    code = "no_region"
 
 
 class InvalidRequest(ServiceError):
@@ -138,4 +159,10 @@ class UriTooLong(ServiceError):
 class Unavailable(ServiceError):
     status = 503
     code = "database_unavailable"
+    retry_after = 5
+
+
+class RegionUnavailable(ServiceError):
+    status = 503
+    code = "region_unavailable"
     retry_after = 5

@@ -148,7 +148,8 @@ node_keys = sa.Table(
 )
 
 # API tokens (service/tokens/): only the scrypt hash of each secret is kept. The
-# scope is JSON ({"nodes": [...], "region": ...}) and empty for every role but agent.
+# scope is JSON ({"nodes": [...], "region": ...}) and empty for every role but agent
+# and region.
 api_tokens = sa.Table(
     "api_tokens",
     metadata,
@@ -160,6 +161,66 @@ api_tokens = sa.Table(
     sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
     sa.Column("revoked_at", sa.DateTime(timezone=True), nullable=True),
     sa.CheckConstraint(
-        "role IN ('agent', 'scheduler', 'viewer', 'admin')", name="ck_api_tokens_role"
+        "role IN ('agent', 'region', 'scheduler', 'viewer', 'admin')", name="ck_api_tokens_role"
     ),
+)
+
+# Federation (service/federation/): the regions a global service routes to. Prices,
+# egress and labels are JSON; ``summary`` is the latest signed summary the region
+# pushed (its seq only grows). ``forward_token`` is the token the global service
+# presents to the region's own service when it forwards a placement.
+regions = sa.Table(
+    "regions",
+    metadata,
+    sa.Column("name", sa.String(63), primary_key=True),
+    sa.Column("cloud", sa.String(63), nullable=False),
+    sa.Column("location", sa.String(128), nullable=False, server_default=""),
+    sa.Column("url", sa.Text, nullable=False),
+    sa.Column("public_key", sa.Text, nullable=False),
+    sa.Column("forward_token", sa.Text, nullable=True),
+    sa.Column("token_id", sa.String(32), nullable=False),
+    sa.Column("prices", sa.Text, nullable=False),
+    sa.Column("egress", sa.Text, nullable=False),
+    sa.Column("labels", sa.Text, nullable=False, server_default="{}"),
+    sa.Column("registered_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("retired_at", sa.DateTime(timezone=True), nullable=True),
+    sa.Column("summary", sa.Text, nullable=True),
+    sa.Column("summary_seq", sa.BigInteger, nullable=True),
+    sa.Column("summary_at", sa.DateTime(timezone=True), nullable=True),
+)
+
+# Which region each Idempotency-Key went to: the same key retried goes there again,
+# where the region's own service answers with the allocation it already made.
+federation_forwards = sa.Table(
+    "federation_forwards",
+    metadata,
+    sa.Column("idempotency_key", sa.String(256), primary_key=True),
+    sa.Column("region", sa.String(63), nullable=False),
+    sa.Column("gpu_model", sa.String(128), nullable=False),  # what the forward asked for
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+)
+
+# The audit log (service/audit/): one row per thing that happened, newest last. ``id``
+# orders the rows and is the paging cursor. ``nodes`` holds every node the row
+# concerns as ",a,b," so one LIKE finds a node among several (a gang spans nodes);
+# ``detail`` is JSON and differs by kind (docs/security.md, "Audit log").
+audit_log = sa.Table(
+    "audit_log",
+    metadata,
+    sa.Column("id", sa.BigInteger().with_variant(sa.Integer, "sqlite"), primary_key=True),
+    sa.Column("at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("kind", sa.String(16), nullable=False),  # allocation | admin | snapshot
+    sa.Column("action", sa.String(32), nullable=False),
+    sa.Column("actor_id", sa.String(64), nullable=True),  # the token's id; NULL: the service
+    sa.Column("actor_name", sa.String(256), nullable=False, server_default=""),
+    sa.Column("actor_role", sa.String(16), nullable=True),
+    sa.Column("route", sa.String(128), nullable=False),  # "POST /v1/place", "gRPC Place", "sweep"
+    sa.Column("nodes", sa.Text, nullable=False, server_default=""),
+    sa.Column("job_id", sa.String(256), nullable=True),
+    sa.Column("allocation_id", sa.String(36), nullable=True),
+    sa.Column("detail", sa.Text, nullable=False, server_default="{}"),
+    sa.Index("ix_audit_log_at", "at"),
+    sa.Index("ix_audit_log_allocation_id", "allocation_id"),
+    sa.Index("ix_audit_log_job_id", "job_id"),
+    sa.Index("ix_audit_log_actor_id", "actor_id"),
 )

@@ -77,6 +77,15 @@ class Settings(BaseSettings):
         description="the most nodes one /score answer lists; a larger `limit` is refused,"
         " and `offset` pages through the rest",
     )
+    audit_retention_days: float = Field(
+        default=90.0,
+        ge=0,
+        description="audit log rows older than this many days are deleted (in batches, by"
+        " the background loop); 0: kept forever",
+    )
+    audit_prune_interval_s: float = Field(
+        default=300.0, gt=0, description="how often the audit log's old rows are pruned"
+    )
     access_log: bool = Field(
         default=False,
         description="log one line per HTTP request (uvicorn's access log). Off by default:"
@@ -121,6 +130,75 @@ class Settings(BaseSettings):
         description="port of the gRPC API (0: any free one); unset or 'off': no gRPC server."
         " `topoplace serve` uses 50051 unless told otherwise",
     )
+
+    # Federation (docs/federation.md). A region's service pushes its signed summary to
+    # the global one; the global one routes jobs to regions by their summaries.
+    federation_global: str | None = Field(
+        default=None,
+        description="URL of the global topoplace this region pushes its summary to;"
+        " with region_name, region_token (or region_token_file) and region_key",
+    )
+    region_name: str | None = Field(
+        default=None, min_length=1, max_length=63, description="this region's registered name"
+    )
+    region_token: str = Field(
+        default="", description="the region token the global service issued at registration"
+    )
+    region_token_file: str | None = Field(default=None, description="a file holding it")
+    region_key: str | None = Field(
+        default=None, description="the Ed25519 private key (PEM) the summaries are signed with"
+    )
+    federation_push_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="a region pushes its summary on every change and at least this often",
+    )
+    federation_check_s: float = Field(
+        default=0.5, gt=0, description="how often a region looks for a change to push"
+    )
+    federation_stale_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="global: a region whose last summary is older is stale and skipped",
+    )
+
+    @model_validator(mode="after")
+    def _federation_complete(self) -> Settings:
+        if self.federation_global is None:
+            return self
+        missing = [
+            name
+            for name, value in (
+                ("TOPOPLACE_REGION_NAME", self.region_name),
+                (
+                    "TOPOPLACE_REGION_TOKEN or TOPOPLACE_REGION_TOKEN_FILE",
+                    self.region_token or self.region_token_file,
+                ),
+                ("TOPOPLACE_REGION_KEY", self.region_key),
+            )
+            if not value
+        ]
+        if missing:
+            raise ValueError(
+                "pushing to a global service (TOPOPLACE_FEDERATION_GLOBAL) needs "
+                + ", ".join(missing)
+            )
+        return self
+
+    def region_token_value(self) -> str:
+        """The region token, from the setting or its file; ValueError naming a bad file."""
+        if self.region_token.strip():
+            return self.region_token.strip()
+        if self.region_token_file:
+            from pathlib import Path
+
+            try:
+                return Path(self.region_token_file).read_text(encoding="utf-8").strip()
+            except OSError as exc:
+                raise ValueError(
+                    f"cannot read the region token file {self.region_token_file}: {exc.strerror}"
+                ) from None
+        return ""
 
     @model_validator(mode="after")
     def _tls_pair(self) -> Settings:

@@ -13,12 +13,14 @@ from collections.abc import Callable, Sequence
 from importlib.metadata import distribution
 
 from topoplace import (
+    audit_cmd,
     client_cmd,
     export_cmd,
     k8s_cmd,
     openapi_cmd,
     plan_cmd,
     profiles_cmd,
+    region_cmd,
     serve_cmd,
     sim_cmd,
     slurm_cmd,
@@ -51,6 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     openapi_cmd.add_parser(sub)
     client_cmd.add_parsers(sub)
     token_cmd.add_parser(sub)
+    region_cmd.add_parser(sub)
+    audit_cmd.add_parser(sub)
     for add_parser in plugin_commands():
         add_parser(sub)
     slurm_cmd.add_parser(sub)

@@ -58,6 +58,35 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         action="store_true",
         help="log every HTTP request (TOPOPLACE_ACCESS_LOG; off by default)",
     )
+    federation = serve.add_argument_group(
+        "federation (a region pushing to a global service, docs/federation.md)"
+    )
+    federation.add_argument(
+        "--federation-global",
+        metavar="URL",
+        help="push this region's signed summary there (TOPOPLACE_FEDERATION_GLOBAL)",
+    )
+    federation.add_argument("--region-name", metavar="NAME", help="this region's registered name")
+    federation.add_argument(
+        "--region-token-file",
+        metavar="FILE",
+        help="the region token `topoplace region register` printed (or TOPOPLACE_REGION_TOKEN)",
+    )
+    federation.add_argument(
+        "--region-key", metavar="PEM", help="the Ed25519 private key summaries are signed with"
+    )
+    federation.add_argument(
+        "--federation-push-s",
+        type=float,
+        metavar="S",
+        help="push at least this often, besides on every change (default 10)",
+    )
+    federation.add_argument(
+        "--federation-stale-s",
+        type=float,
+        metavar="S",
+        help="global: a region silent this long is stale and skipped (default 30)",
+    )
     serve.set_defaults(func=run_serve)
 
     db = sub.add_parser("db", help="database maintenance")
@@ -84,6 +113,12 @@ def _settings(args: argparse.Namespace) -> Settings:
             "insecure_dev": True
             if getattr(args, "insecure_dev", False) or getattr(args, "demo", False)
             else None,
+            "federation_global": getattr(args, "federation_global", None),
+            "region_name": getattr(args, "region_name", None),
+            "region_token_file": getattr(args, "region_token_file", None),
+            "region_key": getattr(args, "region_key", None),
+            "federation_push_s": getattr(args, "federation_push_s", None),
+            "federation_stale_s": getattr(args, "federation_stale_s", None),
             "grpc_port": "off"
             if getattr(args, "no_grpc", False)
             else getattr(args, "grpc_port", None),

@@ -17,7 +17,7 @@ from topoplace import client_cmd
 if TYPE_CHECKING:
     from topoplace_client.api import TopoplaceClient
 
-ROLES = ("agent", "scheduler", "viewer", "admin")
+ROLES = ("agent", "region", "scheduler", "viewer", "admin")
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -35,7 +35,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     create.add_argument(
         "--node", action="append", default=[], metavar="NODE", help="agent: a node (repeatable)"
     )
-    create.add_argument("--region", metavar="REGION", help="agent: every node of this region")
+    create.add_argument(
+        "--region",
+        metavar="REGION",
+        help="agent: every node of this region; region: its own region",
+    )
     create.add_argument("--name", default="", help="what the token is for")
     create.add_argument(
         "--database-url",
@@ -83,6 +87,7 @@ def do_create(client: TopoplaceClient, args: argparse.Namespace) -> None:
 def _create_in_database(args: argparse.Namespace) -> int:
     from service import migrate
     from service.access import Role
+    from service.audit.actor import Actor, acting
     from service.db import make_engine
     from service.settings import Settings
     from service.tokens import store
@@ -94,9 +99,12 @@ def _create_in_database(args: argparse.Namespace) -> int:
         return client_cmd.EXIT_USAGE
     migrate.upgrade(url)
     engine = make_engine(url)
+    # The audit log names this way in: no token, straight to the database.
+    operator = Actor(None, "topoplace token create --database-url", None, "database")
     try:
         scope = store.Scope(frozenset(args.node), args.region)
-        record, secret = store.create(engine, Role(args.role), scope, args.name)
+        with acting(operator):
+            record, secret = store.create(engine, Role(args.role), scope, args.name)
     except store.ScopeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return client_cmd.EXIT_USAGE

@@ -371,3 +371,67 @@ class TopoplaceClient:
     def revoke_token(self, token_id: str) -> None:
         """DELETE /v1/tokens/{id} (204): refused everywhere within a second."""
         self._request("DELETE", f"/v1/tokens/{_segment(token_id)}")
+
+    # -- federation (a global service) ----------------------------------------
+
+    def register_region(self, body: Mapping[str, Any]) -> JSONObject:
+        """POST /v1/regions: the region, its region token in ``token`` (shown only now)."""
+        return self._post("/v1/regions", dict(body))
+
+    def regions(self, include_retired: bool = False) -> JSONObject:
+        """GET /v1/regions: ``{"regions": [...]}``."""
+        return self._get("/v1/regions", {"retired": "true"} if include_retired else None)
+
+    def region(self, name: str) -> JSONObject:
+        return self._get(f"/v1/regions/{_segment(name)}")
+
+    def retire_region(self, name: str, *, force: bool = False) -> JSONObject:
+        """POST /v1/regions/{name}/retire: refused (409 region_busy) with live allocations
+        unless ``force``."""
+        path = f"/v1/regions/{_segment(name)}/retire"
+        params = {"force": "true"} if force else None
+        return self._object(self._request("POST", path, params=params))
+
+    def federation_place(
+        self, request: Mapping[str, Any], idempotency_key: str | None = None
+    ) -> JSONObject:
+        """POST /v1/federation/place: the region, node, GPUs, cost and alternatives."""
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
+        return self._post("/v1/federation/place", dict(request), headers=headers)
+
+    def federation_score(self, request: Mapping[str, Any]) -> JSONObject:
+        """POST /v1/federation/score: every region's candidate, best first."""
+        return self._post("/v1/federation/score", dict(request))
+
+    # -- the audit log (admin) -----------------------------------------------
+
+    def audit(
+        self,
+        *,
+        kind: str | None = None,
+        action: str | None = None,
+        actor: str | None = None,
+        node: str | None = None,
+        job_id: str | None = None,
+        allocation_id: str | None = None,
+        since: str | None = None,
+        until: str | None = None,
+        limit: int | None = None,
+        cursor: str | None = None,
+    ) -> JSONObject:
+        """GET /v1/audit: ``{"entries": [...], "next_cursor": ...}``, newest first; pass
+        ``next_cursor`` back as ``cursor`` for the older rows."""
+        given = {
+            "kind": kind,
+            "action": action,
+            "actor": actor,
+            "node": node,
+            "job_id": job_id,
+            "allocation_id": allocation_id,
+            "since": since,
+            "until": until,
+            "limit": limit,
+            "cursor": cursor,
+        }
+        params: dict[str, str | int] = {k: v for k, v in given.items() if v is not None}
+        return self._get("/v1/audit", params)

@@ -11,7 +11,10 @@ The event rule: every change publishes exactly one event on the state's
 hub (service/events.py), here and only here, whoever asked for it; a call
 that changes nothing publishes nothing (a replayed Idempotency-Key, a
 confirm repeated, a release of an ended allocation, an observation that
-matched). docs/grpc.md lists the event types.
+matched). docs/grpc.md lists the event types. Each change also leaves one
+audit row of the same name (service/audit/), written below, in the change's
+own transaction (place_flow.py's commit, lifecycle.py), so the audit log and
+the events tell the same story (tests/service/allocations/test_events_per_change.py).
 
 | change | event |
 |---|---|
@@ -30,15 +33,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal
 
-from service.allocations import lifecycle, place_flow, queries, scoring
+from service.allocations import lifecycle, place_flow, queries, score_pages, scoring
 from service.allocations.place_flow import Flow, Step, run, run_async
 from service.allocations.results import (
     Allocation,
     Ended,
     Observation,
     Placed,
+    ScorePage,
 )
-from service.allocations.schemas import PlaceRequest
+from service.allocations.schemas import PlaceRequest, ScoreRequest
 from service.errors import Unresolvable, Unschedulable
 from service.state import ServiceState
 
@@ -60,6 +64,7 @@ __all__ = [
     "run_async",
     "score",
     "score_json",
+    "score_page",
     "sweep",
 ]
 
@@ -85,6 +90,22 @@ get = queries.get
 listing = queries.listing
 score = scoring.score
 score_json = scoring.score_json
+
+
+def score_page(
+    state: ServiceState, body: ScoreRequest, limit: int | None, offset: int
+) -> ScorePage:
+    """/score bounded by TOPOPLACE_MAX_SCORE_NODES (score_pages.py): the whole answer
+    when it is within the bound and not paged, else the page asked for; an answer over
+    the bound, unpaged, is refused (InvalidRequest on ``limit``)."""
+    maximum = state.settings.max_score_nodes
+    count = score_pages.listed_count(body.nodes, len(state.cluster))
+    paged = score_pages.check_bound(count, limit, offset, maximum)
+    rows = scoring.score(state, body)
+    if not paged:
+        return ScorePage(tuple(rows), len(rows), 0, None)
+    return score_pages.page(rows, limit, offset, maximum)
+
 
 # ---- placing ---------------------------------------------------------------------
 

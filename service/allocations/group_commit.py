@@ -4,7 +4,7 @@ Under load most of a /place request's cost was its own transaction: begin,
 two inserts, a notification and a commit, each a round trip through the
 driver, and one WAL flush per request in Postgres. Reservations that arrive
 while a commit is running wait for it, then go together: one multi-row
-insert into ``allocations``, one into ``gpu_holds``, one notification naming
+insert into ``allocations``, one into ``gpu_holds``, one into ``audit_log``, one notification naming
 every node touched, one commit. A quiet service commits each reservation at
 once (a batch of one), so latency is not traded for throughput.
 
@@ -45,6 +45,7 @@ class _Reservation:
     row: Mapping[str, object]
     holds: Sequence[tuple[str, str, str]]
     nodes: Sequence[str]
+    audit: Mapping[str, object] | None  # the placement decision's audit row
     # Called once on the committer's thread when the outcome is known.
     finished: Callable[[], None]
     error: BaseException | None = None
@@ -78,10 +79,12 @@ class GroupCommitter:
         row: Mapping[str, object],
         holds: Sequence[tuple[str, str, str]],
         nodes: Sequence[str],
+        audit: Mapping[str, object] | None = None,
     ) -> None:
-        """Insert the allocation and its holds durably; raises what a lone commit would."""
+        """Insert the allocation, its holds and its audit row durably; raises what a lone
+        commit would."""
         done = threading.Event()
-        reservation = _Reservation(row, holds, nodes, done.set)
+        reservation = _Reservation(row, holds, nodes, audit, done.set)
         self._submit(reservation)
         done.wait()
         if reservation.error is not None:
@@ -92,6 +95,7 @@ class GroupCommitter:
         row: Mapping[str, object],
         holds: Sequence[tuple[str, str, str]],
         nodes: Sequence[str],
+        audit: Mapping[str, object] | None = None,
     ) -> None:
         """``commit`` for the event loop: awaits the batch instead of blocking a thread."""
         loop = asyncio.get_running_loop()
@@ -100,7 +104,7 @@ class GroupCommitter:
         def finished() -> None:
             loop.call_soon_threadsafe(_settle, future, reservation)
 
-        reservation = _Reservation(row, holds, nodes, finished)
+        reservation = _Reservation(row, holds, nodes, audit, finished)
         self._submit(reservation)
         await future
 
@@ -163,7 +167,10 @@ class GroupCommitter:
             key=lambda h: (h["node"], h["device"]),
         )
         nodes = [n for r in batch for n in r.nodes]
-        retry_transient(lambda: self.writer.write(rows, holds, nodes), retried=self._on_retry)
+        audits = [r.audit for r in batch if r.audit is not None]
+        retry_transient(
+            lambda: self.writer.write(rows, holds, nodes, audits), retried=self._on_retry
+        )
 
     def _write(self, batch: list[_Reservation]) -> None:
         try:

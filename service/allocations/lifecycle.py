@@ -4,7 +4,9 @@ scheduler's truth (attach, observe). docs/service.md draws the state machine.
 Each change is one transaction whose guards live in repository.py; memory
 follows the database afterwards (``_forget``). These functions say what they
 changed and publish nothing: the allocations API (api.py) turns each change
-into exactly one event, whoever asked for it.
+into exactly one event, whoever asked for it, and each such change writes
+its one audit row (service/audit/) in its own transaction, so the database
+never holds a change without its row or a row without its change.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from service.allocations.observed_gpus import observed_placement
 from service.allocations.place_flow import checked_ttl
 from service.allocations.results import Allocation, Ended, Observation
 from service.allocations.schemas import PlaceRequest
+from service.audit import records
+from service.audit import store as audit
 from service.db import in_transaction
 from service.errors import BadRequest, Conflict, NotFound, ServiceError
 from service.notify import publish
@@ -80,6 +84,7 @@ def _refused(conn: Connection, allocation_id: str, now: datetime, verb: str) -> 
         publish(conn, {h.node for h in freed})
         row = repository.by_id(conn, allocation_id)
         assert row is not None
+        audit.write(conn, [records.allocation_change("expired", now, row)])
         expired = True
         message = (
             f"allocation {allocation_id} expired at {time_text(views.aware(row['ended_at']))}:"
@@ -104,6 +109,7 @@ def confirm(state: ServiceState, allocation_id: str) -> Transition:
     def work(conn: Connection) -> _Outcome:
         row = repository.confirm(conn, allocation_id, now)
         if row is not None:
+            audit.write(conn, [records.allocation_change("confirmed", now, row)])
             return _Outcome(row, True, [])
         current = repository.by_id(conn, allocation_id)
         # Confirmed before (active, or degraded without a TTL): the same answer again.
@@ -122,6 +128,7 @@ def extend(state: ServiceState, allocation_id: str, ttl_s: float) -> Transition:
     def work(conn: Connection) -> _Outcome:
         row = repository.extend(conn, allocation_id, now, now + timedelta(seconds=ttl))
         if row is not None:
+            audit.write(conn, [records.allocation_change("extended", now, row)])
             return _Outcome(row, True, [])
         return _refused(conn, allocation_id, now, "extend")
 
@@ -133,9 +140,11 @@ def _end(state: ServiceState, ids: list[str] | None, transition: str) -> Ended:
     now = state.clock()
 
     def work(conn: Connection) -> tuple[list[str], list[repository.FreedHold]]:
-        ended, freed = repository.end(conn, ids, transition, now)
+        rows, freed = repository.end_rows(conn, ids, transition, now)
         publish(conn, {h.node for h in freed})
-        return ended, freed
+        action = "expired" if transition == "expire" else "released"
+        audit.write(conn, [records.allocation_change(action, now, row) for row in rows])
+        return [str(row["id"]) for row in rows], freed
 
     ended, freed = in_transaction(state.engine, work, state.metrics.retried)
     _forget(state, freed)
@@ -179,13 +188,13 @@ def attach(state: ServiceState, allocation_ids: list[str], job_id: str) -> tuple
     if not allocation_ids:
         return ()
     now = state.clock()
-    return tuple(
-        in_transaction(
-            state.engine,
-            lambda conn: repository.attach(conn, allocation_ids, job_id, now),
-            state.metrics.retried,
-        )
-    )
+
+    def work(conn: Connection) -> list[str]:
+        attached = repository.attach(conn, allocation_ids, job_id, now)
+        audit.write_allocations(conn, "attached", attached, now)
+        return attached
+
+    return tuple(in_transaction(state.engine, work, state.metrics.retried))
 
 
 def observe(
@@ -226,6 +235,7 @@ def observe(
         if ids and repository.holds_of(conn, ids) == wanted:
             attached = tuple(repository.attach(conn, ids, job_id, now))
             if attached:
+                audit.write_allocations(conn, "attached", attached, now)
                 return Observation("attached", ids[0], attached=attached), []
             return Observation("matched", ids[0]), []
         stale = sorted(a for a in repository.holders(conn, sorted(wanted)) if a not in ids)
@@ -238,12 +248,19 @@ def observe(
                 conn, ids[0], now, job_id=job_id, placement=placement_text, holds=holds
             )
             freed += given_up
+        # Audit rows in the events' order (api.observe): what ended, then the job's own.
+        audit.write_allocations(conn, "released", [*superseded, *merged], now)
         if moved is not None:
             observation = Observation("moved", ids[0], tuple(superseded), tuple(merged))
+            audit.write(conn, [records.allocation_change("moved", now, moved)])
         else:
             row = _observed_row(job_id, owner, gpus, placement_text, holds, now)
             repository.insert(conn, row, holds)
             observation = Observation("created", str(row["id"]), tuple(superseded), tuple(merged))
+            placed = records.placed(
+                now, str(row["id"]), job_id, gpus, "active", str(row["request"]), placement_text
+            )
+            audit.write(conn, [placed])
         publish(conn, {h.node for h in freed} | set(gpus))
         return observation, freed
 

@@ -42,6 +42,7 @@ from service.allocations import repository, views
 from service.allocations.results import Allocation, Placed
 from service.allocations.schemas import PlaceRequest
 from service.allocations.stored_request import same_request
+from service.audit import records
 from service.errors import BadRequest, Conflict, Unavailable, Unresolvable, Unschedulable
 from service.event_loop import off_loop
 from service.flows import drive, drive_async
@@ -54,11 +55,12 @@ Blocking = Callable[[], Any]  # a step run as it is: blocking, or in a worker th
 
 @dataclass(frozen=True, slots=True)
 class Commit:
-    """A step: the reservation's row and holds, for the group committer."""
+    """A step: the reservation's row, holds and audit row, for the group committer."""
 
     row: dict[str, Any]
     holds: list[tuple[str, str, str]]
     nodes: tuple[str, ...]
+    audit: dict[str, Any]
 
 
 Step = Blocking | Commit
@@ -68,13 +70,13 @@ Flow = Generator[Step, Any, Result]
 
 def _blocking_step(state: ServiceState, step: Step) -> Any:
     if isinstance(step, Commit):
-        return state.committer.commit(step.row, step.holds, step.nodes)
+        return state.committer.commit(step.row, step.holds, step.nodes, step.audit)
     return step()
 
 
 async def _awaited_step(state: ServiceState, step: Step) -> Any:
     if isinstance(step, Commit):
-        return await state.committer.commit_async(step.row, step.holds, step.nodes)
+        return await state.committer.commit_async(step.row, step.holds, step.nodes, step.audit)
     return await off_loop(step)
 
 
@@ -178,8 +180,18 @@ def place_flow(
             "anchor_node": holds[0][0],
             "anchor_device": holds[0][1],
         }
+        # The decision's audit row commits with the reservation, in its transaction.
+        audit = records.placed(
+            now,
+            str(row["id"]),
+            body.job_id,
+            placement.nodes,
+            str(row["state"]),
+            request_json,
+            str(row["placement"]),
+        )
         try:
-            yield Commit(row, holds, placement.nodes)
+            yield Commit(row, holds, placement.nodes, audit)
         except IntegrityError:
             _undo(state, placement, devices)
             if idempotency_key is not None:

@@ -108,8 +108,17 @@ def extend(
 def end(
     conn: Connection, allocation_ids: Sequence[str] | None, transition: str, now: datetime
 ) -> tuple[list[str], list[FreedHold]]:
+    """``end_rows``, answering the ended allocations' ids."""
+    rows, freed = end_rows(conn, allocation_ids, transition, now)
+    return [str(r["id"]) for r in rows], freed
+
+
+def end_rows(
+    conn: Connection, allocation_ids: Sequence[str] | None, transition: str, now: datetime
+) -> tuple[list[sa.RowMapping], list[FreedHold]]:
     """End the allocations the transition's guard lets through (``None``: every row it
-    does, for the sweep) and delete their holds; returns (ended ids, freed holds).
+    does, for the sweep) and delete their holds; returns (the ended rows as they are now,
+    by id; the freed holds). The rows are what their audit rows are made of.
 
     The state change comes first: it takes the rows (Postgres locks them; on SQLite
     it starts the write), so the holds deleted next are exactly those of the rows it
@@ -132,9 +141,10 @@ def end(
             ended_at=now,
             expires_at=None,
         )
-        .returning(_T.c.id)
+        .returning(*_T.c)
     )
-    ended = sorted(str(i) for i in conn.execute(statement).scalars())
+    rows = sorted(conn.execute(statement).mappings(), key=lambda r: str(r["id"]))
+    ended = [str(r["id"]) for r in rows]
     if not ended:
         return [], []
     deleted = conn.execute(
@@ -142,7 +152,7 @@ def end(
         .where(_H.c.allocation_id.in_(ended))
         .returning(_H.c.allocation_id, _H.c.node, _H.c.device, _H.c.kind)
     ).all()
-    return ended, [FreedHold(str(a), str(n), str(d), str(k)) for a, n, d, k in deleted]
+    return rows, [FreedHold(str(a), str(n), str(d), str(k)) for a, n, d, k in deleted]
 
 
 def attach(

@@ -122,6 +122,18 @@ class NodeScore:
     task: TaskPlan | None
 
 
+@dataclass(frozen=True, slots=True)
+class ScorePage:
+    """A bounded /score answer (REST ``?limit=&offset=``, gRPC ``limit``, ``offset``): a
+    slice of one ranking, the nodes in the whole answer, where the next page starts
+    (None on the last)."""
+
+    nodes: tuple[NodeScore, ...]
+    total: int
+    offset: int
+    next_offset: int | None
+
+
 ObservedAction = Literal["matched", "attached", "moved", "created"]
 
 

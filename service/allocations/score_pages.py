@@ -9,7 +9,8 @@ on the last page). Ranks stay those of the whole answer, so a page is a
 slice of one ranking, not a ranking of its own.
 
 An answer within the bound, asked without ``limit``, is the usual one,
-encoded on the fast path (scoring.score_json). The
+encoded on the fast path (scoring.score_json). gRPC ``Score`` is bounded the
+same way, through ``api.score_page`` (its ``limit`` and ``offset`` fields). The
 Kubernetes extender and the Slurm routes score through their own paths,
 which this does not touch.
 """
@@ -20,7 +21,7 @@ from collections.abc import Sequence
 
 import orjson
 
-from service.allocations.results import NodeScore
+from service.allocations.results import NodeScore, ScorePage
 from service.errors import InvalidRequest
 
 
@@ -47,16 +48,17 @@ def check_bound(count: int, limit: int | None, offset: int, maximum: int) -> boo
     return True
 
 
-def page_json(rows: Sequence[NodeScore], limit: int | None, offset: int, maximum: int) -> bytes:
+def page(rows: Sequence[NodeScore], limit: int | None, offset: int, maximum: int) -> ScorePage:
+    """The slice of ``rows`` a page asks for, with where the next one starts."""
     size = limit if limit is not None else maximum
-    page = rows[offset : offset + size]
     following = offset + size
-    return orjson.dumps(
-        {
-            "nodes": page,
-            "total": len(rows),
-            "offset": offset,
-            "next_offset": following if following < len(rows) else None,
-        },
-        option=orjson.OPT_UTC_Z,
+    return ScorePage(
+        tuple(rows[offset:following]),
+        len(rows),
+        offset,
+        following if following < len(rows) else None,
     )
+
+
+def page_json(rows: Sequence[NodeScore], limit: int | None, offset: int, maximum: int) -> bytes:
+    return orjson.dumps(page(rows, limit, offset, maximum), option=orjson.OPT_UTC_Z)

@@ -6,7 +6,8 @@ probes and schema do. A call without a known token ends with
 UNAUTHENTICATED, one whose role does not allow it with PERMISSION_DENIED,
 before the method runs. An agent's ReportSnapshot and Heartbeat name their
 node in the request, so the scope is checked on the request message, before
-the method's body sees it.
+the method's body sees it. The principal is the audit log's actor while a
+unary method runs (service/audit/actor.py), as on REST.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import grpc
 
 from service import access
 from service.access import Permission, Role
+from service.audit import actor as audit_actor
 from service.auth import (
     Authenticator,
     Forbidden,
@@ -59,11 +61,13 @@ class RequireToken(grpc.aio.ServerInterceptor):
         try:
             principal = await self.check.authenticate_async(header)
             if principal.role is Role.AGENT and permission is Permission.REPORT:
-                return self._scoped(handler, principal)
-            self.check.authorize(principal, permission, None, None)
+                handler = self._scoped(handler, principal)
+            else:
+                self.check.authorize(principal, permission, None, None)
         except (Unauthorized, Forbidden) as error:
             return _refusing(handler, status_map.from_service_error(error))
-        return handler
+        route = "gRPC " + handler_call_details.method.rsplit("/", 1)[-1]
+        return _acting(handler, principal.actor(route))
 
     def _scoped(self, handler: Handler, principal: Principal) -> Handler:
         """``handler`` behind a check of the node its (unary) request names."""
@@ -88,6 +92,24 @@ class RequireToken(grpc.aio.ServerInterceptor):
             request_deserializer=handler.request_deserializer,
             response_serializer=handler.response_serializer,
         )
+
+
+def _acting(handler: Handler, actor: audit_actor.Actor) -> Handler:
+    """``handler`` run with ``actor`` as the audit log's (unary methods: those that change
+    something; a Watch stream changes nothing)."""
+    inner: Any = handler.unary_unary
+    if inner is None:
+        return handler
+
+    async def unary(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        with audit_actor.acting(actor):
+            return await inner(request, context)
+
+    return grpc.unary_unary_rpc_method_handler(
+        unary,
+        request_deserializer=handler.request_deserializer,
+        response_serializer=handler.response_serializer,
+    )
 
 
 def _refusing(handler: Handler, reply: status_map.ErrorReply) -> Handler:

@@ -161,9 +161,20 @@ class TopoplaceServicer(pb_grpc.TopoplaceServicer):
 
     async def Score(self, request: pb.ScoreRequest, context: Context) -> pb.ScoreResponse:
         def call() -> pb.ScoreResponse:
-            body = _validate(ScoreRequest, convert.request_fields(request))
-            verdicts = allocations.score(self.state, body)
-            return pb.ScoreResponse(nodes=[convert.node_score(v) for v in verdicts])
+            fields = convert.request_fields(request)
+            limit, offset = fields.pop("limit", None), fields.pop("offset", 0)
+            if limit is not None and limit < 1:
+                raise Refused(status_map.invalid_field("limit", "must be at least 1"))
+            if offset < 0:
+                raise Refused(status_map.invalid_field("offset", "must not be negative"))
+            body = _validate(ScoreRequest, fields)
+            page = allocations.score_page(self.state, body, limit, offset)
+            return pb.ScoreResponse(
+                nodes=[convert.node_score(v) for v in page.nodes],
+                total=page.total,
+                offset=page.offset,
+                next_offset=page.next_offset,
+            )
 
         return await self._run(request, context, call)
 

@@ -20,6 +20,7 @@ from typing import Any
 
 from service.allocations import api as allocations
 from service.allocations.results import Allocation
+from service.audit.actor import acting, service_task
 from service.event_loop import off_loop
 from service.k8s.bind import ALLOCATION_ANNOTATION
 from service.k8s.gang import LIVE, GangCoordinator
@@ -28,6 +29,7 @@ from service.k8s.pod_request import GANG, GANG_SIZE, BadPodRequest, Gang, parse_
 from service.state import ServiceState
 
 log = logging.getLogger("topoplace.k8s")
+RECONCILER = service_task("kubernetes reconciler")
 
 POD_OWNER = "k8s-pod:"
 GANG_OWNER = "k8s-gang:"
@@ -97,6 +99,7 @@ async def reconcile_forever(
     while True:
         await asyncio.sleep(interval_s)
         try:
-            await off_loop(reconcile_once, state, kube, gangs, grace_s)
+            with acting(RECONCILER):  # the audit log's actor of what it releases
+                await off_loop(reconcile_once, state, kube, gangs, grace_s)
         except Exception:  # the loop must outlive an API server or database hiccup
             log.exception("reconcile failed; retrying in %.0f s", interval_s)

@@ -17,6 +17,8 @@ from placement import NodeSnapshot, bandwidth_matrix
 from placement.topo_text import render_topo_matrix
 from service import schema
 from service.admin_actions import INTERNAL, Caller, require_admin
+from service.audit import records
+from service.audit import store as audit
 from service.errors import Conflict, NotFound
 from service.nodes import repository
 from service.nodes.schemas import (
@@ -49,6 +51,8 @@ def set_cordoned(state: ServiceState, name: str, cordoned: bool) -> NodeView:
         if not repository.set_cordoned(conn, name, cordoned):
             raise NotFound(f"no node named {name!r}")
         publish(conn, [name])
+        action = "node_cordoned" if cordoned else "node_uncordoned"
+        audit.write(conn, [records.record("admin", action, state.clock(), nodes=[name])])
     with state.lock:
         if cordoned:
             state.cordoned.add(name)
@@ -73,6 +77,7 @@ def remove_node(state: ServiceState, name: str) -> None:
         if not repository.delete(conn, name):
             raise NotFound(f"no node named {name!r}")
         publish(conn, [name])
+        audit.write(conn, [records.record("admin", "node_deleted", state.clock(), nodes=[name])])
     with state.lock:
         if name in state.cluster:
             state.cluster.remove(name)
@@ -243,17 +248,23 @@ def register_key(
                 if row is None or (replace and _differs(row, key)):
                     if row is None and not state.settings.trust_on_first_use:
                         require_admin(caller, "registering a node's first key")
+                    action = "key_registered" if row is None else "key_replaced"
                     if row is not None:
                         repository.delete_key(conn, name)
+                    now = state.clock()
                     repository.insert_key(
                         conn,
                         name=name,
                         algorithm=key.algorithm,
                         public_key=key.public_key,
-                        now=state.clock(),
+                        now=now,
                     )
                     row = repository.get_key(conn, name)
                     assert row is not None
+                    detail = {"algorithm": key.algorithm, "public_key": key.public_key}
+                    audit.write(
+                        conn, [records.record("admin", action, now, nodes=[name], detail=detail)]
+                    )
         except IntegrityError:
             continue
         if _differs(row, key):
@@ -284,3 +295,4 @@ def delete_key(state: ServiceState, name: str, caller: Caller = INTERNAL) -> Non
     with state.engine.begin() as conn:
         if not repository.delete_key(conn, name):
             raise NotFound(f"no public key is registered for node {name!r}")
+        audit.write(conn, [records.record("admin", "key_deleted", state.clock(), nodes=[name])])

@@ -12,16 +12,19 @@ racing another first one is retried as a later one.
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime
 
 import sqlalchemy as sa
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from placement import Health, NodeSnapshot
 from placement.snapshot import MAX_SEQ
 from service import schema
 from service.admin_actions import INTERNAL, Caller
-from service.errors import BadRequest, Conflict, ReplayedSnapshot
+from service.audit import records
+from service.audit import store as audit
+from service.errors import BadRequest, Conflict, ReplayedSnapshot, ServiceError
 from service.nodes import device_owners as owners
 from service.nodes import repository, signatures
 from service.nodes.loadable import check_loadable
@@ -29,6 +32,7 @@ from service.nodes.schemas import SnapshotAccepted, SnapshotReport
 from service.notify import publish
 from service.state import ServiceState
 
+log = logging.getLogger("topoplace.nodes")
 FIRST_REPORT_TRIES = 3  # a first snapshot racing another first one re-reads and tries again
 
 
@@ -43,8 +47,36 @@ def report_snapshot(
     older than the stored one or an equal seq with other content (409), and
     a GPU or MIG UUID that another node's snapshot holds (409). The seq rule
     is also the condition of the write, so of racing reports the newest
-    wins whatever their order.
+    wins whatever their order. Every refusal leaves an audit row (``snapshot``, the
+    refusal's code as the action), in a transaction of its own: the report's was undone.
     """
+    try:
+        return _report(state, name, report, caller)
+    except ServiceError as refusal:
+        _audit_refusal(state, name, report, refusal)
+        raise
+
+
+def _audit_refusal(
+    state: ServiceState, name: str, report: SnapshotReport, refusal: ServiceError
+) -> None:
+    detail = {
+        "code": refusal.code,
+        "message": refusal.message,
+        "detail": refusal.detail,
+        "seq": report.snapshot.seq,
+        "signed": report.signature is not None,
+    }
+    row = records.record("snapshot", refusal.code, state.clock(), nodes=[name], detail=detail)
+    try:
+        audit.write_alone(state.engine, row)
+    except SQLAlchemyError:  # the refusal is the answer; a database hiccup must not hide it
+        log.exception("the audit row of a refused snapshot of %s was not written", name)
+
+
+def _report(
+    state: ServiceState, name: str, report: SnapshotReport, caller: Caller
+) -> SnapshotAccepted:
     snap = report.snapshot
     if snap.name != name:
         raise BadRequest(

@@ -21,6 +21,7 @@ from typing import Any
 
 from service.allocations import api as allocations
 from service.allocations.results import Allocation
+from service.audit.actor import acting, service_task
 from service.errors import BadRequest
 from service.event_loop import off_loop
 from service.slurm import truth
@@ -32,6 +33,7 @@ from service.state import ServiceState
 from slurm_formats.admin_comment import allocation_ids
 
 log = logging.getLogger("topoplace.slurm")
+RECONCILER = service_task("slurm reconciler")
 
 # Job states after which a job holds nothing (squeue keeps showing such jobs for MinJobAge).
 FINISHED = frozenset(
@@ -208,4 +210,5 @@ class Reconciler:
             log.warning("reconcile skipped: %s", exc)
             return
         self.state.metrics.squeue.labels("ok").observe(time.perf_counter() - started)
-        await off_loop(reconcile, self.state, self.settings, squeue)
+        with acting(RECONCILER):  # the audit log's actor of what it changes
+            await off_loop(reconcile, self.state, self.settings, squeue)

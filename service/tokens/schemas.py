@@ -22,7 +22,10 @@ class TokenRequest(BaseModel):
         description="agent tokens: the nodes it may report for",
     )
     region: Text | None = Field(
-        default=None, min_length=1, max_length=63, description="agent tokens: a whole region"
+        default=None,
+        min_length=1,
+        max_length=63,
+        description="agent tokens: a whole region; region tokens: their own region",
     )
     name: Text = Field(default="", max_length=256, description="what the token is for")
 

@@ -14,6 +14,8 @@ from datetime import UTC, datetime
 import sqlalchemy as sa
 
 from service.access import Role
+from service.audit import records
+from service.audit import store as audit
 from service.schema import api_tokens
 from service.tokens import secrets
 
@@ -72,8 +74,12 @@ class ScopeError(ValueError):
 def check_scope(role: Role, scope: Scope) -> None:
     if role is Role.AGENT and scope.empty:
         raise ScopeError("an agent token needs a scope: at least one node or a region")
-    if role is not Role.AGENT and not scope.empty:
-        raise ScopeError(f"a {role.value} token has no scope; only agent tokens name nodes")
+    if role is Role.REGION and (scope.region is None or scope.nodes):
+        raise ScopeError("a region token names one region (its own) and no nodes")
+    if role not in (Role.AGENT, Role.REGION) and not scope.empty:
+        raise ScopeError(
+            f"a {role.value} token has no scope; only agent and region tokens have one"
+        )
 
 
 def _utc(value: datetime | None) -> datetime | None:
@@ -105,20 +111,42 @@ def create(
     now: datetime | None = None,
 ) -> tuple[TokenRecord, str]:
     """Make a token; returns it and its secret (``tpp_<id>_<secret>``), shown only now."""
+    with engine.begin() as conn:
+        return create_in(conn, role, scope, name, now)
+
+
+def create_in(
+    conn: sa.Connection,
+    role: Role,
+    scope: Scope = Scope(),
+    name: str = "",
+    now: datetime | None = None,
+) -> tuple[TokenRecord, str]:
+    """:func:`create` inside the caller's transaction (a region and its token together)."""
     check_scope(role, scope)
     token_id, secret = secrets.new_id(), secrets.new_secret()
     created = now or datetime.now(UTC)
-    with engine.begin() as conn:
-        conn.execute(
-            api_tokens.insert().values(
-                id=token_id,
-                role=role.value,
-                scope=scope.to_json(),
-                name=name,
-                secret_hash=secrets.hash_secret(secret),
-                created_at=created,
-            )
+    conn.execute(
+        api_tokens.insert().values(
+            id=token_id,
+            role=role.value,
+            scope=scope.to_json(),
+            name=name,
+            secret_hash=secrets.hash_secret(secret),
+            created_at=created,
         )
+    )
+    detail = {
+        "token_id": token_id,
+        "role": role.value,
+        "name": name,
+        "nodes": sorted(scope.nodes),
+        "region": scope.region,
+    }
+    audit.write(
+        conn,
+        [records.record("admin", "token_created", created, nodes=scope.nodes, detail=detail)],
+    )
     record = TokenRecord(token_id, role, scope, name, created, None)
     return record, secrets.compose(token_id, secret)
 
@@ -134,12 +162,27 @@ def listed(engine: sa.Engine, include_revoked: bool = False) -> list[TokenRecord
 def revoke(engine: sa.Engine, token_id: str, now: datetime | None = None) -> TokenRecord | None:
     """Mark a token revoked (idempotent); None when there is no such token."""
     with engine.begin() as conn:
-        conn.execute(
-            api_tokens.update()
-            .where(api_tokens.c.id == token_id, api_tokens.c.revoked_at.is_(None))
-            .values(revoked_at=now or datetime.now(UTC))
-        )
-        row = conn.execute(sa.select(api_tokens).where(api_tokens.c.id == token_id)).first()
+        return revoke_in(conn, token_id, now)
+
+
+def revoke_in(
+    conn: sa.Connection, token_id: str, now: datetime | None = None
+) -> TokenRecord | None:
+    """:func:`revoke` inside the caller's transaction."""
+    at = now or datetime.now(UTC)
+    revoked = conn.execute(
+        api_tokens.update()
+        .where(api_tokens.c.id == token_id, api_tokens.c.revoked_at.is_(None))
+        .values(revoked_at=at)
+    ).rowcount
+    row = conn.execute(sa.select(api_tokens).where(api_tokens.c.id == token_id)).first()
+    if revoked and row is not None:  # a token revoked before is not revoked again
+        detail = {
+            "token_id": token_id,
+            "role": row._mapping["role"],
+            "name": row._mapping["name"],
+        }
+        audit.write(conn, [records.record("admin", "token_revoked", at, detail=detail)])
     return None if row is None else _record(row)
 
 

@@ -78,6 +78,8 @@ def make_tokens(client: TestClient) -> dict[Role, str]:
         body: dict[str, object] = {"role": role.value, "name": f"matrix {role}"}
         if role is Role.AGENT:
             body["nodes"] = [AGENT_NODE]
+        if role is Role.REGION:
+            body["region"] = "x"  # the {region} of a concrete path
         created = client.post("/v1/tokens", json=body, headers=admin)
         assert created.status_code == 201, created.text
         tokens[role] = created.json()["token"]

@@ -30,7 +30,17 @@ def test_0003_mends_rows_the_lifecycle_races_left(database_url: str) -> None:
 
     engine = sa.create_engine(database_url)
     with engine.begin() as conn:  # a fresh database at 0002
-        tables = ("gpu_holds", "allocations", "node_snapshots", "nodes", "node_keys", "api_tokens")
+        tables = (
+            "gpu_holds",
+            "allocations",
+            "node_snapshots",
+            "nodes",
+            "node_keys",
+            "api_tokens",
+            "regions",
+            "federation_forwards",
+            "audit_log",
+        )
         for table in tables:
             conn.execute(
                 sa.text(
@@ -102,5 +112,65 @@ def test_0004_adds_and_removes_the_tokens_table(database_url: str) -> None:
         assert not sa.inspect(engine).has_table("api_tokens")
         migrate.upgrade(database_url)
         assert sa.inspect(engine).has_table("api_tokens")
+    finally:
+        engine.dispose()
+
+
+def test_0006_keeps_the_tokens_and_takes_the_region_role(database_url: str) -> None:
+    """The role check is rebuilt (a table copy on SQLite): tokens survive, `region` is new."""
+    from datetime import UTC, datetime
+
+    engine = sa.create_engine(database_url)
+    cascade = " CASCADE" if engine.dialect.name == "postgresql" else ""
+    with engine.begin() as conn:
+        for table in (
+            "audit_log",
+            "federation_forwards",
+            "regions",
+            "gpu_holds",
+            "allocations",
+            "node_snapshots",
+            "nodes",
+            "node_keys",
+            "api_tokens",
+            "alembic_version",
+        ):
+            conn.execute(sa.text(f"DROP TABLE IF EXISTS {table}{cascade}"))
+    migrate.upgrade(database_url, "0004")
+    tokens = sa.table(
+        "api_tokens", *(sa.column(c) for c in ("id", "role", "secret_hash", "created_at"))
+    )
+    now = datetime(2026, 12, 2, tzinfo=UTC)
+    with engine.begin() as conn:
+        conn.execute(tokens.insert().values(id="a1", role="admin", secret_hash="h", created_at=now))
+    migrate.upgrade(database_url)
+    with engine.begin() as conn:
+        conn.execute(
+            tokens.insert().values(id="r1", role="region", secret_hash="h", created_at=now)
+        )
+        roles = dict(conn.execute(sa.text("SELECT id, role FROM api_tokens")).all())
+    assert roles == {"a1": "admin", "r1": "region"}
+    try:
+        with engine.begin() as conn:
+            conn.execute(
+                tokens.insert().values(id="x1", role="root", secret_hash="h", created_at=now)
+            )
+    except sa.exc.IntegrityError:
+        pass
+    else:
+        raise AssertionError("the role check let 'root' in")
+    engine.dispose()
+
+
+def test_0005_adds_and_removes_the_audit_log(database_url: str) -> None:
+    migrate.upgrade(database_url)
+    engine = sa.create_engine(database_url)
+    try:
+        assert sa.inspect(engine).has_table("audit_log")
+        command.downgrade(migrate.alembic_config(database_url), "0004")
+        assert not sa.inspect(engine).has_table("audit_log")
+        assert sa.inspect(engine).has_table("api_tokens")
+        migrate.upgrade(database_url)
+        assert sa.inspect(engine).has_table("audit_log")
     finally:
         engine.dispose()

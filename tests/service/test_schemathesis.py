@@ -37,7 +37,11 @@ EXAMPLES = int(os.environ.get("TOPOPLACE_SCHEMATHESIS_EXAMPLES", "6"))
 # this cluster could ever hold (422 unresolvable, the documented answer), a snapshot
 # whose parts disagree (link matrix size and symmetry, unique UUIDs: 422) or whose name
 # is not the URL's (400), a GPU share the service does not reserve yet (422
-# unsupported), a Slurm job report whose `scontrol show job` text names no job (400).
+# unsupported), a Slurm job report whose `scontrol show job` text names no job (400);
+# a token whose scope does not fit its role, a region's URL that is no http(s) URL or a
+# key that is no Ed25519 key, a summary naming another region, a federated request
+# naming a region not registered or breaking /place's own rules, an audit query whose
+# cursor the service never gave out or whose until is not after its since (422).
 _ACCEPTED = ["2xx", "3xx", "401", "403", "404", "409", "429", "5xx"]
 _CONFIG = {
     # The token as schemathesis's own bearer auth: its negative cases leave it out on
@@ -65,6 +69,23 @@ _CONFIG = {
             "checks": {
                 "positive_data_acceptance": {"expected-statuses": [*_ACCEPTED, "400", "422"]}
             },
+        },
+        *(
+            {
+                "include-path": path,
+                "checks": {"positive_data_acceptance": {"expected-statuses": [*_ACCEPTED, "422"]}},
+            }
+            for path in (
+                "/v1/tokens",
+                "/v1/regions",
+                "/v1/regions/{region}/summary",
+                "/v1/federation/place",
+                "/v1/federation/score",
+            )
+        ),
+        {
+            "include-path": "/v1/audit",
+            "checks": {"positive_data_acceptance": {"expected-statuses": [*_ACCEPTED, "422"]}},
         },
         {
             "include-path": "/v1/allocations/{allocation_id}/extend",

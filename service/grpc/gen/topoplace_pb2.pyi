@@ -560,6 +560,8 @@ class ScoreRequest(_message.Message):
     NODES_FIELD_NUMBER: _builtins.int
     EXCLUDE_NODES_FIELD_NUMBER: _builtins.int
     JOB_ID_FIELD_NUMBER: _builtins.int
+    LIMIT_FIELD_NUMBER: _builtins.int
+    OFFSET_FIELD_NUMBER: _builtins.int
     gpus: _builtins.int
     tasks: _builtins.int
     mig_profile: _builtins.str
@@ -571,6 +573,12 @@ class ScoreRequest(_message.Message):
     cpus_per_task: _builtins.int
     min_gpu_memory_mib: _builtins.int
     job_id: _builtins.str
+    limit: _builtins.int
+    """Paging, as REST's ?limit=&offset=: an answer that would list more than
+    TOPOPLACE_MAX_SCORE_NODES nodes is refused (INVALID_ARGUMENT on "limit")
+    unless limit is set; offset skips that many nodes of the one ranking.
+    """
+    offset: _builtins.int
     @_builtins.property
     def gpu_models(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -600,10 +608,12 @@ class ScoreRequest(_message.Message):
         nodes: Global___NodeNames | None = ...,
         exclude_nodes: _abc.Iterable[_builtins.str] | None = ...,
         job_id: _builtins.str | None = ...,
+        limit: _builtins.int | None = ...,
+        offset: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_cpus_per_task", b"_cpus_per_task", "_gpus", b"_gpus", "_job_id", b"_job_id", "_locality", b"_locality", "_max_ring_loss", b"_max_ring_loss", "_mig_profile", b"_mig_profile", "_min_gpu_memory_mib", b"_min_gpu_memory_mib", "_numa", b"_numa", "_objective", b"_objective", "_policy", b"_policy", "_tasks", b"_tasks", "cpus_per_task", b"cpus_per_task", "gpus", b"gpus", "job_id", b"job_id", "locality", b"locality", "max_ring_loss", b"max_ring_loss", "mig_profile", b"mig_profile", "min_gpu_memory_mib", b"min_gpu_memory_mib", "nodes", b"nodes", "numa", b"numa", "objective", b"objective", "policy", b"policy", "tasks", b"tasks"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_cpus_per_task", b"_cpus_per_task", "_gpus", b"_gpus", "_job_id", b"_job_id", "_limit", b"_limit", "_locality", b"_locality", "_max_ring_loss", b"_max_ring_loss", "_mig_profile", b"_mig_profile", "_min_gpu_memory_mib", b"_min_gpu_memory_mib", "_numa", b"_numa", "_objective", b"_objective", "_offset", b"_offset", "_policy", b"_policy", "_tasks", b"_tasks", "cpus_per_task", b"cpus_per_task", "gpus", b"gpus", "job_id", b"job_id", "limit", b"limit", "locality", b"locality", "max_ring_loss", b"max_ring_loss", "mig_profile", b"mig_profile", "min_gpu_memory_mib", b"min_gpu_memory_mib", "nodes", b"nodes", "numa", b"numa", "objective", b"objective", "offset", b"offset", "policy", b"policy", "tasks", b"tasks"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_cpus_per_task", b"_cpus_per_task", "_gpus", b"_gpus", "_job_id", b"_job_id", "_locality", b"_locality", "_max_ring_loss", b"_max_ring_loss", "_mig_profile", b"_mig_profile", "_min_gpu_memory_mib", b"_min_gpu_memory_mib", "_numa", b"_numa", "_objective", b"_objective", "_policy", b"_policy", "_tasks", b"_tasks", "cpus_per_task", b"cpus_per_task", "exclude_nodes", b"exclude_nodes", "gpu_models", b"gpu_models", "gpus", b"gpus", "job_id", b"job_id", "locality", b"locality", "max_ring_loss", b"max_ring_loss", "mig_profile", b"mig_profile", "min_gpu_memory_mib", b"min_gpu_memory_mib", "node_labels", b"node_labels", "nodes", b"nodes", "numa", b"numa", "objective", b"objective", "policy", b"policy", "regions", b"regions", "tasks", b"tasks"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_cpus_per_task", b"_cpus_per_task", "_gpus", b"_gpus", "_job_id", b"_job_id", "_limit", b"_limit", "_locality", b"_locality", "_max_ring_loss", b"_max_ring_loss", "_mig_profile", b"_mig_profile", "_min_gpu_memory_mib", b"_min_gpu_memory_mib", "_numa", b"_numa", "_objective", b"_objective", "_offset", b"_offset", "_policy", b"_policy", "_tasks", b"_tasks", "cpus_per_task", b"cpus_per_task", "exclude_nodes", b"exclude_nodes", "gpu_models", b"gpu_models", "gpus", b"gpus", "job_id", b"job_id", "limit", b"limit", "locality", b"locality", "max_ring_loss", b"max_ring_loss", "mig_profile", b"mig_profile", "min_gpu_memory_mib", b"min_gpu_memory_mib", "node_labels", b"node_labels", "nodes", b"nodes", "numa", b"numa", "objective", b"objective", "offset", b"offset", "policy", b"policy", "regions", b"regions", "tasks", b"tasks"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__cpus_per_task: _TypeAlias = _typing.Literal["cpus_per_task"]  # noqa: Y015
     _WhichOneofArgType__cpus_per_task: _TypeAlias = _typing.Literal["_cpus_per_task", b"_cpus_per_task"]  # noqa: Y015
@@ -611,6 +621,8 @@ class ScoreRequest(_message.Message):
     _WhichOneofArgType__gpus: _TypeAlias = _typing.Literal["_gpus", b"_gpus"]  # noqa: Y015
     _WhichOneofReturnType__job_id: _TypeAlias = _typing.Literal["job_id"]  # noqa: Y015
     _WhichOneofArgType__job_id: _TypeAlias = _typing.Literal["_job_id", b"_job_id"]  # noqa: Y015
+    _WhichOneofReturnType__limit: _TypeAlias = _typing.Literal["limit"]  # noqa: Y015
+    _WhichOneofArgType__limit: _TypeAlias = _typing.Literal["_limit", b"_limit"]  # noqa: Y015
     _WhichOneofReturnType__locality: _TypeAlias = _typing.Literal["locality"]  # noqa: Y015
     _WhichOneofArgType__locality: _TypeAlias = _typing.Literal["_locality", b"_locality"]  # noqa: Y015
     _WhichOneofReturnType__max_ring_loss: _TypeAlias = _typing.Literal["max_ring_loss"]  # noqa: Y015
@@ -623,6 +635,8 @@ class ScoreRequest(_message.Message):
     _WhichOneofArgType__numa: _TypeAlias = _typing.Literal["_numa", b"_numa"]  # noqa: Y015
     _WhichOneofReturnType__objective: _TypeAlias = _typing.Literal["objective"]  # noqa: Y015
     _WhichOneofArgType__objective: _TypeAlias = _typing.Literal["_objective", b"_objective"]  # noqa: Y015
+    _WhichOneofReturnType__offset: _TypeAlias = _typing.Literal["offset"]  # noqa: Y015
+    _WhichOneofArgType__offset: _TypeAlias = _typing.Literal["_offset", b"_offset"]  # noqa: Y015
     _WhichOneofReturnType__policy: _TypeAlias = _typing.Literal["policy"]  # noqa: Y015
     _WhichOneofArgType__policy: _TypeAlias = _typing.Literal["_policy", b"_policy"]  # noqa: Y015
     _WhichOneofReturnType__tasks: _TypeAlias = _typing.Literal["tasks"]  # noqa: Y015
@@ -633,6 +647,8 @@ class ScoreRequest(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__gpus) -> _WhichOneofReturnType__gpus | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__job_id) -> _WhichOneofReturnType__job_id | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__limit) -> _WhichOneofReturnType__limit | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__locality) -> _WhichOneofReturnType__locality | None: ...
     @_typing.overload
@@ -645,6 +661,8 @@ class ScoreRequest(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__numa) -> _WhichOneofReturnType__numa | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__objective) -> _WhichOneofReturnType__objective | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__offset) -> _WhichOneofReturnType__offset | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__policy) -> _WhichOneofReturnType__policy | None: ...
     @_typing.overload
@@ -895,18 +913,32 @@ class ScoreResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     NODES_FIELD_NUMBER: _builtins.int
+    TOTAL_FIELD_NUMBER: _builtins.int
+    OFFSET_FIELD_NUMBER: _builtins.int
+    NEXT_OFFSET_FIELD_NUMBER: _builtins.int
+    total: _builtins.int
+    """Nodes in the whole answer, this page's first, and the next page's first
+    (unset on the last page). Ranks are those of the whole answer.
+    """
+    offset: _builtins.int
+    next_offset: _builtins.int
     @_builtins.property
     def nodes(self) -> _containers.RepeatedCompositeFieldContainer[Global___NodeScore]: ...
     def __init__(
         self,
         *,
         nodes: _abc.Iterable[Global___NodeScore] | None = ...,
+        total: _builtins.int = ...,
+        offset: _builtins.int = ...,
+        next_offset: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_next_offset", b"_next_offset", "next_offset", b"next_offset"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["nodes", b"nodes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_next_offset", b"_next_offset", "next_offset", b"next_offset", "nodes", b"nodes", "offset", b"offset", "total", b"total"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__next_offset: _TypeAlias = _typing.Literal["next_offset"]  # noqa: Y015
+    _WhichOneofArgType__next_offset: _TypeAlias = _typing.Literal["_next_offset", b"_next_offset"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__next_offset) -> _WhichOneofReturnType__next_offset | None: ...
 
 Global___ScoreResponse: _TypeAlias = ScoreResponse  # noqa: Y015
 

@@ -169,7 +169,7 @@ def test_the_agent_command_is_one_the_agent_accepts():
     (init,) = spec["initContainers"]
     container = _container(spec, "agent")
     args = build_parser().parse_args(container["args"][1:])
-    assert args.server.startswith("http://topoplace.")
+    assert args.server.startswith("https://topoplace.") and args.ca_bundle
     key_file = str(args.key_file)
     assert key_file in init["command"] and args.token_file
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}

@@ -31,7 +31,7 @@ from topoplace_client.api import TopoplaceClient
 REPO = Path(__file__).resolve().parents[3]
 LUA_DIR = REPO / "integrations" / "slurm"
 DAEMONS = ("munged", "mungekey", "slurmctld", "slurmd", "sbatch", "squeue", "scontrol", "scancel")
-PACKAGES = "slurmctld slurmd slurm-client munge lua-socket lua-cjson"
+PACKAGES = "slurmctld slurmd slurm-client munge lua-socket lua-cjson lua-sec lua5.1"
 
 
 def missing_prerequisites() -> str | None:

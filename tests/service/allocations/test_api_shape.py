@@ -67,6 +67,7 @@ def test_the_boundary_check_sees_every_spelling(tmp_path: Path) -> None:
         (results.TaskPlan, schemas.ScoreTaskView),
         (results.TaskScore, schemas.ScoreView),
         (results.NodeScore, schemas.NodeScoreView),
+        (results.ScorePage, schemas.ScoreResult),  # a paged REST answer is this, encoded
     ],
 )
 def test_typed_results_have_the_documented_fields_in_order(

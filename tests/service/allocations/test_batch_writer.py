@@ -15,6 +15,7 @@ from sqlalchemy.exc import IntegrityError
 
 from service import migrate, schema
 from service.allocations.batch_writer import BatchWriter
+from service.audit import records
 from service.db import make_engine
 from service.notify import CHANNEL, ORIGIN
 
@@ -132,3 +133,41 @@ def test_postgres_hears_the_batch_in_the_same_transaction(postgres_url: str) -> 
     assert body["origin"] == ORIGIN and body["nodes"] == ["n0", "n1"]
     assert abs(body["at"] - time.time()) < 60  # the sender's clock: replicas measure lag by it
     engine.dispose()
+
+
+def _audit(allocation: dict[str, Any]) -> dict[str, Any]:
+    return records.placed(
+        allocation["created_at"],
+        allocation["id"],
+        allocation["job_id"],
+        ["n0"],
+        allocation["state"],
+        allocation["request"],
+        allocation["placement"],
+    )
+
+
+def test_a_decision_and_its_audit_row_commit_together_or_not_at_all(engine: sa.Engine) -> None:
+    writer = BatchWriter(engine)
+    taken = _row()
+    writer.write([taken], [_hold(taken, "GPU-a")], ["n0"], [_audit(taken)])
+    late, clean = _row(), _row("GPU-b")
+    with pytest.raises(IntegrityError):
+        writer.write(
+            [clean, late],
+            [_hold(clean, "GPU-b"), _hold(late, "GPU-a")],
+            ["n0"],
+            [_audit(clean), _audit(late)],
+        )
+
+    def audited() -> list[str]:
+        with engine.connect() as conn:
+            query = sa.select(schema.audit_log.c.allocation_id).order_by(schema.audit_log.c.id)
+            return list(conn.execute(query).scalars())
+
+    assert audited() == [taken["id"]]  # the failed batch left no row of its decisions
+    writer.write([clean], [_hold(clean, "GPU-b")], ["n0"], [_audit(clean)])
+    assert audited() == [taken["id"], clean["id"]]
+    with engine.connect() as conn:
+        detail = conn.execute(sa.select(schema.audit_log.c.detail)).scalars().first()
+    assert detail is not None and '"request": {"gpus": 2}' in detail

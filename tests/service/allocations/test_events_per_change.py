@@ -2,24 +2,29 @@
 
 A watcher subscribes to the state's event hub, as the gRPC Watch stream
 does; after each action the test publishes a marker and reads up to it, so
-the events in between are exactly those the action published.
+the events in between are exactly those the action published. Each event
+has its one audit row (service/audit/), written with the change: the rows
+since the last mark are checked to be the same changes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import threading
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
 from bench.k8s_objects import binding_args, pod
 from service.allocations import api
 from service.events import Event, EventHub
 from service.k8s.reconcile import reconcile_once
+from service.schema import audit_log
 from service.slurm.reconcile import reconcile
 from service.slurm.settings import SlurmSettings
 from service.state import ServiceState
@@ -32,10 +37,13 @@ NO_VAL = 4294967294
 
 
 class Watcher:
-    """A subscription on a loop of its own thread, read up to a marker."""
+    """A subscription on a loop of its own thread, read up to a marker; and the audit
+    log's allocation rows written since the last mark."""
 
-    def __init__(self, hub: EventHub) -> None:
+    def __init__(self, hub: EventHub, engine: sa.Engine) -> None:
         self.hub = hub
+        self.engine = engine
+        self.audited = self._last_audit_id()
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
@@ -69,6 +77,24 @@ class Watcher:
             if e.kind == "allocation":
                 assert e.allocation is not None
                 out.append((e.type, e.allocation.id, e.allocation.state))
+        assert sorted(self._audited_since()) == sorted(out), "one audit row per event"
+        return out
+
+    def _last_audit_id(self) -> int:
+        with self.engine.connect() as conn:
+            return int(conn.execute(sa.select(sa.func.max(audit_log.c.id))).scalar() or 0)
+
+    def _audited_since(self) -> list[tuple[str, str, str]]:
+        query = sa.select(audit_log).where(
+            audit_log.c.id > self.audited, audit_log.c.kind == "allocation"
+        )
+        with self.engine.connect() as conn:
+            rows = list(conn.execute(query.order_by(audit_log.c.id)).mappings())
+        self.audited = self._last_audit_id()
+        out = []
+        for row in rows:
+            state = json.loads(row["detail"])["state"]  # as the change left it
+            out.append((row["action"], row["allocation_id"], state))
         return out
 
     def close(self) -> None:
@@ -91,7 +117,7 @@ def state(k8s_client: TestClient) -> ServiceState:
 
 @pytest.fixture
 def watcher(state: ServiceState) -> Iterator[Watcher]:
-    w = Watcher(state.events)
+    w = Watcher(state.events, state.engine)
     yield w
     w.close()
 

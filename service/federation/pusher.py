@@ -1,0 +1,113 @@
+"""A region's service pushing its signed summary to the global service.
+
+Every ``federation_check_s`` the engine's change counters are read; when
+they moved, the summary is built from the in-memory cluster (and the count
+of live allocations) and pushed if it differs from the last one pushed. It
+is pushed at least every ``federation_push_s`` seconds even when nothing
+changed, so that the global service can tell a quiet region from a dead
+one; the summary walks every node under the state lock, so a quiet region
+does not build it more often than that. A push that fails is tried again at the next check.
+The seq is the wall clock in nanoseconds, and always above the last one
+sent, so a restarted region's summaries stay newer than its old ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import sqlalchemy as sa
+
+from agent.signing import NodeKey
+from service.event_loop import off_loop
+from service.federation.schemas import RegionSummary
+from service.federation.signing import sign_summary
+from service.federation.summary import change_key, content_of, summarize
+from service.schema import allocations
+from service.settings import Settings
+from service.state import ServiceState
+
+log = logging.getLogger("topoplace.federation")
+
+
+def live_allocations(engine: sa.Engine) -> int:
+    query = (
+        sa.select(sa.func.count()).select_from(allocations).where(allocations.c.live.isnot(None))
+    )
+    with engine.connect() as conn:
+        return int(conn.execute(query).scalar_one())
+
+
+class SummaryPusher:
+    def __init__(self, state: ServiceState, settings: Settings) -> None:
+        assert settings.federation_global and settings.region_name and settings.region_key
+        self.state = state
+        self.url = settings.federation_global.rstrip("/")
+        self.region = settings.region_name
+        self.token = settings.region_token_value()
+        if not self.token:
+            raise ValueError("the region token is empty (TOPOPLACE_REGION_TOKEN[_FILE])")
+        self.key = NodeKey.load(Path(settings.region_key))
+        self.push_s = settings.federation_push_s
+        self.check_s = settings.federation_check_s
+        self._last_content: dict[str, Any] | None = None
+        self._last_key: tuple[int, int] | None = None
+        self._last_push = -1e18
+        self._seq = 0
+        self.pushed = 0  # summaries the global service took
+
+    def _build(self, due: bool) -> tuple[tuple[int, int], dict[str, Any]] | None:
+        """The summary to push, or None when nothing changed and no push is due: the
+        summary walks every node under the state lock, so a quiet region skips it."""
+        key = change_key(self.state)
+        if key == self._last_key and not due:
+            return None
+        live = live_allocations(self.state.engine)
+        seq = max(time.time_ns(), self._seq + 1)
+        built = summarize(self.state, self.region, seq, self.state.clock(), live)
+        # Signed as the global service reads it back: through the same model.
+        return key, RegionSummary.model_validate(built).model_dump(mode="json")
+
+    async def tick(self, client: httpx.AsyncClient) -> None:
+        due = time.monotonic() - self._last_push >= self.push_s
+        built = await off_loop(self._build, due)
+        if built is None:
+            return
+        key, summary = built
+        content = content_of(summary)
+        if content == self._last_content and not due:
+            self._last_key = key
+            return
+        body = {"summary": summary, "signature": sign_summary(self.key, summary)}
+        response = await client.put(
+            f"{self.url}/v1/regions/{self.region}/summary",
+            json=body,
+            headers={"Authorization": f"Bearer {self.token}"},
+            timeout=max(1.0, self.check_s * 4),
+        )
+        if response.status_code != 200:
+            log.warning(
+                "the global service refused region %s's summary: %s %s",
+                self.region,
+                response.status_code,
+                response.text[:300],
+            )
+            return
+        self._seq = summary["seq"]
+        self._last_key = key
+        self._last_content = content
+        self._last_push = time.monotonic()
+        self.pushed += 1
+
+    async def run(self) -> None:
+        async with httpx.AsyncClient(trust_env=False) as client:
+            while True:
+                try:
+                    await self.tick(client)
+                except Exception as exc:  # the global service down: try again next check
+                    log.warning("pushing region %s's summary failed: %r", self.region, exc)
+                await asyncio.sleep(self.check_s)

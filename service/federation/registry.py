@@ -1,0 +1,145 @@
+"""The global service's view of its regions: parsed once per change, staleness per call.
+
+Routing reads the regions on every request, so they are kept in memory as
+the ranking's values (``ranking.Region``) and judged stale against the clock
+at each call. A summary this process takes replaces its region's entry at
+once; a registration or a retirement here makes the next request read the
+table again; and every second a background task reads it (``follow``), for
+what other replicas took. No request waits for a read but the first one
+after a registration or a retirement.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+from typing import Any
+
+import sqlalchemy as sa
+
+from service.event_loop import off_loop
+from service.federation import ranking, store
+from service.federation.store import RegionRecord
+from service.state import Clock
+
+REREAD_S = 1.0
+log = logging.getLogger("topoplace.federation")
+
+
+def summary_of(body: dict[str, Any]) -> ranking.Summary:
+    return ranking.Summary(
+        region=body["region"],
+        seq=body["seq"],
+        designs=tuple(
+            ranking.DesignFree(
+                design=d["design"],
+                gpu_model=d["gpu_model"],
+                gpus_per_node=d["gpus_per_node"],
+                nodes=d["nodes"],
+                free_gpus=d["free_gpus"],
+                island_gbps=d["island_gbps"],
+                by_island={int(k): v for k, v in d.get("by_island", {}).items()},
+            )
+            for d in body.get("designs", ())
+        ),
+        cliques=tuple(
+            ranking.CliqueFree(c["domain"], c["design"], c["nodes"], c["free_nodes"])
+            for c in body.get("cliques", ())
+        ),
+        stale_nodes=body.get("stale_nodes", 0),
+        live_allocations=body.get("live_allocations", 0),
+        network_gbps=body.get("network_gbps", 25.0),
+    )
+
+
+def region_of(record: RegionRecord) -> ranking.Region:
+    return ranking.Region(
+        name=record.name,
+        cloud=record.cloud,
+        prices=tuple(
+            ranking.Price(p["gpu_model"], p["on_demand"], p.get("spot")) for p in record.prices
+        ),
+        egress=ranking.Egress(record.egress["region_gb"], record.egress["internet_gb"]),
+        summary=None if record.summary is None else summary_of(record.summary),
+        labels=record.labels,
+    )
+
+
+def _newer(kept: RegionRecord, read: RegionRecord) -> bool:
+    return (kept.summary_seq or 0) > (read.summary_seq or 0) and kept.retired_at == read.retired_at
+
+
+@dataclass(frozen=True)
+class Known:
+    record: RegionRecord
+    region: ranking.Region  # stale=False; judged per call
+
+
+class Registry:
+    def __init__(self, engine: sa.Engine, stale_s: float, clock: Clock) -> None:
+        self.engine = engine
+        self.stale_after = timedelta(seconds=stale_s)
+        self.clock = clock
+        self._known: dict[str, Known] = {}
+        self._read_at = -1e18
+        self._lock = threading.Lock()
+
+    def invalidate(self) -> None:
+        self._read_at = -1e18
+
+    @property
+    def due(self) -> bool:
+        """Never read, or changed here since: the next request reads before it routes."""
+        return self._read_at < 0
+
+    def put(self, record: RegionRecord) -> None:
+        """This process stored a newer summary of ``record``'s region: route by it now."""
+        with self._lock:
+            self._known[record.name] = Known(record, region_of(record))
+
+    async def follow(self) -> None:
+        """Read the table every REREAD_S: summaries other replicas took, and their
+        registrations and retirements."""
+        while True:
+            await asyncio.sleep(REREAD_S)
+            try:
+                await off_loop(self.reread)
+            except Exception:  # the database down a moment: the next round reads again
+                log.exception("reading the regions failed; retrying")
+
+    def reread(self) -> None:
+        """Read the live regions from the database (blocking); parse only what changed."""
+        records = store.listed(self.engine)
+        with self._lock:
+            known: dict[str, Known] = {}
+            for record in records:
+                old = self._known.get(record.name)
+                if old is not None and (old.record == record or _newer(old.record, record)):
+                    # the same, or a summary put here after this read began
+                    known[record.name] = old
+                else:
+                    known[record.name] = Known(record, region_of(record))
+            self._known = known
+            self._read_at = time.monotonic()
+
+    def is_stale(self, record: RegionRecord, now: datetime) -> bool:
+        return record.summary_at is None or now - record.summary_at > self.stale_after
+
+    def regions(self) -> list[ranking.Region]:
+        """Every live region as the ranking takes it, stale ones marked."""
+        now = self.clock()
+        with self._lock:
+            known = list(self._known.values())
+        return [
+            replace(k.region, stale=True) if self.is_stale(k.record, now) else k.region
+            for k in known
+        ]
+
+    def record(self, name: str) -> RegionRecord | None:
+        with self._lock:
+            found = self._known.get(name)
+        return None if found is None else found.record

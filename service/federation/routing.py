@@ -1,0 +1,228 @@
+"""The global place and score: rank the regions, then forward to the best that says yes."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import httpx
+
+from service.errors import InvalidRequest, NoRegion, RegionUnavailable
+from service.event_loop import off_loop
+from service.federation import ranking, store
+from service.federation.forward import Forwarded, Outcome, forward
+from service.federation.registry import Registry
+from service.federation.schemas import FederatedPlaceRequest
+
+
+def job_of(body: FederatedPlaceRequest) -> ranking.Job:
+    options = body.federation
+    return ranking.Job(
+        gpus=body.gpus,
+        tasks=body.tasks,
+        gpu_models=tuple(body.gpu_models),
+        hours=options.hours,
+        spot=options.spot,
+        regions=frozenset(options.regions),
+        clouds=frozenset(options.clouds),
+        data_region=options.data.region if options.data else None,
+        data_gb=options.data.size_gb if options.data else 0.0,
+        cost_weight=options.cost_weight,
+        budget_per_hour=options.budget_per_hour,
+        floor_island=options.floor.island,
+        floor_gbps=options.floor.gbps,
+        labels=options.labels,
+    )
+
+
+def check_names(body: FederatedPlaceRequest, regions: list[ranking.Region]) -> None:
+    """Regions the request names must be registered: a typo would route nowhere silently."""
+    known = {r.name for r in regions}
+    options = body.federation
+    unknown = sorted(set(options.regions) - known)
+    if unknown:
+        raise InvalidRequest("federation.regions", f"no registered region {', '.join(unknown)}")
+    if options.data is not None and options.data.region not in known:
+        raise InvalidRequest(
+            "federation.data.region",
+            f"no registered region {options.data.region!r} holds data (register it first)",
+        )
+
+
+def cost_view(c: ranking.Candidate, gpus: int) -> dict[str, Any] | None:
+    if c.cost is None:
+        return None
+    return {
+        "price_per_gpu_hour": c.cost.price_per_gpu_hour,
+        "spot": c.cost.spot,
+        "gpu_hours": c.cost.gpu_hours,
+        "compute": round(c.cost.compute, 6),
+        "egress": round(c.cost.egress, 6),
+        "total": round(c.cost.total, 6),
+        "per_hour": round(c.cost.per_hour(gpus), 6),
+    }
+
+
+def candidate_view(c: ranking.Candidate, gpus: int) -> dict[str, Any]:
+    return {
+        "region": c.region,
+        "cloud": c.cloud,
+        "fits": c.fits,
+        "reason": c.reason,
+        "stale": c.stale,
+        "design": c.design,
+        "gpu_model": c.gpu_model,
+        "predicted_gbps": c.predicted_gbps,
+        "cost": cost_view(c, gpus),
+    }
+
+
+async def ranked(registry: Registry, body: FederatedPlaceRequest) -> list[ranking.Candidate]:
+    if registry.due:
+        await off_loop(registry.reread)
+    regions = registry.regions()
+    check_names(body, regions)
+    return ranking.rank(job_of(body), regions)
+
+
+def forward_body(body: FederatedPlaceRequest, chosen: ranking.Candidate) -> dict[str, Any]:
+    sent = body.model_dump(mode="json", exclude={"federation"}, exclude_unset=True)
+    # The region places on the model the ranking priced, not on whatever else it has.
+    sent["gpu_models"] = [chosen.gpu_model]
+    return sent
+
+
+def _pinned(region: str, model: str, candidates: list[ranking.Candidate]) -> ranking.Candidate:
+    """The candidate of the region a key went to before, with the model it went with."""
+    for c in candidates:
+        if c.region == region and c.fits and c.gpu_model == model:
+            return c
+    cloud = next((c.cloud for c in candidates if c.region == region), "")
+    return ranking.Candidate(
+        region, cloud, True, "where this Idempotency-Key went before", gpu_model=model
+    )
+
+
+async def place(
+    registry: Registry,
+    client: httpx.AsyncClient,
+    body: FederatedPlaceRequest,
+    key: str | None,
+) -> dict[str, Any]:
+    started = time.perf_counter()
+    candidates = await ranked(registry, body)
+    gpus = body.gpus * body.tasks
+    fitting = [c for c in candidates if c.fits]
+    recorded = await off_loop(store.forwarded_to, registry.engine, key) if key else None
+    if recorded is not None:
+        # This key went there before: only there, where the allocation (if any) is, and
+        # with the same GPU model, so the region sees the same request and replays it.
+        region, model = recorded
+        fitting = [_pinned(region, model, candidates)]
+    pinned = recorded is not None
+    attempts: list[dict[str, Any]] = []
+    forwards_s = 0.0
+    deadline = started + body.federation.deadline_s
+    for chosen in fitting:
+        left = deadline - time.perf_counter()
+        if left <= 0:
+            attempts.append(_attempt(chosen.region, None, "skipped", "the deadline passed"))
+            continue
+        record = registry.record(chosen.region)
+        if record is None:
+            attempts.append(_attempt(chosen.region, None, "refused", "not a live region"))
+            continue
+        assert chosen.gpu_model is not None  # a fitting candidate is priced
+        if key is not None and recorded is None:
+            first = await off_loop(
+                store.remember_forward,
+                registry.engine,
+                key,
+                chosen.region,
+                chosen.gpu_model,
+                registry.clock(),
+            )
+            if first != (chosen.region, chosen.gpu_model):
+                return await place(registry, client, body, key)  # a twin request went first
+        sent_at = time.perf_counter()
+        sent = forward_body(body, chosen)
+        # At most half the deadline each: a region that hangs leaves time for the next.
+        wait = min(left, body.federation.deadline_s / 2)
+        result = await forward(client, record.url, record.forward_token, sent, key, wait)
+        forwards_s += time.perf_counter() - sent_at
+        attempts.append(_attempt(chosen.region, result.status, result.outcome, result.detail))
+        if result.outcome is Outcome.PLACED:
+            return _placed(chosen, result, candidates, attempts, gpus, started, forwards_s)
+        if pinned and result.outcome is not Outcome.REFUSED:
+            raise RegionUnavailable(
+                f"region {chosen.region}, where this Idempotency-Key went before, did not"
+                " answer: retry later with the same key",
+                {"attempts": attempts},
+            )
+        if pinned:
+            # It answered for this key and holds nothing for it (a replay would have said
+            # so): the key is free again, and the job is routed as a new one.
+            assert key is not None
+            await off_loop(store.forget_forward, registry.engine, key, chosen.region)
+            return await place(registry, client, body, key)
+        if key is not None and result.outcome is Outcome.AMBIGUOUS:
+            raise RegionUnavailable(
+                f"region {chosen.region} took the request but did not answer within the"
+                " deadline: retry with the same Idempotency-Key (it goes to the same region)",
+                {"attempts": attempts},
+            )
+        if key is not None:
+            # Nothing was reserved there: the key may go to the next region.
+            await off_loop(store.forget_forward, registry.engine, key, chosen.region)
+        recorded = None
+    views = [candidate_view(c, gpus) for c in candidates]
+    raise NoRegion(
+        "no region can place this job now: "
+        + ("every region that fit refused it" if fitting else "none fits (see alternatives)"),
+        {"alternatives": views, "attempts": attempts},
+    )
+
+
+def _attempt(region: str, status: int | None, outcome: str, detail: str) -> dict[str, Any]:
+    return {"region": region, "outcome": str(outcome), "status": status, "detail": detail}
+
+
+def _placed(
+    chosen: ranking.Candidate,
+    result: Forwarded,
+    candidates: list[ranking.Candidate],
+    attempts: list[dict[str, Any]],
+    gpus: int,
+    started: float,
+    forwards_s: float,
+) -> dict[str, Any]:
+    allocation = result.body or {}
+    tasks = allocation.get("tasks", [])
+    nodes = [t["node"] for t in tasks]
+    total_s = time.perf_counter() - started
+    return {
+        "region": chosen.region,
+        "cloud": chosen.cloud,
+        "node": nodes[0] if nodes else "",
+        "nodes": nodes,
+        "gpus": [u for t in tasks for u in t.get("gpu_uuids", [])],
+        "allocation": allocation,
+        "replayed": result.replayed,
+        "design": chosen.design,
+        "gpu_model": chosen.gpu_model,
+        "predicted_gbps": chosen.predicted_gbps,
+        "cost": cost_view(chosen, gpus) or cost_view(_free(chosen), gpus),
+        "alternatives": [candidate_view(c, gpus) for c in candidates if c.region != chosen.region],
+        "attempts": attempts,
+        "timings_ms": {
+            "routing": round((total_s - forwards_s) * 1000, 3),
+            "forwards": round(forwards_s * 1000, 3),
+        },
+    }
+
+
+def _free(c: ranking.Candidate) -> ranking.Candidate:
+    """A replay to a region the ranking no longer fits: its cost is not predicted now."""
+    return ranking.Candidate(
+        c.region, c.cloud, True, c.reason, cost=ranking.Cost(0.0, False, 0.0, 0.0, 0.0)
+    )

@@ -1,0 +1,281 @@
+"""The federation's wire shapes: a region's registration, its signed summary, and the
+global /v1/federation/place and /score requests and answers."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from agent.signing import decode_public_key
+from placement.text import Text
+from service.allocations.schemas import PlaceRequest
+
+REGION_NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
+RegionName = Annotated[str, Field(min_length=1, max_length=63, pattern=REGION_NAME_PATTERN)]
+Money = Annotated[float, Field(ge=0, le=1e6, allow_inf_nan=False)]
+LabelText = Annotated[Text, Field(min_length=1, max_length=63)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class GpuPrice(_Strict):
+    gpu_model: Text = Field(
+        min_length=1, max_length=128, description="matched as a whole token of the GPU name: H100"
+    )
+    on_demand: Money = Field(description="price per GPU-hour, on demand")
+    spot: Money | None = Field(default=None, description="price per GPU-hour on spot, if offered")
+
+
+class EgressPrices(_Strict):
+    region_gb: Money = Field(description="per GB to another region of the same cloud")
+    internet_gb: Money = Field(description="per GB to another cloud or the internet")
+
+
+class RegionRequest(_Strict):
+    name: RegionName
+    cloud: Annotated[str, Field(min_length=1, max_length=63, pattern=REGION_NAME_PATTERN)]
+    location: Text = Field(default="", max_length=128, description="e.g. us-east-1, a site")
+    url: Text = Field(min_length=1, max_length=2048, description="the region's own topoplace")
+    public_key: Text = Field(
+        min_length=1,
+        max_length=128,
+        description="base64 Ed25519 public key the region signs its summaries with",
+    )
+    forward_token: Text | None = Field(
+        default=None,
+        min_length=1,
+        max_length=512,
+        description="a scheduler token of the region's service, sent when forwarding a"
+        " placement there (stored; never shown)",
+    )
+    prices: list[GpuPrice] = Field(min_length=1, max_length=64)
+    egress: EgressPrices
+    labels: dict[LabelText, LabelText] = Field(default_factory=dict, max_length=64)
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("the region's URL must be http(s)://host[:port]")
+        return value.rstrip("/")
+
+    @field_validator("public_key")
+    @classmethod
+    def _ed25519(cls, value: str) -> str:
+        try:
+            decode_public_key(value)
+        except ValueError as exc:
+            raise ValueError(f"not an Ed25519 public key: {exc}") from None
+        return value.strip()
+
+    @field_validator("prices")
+    @classmethod
+    def _one_price_a_model(cls, value: list[GpuPrice]) -> list[GpuPrice]:
+        models = [p.gpu_model.upper() for p in value]
+        if len(set(models)) != len(models):
+            raise ValueError("each GPU model is priced once")
+        return value
+
+
+class SummaryView(BaseModel):
+    """What a region's latest summary says, as the global service shows it."""
+
+    seq: int
+    received_at: datetime
+    stale: bool
+    free_gpus: int
+    stale_nodes: int
+    live_allocations: int
+
+
+class RegionView(BaseModel):
+    name: str
+    cloud: str
+    location: str
+    url: str
+    public_key: str
+    prices: list[GpuPrice]
+    egress: EgressPrices
+    labels: dict[str, str]
+    token_id: str
+    registered_at: datetime
+    retired_at: datetime | None
+    summary: SummaryView | None
+
+
+class RegionCreated(RegionView):
+    token: str = Field(
+        description="the region token (role region, scope this region): shown this once"
+    )
+
+
+class RegionList(BaseModel):
+    regions: list[RegionView]
+
+
+# -- the summary a region pushes ----------------------------------------------
+
+
+Count = Annotated[int, Field(ge=0, le=10_000_000)]
+
+
+class DesignSummary(_Strict):
+    design: Text = Field(min_length=1, max_length=256)
+    gpu_model: Text = Field(min_length=1, max_length=128)
+    gpus_per_node: Annotated[int, Field(ge=1, le=64)]
+    nodes: Count
+    free_gpus: Count
+    island_gbps: float = Field(ge=0, le=1e6, allow_inf_nan=False)
+    by_island: dict[str, Count] = Field(
+        default_factory=dict,
+        max_length=65,
+        description="largest free NVLink island size -> usable nodes with exactly that",
+    )
+
+    @field_validator("by_island")
+    @classmethod
+    def _sizes(cls, value: dict[str, int]) -> dict[str, int]:
+        for size in value:
+            if not size.isdigit() or int(size) > 64:
+                raise ValueError(f"island sizes are whole numbers of GPUs up to 64, not {size!r}")
+        return value
+
+
+class CliqueSummary(_Strict):
+    domain: Text = Field(min_length=1, max_length=160)
+    design: Text = Field(min_length=1, max_length=256)
+    nodes: Count
+    free_nodes: Count
+
+
+class RegionSummary(_Strict):
+    region: RegionName
+    seq: Annotated[int, Field(ge=1, le=2**63 - 1)]
+    sent_at: datetime
+    designs: list[DesignSummary] = Field(default_factory=list, max_length=1000)
+    cliques: list[CliqueSummary] = Field(default_factory=list, max_length=10_000)
+    stale_nodes: Count = 0
+    live_allocations: Count = 0
+    network_gbps: float = Field(default=25.0, gt=0, le=1e6, allow_inf_nan=False)
+
+
+class SummaryReport(_Strict):
+    summary: RegionSummary
+    signature: Text = Field(
+        min_length=1,
+        max_length=128,
+        description="base64 Ed25519 signature over the summary (docs/federation.md)",
+    )
+
+
+class SummaryAccepted(BaseModel):
+    region: str
+    seq: int
+
+
+# -- global place and score ---------------------------------------------------
+
+
+class DataLocation(_Strict):
+    region: RegionName = Field(description="the registered region that holds the data")
+    size_gb: float = Field(ge=0, le=1e9, allow_inf_nan=False)
+
+
+class BandwidthFloor(_Strict):
+    island: Annotated[int, Field(ge=0, le=64)] = Field(
+        default=0, description="each task in one free NVLink island of at least this many GPUs"
+    )
+    gbps: float = Field(
+        default=0.0, ge=0, le=1e6, allow_inf_nan=False, description="predicted GB/s at least"
+    )
+
+
+class FederationOptions(_Strict):
+    regions: list[RegionName] = Field(default_factory=list, max_length=1000)
+    clouds: list[RegionName] = Field(default_factory=list, max_length=100)
+    labels: dict[LabelText, LabelText] = Field(
+        default_factory=dict, max_length=64, description="region labels the job needs"
+    )
+    data: DataLocation | None = None
+    hours: float = Field(default=1.0, gt=0, le=1e5, allow_inf_nan=False, description="job length")
+    cost_weight: float = Field(
+        default=1.0,
+        ge=0,
+        le=1,
+        allow_inf_nan=False,
+        description="1: cheapest that meets the floor; 0: fastest; between: both",
+    )
+    budget_per_hour: Money | None = None
+    floor: BandwidthFloor = Field(default_factory=BandwidthFloor)
+    spot: bool = Field(default=False, description="spot prices may be used where offered")
+    deadline_s: float = Field(
+        default=10.0, gt=0, le=300, allow_inf_nan=False, description="for all forwards together"
+    )
+
+
+class FederatedPlaceRequest(PlaceRequest):
+    """/v1/place's request plus where it may go and what it may cost."""
+
+    federation: FederationOptions = Field(default_factory=FederationOptions)
+
+    @model_validator(mode="after")
+    def _whole_gpus(self) -> FederatedPlaceRequest:
+        if self.mig_profile is not None or self.gpu_fraction is not None:
+            raise ValueError("federated placement takes whole GPUs (no mig_profile, gpu_fraction)")
+        return self
+
+
+class CostView(BaseModel):
+    price_per_gpu_hour: float
+    spot: bool
+    gpu_hours: float
+    compute: float
+    egress: float
+    total: float
+    per_hour: float
+
+
+class CandidateView(BaseModel):
+    region: str
+    cloud: str
+    fits: bool
+    reason: str
+    stale: bool
+    design: str | None
+    gpu_model: str | None
+    predicted_gbps: float
+    cost: CostView | None
+
+
+class Attempt(BaseModel):
+    region: str
+    outcome: str = Field(description="placed, refused or unreachable")
+    status: int | None
+    detail: str
+
+
+class FederatedScore(BaseModel):
+    candidates: list[CandidateView]
+
+
+class FederatedPlacement(BaseModel):
+    region: str
+    cloud: str
+    node: str = Field(description="the first task's node")
+    nodes: list[str] = Field(description="every task's node, in task order")
+    gpus: list[str] = Field(description="the GPUs' UUIDs, in task order")
+    allocation: dict[str, Any]
+    replayed: bool
+    design: str | None = Field(description="the node design the ranking chose")
+    gpu_model: str = Field(description="the GPU model the forward asked the region for")
+    predicted_gbps: float
+    cost: CostView
+    alternatives: list[CandidateView]
+    attempts: list[Attempt]
+    timings_ms: dict[str, float]

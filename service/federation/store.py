@@ -1,0 +1,185 @@
+"""The regions table and the forwarded keys: every SQL statement of the federation.
+
+Plain functions on an engine (or a connection), called off the event loop.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.exc import IntegrityError
+
+from service.access import Role
+from service.schema import federation_forwards, regions
+from service.tokens import store as token_store
+
+
+@dataclass(frozen=True)
+class RegionRecord:
+    name: str
+    cloud: str
+    location: str
+    url: str
+    public_key: str
+    forward_token: str | None
+    token_id: str
+    prices: list[dict[str, Any]]
+    egress: dict[str, float]
+    labels: dict[str, str]
+    registered_at: datetime
+    retired_at: datetime | None
+    summary: dict[str, Any] | None
+    summary_seq: int | None
+    summary_at: datetime | None
+
+
+def _utc(value: datetime | None) -> datetime | None:
+    # SQLite returns naive datetimes for timezone-aware columns.
+    if value is None or value.tzinfo is not None:
+        return value
+    return value.replace(tzinfo=UTC)
+
+
+def _record(row: sa.Row[Any]) -> RegionRecord:
+    m = row._mapping
+    registered = _utc(m["registered_at"])
+    assert registered is not None
+    return RegionRecord(
+        name=m["name"],
+        cloud=m["cloud"],
+        location=m["location"],
+        url=m["url"],
+        public_key=m["public_key"],
+        forward_token=m["forward_token"],
+        token_id=m["token_id"],
+        prices=json.loads(m["prices"]),
+        egress=json.loads(m["egress"]),
+        labels=json.loads(m["labels"]),
+        registered_at=registered,
+        retired_at=_utc(m["retired_at"]),
+        summary=json.loads(m["summary"]) if m["summary"] else None,
+        summary_seq=m["summary_seq"],
+        summary_at=_utc(m["summary_at"]),
+    )
+
+
+class NameTaken(ValueError):
+    """A region of this name is registered (or was, and is retired)."""
+
+
+def register(engine: sa.Engine, body: dict[str, Any], now: datetime) -> tuple[RegionRecord, str]:
+    """Store a region and make its region token in one transaction; (record, secret)."""
+    name = body["name"]
+    with engine.begin() as conn:
+        if conn.execute(sa.select(regions.c.name).where(regions.c.name == name)).first():
+            raise NameTaken(name)
+        record, secret = token_store.create_in(
+            conn, Role.REGION, token_store.Scope(region=name), f"region {name}", now
+        )
+        try:
+            conn.execute(
+                regions.insert().values(
+                    name=name,
+                    cloud=body["cloud"],
+                    location=body.get("location", ""),
+                    url=body["url"],
+                    public_key=body["public_key"],
+                    forward_token=body.get("forward_token"),
+                    token_id=record.id,
+                    prices=json.dumps(body["prices"]),
+                    egress=json.dumps(body["egress"]),
+                    labels=json.dumps(body.get("labels", {})),
+                    registered_at=now,
+                )
+            )
+        except IntegrityError:
+            raise NameTaken(name) from None
+        row = conn.execute(sa.select(regions).where(regions.c.name == name)).one()
+    return _record(row), secret
+
+
+def listed(engine: sa.Engine, include_retired: bool = False) -> list[RegionRecord]:
+    query = sa.select(regions).order_by(regions.c.name)
+    if not include_retired:
+        query = query.where(regions.c.retired_at.is_(None))
+    with engine.connect() as conn:
+        return [_record(row) for row in conn.execute(query)]
+
+
+def get(engine: sa.Engine, name: str) -> RegionRecord | None:
+    with engine.connect() as conn:
+        row = conn.execute(sa.select(regions).where(regions.c.name == name)).first()
+    return None if row is None else _record(row)
+
+
+def retire(engine: sa.Engine, name: str, now: datetime) -> RegionRecord | None:
+    """Mark the region retired and revoke its token, together; None if there is none."""
+    with engine.begin() as conn:
+        row = conn.execute(sa.select(regions).where(regions.c.name == name)).first()
+        if row is None:
+            return None
+        if row._mapping["retired_at"] is None:
+            conn.execute(regions.update().where(regions.c.name == name).values(retired_at=now))
+            token_store.revoke_in(conn, row._mapping["token_id"], now)
+        row = conn.execute(sa.select(regions).where(regions.c.name == name)).one()
+    return _record(row)
+
+
+def store_summary(
+    engine: sa.Engine, name: str, summary: dict[str, Any], seq: int, now: datetime
+) -> bool:
+    """Keep a summary newer than the stored one; False when it is not newer (a replay)."""
+    with engine.begin() as conn:
+        changed = conn.execute(
+            regions.update()
+            .where(
+                regions.c.name == name,
+                regions.c.retired_at.is_(None),
+                sa.or_(regions.c.summary_seq.is_(None), regions.c.summary_seq < seq),
+            )
+            .values(summary=json.dumps(summary), summary_seq=seq, summary_at=now)
+        ).rowcount
+    return bool(changed)
+
+
+def forwarded_to(engine: sa.Engine, key: str) -> tuple[str, str] | None:
+    """(region, GPU model) this key was forwarded with; None if it never was."""
+    with engine.connect() as conn:
+        found = conn.execute(
+            sa.select(federation_forwards.c.region, federation_forwards.c.gpu_model).where(
+                federation_forwards.c.idempotency_key == key
+            )
+        ).first()
+    return None if found is None else (str(found[0]), str(found[1]))
+
+
+def remember_forward(
+    engine: sa.Engine, key: str, region: str, gpu_model: str, now: datetime
+) -> tuple[str, str]:
+    """Record that ``key`` goes to ``region``; the one recorded first wins (returned)."""
+    try:
+        with engine.begin() as conn:
+            conn.execute(
+                federation_forwards.insert().values(
+                    idempotency_key=key, region=region, gpu_model=gpu_model, created_at=now
+                )
+            )
+    except IntegrityError:
+        first = forwarded_to(engine, key)
+        return first or (region, gpu_model)
+    return region, gpu_model
+
+
+def forget_forward(engine: sa.Engine, key: str, region: str) -> None:
+    """The region refused ``key`` (reserved nothing): the key may go elsewhere."""
+    with engine.begin() as conn:
+        conn.execute(
+            federation_forwards.delete().where(
+                federation_forwards.c.idempotency_key == key,
+                federation_forwards.c.region == region,
+            )
+        )

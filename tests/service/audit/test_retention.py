@@ -1,0 +1,63 @@
+"""Retention: rows older than TOPOPLACE_AUDIT_RETENTION_DAYS go, in batches; 0 keeps all."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+import sqlalchemy as sa
+
+from service import migrate
+from service.audit import records, retention, store
+from service.db import make_engine
+from service.schema import audit_log
+from service.settings import Settings
+from service.state import ServiceState
+from tests.service.conftest import FakeClock
+
+
+def _state(settings: Settings, clock: FakeClock, days: float) -> ServiceState:
+    migrate.upgrade(settings.database_url)
+    tuned = settings.model_copy(update={"audit_retention_days": days})
+    return ServiceState(tuned, make_engine(settings.database_url), clock)
+
+
+def _write(state: ServiceState, ages_days: list[float], now_clock: FakeClock) -> None:
+    now = now_clock()
+    rows = [records.record("admin", f"aged_{age}", now - timedelta(days=age)) for age in ages_days]
+    with state.engine.begin() as conn:
+        store.write(conn, rows)
+
+
+def _actions(state: ServiceState) -> list[str]:
+    with state.engine.connect() as conn:
+        query = sa.select(audit_log.c.action).order_by(audit_log.c.id)
+        return list(conn.execute(query).scalars())
+
+
+def test_rows_past_retention_are_pruned_in_batches(
+    settings: Settings, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    state = _state(settings, clock, days=30)
+    try:
+        _write(state, [45, 40, 31, 29, 1], clock)
+        _write(state, [100] * 7, clock)
+        monkeypatch.setattr(retention, "PRUNE_BATCH", 3)  # several batches: 10 rows go
+        assert retention.prune(state) == 10
+        assert _actions(state) == ["aged_29", "aged_1"]
+        assert retention.prune(state) == 0
+        clock.advance(2 * 86_400)  # two days on, the 29-day-old row is past 30
+        assert retention.prune(state) == 1
+        assert _actions(state) == ["aged_1"]
+    finally:
+        state.engine.dispose()
+
+
+def test_zero_days_keeps_everything(settings: Settings, clock: FakeClock) -> None:
+    state = _state(settings, clock, days=0)
+    try:
+        _write(state, [10_000, 1], clock)
+        assert retention.prune(state) == 0
+        assert len(_actions(state)) == 2
+    finally:
+        state.engine.dispose()

@@ -1,0 +1,213 @@
+"""Forwarding and failing over, with regions whose answers the test chooses.
+
+The global service is real (its API, database and ranking); the regions
+behind it are an httpx transport that answers, refuses, hangs up or never
+answers, so each outcome of docs/federation.md's forwarding rules is tried.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+
+from agent.signing import NodeKey
+from service.federation.schemas import RegionSummary
+from service.federation.signing import sign_summary
+
+KEY = NodeKey.generate()
+# Cheapest first: the ranking tries cheap, then mid, then dear.
+PRICES = {"cheap": 1.0, "mid": 2.0, "dear": 3.0}
+
+Answer = Callable[[httpx.Request], httpx.Response]
+
+
+def allocation(region: str, replayed: bool = False) -> httpx.Response:
+    body = {"id": f"alloc-{region}", "tasks": [{"node": f"{region}-n1", "gpu_uuids": ["GPU-0"]}]}
+    headers = {"Idempotent-Replayed": "true"} if replayed else {}
+    return httpx.Response(200 if replayed else 201, json=body, headers=headers)
+
+
+def answering(region: str, replayed: bool = False) -> Answer:
+    """A region that places every request."""
+    return lambda request: allocation(region, replayed)
+
+
+class Regions:
+    """What each region answers, and the requests each got."""
+
+    def __init__(self) -> None:
+        self.answers: dict[str, Answer] = {}
+        self.seen: list[tuple[str, str | None, dict[str, Any]]] = []
+
+    def handle(self, request: httpx.Request) -> httpx.Response:
+        region = request.url.host.split(".")[0]
+        self.seen.append(
+            (region, request.headers.get("idempotency-key"), json.loads(request.content))
+        )
+        return self.answers[region](request)
+
+
+@pytest.fixture
+def regions(client: TestClient) -> Iterator[Regions]:
+    fake = Regions()
+    for name, price in PRICES.items():
+        created = client.post(
+            "/v1/regions",
+            json={
+                "name": name,
+                "cloud": "aws",
+                "url": f"http://{name}.example",
+                "public_key": KEY.public_key,
+                "prices": [{"gpu_model": "H100", "on_demand": price}],
+                "egress": {"region_gb": 0.0, "internet_gb": 0.0},
+            },
+        )
+        assert created.status_code == 201, created.text
+        summary = RegionSummary.model_validate(
+            {
+                "region": name,
+                "seq": time.time_ns(),
+                "sent_at": datetime.now(UTC),
+                "designs": [
+                    {
+                        "design": "H100 x8",
+                        "gpu_model": "NVIDIA H100 80GB HBM3",
+                        "gpus_per_node": 8,
+                        "nodes": 1,
+                        "free_gpus": 8,
+                        "island_gbps": 450.0,
+                        "by_island": {"8": 1},
+                    }
+                ],
+            }
+        ).model_dump(mode="json")
+        pushed = client.put(
+            f"/v1/regions/{name}/summary",
+            json={"summary": summary, "signature": sign_summary(KEY, summary)},
+            headers={"Authorization": f"Bearer {created.json()['token']}"},
+        )
+        assert pushed.status_code == 200, pushed.text
+        fake.answers[name] = answering(name)
+    app: Any = client.app
+    app.state.federation_client = httpx.AsyncClient(transport=httpx.MockTransport(fake.handle))
+    yield fake
+
+
+def refuse(request: httpx.Request) -> httpx.Response:
+    error = {"code": "unschedulable", "message": "nothing fits now", "detail": {}}
+    return httpx.Response(409, json={"error": error})
+
+
+def hang_up(request: httpx.Request) -> httpx.Response:
+    raise httpx.ConnectError("connection refused", request=request)
+
+
+def no_answer(request: httpx.Request) -> httpx.Response:
+    raise httpx.ReadTimeout("timed out", request=request)
+
+
+def place(client: TestClient, key: str | None = None) -> httpx.Response:
+    headers = {"Idempotency-Key": key} if key else {}
+    answer: httpx.Response = client.post("/v1/federation/place", json={"gpus": 2}, headers=headers)
+    return answer
+
+
+def test_the_forward_is_the_callers_request_with_the_priced_model(
+    client: TestClient, regions: Regions
+) -> None:
+    answer = client.post(
+        "/v1/federation/place",
+        json={"gpus": 2, "job_id": "j1", "ttl_s": 30.0, "federation": {"hours": 2}},
+        headers={"Idempotency-Key": "k-1"},
+    )
+    assert answer.status_code == 201, answer.text
+    ((region, key, body),) = regions.seen
+    assert region == "cheap" and key == "k-1"
+    assert body == {"gpus": 2, "job_id": "j1", "ttl_s": 30.0, "gpu_models": ["H100"]}
+    placed = answer.json()
+    assert placed["node"] == "cheap-n1" and placed["gpus"] == ["GPU-0"]
+    assert placed["cost"]["compute"] == 4.0 and placed["timings_ms"]["routing"] >= 0
+
+
+def test_refused_and_unreachable_regions_are_skipped(client: TestClient, regions: Regions) -> None:
+    regions.answers["cheap"] = refuse
+    regions.answers["mid"] = hang_up
+    answer = place(client)
+    assert answer.status_code == 201, answer.text
+    body = answer.json()
+    assert body["region"] == "dear"
+    assert [(a["region"], a["outcome"]) for a in body["attempts"]] == [
+        ("cheap", "refused"),
+        ("mid", "unreachable"),
+        ("dear", "placed"),
+    ]
+
+
+def test_every_region_refusing_is_no_region(client: TestClient, regions: Regions) -> None:
+    for name in PRICES:
+        regions.answers[name] = refuse
+    answer = place(client)
+    assert answer.status_code == 409
+    error = answer.json()["error"]
+    assert error["code"] == "no_region" and len(error["detail"]["attempts"]) == 3
+
+
+def test_without_a_key_an_unanswered_region_is_skipped(
+    client: TestClient, regions: Regions
+) -> None:
+    regions.answers["cheap"] = no_answer
+    body = place(client).json()
+    assert body["region"] == "mid" and body["attempts"][0]["outcome"] == "unanswered"
+
+
+def test_with_a_key_an_unanswered_region_keeps_the_key(
+    client: TestClient, regions: Regions
+) -> None:
+    regions.answers["cheap"] = no_answer
+    answer = place(client, "k-2")
+    assert answer.status_code == 503
+    assert answer.json()["error"]["code"] == "region_unavailable"
+    assert [r for r, _, _ in regions.seen] == ["cheap"]  # not sent anywhere else
+    # The region did reserve; its answer comes on the retry, from the same region.
+    regions.answers["cheap"] = answering("cheap", replayed=True)
+    again = place(client, "k-2")
+    assert again.status_code == 201 and again.json()["region"] == "cheap"
+    assert again.json()["replayed"] is True
+
+
+def test_a_refusal_moves_the_key_to_the_next_region(client: TestClient, regions: Regions) -> None:
+    regions.answers["cheap"] = refuse
+    first = place(client, "k-3").json()
+    assert first["region"] == "mid"
+    # The cheap region could take it now, but the key stays where its allocation is.
+    regions.answers["cheap"] = answering("cheap")
+    regions.answers["mid"] = answering("mid", replayed=True)
+    again = place(client, "k-3").json()
+    assert again["region"] == "mid" and again["replayed"] is True
+    assert [r for r, key, _ in regions.seen if key == "k-3"] == ["cheap", "mid", "mid"]
+    assert regions.seen[1][2] == regions.seen[2][2]  # the same request, replayed as such
+
+
+def test_a_keyed_region_that_is_down_is_not_replaced(client: TestClient, regions: Regions) -> None:
+    assert place(client, "k-4").json()["region"] == "cheap"
+    regions.answers["cheap"] = hang_up
+    answer = place(client, "k-4")
+    assert answer.status_code == 503 and answer.json()["error"]["code"] == "region_unavailable"
+    assert [r for r, key, _ in regions.seen if key == "k-4"] == ["cheap", "cheap"]
+
+
+def test_a_keyed_region_that_refuses_frees_the_key(client: TestClient, regions: Regions) -> None:
+    regions.answers["cheap"] = no_answer
+    assert place(client, "k-5").status_code == 503
+    # It never reserved (it refuses the key now): the job is routed afresh.
+    regions.answers["cheap"] = refuse
+    again = place(client, "k-5")
+    assert again.status_code == 201 and again.json()["region"] == "mid"
+    assert [r for r, key, _ in regions.seen if key == "k-5"] == ["cheap", "cheap", "cheap", "mid"]
