@@ -46,7 +46,7 @@ def _lifecycle(client: TestClient, state: ServiceState, clock: FakeClock, job: s
 def test_the_counts_are_the_events_a_watcher_sees(client: TestClient, clock: FakeClock) -> None:
     add_nodes(client, ("hgx-h100", "ev-h100"))
     state: ServiceState = client.app.state.service  # type: ignore[attr-defined]
-    watcher = Watcher(state.events)
+    watcher = Watcher(state.events, state.engine)
     try:
         watcher.since_last()
         before = _counts(client)
