@@ -1,12 +1,14 @@
 """`topoplace agent` and `topoplace agent keygen`.
 
-Exit status:
+Exit status (the table in docs/agent.md; ``EXIT_CODES`` below is the one list):
 
 - 0: done (the daemon exits 0 when stopped by SIGTERM or SIGINT);
-- 1: ``--once`` and the service refused the snapshot;
-- 2: bad settings (unknown flag value, invalid node name, missing key or server);
-- 3: ``--once`` and the service could not be reached or failed;
-- 4: discovery cannot start or answer (NVML missing, unreadable file, unknown profile).
+- 1: ``--once`` and the service refused the snapshot or the node's key;
+- 2: bad settings: a flag or setting value, an unknown source kind or profile,
+  a missing or unreadable topology file, an invalid node name, no key or server;
+- 3: ``--once`` and the service could not be reached or failed (5xx);
+- 4: discovery cannot start or answer on this machine (NVML or /sys missing,
+  or the source failed while reading).
 
 The daemon itself never exits because of the service: see ``agent.runner``.
 """
@@ -25,6 +27,18 @@ from agent import SOURCE_KINDS
 from topoplace_client.arguments import positive_seconds
 
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_DISCOVERY = 0, 1, 2, 3, 4
+EXIT_CODES: dict[int, str] = {
+    EXIT_OK: "done (the daemon: stopped by SIGTERM or SIGINT)",
+    EXIT_REFUSED: "--once: the service refused the snapshot or the node's key",
+    EXIT_USAGE: "bad settings: a flag or setting value, an unknown source kind or profile,"
+    " a missing or unreadable topology file, an invalid node name, no key or server",
+    EXIT_UNREACHABLE: "--once: the service could not be reached or failed (5xx)",
+    EXIT_DISCOVERY: "discovery cannot start or answer on this machine (NVML or /sys missing,"
+    " or the source failed while reading)",
+}
+# Libraries that log every request at INFO (httpx: one line per heartbeat); the agent logs
+# its own lines, and theirs show with --log-level DEBUG.
+QUIET_LOGGERS = ("httpx", "httpcore")
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -36,10 +50,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
             " on start and on every change, heartbeats in between. Settings: flags, else"
             " TOPOPLACE_AGENT_* environment variables, else the --config TOML file."
         ),
-        epilog=(
-            "exit status: 0 done; 1 --once refused; 2 bad settings; 3 --once could not reach"
-            " the service; 4 discovery cannot start"
-        ),
+        epilog="exit status:\n"
+        + "\n".join(f"  {code}  {meaning}" for code, meaning in EXIT_CODES.items()),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--config", type=Path, metavar="FILE", help="TOML settings file")
     p.add_argument("--server", metavar="URL", help="the topoplace service")
@@ -62,6 +75,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="a node label (repeatable)",
     )
     p.add_argument("--gpu-model", metavar="MODEL", help="GPU model for smi:FILE sources")
+    p.add_argument(
+        "--gpu-memory-mib",
+        type=int,
+        metavar="MIB",
+        help="GPU memory for smi:FILE sources (the text names none)",
+    )
     p.add_argument(
         "--interval",
         dest="interval_s",
@@ -127,6 +146,7 @@ def _flags(args: argparse.Namespace) -> dict[str, Any]:
         "node_name",
         "region",
         "gpu_model",
+        "gpu_memory_mib",
     )
     flags = {
         name: getattr(args, name)
@@ -167,11 +187,14 @@ def run_keygen(args: argparse.Namespace) -> int:
 def run_agent(args: argparse.Namespace) -> int:
     from agent.config import ConfigError, load_config
     from agent.nvml_discovery import DiscoveryError
-    from agent.sources import Identity, SourceError, open_source
+    from agent.sources import DiscoveryUnavailable, Identity, SourceError, open_source
 
     logging.basicConfig(
         level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    if args.log_level != "DEBUG":
+        for name in QUIET_LOGGERS:
+            logging.getLogger(name).setLevel(logging.WARNING)
     try:
         config = load_config(_flags(args), config_file=args.config)
     except ConfigError as exc:
@@ -179,9 +202,16 @@ def run_agent(args: argparse.Namespace) -> int:
     name = config.resolved_node_name()
     identity = Identity(name, config.region, dict(config.labels))
     try:
-        source = open_source(config.source, identity, gpu_model=config.gpu_model)
-    except SourceError as exc:
+        source = open_source(
+            config.source,
+            identity,
+            gpu_model=config.gpu_model,
+            gpu_memory_mib=config.gpu_memory_mib,
+        )
+    except DiscoveryUnavailable as exc:
         return _fail(str(exc), EXIT_DISCOVERY)
+    except SourceError as exc:
+        return _fail(str(exc), EXIT_USAGE)
     if args.once and config.server is None:
         try:
             snap = source.read()
@@ -195,7 +225,7 @@ def run_agent(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace, config: Any, source: Any, name: str) -> int:
     from agent.config import ConfigError
     from agent.nvml_discovery import DiscoveryError
-    from agent.runner import Agent, Backoff
+    from agent.runner import Agent, Backoff, KeyRefused
     from agent.signing import KeyFileError, NodeKey
     from agent.sources import NvmlSource
     from topoplace_client.api import ApiError, ServiceUnreachable, TopoplaceClient
@@ -230,6 +260,7 @@ def _serve(args: argparse.Namespace, config: Any, source: Any, name: str) -> int
         backoff=backoff,
         telemetry=source.nvlink if isinstance(source, NvmlSource) else None,
         telemetry_interval_s=config.telemetry_interval_s,
+        key_hint=f"@{config.key_file}.pub",
     )
     with client:
         if args.once:
@@ -237,6 +268,8 @@ def _serve(args: argparse.Namespace, config: Any, source: Any, name: str) -> int
                 answer = agent.send_once()
             except DiscoveryError as exc:
                 return _fail(str(exc), EXIT_DISCOVERY)
+            except KeyRefused as exc:
+                return _fail(str(exc), EXIT_REFUSED)
             except ApiError as exc:
                 code = EXIT_UNREACHABLE if exc.status >= 500 else EXIT_REFUSED
                 return _fail(f"{exc.code}: {exc.message}", code)

@@ -44,6 +44,9 @@ class AgentConfig(BaseModel):
     region: str = "default"
     labels: dict[str, str] = Field(default_factory=dict)
     gpu_model: str = Field(default="unknown", description="GPU model for smi:FILE sources")
+    gpu_memory_mib: int = Field(
+        default=0, ge=0, description="GPU memory (MiB) for smi:FILE sources; 0: unknown"
+    )
     interval_s: float = Field(default=15.0, gt=0, description="seconds between rounds")
     telemetry_interval_s: float = Field(
         default=30.0,

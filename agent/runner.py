@@ -13,6 +13,13 @@ it keeps increasing across restarts without a state file; if the service
 says a seq went back (its clock-independent check), the agent continues
 from the service's stored seq + 1.
 
+The key is registered before the first report and again whenever the
+service has forgotten the node or its key (a heartbeat answered 404, a
+snapshot refused with ``node_key_required``). A key the service refuses (a
+different one holds the name, or only an admin may register a first key)
+stops reporting until it is fixed, with an error naming the fixing command,
+logged at most every ``KEY_ERROR_EVERY_S``.
+
 Nothing the service does stops the agent: an unreachable or failing
 service, or a refusal, is logged and retried with exponential backoff and
 jitter. A round whose discovery fails as a whole sends no heartbeat either,
@@ -43,6 +50,14 @@ from topoplace_client.api import ApiError, JSONObject, ServiceUnreachable
 
 log = logging.getLogger("topoplace.agent")
 TELEMETRY_INTERVAL_S = 30.0
+
+# A key the service refuses is logged as an error at most this often (seconds).
+KEY_ERROR_EVERY_S = 300.0
+
+
+class KeyRefused(Exception):
+    """The service refuses the node's key (another key holds the name, or only an admin may
+    register a first key); the message says what fixes it."""
 
 
 class AgentClient(Protocol):
@@ -101,6 +116,7 @@ class Agent:
         clock: Callable[[], float] = time.time,
         telemetry: Callable[[], list[dict[str, int]]] | None = None,
         telemetry_interval_s: float = TELEMETRY_INTERVAL_S,
+        key_hint: str | None = None,
     ) -> None:
         self.source = source
         self.client = client
@@ -116,6 +132,9 @@ class Agent:
         self.telemetry = telemetry
         self.telemetry_interval_s = telemetry_interval_s
         self.telemetry_at: float | None = None  # when counters last went with a heartbeat
+        # How the fixing command names the key (``@PATH.pub``); else the key itself.
+        self.key_hint = key_hint
+        self.key_problem_logged_at: float | None = None
 
     # -- one round -------------------------------------------------------------
 
@@ -132,6 +151,8 @@ class Agent:
         except ServiceUnreachable as exc:
             log.warning("%s; retrying", exc)
             return self.backoff.next()
+        except KeyRefused as exc:
+            return self._key_not_accepted(exc)
         except ApiError as exc:
             return self._refused(exc)
         except Exception:
@@ -146,14 +167,41 @@ class Agent:
         try:
             self.client.put_node_key(self.name, self.key.public_key)
         except ApiError as exc:
-            if exc.code != "conflict":
-                raise
-            # Registration is trust on first use: another key owns this name.
-            # Snapshots are still sent; verifying services will refuse them.
-            log.error(
-                "the service holds a different public key for node %s: %s", self.name, exc.message
-            )
+            raise self._key_refusal(exc) from None
+        if self.key_problem_logged_at is not None:
+            log.info("public key of node %s registered", self.name)
+            self.key_problem_logged_at = None
         self.key_registered = True
+
+    def _key_refusal(self, exc: ApiError) -> Exception:
+        """The refusal of a key registration as a KeyRefused naming the command that fixes it."""
+        key = self.key_hint or self.key.public_key
+        if exc.code == "conflict" and exc.detail.get("field") == "public_key":
+            return KeyRefused(
+                f"the service holds a different public key for node {self.name}, so it refuses"
+                " this agent's snapshots (was the node reinstalled, or does another machine"
+                " use this name?); if this agent's key is the node's now, an admin replaces the"
+                f" old one: topoplace node-key {self.name} --register {key} --replace"
+            )
+        if exc.status == 403 and exc.code == "forbidden":
+            return KeyRefused(
+                f"node {self.name} has no registered public key and this service lets only an"
+                f" admin register a node's first key: an admin runs topoplace node-key"
+                f" {self.name} --register {key} (or the service trusts on first use:"
+                f" TOPOPLACE_TRUST_ON_FIRST_USE=true); the service said: {exc.message}"
+            )
+        return exc
+
+    def _key_not_accepted(self, exc: KeyRefused) -> float:
+        """Loud, but once per KEY_ERROR_EVERY_S: the agent retries every round until it is fixed."""
+        now = self.clock()
+        last = self.key_problem_logged_at
+        if last is None or now - last >= KEY_ERROR_EVERY_S:
+            log.error("%s; nothing is reported until then (retrying)", exc)
+            self.key_problem_logged_at = now
+        else:
+            log.debug("%s", exc)
+        return self.backoff.next()
 
     def _report(self, snap: NodeSnapshot) -> None:
         digest = content_hash(snap)
@@ -168,9 +216,12 @@ class Agent:
             except ApiError as exc:
                 if exc.code != "not_found":
                     raise
-                # The service forgot the node (deleted, or a new database): report it again.
+                # The service forgot the node (deleted, or a new database): register the
+                # key again (a new database has none) and report the node again.
                 log.warning("the service does not know node %s; sending the snapshot", self.name)
                 self.acked = None
+                self.key_registered = False
+                self._register_key()
         self._send(snap, digest)
 
     def _due_telemetry(self) -> list[dict[str, int]] | None:
@@ -191,7 +242,8 @@ class Agent:
         return answer
 
     def send_once(self) -> JSONObject:
-        """Register the key and send the snapshot now; errors are raised, not retried."""
+        """Register the key and send the snapshot now; errors (``KeyRefused`` among them)
+        are raised, not retried."""
         snap = self.source.read()
         self._register_key()
         return self._send(snap, content_hash(snap))
@@ -208,6 +260,11 @@ class Agent:
         return self.pending
 
     def _refused(self, exc: ApiError) -> float:
+        if exc.code == "node_key_required":
+            # The service has no key for the node (e.g. its database was reset): register again.
+            log.warning("the service has no public key for node %s; registering it", self.name)
+            self.key_registered = False
+            return 0.0
         seq_refused = exc.code in ("conflict", "replayed_snapshot")
         if seq_refused and exc.detail.get("field") == "snapshot.seq":
             # The service holds this seq or a later one (our clock went back,

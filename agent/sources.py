@@ -15,6 +15,7 @@ labels) and ``seq`` 0; the runner stamps seq and time when it sends.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -31,9 +32,47 @@ from placement.profiles import UnknownProfileError, build_profile
 from placement.snapshot import Gpu, NodeSnapshot
 from topoplace_client.topology_file import TopologyFileError, load_topology
 
+log = logging.getLogger("topoplace.agent")
+
 
 class SourceError(ValueError):
-    """A --source that cannot be started: unknown kind, unknown profile, NVML missing."""
+    """A --source that is wrong as given: unknown kind or profile, a missing or unreadable
+    topology file (bad settings, exit status 2)."""
+
+
+class DiscoveryUnavailable(SourceError):
+    """A right --source that cannot start on this machine: NVML missing, /sys unreadable
+    (exit status 4)."""
+
+
+def unknown_gpu_facts(snap: NodeSnapshot, source: str) -> str | None:
+    """What a topology text left unknown about the GPUs, and how to give it; None if nothing."""
+    missing: list[tuple[str, str, str]] = []
+    if any(gpu.model == "unknown" for gpu in snap.gpus):
+        missing.append(
+            (
+                "model",
+                "model 'unknown' (no GPU family for NVLink speeds or model requests)",
+                "--gpu-model MODEL (TOPOPLACE_AGENT_GPU_MODEL)",
+            )
+        )
+    if any(gpu.memory_mib == 0 for gpu in snap.gpus):
+        missing.append(
+            (
+                "memory",
+                "0 MiB of memory (requests for GPU memory never fit)",
+                "--gpu-memory-mib MIB (TOPOPLACE_AGENT_GPU_MEMORY_MIB)",
+            )
+        )
+    if not missing:
+        return None
+    what = " or ".join(name for name, _, _ in missing)
+    shown = " and ".join(effect for _, effect, _ in missing)
+    how = " and ".join(flag for _, _, flag in missing)
+    return (
+        f"--source {source}: the topology text names no GPU {what}, so the GPUs are reported"
+        f" with {shown}; give {how}"
+    )
 
 
 @dataclass(frozen=True)
@@ -93,11 +132,17 @@ class SmiSource:
     """``host`` fills what topology text cannot say (host name, CPU ISA); a JSON file says it."""
 
     def __init__(
-        self, path: Path, identity: Identity, gpu_model: str, host: HostFacts | None = None
+        self,
+        path: Path,
+        identity: Identity,
+        gpu_model: str,
+        host: HostFacts | None = None,
+        gpu_memory_mib: int = 0,
     ) -> None:
         self.path = path
         self.identity = identity
         self.gpu_model = gpu_model
+        self.gpu_memory_mib = gpu_memory_mib
         self.host = host
 
     def read(self) -> NodeSnapshot:
@@ -105,12 +150,16 @@ class SmiSource:
             snap = load_topology(self.path, node_name=self.identity.name, gpu_model=self.gpu_model)
         except TopologyFileError as exc:
             raise DiscoveryError(str(exc)) from None
-        from_text = {}
+        from_text: dict[str, object] = {}
         if self.host is not None and not snap.hostname:
             from_text = {"hostname": self.host.hostname, "cpu_isa": self.host.cpu_isa}
+        body = snap.model_dump()
+        if self.gpu_memory_mib:
+            for gpu in body["gpus"]:
+                gpu["memory_mib"] = gpu["memory_mib"] or self.gpu_memory_mib
         return NodeSnapshot.model_validate(
             {
-                **snap.model_dump(),
+                **body,
                 **from_text,
                 "name": self.identity.name,
                 "region": self.identity.region,
@@ -135,29 +184,42 @@ class SimSource:
         ).model_copy(update={"timestamp": None})
 
 
-def open_source(spec: str, identity: Identity, *, gpu_model: str = "unknown") -> Source:
-    """The source a ``--source`` value names, ready to read; ``SourceError`` if it cannot start."""
+def open_source(
+    spec: str, identity: Identity, *, gpu_model: str = "unknown", gpu_memory_mib: int = 0
+) -> Source:
+    """The source a ``--source`` value names, ready to read.
+
+    ``SourceError`` when the value is wrong (a smi file is read once here, so a
+    missing or garbage one is caught before the agent starts),
+    ``DiscoveryUnavailable`` when this machine cannot run it. A smi text that
+    names no GPU model or memory is logged as a warning saying how to give them.
+    """
     kind, _, arg = spec.partition(":")
     if kind == "nvml" and not arg:
         try:
             nvml = load_nvml()
         except NvmlUnavailable as exc:
-            raise SourceError(str(exc)) from None
+            raise DiscoveryUnavailable(str(exc)) from None
         host = SysfsHost()
         try:
             host.facts()
         except HostError as exc:
-            raise SourceError(str(exc)) from None
+            raise DiscoveryUnavailable(str(exc)) from None
         return NvmlSource(nvml, host, identity)
     if kind == "smi" and arg:
-        path = Path(arg)
-        if not path.is_file():
-            raise SourceError(f"--source smi:{arg}: no such file")
         try:
             facts: HostFacts | None = SysfsHost().facts()
         except HostError:
             facts = None  # text from a machine of another kind: x86_64 is assumed
-        return SmiSource(path, identity, gpu_model, facts)
+        source = SmiSource(Path(arg), identity, gpu_model, facts, gpu_memory_mib)
+        try:
+            first = source.read()
+        except DiscoveryError as exc:
+            raise SourceError(f"--source {spec}: {exc}") from None
+        unknown = unknown_gpu_facts(first, spec)
+        if unknown is not None:
+            log.warning("%s", unknown)
+        return source
     if kind in ("sim", "fake") and arg:
         try:
             profile = build_profile(arg, identity.name)

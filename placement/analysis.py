@@ -162,6 +162,7 @@ def analyse(
         mark(too_few & (np.bitwise_count(models) < k), Cause.GPU_MODEL)
     if request.min_gpu_memory_mib:
         mark(too_few & (np.bitwise_count(potential_all) >= k), Cause.GPU_MEMORY)
+    mark(too_few & (np.bitwise_count(table.every_gpu[slots]) >= k), Cause.MIG_MODE)
     mark(too_few, Cause.TOO_FEW_GPUS)
 
     cids = table.cid[slots]

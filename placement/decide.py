@@ -112,7 +112,13 @@ def verdicts(table: NodeTable, request: PlacementRequest) -> list[NodeVerdict]:
     def fit(node: str, rank: int, score: float, task: TaskPlacement) -> NodeVerdict:
         return NodeVerdict(node=node, fits=True, rank=rank, score=score, task=task)
 
-    return verdict_rows(table, request, fit, lambda node, cause: refusal(node, cause, request))
+    def refused(node: str, cause: Cause) -> NodeVerdict:
+        whole = None
+        if cause is Cause.MIG_MODE:
+            whole = table.entry_at(table.slot_of[node]).potential.bit_count()
+        return refusal(node, cause, request, whole)
+
+    return verdict_rows(table, request, fit, refused)
 
 
 def verdict_rows(

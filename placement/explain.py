@@ -30,6 +30,10 @@ _MESSAGES: dict[Cause, Callable[[PlacementRequest], str]] = {
     Cause.GPU_MODEL: lambda r: f"fewer than {_gpus(r)} of model {' or '.join(r.gpu_models)}",
     Cause.GPU_MEMORY: lambda r: f"fewer than {_gpus(r)} with at least {r.min_gpu_memory_mib} MiB",
     Cause.TOO_FEW_GPUS: lambda r: f"fewer than {_gpus(r)} in total",
+    Cause.MIG_MODE: lambda r: (
+        f"fewer than {_plural(r.gpus, 'whole GPU')}: the others are in MIG mode"
+        " (they take MIG requests, mig_profile)"
+    ),
     Cause.TOO_FEW_CPUS: lambda r: f"fewer than {_plural(r.cpus_per_task, 'CPU')} in total",
     Cause.NO_NVLINK_SET_EVER: lambda r: f"no {_gpus(r)} connected by NVLink on this node design",
     Cause.NO_NUMA_SET_EVER: lambda r: f"no {_gpus(r)} on one NUMA node on this node design",
@@ -61,12 +65,26 @@ def group_reasons(
     )
 
 
-def refusal(node: str, cause: Cause, request: PlacementRequest) -> NodeVerdict:
-    """A node's verdict when it cannot take the request."""
+def mig_mode_message(request: PlacementRequest, whole_gpus: int) -> str:
+    """A MIG_MODE refusal of one node, with the node's count of GPUs out of MIG mode."""
+    return (
+        f"{_plural(whole_gpus, 'whole GPU')}, fewer than {_gpus(request)}: the others are"
+        " in MIG mode (they take MIG requests, mig_profile)"
+    )
+
+
+def refusal(
+    node: str, cause: Cause, request: PlacementRequest, whole_gpus: int | None = None
+) -> NodeVerdict:
+    """A node's verdict when it cannot take the request; ``whole_gpus`` (the node's GPUs
+    out of MIG mode) makes a MIG_MODE refusal say how many the node has."""
+    message = cause_message(cause, request)
+    if cause is Cause.MIG_MODE and whole_gpus is not None:
+        message = mig_mode_message(request, whole_gpus)
     return NodeVerdict(
         node=node,
         fits=False,
         cause=cause,
-        message=cause_message(cause, request),
+        message=message,
         resolvable=cause.resolvable,
     )

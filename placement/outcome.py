@@ -31,6 +31,8 @@ class Cause(StrEnum):
     GPU_MODEL = "gpu_model"
     GPU_MEMORY = "gpu_memory"
     TOO_FEW_GPUS = "too_few_gpus"
+    # Enough GPUs in total, but some are in MIG mode: they take MIG requests only.
+    MIG_MODE = "mig_mode"
     TOO_FEW_CPUS = "too_few_cpus"
     NO_NVLINK_SET_EVER = "no_nvlink_set_ever"
     NO_NUMA_SET_EVER = "no_numa_set_ever"

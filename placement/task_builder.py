@@ -8,6 +8,7 @@ from typing import Protocol
 import numpy as np
 from numpy.typing import NDArray
 
+from placement.islands import PCIE
 from placement.node_choice import mask_to_indices
 from placement.numa import choose_cpus
 from placement.outcome import ScoreParts, TaskPlacement
@@ -83,7 +84,8 @@ def task_reason(
     gpus = ",".join(str(i) for i in indices)
     where = f"GPU {gpus} on {node}"
     if len(indices) == 1:
-        link = f"island {island_names[0]}"
+        group = island_names[0]
+        link = f"PCIe group {group}" if group.startswith(PCIE) else f"island {group}"
     elif connected:
         link = f"NVLink-connected in {'+'.join(island_names)}, ring {parts.ring_gbps:g} GB/s"
     else:

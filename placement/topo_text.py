@@ -95,9 +95,13 @@ def parse_topo_matrix(
     ``node_name`` and i (the matrix prints no UUIDs). A GPU's ``numa_node`` is
     its ``NUMA Affinity`` when that is one integer; ``N/A``, or a range of
     several nodes, gives ``None``. Each NUMA node named there gets the union of
-    the ``CPU Affinity`` sets of its GPUs. A ``CPU Affinity`` of a GPU without a
-    NUMA node is dropped: a snapshot keeps CPUs per NUMA node only, so no NUMA
-    node is invented for it. ``GPU NUMA ID`` (the GPU memory's own node on
+    the ``CPU Affinity`` sets of its GPUs. When the text names no NUMA node at
+    all (``N/A`` everywhere, or no such column, as older drivers print), each
+    distinct ``CPU Affinity`` set is taken as one NUMA node, numbered from 0 in
+    order of first appearance: a GPU's CPU affinity is its socket's CPUs, and a
+    snapshot keeps CPUs per NUMA node only. Sets that overlap another are not
+    nodes (their GPUs get none). Otherwise a ``CPU Affinity`` of a GPU without
+    a NUMA node is dropped. ``GPU NUMA ID`` (the GPU memory's own node on
     coherent systems) is ignored. NICs are named from the NIC legend when it
     has them, else by their column name; NIC-to-NIC cells are checked, not kept.
 
@@ -113,6 +117,8 @@ def parse_topo_matrix(
     header = _parse_header(start + 1, _cells(lines[start]))
     rows, end = _matrix_rows(lines, start + 1)
     links, gpu_nic, affinity = _read_gpu_rows(rows, header, end)
+    if _names_no_numa_node(rows[: header.gpus], header):
+        affinity = _nodes_from_cpus(affinity)
     nic_links = _read_nic_rows(rows[header.gpus :], header, gpu_nic, end)
     names = _nic_legend(lines, end)
     try:
@@ -178,6 +184,25 @@ def _numa_nodes(affinity: list[_Affinity]) -> list[NumaNode]:
         if node is not None:
             merged.setdefault(node, set()).update(cpus)
     return [NumaNode(id=node, cpus=format_cpuset(merged[node])) for node in sorted(merged)]
+
+
+def _names_no_numa_node(gpu_rows: list[_Row], header: _Header) -> bool:
+    if _NUMA_AFFINITY not in header.columns:
+        return True
+    column = header.columns.index(_NUMA_AFFINITY)
+    return all(row.cells[column] == _NA for row in gpu_rows)
+
+
+def _nodes_from_cpus(affinity: list[_Affinity]) -> list[_Affinity]:
+    """Each distinct CPU set one NUMA node (for text that names no NUMA node at all)."""
+    distinct = list(dict.fromkeys(cpus for cpus, _ in affinity if cpus))
+    alone = [
+        cpus
+        for cpus in distinct
+        if not any(set(cpus) & set(other) for other in distinct if other != cpus)
+    ]
+    ids = {cpus: node for node, cpus in enumerate(alone)}
+    return [(cpus, ids.get(cpus)) for cpus, _ in affinity]
 
 
 def _printed(label: str) -> str:

@@ -80,7 +80,24 @@ def wiring_of(snapshot: NodeSnapshot, table: BandwidthTable) -> Wiring:
         bw=bandwidth_matrix(snapshot, table),
         nvlink=nvlink_adjacency(snapshot),
         gpu_numa=numa,
-        gpu_socket=numa if -1 not in numa else pcie_sockets(snapshot),
+        gpu_socket=numa if _numa_agrees(snapshot, numa) else pcie_sockets(snapshot),
+    )
+
+
+def _numa_agrees(snapshot: NodeSnapshot, numa: tuple[int, ...]) -> bool:
+    """Every GPU has a NUMA node, and no two on one node reach each other over ``SYS``.
+
+    ``SYS`` crosses the link between sockets, so a NUMA node holding a ``SYS``
+    pair is not a socket: e.g. a DGX-1 whose text prints one CPU Affinity for
+    all eight GPUs (read as one NUMA node) still has two sockets on its links.
+    """
+    if -1 in numa:
+        return False
+    n = snapshot.gpu_count
+    return not any(
+        numa[i] == numa[j] and snapshot.link(i, j).label == "SYS"
+        for i in range(n)
+        for j in range(i + 1, n)
     )
 
 

@@ -164,9 +164,11 @@ REST_RULES: tuple[Rule, ...] = (
 )
 
 # Open to every caller, with or without a token: probes cannot present one, and
-# the API's own description is not a secret.
+# the API's own description (both of its pages) and the front page pointing at
+# it are not secrets.
 OPEN_PATHS = frozenset(
     {
+        "/",
         "/healthz",
         "/readyz",
         "/metrics",

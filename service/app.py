@@ -15,7 +15,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from sqlalchemy.exc import OperationalError
 
-from service import cluster_view, migrate
+from service import cluster_view, front_page, migrate
 from service.allocations import api as allocations
 from service.allocations import endpoints as allocation_routes
 from service.audit import endpoints as audit_routes
@@ -230,6 +230,7 @@ def create_app(
     console_routes.mount_assets(app)
     app.include_router(federation_routes.router)
     app.include_router(audit_routes.router)
+    app.include_router(front_page.router)
 
     async def _handled(_: Request, exc: Exception) -> JSONResponse:
         response = handled_error(exc)

@@ -8,6 +8,7 @@ import sqlalchemy as sa
 from fastapi import APIRouter, Depends
 from pydantic import BaseModel, Field
 
+from placement import Health
 from placement.cluster import FULL_SHARE
 from service import schema
 from service.deps import get_state
@@ -19,7 +20,9 @@ router = APIRouter(prefix="/v1", tags=["cluster"])
 class ClusterView(BaseModel):
     nodes: dict[str, int] = Field(description="node counts: total, ready, stale, cordoned")
     gpus: dict[str, int] = Field(
-        description="GPU counts: total, healthy, free, mig_enabled, shared (GPUs holding"
+        description="GPU counts: total, healthy and unhealthy (as the agents report them;"
+        " GPUs in MIG mode count as healthy or not like the others), free (whole GPUs free),"
+        " mig_enabled (GPUs in MIG mode, given only as MIG instances), shared (GPUs holding"
         " shares of gpu_fraction requests; neither free nor whole), share_free_milli"
         " (thousandths of a GPU still free on shared GPUs)"
     )
@@ -41,6 +44,7 @@ def cluster_view(state: ServiceState) -> ClusterView:
     gpus = {
         "total": 0,
         "healthy": 0,
+        "unhealthy": 0,
         "free": 0,
         "mig_enabled": 0,
         "shared": 0,
@@ -60,13 +64,19 @@ def cluster_view(state: ServiceState) -> ClusterView:
             snap = entry.snapshot
             free = entry.free_mask
             gpus["total"] += snap.gpu_count
-            gpus["healthy"] += entry.healthy_mask.bit_count()
+            # Not the engine's healthy mask: that leaves MIG-mode GPUs out (they are not
+            # whole GPUs), and a GPU in MIG mode is not unhealthy.
+            healthy = sum(g.health is Health.HEALTHY for g in snap.gpus)
+            gpus["healthy"] += healthy
+            gpus["unhealthy"] += snap.gpu_count - healthy
             gpus["free"] += free.bit_count()
             gpus["mig_enabled"] += sum(g.mig_enabled for g in snap.gpus)
             gpus["shared"] += len(entry.shares)
             gpus["share_free_milli"] += sum(FULL_SHARE - m for m in entry.shares.values())
-            island_free = [sum(free >> g & 1 for g in i.gpus) for i in entry.islands]
-            stranded += free.bit_count() - max(island_free, default=0)
+            island_free = [sum(free >> g & 1 for g in i.gpus) for i in entry.islands if i.is_nvlink]
+            # A free GPU without NVLink is a job of one by itself.
+            largest = max(island_free, default=0) or min(1, free.bit_count())
+            stranded += free.bit_count() - largest
     fragmentation = stranded / gpus["free"] if gpus["free"] else 0.0
     return ClusterView(
         nodes=nodes,

@@ -67,7 +67,7 @@ def http_error(exc: HTTPException) -> JSONResponse:
     """Starlette's own refusals (no route, wrong method, a body it cannot parse), in our shape."""
     kind = {404: NotFound, 405: MethodNotAllowed}.get(exc.status_code, BadRequest)
     message = {
-        404: "no such route",
+        404: "no such route; the API is described at /docs, and GET / lists the links",
         405: "the route does not take this method",
     }.get(exc.status_code, str(exc.detail))
     response = error_response(kind(message))

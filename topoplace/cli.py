@@ -21,6 +21,7 @@ from topoplace import (
     plan_cmd,
     profiles_cmd,
     region_cmd,
+    samples_cmd,
     serve_cmd,
     sim_cmd,
     slurm_cmd,
@@ -49,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     plan_cmd.add_parser(sub)
     profiles_cmd.add_parser(sub)
+    samples_cmd.add_parser(sub)
     serve_cmd.add_parsers(sub)
     openapi_cmd.add_parser(sub)
     client_cmd.add_parsers(sub)

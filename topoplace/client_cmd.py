@@ -104,7 +104,11 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         parser.set_defaults(func=lambda args: run(action, args))
         return parser
 
-    command("nodes", show_nodes, "list the service's nodes: state, free GPUs, free islands")
+    command(
+        "nodes",
+        show_nodes,
+        "list the service's nodes: state, free GPUs, free NVLink islands and PCIe groups",
+    )
 
     p = command("node", show_node, "one node in detail: GPUs, islands, live allocations")
     p.add_argument("name", help="node name")
@@ -431,7 +435,8 @@ def show_nodes(client: TopoplaceClient, args: argparse.Namespace) -> None:
         ]
         for n in nodes
     ]
-    print(_table(["NAME", "STATE", "FREE/GPUS", "FREE ISLANDS (free/size)", "REGION"], rows))
+    header = ["NAME", "STATE", "FREE/GPUS", "FREE NVLINK ISLANDS, PCIE GROUPS (free/size)"]
+    print(_table([*header, "REGION"], rows))
 
 
 def do_node_key(client: TopoplaceClient, args: argparse.Namespace) -> None:

@@ -46,10 +46,11 @@ def label_value(text: str) -> str:
 
 def node_labels(node: Mapping[str, Any]) -> dict[str, str]:
     """The labels for a node as the service shows it (GET /v1/nodes/NAME)."""
-    sizes = [len(island["gpus"]) for island in node["islands"]]
+    # PCIe groups (kind "pcie") are not NVLink islands; a lone GPU is an NVLink "island" of 1.
+    nvlink = [len(i["gpus"]) for i in node["islands"] if i.get("kind", "nvlink") == "nvlink"]
     labels = {
-        ISLANDS: str(sum(1 for size in sizes if size >= 2)),
-        ISLAND_SIZE: str(max(sizes, default=0)),
+        ISLANDS: str(sum(1 for size in nvlink if size >= 2)),
+        ISLAND_SIZE: str(max(nvlink, default=min(1, node["gpu_count"]))),
         GPU_COUNT: str(node["gpu_count"]),
     }
     models = {gpu["model"] for gpu in node["gpus"]}

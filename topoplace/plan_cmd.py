@@ -29,7 +29,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         ),
     )
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--topology", type=Path, help="nvidia-smi topo -m output or snapshot JSON")
+    src.add_argument(
+        "--topology",
+        type=Path,
+        metavar="FILE|SAMPLE",
+        help="nvidia-smi topo -m output or snapshot JSON, or a sample (`topoplace samples`)",
+    )
     src.add_argument("--profile", help="a built-in simulated profile (see `topoplace profiles`)")
     p.add_argument("--gpus", type=int, required=True, help="GPUs for the task")
     p.add_argument("--busy", default="", help="comma-separated GPU indices already in use")
@@ -73,6 +78,14 @@ def run(args: argparse.Namespace) -> int:
         message = exc.errors()[0]["msg"] if isinstance(exc, ValidationError) else str(exc)
         print(f"topoplace plan: {message}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    if any(gpu.model == "unknown" for gpu in snapshot.gpus):
+        # The matrix names no model; say so once, where it does not mix with --json output.
+        print(
+            "topoplace plan: the topology names no GPU model, so the GPUs are model 'unknown'"
+            " (NVLink speeds of no GPU family); give --model MODEL, e.g. --model"
+            " 'Tesla V100-SXM2-32GB'",
+            file=sys.stderr,
+        )
     state = ClusterState()
     state.upsert(snapshot)
     state.allocate(snapshot.name, busy)

@@ -138,6 +138,10 @@ def run_serve(args: argparse.Namespace) -> int:
 
     try:
         settings = _with_grpc_port(_settings(args))
+        busy = ports_in_use(settings)
+        if busy is not None:
+            print(f"error: {busy}", file=sys.stderr)
+            return 2
         app = create_app(settings, demo=args.demo)
         if settings.insecure_dev:
             print(INSECURE_BANNER, file=sys.stderr)
@@ -152,6 +156,50 @@ def run_serve(args: argparse.Namespace) -> int:
     # uvicorn_options carries TLS and the slow-header deadline (docs/security.md).
     uvicorn.run(app, **uvicorn_options(settings))
     return 0
+
+
+def ports_in_use(settings: Settings) -> str | None:
+    """One line saying which of serve's ports is taken and which flag moves it; None if free.
+
+    Checked before anything starts, so that a second ``serve`` says what to do
+    instead of failing deep in its start. REST is checked first: ``--port``
+    moves REST only, so a second ``serve --port N`` still finds gRPC's 50051
+    taken.
+    """
+    host = settings.host
+    if _taken(host, settings.port):
+        return (
+            f"the REST port {host}:{settings.port} is in use (another topoplace serve?):"
+            " give another with --port PORT (TOPOPLACE_PORT)"
+        )
+    grpc_port = settings.grpc_port
+    if grpc_port and _taken(host, grpc_port):
+        return (
+            f"the gRPC port {host}:{grpc_port} is in use (another topoplace serve?): give"
+            " another with --grpc-port PORT (TOPOPLACE_GRPC_PORT; 0: any free one), or serve"
+            " REST only with --no-grpc"
+        )
+    return None
+
+
+def _taken(host: str, port: int) -> bool:
+    import errno
+    import socket
+
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except OSError:
+        return False  # an address that does not resolve: the server's own start says so
+    with socket.socket(family, kind, proto) as probe:
+        # As the servers bind: SO_REUSEADDR lets a port in TIME_WAIT be reused, not a listener's.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            # Anything else (a privileged port, an address not on this host) is the
+            # server's own start to report.
+            return exc.errno == errno.EADDRINUSE
+    return False
 
 
 def header_deadline_protocol(seconds: float) -> type:

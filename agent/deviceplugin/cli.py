@@ -1,7 +1,9 @@
 """`topoplace device-plugin`: the kubelet device plugin, run beside the agent on a GPU node.
 
-Exit status: 0 stopped by SIGTERM or SIGINT; 2 bad settings; 4 the node
-cannot be read (NVML missing, unknown profile).
+Exit status, as the agent's (docs/agent.md): 0 stopped by SIGTERM or SIGINT;
+2 bad settings (an unknown source kind or profile, a missing or unreadable
+topology file among them); 4 the node cannot be read on this machine (NVML
+missing).
 """
 
 from __future__ import annotations
@@ -120,7 +122,7 @@ def _fail(message: str, code: int) -> int:
 
 def run_plugin(args: argparse.Namespace) -> int:
     from agent.deviceplugin.daemon import DevicePluginDaemon, PluginSettings, ServiceLink
-    from agent.sources import Identity, SourceError, open_source
+    from agent.sources import DiscoveryUnavailable, Identity, SourceError, open_source
     from topoplace_client.api import TopoplaceClient
 
     logging.basicConfig(
@@ -143,8 +145,10 @@ def run_plugin(args: argparse.Namespace) -> int:
     node = args.node_name or socket.gethostname()
     try:
         source = open_source(args.source, Identity(node), gpu_model=args.gpu_model)
-    except SourceError as exc:
+    except DiscoveryUnavailable as exc:
         return _fail(str(exc), EXIT_DISCOVERY)
+    except SourceError as exc:
+        return _fail(str(exc), EXIT_USAGE)
     ca = str(args.ca_bundle) if args.ca_bundle else None
     try:
         clients = [

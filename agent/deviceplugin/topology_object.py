@@ -30,10 +30,11 @@ def _label_value(text: str) -> str:
 
 def node_attributes(snapshot: NodeSnapshot) -> dict[str, str]:
     """What ``topoplace k8s labels`` says of the node, from the snapshot itself."""
-    sizes = [island.size for island in islands(snapshot)]
+    # As topoplace k8s labels: PCIe groups are no NVLink islands; a lone GPU is one of 1.
+    sizes = [island.size for island in islands(snapshot) if island.is_nvlink]
     out = {
         "topology.k8s.io/nvlink.islands": str(sum(1 for s in sizes if s >= 2)),
-        "topology.k8s.io/nvlink.island-size": str(max(sizes, default=0)),
+        "topology.k8s.io/nvlink.island-size": str(max(sizes, default=min(1, len(snapshot.gpus)))),
         "topoplace.io/gpu.count": str(len(snapshot.gpus)),
     }
     models = {g.model for g in snapshot.gpus}

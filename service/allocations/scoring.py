@@ -13,7 +13,7 @@ from typing import TypeVar
 import orjson
 
 from placement import Cause, NodeVerdict, TaskPlacement
-from placement.explain import cause_message
+from placement.explain import cause_message, mig_mode_message
 from service.allocations.encoding import node_score_json, refused_row_tail
 from service.allocations.results import NodeScore
 from service.allocations.schemas import ScoreRequest
@@ -21,11 +21,20 @@ from service.state import ServiceState
 
 
 class _Messages:
-    """One message per cause: hundreds of refused nodes share a handful of causes."""
+    """One message per cause: hundreds of refused nodes share a handful of causes. A node
+    refused for GPUs in MIG mode gets its own, saying how many whole GPUs it has."""
 
-    def __init__(self, body: ScoreRequest) -> None:
+    def __init__(self, state: ServiceState, body: ScoreRequest) -> None:
+        self.state = state
         self.body = body
         self._of: dict[Cause, str] = {}
+
+    def for_node(self, node: str, cause: Cause) -> str | None:
+        """The node's own message, where its cause has one (called under the state lock)."""
+        if cause is not Cause.MIG_MODE:
+            return None
+        snap = self.state.cluster.node(node).snapshot
+        return mig_mode_message(self.body, sum(not g.mig_enabled for g in snap.gpus))
 
     def of(self, cause: Cause) -> str:
         message = self._of.get(cause)
@@ -44,13 +53,15 @@ def _refused_mig(verdict: NodeVerdict) -> NodeScore:
 
 def score(state: ServiceState, body: ScoreRequest) -> list[NodeScore]:
     """Every requested node's verdict (NodeScoreView), typed."""
-    messages = _Messages(body)
+    messages = _Messages(state, body)
     fit = state.score_cache.fit
     return _score_rows(
         state,
         body,
         lambda node, rank, score, task: fit(rank, score, task),
-        lambda node, cause: _refused(node, cause, messages.of(cause)),
+        lambda node, cause: _refused(
+            node, cause, messages.for_node(node, cause) or messages.of(cause)
+        ),
         _refused_mig,
     )
 
@@ -59,7 +70,7 @@ def score_json(state: ServiceState, body: ScoreRequest) -> bytes:
     """The same answer as a ScoreResult, encoded. Each fitting node's row is encoded once
     while the node is unchanged and only its rank is written per call, so scoring 500
     nodes pod after pod costs a join instead of 500 nested objects built and encoded."""
-    messages = _Messages(body)
+    messages = _Messages(state, body)
     refused_tails: dict[Cause, bytes] = {}
     cache = state.score_cache
     remembered = cache.rows.get
@@ -72,6 +83,13 @@ def score_json(state: ServiceState, body: ScoreRequest) -> bytes:
         return b"%s%d%s" % (parts[2], rank, parts[3])
 
     def refused(node: str, cause: Cause) -> bytes:
+        own = messages.for_node(node, cause)
+        if own is not None:
+            return (
+                b'{"node":'
+                + orjson.dumps(node)
+                + refused_row_tail(cause.value, own, cause.resolvable)
+            )
         tail = refused_tails.get(cause)
         if tail is None:
             tail = refused_tails[cause] = refused_row_tail(

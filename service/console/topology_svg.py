@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from xml.sax.saxutils import escape, quoteattr
 
+from placement.islands import PCIE
 from service.console.wiring import Box, Edge, GpuBox, Picture
 
 STYLE = """
@@ -154,10 +155,16 @@ def render_svg(picture: Picture) -> str:
             + "</g>"
         )
     y = picture.height - 18 * (len(picture.legend) + 1) + 4
-    islands = "; ".join(
+    groups = "; ".join(
         f"{name}: GPU {', '.join(str(g) for g in gpus)}" for name, gpus in picture.islands
     )
-    out.append(f'<g class="tp-legend">{_text(20, y, "NVLink islands: " + islands)}')
+    # GPUs without NVLink are PCIe groups (pcie0...), not islands (placement/islands.py).
+    pcie = any(name.startswith(PCIE) for name, _ in picture.islands)
+    nvlink = any(not name.startswith(PCIE) for name, _ in picture.islands)
+    title = " and ".join(
+        what for what, shown in (("NVLink islands", nvlink), ("PCIe groups", pcie)) if shown
+    )
+    out.append(f'<g class="tp-legend">{_text(20, y, f"{title}: {groups}")}')
     for row, entry in enumerate(picture.legend, start=1):
         job = f" · job {entry.holder.job_id}" if entry.holder.job_id else ""
         gpus = ", ".join(str(g) for g in entry.gpus)

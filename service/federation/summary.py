@@ -18,16 +18,24 @@ from placement.node_view import NodeView
 from service.state import ServiceState
 
 
+def _nvlink_sets(view: NodeView) -> list[tuple[int, ...]]:
+    """The node's NVLink islands, each GPU of a PCIe group an island of one by itself."""
+    sets: list[tuple[int, ...]] = []
+    for island in view.islands:
+        sets += [island.gpus] if island.is_nvlink else [(g,) for g in island.gpus]
+    return sets
+
+
 def design_of(view: NodeView) -> str:
     snapshot = view.snapshot
     model = snapshot.gpus[0].model if snapshot.gpus else "none"
-    sizes = "+".join(str(i.size) for i in view.islands)
+    sizes = "+".join(str(len(gpus)) for gpus in _nvlink_sets(view))
     return f"{model} x{snapshot.gpu_count} nvl[{sizes}]"
 
 
 def _largest_free_island(view: NodeView) -> int:
     free = view.free_mask
-    return max((sum(1 for g in i.gpus if free >> g & 1) for i in view.islands), default=0)
+    return max((sum(1 for g in gpus if free >> g & 1) for gpus in _nvlink_sets(view)), default=0)
 
 
 def summarize(

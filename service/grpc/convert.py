@@ -195,7 +195,9 @@ def node(view: NodeView) -> pb.Node:
             )
             for g in view.gpus
         ],
-        islands=[pb.Island(name=i.name, gpus=i.gpus, free=i.free) for i in view.islands],
+        islands=[
+            pb.Island(name=i.name, gpus=i.gpus, free=i.free, kind=i.kind) for i in view.islands
+        ],
         fabric_domain=view.fabric_domain,
         state=view.state,
         seq=view.seq,

@@ -43,9 +43,15 @@ class SnapshotAccepted(BaseModel):
 
 
 class IslandView(BaseModel):
+    """An NVLink island (``nvl0``...), or a PCIe group (``pcie0``...) of GPUs without
+    NVLink that share a socket's PCIe path."""
+
     name: str
     gpus: list[int]
     free: list[int]
+    kind: Literal["nvlink", "pcie"] = Field(
+        default="nvlink", description="nvlink: an NVLink island; pcie: GPUs without NVLink"
+    )
 
 
 class NodeGpuView(BaseModel):
@@ -57,7 +63,7 @@ class NodeGpuView(BaseModel):
     health: str
     mig_enabled: bool
     free: bool
-    island: str
+    island: str = Field(description="the NVLink island (nvl0...) or PCIe group (pcie0...)")
 
 
 class NodeView(BaseModel):

@@ -140,7 +140,12 @@ def _view(state: ServiceState, name: str, row: sa.RowMapping, allocations: list[
             for g in snap.gpus
         ],
         islands=[
-            IslandView(name=i.name, gpus=list(i.gpus), free=[g for g in i.gpus if free >> g & 1])
+            IslandView(
+                name=i.name,
+                gpus=list(i.gpus),
+                free=[g for g in i.gpus if free >> g & 1],
+                kind=i.kind,
+            )
             for i in entry.islands
         ],
         fabric_domain=snap.fabric_domain(),

@@ -7,11 +7,14 @@ with other content (409; for a node with a key, any seq not newer is a
 replay: 409 ``replayed_snapshot``), a device another node holds (409,
 device_owners.py). The seq rule is also the condition of the write, so of
 racing reports the newest wins whatever their order, and a first report
-racing another first one is retried as a later one.
+racing another first one is retried as a later one. A snapshot that differs
+from the stored one only in seq and timestamp is stored (its seq counts) but
+is no change: no history row, no event.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from datetime import datetime
 
@@ -125,7 +128,7 @@ def _store(
         row = repository.get(conn, name)
         if row is not None:
             _check_seq(name, snap.seq, int(row["seq"]), row["snapshot"] == body, keyed)
-        changed = row is None or row["snapshot"] != body
+        changed = row is None or _content_differs(row["snapshot"], body)
         stored = repository.StoredSnapshot(
             name=name, region=snap.region, body=body, seq=snap.seq, signature=report.signature
         )
@@ -156,6 +159,22 @@ def _store(
             )
             _mark_degraded(conn, snap)
     return changed
+
+
+def _content_differs(stored: str, body: str) -> bool:
+    """Whether two snapshot bodies differ in more than seq and timestamp.
+
+    An agent sends every restart's first report (and every ``--once``) with a
+    new seq and time; the same node otherwise is a heartbeat: no history row,
+    no ``node/reported`` event, ``changed: false``.
+    """
+    if stored == body:
+        return False
+    old, new = json.loads(stored), json.loads(body)
+    for fields in (old, new):
+        fields.pop("seq", None)
+        fields.pop("timestamp", None)
+    return bool(old != new)
 
 
 def _check_seq(name: str, seq: int, stored: int, same_content: bool, keyed: bool) -> None:

@@ -15,11 +15,8 @@ from pathlib import Path
 import pytest
 
 from agent.signing import NodeKey
-from placement.profiles import build_profile
-from placement.topo_text import render_topo_matrix
 from topoplace.cli import main
-
-TOPOLOGIES = Path(__file__).resolve().parents[3] / "shared" / "data" / "topologies"
+from topoplace_client.samples import sample_text
 
 
 @pytest.fixture(autouse=True)
@@ -38,16 +35,29 @@ def test_once_prints_the_snapshot(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_once_from_saved_topology_text(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    # A real `nvidia-smi topo -m` output where the shared data is checked out,
-    # else the same machine's matrix as the tool prints it.
-    saved = TOPOLOGIES / "hgx-h100.txt"
-    if not saved.is_file():
-        saved = tmp_path / "hgx-h100.txt"
-        saved.write_text(render_topo_matrix(build_profile("hgx-h100", "h1")), encoding="utf-8")
+    # The shipped sample of a real `nvidia-smi topo -m` output, as a file.
+    saved = tmp_path / "hgx-h100.txt"
+    saved.write_text(sample_text("hgx-h100"), encoding="utf-8")
     source = f"smi:{saved}"
     code = main(["agent", "--source", source, "--node-name", "h1", "--gpu-model", "H100", "--once"])
     out = json.loads(capsys.readouterr().out)
     assert code == 0 and out["links"][0][1] == "NV18" and out["gpus"][0]["model"] == "H100"
+
+
+def test_once_from_a_sample_by_name_warns_of_unknown_model_and_memory(
+    capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    args = ["agent", "--source", "smi:dgx1-v100", "--node-name", "d1", "--once"]
+    assert main(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["numa_nodes"] == [{"id": 0, "cpus": "0-19,40-59", "memory_mib": 0}]
+    assert "--gpu-model MODEL" in caplog.text and "--gpu-memory-mib MIB" in caplog.text
+    caplog.clear()
+    given = [*args, "--gpu-model", "Tesla V100-SXM2-32GB", "--gpu-memory-mib", "32768"]
+    assert main(given) == 0
+    gpus = json.loads(capsys.readouterr().out)["gpus"]
+    assert {(g["model"], g["memory_mib"]) for g in gpus} == {("Tesla V100-SXM2-32GB", 32768)}
+    assert "--gpu-model" not in caplog.text
 
 
 def test_fake_nvml_source_runs_discovery(capsys: pytest.CaptureFixture[str]) -> None:
@@ -88,7 +98,7 @@ def test_bad_settings_exit_2(capsys: pytest.CaptureFixture[str], tmp_path: Path)
     assert "keygen" in capsys.readouterr().err
     assert main([*args, "--key-file", str(tmp_path / "none.key")]) == 2
     assert "cannot read the key file" in capsys.readouterr().err
-    assert main(["agent", "--source", "bogus", "--node-name", "n1", "--once"]) == 4
+    assert main(["agent", "--source", "bogus", "--node-name", "n1", "--once"]) == 2
     assert "is not one of" in capsys.readouterr().err
 
 
@@ -178,3 +188,16 @@ def _next_line(lines: queue.Queue[str | None], timeout_s: float = 60) -> str | N
         return lines.get(timeout=timeout_s)
     except queue.Empty:
         pytest.fail(f"the agent wrote nothing for {timeout_s:g} s")
+
+
+def test_library_loggers_are_quiet_unless_debugging() -> None:
+    import logging
+
+    httpx_log = logging.getLogger("httpx")
+    httpx_log.setLevel(logging.NOTSET)
+    assert main(["agent", "--source", "sim:hgx-h100", "--node-name", "n1", "--once"]) == 0
+    assert httpx_log.getEffectiveLevel() == logging.WARNING
+    args = ["agent", "--source", "sim:hgx-h100", "--node-name", "n1", "--once"]
+    httpx_log.setLevel(logging.NOTSET)
+    assert main([*args, "--log-level", "DEBUG"]) == 0
+    assert httpx_log.level == logging.NOTSET

@@ -164,6 +164,41 @@ def test_nodes_appear_go_stale_and_recover(server: str, clock: FakeClock, tmp_pa
         assert main([*base, "--key-file", str(key_file), "--once"]) == 0
         other = tmp_path / "other.key"
         NodeKey.generate().save(other)
-        # Its key registration is refused (logged), and so is its snapshot: not the node's key.
+        # Its key registration is refused (another key holds the name): exit 1, nothing sent.
         assert main([*base, "--key-file", str(other), "--once"]) == 1
         assert client.node_key("e2e-h100")["public_key"] == keys["e2e-h100"].public_key
+
+
+def test_an_agent_registers_its_key_again_after_the_service_forgot_the_node(
+    server: str, tmp_path: Path
+) -> None:
+    """The service's node and key are gone (as after a database reset): the looping agent
+    registers its key again before it reports, and a restart's snapshot is no change."""
+    key = NodeKey.generate()
+    name = "e2e-reset"
+    with TopoplaceClient(server, timeout=5.0) as client:
+
+        def agent() -> Agent:
+            return Agent(
+                SimSource("hgx-h100", Identity(name)),
+                client,
+                key,
+                name,
+                interval_s=5.0,
+                backoff=Backoff(0.01, 0.05, random.Random(1)),
+            )
+
+        first = agent()
+        assert first.step() == 5.0
+        assert client.node_key(name)["public_key"] == key.public_key
+        history = client.snapshots(name)
+        # A restart sends the same node with a new seq: stored, but no new history row.
+        assert agent().step() == 5.0
+        assert client.snapshots(name) == history
+        client.delete_node(name)
+        client.delete_node_key(name)
+        with pytest.raises(ApiError):
+            client.node_key(name)
+        assert first.step() == 5.0  # the heartbeat's 404, then key and snapshot again
+        assert client.node_key(name)["public_key"] == key.public_key
+        assert client.node(name)["state"] == "ready"

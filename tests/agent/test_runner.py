@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from agent.nvml_fake import FakeNvml, fake_host
-from agent.runner import Agent, Backoff
+from agent.runner import KEY_ERROR_EVERY_S, Agent, Backoff, KeyRefused
 from agent.signing import NodeKey, verify
 from agent.sources import Identity, NvmlSource, SimSource
 from placement import Health
@@ -142,7 +142,7 @@ def test_heartbeat_for_a_forgotten_node_sends_the_snapshot_again() -> None:
     agent.step()
     service.failures = [ApiError("not_found", "no node named 'n1'", 404)]
     assert agent.step() == 5.0
-    assert service.kinds() == ["key", "snapshot", "snapshot"]
+    assert service.kinds() == ["key", "snapshot", "key", "snapshot"]
 
 
 def test_seq_conflict_continues_after_the_stored_seq() -> None:
@@ -159,15 +159,82 @@ def test_seq_conflict_continues_after_the_stored_seq() -> None:
     assert service.snapshots()[0][0]["seq"] == stored + 1
 
 
-def test_a_different_registered_key_is_logged_and_reporting_goes_on(
+def test_a_different_registered_key_stops_reporting_with_a_rate_limited_error(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
+    caplog.set_level("INFO", "topoplace.agent")
+    service = ScriptedService()
+    service.keys["n1"] = NodeKey.generate().public_key
+    clock = Clock()
+    agent = _agent(service, clock=clock)
+    agent.key_hint = "@/etc/topoplace/node.key.pub"
+    assert agent.step() > 0  # backs off, then tries to register again
+    errors = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert len(errors) == 1
+    assert "different public key" in errors[0].getMessage()
+    fix = "topoplace node-key n1 --register @/etc/topoplace/node.key.pub --replace"
+    assert fix in errors[0].getMessage()
+    # Nothing signed with a key the service does not hold is sent.
+    assert service.kinds() == ["key"]
+    clock.now += KEY_ERROR_EVERY_S / 2
+    agent.step()
+    assert len([r for r in caplog.records if r.levelname == "ERROR"]) == 1  # rate-limited
+    clock.now += KEY_ERROR_EVERY_S
+    agent.step()
+    assert len([r for r in caplog.records if r.levelname == "ERROR"]) == 2
+    assert service.kinds() == ["key", "key", "key"]
+    # An admin replaces the old key: the next round registers and reports.
+    service.keys["n1"] = agent.key.public_key
+    assert agent.step() == 5.0
+    assert service.kinds() == ["key", "key", "key", "key", "snapshot"]
+    assert "public key of node n1 registered" in caplog.text
+
+
+def test_send_once_raises_a_key_conflict() -> None:
     service = ScriptedService()
     service.keys["n1"] = NodeKey.generate().public_key
     agent = _agent(service)
+    with pytest.raises(KeyRefused, match="--replace"):
+        agent.send_once()
+    assert service.kinds() == ["key"]
+
+
+def test_a_first_key_only_an_admin_may_register_says_so(caplog: pytest.LogCaptureFixture) -> None:
+    service = ScriptedService()
+    refusal = ApiError("forbidden", "registering a node's first key is an admin action", 403)
+    service.failures = [refusal]
+    agent = _agent(service)
+    assert agent.step() > 0
+    assert "topoplace node-key n1 --register" in caplog.text
+    assert "TOPOPLACE_TRUST_ON_FIRST_USE" in caplog.text
+    assert service.kinds() == []  # the refused registration, then nothing was sent
+    service.failures = [refusal]
+    with pytest.raises(KeyRefused, match="only an admin"):
+        agent.send_once()
+
+
+def test_a_forgotten_node_registers_its_key_again() -> None:
+    service = ScriptedService()
+    agent = _agent(service)
+    agent.step()
+    service.keys.clear()  # a new database: no node, no key
+    service.failures = [ApiError("not_found", "no node named 'n1'", 404)]
     assert agent.step() == 5.0
-    assert "different public key" in caplog.text
-    assert service.kinds() == ["key", "snapshot"]
+    assert service.kinds() == ["key", "snapshot", "key", "snapshot"]
+    assert service.keys["n1"] == agent.key.public_key
+
+
+def test_a_snapshot_refused_for_want_of_a_key_registers_it_again() -> None:
+    service = ScriptedService()
+    agent = _agent(service)
+    agent.step()
+    service.keys.clear()
+    agent.step()  # heartbeat
+    agent.source = SimSource("dgx1-v100", Identity("n1"))  # a change: a snapshot is sent
+    service.failures = [ApiError("node_key_required", "node 'n1' has no registered key", 403)]
+    assert agent.step() == 0.0  # at once
+    assert agent.step() == 5.0
+    assert service.kinds() == ["key", "snapshot", "heartbeat", "key", "snapshot"]
 
 
 def test_refusals_and_unexpected_errors_never_stop_the_agent() -> None:

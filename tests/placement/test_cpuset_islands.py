@@ -27,6 +27,10 @@ def test_islands_have_stable_names() -> None:
     dgx1 = islands(build_profile("dgx1-v100", "a"))
     assert [(i.name, i.gpus) for i in dgx1] == [("nvl0", tuple(range(8)))]
     pcie = islands(build_profile("pcie-8x-l40s", "b"))
-    assert [i.name for i in pcie] == [f"nvl{k}" for k in range(8)]
+    # GPUs without NVLink are not islands: PCIe groups, one per socket.
+    assert [(i.name, i.kind, i.gpus) for i in pcie] == [
+        ("pcie0", "pcie", (0, 1, 2, 3)),
+        ("pcie1", "pcie", (4, 5, 6, 7)),
+    ]
     ws = islands(build_profile("workstation-2x-a6000", "c"))
-    assert len(ws) == 1 and ws[0].size == 2
+    assert len(ws) == 1 and ws[0].size == 2 and ws[0].is_nvlink

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -14,17 +13,14 @@ from placement.cpuset import format_cpuset, parse_cpuset
 from placement.islands import islands
 from placement.snapshot import Nic, NodeSnapshot, NumaNode
 from placement.topo_text import TopoParseError, parse_topo_matrix, render_topo_matrix
+from topoplace_client.samples import sample_names, sample_text
 
-DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "topologies"
-REAL_FILES = ["dgx1-v100", "hgx-h100", "pcie-8x-l40s", "workstation-3x-a6000"]
+REAL_FILES = sample_names()
 ANSI_RE = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def real(name: str) -> str:
-    path = DATA / f"{name}.txt"
-    if not path.is_file():
-        pytest.skip(f"real topology files not found: {path} is missing")
-    return path.read_text()
+    return sample_text(name)
 
 
 def essence(snap: NodeSnapshot) -> tuple[object, ...]:
@@ -76,9 +72,9 @@ def test_dgx1_v100() -> None:
     assert snap.nics[0].links == ["SYS", "SYS", "SYS", "SYS", "PIX", "PIX", "PHB", "PHB"]
     assert snap.nics[0].links[4] == "PIX"
     assert snap.nics[1].links[0] == "PIX"
-    # NUMA Affinity is N/A: no NUMA node is invented from the CPU Affinity.
-    assert [gpu.numa_node for gpu in snap.gpus] == [None] * 8
-    assert snap.numa_nodes == []
+    # NUMA Affinity is N/A everywhere: the one CPU Affinity set is one NUMA node.
+    assert [gpu.numa_node for gpu in snap.gpus] == [0] * 8
+    assert [node.cpus for node in snap.numa_nodes] == ["0-19,40-59"]
     assert {gpu.model for gpu in snap.gpus} == {"V100"}
     assert [island.gpus for island in islands(snap)] == [tuple(range(8))]
 
@@ -105,7 +101,10 @@ def test_pcie_l40s() -> None:
     assert [(nic.name, nic.links) for nic in snap.nics] == [("NIC0", ["SYS"] * 8)]
     assert snap.numa_cpus(0) == tuple(range(90))
     assert snap.numa_cpus(1) == tuple(range(90, 180))
-    assert [island.gpus for island in islands(snap)] == [(i,) for i in range(8)]
+    assert [(island.name, island.gpus) for island in islands(snap)] == [
+        ("pcie0", (0, 1, 2, 3)),
+        ("pcie1", (4, 5, 6, 7)),
+    ]
 
 
 def test_workstation_a6000() -> None:
@@ -115,7 +114,7 @@ def test_workstation_a6000() -> None:
     assert [node.cpus for node in snap.numa_nodes] == ["0-31,64-95"]
     assert [(island.name, island.gpus) for island in islands(snap)] == [
         ("nvl0", (0, 1)),
-        ("nvl1", (2,)),
+        ("pcie0", (2,)),
     ]
 
 
@@ -162,8 +161,54 @@ def test_no_numa_columns() -> None:
     assert snap.numa_nodes == []
 
 
-def test_cpu_affinity_without_numa_makes_no_numa_node() -> None:
-    snap = parse_topo_matrix(matrix(uniform(2, "PHB"), cpus=["0-7", "0-7"]))
+# Each sample's NUMA nodes (GPU -> node) and each node's CPUs, as the text prints them.
+SAMPLE_NUMA = {
+    "dgx1-v100": ([0] * 8, {0: "0-19,40-59"}),
+    "hgx-h100": ([0] * 4 + [1] * 4, {0: "0-47,96-143", 1: "48-95,144-191"}),
+    "pcie-8x-l40s": ([0] * 4 + [1] * 4, {0: "0-89", 1: "90-179"}),
+    "workstation-3x-a6000": ([0] * 3, {0: "0-31,64-95"}),
+}
+
+
+def test_every_sample_has_its_numa_table() -> None:
+    assert sorted(SAMPLE_NUMA) == sample_names()
+
+
+@pytest.mark.parametrize("name", sorted(SAMPLE_NUMA))
+def test_sample_keeps_cpu_and_numa_affinity(name: str) -> None:
+    gpu_nodes, cpus = SAMPLE_NUMA[name]
+    snap = parse_topo_matrix(real(name))
+    assert [gpu.numa_node for gpu in snap.gpus] == gpu_nodes
+    assert {node.id: node.cpus for node in snap.numa_nodes} == cpus
+    assert {node.id: node.cpu_list for node in snap.numa_nodes} == {
+        node: parse_cpuset(text) for node, text in cpus.items()
+    }
+
+
+def test_cpu_affinity_without_numa_column_makes_one_node_per_cpu_set() -> None:
+    snap = parse_topo_matrix(matrix(uniform(3, "SYS"), cpus=["0-7", "8-15", "0-7"]))
+    assert [gpu.numa_node for gpu in snap.gpus] == [0, 1, 0]
+    assert [(node.id, node.cpus) for node in snap.numa_nodes] == [(0, "0-7"), (1, "8-15")]
+
+
+def test_cpu_affinity_with_numa_na_makes_one_node_per_cpu_set() -> None:
+    text = matrix(uniform(2, "PHB"), cpus=["0-7", "0-7"], numa=["N/A", "N/A"])
+    snap = parse_topo_matrix(text)
+    assert [gpu.numa_node for gpu in snap.gpus] == [0, 0]
+    assert [node.cpus for node in snap.numa_nodes] == ["0-7"]
+
+
+def test_overlapping_cpu_sets_without_numa_make_no_node() -> None:
+    text = matrix(uniform(3, "SYS"), cpus=["0-7", "4-11", "16-23"], numa=["N/A"] * 3)
+    snap = parse_topo_matrix(text)
+    assert [gpu.numa_node for gpu in snap.gpus] == [None, None, 0]
+    assert [(node.id, node.cpus) for node in snap.numa_nodes] == [(0, "16-23")]
+
+
+def test_cpu_affinity_of_a_multi_node_gpu_makes_no_node() -> None:
+    # 0-1 is a GPU equally near two nodes: no node is its own, and none is made up.
+    text = matrix(uniform(2, "SYS"), cpus=["0-15", "0-15"], numa=["0-1", "0-1"])
+    snap = parse_topo_matrix(text)
     assert [gpu.numa_node for gpu in snap.gpus] == [None, None]
     assert snap.numa_nodes == []
 
@@ -466,7 +511,7 @@ MUTATIONS = st.sampled_from(
 
 @given(
     # Only the real files present, so the test still runs on BASE without them.
-    name=st.sampled_from([*(n for n in REAL_FILES if (DATA / f"{n}.txt").is_file()), "base"]),
+    name=st.sampled_from([*REAL_FILES, "base"]),
     edits=st.lists(st.tuples(st.integers(0, 2000), st.integers(0, 12), MUTATIONS), max_size=4),
 )
 @settings(max_examples=300, deadline=None)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from itertools import product
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,15 +14,11 @@ from placement.profiles import build_profile
 from placement.topo_text import parse_topo_matrix
 from placement.topology_class import TopologyClass, build_class, pcie_sockets, wiring_of
 from placement.what_is_left import size_weights
-
-TOPOLOGIES = Path(__file__).resolve().parents[3] / "shared" / "data" / "topologies"
+from topoplace_client.samples import sample_text
 
 
 def real(name: str, model: str) -> TopologyClass:
-    path = TOPOLOGIES / f"{name}.txt"
-    if not path.exists():
-        pytest.skip(f"{path} not present")
-    snap = parse_topo_matrix(path.read_text(), gpu_model=model)
+    snap = parse_topo_matrix(sample_text(name), gpu_model=model)
     return build_class(wiring_of(snap, DEFAULT_BANDWIDTH))
 
 
@@ -114,13 +109,12 @@ def test_size_weights() -> None:
         ClusterState(size_mix={0: 1.0})
 
 
-def test_sockets_read_off_pcie_links_without_numa_data() -> None:
-    path = TOPOLOGIES / "dgx1-v100.txt"
-    if not path.exists():
-        pytest.skip(f"{path} not present")
-    snap = parse_topo_matrix(path.read_text(), gpu_model="Tesla V100-SXM2-32GB")
-    assert all(g.numa_node is None for g in snap.gpus)
+def test_sockets_read_off_pcie_links_when_numa_data_contradicts_them() -> None:
+    snap = parse_topo_matrix(sample_text("dgx1-v100"), gpu_model="Tesla V100-SXM2-32GB")
+    # One CPU Affinity for all eight GPUs is one NUMA node, yet GPU 0 reaches GPU 5 over SYS.
+    assert all(g.numa_node == 0 for g in snap.gpus)
     assert pcie_sockets(snap) == (0, 0, 0, 0, 1, 1, 1, 1)
+    assert wiring_of(snap, DEFAULT_BANDWIDTH).sockets == (0, 0, 0, 0, 1, 1, 1, 1)
     hgx = build_profile("hgx-h100", "n")
     assert wiring_of(hgx, DEFAULT_BANDWIDTH).sockets == tuple(g.numa_node for g in hgx.gpus)
 

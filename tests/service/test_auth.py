@@ -96,7 +96,7 @@ def test_every_configured_token_is_accepted(tmp_path: Path) -> None:
 
 def test_health_and_docs_stay_open(tmp_path: Path) -> None:
     with _client(tmp_path, api_tokens="s3cret-0123456789abcdef") as client:
-        for path in ("/healthz", "/readyz", "/openapi.json", "/docs"):
+        for path in ("/", "/healthz", "/readyz", "/openapi.json", "/docs", "/redoc"):
             assert client.get(path).status_code == 200, path
 
 

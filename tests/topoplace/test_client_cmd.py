@@ -87,6 +87,9 @@ def test_nodes_lists_the_demo_cluster(cli: Cli) -> None:
     row = next(line for line in lines if line.startswith("v100-a "))
     assert row.split()[1] == "ready" and row.split()[-1] == "default"
     assert "/8" in row.split()[2] and "nvl0:" in row
+    # GPUs without NVLink are PCIe groups, one per socket, not islands of one GPU each.
+    pcie = next(line for line in lines if line.startswith("l40s-a "))
+    assert "pcie0:4/4,pcie1:4/4" in pcie and "nvl" not in pcie
 
     listed = cli.json("nodes")["nodes"]
     assert {n["name"] for n in listed} == {s.name for s in DEMO}
@@ -242,6 +245,10 @@ def test_cluster_summary(cli: Cli) -> None:
 
     summary = cli.json("cluster")
     assert summary["nodes"]["total"] == len(DEMO) and summary["gpus"]["total"] == total_gpus
+    # The MIG node's GPUs in MIG mode are counted as such, not as unhealthy.
+    gpus = summary["gpus"]
+    assert gpus["mig_enabled"] == 4 and gpus["unhealthy"] == 0
+    assert gpus["healthy"] == total_gpus
 
 
 def test_server_from_the_environment(

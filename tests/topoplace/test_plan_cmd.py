@@ -10,9 +10,7 @@ from pathlib import Path
 import pytest
 
 from placement.profiles import build_profile
-from placement.topo_text import render_topo_matrix
-
-TOPOLOGIES = Path(__file__).resolve().parents[3] / "shared" / "data" / "topologies"
+from topoplace_client.samples import sample_names, sample_text
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -23,12 +21,32 @@ def run(*args: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture
 def dgx1_file(tmp_path: Path) -> Path:
-    real = TOPOLOGIES / "dgx1-v100.txt"
-    if real.exists():
-        return real
+    """The shipped DGX-1 sample, as a user's file."""
     path = tmp_path / "dgx1.txt"
-    path.write_text(render_topo_matrix(build_profile("dgx1-v100", "d")))
+    path.write_text(sample_text("dgx1-v100"), encoding="utf-8")
     return path
+
+
+def test_plan_on_a_sample_by_name() -> None:
+    proc = run("--topology", "pcie-8x-l40s", "--gpus", "4", "--cpus", "8", "--json")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["gpus"] == [0, 1, 2, 3] and "NUMA 0" in out["reason"]
+    assert "give --model MODEL" in proc.stderr
+    given = run("--topology", "pcie-8x-l40s", "--gpus", "4", "--model", "NVIDIA L40S")
+    assert given.returncode == 0 and given.stderr == ""
+    proc = run("--topology", "no-such-sample", "--gpus", "1")
+    assert proc.returncode == 2 and "sample name: dgx1-v100" in proc.stderr
+
+
+def test_samples_lists_and_prints() -> None:
+    samples = [sys.executable, "-m", "topoplace", "samples"]
+    listed = subprocess.run(samples, capture_output=True, text=True, check=True).stdout
+    assert [line.split()[0] for line in listed.splitlines()] == sample_names()
+    shown = subprocess.run([*samples, "hgx-h100"], capture_output=True, text=True, check=True)
+    assert shown.stdout == sample_text("hgx-h100")
+    missing = subprocess.run([*samples, "nope"], capture_output=True, text=True)
+    assert missing.returncode == 2 and "samples: dgx1-v100" in missing.stderr
 
 
 def test_plan_json_on_real_topology(dgx1_file: Path) -> None:
@@ -51,7 +69,7 @@ def test_plan_on_snapshot_json(tmp_path: Path) -> None:
 def test_unschedulable_exits_nonzero_with_reason(dgx1_file: Path) -> None:
     proc = run("--topology", str(dgx1_file), "--gpus", "3", "--busy", "0,1,2,3,4,5")
     assert proc.returncode == 1
-    assert proc.stderr.strip() == "unschedulable: 1 node: fewer than 3 GPUs free"
+    assert proc.stderr.strip().splitlines()[-1] == "unschedulable: 1 node: fewer than 3 GPUs free"
 
 
 def test_bad_input_names_the_problem(tmp_path: Path) -> None:

@@ -222,12 +222,17 @@ Global___NodeGpu: _TypeAlias = NodeGpu  # noqa: Y015
 
 @_typing.final
 class Island(_message.Message):
+    """An NVLink island (nvl0...), or a PCIe group (pcie0...) of GPUs without NVLink."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     NAME_FIELD_NUMBER: _builtins.int
     GPUS_FIELD_NUMBER: _builtins.int
     FREE_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
     name: _builtins.str
+    kind: _builtins.str
+    """"nvlink" or "pcie" """
     @_builtins.property
     def gpus(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     @_builtins.property
@@ -238,10 +243,11 @@ class Island(_message.Message):
         name: _builtins.str = ...,
         gpus: _abc.Iterable[_builtins.int] | None = ...,
         free: _abc.Iterable[_builtins.int] | None = ...,
+        kind: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["free", b"free", "gpus", b"gpus", "name", b"name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["free", b"free", "gpus", b"gpus", "kind", b"kind", "name", b"name"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

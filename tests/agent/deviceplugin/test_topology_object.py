@@ -90,3 +90,14 @@ def test_a_refusal_is_an_error_that_names_it():
     )
     with pytest.raises(PublishError, match="403"):
         publisher.publish(_object())
+
+
+def test_pcie_groups_are_not_counted_as_nvlink_islands():
+    from agent.deviceplugin.topology_object import node_attributes
+
+    pcie = node_attributes(build_profile("pcie-8x-l40s", "l0"))
+    assert pcie["topology.k8s.io/nvlink.islands"] == "0"
+    assert pcie["topology.k8s.io/nvlink.island-size"] == "1"
+    dgx1 = node_attributes(build_profile("dgx1-v100", "d0"))
+    assert dgx1["topology.k8s.io/nvlink.islands"] == "1"
+    assert dgx1["topology.k8s.io/nvlink.island-size"] == "8"

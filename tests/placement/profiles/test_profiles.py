@@ -238,7 +238,10 @@ def test_nvswitch_profiles_are_uniform(name: str, gbps: float):
 
 def test_l40s_has_no_nvlink():
     snap = build_profile("pcie-8x-l40s", "node-a")
-    assert [i.gpus for i in islands(snap)] == [(g,) for g in range(8)]
+    assert [(i.kind, i.gpus) for i in islands(snap)] == [
+        ("pcie", (0, 1, 2, 3)),
+        ("pcie", (4, 5, 6, 7)),
+    ]
     bw = bandwidth_matrix(snap)
     for i, j in _pairs(8):
         assert bw[i, j] == (12 if (i < 4) == (j < 4) else 8)
@@ -399,6 +402,8 @@ _ANSI_RE = re.compile(r"\x1b\[[0-9;]*m")
 def _topology_dir() -> Path | None:
     here = Path(__file__).resolve()
     candidates = [os.environ.get("TOPOPLACE_TOPOLOGY_DIR", "")]
+    # The samples shipped in the package, so a fresh clone checks the profiles too.
+    candidates += [str(here.parents[3] / "topoplace_client" / "samples")]
     candidates += [str(p / "shared" / "data" / "topologies") for p in here.parents]
     for candidate in candidates:
         if candidate and Path(candidate, "README.md").is_file():

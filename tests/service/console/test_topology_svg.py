@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import pytest
 from fastapi.testclient import TestClient
 
+from placement.profiles import build_profile
 from service.app import create_app
 from service.settings import Settings
 from tests.service.conftest import ADMIN_TOKEN, secured
@@ -82,3 +83,16 @@ def test_the_picture_needs_a_token_and_a_viewer_may_read_it(open_app: TestClient
     assert made.status_code == 201, made.text
     viewer = {"Authorization": f"Bearer {made.json()['token']}"}
     assert open_app.get("/v1/nodes/v100-a/topology.svg", headers=viewer).status_code == 200
+
+
+def test_the_legend_names_pcie_groups_as_such() -> None:
+    from service.console.topology_svg import render_svg
+    from service.console.wiring import lay_out
+    from tests.service.console.test_wiring import _island_of
+
+    pcie = build_profile("pcie-8x-l40s", "l40s-a")
+    svg = render_svg(lay_out(pcie, _island_of(pcie), {}))
+    assert "PCIe groups: pcie0: GPU 0, 1, 2, 3; pcie1: GPU 4, 5, 6, 7" in svg
+    assert "NVLink islands" not in svg
+    pair = build_profile("dgx1-v100", "d")
+    assert "NVLink islands: nvl0" in render_svg(lay_out(pair, _island_of(pair), {}))

@@ -50,11 +50,11 @@ def test_an_nvswitch_island_is_one_switch_bar_not_every_pair() -> None:
     assert switch.ports == tuple((g, 18) for g in range(8))
 
 
-def test_pcie_only_gpus_are_islands_of_one_without_nvlink() -> None:
+def test_pcie_only_gpus_are_pcie_groups_without_nvlink() -> None:
     snap = build_profile("pcie-8x-l40s", "l40s-a")
     picture = lay_out(snap, _island_of(snap), {})
     assert picture.edges == () and picture.switches == ()
-    assert len(picture.islands) == 8
+    assert picture.islands == (("pcie0", (0, 1, 2, 3)), ("pcie1", (4, 5, 6, 7)))
     # Its NIC is behind the CPUs' interconnect from every GPU: a band of its own.
     assert picture.bands[-1].numa == -1
     assert [n.name for n in picture.nics] == ["mlx5_0"]

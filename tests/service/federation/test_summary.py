@@ -44,6 +44,17 @@ def test_free_gpus_islands_and_cliques() -> None:
     assert body["live_allocations"] == 2 and body["stale_nodes"] == 0
 
 
+def test_gpus_without_nvlink_offer_islands_of_one() -> None:
+    # PCIe groups (placement/islands.py) are no NVLink islands: a task of 2 fits none.
+    state = ServiceState(Settings(database_url="sqlite://"), sa.create_engine("sqlite://"))
+    state.cluster.upsert(build_profile("pcie-8x-l40s", "l1"))
+    state.heartbeats["l1"] = state.clock()
+    state.refresh_availability()
+    (design,) = summarize(state, "aws-east", 1, state.clock(), live=0)["designs"]
+    assert design["design"].endswith("x8 nvl[1+1+1+1+1+1+1+1]")
+    assert design["by_island"] == {"1": 1}
+
+
 def test_a_stale_node_is_counted_and_offers_nothing() -> None:
     state = cluster()
     state.heartbeats["h2"] = state.clock() - timedelta(seconds=3600)

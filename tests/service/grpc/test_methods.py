@@ -37,6 +37,16 @@ def test_nodes_report_heartbeat_list_and_get(running: Running, clock: FakeClock)
     assert grpc_node.seq == rest["seq"] and grpc_node.state == rest["state"]
 
 
+def test_pcie_groups_have_their_kind_as_in_rest(running: Running) -> None:
+    running.stub.ReportSnapshot(snapshot_request("pcie-8x-l40s", "l0"))
+    grpc_node = running.stub.GetNode(pb.GetNodeRequest(name="l0"))
+    rest = running.rest.get("/v1/nodes/l0").json()
+    assert [(i.name, i.kind, list(i.gpus)) for i in grpc_node.islands] == [
+        (i["name"], i["kind"], i["gpus"]) for i in rest["islands"]
+    ]
+    assert [i.kind for i in grpc_node.islands] == ["pcie", "pcie"]
+
+
 def test_place_score_and_the_allocation_lifecycle(running: Running, clock: FakeClock) -> None:
     running.stub.ReportSnapshot(snapshot_request("dgx1-v100", "dgx0"))
     placed = running.stub.Place(pb.PlaceRequest(gpus=4, job_id="j1", owner="ana"))

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import grpc
 import httpx
+import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from service.grpc.gen import topoplace_pb2 as pb
@@ -74,26 +75,53 @@ def test_no_grpc_serves_rest_only(tmp_path: Path) -> None:
         proc.wait(timeout=20)
 
 
-def test_a_grpc_port_in_use_stops_the_start_with_a_clear_error(tmp_path: Path) -> None:
+def _serve_on_taken_port(tmp_path: Path, *args: str) -> tuple[int, str, int]:
+    """serve with ``args``, where ``{taken}`` is a port a listener holds: (exit, stderr, port)."""
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
         env = {**os.environ, "TOPOPLACE_DATABASE_URL": f"sqlite:///{tmp_path / 's.sqlite3'}"}
-        done = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "topoplace",
-                "serve",
-                "--port",
-                str(free_port()),
-                "--grpc-port",
-                str(port),
-            ],
-            env=env,
-            capture_output=True,
-            timeout=60,
-        )
-    assert done.returncode != 0
-    assert f"the gRPC server could not start on 127.0.0.1:{port}" in done.stderr.decode()
+        env.pop("TOPOPLACE_GRPC_PORT", None)
+        command = [sys.executable, "-m", "topoplace", "serve", "--insecure-dev"]
+        command += [a.format(taken=port, free=free_port()) for a in args]
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
+    return done.returncode, done.stderr, port
+
+
+def test_a_grpc_port_in_use_is_one_line_naming_the_flags(tmp_path: Path) -> None:
+    code, err, port = _serve_on_taken_port(tmp_path, "--port", "{free}", "--grpc-port", "{taken}")
+    assert code == 2
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert lines == [
+        f"error: the gRPC port 127.0.0.1:{port} is in use (another topoplace serve?): give"
+        " another with --grpc-port PORT (TOPOPLACE_GRPC_PORT; 0: any free one), or serve REST"
+        " only with --no-grpc"
+    ]
+
+
+def test_a_rest_port_in_use_is_one_line_naming_the_flag(tmp_path: Path) -> None:
+    code, err, port = _serve_on_taken_port(tmp_path, "--port", "{taken}", "--no-grpc")
+    assert code == 2
+    assert err.strip() == (
+        f"error: the REST port 127.0.0.1:{port} is in use (another topoplace serve?):"
+        " give another with --port PORT (TOPOPLACE_PORT)"
+    )
+
+
+def test_the_grpc_server_still_names_a_port_it_cannot_bind(tmp_path: Path) -> None:
+    """A port taken between the check and the start: the service's own error names it."""
+    from fastapi.testclient import TestClient
+
+    from service.app import create_app
+    from service.settings import Settings
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        url = f"sqlite:///{tmp_path / 's.sqlite3'}"
+        app = create_app(Settings(database_url=url, grpc_port=port, insecure_dev=True))
+        refused = pytest.raises(Exception, match=f"could not start on 127.0.0.1:{port}")
+        with refused, TestClient(app):
+            pass

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
+import pytest
 from fastapi.testclient import TestClient
 
 from placement.profiles import build_profile
@@ -21,6 +24,35 @@ def test_report_list_get_and_topology(client: TestClient) -> None:
     assert topo["text"].splitlines()[0].split("\t")[1] == "GPU0"
 
 
+def test_pcie_groups_are_named_as_such(client: TestClient) -> None:
+    add_nodes(client, ("pcie-8x-l40s", "l0"), ("workstation-2x-a6000", "w0"))
+    node = client.get("/v1/nodes/l0").json()
+    assert [(i["name"], i["kind"], i["gpus"]) for i in node["islands"]] == [
+        ("pcie0", "pcie", [0, 1, 2, 3]),
+        ("pcie1", "pcie", [4, 5, 6, 7]),
+    ]
+    assert [g["island"] for g in node["gpus"]] == ["pcie0"] * 4 + ["pcie1"] * 4
+    pair = client.get("/v1/nodes/w0").json()["islands"]
+    assert pair == [{"name": "nvl0", "gpus": [0, 1], "free": [0, 1], "kind": "nvlink"}]
+
+
+def test_mig_gpus_count_as_mig_and_a_refusal_says_how_many_whole_gpus(
+    client: TestClient,
+) -> None:
+    add_nodes(client, ("dgx-a100-mig", "m0"))
+    gpus = client.get("/v1/cluster").json()["gpus"]
+    assert (gpus["total"], gpus["healthy"], gpus["unhealthy"]) == (8, 8, 0)
+    assert gpus["mig_enabled"] == 4 and gpus["free"] == 4
+    refused = client.post("/v1/place", json={"gpus": 8})
+    assert refused.status_code == 422, refused.text
+    error = refused.json()["error"]
+    assert "the largest has 4" in error["message"] and "MIG mode" in error["message"]
+    assert "in total" not in refused.text
+    scored = client.post("/v1/score", json={"gpus": 8}).json()["nodes"]
+    assert [(n["node"], n["fits"]) for n in scored] == [("m0", False)]
+    assert scored[0]["message"].startswith("4 whole GPUs, fewer than 8 GPUs: the others are in MIG")
+
+
 def test_same_snapshot_again_is_idempotent_and_history_is_bounded(client: TestClient) -> None:
     snap = build_profile("hgx-h100", "h0")
     assert report(client, snap).json()["changed"] is True
@@ -34,6 +66,32 @@ def test_same_snapshot_again_is_idempotent_and_history_is_bounded(client: TestCl
         )
     history = client.get("/v1/nodes/h0/snapshots").json()
     assert len(history) == 20 and history[0]["seq"] == 29
+
+
+def test_a_new_seq_with_the_same_content_is_a_heartbeat_not_a_change(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    state = client.app.state.service  # type: ignore[attr-defined]
+    events: list[tuple[str, str]] = []
+    publish = state.events.publish
+    monkeypatch.setattr(
+        state.events,
+        "publish",
+        lambda kind, type_, **kw: (events.append((kind, type_)), publish(kind, type_, **kw)),
+    )
+    snap = build_profile("hgx-h100", "h0", seq=1)
+    assert report(client, snap).json()["changed"] is True
+    later = snap.model_copy(update={"seq": 2, "timestamp": datetime(2030, 1, 1, tzinfo=UTC)})
+    assert report(client, later).json() == {"node": "h0", "seq": 2, "changed": False}
+    assert client.get("/v1/nodes/h0").json()["seq"] == 2  # the seq is stored all the same
+    assert [row["seq"] for row in client.get("/v1/nodes/h0/snapshots").json()] == [1]
+    assert events == [("node", "reported")]
+    # An older seq is still refused, and a real change still is one.
+    assert report(client, snap).status_code == 409
+    changed = later.model_copy(update={"seq": 3, "labels": {"rack": "r2"}})
+    assert report(client, changed).json()["changed"] is True
+    assert [row["seq"] for row in client.get("/v1/nodes/h0/snapshots").json()] == [3, 1]
+    assert events == [("node", "reported")] * 2
 
 
 def test_replayed_or_mismatched_snapshots_are_refused(client: TestClient) -> None:
