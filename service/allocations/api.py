@@ -43,6 +43,7 @@ from service.allocations.results import (
     ScorePage,
 )
 from service.allocations.schemas import PlaceRequest, ScoreRequest
+from service.errors import Unresolvable, Unschedulable
 from service.state import ServiceState
 
 __all__ = [
@@ -79,6 +80,8 @@ def _publish_ids(state: ServiceState, type_: EventType, ids: Sequence[str]) -> N
     if ids and state.events.watched:
         for allocation in queries.by_ids(state, ids):
             _publish(state, type_, allocation)
+    else:  # nobody watches: the events are tallied (/metrics), not read and built
+        state.events.unwatched("allocation", type_, len(ids))
 
 
 # ---- reads ----------------------------------------------------------------------
@@ -113,7 +116,12 @@ def placing(
     """The /place flow with its event, for a caller that drives a flow of its own (the
     Slurm filter takes its reservations with ``yield from``) and for the two drivers
     below. ``active``: made active at once instead of pending until confirmed."""
-    placed = yield from place_flow.place_flow(state, body, idempotency_key, active)
+    try:
+        placed = yield from place_flow.place_flow(state, body, idempotency_key, active)
+    except (Unschedulable, Unresolvable) as refused:
+        causes = [str(r["cause"]) for r in refused.detail.get("reasons", ())]
+        state.metrics.refused(refused.code, causes)
+        raise
     if placed.created:
         _publish(state, "placed", placed.allocation)
     return placed
