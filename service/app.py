@@ -242,7 +242,8 @@ def create_app(
 
     # Innermost first: the direct routes run behind the request checks and the token
     # check; a fault anywhere inside is answered by the barrier, outermost.
-    app.add_middleware(DirectRoutes, routes={**slurm_routes.DIRECT, **k8s_routes.DIRECT})
+    direct = {**slurm_routes.DIRECT, **k8s_routes.DIRECT}
+    app.add_middleware(DirectRoutes, routes=direct)
     app.add_middleware(
         RequestGuard,
         max_body_bytes=settings.max_body_bytes,
@@ -258,7 +259,7 @@ def create_app(
     app.add_middleware(RateLimit, limiter=limiter)
     app.add_middleware(FaultBarrier)
     # Outermost: every answer is timed as the client gets it, a fault's 500 and a 429 too.
-    app.add_middleware(RequestMetrics, metrics=state.metrics, direct=slurm_routes.DIRECT)
+    app.add_middleware(RequestMetrics, metrics=state.metrics, direct=direct)
     declare_errors(app)
 
     @app.get("/healthz", tags=["health"])

@@ -15,7 +15,7 @@ from typing import TypeVar
 
 from prometheus_client import Histogram
 
-from service.k8s.kube_api import KubeApi, KubeApiError
+from service.k8s.kube_api import KubeApi, KubeApiError, PodStream
 from service.k8s.wire import Pod
 
 T = TypeVar("T")
@@ -47,3 +47,9 @@ class TimedKubeApi:
 
     def list_pods(self, namespace: str | None = None) -> list[Pod]:
         return self._timed("list_pods", lambda: self.api.list_pods(namespace))
+
+    def stream(self) -> PodStream | None:
+        """The wrapped API's pod stream (list-and-watch, node labels), where it has one:
+        only a real API server can be watched."""
+        opener = getattr(self.api, "stream", None)
+        return None if opener is None else opener()
