@@ -124,11 +124,12 @@ def test_a_first_bind_does_not_read_earlier_reservations(
 
     reads: list[str | None] = []
     listing = allocations.listing
-    monkeypatch.setattr(
-        allocations,
-        "listing",
-        lambda state, job, *rest: reads.append(job) or listing(state, job, *rest),
-    )
+
+    def counted(state: Any, job_id: str | None, *rest: Any) -> Any:
+        reads.append(job_id)
+        return listing(state, job_id, *rest)
+
+    monkeypatch.setattr(allocations, "listing", counted)
     p = kube.add(pod("trainer-0", 4))
     assert _bind(fleet, p, "h100-a") == ""
     assert reads == []
