@@ -111,13 +111,21 @@ def score_page(
 
 
 def placing(
-    state: ServiceState, body: PlaceRequest, idempotency_key: str | None, active: bool = False
+    state: ServiceState,
+    body: PlaceRequest,
+    idempotency_key: str | None,
+    active: bool = False,
+    replay_first: bool = True,
 ) -> Flow[Placed]:
     """The /place flow with its event, for a caller that drives a flow of its own (the
     Slurm filter takes its reservations with ``yield from``) and for the two drivers
-    below. ``active``: made active at once instead of pending until confirmed."""
+    below. ``active``: made active at once instead of pending until confirmed.
+    ``replay_first=False``: the key is expected to be new; an earlier use is found at
+    the commit instead of by a read before it (place_flow.py)."""
     try:
-        placed = yield from place_flow.place_flow(state, body, idempotency_key, active)
+        placed = yield from place_flow.place_flow(
+            state, body, idempotency_key, active, replay_first
+        )
     except (Unschedulable, Unresolvable) as refused:
         causes = [str(r["cause"]) for r in refused.detail.get("reasons", ())]
         state.metrics.refused(refused.code, causes)
@@ -128,10 +136,14 @@ def placing(
 
 
 def place(
-    state: ServiceState, body: PlaceRequest, idempotency_key: str | None, active: bool = False
+    state: ServiceState,
+    body: PlaceRequest,
+    idempotency_key: str | None,
+    active: bool = False,
+    replay_first: bool = True,
 ) -> Placed:
     """Choose and reserve, blocking on the database (worker threads: gRPC, Kubernetes)."""
-    return run(state, placing(state, body, idempotency_key, active))
+    return run(state, placing(state, body, idempotency_key, active, replay_first))
 
 
 async def place_async(
