@@ -88,6 +88,13 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         metavar="SECONDS",
         help="default 15",
     )
+    p.add_argument(
+        "--telemetry-interval",
+        dest="telemetry_interval_s",
+        type=positive_seconds,
+        metavar="SECONDS",
+        help="send NVLink counters with a heartbeat at most this often (default 30)",
+    )
     p.add_argument("--timeout", dest="timeout_s", type=positive_seconds, metavar="SECONDS")
     p.add_argument(
         "--once",
@@ -141,7 +148,10 @@ def _flags(args: argparse.Namespace) -> dict[str, Any]:
         "gpu_model",
         "gpu_memory_mib",
     )
-    flags = {name: getattr(args, name) for name in (*names, "interval_s", "timeout_s")}
+    flags = {
+        name: getattr(args, name)
+        for name in (*names, "interval_s", "telemetry_interval_s", "timeout_s")
+    }
     return {**flags, "labels": labels}
 
 
@@ -217,6 +227,7 @@ def _serve(args: argparse.Namespace, config: Any, source: Any, name: str) -> int
     from agent.nvml_discovery import DiscoveryError
     from agent.runner import Agent, Backoff, KeyRefused
     from agent.signing import KeyFileError, NodeKey
+    from agent.sources import NvmlSource
     from topoplace_client.api import ApiError, ServiceUnreachable, TopoplaceClient
 
     if config.server is None:
@@ -247,6 +258,8 @@ def _serve(args: argparse.Namespace, config: Any, source: Any, name: str) -> int
         name,
         interval_s=config.interval_s,
         backoff=backoff,
+        telemetry=source.nvlink if isinstance(source, NvmlSource) else None,
+        telemetry_interval_s=config.telemetry_interval_s,
         key_hint=f"@{config.key_file}.pub",
     )
     with client:

@@ -48,6 +48,11 @@ class AgentConfig(BaseModel):
         default=0, ge=0, description="GPU memory (MiB) for smi:FILE sources; 0: unknown"
     )
     interval_s: float = Field(default=15.0, gt=0, description="seconds between rounds")
+    telemetry_interval_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="NVLink counters go with a heartbeat at most once per this many seconds",
+    )
     timeout_s: float = Field(default=10.0, gt=0, description="HTTP timeout")
     backoff_initial_s: float = Field(default=1.0, gt=0)
     backoff_max_s: float = Field(default=60.0, gt=0)

@@ -18,7 +18,12 @@ Values come back in pynvml's own ctypes structures (``nvmlPciInfo_t``,
 are pynvml's own ``NVMLError`` subclasses: a lost GPU raises
 ``NVMLError_GpuIsLost`` from every call on it, ``fail`` makes one function
 raise any error for one GPU (``NoPermission``, ``NotSupported``, ...),
-``set_link_active`` takes a link down. ``available=False`` behaves like a
+``set_link_active`` takes a link down. NVLink field values (throughput per
+link by ``scopeId``, CRC, replay and recovery counters per link) count up:
+each read of an active link's throughput adds ``traffic_kib`` sent and
+received, as a busy link would; ``add_errors`` raises a link's error
+counters, and ``unsupported_fields`` lists field ids that answer
+``NVML_ERROR_NOT_SUPPORTED`` in their slot. ``available=False`` behaves like a
 machine without the driver: ``nvmlInit`` raises ``NVMLError_LibraryNotFound``.
 Handles are opaque objects, as they are to callers of the real library.
 """
@@ -56,6 +61,17 @@ MIG_PROFILES: dict[str, tuple[int, int]] = {
     "1g.20gb": (pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV2, 15),
 }
 MAX_MIG_DEVICES = 7
+# NVML's per-link error counter fields (links 0-11): field id -> (FakeLink attribute, link).
+_LINK_ERROR_FIELDS: dict[int, tuple[str, int]] = {
+    getattr(pynvml, f"NVML_FI_DEV_NVLINK_{kind}_ERROR_COUNT_L{link}"): (name, link)
+    for kind, name in (
+        ("CRC_FLIT", "crc_flit_errors"),
+        ("CRC_DATA", "crc_data_errors"),
+        ("REPLAY", "replay_errors"),
+        ("RECOVERY", "recovery_errors"),
+    )
+    for link in range(12)
+}
 SWITCHES = 4  # NVSwitch chips on an HGX baseboard; the GPUs' links are spread over them
 
 
@@ -66,6 +82,13 @@ class FakeLink:
     active: bool = True
     version: int = 4
     error: type[pynvml.NVMLError] | None = None  # raised by every call about this link
+    # NVML field values: data sent and received (KiB) and the error counters, since load.
+    tx_kib: int = 0
+    rx_kib: int = 0
+    crc_flit_errors: int = 0
+    crc_data_errors: int = 0
+    replay_errors: int = 0
+    recovery_errors: int = 0
 
 
 @dataclass
@@ -123,6 +146,7 @@ class FakeNvml:
         driver_version: str = "570.124.06",
         cuda_version: int = 12080,
         available: bool = True,
+        traffic_kib: int = 1024,
     ) -> None:
         self.gpus = gpus
         self.pcie = pcie
@@ -130,6 +154,8 @@ class FakeNvml:
         self.cuda_version = cuda_version
         self.available = available
         self.initialized = False
+        self.traffic_kib = traffic_kib
+        self.unsupported_fields: set[int] = set()
 
     # -- building ------------------------------------------------------------
 
@@ -180,6 +206,12 @@ class FakeNvml:
         self.gpus[index].links[link].error = error
 
     # -- helpers -------------------------------------------------------------
+
+    def add_errors(self, index: int, link: int, **counts: int) -> None:
+        """Raise link ``link`` of GPU ``index``'s error counters (``crc_flit_errors=2``)."""
+        found = self.gpus[index].links[link]
+        for name, count in counts.items():
+            setattr(found, name, getattr(found, name) + count)
 
     def _check(self) -> None:
         if not self.initialized:
@@ -300,6 +332,42 @@ class FakeNvml:
         if not found.active:
             raise pynvml.NVMLError_NotSupported()  # nothing answers at the far end
         return _pci_info(found.remote_bus_id)
+
+    def nvmlDeviceGetFieldValues(self, handle: Any, fieldIds: list[tuple[int, int]]) -> Any:
+        gpu = self._gpu(handle, "nvmlDeviceGetFieldValues")
+        values = (pynvml.c_nvmlFieldValue_t * len(fieldIds))()
+        for slot, (field_id, scope) in zip(values, fieldIds, strict=True):
+            slot.fieldId, slot.scopeId = field_id, scope
+            found = self._field(gpu, field_id, scope)
+            if found is None:
+                slot.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
+                continue
+            slot.nvmlReturn = pynvml.NVML_SUCCESS
+            slot.valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+            slot.value.ullVal = found
+        return values
+
+    def _field(self, gpu: FakeGpu, field_id: int, scope: int) -> int | None:
+        """A field's value, as NVML gives it; None where the field is not offered."""
+        if field_id in self.unsupported_fields:
+            return None
+        throughput = {
+            pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX: "tx_kib",
+            pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX: "rx_kib",
+        }
+        if field_id in throughput:
+            link, name = scope, throughput[field_id]
+        elif field_id in _LINK_ERROR_FIELDS:
+            name, link = _LINK_ERROR_FIELDS[field_id]
+        else:
+            return None
+        if not 0 <= link < len(gpu.links) or not gpu.links[link].active:
+            return None
+        found = gpu.links[link]
+        if name in ("tx_kib", "rx_kib"):  # a busy link: its counters move between reads
+            setattr(found, name, getattr(found, name) + self.traffic_kib)
+        value: int = getattr(found, name)
+        return value
 
     # -- fabric and C2C --------------------------------------------------------
 

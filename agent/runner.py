@@ -24,6 +24,11 @@ Nothing the service does stops the agent: an unreachable or failing
 service, or a refusal, is logged and retried with exponential backoff and
 jitter. A round whose discovery fails as a whole sends no heartbeat either,
 so the node turns stale instead of looking healthy with outdated facts.
+
+NVLink counters (``telemetry``, where the source reads NVML) ride on a
+heartbeat at most once per ``telemetry_interval_s`` (30 s by default,
+``--telemetry-interval``): a heartbeat round between carries nothing more,
+so thousands of agents heartbeating every 15 s send counters half as often.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ from placement.snapshot import NodeSnapshot
 from topoplace_client.api import ApiError, JSONObject, ServiceUnreachable
 
 log = logging.getLogger("topoplace.agent")
+TELEMETRY_INTERVAL_S = 30.0
 
 # A key the service refuses is logged as an error at most this often (seconds).
 KEY_ERROR_EVERY_S = 300.0
@@ -60,7 +66,7 @@ class AgentClient(Protocol):
     def put_snapshot(
         self, name: str, snapshot: dict[str, Any], signature: str | None = None
     ) -> JSONObject: ...
-    def heartbeat(self, name: str) -> None: ...
+    def heartbeat(self, name: str, nvlink: list[dict[str, int]] | None = None) -> None: ...
     def put_node_key(self, name: str, public_key: str) -> JSONObject: ...
 
 
@@ -108,6 +114,8 @@ class Agent:
         interval_s: float,
         backoff: Backoff,
         clock: Callable[[], float] = time.time,
+        telemetry: Callable[[], list[dict[str, int]]] | None = None,
+        telemetry_interval_s: float = TELEMETRY_INTERVAL_S,
         key_hint: str | None = None,
     ) -> None:
         self.source = source
@@ -121,6 +129,9 @@ class Agent:
         self.acked: str | None = None  # content hash the service last acknowledged
         self.pending: SignedReport | None = None
         self.key_registered = False
+        self.telemetry = telemetry
+        self.telemetry_interval_s = telemetry_interval_s
+        self.telemetry_at: float | None = None  # when counters last went with a heartbeat
         # How the fixing command names the key (``@PATH.pub``); else the key itself.
         self.key_hint = key_hint
         self.key_problem_logged_at: float | None = None
@@ -196,7 +207,11 @@ class Agent:
         digest = content_hash(snap)
         if digest == self.acked:
             try:
-                self.client.heartbeat(self.name)
+                nvlink = self._due_telemetry()
+                if nvlink is None:
+                    self.client.heartbeat(self.name)
+                else:
+                    self.client.heartbeat(self.name, nvlink)
                 return
             except ApiError as exc:
                 if exc.code != "not_found":
@@ -208,6 +223,16 @@ class Agent:
                 self.key_registered = False
                 self._register_key()
         self._send(snap, digest)
+
+    def _due_telemetry(self) -> list[dict[str, int]] | None:
+        """The NVLink counters when they are due (and the source has any), else None."""
+        if self.telemetry is None:
+            return None
+        now = self.clock()
+        if self.telemetry_at is not None and now - self.telemetry_at < self.telemetry_interval_s:
+            return None
+        self.telemetry_at = now
+        return self.telemetry() or None
 
     def _send(self, snap: NodeSnapshot, digest: str) -> JSONObject:
         report = self._signed(snap, digest)

@@ -27,6 +27,7 @@ from agent.host import Host, HostError, HostFacts, SysfsHost
 from agent.nvml_api import Nvml, NvmlUnavailable, load_nvml
 from agent.nvml_discovery import DiscoveryError, discover
 from agent.nvml_fake import FakeNvml, fake_host
+from agent.nvml_telemetry import read_nvlink
 from placement.profiles import UnknownProfileError, build_profile
 from placement.snapshot import Gpu, NodeSnapshot
 from topoplace_client.topology_file import TopologyFileError, load_topology
@@ -121,6 +122,10 @@ class NvmlSource:
             raise DiscoveryError(f"NVML reported an inconsistent node: {exc}") from None
         self._known = {g.index: g for g in snap.gpus}
         return snap
+
+    def nvlink(self) -> list[dict[str, int]]:
+        """Each active NVLink's counters, for a heartbeat (agent/nvml_telemetry.py)."""
+        return read_nvlink(self.nvml)
 
 
 class SmiSource:

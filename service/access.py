@@ -121,6 +121,7 @@ REST_RULES: tuple[Rule, ...] = (
     Rule("GET", "/v1/nodes/{name}/topology", V),
     Rule("GET", "/v1/nodes/{name}/topology.svg", V),
     Rule("GET", "/v1/nodes/{name}/snapshots", V),
+    Rule("GET", "/v1/nodes/{name}/nvlink", V),
     Rule("POST", "/v1/nodes/{name}/cordon", A),
     Rule("POST", "/v1/nodes/{name}/uncordon", A),
     Rule("DELETE", "/v1/nodes/{name}", A),

@@ -36,6 +36,8 @@ from service.federation.registry import Registry
 from service.grpc.server import start_grpc
 from service.k8s import device_routes as k8s_device_routes
 from service.k8s import endpoints as k8s_routes
+from service.metrics import endpoint as metrics_route
+from service.metrics.http import RequestMetrics
 from service.nodes import endpoints as node_routes
 from service.notify import Listener, psycopg_dsn
 from service.openapi_errors import declare_errors
@@ -167,7 +169,8 @@ def create_app(
         _settle_heap()
         listener = None
         if not settings.is_sqlite:
-            listener = Listener(psycopg_dsn(settings.database_url), state)
+            dsn = psycopg_dsn(settings.database_url)
+            listener = Listener(dsn, state, on_lag=state.metrics.lag)
             listener.start()
         demo_nodes = await off_loop(register_demo_cluster, state) if demo else []
         app.state.grpc = await off_loop(start_grpc, state, token_check, limiter)
@@ -221,6 +224,8 @@ def create_app(
     app.include_router(k8s_routes.router)
     app.include_router(k8s_device_routes.router)
     app.include_router(token_routes.router)
+    app.include_router(metrics_route.router)
+    app.state.exposition = metrics_route.exposition(state)
     app.include_router(console_routes.router)
     console_routes.mount_assets(app)
     app.include_router(federation_routes.router)
@@ -237,7 +242,8 @@ def create_app(
 
     # Innermost first: the direct routes run behind the request checks and the token
     # check; a fault anywhere inside is answered by the barrier, outermost.
-    app.add_middleware(DirectRoutes, routes={**slurm_routes.DIRECT, **k8s_routes.DIRECT})
+    direct = {**slurm_routes.DIRECT, **k8s_routes.DIRECT}
+    app.add_middleware(DirectRoutes, routes=direct)
     app.add_middleware(
         RequestGuard,
         max_body_bytes=settings.max_body_bytes,
@@ -252,6 +258,8 @@ def create_app(
     # Outside the token check: a flood of bad tokens is throttled before it costs a hash.
     app.add_middleware(RateLimit, limiter=limiter)
     app.add_middleware(FaultBarrier)
+    # Outermost: every answer is timed as the client gets it, a fault's 500 and a 429 too.
+    app.add_middleware(RequestMetrics, metrics=state.metrics, direct=direct)
     declare_errors(app)
 
     @app.get("/healthz", tags=["health"])

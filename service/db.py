@@ -64,24 +64,35 @@ def is_transient(exc: BaseException) -> bool:
     return getattr(orig, "sqlstate", None) in TRANSIENT_SQLSTATES
 
 
-def retry_transient(work: Callable[[], T], attempts: int = TRANSIENT_ATTEMPTS) -> T:
+def retry_transient(
+    work: Callable[[], T],
+    attempts: int = TRANSIENT_ATTEMPTS,
+    retried: Callable[[], None] | None = None,
+) -> T:
     """Run ``work`` (one whole transaction) again on a deadlock or serialization failure,
-    after a short random pause so that the two losers do not meet again."""
+    after a short random pause so that the two losers do not meet again. ``retried`` is
+    told of each new attempt (/metrics counts them)."""
     for attempt in range(attempts):
         try:
             return work()
         except DBAPIError as exc:
             if attempt == attempts - 1 or not is_transient(exc):
                 raise
+            if retried is not None:
+                retried()
             time.sleep(random.uniform(0.0, 0.002 * 2**attempt))
     raise AssertionError("unreachable")
 
 
-def in_transaction(engine: Engine, work: Callable[[Connection], T]) -> T:
+def in_transaction(
+    engine: Engine,
+    work: Callable[[Connection], T],
+    retried: Callable[[], None] | None = None,
+) -> T:
     """``work`` in one transaction, committed on return, retried when transient."""
 
     def once() -> T:
         with engine.begin() as conn:
             return work(conn)
 
-    return retry_transient(once)
+    return retry_transient(once, retried=retried)

@@ -20,7 +20,7 @@ import asyncio
 import itertools
 import threading
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Literal
@@ -30,6 +30,8 @@ from service.allocations.results import Allocation
 EventKind = Literal["watch", "allocation", "node"]
 KINDS: frozenset[str] = frozenset({"allocation", "node"})
 DEFAULT_BUFFER = 1024
+# Told of every event as it is published, watched or not: (kind, type, how many).
+Tally = Callable[[str, str, int], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,8 +84,12 @@ class Subscription:
 
 
 class EventHub:
-    def __init__(self, buffer: int = DEFAULT_BUFFER) -> None:
+    """``tally``: told of every event, watched or not (/metrics counts them there, so that
+    what it counts and what a watcher sees are one stream)."""
+
+    def __init__(self, buffer: int = DEFAULT_BUFFER, tally: Tally | None = None) -> None:
         self.buffer = buffer
+        self._tally = tally
         self._lock = threading.Lock()
         self._subscriptions: list[Subscription] = []
         self._seq = itertools.count(1)
@@ -129,6 +135,8 @@ class EventHub:
         node: str | None = None,
     ) -> None:
         """Hand an event to every subscriber of its kind; safe from any thread."""
+        if self._tally is not None:
+            self._tally(kind, type_, 1)
         with self._lock:  # held while handing over, so every watcher sees seq in order
             if not self._subscriptions:
                 return
@@ -140,6 +148,12 @@ class EventHub:
                     sub.loop.call_soon_threadsafe(sub._offer, event)
                 except RuntimeError:  # its loop is closed: the watcher is gone
                     self._subscriptions.remove(sub)
+
+    def unwatched(self, kind: EventKind, type_: str, count: int) -> None:
+        """``count`` events that nobody watches, tallied without being built: a publisher
+        whose events cost a read to build (service/allocations/api.py) skips the read."""
+        if self._tally is not None and count:
+            self._tally(kind, type_, count)
 
     def close_all(self) -> None:
         """End every subscription (the server is stopping): their streams end cleanly."""

@@ -19,7 +19,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Protocol
 
 import psycopg
@@ -38,11 +38,13 @@ _DRAIN = 511  # messages taken in one go after the first
 
 
 def message(nodes: Iterable[str]) -> str | None:
-    """The payload announcing that these nodes changed; None when there are none."""
+    """The payload announcing that these nodes changed; None when there are none. ``at``
+    (the sender's wall clock) lets a listener measure how late it applies the change."""
     names = sorted(set(nodes))
     if not names:
         return None
-    return json.dumps({"origin": ORIGIN, "nodes": names if len(names) <= _MAX_NODES else None})
+    listed = names if len(names) <= _MAX_NODES else None
+    return json.dumps({"origin": ORIGIN, "nodes": listed, "at": round(time.time(), 6)})
 
 
 def publish(conn: Connection, nodes: Iterable[str]) -> None:
@@ -53,6 +55,15 @@ def publish(conn: Connection, nodes: Iterable[str]) -> None:
     if body is not None:
         statement = sa.text("SELECT pg_notify(:channel, :body)")
         conn.execute(statement, {"channel": CHANNEL, "body": body})
+
+
+def sent_at(payload: str) -> float | None:
+    """The sender's clock in a message (seconds since the epoch); None when it has none."""
+    try:
+        at = json.loads(payload).get("at")
+    except (json.JSONDecodeError, AttributeError):
+        return None
+    return float(at) if isinstance(at, int | float) and not isinstance(at, bool) else None
 
 
 def parse(payload: str) -> list[str] | None:
@@ -81,11 +92,18 @@ class Follower(Protocol):
 
 
 class Listener:
-    """A thread with its own connection, LISTENing and syncing the state it is given."""
+    """A thread with its own connection, LISTENing and syncing the state it is given.
 
-    def __init__(self, dsn: str, state: Follower) -> None:
+    ``on_lag`` is told, for each message from another replica, the seconds from its
+    sending (the sender's clock, so clocks out of step by more than the lag show as
+    skew) to this replica having read the change (/metrics' notification lag)."""
+
+    def __init__(
+        self, dsn: str, state: Follower, on_lag: Callable[[float], None] | None = None
+    ) -> None:
         self.dsn = dsn
         self.state = state
+        self.on_lag = on_lag
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="topoplace-listen", daemon=True)
         self.ready = threading.Event()
@@ -123,8 +141,12 @@ class Listener:
                 notes += conn.notifies(timeout=0.0, stop_after=_DRAIN)
             wanted: set[str] = set()
             reload_all = False
+            sent: list[float] = []
             for note in notes:
                 nodes = parse(note.payload)
+                at = sent_at(note.payload) if nodes != [] else None  # not our own
+                if at is not None:
+                    sent.append(at)
                 if nodes is None:
                     reload_all = True
                 else:
@@ -138,6 +160,10 @@ class Listener:
                 self.state.sync_nodes(sorted(wanted))
                 # Another replica changed these (holds, snapshot, cordon): tell watchers.
                 self.state.events.nodes("changed", sorted(wanted))
+            if self.on_lag is not None:
+                applied = time.time()
+                for at in sent:
+                    self.on_lag(applied - at)
 
 
 def psycopg_dsn(database_url: str) -> str:

@@ -32,6 +32,17 @@ class Settings(BaseSettings):
     heartbeat_ttl_s: float = Field(
         default=90.0, gt=0, description="a node whose last heartbeat is older is stale"
     )
+    nvlink_min_interval_s: float = Field(
+        default=10.0,
+        ge=0,
+        description="a node's NVLink counters are kept at most once per this many seconds;"
+        " readings sent more often are dropped (the agent sends them every 30 s)",
+    )
+    metrics_nvlink: bool = Field(
+        default=True,
+        description="export every node's per-link NVLink counters on /metrics (one series"
+        " per node, GPU, link and counter; off on fleets where that is too many)",
+    )
     snapshot_history: int = Field(
         default=20, ge=1, description="snapshots kept per node, newest first"
     )

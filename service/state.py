@@ -24,6 +24,8 @@ from service.allocations.group_commit import GroupCommitter
 from service.allocations.score_cache import ScoreCache
 from service.audit.refusals import RefusalGate
 from service.events import EventHub
+from service.metrics.registry import Metrics
+from service.nodes.nvlink import NvlinkStore
 from service.settings import Settings
 
 Clock = Callable[[], datetime]
@@ -42,7 +44,10 @@ class ServiceState:
         self.engine = engine
         self.clock = clock
         self.cluster = ClusterState(shares=False)  # no share holds in the database yet
-        self.committer = GroupCommitter(engine)
+        self.metrics = Metrics()  # what /metrics counts; the rest it reads from here
+        self.committer = GroupCommitter(
+            engine, on_batch=self.metrics.batch, on_retry=self.metrics.retried
+        )
         # Which refused placements write an audit row (service/audit/refusals.py).
         self.refusal_gate = RefusalGate(
             settings.audit_refusal_window_s, settings.audit_refusal_rows
@@ -55,7 +60,9 @@ class ServiceState:
         # the database must not free them under a request that is committing.
         self.inflight: dict[str, Counter[str]] = defaultdict(Counter)
         self._next_stale_at = _EPOCH
-        self.events = EventHub()  # what changed, for watchers (gRPC Watch)
+        # What changed, for watchers (gRPC Watch) and for /metrics, which counts every event.
+        self.events = EventHub(tally=self.metrics.published)
+        self.nvlink = NvlinkStore(settings.nvlink_min_interval_s)  # the agents' latest readings
         self.score_cache = ScoreCache()  # /score rows per engine task (score_cache.py)
 
     def load(self) -> None:
@@ -125,6 +132,7 @@ class ServiceState:
                     self.cluster.remove(name)
                 self.heartbeats.pop(name, None)
                 self.cordoned.discard(name)
+                self.nvlink.forget(name)
             for row in rows:
                 name = str(row["name"])
                 if name in snapshots and not self._load_snapshot(name, row, snapshots[name]):

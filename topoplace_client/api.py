@@ -239,9 +239,10 @@ class TopoplaceClient:
         path = f"/v1/nodes/{_segment(name)}/snapshot"
         return self._object(self._request("PUT", path, json=body))
 
-    def heartbeat(self, name: str) -> None:
-        """POST /v1/nodes/{name}/heartbeat (204)."""
-        self._request("POST", f"/v1/nodes/{_segment(name)}/heartbeat")
+    def heartbeat(self, name: str, nvlink: list[dict[str, int]] | None = None) -> None:
+        """POST /v1/nodes/{name}/heartbeat (204); ``nvlink``: the node's NVLink counters."""
+        body = None if nvlink is None else {"nvlink": nvlink}
+        self._request("POST", f"/v1/nodes/{_segment(name)}/heartbeat", json=body)
 
     def put_node_key(self, name: str, public_key: str, *, replace: bool = False) -> JSONObject:
         """PUT /v1/nodes/{name}/key: register the node's Ed25519 public key (base64);

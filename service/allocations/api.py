@@ -43,6 +43,7 @@ from service.allocations.results import (
     ScorePage,
 )
 from service.allocations.schemas import PlaceRequest, ScoreRequest
+from service.errors import Unresolvable, Unschedulable
 from service.state import ServiceState
 
 __all__ = [
@@ -79,6 +80,8 @@ def _publish_ids(state: ServiceState, type_: EventType, ids: Sequence[str]) -> N
     if ids and state.events.watched:
         for allocation in queries.by_ids(state, ids):
             _publish(state, type_, allocation)
+    else:  # nobody watches: the events are tallied (/metrics), not read and built
+        state.events.unwatched("allocation", type_, len(ids))
 
 
 # ---- reads ----------------------------------------------------------------------
@@ -108,22 +111,39 @@ def score_page(
 
 
 def placing(
-    state: ServiceState, body: PlaceRequest, idempotency_key: str | None, active: bool = False
+    state: ServiceState,
+    body: PlaceRequest,
+    idempotency_key: str | None,
+    active: bool = False,
+    replay_first: bool = True,
 ) -> Flow[Placed]:
     """The /place flow with its event, for a caller that drives a flow of its own (the
     Slurm filter takes its reservations with ``yield from``) and for the two drivers
-    below. ``active``: made active at once instead of pending until confirmed."""
-    placed = yield from place_flow.place_flow(state, body, idempotency_key, active)
+    below. ``active``: made active at once instead of pending until confirmed.
+    ``replay_first=False``: the key is expected to be new; an earlier use is found at
+    the commit instead of by a read before it (place_flow.py)."""
+    try:
+        placed = yield from place_flow.place_flow(
+            state, body, idempotency_key, active, replay_first
+        )
+    except (Unschedulable, Unresolvable) as refused:
+        causes = [str(r["cause"]) for r in refused.detail.get("reasons", ())]
+        state.metrics.refused(refused.code, causes)
+        raise
     if placed.created:
         _publish(state, "placed", placed.allocation)
     return placed
 
 
 def place(
-    state: ServiceState, body: PlaceRequest, idempotency_key: str | None, active: bool = False
+    state: ServiceState,
+    body: PlaceRequest,
+    idempotency_key: str | None,
+    active: bool = False,
+    replay_first: bool = True,
 ) -> Placed:
     """Choose and reserve, blocking on the database (worker threads: gRPC, Kubernetes)."""
-    return run(state, placing(state, body, idempotency_key, active))
+    return run(state, placing(state, body, idempotency_key, active, replay_first))
 
 
 async def place_async(

@@ -54,9 +54,20 @@ class _Reservation:
 class GroupCommitter:
     """One thread writes reservations in batches; callers block until theirs is durable."""
 
-    def __init__(self, engine: Engine, max_batch: int = MAX_BATCH) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        max_batch: int = MAX_BATCH,
+        *,
+        on_batch: Callable[[int], None] | None = None,
+        on_retry: Callable[[], None] | None = None,
+    ) -> None:
+        """``on_batch``: told the size of each batch taken from the queue; ``on_retry``: of
+        each transaction run again (both feed /metrics)."""
         self.writer = BatchWriter(engine)
         self.max_batch = max_batch
+        self._on_batch = on_batch
+        self._on_retry = on_retry
         self._queue: queue.SimpleQueue[_Reservation | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
@@ -133,6 +144,8 @@ class GroupCommitter:
                     stopping = True
                     break
                 batch.append(more)
+            if self._on_batch is not None:
+                self._on_batch(len(batch))
             self._write(batch)
             if stopping:
                 return
@@ -155,7 +168,9 @@ class GroupCommitter:
         )
         nodes = [n for r in batch for n in r.nodes]
         audits = [r.audit for r in batch if r.audit is not None]
-        retry_transient(lambda: self.writer.write(rows, holds, nodes, audits))
+        retry_transient(
+            lambda: self.writer.write(rows, holds, nodes, audits), retried=self._on_retry
+        )
 
     def _write(self, batch: list[_Reservation]) -> None:
         try:

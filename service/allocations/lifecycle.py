@@ -64,7 +64,7 @@ class _Outcome:
 
 
 def _transition(state: ServiceState, work: Callable[[Connection], _Outcome]) -> Transition:
-    outcome = in_transaction(state.engine, work)
+    outcome = in_transaction(state.engine, work, state.metrics.retried)
     _forget(state, outcome.freed)
     allocation = None if outcome.row is None else views.allocation(outcome.row)
     return Transition(allocation, outcome.changed, outcome.expired, outcome.refusal)
@@ -146,7 +146,7 @@ def _end(state: ServiceState, ids: list[str] | None, transition: str) -> Ended:
         audit.write(conn, [records.allocation_change(action, now, row) for row in rows])
         return [str(row["id"]) for row in rows], freed
 
-    ended, freed = in_transaction(state.engine, work)
+    ended, freed = in_transaction(state.engine, work, state.metrics.retried)
     _forget(state, freed)
     return Ended(tuple(ended))
 
@@ -194,7 +194,7 @@ def attach(state: ServiceState, allocation_ids: list[str], job_id: str) -> tuple
         audit.write_allocations(conn, "attached", attached, now)
         return attached
 
-    return tuple(in_transaction(state.engine, work))
+    return tuple(in_transaction(state.engine, work, state.metrics.retried))
 
 
 def observe(
@@ -266,7 +266,7 @@ def observe(
 
     for attempt in range(OBSERVE_ATTEMPTS):
         try:
-            observation, freed = in_transaction(state.engine, work)
+            observation, freed = in_transaction(state.engine, work, state.metrics.retried)
             break
         except IntegrityError:
             if attempt == OBSERVE_ATTEMPTS - 1:

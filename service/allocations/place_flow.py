@@ -151,12 +151,20 @@ def checked_ttl(state: ServiceState, requested: float | None) -> float:
 
 
 def place_flow(
-    state: ServiceState, body: PlaceRequest, idempotency_key: str | None, active: bool
+    state: ServiceState,
+    body: PlaceRequest,
+    idempotency_key: str | None,
+    active: bool,
+    replay_first: bool = True,
 ) -> Flow[Placed]:
     """Choose and reserve. ``active``: active at once instead of pending until confirmed,
-    for a scheduler that owns the job from the answer on (Slurm)."""
+    for a scheduler that owns the job from the answer on (Slurm). ``replay_first=False``:
+    the caller expects the key to be new (a bind's first reservation), so the read that
+    looks for an earlier use is skipped; the key's unique index still refuses a reuse
+    at the commit, and that reservation is then replayed (or refused) as it would be
+    here."""
     request_json = body.model_dump_json()
-    if idempotency_key is not None:
+    if idempotency_key is not None and replay_first:
         replay = yield functools.partial(_replay, state, idempotency_key, request_json)
         if replay is not None:
             return Placed(replay, False)

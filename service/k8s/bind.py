@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from service.allocations import api as allocations
 from service.allocations.results import Allocation, TaskPlan
 from service.allocations.schemas import PlaceRequest
-from service.errors import ServiceError
+from service.errors import Conflict, ServiceError
 from service.k8s.gang import LIVE, TASK_ANNOTATION, BindRefused, GangCoordinator
 from service.k8s.kube_api import KubeApi, KubeApiError
 from service.k8s.pod_request import PodRequest
@@ -89,32 +89,53 @@ def _confirm(state: ServiceState, allocation: Allocation) -> Allocation:
         return allocation
 
 
-def bind_pod(state: ServiceState, kube: KubeApi, pod: PodRequest, node: str, ttl_s: float) -> str:
-    """One pod's GPUs on ``node``; returns ExtenderBindingResult.Error ('' when bound)."""
-    if pod.request is None:
-        return create_binding(kube, pod, node, {}) or ""
+def _first_reservation(
+    state: ServiceState, body: PlaceRequest, pod: PodRequest
+) -> Allocation | None:
+    """The usual bind, the pod's first: reserved under key N=0 with no read before it.
+
+    None when the pod had a reservation before (the key's unique index says so at the
+    commit: the replay, or a Conflict when that one was for another node); the caller
+    then takes the careful path over the pod's earlier reservations.
+    """
+    try:
+        placed = allocations.place(state, body, f"k8s-pod:{pod.uid}:0", True, False)
+    except Conflict:
+        return None
+    return placed.allocation if placed.created else None
+
+
+def _reservation(state: ServiceState, body: PlaceRequest, pod: PodRequest, node: str) -> Allocation:
+    """A retried or moved bind: reuse the live reservation on ``node``, give back those
+    on other nodes, or reserve under the next key."""
     earlier = allocations.listing(state, pod.uid, None, None, 1_000)
     live = [a for a in earlier if a.state in LIVE]
     here = next((a for a in live if a.tasks[0].node == node), None)
     for stale in live:
         if stale is not here:  # an earlier attempt on another node failed; give those back
             allocations.release(state, stale.id)
-    allocation = here
-    if allocation is None:
-        body = PlaceRequest.model_validate(
-            {
-                **pod.request.model_dump(),
-                "nodes": [node],
-                "job_id": pod.uid,
-                "owner": pod.owner,
-                "ttl_s": ttl_s,
-            }
-        )
-        try:
-            key = f"k8s-pod:{pod.uid}:{len(earlier)}"
-            allocation = allocations.place(state, body, key, active=True).allocation
-        except ServiceError as exc:
-            return f"{PREFIX}cannot reserve GPUs on {node}: {exc.message}"
+    if here is not None:
+        return here
+    return allocations.place(state, body, f"k8s-pod:{pod.uid}:{len(earlier)}", True).allocation
+
+
+def bind_pod(state: ServiceState, kube: KubeApi, pod: PodRequest, node: str, ttl_s: float) -> str:
+    """One pod's GPUs on ``node``; returns ExtenderBindingResult.Error ('' when bound)."""
+    if pod.request is None:
+        return create_binding(kube, pod, node, {}) or ""
+    body = PlaceRequest.model_validate(
+        {
+            **pod.request.model_dump(),
+            "nodes": [node],
+            "job_id": pod.uid,
+            "owner": pod.owner,
+            "ttl_s": ttl_s,
+        }
+    )
+    try:
+        allocation = _first_reservation(state, body, pod) or _reservation(state, body, pod, node)
+    except ServiceError as exc:
+        return f"{PREFIX}cannot reserve GPUs on {node}: {exc.message}"
     refused = create_binding(kube, pod, node, binding_annotations(allocation, allocation.tasks))
     if refused is not None:
         allocations.release(state, allocation.id)

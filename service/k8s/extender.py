@@ -30,6 +30,7 @@ from service.k8s.priority_json import PriorityEncoder
 from service.k8s.reconcile import Backstop
 from service.k8s.screening import PREFIX, Judgement, everyone, judge_mig, judge_screen, no_one
 from service.k8s.settings import ExtenderSettings
+from service.k8s.timed_api import TimedKubeApi
 from service.k8s.wake import WakeUp
 from service.k8s.wire import (
     ExtenderBindingResult,
@@ -78,6 +79,7 @@ class Extender:
         self.state = state
         self.settings = settings
         self._kube = kube
+        self._timed: KubeApi | None = None  # the same API, its calls timed for /metrics
         self._kube_lock = threading.Lock()
         self.gangs = GangCoordinator(state, self.kube)
         self._recent: OrderedDict[str, _Recent] = OrderedDict()
@@ -107,7 +109,9 @@ class Extender:
                     self._kube = from_kubeconfig(Path(self.settings.kubeconfig), timeout)
                 else:
                     self._kube = in_cluster(timeout)
-            return self._kube
+            if self._timed is None:
+                self._timed = TimedKubeApi(self._kube, self.state.metrics.kube_api)
+            return self._timed
 
     # -- the pod's request ---------------------------------------------------------
 

@@ -4,17 +4,20 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Path, Query, Response, status
+from fastapi import APIRouter, Body, Depends, Path, Query, Response, status
 
 from placement.snapshot import NODE_NAME_PATTERN
 from service.admin_actions import Caller
 from service.deps import get_caller, get_state
+from service.nodes import nvlink_report
 from service.nodes import observed as service
 from service.nodes.schemas import (
+    HeartbeatReport,
     NodeKeyRegistration,
     NodeKeyView,
     NodeList,
     NodeView,
+    NvlinkView,
     SnapshotAccepted,
     SnapshotReport,
     TopologyView,
@@ -43,8 +46,13 @@ def put_snapshot(
 
 
 @router.post("/{name}/heartbeat", status_code=status.HTTP_204_NO_CONTENT)
-def post_heartbeat(name: NodeName, state: State) -> Response:
-    service.heartbeat(state, name)
+def post_heartbeat(
+    name: NodeName,
+    state: State,
+    report: Annotated[HeartbeatReport | None, Body()] = None,
+) -> Response:
+    """The node is alive; the body, optional, carries its NVLink counters (docs/metrics.md)."""
+    service.heartbeat_with(state, name, report)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
@@ -90,6 +98,12 @@ def get_node(name: NodeName, state: State) -> NodeView:
 def get_topology(name: NodeName, state: State) -> TopologyView:
     """The link matrix, its bandwidths, and the same as `nvidia-smi topo -m` text."""
     return service.topology(state, name)
+
+
+@router.get("/{name}/nvlink", response_model=NvlinkView)
+def get_nvlink(name: NodeName, state: State) -> NvlinkView:
+    """The node's latest NVLink counters, per GPU and link, as its agent last reported them."""
+    return nvlink_report.view(state, name)
 
 
 @router.get("/{name}/snapshots")

@@ -9,8 +9,9 @@ node's ``state`` when it is read).
 from __future__ import annotations
 
 from service.admin_actions import INTERNAL, Caller
-from service.nodes import service
-from service.nodes.schemas import NodeView, SnapshotAccepted, SnapshotReport
+from service.errors import ServiceError
+from service.nodes import nvlink_report, service
+from service.nodes.schemas import HeartbeatReport, NodeView, SnapshotAccepted, SnapshotReport
 from service.nodes.service import (
     delete_key,
     get_key,
@@ -28,6 +29,7 @@ __all__ = [
     "get_key",
     "get_node",
     "heartbeat",
+    "heartbeat_with",
     "list_nodes",
     "register_key",
     "remove_node",
@@ -41,10 +43,23 @@ __all__ = [
 def report_snapshot(
     state: ServiceState, name: str, report: SnapshotReport, caller: Caller = INTERNAL
 ) -> SnapshotAccepted:
-    accepted = service.report_snapshot(state, name, report, caller)
+    try:
+        accepted = service.report_snapshot(state, name, report, caller)
+    except ServiceError as refused:  # one that did not parse is counted at the edge
+        state.metrics.snapshot_refusals.labels(refused.code).inc()
+        raise
+    state.metrics.snapshots.labels("true" if accepted.changed else "false").inc()
     if accepted.changed:
         state.events.publish("node", "reported", node=name)
     return accepted
+
+
+def heartbeat_with(state: ServiceState, name: str, report: HeartbeatReport | None) -> None:
+    """A heartbeat, with the NVLink counters it may carry (checked first, kept after)."""
+    links = nvlink_report.check(state, name, report) if report is not None else ()
+    heartbeat(state, name)
+    if report is not None:
+        nvlink_report.keep(state, name, links)
 
 
 def set_cordoned(state: ServiceState, name: str, cordoned: bool) -> NodeView:
@@ -55,4 +70,5 @@ def set_cordoned(state: ServiceState, name: str, cordoned: bool) -> NodeView:
 
 def remove_node(state: ServiceState, name: str) -> None:
     service.remove_node(state, name)
+    state.nvlink.forget(name)
     state.events.publish("node", "removed", node=name)

@@ -10,7 +10,9 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, BaseModel, Field, field_validator
 
 from placement import NodeSnapshot
+from placement.snapshot import MAX_GPUS
 from placement.text import Text
+from service.nodes.nvlink import MAX_LINKS
 
 
 def _as_utc(value: datetime) -> datetime:
@@ -121,3 +123,53 @@ class NodeKeyView(BaseModel):
     algorithm: str
     public_key: str
     registered_at: UtcTime
+
+
+# An NVML counter is an unsigned 64-bit integer.
+Counter64 = Annotated[int, Field(ge=0, le=2**64 - 1)]
+
+
+class NvlinkCounters(BaseModel):
+    """One NVLink's counters as NVML field values give them, since the driver loaded; a
+    counter the GPU does not offer is left out (or null)."""
+
+    model_config = {"extra": "forbid"}
+
+    gpu: int = Field(ge=0, lt=MAX_GPUS, description="the GPU's index on the node")
+    link: int = Field(ge=0, lt=MAX_LINKS, description="the link's number on that GPU")
+    tx_bytes: Counter64 | None = Field(default=None, description="data bytes sent")
+    rx_bytes: Counter64 | None = Field(default=None, description="data bytes received")
+    crc_flit_errors: Counter64 | None = Field(default=None, description="flow-control CRC errors")
+    crc_data_errors: Counter64 | None = Field(default=None, description="data CRC errors")
+    replay_errors: Counter64 | None = Field(default=None, description="replays")
+    recovery_errors: Counter64 | None = Field(default=None, description="link recoveries")
+
+
+class HeartbeatReport(BaseModel):
+    """What an agent may send with a heartbeat: its NVLink counters (docs/metrics.md)."""
+
+    model_config = {"extra": "forbid"}
+
+    nvlink: list[NvlinkCounters] = Field(
+        default_factory=list,
+        max_length=MAX_GPUS * MAX_LINKS,
+        description="each active link's counters, one entry per (gpu, link)",
+    )
+
+    @field_validator("nvlink")
+    @classmethod
+    def _one_per_link(cls, value: list[NvlinkCounters]) -> list[NvlinkCounters]:
+        seen: set[tuple[int, int]] = set()
+        for entry in value:
+            if (entry.gpu, entry.link) in seen:
+                raise ValueError(f"GPU {entry.gpu} link {entry.link} is reported twice")
+            seen.add((entry.gpu, entry.link))
+        return value
+
+
+class NvlinkView(BaseModel):
+    """A node's latest NVLink counters; ``at`` null and no links before its first report."""
+
+    node: str
+    at: UtcTime | None = Field(description="when the service took the reading")
+    links: list[NvlinkCounters]

@@ -201,11 +201,14 @@ class Reconciler:
             return
         self._last = now
         self._next = now + self.settings.reconcile_interval_s
+        started = time.perf_counter()
         try:
             squeue = await off_loop(read_squeue, command, self.settings.squeue_timeout_s)
         except RuntimeError as exc:
             # Never release on a failed read: an empty answer would free every GPU.
+            self.state.metrics.squeue.labels("failed").observe(time.perf_counter() - started)
             log.warning("reconcile skipped: %s", exc)
             return
+        self.state.metrics.squeue.labels("ok").observe(time.perf_counter() - started)
         with acting(RECONCILER):  # the audit log's actor of what it changes
             await off_loop(reconcile, self.state, self.settings, squeue)

@@ -30,7 +30,15 @@ from tests.service.conftest import ADMIN_TOKEN, secured
 from tests.service.grpc.conftest import Running, reason, start
 
 AGENT_NODE = "node-a"
-OPEN = {"/healthz", "/readyz", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
+OPEN = {
+    "/healthz",
+    "/readyz",
+    "/metrics",
+    "/openapi.json",
+    "/docs",
+    "/docs/oauth2-redirect",
+    "/redoc",
+}
 
 
 def app_routes(client: TestClient) -> list[tuple[str, str]]:

@@ -139,11 +139,8 @@ def test_a_kubernetes_bind_publishes_one_event_per_change(
     p = kube.add(pod("train", 2))
     _bind(k8s_client, p, "h0")
     allocation = _only_id(k8s_client, p["metadata"]["uid"])
-    # Two changes: the reservation, then its confirmation once the Binding exists.
-    assert watcher.since_last() == [
-        ("placed", allocation, "pending"),
-        ("confirmed", allocation, "active"),
-    ]
+    # One change: a pod's reservation is made active at once, before its Binding.
+    assert watcher.since_last() == [("placed", allocation, "active")]
     _bind(k8s_client, p, "h0")  # a scheduler's retry: the same reservation, no change
     assert watcher.since_last() == []
 

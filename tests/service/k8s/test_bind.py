@@ -95,6 +95,51 @@ def test_a_refused_binding_releases_the_reservation(fleet: TestClient, kube: Fak
     assert states == ["active", "released"]
 
 
+def test_a_bind_back_on_the_first_node_reserves_anew(fleet: TestClient, kube: FakeKubeApi):
+    # Key N=0 is used on h100-a, N=1 on v100-c (the first key, for another node, is
+    # refused as a Conflict at the commit), both Bindings refused and both released: a
+    # bind to h100-a again must not replay N=0's released reservation.
+    p = kube.add(pod("trainer-0", 2))
+    kube.refuse_with = KubeApiError(403, "forbidden")
+    assert "forbidden" in _bind(fleet, p, "h100-a")
+    assert "forbidden" in _bind(fleet, p, "v100-c")
+    kube.refuse_with = None
+    assert _bind(fleet, p, "h100-a") == ""
+    found = _allocations(fleet, p["metadata"]["uid"])
+    assert sorted((a["tasks"][0]["node"], a["state"]) for a in found) == [
+        ("h100-a", "active"),
+        ("h100-a", "released"),
+        ("v100-c", "released"),
+    ]
+    assert len(fleet.get("/v1/nodes/v100-c").json()["free_gpus"]) == 8
+    assert len(fleet.get("/v1/nodes/h100-a").json()["free_gpus"]) == 6
+
+
+def test_a_first_bind_does_not_read_earlier_reservations(
+    fleet: TestClient, kube: FakeKubeApi, monkeypatch: pytest.MonkeyPatch
+):
+    # The pod's first reservation goes straight to the commit: the key's unique index
+    # is what finds an earlier one, no listing of the pod's reservations first.
+    from service.allocations import api as allocations
+
+    reads: list[str | None] = []
+    listing = allocations.listing
+
+    def counted(state: Any, job_id: str | None, *rest: Any) -> Any:
+        reads.append(job_id)
+        return listing(state, job_id, *rest)
+
+    monkeypatch.setattr(allocations, "listing", counted)
+    p = kube.add(pod("trainer-0", 4))
+    assert _bind(fleet, p, "h100-a") == ""
+    assert reads == []
+    assert _bind(fleet, p, "h100-a") == ""  # a retry takes the careful path, and books once
+    assert reads == [p["metadata"]["uid"]]
+    assert (
+        len([a for a in _allocations(fleet, p["metadata"]["uid"]) if a["state"] == "active"]) == 1
+    )
+
+
 def test_bind_without_a_filter_reads_the_pod_from_the_api(fleet: TestClient, kube: FakeKubeApi):
     p = kube.add(pod("trainer-1", 8, annotations={"topoplace.io/locality": "nvlink"}))
     assert _bind(fleet, p, "h100-a") == ""

@@ -51,3 +51,12 @@ def test_the_configured_command_is_read_and_gone_jobs_are_released(
     asyncio.run(_reconciler(client, _squeue(tmp_path, [running])).tick())
     assert _live(client) == kept["allocation_ids"]
     assert gone["allocation_ids"][0] not in _live(client)
+
+
+def test_squeue_runs_are_timed_by_outcome(client: TestClient, tmp_path: Path) -> None:
+    asyncio.run(_reconciler(client, _squeue(tmp_path, [])).tick())
+    asyncio.run(_reconciler(client, "false").tick())
+    asyncio.run(_reconciler(client, "false").tick())
+    metrics = client.get("/metrics").text
+    assert 'topoplace_squeue_duration_seconds_count{outcome="ok"} 1.0' in metrics
+    assert 'topoplace_squeue_duration_seconds_count{outcome="failed"} 2.0' in metrics

@@ -1,0 +1,51 @@
+"""The gauges read from the state: designs follow a node's newest snapshot, gone nodes go."""
+
+from __future__ import annotations
+
+import threading
+from types import SimpleNamespace
+from typing import Any
+
+from placement import ClusterState
+from placement.profiles import build_profile
+from service.metrics.cluster import ClusterCollector, design_of
+
+
+def _state(cluster: ClusterState, cordoned: set[str] | None = None) -> Any:
+    return SimpleNamespace(
+        cluster=cluster,
+        lock=threading.RLock(),
+        cordoned=cordoned or set(),
+        is_stale=lambda n: False,
+    )
+
+
+def test_a_node_re_reported_as_another_design_moves_group() -> None:
+    cluster = ClusterState()
+    cluster.upsert(build_profile("dgx1-v100", "n1"))
+    cluster.upsert(build_profile("hgx-h100", "n2"))
+    collector = ClusterCollector(_state(cluster))
+    first = collector._groups()
+    assert {g: sum(v.nodes.values()) for g, v in first.items()} == {
+        ("8xTesla V100-SXM2-32GB", "default"): 1,
+        ("8xNVIDIA H100 80GB HBM3", "default"): 1,
+    }
+    cluster.upsert(build_profile("hgx-b200", "n1").model_copy(update={"seq": 5}))
+    cluster.remove("n2")
+    second = collector._groups()
+    assert list(second) == [("8xNVIDIA B200", "default")]
+    assert second[("8xNVIDIA B200", "default")].largest_free_island == 8
+    assert len(collector._designs) == 1  # the cache holds only what is served
+
+
+def test_a_cordoned_node_offers_no_free_gpus() -> None:
+    cluster = ClusterState()
+    cluster.upsert(build_profile("dgx1-v100", "n1"))
+    [group] = ClusterCollector(_state(cluster, {"n1"}))._groups().values()
+    assert group.nodes["cordoned"] == 1 and group.gpus["free"] == 0
+    assert group.gpus["unavailable"] == 8 and group.largest_free_island == 0
+
+
+def test_the_design_is_the_count_and_most_common_model() -> None:
+    assert design_of(build_profile("dgx1-v100", "n")) == "8xTesla V100-SXM2-32GB"
+    assert design_of(build_profile("dgx1-v100", "n").model_copy(update={"gpus": []})) == "none"
