@@ -197,6 +197,27 @@ def observe(
     (lifecycle.observe). Events: the allocations it released first, then the one
     that now holds the job (attached, moved, or placed when created)."""
     observation = lifecycle.observe(state, job_id, owner, gpus, named, reason)
+    _publish_observation(state, observation)
+    return observation
+
+
+def observe_mig(
+    state: ServiceState,
+    job_id: str,
+    owner: str,
+    node: str,
+    mig_uuids: list[str],
+    named: list[str],
+    reason: str,
+) -> Observation:
+    """The scheduler (the kubelet) runs ``job_id`` on these MIG instances of ``node``:
+    make it so here (lifecycle.observe_mig), with the events of ``observe``."""
+    observation = lifecycle.observe_mig(state, job_id, owner, node, mig_uuids, named, reason)
+    _publish_observation(state, observation)
+    return observation
+
+
+def _publish_observation(state: ServiceState, observation: Observation) -> None:
     _publish_ids(state, "released", [*observation.superseded, *observation.merged])
     held: dict[str, tuple[EventType, Sequence[str]]] = {
         "attached": ("attached", observation.attached),
@@ -206,4 +227,3 @@ def observe(
     if observation.action in held:
         type_, ids = held[observation.action]
         _publish_ids(state, type_, ids)
-    return observation

@@ -21,9 +21,10 @@ from typing import Any
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
+from placement.snapshot import NodeSnapshot
 from service.allocations import queries, repository, views
 from service.allocations.encoding import time_text
-from service.allocations.observed_gpus import observed_placement
+from service.allocations.observed_gpus import observed_mig_placement, observed_placement
 from service.allocations.place_flow import checked_ttl
 from service.allocations.results import Allocation, Ended, Observation
 from service.allocations.schemas import PlaceRequest
@@ -215,18 +216,83 @@ def observe(
     is created. A hold taken meanwhile by another replica fails the insert; the
     whole transaction is then tried again.
     """
-    with state.lock:
-        missing = [n for n in gpus if n not in state.cluster]
-        if missing:
-            raise NotFound(f"node(s) {', '.join(sorted(missing))} unknown to topoplace")
-        snapshots = {n: state.cluster.node(n).snapshot for n in gpus}
+    snapshots = _snapshots(state, list(gpus))
     for node, indices in gpus.items():
         wrong = [i for i in indices if not 0 <= i < snapshots[node].gpu_count]
         if wrong or not indices:
             raise BadRequest(f"{node} has no GPU {wrong or '(none named)'}", {"node": node})
     holds = [(n, snapshots[n].gpus[i].uuid, "gpu") for n in sorted(gpus) for i in sorted(gpus[n])]
-    wanted = {(n, d) for n, d, _ in holds}
     placement_text = json.dumps(observed_placement(snapshots, gpus, reason))
+    counts = {len(v) for v in gpus.values()}
+    request = PlaceRequest(
+        gpus=max(counts), tasks=len(gpus), owner=owner, job_id=job_id
+    ).model_dump_json()
+    truth = _Truth(holds, (), placement_text, request, tuple(sorted(gpus)))
+    return _take_truth(state, job_id, owner, named, truth)
+
+
+def observe_mig(
+    state: ServiceState,
+    job_id: str,
+    owner: str,
+    node: str,
+    mig_uuids: list[str],
+    named: list[str],
+    reason: str,
+) -> Observation:
+    """The scheduler runs ``job_id`` on these MIG instances of ``node``: make it so here,
+    as ``observe`` does for whole GPUs. Besides the allocations holding one of these
+    instances, one holding a parent GPU whole is stale too (a GPU split into instances
+    is not given whole), so neither is ever held twice."""
+    snapshot = _snapshots(state, [node])[node]
+    by_uuid = {m.uuid: m for m in snapshot.mig_instances}
+    unknown = [u for u in mig_uuids if u not in by_uuid]
+    if unknown or not mig_uuids:
+        raise BadRequest(f"{node} has no MIG instance {unknown or '(none named)'}", {"node": node})
+    if len(set(mig_uuids)) != len(mig_uuids):
+        raise BadRequest(f"a MIG instance of {node} is named twice", {"node": node})
+    chosen = [by_uuid[u] for u in sorted(mig_uuids)]
+    profiles = sorted({m.profile for m in chosen})
+    if len(profiles) != 1:
+        raise BadRequest(
+            f"MIG instances of one job must share a profile, not {', '.join(profiles)}",
+            {"node": node},
+        )
+    holds = [(node, m.uuid, "mig") for m in chosen]
+    parents = tuple(sorted({(node, snapshot.gpus[m.parent_gpu].uuid) for m in chosen}))
+    placement_text = json.dumps(observed_mig_placement(snapshot, chosen, reason))
+    request = PlaceRequest(
+        gpus=1, tasks=len(chosen), mig_profile=profiles[0], owner=owner, job_id=job_id
+    ).model_dump_json()
+    truth = _Truth(holds, parents, placement_text, request, (node,))
+    return _take_truth(state, job_id, owner, named, truth)
+
+
+def _snapshots(state: ServiceState, nodes: list[str]) -> dict[str, NodeSnapshot]:
+    with state.lock:
+        missing = [n for n in nodes if n not in state.cluster]
+        if missing:
+            raise NotFound(f"node(s) {', '.join(sorted(missing))} unknown to topoplace")
+        return {n: state.cluster.node(n).snapshot for n in nodes}
+
+
+@dataclass(frozen=True)
+class _Truth:
+    """What a job really holds, as rows: its holds, other devices whose holders are stale
+    too, its placement and request JSON, and its nodes."""
+
+    holds: list[tuple[str, str, str]]
+    also_stale: tuple[tuple[str, str], ...]
+    placement: str
+    request: str
+    nodes: tuple[str, ...]
+
+
+def _take_truth(
+    state: ServiceState, job_id: str, owner: str, named: list[str], truth: _Truth
+) -> Observation:
+    holds = truth.holds
+    wanted = {(n, d) for n, d, _ in holds}
 
     def work(conn: Connection) -> tuple[Observation, list[repository.FreedHold]]:
         now = state.clock()
@@ -238,14 +304,15 @@ def observe(
                 audit.write_allocations(conn, "attached", attached, now)
                 return Observation("attached", ids[0], attached=attached), []
             return Observation("matched", ids[0]), []
-        stale = sorted(a for a in repository.holders(conn, sorted(wanted)) if a not in ids)
+        contested = sorted(wanted | set(truth.also_stale))
+        stale = sorted(a for a in repository.holders(conn, contested) if a not in ids)
         superseded, freed = repository.end(conn, stale, "release", now)
         merged, freed_merged = repository.end(conn, ids[1:], "release", now)
         freed += freed_merged
         moved = None
         if ids:
             moved, given_up = repository.relocate(
-                conn, ids[0], now, job_id=job_id, placement=placement_text, holds=holds
+                conn, ids[0], now, job_id=job_id, placement=truth.placement, holds=holds
             )
             freed += given_up
         # Audit rows in the events' order (api.observe): what ended, then the job's own.
@@ -254,14 +321,14 @@ def observe(
             observation = Observation("moved", ids[0], tuple(superseded), tuple(merged))
             audit.write(conn, [records.allocation_change("moved", now, moved)])
         else:
-            row = _observed_row(job_id, owner, gpus, placement_text, holds, now)
+            row = _observed_row(job_id, owner, truth.request, truth.placement, holds, now)
             repository.insert(conn, row, holds)
             observation = Observation("created", str(row["id"]), tuple(superseded), tuple(merged))
             placed = records.placed(
-                now, str(row["id"]), job_id, gpus, "active", str(row["request"]), placement_text
+                now, str(row["id"]), job_id, truth.nodes, "active", truth.request, truth.placement
             )
             audit.write(conn, [placed])
-        publish(conn, {h.node for h in freed} | set(gpus))
+        publish(conn, {h.node for h in freed} | set(truth.nodes))
         return observation, freed
 
     for attempt in range(OBSERVE_ATTEMPTS):
@@ -275,22 +342,18 @@ def observe(
                     {"job_id": job_id},
                 ) from None
     if observation.action not in ("matched", "attached"):
-        state.sync_nodes(sorted({h.node for h in freed} | set(gpus)))
+        state.sync_nodes(sorted({h.node for h in freed} | set(truth.nodes)))
     return observation
 
 
 def _observed_row(
     job_id: str,
     owner: str,
-    gpus: dict[str, list[int]],
+    request: str,
     placement_text: str,
     holds: list[tuple[str, str, str]],
     now: datetime,
 ) -> dict[str, Any]:
-    counts = {len(v) for v in gpus.values()}
-    request = PlaceRequest(
-        gpus=max(counts), tasks=len(gpus), owner=owner, job_id=job_id
-    ).model_dump_json()
     return {
         "id": str(uuid.uuid4()),
         "state": "active",  # the job runs: no TTL, it ends with the job

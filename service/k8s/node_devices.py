@@ -176,9 +176,10 @@ def _reconcile_pod(
     if allocation is not None and set(reserved) == set(pod.devices):
         outcome.allocation_id = allocation.id
         return outcome
-    if any(d not in by_uuid for d in pod.devices):
+    mig = [d for d in pod.devices if d not in by_uuid]
+    if mig and len(mig) != len(pod.devices):
         outcome.action = "unmatched"
-        outcome.message = "MIG instances other than the reservation's are counted, not moved"
+        outcome.message = "whole GPUs and MIG instances in one report of a pod are not moved"
         outcome.allocation_id = allocation.id if allocation else None
         _record(mismatches, node, pod, outcome, reserved, ())
         return outcome
@@ -205,15 +206,14 @@ def _reconcile_pod(
             outcome.action = "deferred"
             outcome.message = "the pod has no UID yet"
             return outcome
-    indices = sorted(by_uuid[d] for d in pod.devices)
-    observation = allocations.observe(
-        state,
-        job_id,
-        f"{POD_OWNER}{pod.namespace}/{pod.name}",
-        {node: indices},
-        [allocation.id] if allocation is not None else [],
-        f"observed: the kubelet gave pod {pod.namespace}/{pod.name} these GPUs",
-    )
+    owner = f"{POD_OWNER}{pod.namespace}/{pod.name}"
+    named = [allocation.id] if allocation is not None else []
+    reason = f"observed: the kubelet gave pod {pod.namespace}/{pod.name} these devices"
+    if mig:
+        observation = allocations.observe_mig(state, job_id, owner, node, mig, named, reason)
+    else:
+        indices = sorted(by_uuid[d] for d in pod.devices)
+        observation = allocations.observe(state, job_id, owner, {node: indices}, named, reason)
     outcome.action = "moved" if observation.action == "moved" else "matched"
     if observation.action == "created":
         outcome.action = "created"
