@@ -217,6 +217,17 @@ def observe_mig(
     return observation
 
 
+def observe_task(
+    state: ServiceState, allocation_id: str, task: int, node: str, gpus: list[int], reason: str
+) -> Observation:
+    """Task ``task`` of ``allocation_id`` (a gang member) runs on ``gpus`` of ``node``
+    instead of its own: move that task alone (lifecycle.observe_task), with the events
+    of ``observe``."""
+    observation = lifecycle.observe_task(state, allocation_id, task, node, gpus, reason)
+    _publish_observation(state, observation)
+    return observation
+
+
 def _publish_observation(state: ServiceState, observation: Observation) -> None:
     _publish_ids(state, "released", [*observation.superseded, *observation.merged])
     held: dict[str, tuple[EventType, Sequence[str]]] = {

@@ -268,6 +268,87 @@ def observe_mig(
     return _take_truth(state, job_id, owner, named, truth)
 
 
+def observe_task(
+    state: ServiceState, allocation_id: str, task: int, node: str, gpus: list[int], reason: str
+) -> Observation:
+    """Task number ``task`` of a live allocation (a gang member's pod) runs on ``gpus`` of
+    ``node`` rather than on the GPUs it holds: move that task alone, its other tasks kept,
+    in one guarded transaction. Other allocations holding those GPUs are stale and end;
+    a GPU another task of the same allocation holds is refused (409), never held twice.
+    A task already on ``gpus`` is ``matched``: the truth is reported every round."""
+    snapshot = _snapshots(state, [node])[node]
+    wrong = [i for i in gpus if not 0 <= i < snapshot.gpu_count]
+    if wrong or not gpus or len(set(gpus)) != len(gpus):
+        raise BadRequest(f"{node} has no GPUs {wrong or gpus}", {"node": node})
+    moved_task = observed_placement({node: snapshot}, {node: gpus}, reason)["tasks"][0]
+    new_holds = [(node, snapshot.gpus[i].uuid, "gpu") for i in sorted(gpus)]
+    wanted = {(n, d) for n, d, _ in new_holds}
+
+    def work(conn: Connection) -> tuple[Observation, list[repository.FreedHold]]:
+        now = state.clock()
+        row = repository.by_id(conn, allocation_id)
+        if row is None or row["state"] not in repository.LIVE:
+            raise NotFound(f"allocation {allocation_id} is not live", {"id": allocation_id})
+        placement = json.loads(str(row["placement"]))
+        tasks = placement["tasks"]
+        found = [i for i, t in enumerate(tasks) if t["task"] == task and t["node"] == node]
+        if not found:
+            raise Conflict(
+                f"allocation {allocation_id} has no task {task} on {node}", {"id": allocation_id}
+            )
+        old = tasks[found[0]]
+        if set(old["gpu_uuids"]) == {d for _, d in wanted}:
+            return Observation("matched", allocation_id), []  # moved before: nothing to do
+        was = list(old["gpu_uuids"])
+        gone = set(was)
+        kept = [
+            h
+            for h in repository.holds_with_kind(conn, allocation_id)
+            if not (h[0] == node and h[2] == "gpu" and h[1] in gone)
+        ]
+        own = {(n, d) for n, d, _ in kept} & wanted
+        if own:
+            raise Conflict(
+                f"another task of allocation {allocation_id} holds {sorted(d for _, d in own)}",
+                {"id": allocation_id},
+            )
+        # The task's CPUs stay its own (their holds are kept): only its GPUs move.
+        tasks[found[0]] = {
+            **moved_task,
+            "task": old["task"],
+            "cpuset": old.get("cpuset", ""),
+            "cpus": old.get("cpus", []),
+        }
+        stale = sorted(a for a in repository.holders(conn, sorted(wanted)) if a != allocation_id)
+        superseded, freed = repository.end(conn, stale, "release", now)
+        moved, given_up = repository.relocate(
+            conn,
+            allocation_id,
+            now,
+            job_id=row["job_id"],
+            placement=json.dumps(placement),
+            holds=[*new_holds, *kept],
+        )
+        if moved is None:
+            raise Conflict(f"allocation {allocation_id} changed meanwhile; retry")
+        freed += given_up
+        audit.write_allocations(conn, "released", superseded, now)
+        audit.write(conn, [records.allocation_change("moved", now, moved)])
+        publish(conn, {h.node for h in freed} | {node})
+        return Observation("moved", allocation_id, tuple(superseded)), freed
+
+    try:
+        observation, freed = in_transaction(state.engine, work)
+    except IntegrityError:
+        raise Conflict(
+            f"the GPUs of allocation {allocation_id} were taken while it was recorded; retry",
+            {"id": allocation_id},
+        ) from None
+    if observation.action == "moved":
+        state.sync_nodes(sorted({h.node for h in freed} | {node}))
+    return observation
+
+
 def _snapshots(state: ServiceState, nodes: list[str]) -> dict[str, NodeSnapshot]:
     with state.lock:
         missing = [n for n in nodes if n not in state.cluster]
