@@ -54,6 +54,8 @@ class Claims:
         self.lock = threading.Lock()
         self._clock = clock
         self.given: set[str] = set()
+        # Reservations of pods split over containers, part given: id -> the devices given.
+        self.parts: dict[str, frozenset[str]] = {}
         self._offered: dict[str, tuple[float, Reservation]] = {}
 
     def taken(self) -> set[str]:
@@ -78,14 +80,28 @@ class Claims:
         return None
 
     def give(self, reservation: Reservation) -> None:
-        self._offered.pop(reservation.allocation_id, None)
-        self.given.add(reservation.allocation_id)
+        """Under ``lock``: a container got ``reservation`` (or a part of it); the whole is
+        given once every part is."""
+        key = reservation.allocation_id
+        self._offered.pop(key, None)
+        got = self.parts.get(key, frozenset()) | set(reservation.devices)
+        if got >= set(reservation.all_devices):
+            self.parts.pop(key, None)
+            self.given.add(key)
+        else:
+            self.parts[key] = got
 
-    def rebuild(self, given: set[str], live: set[str]) -> None:
-        """From the truth: ``given`` ids are held by admitted pods; ids no longer ``live``
-        (their allocation ended) are forgotten."""
+    def rebuild(
+        self, given: set[str], live: set[str], parts: dict[str, frozenset[str]] | None = None
+    ) -> None:
+        """From the truth: ``given`` ids are held by admitted pods, ``parts`` part-held by
+        the containers admitted so far; ids no longer ``live`` (their allocation ended)
+        are forgotten."""
         with self.lock:
             self.given = (self.given & live) | given
+            merged = {k: v | (parts or {}).get(k, frozenset()) for k, v in self.parts.items()}
+            merged.update({k: v for k, v in (parts or {}).items() if k not in merged})
+            self.parts = {k: v for k, v in merged.items() if k in live and k not in self.given}
 
 
 class ReservationCache:
