@@ -66,7 +66,7 @@ class ResourcePlugin(pb_grpc.DevicePluginServicer):
     # -- helpers -------------------------------------------------------------------
 
     def _known(self) -> dict[str, Device]:
-        return {d.id: d for d in self.devices.get(self.resource)}
+        return self.devices.by_id(self.resource)
 
     def _read_reservations(self, reuse: bool) -> list[Reservation]:
         if reuse:

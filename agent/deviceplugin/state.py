@@ -25,6 +25,7 @@ class Devices:
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._devices: dict[str, list[Device]] = {}
+        self._index: dict[str, tuple[int, dict[str, Device]]] = {}
         self.version = 0
 
     def update(self, resource: str, devices: list[Device]) -> bool:
@@ -39,6 +40,17 @@ class Devices:
     def get(self, resource: str) -> list[Device]:
         with self._cond:
             return list(self._devices.get(resource, ()))
+
+    def by_id(self, resource: str) -> dict[str, Device]:
+        """Device id -> device, built once per change (every kubelet call looks devices up);
+        callers only read it."""
+        with self._cond:
+            cached = self._index.get(resource)
+            if cached is not None and cached[0] == self.version:
+                return cached[1]
+            index = {d.id: d for d in self._devices.get(resource, ())}
+            self._index[resource] = (self.version, index)
+            return index
 
     def wait_change(self, version: int, timeout_s: float) -> int:
         """Block until the version moves past ``version`` or the timeout; the version now."""
