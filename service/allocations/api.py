@@ -25,7 +25,7 @@ the events tell the same story (tests/service/allocations/test_events_per_change
 | ended by a release (a caller, a reconciler; superseded or merged by Slurm) | ``released`` |
 | ended by its TTL (the sweep, or a confirm or extend that found it passed) | ``expired`` |
 | a live allocation learnt its scheduler job id | ``attached`` |
-| a live allocation (or one task of it) moved onto the GPUs or MIG instances its job really runs on | ``moved`` |
+| a live allocation (or one task) moved onto the GPUs or MIG instances it runs on | ``moved`` |
 """
 
 from __future__ import annotations
