@@ -399,3 +399,27 @@ def test_a_plugin_restarted_between_two_containers_of_a_pod_gives_it_the_rest(
     # Rebuilt from PodResources: the pod holds part of its reservation; the rest is its own.
     second = kubelet.admit("ml-team", "split", GPU, 2, container="helper")
     assert second.devices == reserved[1:]
+
+
+def test_a_gang_member_the_kubelet_gave_other_gpus_moves_its_task(
+    cluster: Cluster, kubelet: FakeKubelet, plugins: list[PluginProcess]
+):
+    snap = cluster.add_node("hgx-h100", NODE)
+    _start(cluster, plugins)
+    ring = {"topoplace.io/gang": "ring", "topoplace.io/gang-size": "2"}
+    first = cluster.schedule("ring-0", 2, NODE, annotations=ring)
+    second = cluster.schedule("ring-1", 2, NODE, annotations=ring)
+    mine, theirs = _annotated(first), _annotated(second)
+    other = [g.uuid for g in snap.gpus if g.uuid not in mine + theirs][:2]
+    admitted = kubelet.admit("ml-team", "ring-0", GPU, 2, choose=other)
+    assert admitted.response.envs["NVIDIA_VISIBLE_DEVICES"] == ",".join(other)
+    # Gang members are not in the node's reservation list (docs/kubernetes.md, "Not
+    # done"): here the kubelet gives ring-1 its task's GPUs itself.
+    kubelet.admit("ml-team", "ring-1", GPU, 2, choose=theirs)
+
+    def tasks() -> list[list[str]]:
+        listed = cluster.http.get("/v1/allocations", params={"node": NODE}).json()
+        return sorted(sorted(t["gpu_uuids"]) for a in listed["allocations"] for t in a["tasks"])
+
+    wait_until(lambda: tasks() == sorted([sorted(other), sorted(theirs)]), "ring-0's task moved")
+    assert cluster.http.get("/v1/k8s/mismatches").json()["counts"]["moved"] == 1
