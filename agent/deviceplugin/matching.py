@@ -5,13 +5,21 @@ node (pods the extender bound here, oldest bind first): the first one not yet
 claimed, of the same resource and size, whose devices are all among those
 the kubelet offers and which contains every device the kubelet insists on.
 A claim is taken under the plugin's lock, so two admissions never take the
-same reservation; the kubelet admits pods one at a time anyway. Pure: no I/O.
+same reservation; the kubelet admits pods one at a time anyway.
+
+A pod whose GPUs are split over several containers is admitted container by
+container (the kubelet calls the plugin once per container): its reservation
+is handed out in parts, in the reservation's order. A reservation part of
+which a container already got is the pod being admitted now, so the next
+request is matched to its rest before anything else; a request smaller than
+every free reservation of its size starts the split of the oldest larger one.
+Pure: no I/O.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 
@@ -24,6 +32,12 @@ class Reservation:
     devices: tuple[str, ...]  # in the reservation's order
     nvlink_connected: bool
     numa_nodes: tuple[int, ...]
+    # For a part of a reservation (one container of a pod): the whole reservation's devices.
+    whole: tuple[str, ...] = ()
+
+    @property
+    def all_devices(self) -> tuple[str, ...]:
+        return self.whole or self.devices
 
     @classmethod
     def from_json(cls, item: dict[str, Any]) -> Reservation:
@@ -45,27 +59,81 @@ def pick(
     size: int,
     available: Sequence[str],
     must_include: Sequence[str] = (),
+    parts: Mapping[str, frozenset[str]] | None = None,
 ) -> Reservation | None:
-    """The oldest unclaimed reservation that fits this request, or None."""
+    """The reservation (or the part of one) that fits this request, or None: the rest of
+    a reservation part-given already, else the oldest unclaimed one of this size, else
+    the first part of the oldest larger one."""
     offered = set(available)
     needed = set(must_include)
-    for r in reservations:
-        if r.allocation_id in claimed or r.resource != resource or len(r.devices) != size:
-            continue
-        devices = set(r.devices)
-        if devices <= offered and needed <= devices:
-            return r
-    return None
+    given = parts or {}
+
+    def fits(devices: Iterable[str]) -> bool:
+        chosen = set(devices)
+        return chosen <= offered and needed <= chosen
+
+    return _first(reservations, claimed, resource, given, size, fits)
 
 
 def exact(
-    reservations: Iterable[Reservation], claimed: set[str], resource: str, devices: Sequence[str]
+    reservations: Iterable[Reservation],
+    claimed: set[str],
+    resource: str,
+    devices: Sequence[str],
+    parts: Mapping[str, frozenset[str]] | None = None,
 ) -> Reservation | None:
-    """The oldest unclaimed reservation of exactly these devices (Allocate's match)."""
+    """The reservation (or the rest's part) of exactly these devices, in any order
+    (Allocate's match). A split is not started here: devices the kubelet chose against
+    the preferred answer are not taken for the first part of another pod's reservation."""
     wanted = set(devices)
-    for r in reservations:
-        if r.allocation_id not in claimed and r.resource == resource and set(r.devices) == wanted:
+    return _first(
+        reservations,
+        claimed,
+        resource,
+        parts or {},
+        len(wanted),
+        lambda d: set(d) == wanted,
+        split=False,
+    )
+
+
+def _first(
+    reservations: Iterable[Reservation],
+    claimed: set[str],
+    resource: str,
+    parts: Mapping[str, frozenset[str]],
+    size: int,
+    fits: Callable[[Iterable[str]], bool],
+    split: bool = True,
+) -> Reservation | None:
+    free = [r for r in reservations if r.allocation_id not in claimed and r.resource == resource]
+    for r in free:  # the pod being admitted, container by container
+        given = parts.get(r.allocation_id)
+        if given is not None:
+            found = _part(r, given, size, fits)
+            if found is not None:
+                return found
+    for r in free:
+        if r.allocation_id not in parts and len(r.devices) == size and fits(r.devices):
             return r
+    for r in free if split else ():
+        if r.allocation_id not in parts and len(r.devices) > size:
+            found = _part(r, frozenset(), size, fits)
+            if found is not None:
+                return found
+    return None
+
+
+def _part(
+    r: Reservation, given: frozenset[str], size: int, fits: Callable[[Iterable[str]], bool]
+) -> Reservation | None:
+    """``size`` of the devices of ``r`` not yet given that ``fits`` accepts, in the
+    reservation's order (neighbours on its ring stay together), or None."""
+    rest = [d for d in r.devices if d not in given]
+    for start in range(len(rest) - size + 1):
+        window = rest[start : start + size]
+        if fits(window):
+            return replace(r, devices=tuple(window), whole=r.devices)
     return None
 
 

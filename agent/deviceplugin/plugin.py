@@ -66,7 +66,7 @@ class ResourcePlugin(pb_grpc.DevicePluginServicer):
     # -- helpers -------------------------------------------------------------------
 
     def _known(self) -> dict[str, Device]:
-        return {d.id: d for d in self.devices.get(self.resource)}
+        return self.devices.by_id(self.resource)
 
     def _read_reservations(self, reuse: bool) -> list[Reservation]:
         if reuse:
@@ -141,7 +141,13 @@ class ResourcePlugin(pb_grpc.DevicePluginServicer):
                 # Offers are not excluded: the kubelet admits one pod at a time, so an offer
                 # not yet given is this pod's own, asked again after a failed admission.
                 chosen = matching.pick(
-                    reservations, self.claims.given_now(), self.resource, size, available, must
+                    reservations,
+                    self.claims.given_now(),
+                    self.resource,
+                    size,
+                    available,
+                    must,
+                    self.claims.parts,
                 )
                 if chosen is not None:
                     self.claims.offer(chosen)
@@ -182,7 +188,9 @@ class ResourcePlugin(pb_grpc.DevicePluginServicer):
         if chosen is None:
             reservations = self._read_reservations(reuse=True)
             with self.claims.lock:
-                chosen = matching.exact(reservations, self.claims.taken(), self.resource, ids)
+                chosen = matching.exact(
+                    reservations, self.claims.taken(), self.resource, ids, self.claims.parts
+                )
         if chosen is not None:
             with self.claims.lock:
                 self.claims.give(chosen)

@@ -25,6 +25,7 @@ class Devices:
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._devices: dict[str, list[Device]] = {}
+        self._index: dict[str, tuple[int, dict[str, Device]]] = {}
         self.version = 0
 
     def update(self, resource: str, devices: list[Device]) -> bool:
@@ -40,6 +41,17 @@ class Devices:
         with self._cond:
             return list(self._devices.get(resource, ()))
 
+    def by_id(self, resource: str) -> dict[str, Device]:
+        """Device id -> device, built once per change (every kubelet call looks devices up);
+        callers only read it."""
+        with self._cond:
+            cached = self._index.get(resource)
+            if cached is not None and cached[0] == self.version:
+                return cached[1]
+            index = {d.id: d for d in self._devices.get(resource, ())}
+            self._index[resource] = (self.version, index)
+            return index
+
     def wait_change(self, version: int, timeout_s: float) -> int:
         """Block until the version moves past ``version`` or the timeout; the version now."""
         with self._cond:
@@ -54,6 +66,8 @@ class Claims:
         self.lock = threading.Lock()
         self._clock = clock
         self.given: set[str] = set()
+        # Reservations of pods split over containers, part given: id -> the devices given.
+        self.parts: dict[str, frozenset[str]] = {}
         self._offered: dict[str, tuple[float, Reservation]] = {}
 
     def taken(self) -> set[str]:
@@ -78,14 +92,28 @@ class Claims:
         return None
 
     def give(self, reservation: Reservation) -> None:
-        self._offered.pop(reservation.allocation_id, None)
-        self.given.add(reservation.allocation_id)
+        """Under ``lock``: a container got ``reservation`` (or a part of it); the whole is
+        given once every part is."""
+        key = reservation.allocation_id
+        self._offered.pop(key, None)
+        got = self.parts.get(key, frozenset()) | set(reservation.devices)
+        if got >= set(reservation.all_devices):
+            self.parts.pop(key, None)
+            self.given.add(key)
+        else:
+            self.parts[key] = got
 
-    def rebuild(self, given: set[str], live: set[str]) -> None:
-        """From the truth: ``given`` ids are held by admitted pods; ids no longer ``live``
-        (their allocation ended) are forgotten."""
+    def rebuild(
+        self, given: set[str], live: set[str], parts: dict[str, frozenset[str]] | None = None
+    ) -> None:
+        """From the truth: ``given`` ids are held by admitted pods, ``parts`` part-held by
+        the containers admitted so far; ids no longer ``live`` (their allocation ended)
+        are forgotten."""
         with self.lock:
             self.given = (self.given & live) | given
+            merged = {k: v | (parts or {}).get(k, frozenset()) for k, v in self.parts.items()}
+            merged.update({k: v for k, v in (parts or {}).items() if k not in merged})
+            self.parts = {k: v for k, v in merged.items() if k in live and k not in self.given}
 
 
 class ReservationCache:

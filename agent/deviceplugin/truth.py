@@ -48,13 +48,28 @@ def given_ids(
     reservations: list[Reservation], held: dict[str, dict[PodKey, list[str]]]
 ) -> set[str]:
     """Reservations not to offer: their pod holds devices, or their devices are held."""
-    out = set()
+    return claimed_from(reservations, held)[0]
+
+
+def claimed_from(
+    reservations: list[Reservation], held: dict[str, dict[PodKey, list[str]]]
+) -> tuple[set[str], dict[str, frozenset[str]]]:
+    """(reservations given, reservations part-given -> their devices given): a pod holding
+    some of its reservation's devices and nothing else has had only some of its
+    containers admitted, and the rest is still its own."""
+    given: set[str] = set()
+    parts: dict[str, frozenset[str]] = {}
     for r in reservations:
         pods = held.get(r.resource, {})
-        in_use = {d for ids in pods.values() for d in ids}
-        if (r.namespace, r.pod) in pods or in_use & set(r.devices):
-            out.add(r.allocation_id)
-    return out
+        mine = set(pods.get((r.namespace, r.pod), ()))
+        others = {d for key, ids in pods.items() if key != (r.namespace, r.pod) for d in ids}
+        if others & set(r.devices):
+            given.add(r.allocation_id)
+        elif mine and mine < set(r.devices):
+            parts[r.allocation_id] = frozenset(mine)
+        elif mine:
+            given.add(r.allocation_id)
+    return given, parts
 
 
 class TruthLoop:
@@ -95,11 +110,18 @@ class TruthLoop:
             log.warning("cannot read this node's reservations: %s", exc)
             return False
         live = {r.allocation_id for r in reservations}
-        self.claims.rebuild(given_ids(reservations, held), live)
+        given, parts = claimed_from(reservations, held)
+        self.claims.rebuild(given, live, parts)
+        # A pod with only some containers admitted holds part of its reservation: reported
+        # once all are, or the service would move its allocation onto that part. Meanwhile
+        # its allocation holds every device of it, so none a container holds looks free.
+        partway = {(r.namespace, r.pod) for r in reservations if r.allocation_id in parts}
         ok = True
         for resource, pods in held.items():
             body = [
-                {"namespace": ns, "name": n, "devices": d} for (ns, n), d in sorted(pods.items())
+                {"namespace": ns, "name": n, "devices": d}
+                for (ns, n), d in sorted(pods.items())
+                if (ns, n) not in partway
             ]
             if not body:
                 continue

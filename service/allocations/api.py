@@ -25,7 +25,7 @@ the events tell the same story (tests/service/allocations/test_events_per_change
 | ended by a release (a caller, a reconciler; superseded or merged by Slurm) | ``released`` |
 | ended by its TTL (the sweep, or a confirm or extend that found it passed) | ``expired`` |
 | a live allocation learnt its scheduler job id | ``attached`` |
-| a live allocation moved onto the GPUs its job really runs on | ``moved`` |
+| a live allocation (or one task) moved onto the GPUs or MIG instances it runs on | ``moved`` |
 """
 
 from __future__ import annotations
@@ -217,6 +217,38 @@ def observe(
     (lifecycle.observe). Events: the allocations it released first, then the one
     that now holds the job (attached, moved, or placed when created)."""
     observation = lifecycle.observe(state, job_id, owner, gpus, named, reason)
+    _publish_observation(state, observation)
+    return observation
+
+
+def observe_mig(
+    state: ServiceState,
+    job_id: str,
+    owner: str,
+    node: str,
+    mig_uuids: list[str],
+    named: list[str],
+    reason: str,
+) -> Observation:
+    """The scheduler (the kubelet) runs ``job_id`` on these MIG instances of ``node``:
+    make it so here (lifecycle.observe_mig), with the events of ``observe``."""
+    observation = lifecycle.observe_mig(state, job_id, owner, node, mig_uuids, named, reason)
+    _publish_observation(state, observation)
+    return observation
+
+
+def observe_task(
+    state: ServiceState, allocation_id: str, task: int, node: str, gpus: list[int], reason: str
+) -> Observation:
+    """Task ``task`` of ``allocation_id`` (a gang member) runs on ``gpus`` of ``node``
+    instead of its own: move that task alone (lifecycle.observe_task), with the events
+    of ``observe``."""
+    observation = lifecycle.observe_task(state, allocation_id, task, node, gpus, reason)
+    _publish_observation(state, observation)
+    return observation
+
+
+def _publish_observation(state: ServiceState, observation: Observation) -> None:
     _publish_ids(state, "released", [*observation.superseded, *observation.merged])
     held: dict[str, tuple[EventType, Sequence[str]]] = {
         "attached": ("attached", observation.attached),
@@ -226,4 +258,3 @@ def observe(
     if observation.action in held:
         type_, ids = held[observation.action]
         _publish_ids(state, type_, ids)
-    return observation

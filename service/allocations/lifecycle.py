@@ -21,9 +21,10 @@ from typing import Any
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
+from placement.snapshot import NodeSnapshot
 from service.allocations import queries, repository, views
 from service.allocations.encoding import time_text
-from service.allocations.observed_gpus import observed_placement
+from service.allocations.observed_gpus import observed_mig_placement, observed_placement
 from service.allocations.place_flow import checked_ttl
 from service.allocations.results import Allocation, Ended, Observation
 from service.allocations.schemas import PlaceRequest
@@ -215,18 +216,164 @@ def observe(
     is created. A hold taken meanwhile by another replica fails the insert; the
     whole transaction is then tried again.
     """
-    with state.lock:
-        missing = [n for n in gpus if n not in state.cluster]
-        if missing:
-            raise NotFound(f"node(s) {', '.join(sorted(missing))} unknown to topoplace")
-        snapshots = {n: state.cluster.node(n).snapshot for n in gpus}
+    snapshots = _snapshots(state, list(gpus))
     for node, indices in gpus.items():
         wrong = [i for i in indices if not 0 <= i < snapshots[node].gpu_count]
         if wrong or not indices:
             raise BadRequest(f"{node} has no GPU {wrong or '(none named)'}", {"node": node})
     holds = [(n, snapshots[n].gpus[i].uuid, "gpu") for n in sorted(gpus) for i in sorted(gpus[n])]
-    wanted = {(n, d) for n, d, _ in holds}
     placement_text = json.dumps(observed_placement(snapshots, gpus, reason))
+    counts = {len(v) for v in gpus.values()}
+    request = PlaceRequest(
+        gpus=max(counts), tasks=len(gpus), owner=owner, job_id=job_id
+    ).model_dump_json()
+    truth = _Truth(holds, (), placement_text, request, tuple(sorted(gpus)))
+    return _take_truth(state, job_id, owner, named, truth)
+
+
+def observe_mig(
+    state: ServiceState,
+    job_id: str,
+    owner: str,
+    node: str,
+    mig_uuids: list[str],
+    named: list[str],
+    reason: str,
+) -> Observation:
+    """The scheduler runs ``job_id`` on these MIG instances of ``node``: make it so here,
+    as ``observe`` does for whole GPUs. Besides the allocations holding one of these
+    instances, one holding a parent GPU whole is stale too (a GPU split into instances
+    is not given whole), so neither is ever held twice."""
+    snapshot = _snapshots(state, [node])[node]
+    by_uuid = {m.uuid: m for m in snapshot.mig_instances}
+    unknown = [u for u in mig_uuids if u not in by_uuid]
+    if unknown or not mig_uuids:
+        raise BadRequest(f"{node} has no MIG instance {unknown or '(none named)'}", {"node": node})
+    if len(set(mig_uuids)) != len(mig_uuids):
+        raise BadRequest(f"a MIG instance of {node} is named twice", {"node": node})
+    chosen = [by_uuid[u] for u in sorted(mig_uuids)]
+    profiles = sorted({m.profile for m in chosen})
+    if len(profiles) != 1:
+        raise BadRequest(
+            f"MIG instances of one job must share a profile, not {', '.join(profiles)}",
+            {"node": node},
+        )
+    holds = [(node, m.uuid, "mig") for m in chosen]
+    parents = tuple(sorted({(node, snapshot.gpus[m.parent_gpu].uuid) for m in chosen}))
+    placement_text = json.dumps(observed_mig_placement(snapshot, chosen, reason))
+    request = PlaceRequest(
+        gpus=1, tasks=len(chosen), mig_profile=profiles[0], owner=owner, job_id=job_id
+    ).model_dump_json()
+    truth = _Truth(holds, parents, placement_text, request, (node,))
+    return _take_truth(state, job_id, owner, named, truth)
+
+
+def observe_task(
+    state: ServiceState, allocation_id: str, task: int, node: str, gpus: list[int], reason: str
+) -> Observation:
+    """Task number ``task`` of a live allocation (a gang member's pod) runs on ``gpus`` of
+    ``node`` rather than on the GPUs it holds: move that task alone, its other tasks kept,
+    in one guarded transaction. Other allocations holding those GPUs are stale and end;
+    a GPU another task of the same allocation holds is refused (409), never held twice.
+    A task already on ``gpus`` is ``matched``: the truth is reported every round."""
+    snapshot = _snapshots(state, [node])[node]
+    wrong = [i for i in gpus if not 0 <= i < snapshot.gpu_count]
+    if wrong or not gpus or len(set(gpus)) != len(gpus):
+        raise BadRequest(f"{node} has no GPUs {wrong or gpus}", {"node": node})
+    moved_task = observed_placement({node: snapshot}, {node: gpus}, reason)["tasks"][0]
+    new_holds = [(node, snapshot.gpus[i].uuid, "gpu") for i in sorted(gpus)]
+    wanted = {(n, d) for n, d, _ in new_holds}
+
+    def work(conn: Connection) -> tuple[Observation, list[repository.FreedHold]]:
+        now = state.clock()
+        row = repository.by_id(conn, allocation_id)
+        if row is None or row["state"] not in repository.LIVE:
+            raise NotFound(f"allocation {allocation_id} is not live", {"id": allocation_id})
+        placement = json.loads(str(row["placement"]))
+        tasks = placement["tasks"]
+        found = [i for i, t in enumerate(tasks) if t["task"] == task and t["node"] == node]
+        if not found:
+            raise Conflict(
+                f"allocation {allocation_id} has no task {task} on {node}", {"id": allocation_id}
+            )
+        old = tasks[found[0]]
+        if set(old["gpu_uuids"]) == {d for _, d in wanted}:
+            return Observation("matched", allocation_id), []  # moved before: nothing to do
+        was = list(old["gpu_uuids"])
+        gone = set(was)
+        kept = [
+            h
+            for h in repository.holds_with_kind(conn, allocation_id)
+            if not (h[0] == node and h[2] == "gpu" and h[1] in gone)
+        ]
+        own = {(n, d) for n, d, _ in kept} & wanted
+        if own:
+            raise Conflict(
+                f"another task of allocation {allocation_id} holds {sorted(d for _, d in own)}",
+                {"id": allocation_id},
+            )
+        # The task's CPUs stay its own (their holds are kept): only its GPUs move.
+        tasks[found[0]] = {
+            **moved_task,
+            "task": old["task"],
+            "cpuset": old.get("cpuset", ""),
+            "cpus": old.get("cpus", []),
+        }
+        stale = sorted(a for a in repository.holders(conn, sorted(wanted)) if a != allocation_id)
+        superseded, freed = repository.end(conn, stale, "release", now)
+        moved, given_up = repository.relocate(
+            conn,
+            allocation_id,
+            now,
+            job_id=row["job_id"],
+            placement=json.dumps(placement),
+            holds=[*new_holds, *kept],
+        )
+        if moved is None:
+            raise Conflict(f"allocation {allocation_id} changed meanwhile; retry")
+        freed += given_up
+        audit.write_allocations(conn, "released", superseded, now)
+        audit.write(conn, [records.allocation_change("moved", now, moved)])
+        publish(conn, {h.node for h in freed} | {node})
+        return Observation("moved", allocation_id, tuple(superseded)), freed
+
+    try:
+        observation, freed = in_transaction(state.engine, work)
+    except IntegrityError:
+        raise Conflict(
+            f"the GPUs of allocation {allocation_id} were taken while it was recorded; retry",
+            {"id": allocation_id},
+        ) from None
+    if observation.action == "moved":
+        state.sync_nodes(sorted({h.node for h in freed} | {node}))
+    return observation
+
+
+def _snapshots(state: ServiceState, nodes: list[str]) -> dict[str, NodeSnapshot]:
+    with state.lock:
+        missing = [n for n in nodes if n not in state.cluster]
+        if missing:
+            raise NotFound(f"node(s) {', '.join(sorted(missing))} unknown to topoplace")
+        return {n: state.cluster.node(n).snapshot for n in nodes}
+
+
+@dataclass(frozen=True)
+class _Truth:
+    """What a job really holds, as rows: its holds, other devices whose holders are stale
+    too, its placement and request JSON, and its nodes."""
+
+    holds: list[tuple[str, str, str]]
+    also_stale: tuple[tuple[str, str], ...]
+    placement: str
+    request: str
+    nodes: tuple[str, ...]
+
+
+def _take_truth(
+    state: ServiceState, job_id: str, owner: str, named: list[str], truth: _Truth
+) -> Observation:
+    holds = truth.holds
+    wanted = {(n, d) for n, d, _ in holds}
 
     def work(conn: Connection) -> tuple[Observation, list[repository.FreedHold]]:
         now = state.clock()
@@ -238,14 +385,15 @@ def observe(
                 audit.write_allocations(conn, "attached", attached, now)
                 return Observation("attached", ids[0], attached=attached), []
             return Observation("matched", ids[0]), []
-        stale = sorted(a for a in repository.holders(conn, sorted(wanted)) if a not in ids)
+        contested = sorted(wanted | set(truth.also_stale))
+        stale = sorted(a for a in repository.holders(conn, contested) if a not in ids)
         superseded, freed = repository.end(conn, stale, "release", now)
         merged, freed_merged = repository.end(conn, ids[1:], "release", now)
         freed += freed_merged
         moved = None
         if ids:
             moved, given_up = repository.relocate(
-                conn, ids[0], now, job_id=job_id, placement=placement_text, holds=holds
+                conn, ids[0], now, job_id=job_id, placement=truth.placement, holds=holds
             )
             freed += given_up
         # Audit rows in the events' order (api.observe): what ended, then the job's own.
@@ -254,14 +402,14 @@ def observe(
             observation = Observation("moved", ids[0], tuple(superseded), tuple(merged))
             audit.write(conn, [records.allocation_change("moved", now, moved)])
         else:
-            row = _observed_row(job_id, owner, gpus, placement_text, holds, now)
+            row = _observed_row(job_id, owner, truth.request, truth.placement, holds, now)
             repository.insert(conn, row, holds)
             observation = Observation("created", str(row["id"]), tuple(superseded), tuple(merged))
             placed = records.placed(
-                now, str(row["id"]), job_id, gpus, "active", str(row["request"]), placement_text
+                now, str(row["id"]), job_id, truth.nodes, "active", truth.request, truth.placement
             )
             audit.write(conn, [placed])
-        publish(conn, {h.node for h in freed} | set(gpus))
+        publish(conn, {h.node for h in freed} | set(truth.nodes))
         return observation, freed
 
     for attempt in range(OBSERVE_ATTEMPTS):
@@ -275,22 +423,18 @@ def observe(
                     {"job_id": job_id},
                 ) from None
     if observation.action not in ("matched", "attached"):
-        state.sync_nodes(sorted({h.node for h in freed} | set(gpus)))
+        state.sync_nodes(sorted({h.node for h in freed} | set(truth.nodes)))
     return observation
 
 
 def _observed_row(
     job_id: str,
     owner: str,
-    gpus: dict[str, list[int]],
+    request: str,
     placement_text: str,
     holds: list[tuple[str, str, str]],
     now: datetime,
 ) -> dict[str, Any]:
-    counts = {len(v) for v in gpus.values()}
-    request = PlaceRequest(
-        gpus=max(counts), tasks=len(gpus), owner=owner, job_id=job_id
-    ).model_dump_json()
     return {
         "id": str(uuid.uuid4()),
         "state": "active",  # the job runs: no TTL, it ends with the job

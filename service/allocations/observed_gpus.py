@@ -12,6 +12,7 @@ from typing import Any
 
 from placement import NodeSnapshot, bandwidth_matrix
 from placement.islands import islands
+from placement.snapshot import MigInstance
 
 _BRUTE_FORCE_MAX = 8  # 7! ring orders; beyond it the index order stands in for the best
 
@@ -73,6 +74,48 @@ def observed_placement(
     return {
         "tasks": tasks,
         "ring_gbps": min(rings, default=0.0),
+        "fabric_domain": None,
+        "network_blocks": [],
+        "reason": reason,
+    }
+
+
+def observed_mig_placement(
+    snapshot: NodeSnapshot, instances: list[MigInstance], reason: str
+) -> dict[str, Any]:
+    """Placement JSON for MIG instances a scheduler chose: one task per instance, as
+    the engine places MIG (placement/mig.py), on the instance's parent GPU."""
+    tasks: list[dict[str, Any]] = []
+    for number, inst in enumerate(instances):
+        gpu = snapshot.gpus[inst.parent_gpu]
+        names = [i.name for i in islands(snapshot) if gpu.index in i.gpus]
+        tasks.append(
+            {
+                "task": number,
+                "node": snapshot.name,
+                "gpu_indices": [gpu.index],
+                "gpu_uuids": [gpu.uuid],
+                "mig_uuids": [inst.uuid],
+                "cpuset": "",
+                "cpus": [],
+                "numa_nodes": [gpu.numa_node] if gpu.numa_node is not None else [],
+                "islands": names,
+                "nvlink_connected": True,
+                "score": {
+                    "ring_gbps": 0.0,
+                    "pair_sum_gbps": 0.0,
+                    "bandwidth": 0.0,
+                    "fragmentation": 0.0,
+                    "numa_nodes": 0,
+                    "free_after": 0,
+                },
+                "reason": reason,
+                "env": {"CUDA_VISIBLE_DEVICES": inst.uuid, "NVIDIA_VISIBLE_DEVICES": inst.uuid},
+            }
+        )
+    return {
+        "tasks": tasks,
+        "ring_gbps": 0.0,
         "fabric_domain": None,
         "network_blocks": [],
         "reason": reason,

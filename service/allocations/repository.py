@@ -175,7 +175,7 @@ def relocate(
     allocation_id: str,
     now: datetime,
     *,
-    job_id: str,
+    job_id: str | None,
     placement: str,
     holds: Sequence[tuple[str, str, str]],
 ) -> tuple[sa.RowMapping | None, list[FreedHold]]:
@@ -243,6 +243,12 @@ def live_for_job(
         .order_by(_T.c.created_at, _T.c.id)
     )
     return list(conn.execute(query).mappings().all())
+
+
+def holds_with_kind(conn: Connection, allocation_id: str) -> list[tuple[str, str, str]]:
+    """(node, device, kind) of every hold of one allocation."""
+    query = sa.select(_H.c.node, _H.c.device, _H.c.kind).where(_H.c.allocation_id == allocation_id)
+    return [(str(n), str(d), str(k)) for n, d, k in conn.execute(query).all()]
 
 
 def holds_of(conn: Connection, allocation_ids: Sequence[str]) -> set[tuple[str, str]]:

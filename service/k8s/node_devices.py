@@ -20,7 +20,8 @@ from datetime import datetime
 from placement.snapshot import NodeSnapshot
 from service.allocations import api as allocations
 from service.allocations.results import Allocation
-from service.errors import BadRequest, NotFound
+from service.errors import BadRequest, Conflict, NotFound
+from service.k8s.bind import ALLOCATION_ANNOTATION, GPUS_ANNOTATION
 from service.k8s.device_schemas import (
     DeviceReport,
     Mismatch,
@@ -30,6 +31,7 @@ from service.k8s.device_schemas import (
     PodOutcome,
     PodReservation,
 )
+from service.k8s.gang import TASK_ANNOTATION
 from service.k8s.kube_api import KubeApi, KubeApiError, KubeConfigError
 from service.k8s.pod_request import GANG
 from service.k8s.reconcile import POD_OWNER
@@ -176,9 +178,10 @@ def _reconcile_pod(
     if allocation is not None and set(reserved) == set(pod.devices):
         outcome.allocation_id = allocation.id
         return outcome
-    if any(d not in by_uuid for d in pod.devices):
+    mig = [d for d in pod.devices if d not in by_uuid]
+    if mig and len(mig) != len(pod.devices):
         outcome.action = "unmatched"
-        outcome.message = "MIG instances other than the reservation's are counted, not moved"
+        outcome.message = "whole GPUs and MIG instances in one report of a pod are not moved"
         outcome.allocation_id = allocation.id if allocation else None
         _record(mismatches, node, pod, outcome, reserved, ())
         return outcome
@@ -195,31 +198,78 @@ def _reconcile_pod(
             outcome.message = "the pod is gone from the Kubernetes API"
             return outcome
         meta = found.get("metadata") or {}
-        if GANG in (meta.get("annotations") or {}):
-            outcome.action = "unmatched"
-            outcome.message = "a gang member's GPUs are held by its gang's allocation"
-            _record(mismatches, node, pod, outcome, reserved, ())
-            return outcome
+        annotations = meta.get("annotations") or {}
+        if GANG in annotations:
+            return _reconcile_member(state, node, by_uuid, pod, annotations, mismatches, outcome)
         job_id = str(meta.get("uid") or "")
         if not job_id:
             outcome.action = "deferred"
             outcome.message = "the pod has no UID yet"
             return outcome
-    indices = sorted(by_uuid[d] for d in pod.devices)
-    observation = allocations.observe(
-        state,
-        job_id,
-        f"{POD_OWNER}{pod.namespace}/{pod.name}",
-        {node: indices},
-        [allocation.id] if allocation is not None else [],
-        f"observed: the kubelet gave pod {pod.namespace}/{pod.name} these GPUs",
-    )
+    owner = f"{POD_OWNER}{pod.namespace}/{pod.name}"
+    named = [allocation.id] if allocation is not None else []
+    reason = f"observed: the kubelet gave pod {pod.namespace}/{pod.name} these devices"
+    if mig:
+        observation = allocations.observe_mig(state, job_id, owner, node, mig, named, reason)
+    else:
+        indices = sorted(by_uuid[d] for d in pod.devices)
+        observation = allocations.observe(state, job_id, owner, {node: indices}, named, reason)
     outcome.action = "moved" if observation.action == "moved" else "matched"
     if observation.action == "created":
         outcome.action = "created"
     outcome.allocation_id = observation.allocation_id
     if outcome.action != "matched" or observation.superseded:
         _record(mismatches, node, pod, outcome, reserved, observation.superseded)
+    return outcome
+
+
+def _reconcile_member(
+    state: ServiceState,
+    node: str,
+    by_uuid: dict[str, int],
+    pod: PodDevices,
+    annotations: dict[str, str],
+    mismatches: MismatchLog,
+    outcome: PodOutcome,
+) -> PodOutcome:
+    """A gang member: its GPUs are one task of the gang's allocation (the bind annotated
+    which). When the kubelet gave it others, that task alone moves onto them."""
+    allocation_id = str(annotations.get(ALLOCATION_ANNOTATION, ""))
+    was = [g for g in str(annotations.get(GPUS_ANNOTATION, "")).split(",") if g]
+    task = str(annotations.get(TASK_ANNOTATION, ""))
+    outcome.allocation_id = allocation_id or None
+    if not allocation_id or not task.isdigit():
+        outcome.action = "deferred"
+        outcome.message = (
+            f"the gang member is not bound by topoplace yet (no {TASK_ANNOTATION} annotation)"
+        )
+        return outcome
+    if set(was) == set(pod.devices):
+        return outcome
+    if any(d not in by_uuid for d in pod.devices):
+        outcome.action = "unmatched"
+        outcome.message = "a gang member's MIG instances other than reserved are not moved"
+        _record(mismatches, node, pod, outcome, was, ())
+        return outcome
+    try:
+        observation = allocations.observe_task(
+            state,
+            allocation_id,
+            int(task),
+            node,
+            sorted(by_uuid[d] for d in pod.devices),
+            f"observed: the kubelet gave gang member {pod.namespace}/{pod.name} these GPUs",
+        )
+    except (Conflict, NotFound) as exc:
+        # Another task of the gang holds those GPUs, or the gang ended: said, not guessed.
+        outcome.action = "unmatched"
+        outcome.message = exc.message
+        _record(mismatches, node, pod, outcome, was, ())
+        return outcome
+    if observation.action == "matched":
+        return outcome
+    outcome.action = "moved"
+    _record(mismatches, node, pod, outcome, was, observation.superseded)
     return outcome
 
 

@@ -46,6 +46,7 @@ class Admitted:
     preferred: list[str]
     devices: list[str]
     response: pb.ContainerAllocateResponse
+    container: str = "main"
 
 
 class _Registration(pb_grpc.RegistrationServicer):
@@ -68,15 +69,17 @@ class _PodResources(pr_grpc.PodResourcesListerServicer):
     def List(
         self, request: pr.ListPodResourcesRequest, context: grpc.ServicerContext
     ) -> pr.ListPodResourcesResponse:
-        pods = []
+        pods: dict[tuple[str, str], list[pr.ContainerResources]] = {}
         with self.kubelet.lock:
             for a in self.kubelet.admitted:
                 devices = pr.ContainerDevices(resource_name=a.resource, device_ids=a.devices)
-                container = pr.ContainerResources(name="main", devices=[devices])
-                pods.append(
-                    pr.PodResources(name=a.name, namespace=a.namespace, containers=[container])
-                )
-        return pr.ListPodResourcesResponse(pod_resources=pods)
+                container = pr.ContainerResources(name=a.container, devices=[devices])
+                pods.setdefault((a.namespace, a.name), []).append(container)
+        return pr.ListPodResourcesResponse(
+            pod_resources=[
+                pr.PodResources(namespace=ns, name=n, containers=c) for (ns, n), c in pods.items()
+            ]
+        )
 
 
 class FakeKubelet:
@@ -176,6 +179,7 @@ class FakeKubelet:
         resource: str,
         count: int,
         choose: list[str] | None = None,
+        container: str = "main",
     ) -> Admitted:
         """One container asking for ``count`` devices; ``choose``: the kubelet ignores the
         preferred answer and takes these (it may: the answer is advisory)."""
@@ -202,7 +206,9 @@ class FakeKubelet:
             timeout=5,
         )
         response = allocated.container_responses[0]
-        admitted = Admitted(namespace, name, resource, preferred, list(devices), response)
+        admitted = Admitted(
+            namespace, name, resource, preferred, list(devices), response, container
+        )
         with self.lock:
             self.admitted.append(admitted)
         if plugin.options.pre_start_required:

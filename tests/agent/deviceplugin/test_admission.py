@@ -351,3 +351,75 @@ def test_a_preferred_allocation_asked_again_gets_the_same_reservation(
         assert list(answer.container_responses[0].deviceIDs) == _annotated(first)
     assert kubelet.admit("ml-team", "first", GPU, 1).devices == _annotated(first)
     assert kubelet.admit("ml-team", "second", GPU, 1).devices == _annotated(second)
+
+
+def test_a_pod_split_over_two_containers_gets_its_reservation_in_parts(
+    cluster: Cluster, kubelet: FakeKubelet, plugins: list[PluginProcess]
+):
+    cluster.add_node("hgx-h100", NODE)
+    _start(cluster, plugins)
+    # The extender reserves the pod's total (its containers' limits summed).
+    split = cluster.schedule("split", 4, NODE)
+    solo = cluster.schedule("solo", 1, NODE)
+    reserved = _annotated(split)
+    # The kubelet admits the pod container by container: two GPUs each.
+    first = kubelet.admit("ml-team", "split", GPU, 2, container="trainer")
+    second = kubelet.admit("ml-team", "split", GPU, 2, container="helper")
+    assert first.devices + second.devices == reserved  # in the reservation's order
+    for part in (first, second):
+        assert part.response.envs["CUDA_VISIBLE_DEVICES"] == ",".join(part.devices)
+        allocation = split["metadata"]["annotations"]["topoplace.io/allocation"]
+        assert part.response.envs["TOPOPLACE_ALLOCATION"] == allocation
+    assert kubelet.admit("ml-team", "solo", GPU, 1).devices == _annotated(solo)
+    # The truth agrees: nothing moved, nothing created, nothing held twice.
+    wait_until(
+        lambda: (
+            {r["pod"] for r in cluster.reservations(NODE)} == {"split", "solo"}
+            and cluster.http.get("/v1/k8s/mismatches").json()["counts"]["moved"] == 0
+        ),
+        "the plugin reported both pods",
+    )
+    assert _held(cluster, "split") == sorted(reserved)
+    counts = cluster.http.get("/v1/k8s/mismatches").json()["counts"]
+    assert (counts["moved"], counts["created"], counts["unmatched"]) == (0, 0, 0)
+
+
+def test_a_plugin_restarted_between_two_containers_of_a_pod_gives_it_the_rest(
+    cluster: Cluster, kubelet: FakeKubelet, plugins: list[PluginProcess]
+):
+    cluster.add_node("hgx-h100", NODE)
+    plugin = _start(cluster, plugins)
+    reserved = _annotated(cluster.schedule("split", 3, NODE))
+    first = kubelet.admit("ml-team", "split", GPU, 1, container="trainer")
+    assert first.devices == reserved[:1]
+    plugin.stop()
+    kubelet.restart()  # a fresh registration to wait for
+    _start(cluster, plugins)
+    kubelet.plugin(GPU)
+    # Rebuilt from PodResources: the pod holds part of its reservation; the rest is its own.
+    second = kubelet.admit("ml-team", "split", GPU, 2, container="helper")
+    assert second.devices == reserved[1:]
+
+
+def test_a_gang_member_the_kubelet_gave_other_gpus_moves_its_task(
+    cluster: Cluster, kubelet: FakeKubelet, plugins: list[PluginProcess]
+):
+    snap = cluster.add_node("hgx-h100", NODE)
+    _start(cluster, plugins)
+    ring = {"topoplace.io/gang": "ring", "topoplace.io/gang-size": "2"}
+    first = cluster.schedule("ring-0", 2, NODE, annotations=ring)
+    second = cluster.schedule("ring-1", 2, NODE, annotations=ring)
+    mine, theirs = _annotated(first), _annotated(second)
+    other = [g.uuid for g in snap.gpus if g.uuid not in mine + theirs][:2]
+    admitted = kubelet.admit("ml-team", "ring-0", GPU, 2, choose=other)
+    assert admitted.response.envs["NVIDIA_VISIBLE_DEVICES"] == ",".join(other)
+    # Gang members are not in the node's reservation list (docs/kubernetes.md, "Not
+    # done"): here the kubelet gives ring-1 its task's GPUs itself.
+    kubelet.admit("ml-team", "ring-1", GPU, 2, choose=theirs)
+
+    def tasks() -> list[list[str]]:
+        listed = cluster.http.get("/v1/allocations", params={"node": NODE}).json()
+        return sorted(sorted(t["gpu_uuids"]) for a in listed["allocations"] for t in a["tasks"])
+
+    wait_until(lambda: tasks() == sorted([sorted(other), sorted(theirs)]), "ring-0's task moved")
+    assert cluster.http.get("/v1/k8s/mismatches").json()["counts"]["moved"] == 1

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from agent.deviceplugin.gen.deviceplugin.v1beta1 import api_pb2 as pb
 from tests.agent.deviceplugin.fake_kubelet import FakeKubelet
 from tests.agent.deviceplugin.harness import Cluster, PluginProcess
 from tests.waiting import wait_until
+from topoplace.cli import main
 
 NODE = "k8s-h100"
 
@@ -86,6 +89,37 @@ def test_mig_instances_are_their_own_resource(
     assert value == f"nvidia.com/gpu={reserved[0]}"
     assert "NVIDIA_VISIBLE_DEVICES" not in admitted.response.envs
     assert admitted.response.envs["CUDA_VISIBLE_DEVICES"] == reserved[0]
+
+
+def test_other_mig_instances_than_reserved_move_the_allocation(
+    cluster: Cluster,
+    kubelet: FakeKubelet,
+    plugins: list[PluginProcess],
+    capsys: pytest.CaptureFixture[str],
+):
+    snap = cluster.add_node("dgx-a100-mig", NODE)
+    profile = sorted({m.profile for m in snap.mig_instances})[0]
+    resource = f"nvidia.com/mig-{profile}"
+    _start(cluster, plugins)
+    kubelet.plugin(resource)
+    reserved = _annotated(cluster.schedule("mig-0", 1, NODE, resource=resource))
+    taken = _annotated(cluster.schedule("mig-1", 1, NODE, resource=resource))
+    # The kubelet gives mig-0 the instance reserved for mig-1, against the advice.
+    admitted = kubelet.admit("ml-team", "mig-0", resource, 1, choose=taken)
+    assert admitted.preferred == reserved
+    assert admitted.response.envs["CUDA_VISIBLE_DEVICES"] == taken[0]
+
+    def pods_of(instance: str) -> list[str]:
+        return [r["pod"] for r in cluster.reservations(NODE) if instance in r["devices"]]
+
+    wait_until(lambda: pods_of(taken[0]) == ["mig-0"], "mig-0's allocation followed the truth")
+    assert pods_of(reserved[0]) == []  # given up: free again
+    counts = cluster.http.get("/v1/k8s/mismatches").json()["counts"]
+    assert (counts["moved"], counts["unmatched"], counts["superseded"]) == (1, 0, 1)
+    assert main(["k8s", "reconcile", "--server", cluster.url]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("moved 1, created 0, not moved 0")
+    assert f"ml-team/mig-0  moved   {reserved[0]}  {taken[0]}" in text
 
 
 def test_nccl_and_cuda_hints_can_be_switched_off(

@@ -45,3 +45,23 @@ def test_the_fallback_keeps_must_include_and_stays_on_its_numa_node():
     assert fallback(ALL, ["g2"], 3, numa) == ["g2", "g3", "g4"]
     assert fallback(ALL, [], 2, numa) == ["g0", "g1"]
     assert len(fallback(ALL, [], 6, numa)) == 6
+
+
+def test_a_pod_split_over_containers_gets_its_reservation_in_parts():
+    whole = [_r("a", "g0", "g1", "g2", "g3"), _r("b", "g4")]
+    # The first container (one GPU): no one-GPU reservation older than "b" is free, so
+    # "b" is it; once "b" is given, a one-GPU request starts the split of "a".
+    assert pick(whole, set(), GPU, 1, ALL) == whole[1]
+    first = pick(whole, {"b"}, GPU, 1, ALL)
+    assert first is not None and (first.allocation_id, first.devices) == ("a", ("g0",))
+    assert first.all_devices == ("g0", "g1", "g2", "g3")
+    # The next container is the same pod's: the rest of "a" comes first, in its order.
+    parts = {"a": frozenset({"g0"})}
+    rest = pick(whole, set(), GPU, 3, ALL, parts=parts)
+    assert rest is not None and rest.devices == ("g1", "g2", "g3")
+    second = pick(whole, set(), GPU, 1, ALL, parts=parts)
+    assert second is not None and (second.allocation_id, second.devices) == ("a", ("g1",))
+    assert pick(whole, set(), GPU, 4, ALL, parts=parts) is None  # only 3 are left of "a"
+    # Allocate's match of a part, in any order.
+    found = exact(whole, set(), GPU, ["g3", "g2", "g1"], parts)
+    assert found is not None and found.devices == ("g1", "g2", "g3")

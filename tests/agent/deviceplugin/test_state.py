@@ -55,3 +55,29 @@ def test_the_truth_rebuilds_claims_and_forgets_ended_allocations():
 def test_socket_names_are_one_per_resource():
     assert socket_name("nvidia.com/gpu") == "topoplace-nvidia.com-gpu.sock"
     assert socket_name("nvidia.com/mig-3g.40gb") == "topoplace-nvidia.com-mig-3g.40gb.sock"
+
+
+def test_a_reservation_is_given_once_all_its_parts_are():
+    from dataclasses import replace
+
+    whole = Reservation("a", "ns", "p", GPU, ("g0", "g1"), True, (0,))
+    claims = Claims()
+    with claims.lock:
+        claims.give(replace(whole, devices=("g0",), whole=whole.devices))
+        assert claims.given == set() and claims.parts == {"a": frozenset({"g0"})}
+        claims.give(replace(whole, devices=("g1",), whole=whole.devices))
+        assert claims.given == {"a"} and claims.parts == {}
+
+
+def test_a_pod_with_some_containers_admitted_keeps_the_rest_of_its_reservation():
+    from agent.deviceplugin.truth import claimed_from
+
+    whole = Reservation("a", "ns", "p", GPU, ("g0", "g1"), True, (0,))
+    other = Reservation("b", "ns", "q", GPU, ("g2",), True, (0,))
+    held = {GPU: {("ns", "p"): ["g0"], ("ns", "x"): ["g2"]}}
+    assert claimed_from([whole, other], held) == ({"b"}, {"a": frozenset({"g0"})})
+    claims = Claims()
+    claims.rebuild({"b"}, {"a", "b"}, {"a": frozenset({"g0"})})
+    assert claims.parts == {"a": frozenset({"g0"})} and claims.given == {"b"}
+    claims.rebuild({"a", "b"}, {"a", "b"}, {})  # all its containers admitted
+    assert claims.parts == {} and claims.given == {"a", "b"}

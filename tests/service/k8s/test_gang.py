@@ -118,3 +118,77 @@ def test_a_gangs_first_sight_reads_the_database_and_its_pods_off_the_event_loop(
     # The reads happened, each on a worker thread.
     assert watch.seen["FakeKubeApi.list_pods"] == 2 and watch.seen["a database connection"] >= 2
     watch.check()
+
+
+def _member(client: TestClient, kube: FakeKubeApi, name: str) -> tuple[str, list[str]]:
+    """Bind a two-GPU member of a two-member gang: its node and its GPUs."""
+    notes = {**RING, "topoplace.io/locality": "any"}
+    p = kube.add(pod(name, 2, annotations=notes))
+    (node, *_) = _filter(client, p)["NodeNames"]
+    assert _bind(client, p, node) == ""
+    bound = kube.get_pod("ml-team", name) or {}
+    return node, str(bound["metadata"]["annotations"]["topoplace.io/gpus"]).split(",")
+
+
+def _gang(client: TestClient) -> dict[str, Any]:
+    (gang,) = client.get("/v1/allocations", params={"job_id": "k8s-gang:ml-team/ring"}).json()[
+        "allocations"
+    ]
+    return gang  # type: ignore[no-any-return]
+
+
+def _report(client: TestClient, node: str, name: str, devices: list[str]) -> dict[str, Any]:
+    body = {
+        "resource": "nvidia.com/gpu",
+        "pods": [{"namespace": "ml-team", "name": name, "devices": devices}],
+    }
+    answer = client.post(f"/v1/nodes/{node}/k8s/devices", json=body)
+    assert answer.status_code == 200, answer.text
+    (outcome,) = answer.json()["outcomes"]
+    return outcome  # type: ignore[no-any-return]
+
+
+def test_a_member_given_other_gpus_moves_its_task_alone(fleet: TestClient, kube: FakeKubeApi):
+    node, was = _member(fleet, kube, "ring-0")
+    before = _gang(fleet)
+    held = {d for t in before["tasks"] if t["node"] == node for d in t["gpu_uuids"]}
+    free = [
+        g["uuid"] for g in fleet.get(f"/v1/nodes/{node}").json()["gpus"] if g["uuid"] not in held
+    ]
+    other = free[:2]
+    outcome = _report(fleet, node, "ring-0", other)
+    assert (outcome["action"], outcome["allocation_id"]) == ("moved", before["id"])
+    after = _gang(fleet)
+    moved = [t for t in after["tasks"] if t["node"] == node and set(t["gpu_uuids"]) == set(other)]
+    assert len(moved) == 1
+    untouched = [t for t in before["tasks"] if set(t["gpu_uuids"]) != set(was)]
+    for task in untouched:  # the other member's task keeps its GPUs
+        assert any(
+            t["gpu_uuids"] == task["gpu_uuids"] and t["node"] == task["node"]
+            for t in after["tasks"]
+        )
+    # The GPUs the member's container holds are not free; those it left are.
+    free_now = set(fleet.get(f"/v1/nodes/{node}").json()["free_gpus"])
+    gpus = {g["uuid"]: g["index"] for g in fleet.get(f"/v1/nodes/{node}").json()["gpus"]}
+    assert not {gpus[u] for u in other} & free_now
+    assert {gpus[u] for u in was} <= free_now
+    assert fleet.get("/v1/k8s/mismatches").json()["counts"]["moved"] == 1
+    # Reported again every round: nothing more changes, nothing more is counted.
+    assert _report(fleet, node, "ring-0", other)["action"] == "matched"
+    assert fleet.get("/v1/k8s/mismatches").json()["counts"]["moved"] == 1
+
+
+def test_a_member_given_its_gangmates_gpus_is_counted_not_held_twice(
+    fleet: TestClient, kube: FakeKubeApi
+):
+    node, was = _member(fleet, kube, "ring-0")
+    gang = _gang(fleet)
+    mates = [t for t in gang["tasks"] if set(t["gpu_uuids"]) != set(was)]
+    (mate,) = mates
+    if mate["node"] != node:
+        pytest.skip("the plan put the two members on different nodes")
+    outcome = _report(fleet, node, "ring-0", mate["gpu_uuids"])
+    assert outcome["action"] == "unmatched"
+    assert "another task" in outcome["message"]
+    assert _gang(fleet)["tasks"] == gang["tasks"]  # nothing half-written
+    assert fleet.get("/v1/k8s/mismatches").json()["counts"]["unmatched"] == 1

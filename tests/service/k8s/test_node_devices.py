@@ -176,3 +176,91 @@ def test_an_unknown_node_is_a_404(fleet: TestClient):
     response = fleet.get("/v1/nodes/nowhere/k8s/reservations")
     assert response.status_code == 404
     assert "nowhere" in response.json()["error"]["message"]
+
+
+MIG_NODE = "mig-b"
+
+
+def _bound_mig(client: TestClient, kube: FakeKubeApi, name: str, resource: str) -> list[str]:
+    p = kube.add(pod(name, 1, resource=resource))
+    passed = client.post("/k8s/v1/filter", json=names_args(p, [MIG_NODE])).json()
+    assert passed["NodeNames"] == [MIG_NODE], passed
+    assert client.post("/k8s/v1/bind", json=binding_args(p, MIG_NODE)).json() == {"Error": ""}
+    found = kube.get_pod("ml-team", name) or {}
+    return str(found["metadata"]["annotations"]["topoplace.io/gpus"]).split(",")
+
+
+def _mig_report(client: TestClient, resource: str, pods: list[dict[str, Any]]) -> Any:
+    return client.post(
+        f"/v1/nodes/{MIG_NODE}/k8s/devices", json={"resource": resource, "pods": pods}
+    )
+
+
+def _mig_holders(client: TestClient) -> list[str]:
+    """Every live MIG instance hold on the MIG node, one entry per hold."""
+    listed = client.get("/v1/allocations", params={"node": MIG_NODE}).json()["allocations"]
+    return [
+        m
+        for a in listed
+        if a["state"] in ("pending", "active", "degraded")
+        for t in a["tasks"]
+        for m in t["mig_uuids"]
+    ]
+
+
+def _profile() -> tuple[str, list[str]]:
+    snap = build_profile("dgx-a100-mig", MIG_NODE)
+    profile = sorted({m.profile for m in snap.mig_instances})[0]
+    return f"nvidia.com/mig-{profile}", [m.uuid for m in snap.mig_instances if m.profile == profile]
+
+
+def test_the_kubelets_other_mig_instance_moves_the_allocation(fleet: TestClient, kube: FakeKubeApi):
+    resource, instances = _profile()
+    reserved = _bound_mig(fleet, kube, "mig-pod", resource)
+    other = [u for u in instances if u not in reserved][:1]
+    before = fleet.get("/v1/k8s/mismatches").json()["counts"]["moved"]
+    body = _mig_report(
+        fleet, resource, [{"namespace": "ml-team", "name": "mig-pod", "devices": other}]
+    ).json()
+    (outcome,) = body["outcomes"]
+    assert outcome["action"] == "moved", outcome
+    allocation = fleet.get(f"/v1/allocations/{outcome['allocation_id']}").json()
+    assert [m for t in allocation["tasks"] for m in t["mig_uuids"]] == other
+    assert allocation["job_id"] == (kube.get_pod("ml-team", "mig-pod") or {})["metadata"]["uid"]
+    counts = fleet.get("/v1/k8s/mismatches").json()["counts"]
+    assert counts["moved"] == before + 1 and counts["unmatched"] == 0
+    assert _mig_holders(fleet) == other  # the reserved instance is free again
+    # The same truth again changes nothing.
+    again = _mig_report(
+        fleet, resource, [{"namespace": "ml-team", "name": "mig-pod", "devices": other}]
+    ).json()
+    assert again["outcomes"][0]["action"] == "matched"
+    assert fleet.get("/v1/k8s/mismatches").json()["counts"]["moved"] == before + 1
+
+
+def test_a_mig_instance_another_pod_reserved_is_held_once(fleet: TestClient, kube: FakeKubeApi):
+    resource, _ = _profile()
+    first = _bound_mig(fleet, kube, "first", resource)
+    second = _bound_mig(fleet, kube, "second", resource)
+    assert first != second
+    # The kubelet gives "first" the instance the service reserved for "second".
+    body = _mig_report(
+        fleet, resource, [{"namespace": "ml-team", "name": "first", "devices": second}]
+    ).json()
+    (outcome,) = body["outcomes"]
+    assert outcome["action"] == "moved"
+    holders = _mig_holders(fleet)
+    assert holders == second  # "second"'s stale reservation was released: one holder
+    recent = fleet.get("/v1/k8s/mismatches").json()["recent"][-1]
+    assert recent["superseded"] and recent["allocated"] == second
+
+
+def test_a_mig_report_of_no_such_instance_is_refused(fleet: TestClient, kube: FakeKubeApi):
+    resource, _ = _profile()
+    reserved = _bound_mig(fleet, kube, "mig-pod", resource)
+    answer = _mig_report(
+        fleet, resource, [{"namespace": "ml-team", "name": "mig-pod", "devices": ["MIG-nope"]}]
+    )
+    assert answer.status_code == 400
+    assert answer.json()["error"]["code"] == "bad_request"
+    assert _mig_holders(fleet) == reserved
