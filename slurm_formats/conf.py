@@ -43,7 +43,8 @@ def features(snap: NodeSnapshot) -> list[str]:
     for model in dict.fromkeys(gpu_model_token(g.model) for g in snap.gpus):
         out.append(f"gpu_{model}")
     if snap.gpus:
-        largest = max(island.size for island in islands(snap))
+        # PCIe groups are not NVLink: only NVLink islands give the features.
+        largest = max((i.size for i in islands(snap) if i.is_nvlink), default=0)
         if largest > 1:
             out += ["nvlink", f"nvisland{largest}"]
     domain = snap.fabric_domain()
