@@ -26,7 +26,7 @@ from service.grpc.gen import topoplace_pb2 as pb
 from service.grpc.gen import topoplace_pb2_grpc as pb_grpc
 from service.grpc.status_map import ErrorReply
 from service.nodes import observed as nodes
-from service.nodes.schemas import SnapshotReport
+from service.nodes.schemas import HeartbeatReport, SnapshotReport
 from service.state import ServiceState
 
 T = TypeVar("T")
@@ -123,7 +123,13 @@ class TopoplaceServicer(pb_grpc.TopoplaceServicer):
         self, request: pb.HeartbeatRequest, context: Context
     ) -> pb.HeartbeatResponse:
         def call() -> pb.HeartbeatResponse:
-            nodes.heartbeat(self.state, request.node)
+            report = None
+            if request.HasField("report_json"):
+                try:
+                    report = HeartbeatReport.model_validate_json(request.report_json)
+                except ValidationError as exc:
+                    raise Refused(status_map.from_validation(exc, "report_json")) from None
+            nodes.heartbeat_with(self.state, request.node, report)
             return pb.HeartbeatResponse()
 
         return await self._run(request, context, call)

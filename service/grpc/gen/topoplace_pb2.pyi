@@ -92,17 +92,25 @@ class HeartbeatRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     NODE_FIELD_NUMBER: _builtins.int
+    REPORT_JSON_FIELD_NUMBER: _builtins.int
     node: _builtins.str
+    report_json: _builtins.str
+    """Optional: the HeartbeatReport as JSON, the schema of the REST API
+    (components.schemas.HeartbeatReport): the node's NVLink counters.
+    """
     def __init__(
         self,
         *,
         node: _builtins.str = ...,
+        report_json: _builtins.str | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_report_json", b"_report_json", "report_json", b"report_json"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["node", b"node"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_report_json", b"_report_json", "node", b"node", "report_json", b"report_json"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__report_json: _TypeAlias = _typing.Literal["report_json"]  # noqa: Y015
+    _WhichOneofArgType__report_json: _TypeAlias = _typing.Literal["_report_json", b"_report_json"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__report_json) -> _WhichOneofReturnType__report_json | None: ...
 
 Global___HeartbeatRequest: _TypeAlias = HeartbeatRequest  # noqa: Y015
 

@@ -164,3 +164,19 @@ def test_a_message_over_the_body_limit_is_refused(running: Running) -> None:
     huge = pb.ReportSnapshotRequest(node="n", snapshot_json="x" * (limit + 1))
     error = _fails(running.stub.ReportSnapshot, huge)
     assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+def test_heartbeat_counters_that_are_refused_keep_nothing(running: Running) -> None:
+    running.stub.ReportSnapshot(snapshot_request("dgx1-v100", "dgx0"))
+    before = running.rest.get("/v1/nodes/dgx0").json()["heartbeat_at"]
+    for report, field in (
+        ("{", "report_json"),
+        ('{"nvlink": [{"gpu": 8, "link": 0}]}', "nvlink.0.gpu"),  # a DGX-1 has GPUs 0-7
+        ('{"nvlink": [{"gpu": 0, "link": 0, "tx_bytes": -1}]}', "report_json.nvlink.0.tx_bytes"),
+    ):
+        request = pb.HeartbeatRequest(node="dgx0", report_json=report)
+        error = _fails(running.stub.Heartbeat, request)
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, report
+        assert details(error)["BadRequest"].field_violations[0].field == field, report
+    assert running.rest.get("/v1/nodes/dgx0/nvlink").json()["links"] == []
+    assert running.rest.get("/v1/nodes/dgx0").json()["heartbeat_at"] == before

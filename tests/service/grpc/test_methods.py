@@ -117,3 +117,18 @@ def test_every_request_field_reaches_the_engine(running: Running) -> None:
     refused = running.stub.Score(pb.ScoreRequest(gpus=1, node_labels={"zone": "nowhere"}))
     assert not any(n.fits for n in refused.nodes)
     assert {n.cause for n in refused.nodes} == {"labels"}
+
+
+def test_a_heartbeat_carries_nvlink_counters_as_rest_does(
+    running: Running, clock: FakeClock
+) -> None:
+    running.stub.ReportSnapshot(snapshot_request("dgx1-v100", "dgx0"))
+    report = '{"nvlink": [{"gpu": 1, "link": 2, "tx_bytes": 5, "replay_errors": 3}]}'
+    clock.advance(30)
+    running.stub.Heartbeat(pb.HeartbeatRequest(node="dgx0", report_json=report))
+    view = running.rest.get("/v1/nodes/dgx0/nvlink").json()
+    assert [(e["gpu"], e["link"], e["tx_bytes"], e["replay_errors"]) for e in view["links"]] == [
+        (1, 2, 5, 3)
+    ]
+    node = running.stub.GetNode(pb.GetNodeRequest(name="dgx0"))
+    assert node.heartbeat_at.ToDatetime().replace(tzinfo=clock.now.tzinfo) == clock.now
