@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 from google.protobuf.message import Message
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from placement.text import forbidden_character
 from service.admin_actions import Caller
@@ -30,6 +30,7 @@ from service.nodes.schemas import HeartbeatReport, SnapshotReport
 from service.state import ServiceState
 
 T = TypeVar("T")
+M = TypeVar("M", bound=BaseModel)
 if TYPE_CHECKING:  # generic only in the stubs
     Context = grpc.aio.ServicerContext[Any, Any]
 IDEMPOTENCY_KEY = "idempotency-key"
@@ -49,6 +50,14 @@ def _validate(model: type[Any], data: dict[str, Any], prefix: str = "") -> Any:
         return model.model_validate(data)
     except ValidationError as exc:
         raise Refused(status_map.from_validation(exc, prefix)) from None
+
+
+def _validate_json(model: type[M], text: str, field: str) -> M:
+    """A message field holding a REST document as JSON; refusals name ``field``."""
+    try:
+        return model.model_validate_json(text)
+    except ValidationError as exc:
+        raise Refused(status_map.from_validation(exc, field)) from None
 
 
 def _metadata(context: Context, key: str) -> str | None:
@@ -106,10 +115,7 @@ class TopoplaceServicer(pb_grpc.TopoplaceServicer):
             # The interceptor authenticated this header already: a cache hit here.
             caller = Caller.authenticated(self.check, authorization)
 
-            try:
-                snapshot = NodeSnapshot.model_validate_json(request.snapshot_json)
-            except ValidationError as exc:
-                raise Refused(status_map.from_validation(exc, "snapshot_json")) from None
+            snapshot = _validate_json(NodeSnapshot, request.snapshot_json, "snapshot_json")
             signature = request.signature if request.HasField("signature") else None
             report = _validate(SnapshotReport, {"snapshot": snapshot, "signature": signature})
             accepted = nodes.report_snapshot(self.state, request.node, report, caller)
@@ -125,10 +131,7 @@ class TopoplaceServicer(pb_grpc.TopoplaceServicer):
         def call() -> pb.HeartbeatResponse:
             report = None
             if request.HasField("report_json"):
-                try:
-                    report = HeartbeatReport.model_validate_json(request.report_json)
-                except ValidationError as exc:
-                    raise Refused(status_map.from_validation(exc, "report_json")) from None
+                report = _validate_json(HeartbeatReport, request.report_json, "report_json")
             nodes.heartbeat_with(self.state, request.node, report)
             return pb.HeartbeatResponse()
 
