@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import http.client
 import json
 import os
 import ssl
@@ -31,6 +32,7 @@ from urllib.parse import quote
 import httpx
 import yaml
 
+from service.k8s.binding_post import BindingPoster
 from service.k8s.wire import Pod
 
 # Everything this client asks of the API server, as RBAC rules: the ClusterRole in
@@ -111,13 +113,19 @@ def binding_body(
 
 
 def _message(response: httpx.Response) -> str:
+    return status_message(response.content, response.reason_phrase)
+
+
+def status_message(content: bytes, reason: str) -> str:
+    """The API server's Status message; else the start of the body; else the reason."""
+    text = content.decode("utf-8", "replace")
     try:
-        body = response.json()
+        body = json.loads(text)
     except ValueError:
-        return response.text[:300] or response.reason_phrase
+        return text[:300] or reason
     if isinstance(body, dict) and body.get("message"):
         return str(body["message"])
-    return response.text[:300]
+    return text[:300]
 
 
 class HttpKubeApi:
@@ -132,6 +140,7 @@ class HttpKubeApi:
         self._token = token
         self._server, self._verify, self._timeout_s = server.rstrip("/"), verify, timeout_s
         self._client = httpx.Client(base_url=self._server, verify=verify, timeout=timeout_s)
+        self._binder = BindingPoster(self._server, verify, timeout_s)
 
     def stream(self) -> HttpPodStream:
         """A client for the pod watch and the wake-up, on the caller's event loop."""
@@ -139,6 +148,7 @@ class HttpKubeApi:
 
     def close(self) -> None:
         self._client.close()
+        self._binder.close()
 
     def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         headers = {"Accept": "application/json"}
@@ -154,10 +164,17 @@ class HttpKubeApi:
         self, namespace: str, name: str, uid: str, node: str, annotations: dict[str, str]
     ) -> None:
         path = f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(name)}/binding"
-        body = binding_body(namespace, name, uid, node, annotations)
-        response = self._request("POST", path, json=body)
-        if response.status_code not in (200, 201):
-            raise KubeApiError(response.status_code, _message(response))
+        body = json.dumps(binding_body(namespace, name, uid, node, annotations)).encode()
+        headers = {"Accept": "application/json"}
+        token = self._token()
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        try:
+            answer = self._binder.post(path, body, headers)
+        except (OSError, http.client.HTTPException) as exc:
+            raise KubeApiError(0, f"the Kubernetes API did not answer: {exc!r}") from None
+        if answer.status not in (200, 201):
+            raise KubeApiError(answer.status, status_message(answer.body, answer.reason))
 
     def get_pod(self, namespace: str, name: str) -> Pod | None:
         response = self._request("GET", f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(name)}")
