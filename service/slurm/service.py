@@ -52,7 +52,7 @@ DecideFlow = allocations.Flow[JobDecision]
 async def decide(state: ServiceState, settings: SlurmSettings, job: JobSubmit) -> JobDecision:
     """What job_submit.lua (or cli_filter.lua, with ``reserve`` false) does with the job.
     Runs on the event loop; each reservation's commit is awaited."""
-    return await allocations.run_async(state, _decide_flow(state, settings, job))
+    return await allocations.run_async(state, _decide_flow(state, settings, job), at_once=True)
 
 
 def _reserve(state: ServiceState, request: PlaceRequest) -> allocations.Flow[Allocation]:
