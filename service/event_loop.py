@@ -16,6 +16,12 @@ Kubernetes extender, the Slurm filter, gRPC):
   committer's thread writes). A flow written as a generator of blocking
   steps (service/flows.py) yields each such step, and its asyncio driver
   hands the step to :func:`off_loop`.
+* **The one exception**: on SQLite, the Slurm filter's reservation is
+  written on the loop (``commit_async(..., at_once=True)``), through a
+  connection kept for it that never waits for a lock (another writer: it
+  goes to the committer's queue instead). slurmctld calls the filter one
+  job at a time, so there is no batch to share, and the hand-over to the
+  committer's thread and back cost more than the local write (0.2-0.3 ms).
 
 A plain ``def`` FastAPI route is off the loop already (FastAPI runs it in
 its thread pool), and so is every gRPC method's body (the servicer runs it

@@ -86,9 +86,11 @@ def _blocking_step(state: ServiceState, step: Step) -> Any:
     return step()
 
 
-async def _awaited_step(state: ServiceState, step: Step) -> Any:
+async def _awaited_step(state: ServiceState, at_once: bool, step: Step) -> Any:
     if isinstance(step, Commit):
-        return await state.committer.commit_async(step.row, step.holds, step.nodes, step.audit)
+        return await state.committer.commit_async(
+            step.row, step.holds, step.nodes, step.audit, at_once=at_once
+        )
     return await off_loop(step)
 
 
@@ -97,9 +99,12 @@ def run(state: ServiceState, flow: Flow[Result]) -> Result:
     return drive(flow, functools.partial(_blocking_step, state))
 
 
-async def run_async(state: ServiceState, flow: Flow[Result]) -> Result:
-    """Drive a flow of these steps on the event loop, awaiting each."""
-    return await drive_async(flow, functools.partial(_awaited_step, state))
+async def run_async(state: ServiceState, flow: Flow[Result], at_once: bool = False) -> Result:
+    """Drive a flow of these steps on the event loop, awaiting each. ``at_once``: the
+    caller is alone by construction (the Slurm filter, called by slurmctld one job at a
+    time), so its reservations are written at once where the database allows it instead
+    of handed to the group committer's thread (group_commit.py)."""
+    return await drive_async(flow, functools.partial(_awaited_step, state, at_once))
 
 
 def holds_of(placement: Placement) -> list[tuple[str, str, str]]:

@@ -11,6 +11,7 @@ same GPU indices; otherwise it is left to Slurm.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections import defaultdict
 from typing import Any
@@ -31,6 +32,29 @@ from slurm_formats.tres import GpuAsk, TresError, gpu_ask, per_gpu_tres
 log = logging.getLogger("topoplace.slurm")
 OWNER_PREFIX = "slurm:"
 _COMPLEX_CONSTRAINT = set("|[]*()!")
+# A cluster's submissions repeat a few shapes (partition, GPU count, user): the request
+# each becomes is validated once and reused (requests are frozen), and a partition's
+# host list is expanded once. Bounded: past this many shapes the oldest half goes.
+_REQUESTS_KEPT = 512
+_requests: dict[tuple[Any, ...], PlaceRequest] = {}
+
+
+@functools.lru_cache(maxsize=256)
+def _expand(text: str | None) -> tuple[str, ...]:
+    return tuple(hostlist.expand(text))
+
+
+def _place_request(fields: dict[str, Any]) -> PlaceRequest:
+    """``PlaceRequest(**fields)``, validated once per distinct set of fields."""
+    key = tuple(fields.items())
+    request = _requests.get(key)
+    if request is None:
+        request = PlaceRequest(**fields)
+        if len(_requests) >= _REQUESTS_KEPT:
+            for old in list(_requests)[: _REQUESTS_KEPT // 2]:
+                del _requests[old]
+        _requests[key] = request
+    return request
 
 
 class _LeaveAlone(Exception):
@@ -52,7 +76,7 @@ DecideFlow = allocations.Flow[JobDecision]
 async def decide(state: ServiceState, settings: SlurmSettings, job: JobSubmit) -> JobDecision:
     """What job_submit.lua (or cli_filter.lua, with ``reserve`` false) does with the job.
     Runs on the event loop; each reservation's commit is awaited."""
-    return await allocations.run_async(state, _decide_flow(state, settings, job))
+    return await allocations.run_async(state, _decide_flow(state, settings, job), at_once=True)
 
 
 def _reserve(state: ServiceState, request: PlaceRequest) -> allocations.Flow[Allocation]:
@@ -102,7 +126,7 @@ def _decide_flow(state: ServiceState, settings: SlurmSettings, job: JobSubmit) -
             return _proposal(state, base, node_count)
         owner = f"{OWNER_PREFIX}{job.user_name or 'unknown'}"
         if node_count == 1:
-            placed = [(yield from _reserve(state, PlaceRequest(**base, owner=owner)))]
+            placed = [(yield from _reserve(state, _place_request({**base, "owner": owner})))]
         else:
             placed = yield from _place_nodes(state, base, node_count, owner)
     except _LeaveAlone as exc:
@@ -140,17 +164,17 @@ def _nodes(
 ) -> tuple[int, tuple[str, ...] | None, tuple[str, ...]]:
     """(node count, candidate nodes or None for all, excluded nodes)."""
     try:
-        required = hostlist.expand(job.req_nodes)
-        partition = hostlist.expand(job.partition_nodes)
-        excluded = tuple(hostlist.expand(job.exc_nodes))
+        required = _expand(job.req_nodes)
+        partition = _expand(job.partition_nodes)
+        excluded = _expand(job.exc_nodes)
     except hostlist.HostlistError as exc:
         raise _LeaveAlone(str(exc)) from None
     node_count = max(job.min_nodes or 1, len(required))
     if job.max_nodes is not None and job.max_nodes < node_count:
         raise _LeaveAlone("the job's node count range is inconsistent; left to Slurm")
     with state.lock:  # the engine's contract: its state is read under the lock
-        known = state.cluster.names()
-        pool = [n for n in (required or partition or known) if n in state.cluster]
+        known = len(state.cluster)
+        pool = [n for n in (required or partition or state.cluster.names()) if n in state.cluster]
         if partition and required:
             allowed = set(partition)
             pool = [n for n in pool if n in allowed]
@@ -160,7 +184,7 @@ def _nodes(
         raise _LeaveAlone("no node the job may use is known to topoplace; left to Slurm")
     if required and len(pool) < len(required):
         raise _LeaveAlone("some nodes in --nodelist are unknown to topoplace; left to Slurm")
-    everything = not required and not job.features and len(pool) == len(known)
+    everything = not required and not job.features and len(pool) == known
     return node_count, None if everything else tuple(pool), excluded
 
 

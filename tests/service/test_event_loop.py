@@ -122,4 +122,8 @@ def test_every_adapter_leaves_the_database_and_the_kubernetes_api_to_worker_thre
         preempt = client.post("/k8s/v1/preempt", json={"Pod": pod("other", 8), **victims})
         assert preempt.status_code == 200
     assert watch.seen["a database connection"] > 0 and watch.seen["FakeKubeApi.bind"] == 1
-    watch.check()
+    # The one exception (service/event_loop.py): on SQLite the Slurm filter's reservation
+    # is written at once, on the loop, through a connection kept for it that never waits.
+    sqlite = app.state.service.engine.dialect.name == "sqlite"
+    assert app.state.service.committer.at_once == (1 if sqlite else 0)
+    watch.check(allowed="write_now")

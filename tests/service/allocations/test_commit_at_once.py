@@ -1,0 +1,72 @@
+"""A reservation written at once (the Slurm filter's): on SQLite only, never waiting on a lock."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.exc import IntegrityError
+
+from service import migrate
+from service.allocations.group_commit import GroupCommitter
+from tests.service.allocations.test_group_commit import _holders, _row
+from tests.service.allocations.test_group_commit import engine as engine  # the fixture
+
+
+def _commit(committer: GroupCommitter, device: str) -> None:
+    asyncio.run(committer.commit_async(_row(device), [("n0", device, "gpu")], ["n0"], at_once=True))
+
+
+def test_alone_the_reservation_is_written_at_once_on_sqlite_only(engine: sa.Engine) -> None:
+    committer = GroupCommitter(engine)
+    try:
+        _commit(committer, "g0")
+        assert _holders(engine) == ["g0"]
+        sqlite = engine.dialect.name == "sqlite"
+        assert committer.at_once == (1 if sqlite else 0)
+        assert (committer._thread is None) is sqlite  # no hand-over to its thread
+    finally:
+        committer.stop()
+
+
+def test_a_gpu_held_twice_is_refused_when_written_at_once_too(engine: sa.Engine) -> None:
+    committer = GroupCommitter(engine)
+    try:
+        _commit(committer, "g0")
+        with pytest.raises(IntegrityError):
+            _commit(committer, "g0")
+        _commit(committer, "g1")  # the connection kept for it still writes
+        assert _holders(engine) == ["g0", "g1"]
+    finally:
+        committer.stop()
+
+
+def test_a_database_another_writer_holds_sends_the_reservation_to_the_queue(
+    tmp_path: Path,
+) -> None:
+    url = f"sqlite:///{tmp_path}/held.sqlite3"
+    migrate.upgrade(url)
+    engine = sa.create_engine(url, connect_args={"timeout": 30})
+    committer = GroupCommitter(engine)
+    other = engine.raw_connection()
+    try:
+        cursor = other.cursor()
+        cursor.execute("BEGIN IMMEDIATE")  # another writer holds the database
+
+        async def scenario() -> None:
+            write = asyncio.ensure_future(
+                committer.commit_async(_row("g0"), [("n0", "g0", "gpu")], ["n0"], at_once=True)
+            )
+            await asyncio.sleep(0.2)
+            assert not write.done()  # waiting in the queue, not refused, loop not blocked
+            other.rollback()
+            await asyncio.wait_for(write, 10)
+
+        asyncio.run(scenario())
+        assert committer.at_once == 0 and committer.committed == 1
+        assert _holders(engine) == ["g0"]
+    finally:
+        other.close()
+        committer.stop()
