@@ -141,9 +141,12 @@ def place(
     idempotency_key: str | None,
     active: bool = False,
     replay_first: bool = True,
+    at_once: bool = False,
 ) -> Placed:
-    """Choose and reserve, blocking on the database (worker threads: gRPC, Kubernetes)."""
-    return run(state, placing(state, body, idempotency_key, active, replay_first))
+    """Choose and reserve, blocking on the database (worker threads: gRPC, Kubernetes).
+    ``at_once``: the reservation written on this thread where SQLite allows it
+    (group_commit.py), for callers that wait on one reservation alone."""
+    return run(state, placing(state, body, idempotency_key, active, replay_first), at_once)
 
 
 async def place_async(

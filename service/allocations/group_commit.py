@@ -31,6 +31,9 @@ write is local, a few tenths of a millisecond, and when another writer holds
 the database (this thread's batch, a release, the sweep) it goes to the
 queue instead, as it would have. On Postgres a commit is a round trip to the
 server and stays on this thread, off the event loop (service/event_loop.py).
+The Kubernetes bind asks the same of ``commit`` from its worker thread
+(kube-scheduler waits on each bind; binds in flight together find the lock
+or the queue busy and join the batch as before).
 """
 
 from __future__ import annotations
@@ -99,9 +102,14 @@ class GroupCommitter:
         holds: Sequence[tuple[str, str, str]],
         nodes: Sequence[str],
         audit: Mapping[str, object] | None = None,
+        *,
+        at_once: bool = False,
     ) -> None:
         """Insert the allocation, its holds and its audit row durably; raises what a lone
-        commit would."""
+        commit would. ``at_once``: as for ``commit_async``, written on the calling (worker)
+        thread when SQLite and the database are free (the Kubernetes bind)."""
+        if at_once and self._write_at_once(_Reservation(row, holds, nodes, audit, _nothing)):
+            return
         done = threading.Event()
         reservation = _Reservation(row, holds, nodes, audit, done.set)
         self._submit(reservation)

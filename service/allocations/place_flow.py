@@ -80,9 +80,9 @@ Result = TypeVar("Result")
 Flow = Generator[Step, Any, Result]
 
 
-def _blocking_step(state: ServiceState, step: Step) -> Any:
+def _blocking_step(state: ServiceState, at_once: bool, step: Step) -> Any:
     if isinstance(step, Commit):
-        return state.committer.commit(step.row, step.holds, step.nodes, step.audit)
+        return state.committer.commit(step.row, step.holds, step.nodes, step.audit, at_once=at_once)
     return step()
 
 
@@ -94,9 +94,10 @@ async def _awaited_step(state: ServiceState, at_once: bool, step: Step) -> Any:
     return await off_loop(step)
 
 
-def run(state: ServiceState, flow: Flow[Result]) -> Result:
-    """Drive a flow of these steps blocking on each (a worker thread)."""
-    return drive(flow, functools.partial(_blocking_step, state))
+def run(state: ServiceState, flow: Flow[Result], at_once: bool = False) -> Result:
+    """Drive a flow of these steps blocking on each (a worker thread). ``at_once``: as
+    for ``run_async``; on a worker thread the write at once breaks no rule of the loop."""
+    return drive(flow, functools.partial(_blocking_step, state, at_once))
 
 
 async def run_async(state: ServiceState, flow: Flow[Result], at_once: bool = False) -> Result:

@@ -99,7 +99,9 @@ def _first_reservation(
     then takes the careful path over the pod's earlier reservations.
     """
     try:
-        placed = allocations.place(state, body, f"k8s-pod:{pod.uid}:0", True, False)
+        # kube-scheduler waits on each bind: the reservation is written on this worker
+        # thread where SQLite is free, without the hand-over to the group committer.
+        placed = allocations.place(state, body, f"k8s-pod:{pod.uid}:0", True, False, at_once=True)
     except Conflict:
         return None
     return placed.allocation if placed.created else None

@@ -70,3 +70,18 @@ def test_a_database_another_writer_holds_sends_the_reservation_to_the_queue(
     finally:
         other.close()
         committer.stop()
+
+
+def test_a_worker_threads_commit_is_written_at_once_too(engine: sa.Engine) -> None:
+    committer = GroupCommitter(engine)
+    try:
+        committer.commit(_row("g0"), [("n0", "g0", "gpu")], ["n0"], at_once=True)
+        with pytest.raises(IntegrityError):
+            committer.commit(_row("g0"), [("n0", "g0", "gpu")], ["n0"], at_once=True)
+        committer.commit(_row("g1"), [("n0", "g1", "gpu")], ["n0"])  # the queue, as before
+        assert _holders(engine) == ["g0", "g1"]
+        sqlite = engine.dialect.name == "sqlite"
+        assert committer.at_once == (1 if sqlite else 0)
+        assert committer.committed == 2
+    finally:
+        committer.stop()

@@ -140,6 +140,20 @@ def test_a_first_bind_does_not_read_earlier_reservations(
     )
 
 
+def test_a_first_bind_is_written_on_its_own_thread_where_sqlite_allows(
+    fleet: TestClient, kube: FakeKubeApi
+) -> None:
+    # kube-scheduler waits on each bind: no hand-over to the group committer's thread.
+    committer = fleet.app.state.service.committer  # type: ignore[attr-defined]
+    before = committer.at_once
+    p = kube.add(pod("trainer-0", 2))
+    assert _bind(fleet, p, "h100-a") == ""
+    sqlite = committer.writer.dialect.name == "sqlite"
+    assert committer.at_once - before == (1 if sqlite else 0)
+    assert _bind(fleet, p, "h100-a") == ""  # the retry finds the reservation written
+    assert len(_allocations(fleet, p["metadata"]["uid"])) == 1
+
+
 def test_bind_without_a_filter_reads_the_pod_from_the_api(fleet: TestClient, kube: FakeKubeApi):
     p = kube.add(pod("trainer-1", 8, annotations={"topoplace.io/locality": "nvlink"}))
     assert _bind(fleet, p, "h100-a") == ""
