@@ -101,18 +101,19 @@ class BatchWriter:
         nodes: Sequence[str],
         audits: Sequence[Mapping[str, Any]] = (),
     ) -> None:
-        """``write`` on SQLite through a connection kept for it (no pool checkout and
-        return, 0.04 ms after idle) that never waits for another writer: a database held
-        by one raises SQLite's 'database is locked' at once, and nothing is written. For
-        one caller at a time (the group committer's writes at once)."""
+        """``write`` through a connection kept for it (no pool checkout and return, 0.04
+        ms after idle). On SQLite it never waits for another writer: a database held by
+        one raises SQLite's 'database is locked' at once, and nothing is written. For one
+        caller at a time (the group committer's writes at once)."""
         steps = self._steps(rows, holds, nodes, audits)
         if self._kept is None:
             connection = self.engine.raw_connection()
             # Out of the pool for good: its no-wait setting must never reach another user.
             connection.detach()
-            cursor = connection.cursor()
-            cursor.execute("PRAGMA busy_timeout=0")
-            cursor.close()
+            if self.dialect.name == "sqlite":
+                cursor = connection.cursor()
+                cursor.execute("PRAGMA busy_timeout=0")
+                cursor.close()
             self._kept = connection
         try:
             self._run(self._kept, steps)

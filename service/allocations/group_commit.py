@@ -33,7 +33,9 @@ queue instead, as it would have. On Postgres a commit is a round trip to the
 server and stays on this thread, off the event loop (service/event_loop.py).
 The Kubernetes bind asks the same of ``commit`` from its worker thread
 (kube-scheduler waits on each bind; binds in flight together find the lock
-or the queue busy and join the batch as before).
+or the queue busy and join the batch as before). There Postgres is written
+at once too, on the kept connection: the round trip blocks only that worker
+thread, and the hand-over to this thread and back is saved.
 """
 
 from __future__ import annotations
@@ -108,7 +110,9 @@ class GroupCommitter:
         """Insert the allocation, its holds and its audit row durably; raises what a lone
         commit would. ``at_once``: as for ``commit_async``, written on the calling (worker)
         thread when SQLite and the database are free (the Kubernetes bind)."""
-        if at_once and self._write_at_once(_Reservation(row, holds, nodes, audit, _nothing)):
+        if at_once and self._write_at_once(
+            _Reservation(row, holds, nodes, audit, _nothing), on_loop=False
+        ):
             return
         done = threading.Event()
         reservation = _Reservation(row, holds, nodes, audit, done.set)
@@ -129,7 +133,9 @@ class GroupCommitter:
         """``commit`` for the event loop: awaits the batch instead of blocking a thread.
         ``at_once``: the caller has no batch to share (the Slurm filter); on SQLite, with
         the database free, the reservation is written here, now (see the module's text)."""
-        if at_once and self._write_at_once(_Reservation(row, holds, nodes, audit, _nothing)):
+        if at_once and self._write_at_once(
+            _Reservation(row, holds, nodes, audit, _nothing), on_loop=True
+        ):
             return
         loop = asyncio.get_running_loop()
         future: asyncio.Future[None] = loop.create_future()
@@ -147,18 +153,20 @@ class GroupCommitter:
             self._busy += 1
         self._queue.put(reservation)
 
-    def _write_at_once(self, reservation: _Reservation) -> bool:
+    def _write_at_once(self, reservation: _Reservation, on_loop: bool) -> bool:
         """Write one reservation on the calling thread: True when written (its error
-        raised as ``commit`` raises it), False when it must go to the queue instead (not
-        SQLite, a batch queued or in progress, or the database held by another writer)."""
-        if not self._at_once_ok or self._busy or not self._at_once_lock.acquire(blocking=False):
+        raised as ``commit`` raises it), False when it must go to the queue instead (on
+        the event loop and not SQLite, a batch queued or in progress, the database held
+        by another writer, or the kept connection lost: the queue's retries take it)."""
+        allowed = self._at_once_ok or not on_loop  # a worker thread may wait on Postgres
+        if not allowed or self._busy or not self._at_once_lock.acquire(blocking=False):
             return False
         try:
             try:
                 self.writer.write_now(*self._rows(reservation))
             except DBAPIError as exc:
-                if _locked(exc):
-                    return False  # another writer holds the database: wait in the queue
+                if _locked(exc) or exc.connection_invalidated:
+                    return False  # wait in the queue: another writer, or a new connection
                 raise
             if self._on_batch is not None:
                 self._on_batch(1)

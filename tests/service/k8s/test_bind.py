@@ -140,7 +140,7 @@ def test_a_first_bind_does_not_read_earlier_reservations(
     )
 
 
-def test_a_first_bind_is_written_on_its_own_thread_where_sqlite_allows(
+def test_a_first_bind_is_written_on_its_own_worker_thread(
     fleet: TestClient, kube: FakeKubeApi
 ) -> None:
     # kube-scheduler waits on each bind: no hand-over to the group committer's thread.
@@ -148,8 +148,7 @@ def test_a_first_bind_is_written_on_its_own_thread_where_sqlite_allows(
     before = committer.at_once
     p = kube.add(pod("trainer-0", 2))
     assert _bind(fleet, p, "h100-a") == ""
-    sqlite = committer.writer.dialect.name == "sqlite"
-    assert committer.at_once - before == (1 if sqlite else 0)
+    assert committer.at_once - before == 1
     assert _bind(fleet, p, "h100-a") == ""  # the retry finds the reservation written
     assert len(_allocations(fleet, p["metadata"]["uid"])) == 1
 
