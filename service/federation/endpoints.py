@@ -9,6 +9,7 @@ keep calling their region's service.
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import replace
 from typing import Annotated, Any
@@ -244,21 +245,34 @@ async def federation_place(
 
 
 async def _request_body(request: Request) -> FederatedPlaceRequest:
-    """The body as FastAPI would read it for the routes above, refused in the same shape."""
+    """The body as FastAPI reads it for the routes above (JSON parsed, then validated as
+    Python data), refused in the same shape."""
     raw = await request.body()
     if not raw:
         missing = {"type": "missing", "loc": ("body",), "msg": "Field required", "input": None}
         raise RequestValidationError([missing])
     try:
-        return FederatedPlaceRequest.model_validate_json(raw)
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        where = _decode_error_at(raw)
+        invalid = {"type": "json_invalid", "loc": ("body", where), "msg": "JSON decode error"}
+        raise RequestValidationError([{**invalid, "input": {}}]) from None
+    try:
+        return FederatedPlaceRequest.model_validate(data, from_attributes=True)
     except ValidationError as exc:
         errors = exc.errors(include_url=False)
-        raise RequestValidationError(
-            [
-                {**e, "loc": ("body", *e["loc"])} if e["type"] != "json_invalid" else e
-                for e in errors
-            ]
-        ) from None
+        raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in errors]) from None
+
+
+def _decode_error_at(raw: bytes) -> int:
+    """Where the standard library's parser stops, as FastAPI names a body that is not JSON."""
+    try:
+        json.loads(raw)
+    except json.JSONDecodeError as exc:
+        return exc.pos
+    except UnicodeDecodeError:
+        return 0
+    return 0
 
 
 def _key(request: Request) -> str | None:
