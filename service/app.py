@@ -242,7 +242,7 @@ def create_app(
 
     # Innermost first: the direct routes run behind the request checks and the token
     # check; a fault anywhere inside is answered by the barrier, outermost.
-    direct = {**slurm_routes.DIRECT, **k8s_routes.DIRECT}
+    direct = {**slurm_routes.DIRECT, **k8s_routes.DIRECT, **federation_routes.DIRECT}
     app.add_middleware(DirectRoutes, routes=direct)
     app.add_middleware(
         RequestGuard,

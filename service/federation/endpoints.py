@@ -9,6 +9,7 @@ keep calling their region's service.
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import replace
 from typing import Annotated, Any
@@ -16,6 +17,8 @@ from typing import Annotated, Any
 import httpx
 import orjson
 from fastapi import APIRouter, Header, Path, Query, Request, Response, status
+from fastapi.exceptions import RequestValidationError
+from pydantic import StringConstraints, TypeAdapter, ValidationError
 from sqlalchemy.exc import SQLAlchemyError
 
 from service.audit import records
@@ -51,6 +54,8 @@ router = APIRouter(tags=["federation"])
 log = logging.getLogger("topoplace.federation")
 JSON = "application/json"
 RegionPath = Annotated[str, Path(min_length=1, max_length=63, pattern=REGION_NAME_PATTERN)]
+KEY_LENGTH = {"min_length": 1, "max_length": 256}  # an Idempotency-Key, as its Header says
+_KEY = TypeAdapter(Annotated[str, StringConstraints(**KEY_LENGTH)])
 
 
 def _registry(request: Request) -> Registry:
@@ -229,7 +234,7 @@ async def federation_score(body: FederatedPlaceRequest, request: Request) -> Res
 async def federation_place(
     body: FederatedPlaceRequest,
     request: Request,
-    idempotency_key: Annotated[str | None, Header(min_length=1, max_length=256)] = None,
+    idempotency_key: Annotated[str | None, Header(**KEY_LENGTH)] = None,
 ) -> Response:
     """Route a job to the best region and reserve it there (that region's ``/v1/place``,
     the same Idempotency-Key); a refusal sends it to the next region."""
@@ -239,4 +244,65 @@ async def federation_place(
     return Response(orjson.dumps(placed), status_code=status.HTTP_201_CREATED, media_type=JSON)
 
 
-__all__ = ["router"]
+async def _request_body(request: Request) -> FederatedPlaceRequest:
+    """The body as FastAPI reads it for the routes above (JSON parsed, then validated as
+    Python data), refused in the same shape."""
+    raw = await request.body()
+    if not raw:
+        missing = {"type": "missing", "loc": ("body",), "msg": "Field required", "input": None}
+        raise RequestValidationError([missing])
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        where = _decode_error_at(raw)
+        invalid = {"type": "json_invalid", "loc": ("body", where), "msg": "JSON decode error"}
+        raise RequestValidationError([{**invalid, "input": {}}]) from None
+    try:
+        return FederatedPlaceRequest.model_validate(data, from_attributes=True)
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False)
+        raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in errors]) from None
+
+
+def _decode_error_at(raw: bytes) -> int:
+    """Where the standard library's parser stops, as FastAPI names a body that is not JSON."""
+    try:
+        json.loads(raw)
+    except json.JSONDecodeError as exc:
+        return exc.pos
+    except UnicodeDecodeError:
+        return 0
+    return 0
+
+
+def _key(request: Request) -> str | None:
+    key = request.headers.get("idempotency-key")
+    if key is None:
+        return None
+    try:
+        return _KEY.validate_python(key)
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False)
+        raise RequestValidationError(
+            [{**e, "loc": ("header", "idempotency-key")} for e in errors]
+        ) from None
+
+
+async def direct_score(request: Request) -> Response:
+    return await federation_score(await _request_body(request), request)
+
+
+async def direct_place(request: Request) -> Response:
+    key = _key(request)
+    return await federation_place(await _request_body(request), request, key)
+
+
+# Dispatchers wait on these for every job: served before FastAPI's router
+# (service/direct_routes.py), which cost most of the global service's own time on a
+# call; the routes above document them in the OpenAPI schema.
+DIRECT = {
+    ("POST", "/v1/federation/place"): direct_place,
+    ("POST", "/v1/federation/score"): direct_score,
+}
+
+__all__ = ["DIRECT", "router"]

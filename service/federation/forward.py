@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+import orjson
 
 
 class Outcome(enum.StrEnum):
@@ -40,9 +41,9 @@ class Forwarded:
 
 def _detail(response: httpx.Response) -> str:
     try:
-        error = response.json().get("error", {})
+        error = orjson.loads(response.content).get("error", {})
         return f"{error.get('code')}: {error.get('message')}"
-    except (ValueError, AttributeError):
+    except (orjson.JSONDecodeError, AttributeError):
         return response.text[:200]
 
 
@@ -54,14 +55,14 @@ async def forward(
     key: str | None,
     timeout_s: float,
 ) -> Forwarded:
-    headers = {}
+    headers = {"Content-Type": "application/json"}
     if token:
         headers["Authorization"] = f"Bearer {token}"
     if key is not None:
         headers["Idempotency-Key"] = key
     try:
         response = await client.post(
-            f"{url}/v1/place", json=body, headers=headers, timeout=timeout_s
+            f"{url}/v1/place", content=orjson.dumps(body), headers=headers, timeout=timeout_s
         )
     except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
         return Forwarded(Outcome.UNREACHABLE, None, f"not reachable: {exc!r}")
@@ -69,5 +70,6 @@ async def forward(
         return Forwarded(Outcome.AMBIGUOUS, None, f"sent, no answer: {exc!r}")
     if response.status_code in (200, 201):
         replayed = response.headers.get("Idempotent-Replayed") == "true"
-        return Forwarded(Outcome.PLACED, response.status_code, "placed", response.json(), replayed)
+        answer = orjson.loads(response.content)
+        return Forwarded(Outcome.PLACED, response.status_code, "placed", answer, replayed)
     return Forwarded(Outcome.REFUSED, response.status_code, _detail(response))

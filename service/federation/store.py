@@ -6,10 +6,12 @@ Plain functions on an engine (or a connection), called off the event loop.
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+import orjson
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
 
@@ -58,12 +60,12 @@ def _record(row: sa.Row[Any]) -> RegionRecord:
         public_key=m["public_key"],
         forward_token=m["forward_token"],
         token_id=m["token_id"],
-        prices=json.loads(m["prices"]),
-        egress=json.loads(m["egress"]),
-        labels=json.loads(m["labels"]),
+        prices=orjson.loads(m["prices"]),
+        egress=orjson.loads(m["egress"]),
+        labels=orjson.loads(m["labels"]),
         registered_at=registered,
         retired_at=_utc(m["retired_at"]),
-        summary=json.loads(m["summary"]) if m["summary"] else None,
+        summary=orjson.loads(m["summary"]) if m["summary"] else None,
         summary_seq=m["summary_seq"],
         summary_at=_utc(m["summary_at"]),
     )
@@ -115,6 +117,23 @@ def listed(engine: sa.Engine, include_retired: bool = False) -> list[RegionRecor
         return [_record(row) for row in conn.execute(query)]
 
 
+def live_seqs(engine: sa.Engine) -> dict[str, int | None]:
+    """Each live region's summary seq: what moves when its summary does (a cheap read,
+    so a replica rereads only the regions whose summary changed)."""
+    query = sa.select(regions.c.name, regions.c.summary_seq).where(regions.c.retired_at.is_(None))
+    with engine.connect() as conn:
+        return {str(name): seq for name, seq in conn.execute(query)}
+
+
+def named(engine: sa.Engine, names: Collection[str]) -> list[RegionRecord]:
+    """The live regions of these names (those still live)."""
+    query = sa.select(regions).where(
+        regions.c.name.in_(list(names)), regions.c.retired_at.is_(None)
+    )
+    with engine.connect() as conn:
+        return [_record(row) for row in conn.execute(query)]
+
+
 def get(engine: sa.Engine, name: str) -> RegionRecord | None:
     with engine.connect() as conn:
         row = conn.execute(sa.select(regions).where(regions.c.name == name)).first()
@@ -148,7 +167,7 @@ def store_summary(
                 regions.c.retired_at.is_(None),
                 sa.or_(regions.c.summary_seq.is_(None), regions.c.summary_seq < seq),
             )
-            .values(summary=json.dumps(summary), summary_seq=seq, summary_at=now)
+            .values(summary=orjson.dumps(summary).decode(), summary_seq=seq, summary_at=now)
         ).rowcount
     return bool(changed)
 
