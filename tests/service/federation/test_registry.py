@@ -2,65 +2,21 @@
 
 from __future__ import annotations
 
-import time
-from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
 
-from agent.signing import NodeKey
 from service.federation import store
 from service.federation.registry import Registry
-from service.federation.schemas import RegionSummary
-from service.federation.signing import sign_summary
-
-KEY = NodeKey.generate()
-
-
-def register(client: TestClient, name: str) -> str:
-    created = client.post(
-        "/v1/regions",
-        json={
-            "name": name,
-            "cloud": "aws",
-            "url": f"http://{name}.example",
-            "public_key": KEY.public_key,
-            "prices": [{"gpu_model": "H100", "on_demand": 2.0}],
-            "egress": {"region_gb": 0.0, "internet_gb": 0.0},
-        },
-    )
-    assert created.status_code == 201, created.text
-    token: str = created.json()["token"]
-    return token
+from tests.service.federation.test_regions_api import bearer, register, signed, summary
 
 
 def push(client: TestClient, name: str, token: str, free: int) -> int:
-    seq = time.time_ns()
-    summary = RegionSummary.model_validate(
-        {
-            "region": name,
-            "seq": seq,
-            "sent_at": datetime.now(UTC),
-            "designs": [
-                {
-                    "design": "H100 x8",
-                    "gpu_model": "NVIDIA H100 80GB HBM3",
-                    "gpus_per_node": 8,
-                    "nodes": 1,
-                    "free_gpus": free,
-                    "island_gbps": 450.0,
-                    "by_island": {str(free): 1},
-                }
-            ],
-        }
-    ).model_dump(mode="json")
-    pushed = client.put(
-        f"/v1/regions/{name}/summary",
-        json={"summary": summary, "signature": sign_summary(KEY, summary)},
-        headers={"Authorization": f"Bearer {token}"},
-    )
+    body = summary(name, free)
+    pushed = client.put(f"/v1/regions/{name}/summary", json=signed(body), headers=bearer(token))
     assert pushed.status_code == 200, pushed.text
+    seq: int = body["seq"]
     return seq
 
 
