@@ -92,8 +92,8 @@ class GroupCommitter:
         self.batches = 0  # commits made, and reservations in them: visible to tests
         self.committed = 0
         self.at_once = 0  # of those, written at once on the caller's thread
-        # Writes at once need SQLite (local, no round trip) and no batch in progress.
-        self._at_once_ok = engine.dialect.name == "sqlite"
+        # On the event loop a write at once needs SQLite (local, no round trip).
+        self._sqlite = engine.dialect.name == "sqlite"
         self._at_once_lock = threading.Lock()
         self._busy = 0  # reservations queued or being written by this thread
         self._busy_lock = threading.Lock()
@@ -108,11 +108,9 @@ class GroupCommitter:
         at_once: bool = False,
     ) -> None:
         """Insert the allocation, its holds and its audit row durably; raises what a lone
-        commit would. ``at_once``: as for ``commit_async``, written on the calling (worker)
-        thread when SQLite and the database are free (the Kubernetes bind)."""
-        if at_once and self._write_at_once(
-            _Reservation(row, holds, nodes, audit, _nothing), on_loop=False
-        ):
+        commit would. ``at_once``: written on the calling (worker) thread when the
+        database is free, on SQLite or Postgres (the Kubernetes bind)."""
+        if at_once and self._write_at_once(row, holds, nodes, audit, on_loop=False):
             return
         done = threading.Event()
         reservation = _Reservation(row, holds, nodes, audit, done.set)
@@ -133,9 +131,7 @@ class GroupCommitter:
         """``commit`` for the event loop: awaits the batch instead of blocking a thread.
         ``at_once``: the caller has no batch to share (the Slurm filter); on SQLite, with
         the database free, the reservation is written here, now (see the module's text)."""
-        if at_once and self._write_at_once(
-            _Reservation(row, holds, nodes, audit, _nothing), on_loop=True
-        ):
+        if at_once and self._write_at_once(row, holds, nodes, audit, on_loop=True):
             return
         loop = asyncio.get_running_loop()
         future: asyncio.Future[None] = loop.create_future()
@@ -153,17 +149,24 @@ class GroupCommitter:
             self._busy += 1
         self._queue.put(reservation)
 
-    def _write_at_once(self, reservation: _Reservation, on_loop: bool) -> bool:
+    def _write_at_once(
+        self,
+        row: Mapping[str, object],
+        holds: Sequence[tuple[str, str, str]],
+        nodes: Sequence[str],
+        audit: Mapping[str, object] | None,
+        on_loop: bool,
+    ) -> bool:
         """Write one reservation on the calling thread: True when written (its error
         raised as ``commit`` raises it), False when it must go to the queue instead (on
         the event loop and not SQLite, a batch queued or in progress, the database held
         by another writer, or the kept connection lost: the queue's retries take it)."""
-        allowed = self._at_once_ok or not on_loop  # a worker thread may wait on Postgres
+        allowed = self._sqlite or not on_loop  # a worker thread may wait on Postgres
         if not allowed or self._busy or not self._at_once_lock.acquire(blocking=False):
             return False
         try:
             try:
-                self.writer.write_now(*self._rows(reservation))
+                self.writer.write_now(*self._rows(_Reservation(row, holds, nodes, audit, _nothing)))
             except DBAPIError as exc:
                 if _locked(exc) or exc.connection_invalidated:
                     return False  # wait in the queue: another writer, or a new connection

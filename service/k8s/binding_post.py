@@ -79,25 +79,27 @@ class BindingPoster:
     def post(self, path: str, body: bytes, headers: dict[str, str]) -> Answer:
         """The answer; raises OSError (and http.client's errors) when none came."""
         headers = {**headers, "Content-Type": "application/json"}
-        for attempt in (1, 2):
-            fresh = getattr(self._local, "conn", None) is None
-            try:
-                conn = self._connection()
-                conn.request("POST", self._prefix + path, body, headers)
-                response = conn.getresponse()
-                data = response.read()
-            except _STALE:
-                self._drop()
-                if fresh or attempt == 2:
-                    raise
-                continue  # the idle connection was closed by the server: once more, anew
-            except (OSError, http.client.HTTPException):
-                self._drop()
+        reused = getattr(self._local, "conn", None) is not None
+        try:
+            return self._exchange(self._prefix + path, body, headers)
+        except _STALE:
+            if not reused:
                 raise
-            if response.will_close:
-                self._drop()
-            return Answer(response.status, response.reason, data)
-        raise AssertionError("unreachable")  # the loop returns or raises
+            # The idle connection was closed by the server: once more, on a new one.
+            return self._exchange(self._prefix + path, body, headers)
+
+    def _exchange(self, path: str, body: bytes, headers: dict[str, str]) -> Answer:
+        try:
+            conn = self._connection()
+            conn.request("POST", path, body, headers)
+            response = conn.getresponse()
+            data = response.read()
+        except (OSError, http.client.HTTPException):
+            self._drop()  # a connection that failed mid-exchange is not used again
+            raise
+        if response.will_close:
+            self._drop()
+        return Answer(response.status, response.reason, data)
 
     def close(self) -> None:
         """Closes the calling thread's connection; the others close with their threads."""

@@ -150,13 +150,16 @@ class HttpKubeApi:
         self._client.close()
         self._binder.close()
 
-    def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+    def _headers(self) -> dict[str, str]:
         headers = {"Accept": "application/json"}
         token = self._token()
         if token:
             headers["Authorization"] = f"Bearer {token}"
+        return headers
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         try:
-            return self._client.request(method, path, headers=headers, **kwargs)
+            return self._client.request(method, path, headers=self._headers(), **kwargs)
         except httpx.HTTPError as exc:
             raise KubeApiError(0, f"the Kubernetes API did not answer: {exc}") from None
 
@@ -165,12 +168,8 @@ class HttpKubeApi:
     ) -> None:
         path = f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(name)}/binding"
         body = json.dumps(binding_body(namespace, name, uid, node, annotations)).encode()
-        headers = {"Accept": "application/json"}
-        token = self._token()
-        if token:
-            headers["Authorization"] = f"Bearer {token}"
         try:
-            answer = self._binder.post(path, body, headers)
+            answer = self._binder.post(path, body, self._headers())
         except (OSError, http.client.HTTPException) as exc:
             raise KubeApiError(0, f"the Kubernetes API did not answer: {exc!r}") from None
         if answer.status not in (200, 201):

@@ -32,13 +32,11 @@ from slurm_formats.tres import GpuAsk, TresError, gpu_ask, per_gpu_tres
 log = logging.getLogger("topoplace.slurm")
 OWNER_PREFIX = "slurm:"
 _COMPLEX_CONSTRAINT = set("|[]*()!")
+
+
 # A cluster's submissions repeat a few shapes (partition, GPU count, user): the request
 # each becomes is validated once and reused (requests are frozen), and a partition's
-# host list is expanded once. Bounded: past this many shapes the oldest half goes.
-_REQUESTS_KEPT = 512
-_requests: dict[tuple[Any, ...], PlaceRequest] = {}
-
-
+# host list is expanded once.
 @functools.lru_cache(maxsize=256)
 def _expand(text: str | None) -> tuple[str, ...]:
     return tuple(hostlist.expand(text))
@@ -46,15 +44,12 @@ def _expand(text: str | None) -> tuple[str, ...]:
 
 def _place_request(fields: dict[str, Any]) -> PlaceRequest:
     """``PlaceRequest(**fields)``, validated once per distinct set of fields."""
-    key = tuple(fields.items())
-    request = _requests.get(key)
-    if request is None:
-        request = PlaceRequest(**fields)
-        if len(_requests) >= _REQUESTS_KEPT:
-            for old in list(_requests)[: _REQUESTS_KEPT // 2]:
-                del _requests[old]
-        _requests[key] = request
-    return request
+    return _validated(tuple(fields.items()))
+
+
+@functools.lru_cache(maxsize=512)
+def _validated(fields: tuple[tuple[str, Any], ...]) -> PlaceRequest:
+    return PlaceRequest(**dict(fields))
 
 
 class _LeaveAlone(Exception):
