@@ -113,6 +113,14 @@ def end(
     return [str(r["id"]) for r in rows], freed
 
 
+def any_due(conn: Connection, transition: str, now: datetime) -> bool:
+    """Whether any row passes the transition's guard: a read, so the sweep's write (which
+    on SQLite takes the database's one write lock ten times a second) runs only when
+    there is something to end."""
+    found = conn.execute(sa.select(_T.c.id).where(GUARDS[transition](now)).limit(1))
+    return found.first() is not None
+
+
 def end_rows(
     conn: Connection, allocation_ids: Sequence[str] | None, transition: str, now: datetime
 ) -> tuple[list[sa.RowMapping], list[FreedHold]]:
