@@ -43,6 +43,8 @@ from placement import ClusterState
 from placement.profiles import build_profile
 
 TARGET_ADDED_MS = 2.0
+WARM_UP = 5
+BLOCK = 10  # pods per extender before the other takes its turn
 TOKEN = "bench-token"
 
 
@@ -133,16 +135,14 @@ def _fleet(nodes: int) -> ClusterState:
     return state
 
 
-VERBS: dict[str, list[float]] = {}
-
-
-def schedule(base: str, names: list[str], pods: int) -> list[float]:
-    """Seconds per pod: filter, prioritize with the nodes that passed, bind to the best;
-    each verb's own times land in VERBS (where the time goes)."""
+def schedule(
+    base: str, names: list[str], pods: int, first: int, verbs: dict[str, list[float]]
+) -> list[float]:
+    """Seconds per pod (pods ``first`` on): filter, prioritize with the nodes that passed,
+    bind to the best; each verb's own times land in ``verbs`` (where the time goes)."""
     times: list[float] = []
-    VERBS.clear()
     with httpx.Client(base_url=base, timeout=30) as client:
-        for i in range(pods):
+        for i in range(first, first + pods):
             p = pod(f"bench-{i:05d}", 1)
             start = time.perf_counter()
             filtered = client.post("/k8s/v1/filter", json=names_args(p, names)).json()
@@ -158,7 +158,7 @@ def schedule(base: str, names: list[str], pods: int) -> list[float]:
             end = time.perf_counter()
             times.append(end - start)
             for verb, took in (("filter", t1 - start), ("prioritize", t2 - t1), ("bind", end - t2)):
-                VERBS.setdefault(verb, []).append(took)
+                verbs.setdefault(verb, []).append(took)
             if bound["Error"]:
                 raise RuntimeError(bound["Error"])
     return times
@@ -182,9 +182,9 @@ def _fresh_postgres(server_url: str, name: str) -> str:
     return sa.make_url(server_url).set(database=name).render_as_string(hide_password=False)
 
 
-def _summary(times: list[float]) -> dict[str, float]:
+def _summary(times: list[float], verb_times: dict[str, list[float]]) -> dict[str, float]:
     ordered = sorted(times)
-    verbs = {f"{v}_p50_ms": statistics.median(t) * 1000 for v, t in VERBS.items()}
+    verbs = {f"{v}_p50_ms": statistics.median(t) * 1000 for v, t in verb_times.items()}
     return {
         **verbs,
         "pods_per_s": len(times) / sum(times),
@@ -218,21 +218,28 @@ def main() -> None:
         )
         for size in (12, 500):
             names = [f"h100-{i:04d}" for i in range(size)]
-            count = min(pods, size * 8 - 16)  # one GPU each, warm-up too: the fleet never fills
+            count = min(
+                pods, size * 8 - 16 - WARM_UP
+            )  # one GPU each, warm-up too: the fleet never fills
             url = (
                 _fresh_postgres(args.postgres, f"k8s_pods_bench_{size}")
                 if args.postgres
                 else f"sqlite:///{Path(tmp) / f'serve-{size}.sqlite3'}"
             )
             seed(url, _fleet(size))
-            with _thread_server(_nothing_extender(api_port)) as port:
-                base = f"http://127.0.0.1:{port}"
-                schedule(base, names, 5)  # warm-up
-                nothing = _summary(schedule(base, names, count))
-            with serve(url) as (base, _pid):
-                schedule(base, names, 5)
-                topoplace = _summary(schedule(base, names, count))
-            results[size] = {"do-nothing": nothing, "topoplace": topoplace}
+            with _thread_server(_nothing_extender(api_port)) as port, serve(url) as (base, _pid):
+                bases = {"do-nothing": f"http://127.0.0.1:{port}", "topoplace": base}
+                times: dict[str, list[float]] = {name: [] for name in bases}
+                verbs: dict[str, dict[str, list[float]]] = {name: {} for name in bases}
+                for at in bases.values():
+                    schedule(at, names, WARM_UP, 0, {})
+                # Alternate short blocks: this machine's speed drifts within a run by as
+                # much as the difference measured, and both extenders should see the same.
+                for first in range(WARM_UP, WARM_UP + count, BLOCK):
+                    block = min(BLOCK, WARM_UP + count - first)
+                    for name, at in bases.items():
+                        times[name] += schedule(at, names, block, first, verbs[name])
+            results[size] = {name: _summary(times[name], verbs[name]) for name in bases}
     print(f"{'nodes':>5} {'extender':<11} {'pods/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'mean ms':>8}")
     for size, rows in results.items():
         for name, row in rows.items():
@@ -242,12 +249,13 @@ def main() -> None:
                 f" {row['filter_p50_ms']:.2f}, prioritize {row['prioritize_p50_ms']:.2f},"
                 f" bind {row['bind_p50_ms']:.2f} ms"
             )
-        added = rows["topoplace"]["mean_ms"] - rows["do-nothing"]["mean_ms"]
+        added = rows["topoplace"]["p50_ms"] - rows["do-nothing"]["p50_ms"]
+        added_mean = rows["topoplace"]["mean_ms"] - rows["do-nothing"]["mean_ms"]
         ratio = rows["do-nothing"]["pods_per_s"] / rows["topoplace"]["pods_per_s"]
         verdict = "ok" if added <= TARGET_ADDED_MS else "OVER"
         print(
-            f"{size:>5} topoplace adds {added:.2f} ms a pod ({ratio:.2f}x the do-nothing time;"
-            f" target {TARGET_ADDED_MS} ms): {verdict}"
+            f"{size:>5} topoplace adds {added:.2f} ms a pod at p50 ({added_mean:.2f} ms mean;"
+            f" {ratio:.2f}x the do-nothing time; target {TARGET_ADDED_MS} ms): {verdict}"
         )
 
 
