@@ -218,9 +218,8 @@ def main() -> None:
         )
         for size in (12, 500):
             names = [f"h100-{i:04d}" for i in range(size)]
-            count = min(
-                pods, size * 8 - 16 - WARM_UP
-            )  # one GPU each, warm-up too: the fleet never fills
+            # One GPU a pod, the warm-up's included: the fleet never fills.
+            count = min(pods, size * 8 - 16 - WARM_UP)
             url = (
                 _fresh_postgres(args.postgres, f"k8s_pods_bench_{size}")
                 if args.postgres
