@@ -6,6 +6,7 @@ import json
 import time
 import uuid
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -171,3 +172,63 @@ def test_a_decision_and_its_audit_row_commit_together_or_not_at_all(engine: sa.E
     with engine.connect() as conn:
         detail = conn.execute(sa.select(schema.audit_log.c.detail)).scalars().first()
     assert detail is not None and '"request": {"gpus": 2}' in detail
+
+
+def _postgres_only(engine: sa.Engine) -> None:
+    if engine.dialect.name != "postgresql":
+        pytest.skip("the pipeline and its round trips are Postgres's")
+
+
+def test_a_postgres_batch_is_one_round_trip(engine: sa.Engine, tmp_path: Path) -> None:
+    _postgres_only(engine)
+    writer = BatchWriter(engine)
+    trace = tmp_path / "libpq.trace"
+    traced_connections: list[Any] = []
+    with trace.open("w") as sink:
+
+        def traced(dbapi_connection: Any, _record: Any, _proxy: Any) -> None:
+            dbapi_connection.pgconn.trace(sink.fileno())
+            dbapi_connection.pgconn.set_trace_flags(psycopg.pq.Trace.SUPPRESS_TIMESTAMPS)
+            traced_connections.append(dbapi_connection)
+
+        sa.event.listen(engine, "checkout", traced)
+        try:
+            row = _row()
+            writer.write([row], [_hold(row, "GPU-a")], ["n0"], [_audit(row)])
+            other = _row("GPU-b")
+            writer.write_now([other], [_hold(other, "GPU-b")], [])
+        finally:
+            sa.event.remove(engine, "checkout", traced)
+            for connection in traced_connections:
+                connection.pgconn.untrace()  # libpq writes what it buffered
+            writer.close()
+    lines = trace.read_text().splitlines()
+    sent = [line.split("\t")[2].strip() for line in lines if line.startswith("F")]
+    # Each write waits for the server once: no BEGIN or COMMIT of its own to wait on.
+    assert sent.count("Sync") == 2 and "Query" not in sent, sent
+
+
+def test_a_pooled_connection_goes_back_in_its_transaction_mode(engine: sa.Engine) -> None:
+    _postgres_only(engine)
+    writer = BatchWriter(engine)
+    row = _row()
+    writer.write([row], [_hold(row, "GPU-a")], ["n0"])
+    with pytest.raises(IntegrityError):
+        writer.write([_row()], [_hold(_row(), "GPU-a")], ["n0"])
+    connection = engine.raw_connection()
+    try:
+        assert connection.dbapi_connection is not None
+        assert connection.dbapi_connection.autocommit is False
+    finally:
+        connection.close()
+
+
+def test_a_deferred_check_that_fails_at_the_commit_leaves_nothing(engine: sa.Engine) -> None:
+    writer = BatchWriter(engine)
+    orphan = _row("GPU-z")  # names a hold the batch does not write: checked at the commit
+    held = _row("GPU-c")
+    with pytest.raises(IntegrityError):
+        writer.write([held, orphan], [_hold(held, "GPU-c")], ["n0"], [_audit(held)])
+    with engine.connect() as conn:
+        for table in (schema.allocations, schema.gpu_holds, schema.audit_log):
+            assert conn.execute(sa.select(sa.func.count()).select_from(table)).scalar() == 0
