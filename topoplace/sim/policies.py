@@ -1,10 +1,21 @@
 """The schedulers a simulation compares: the engine and the baselines of ``bench``.
 
 Every policy answers ``place(job)`` with a ``Placed`` (and holds it) or None
-with a cause, ``release(placed)``, and ``rooms()``: per node, the free
-thousandths of each GPU (1000 = whole and free), for the fragmentation
-figures. Ring bandwidth and NVLink connectivity of every multi-GPU set come
-from the same class tables for all policies, so their figures compare.
+with a cause, ``release(placed)``, and ``rooms()``: per node, the GPU model,
+the free thousandths of each GPU (1000 = whole and free) and the free CPU
+and memory, for the fragmentation figures. Every policy places only where
+GPUs, CPU and memory all fit. Ring bandwidth and NVLink connectivity of
+every multi-GPU set come from the same class tables for all policies, so
+their figures compare.
+
+The engine (``topoplace``) gets, as a scheduler's filter would hand it, the
+nodes where the job's CPU and memory fit, narrowed by the sim's stranding
+objective (``Stranding``): among those nodes, the ones where the job adds
+the least expected stranding (GPUs left free on a node without the CPU or
+memory the observed job mix needs), within ``STRANDING_TOLERANCE``. The
+engine chooses the node and GPUs among them by its own ranking. A CPU-only
+job goes to the node where it adds the least stranding, then the least CPU
+left (best fit), then name order.
 """
 
 from __future__ import annotations
@@ -13,7 +24,10 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from bench.cluster_policies import POLICIES, BaselineFleet, Held, Task
+import numpy as np
+from numpy.typing import NDArray
+
+from bench.cluster_policies import POLICIES, BaselineFleet, HostCapacity, HostRooms, Held, Task
 from bench.fgd import TaskType
 from placement import ClusterState, NodeSnapshot, PlacementRequest
 from placement.bandwidth import DEFAULT_BANDWIDTH
@@ -24,6 +38,11 @@ from topoplace.sim.jobs import FULL, Job
 
 ENGINE = "topoplace"
 ALL_POLICIES = (ENGINE, *POLICIES)
+# Nodes whose added expected stranding is within this many GPUs of the least count as
+# equally good: the engine's own ranking (packing, bandwidth, shares) decides among them.
+STRANDING_TOLERANCE = 0.05
+
+Room = tuple[str, tuple[int, ...], int, int]  # model, sorted GPU rooms, free CPU, free memory
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +62,7 @@ class Policy(Protocol):
 
     def release(self, placed: Placed) -> None: ...
 
-    def rooms(self) -> Iterator[tuple[str, tuple[int, ...]]]: ...
+    def rooms(self) -> Iterator[Room]: ...
 
 
 class SetTables:
@@ -67,18 +86,81 @@ class SetTables:
         return float(tc.ring[mask]), bool(tc.nvlink_connected[mask])
 
 
+class Stranding:
+    """Expected stranding of a node: its free GPU capacity times the weight of the
+    observed GPU task types (those its GPU model accepts) whose CPU or memory its free
+    host cannot hold. It is the CPU/memory part of FGD's measure, F_n(m) = all of the
+    node's free GPU when m does not fit the host, over the job mix."""
+
+    def __init__(self, mix: Mapping[TaskType, float], models: Sequence[str]) -> None:
+        types = [(t, w) for t, w in mix.items() if t.gpus > 0 and w > 0]
+        total = sum(w for _, w in types) or 1.0
+        self.cpu_levels = np.asarray(sorted({t.cpu_milli for t, _ in types}), dtype=np.int64)
+        self.memory_levels = np.asarray(sorted({t.memory_mib for t, _ in types}), dtype=np.int64)
+        lc, lm = len(self.cpu_levels) + 1, len(self.memory_levels) + 1
+        ci = np.searchsorted(self.cpu_levels, [t.cpu_milli for t, _ in types])
+        mi = np.searchsorted(self.memory_levels, [t.memory_mib for t, _ in types])
+        # fits[t, a, b]: type t fits a host covering the first a CPU and b memory levels
+        fits = (ci[:, None, None] < np.arange(lc)[None, :, None]) & (
+            mi[:, None, None] < np.arange(lm)[None, None, :]
+        )
+        keys = sorted(set(models))
+        stack = []
+        for model in keys:
+            weights = np.asarray(
+                [w / total if t.accepts(model) else 0.0 for t, w in types], dtype=np.float64
+            )
+            stack.append((weights[:, None, None] * ~fits).sum(axis=0))
+        self._stack = np.stack(stack) if types and stack else np.zeros((1, lc, lm))
+        at = {m: i for i, m in enumerate(keys)} if types else {}
+        self._node_table = np.asarray([at.get(m, 0) for m in models], dtype=np.int64)
+
+    def short(self, cpu: NDArray[np.int64], memory: NDArray[np.int64]) -> NDArray[np.float64]:
+        """Per node, the weight of the job mix its free host cannot hold."""
+        a = np.searchsorted(self.cpu_levels, cpu, side="right")
+        b = np.searchsorted(self.memory_levels, memory, side="right")
+        return np.asarray(self._stack[self._node_table, a, b], dtype=np.float64)
+
+    def added(
+        self, gpu_free: NDArray[np.int64], host: HostRooms, job: Job
+    ) -> NDArray[np.float64]:
+        """Per node, in GPUs: the expected stranding after the job minus before."""
+        before = gpu_free * self.short(host.cpu, host.memory)
+        left = gpu_free - job.gpus * job.milli if job.gpus else gpu_free
+        after = left * self.short(host.cpu - job.cpu_milli, host.memory - job.memory_mib)
+        return np.asarray((after - before) / FULL, dtype=np.float64)
+
+
 class EnginePolicy:
-    """The real engine: ``ClusterState.place`` then ``apply``, defaults as the service's."""
+    """The real engine: ``ClusterState.place`` then ``apply``, defaults as the service's,
+    over the nodes where the job's CPU and memory fit (see the module's docstring)."""
 
     name = ENGINE
 
     def __init__(
-        self, snapshots: Sequence[NodeSnapshot], size_mix: Mapping[int, float], tables: SetTables
+        self,
+        snapshots: Sequence[NodeSnapshot],
+        size_mix: Mapping[int, float],
+        tables: SetTables,
+        mix: Mapping[TaskType, float] | None = None,
+        hosts: Mapping[str, HostCapacity] | None = None,
     ) -> None:
         self.state = ClusterState(size_mix=size_mix)
-        for snap in sorted(snapshots, key=lambda s: s.name):
+        snaps = sorted(snapshots, key=lambda s: s.name)
+        for snap in snaps:
             self.state.upsert(snap)
         self.tables = tables
+        self.names = [s.name for s in snaps]
+        self.index = {n: i for i, n in enumerate(self.names)}
+        known = hosts or {}
+        self.host = HostRooms([known.get(n, (None, None)) for n in self.names])
+        self.limited = any(c is not None or m is not None for c, m in known.values())
+        self.gpu_free = np.asarray(
+            [sum(FULL for g in s.gpus if g.health == "healthy" and not g.mig_enabled) for s in snaps],
+            dtype=np.int64,
+        )
+        models = [s.gpus[0].model.upper() if s.gpus else "" for s in snaps]
+        self.stranding = Stranding(mix or {}, models) if self.limited else None
         self._requests: dict[tuple[int, int, tuple[str, ...]], PlacementRequest] = {}
 
     def request(self, job: Job) -> PlacementRequest:
@@ -90,22 +172,76 @@ class EnginePolicy:
             self._requests[key] = request
         return request
 
+    def _tiers(self, job: Job) -> tuple[NDArray[np.bool_], NDArray[np.float64] | None]:
+        fits = self.host.fits(job.cpu_milli, job.memory_mib)
+        if self.stranding is None:
+            return fits, None
+        return fits, self.stranding.added(self.gpu_free, self.host, job)
+
     def place(self, job: Job) -> tuple[Placed | None, str]:
-        outcome = self.state.place(self.request(job))
+        fits, added = self._tiers(job)
+        if not fits.any():
+            return None, "no node with the CPU and memory free"
+        if job.gpus == 0:
+            return self._place_host_only(job, fits, added), ""
+        request = self.request(job)
+        tries: list[PlacementRequest] = []
+        if added is not None:
+            masked = np.where(fits, added, np.inf)
+            best = np.flatnonzero(masked <= masked.min() + STRANDING_TOLERANCE)
+            if best.size < int(fits.sum()):
+                tries.append(self._among(request, best))
+        if not fits.all():
+            tries.append(self._among(request, np.flatnonzero(fits)))
+        else:
+            tries.append(request)
+        outcome = None
+        for attempt in tries:
+            outcome = self.state.place(attempt)
+            if outcome.placement is not None:
+                break
+        assert outcome is not None
         if outcome.placement is None:
             cause = outcome.reasons[0].message if outcome.reasons else outcome.status
             return None, cause
         self.state.apply(outcome.placement)
         task = outcome.placement.tasks[0]
+        node = self.index[task.node]
+        self.gpu_free[node] -= job.gpus * job.milli
+        self.host.take(node, job.cpu_milli, job.memory_mib)
         ring, nvlink = self.tables.metrics(task.node, task.gpu_indices)
-        placed = Placed(task.node, task.gpu_indices, job.milli, ring, nvlink, outcome.placement)
-        return placed, ""
+        handle = (outcome.placement, job.gpus * job.milli, job.cpu_milli, job.memory_mib)
+        return Placed(task.node, task.gpu_indices, job.milli, ring, nvlink, handle), ""
+
+    def _among(self, request: PlacementRequest, nodes: NDArray[np.int64]) -> PlacementRequest:
+        # model_copy: the names are the state's own, no need to validate them again
+        return request.model_copy(update={"nodes": tuple(self.names[i] for i in nodes.tolist())})
+
+    def _place_host_only(
+        self, job: Job, fits: NDArray[np.bool_], added: NDArray[np.float64] | None
+    ) -> Placed:
+        cpu_left = np.where(fits, self.host.cpu - job.cpu_milli, np.iinfo(np.int64).max)
+        if added is None:
+            node = int(np.argmin(cpu_left))
+        else:
+            masked = np.where(fits, added, np.inf)
+            tied = np.flatnonzero(masked <= masked.min() + 1e-9)
+            node = int(tied[np.argmin(cpu_left[tied])])
+        self.host.take(node, job.cpu_milli, job.memory_mib)
+        handle = (None, 0, job.cpu_milli, job.memory_mib)
+        return Placed(self.names[node], (), job.milli, 0.0, False, handle)
 
     def release(self, placed: Placed) -> None:
-        assert isinstance(placed.handle, Placement)
-        self.state.unapply(placed.handle)
+        assert isinstance(placed.handle, tuple)
+        placement, gpu_milli, cpu, memory = placed.handle
+        node = self.index[placed.node]
+        if placement is not None:
+            assert isinstance(placement, Placement)
+            self.state.unapply(placement)
+        self.gpu_free[node] += gpu_milli
+        self.host.give(node, cpu, memory)
 
-    def rooms(self) -> Iterator[tuple[str, tuple[int, ...]]]:
+    def rooms(self) -> Iterator[Room]:
         for name in self.state.names():
             entry = self.state.node(name)
             snap = entry.snapshot
@@ -118,7 +254,8 @@ class EnginePolicy:
                 else:
                     rooms.append(FULL if free >> g.index & 1 else 0)
             model = snap.gpus[0].model.upper() if snap.gpus else ""
-            yield model, tuple(sorted(rooms))
+            cpu, memory = self.host.of(self.index[name])
+            yield model, tuple(sorted(rooms)), cpu, memory
 
 
 class BaselinePolicy:
@@ -128,15 +265,17 @@ class BaselinePolicy:
         name: str,
         task_mix: Mapping[TaskType, float],
         tables: SetTables,
+        hosts: Mapping[str, HostCapacity] | None = None,
     ) -> None:
         self.name = name
-        self.fleet = BaselineFleet(snapshots, name, task_mix)
+        self.fleet = BaselineFleet(snapshots, name, task_mix, hosts)
         self.tables = tables
 
     def place(self, job: Job) -> tuple[Placed | None, str]:
-        held = self.fleet.place(Task(job.gpus, job.milli, job.models))
+        task = Task(job.gpus, job.milli, job.models, job.cpu_milli, job.memory_mib)
+        held = self.fleet.place(task)
         if held is None:
-            return None, _baseline_cause(self.fleet, job)
+            return None, _baseline_cause(self.fleet, task)
         node = self.fleet.names[held.node]
         ring, nvlink = self.tables.metrics(node, held.gpus)
         return Placed(node, held.gpus, job.milli, ring, nvlink, held), ""
@@ -145,39 +284,50 @@ class BaselinePolicy:
         assert isinstance(placed.handle, Held)
         self.fleet.release(placed.handle)
 
-    def rooms(self) -> Iterator[tuple[str, tuple[int, ...]]]:
+    def rooms(self) -> Iterator[Room]:
         for i, model in enumerate(self.fleet.models):
-            yield model, tuple(sorted(self.fleet.room_of(i)))
+            cpu, memory = self.fleet.host.of(i)
+            yield model, tuple(sorted(self.fleet.room_of(i))), cpu, memory
 
 
-def _baseline_cause(fleet: BaselineFleet, job: Job) -> str:
-    if not fleet.model_ok(job.models).any():
+def _baseline_cause(fleet: BaselineFleet, task: Task) -> str:
+    if task.gpus and not fleet.model_ok(task.models).any():
         return "no node has the GPU model"
-    if job.milli < FULL:
+    gpu = fleet.gpu_feasible(task)
+    if gpu.any():
+        return "no node with the CPU and memory free"
+    if task.milli < FULL:
         return "no GPU with room for the share"
-    return f"fewer than {job.gpus} GPUs free"
+    return f"fewer than {task.gpus} GPUs free"
 
 
 def task_mix(jobs: Sequence[Job]) -> dict[TaskType, float]:
+    """Every job's task type -> count (CPU-only ones too: ``bench.fgd`` leaves them out)."""
     mix: dict[TaskType, float] = {}
     for job in jobs:
-        t = TaskType(job.gpus, job.milli, job.models)
+        t = TaskType(job.gpus, job.milli, job.models, job.cpu_milli, job.memory_mib)
         mix[t] = mix.get(t, 0.0) + 1.0
     return mix
 
 
 def build_policies(
-    names: Sequence[str], snapshots: Sequence[NodeSnapshot], jobs: Sequence[Job]
+    names: Sequence[str],
+    snapshots: Sequence[NodeSnapshot],
+    jobs: Sequence[Job],
+    hosts: Mapping[str, HostCapacity] | None = None,
 ) -> list[Policy]:
+    """``hosts``: node name -> (milli-CPU, MiB), None where not known (never short)."""
     tables = SetTables(snapshots)
     sizes: dict[int, float] = {}
     for job in jobs:
-        sizes[job.gpus] = sizes.get(job.gpus, 0.0) + 1.0
+        if job.gpus:
+            sizes[job.gpus] = sizes.get(job.gpus, 0.0) + 1.0
     mix = task_mix(jobs)
+    gpu_mix = {t: w for t, w in mix.items() if t.gpus} or {TaskType(1, FULL): 1.0}
     out: list[Policy] = []
     for name in names:
         if name == ENGINE:
-            out.append(EnginePolicy(snapshots, sizes or {1: 1.0}, tables))
+            out.append(EnginePolicy(snapshots, sizes or {1: 1.0}, tables, mix, hosts))
         else:
-            out.append(BaselinePolicy(snapshots, name, mix, tables))
+            out.append(BaselinePolicy(snapshots, name, gpu_mix, tables, hosts))
     return out
