@@ -189,6 +189,13 @@ class BaselineFleet:
         self.host.take(node, task.cpu_milli, task.memory_mib)
         return held
 
+    def hold(self, node: int, gpus: tuple[int, ...], task: Task) -> Held:
+        """Hold what another scheduler chose (a mirror of its state)."""
+        held = Held(node, gpus, task.milli, task.cpu_milli, task.memory_mib)
+        self._change(node, gpus, -task.milli)
+        self.host.take(node, task.cpu_milli, task.memory_mib)
+        return held
+
     def release(self, held: Held) -> None:
         self.host.give(held.node, held.cpu_milli, held.memory_mib)
         self._change(held.node, held.gpus, held.milli)
@@ -267,12 +274,17 @@ class BaselineFleet:
         )
 
     def _fgd_node(self, task: Task, fits: NDArray[np.bool_]) -> int:
-        """The feasible node whose state gains the least expected fragmentation.
+        """The feasible node whose state gains the least expected fragmentation."""
+        masked = self.gradients(task, fits)
+        best = masked.min()
+        # ties within float noise go to the lowest node
+        return int(np.flatnonzero(masked <= best + 1e-9)[0])
 
-        Each node's gradient for this task is kept until the node changes (its
-        version), so a decision recomputes only the nodes touched since the
-        last task of the same type.
-        """
+    def gradients(self, task: Task, fits: NDArray[np.bool_]) -> NDArray[np.float64]:
+        """Per node, the least gain in expected fragmentation the task can make there
+        (inf where it does not fit). Each node's gradient for this task is kept until
+        the node changes (its version), so a decision recomputes only the nodes touched
+        since the last task of the same type."""
         cached = self._gradients.get(task)
         if cached is None:
             versions = np.full(len(self.names), -1, dtype=np.int64)
@@ -284,10 +296,7 @@ class BaselineFleet:
         for node in stale.tolist():
             gradients[node] = self._node_gradient(node, task)
             versions[node] = self.version[node]
-        masked = np.where(fits, gradients, np.inf)
-        best = masked.min()
-        # ties within float noise go to the lowest node
-        return int(np.flatnonzero(masked <= best + 1e-9)[0])
+        return np.asarray(np.where(fits, gradients, np.inf), dtype=np.float64)
 
 
 def _after(rooms: tuple[int, ...], task: Task) -> list[tuple[int, ...]]:

@@ -9,13 +9,18 @@ every multi-GPU set come from the same class tables for all policies, so
 their figures compare.
 
 The engine (``topoplace``) gets, as a scheduler's filter would hand it, the
-nodes where the job's CPU and memory fit, narrowed by the sim's stranding
-objective (``Stranding``): among those nodes, the ones where the job adds
-the least expected stranding (GPUs left free on a node without the CPU or
-memory the observed job mix needs), within ``STRANDING_TOLERANCE``. The
-engine chooses the node and GPUs among them by its own ranking. A CPU-only
-job goes to the node where it adds the least stranding, then the least CPU
-left (best fit), then name order.
+nodes where the job's CPU and memory fit, narrowed by an expected-stranding
+objective: among them, the nodes where the job adds the least expected
+fragmentation, FGD's measure with CPU and memory (a node's free GPUs count
+as stranded for every task type of the observed mix whose CPU or memory the
+node can no longer hold, as well as for the GPU shapes it cannot serve),
+within ``STRANDING_TOLERANCE`` GPUs of the least. The engine chooses the
+node and the GPUs among those by its own ranking (packing, bandwidth, the
+share rules); if it finds none there, it gets every node where CPU and
+memory fit. A CPU-only job (the engine places GPUs only) goes to the node
+where it adds the least expected fragmentation, then the least CPU left,
+then name order. Without any host capacity the engine gets every node, as
+before.
 """
 
 from __future__ import annotations
@@ -38,9 +43,11 @@ from topoplace.sim.jobs import FULL, Job
 
 ENGINE = "topoplace"
 ALL_POLICIES = (ENGINE, *POLICIES)
-# Nodes whose added expected stranding is within this many GPUs of the least count as
-# equally good: the engine's own ranking (packing, bandwidth, shares) decides among them.
-STRANDING_TOLERANCE = 0.05
+# Nodes whose added expected fragmentation is within this many GPUs of the least count
+# as equally good: the engine's own ranking (packing, bandwidth, shares) decides among
+# them. 0.1 on the Alibaba v2023 trace (0.02-0.3 within 35 GPUs of it at the first
+# failure; 0 or 0.005, which leave the engine little to choose, 250 GPUs worse).
+STRANDING_TOLERANCE = 0.1
 
 Room = tuple[str, tuple[int, ...], int, int]  # model, sorted GPU rooms, free CPU, free memory
 
@@ -86,51 +93,6 @@ class SetTables:
         return float(tc.ring[mask]), bool(tc.nvlink_connected[mask])
 
 
-class Stranding:
-    """Expected stranding of a node: its free GPU capacity times the weight of the
-    observed GPU task types (those its GPU model accepts) whose CPU or memory its free
-    host cannot hold. It is the CPU/memory part of FGD's measure, F_n(m) = all of the
-    node's free GPU when m does not fit the host, over the job mix."""
-
-    def __init__(self, mix: Mapping[TaskType, float], models: Sequence[str]) -> None:
-        types = [(t, w) for t, w in mix.items() if t.gpus > 0 and w > 0]
-        total = sum(w for _, w in types) or 1.0
-        self.cpu_levels = np.asarray(sorted({t.cpu_milli for t, _ in types}), dtype=np.int64)
-        self.memory_levels = np.asarray(sorted({t.memory_mib for t, _ in types}), dtype=np.int64)
-        lc, lm = len(self.cpu_levels) + 1, len(self.memory_levels) + 1
-        ci = np.searchsorted(self.cpu_levels, [t.cpu_milli for t, _ in types])
-        mi = np.searchsorted(self.memory_levels, [t.memory_mib for t, _ in types])
-        # fits[t, a, b]: type t fits a host covering the first a CPU and b memory levels
-        fits = (ci[:, None, None] < np.arange(lc)[None, :, None]) & (
-            mi[:, None, None] < np.arange(lm)[None, None, :]
-        )
-        keys = sorted(set(models))
-        stack = []
-        for model in keys:
-            weights = np.asarray(
-                [w / total if t.accepts(model) else 0.0 for t, w in types], dtype=np.float64
-            )
-            stack.append((weights[:, None, None] * ~fits).sum(axis=0))
-        self._stack = np.stack(stack) if types and stack else np.zeros((1, lc, lm))
-        at = {m: i for i, m in enumerate(keys)} if types else {}
-        self._node_table = np.asarray([at.get(m, 0) for m in models], dtype=np.int64)
-
-    def short(self, cpu: NDArray[np.int64], memory: NDArray[np.int64]) -> NDArray[np.float64]:
-        """Per node, the weight of the job mix its free host cannot hold."""
-        a = np.searchsorted(self.cpu_levels, cpu, side="right")
-        b = np.searchsorted(self.memory_levels, memory, side="right")
-        return np.asarray(self._stack[self._node_table, a, b], dtype=np.float64)
-
-    def added(
-        self, gpu_free: NDArray[np.int64], host: HostRooms, job: Job
-    ) -> NDArray[np.float64]:
-        """Per node, in GPUs: the expected stranding after the job minus before."""
-        before = gpu_free * self.short(host.cpu, host.memory)
-        left = gpu_free - job.gpus * job.milli if job.gpus else gpu_free
-        after = left * self.short(host.cpu - job.cpu_milli, host.memory - job.memory_mib)
-        return np.asarray((after - before) / FULL, dtype=np.float64)
-
-
 class EnginePolicy:
     """The real engine: ``ClusterState.place`` then ``apply``, defaults as the service's,
     over the nodes where the job's CPU and memory fit (see the module's docstring)."""
@@ -155,12 +117,9 @@ class EnginePolicy:
         known = hosts or {}
         self.host = HostRooms([known.get(n, (None, None)) for n in self.names])
         self.limited = any(c is not None or m is not None for c, m in known.values())
-        self.gpu_free = np.asarray(
-            [sum(FULL for g in s.gpus if g.health == "healthy" and not g.mig_enabled) for s in snaps],
-            dtype=np.int64,
-        )
-        models = [s.gpus[0].model.upper() if s.gpus else "" for s in snaps]
-        self.stranding = Stranding(mix or {}, models) if self.limited else None
+        gpu_mix = {t: w for t, w in (mix or {}).items() if t.gpus} or {TaskType(1, FULL): 1.0}
+        # FGD's measure over a mirror of the engine's holdings: the stranding objective
+        self.shadow = BaselineFleet(snaps, "fgd", gpu_mix, hosts) if self.limited else None
         self._requests: dict[tuple[int, int, tuple[str, ...]], PlacementRequest] = {}
 
     def request(self, job: Job) -> PlacementRequest:
@@ -174,9 +133,11 @@ class EnginePolicy:
 
     def _tiers(self, job: Job) -> tuple[NDArray[np.bool_], NDArray[np.float64] | None]:
         fits = self.host.fits(job.cpu_milli, job.memory_mib)
-        if self.stranding is None:
+        if self.shadow is None:
             return fits, None
-        return fits, self.stranding.added(self.gpu_free, self.host, job)
+        # the shadow mirrors the engine's holdings: FGD's gradient per node, in GPUs
+        task = Task(job.gpus, job.milli, job.models, job.cpu_milli, job.memory_mib)
+        return fits, self.shadow.gradients(task, self.shadow.feasible(task)) / FULL
 
     def place(self, job: Job) -> tuple[Placed | None, str]:
         fits, added = self._tiers(job)
@@ -203,14 +164,19 @@ class EnginePolicy:
         assert outcome is not None
         if outcome.placement is None:
             cause = outcome.reasons[0].message if outcome.reasons else outcome.status
+            if self.shadow is not None and not fits.all():
+                task = Task(job.gpus, job.milli, job.models)
+                if self.shadow.gpu_feasible(task).any():
+                    # the GPUs fit somewhere, but not where CPU and memory do
+                    cause = "no node with the CPU and memory free"
             return None, cause
         self.state.apply(outcome.placement)
         task = outcome.placement.tasks[0]
         node = self.index[task.node]
-        self.gpu_free[node] -= job.gpus * job.milli
         self.host.take(node, job.cpu_milli, job.memory_mib)
+        shadow = self._mirror(node, task.gpu_indices, job)
         ring, nvlink = self.tables.metrics(task.node, task.gpu_indices)
-        handle = (outcome.placement, job.gpus * job.milli, job.cpu_milli, job.memory_mib)
+        handle = (outcome.placement, job.cpu_milli, job.memory_mib, shadow)
         return Placed(task.node, task.gpu_indices, job.milli, ring, nvlink, handle), ""
 
     def _among(self, request: PlacementRequest, nodes: NDArray[np.int64]) -> PlacementRequest:
@@ -228,17 +194,24 @@ class EnginePolicy:
             tied = np.flatnonzero(masked <= masked.min() + 1e-9)
             node = int(tied[np.argmin(cpu_left[tied])])
         self.host.take(node, job.cpu_milli, job.memory_mib)
-        handle = (None, 0, job.cpu_milli, job.memory_mib)
+        handle = (None, job.cpu_milli, job.memory_mib, self._mirror(node, (), job))
         return Placed(self.names[node], (), job.milli, 0.0, False, handle)
+
+    def _mirror(self, node: int, gpus: tuple[int, ...], job: Job) -> Held | None:
+        if self.shadow is None:
+            return None
+        task = Task(job.gpus, job.milli, job.models, job.cpu_milli, job.memory_mib)
+        return self.shadow.hold(node, gpus, task)
 
     def release(self, placed: Placed) -> None:
         assert isinstance(placed.handle, tuple)
-        placement, gpu_milli, cpu, memory = placed.handle
+        placement, cpu, memory, shadow = placed.handle
         node = self.index[placed.node]
+        if self.shadow is not None and isinstance(shadow, Held):
+            self.shadow.release(shadow)
         if placement is not None:
             assert isinstance(placement, Placement)
             self.state.unapply(placement)
-        self.gpu_free[node] += gpu_milli
         self.host.give(node, cpu, memory)
 
     def rooms(self) -> Iterator[Room]:
