@@ -37,7 +37,7 @@ from bench.fgd import TaskType
 from placement import ClusterState, NodeSnapshot, PlacementRequest
 from placement.bandwidth import DEFAULT_BANDWIDTH
 from placement.node_choice import indices_to_mask
-from placement.outcome import Placement
+from placement.outcome import Outcome, Placement
 from placement.topology_class import EXACT_LIMIT, TopologyClass, build_class, wiring_of
 from topoplace.sim.jobs import FULL, Job
 
@@ -146,21 +146,20 @@ class EnginePolicy:
         if job.gpus == 0:
             return self._place_host_only(job, fits, added), ""
         request = self.request(job)
-        tries: list[PlacementRequest] = []
+        everywhere = request if fits.all() else self._among(request, np.flatnonzero(fits))
+        outcome = None
         if added is not None:
             masked = np.where(fits, added, np.inf)
             best = np.flatnonzero(masked <= masked.min() + STRANDING_TOLERANCE)
             if best.size < int(fits.sum()):
-                tries.append(self._among(request, best))
-        if not fits.all():
-            tries.append(self._among(request, np.flatnonzero(fits)))
-        else:
-            tries.append(request)
-        outcome = None
-        for attempt in tries:
-            outcome = self.state.place(attempt)
-            if outcome.placement is not None:
-                break
+                outcome = self.state.place(self._among(request, best))
+                if outcome.placement is not None and job.gpus > 1:
+                    # bandwidth before stranding: the engine's first keys are not given up
+                    wide = self.state.place(everywhere)
+                    if _bandwidth(wide) > _bandwidth(outcome):
+                        outcome = wide
+        if outcome is None or outcome.placement is None:
+            outcome = self.state.place(everywhere)
         assert outcome is not None
         if outcome.placement is None:
             cause = outcome.reasons[0].message if outcome.reasons else outcome.status
@@ -261,6 +260,13 @@ class BaselinePolicy:
         for i, model in enumerate(self.fleet.models):
             cpu, memory = self.fleet.host.of(i)
             yield model, tuple(sorted(self.fleet.room_of(i))), cpu, memory
+
+
+def _bandwidth(outcome: Outcome) -> tuple[bool, float]:
+    """The engine's first ranking keys of a placed outcome: NVLink-connected, quality."""
+    assert outcome.placement is not None
+    task = outcome.placement.tasks[0]
+    return task.nvlink_connected, task.score.bandwidth
 
 
 def _baseline_cause(fleet: BaselineFleet, task: Task) -> str:
