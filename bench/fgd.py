@@ -105,8 +105,7 @@ class Fragmentation:
             cpu = self.cpu_levels[ci - 1] if ci else -1
             memory = self.memory_levels[mi - 1] if mi else -1
             value = sum(
-                w * task_fragmentation(rooms, t, t.accepts(model), cpu, memory)
-                for t, w in self.mix
+                w * task_fragmentation(rooms, t, t.accepts(model), cpu, memory) for t, w in self.mix
             )
             self._memo[key] = value
         return value

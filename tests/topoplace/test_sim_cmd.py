@@ -104,7 +104,8 @@ def test_alibaba_rows_and_json_format(tmp_path: Path) -> None:
     )
     trace = read_trace(ali)
     assert trace.timed and trace.cpu_only == 1 and trace.rows == 3
-    p2, p0 = trace.jobs
+    p2, p1, p0 = trace.jobs  # the CPU-only pod is a job too: it takes CPU and memory
+    assert (p1.gpus, p1.cpu_milli, p1.memory_mib) == (0, 1, 1)
     assert (p2.gpus, p2.models, p2.duration) == (2, ("V100M16", "T4"), 8.0)
     assert (p0.milli, p0.submit, p0.duration) == (460, 10.0, 90.0)
     ours = tmp_path / "jobs.json"

@@ -32,7 +32,7 @@ from typing import Protocol
 import numpy as np
 from numpy.typing import NDArray
 
-from bench.cluster_policies import POLICIES, BaselineFleet, HostCapacity, HostRooms, Held, Task
+from bench.cluster_policies import POLICIES, BaselineFleet, Held, HostCapacity, HostRooms, Task
 from bench.fgd import TaskType
 from placement import ClusterState, NodeSnapshot, PlacementRequest
 from placement.bandwidth import DEFAULT_BANDWIDTH
@@ -163,11 +163,14 @@ class EnginePolicy:
         assert outcome is not None
         if outcome.placement is None:
             cause = outcome.reasons[0].message if outcome.reasons else outcome.status
-            if self.shadow is not None and not fits.all():
-                task = Task(job.gpus, job.milli, job.models)
-                if self.shadow.gpu_feasible(task).any():
-                    # the GPUs fit somewhere, but not where CPU and memory do
-                    cause = "no node with the CPU and memory free"
+            gpu_only = Task(job.gpus, job.milli, job.models)
+            if (
+                self.shadow is not None
+                and not fits.all()
+                and self.shadow.gpu_feasible(gpu_only).any()
+            ):
+                # the GPUs fit somewhere, but not where CPU and memory do
+                cause = "no node with the CPU and memory free"
             return None, cause
         self.state.apply(outcome.placement)
         task = outcome.placement.tasks[0]
