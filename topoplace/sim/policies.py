@@ -116,7 +116,10 @@ class EnginePolicy:
         self.index = {n: i for i, n in enumerate(self.names)}
         known = hosts or {}
         self.host = HostRooms([known.get(n, (None, None)) for n in self.names])
-        self.limited = any(c is not None or m is not None for c, m in known.values())
+        hosted = any(c is not None or m is not None for c, m in known.values())
+        demand = any(t.cpu_milli or t.memory_mib for t in (mix or {}))
+        # the stranding objective: only where CPU or memory is counted on both sides
+        self.limited = hosted and demand
         gpu_mix = {t: w for t, w in (mix or {}).items() if t.gpus} or {TaskType(1, FULL): 1.0}
         # FGD's measure over a mirror of the engine's holdings: the stranding objective
         self.shadow = BaselineFleet(snaps, "fgd", gpu_mix, hosts) if self.limited else None
