@@ -49,6 +49,7 @@ ALL_POLICIES = (ENGINE, *POLICIES)
 # failure; 0 or 0.005, which leave the engine little to choose, 250 GPUs worse).
 STRANDING_TOLERANCE = 0.1
 
+HOST_SHORT = "no node with the CPU and memory free"  # the GPUs would fit, CPU or memory not
 Room = tuple[str, tuple[int, ...], int, int]  # model, sorted GPU rooms, free CPU, free memory
 
 
@@ -144,11 +145,15 @@ class EnginePolicy:
 
     def place(self, job: Job) -> tuple[Placed | None, str]:
         fits, added = self._tiers(job)
-        if not fits.any():
-            return None, "no node with the CPU and memory free"
         if job.gpus == 0:
+            if not fits.any():
+                return None, HOST_SHORT
             return self._place_host_only(job, fits, added), ""
         request = self.request(job)
+        if not fits.any():
+            # as the baselines say it: the GPUs' cause when they fit nowhere either
+            anywhere = self.state.place(request)
+            return None, HOST_SHORT if anywhere.placement is not None else _cause(anywhere)
         everywhere = request if fits.all() else self._among(request, np.flatnonzero(fits))
         outcome = None
         if added is not None:
@@ -165,7 +170,7 @@ class EnginePolicy:
             outcome = self.state.place(everywhere)
         assert outcome is not None
         if outcome.placement is None:
-            cause = outcome.reasons[0].message if outcome.reasons else outcome.status
+            cause = _cause(outcome)
             gpu_only = Task(job.gpus, job.milli, job.models)
             if (
                 self.shadow is not None
@@ -173,7 +178,7 @@ class EnginePolicy:
                 and self.shadow.gpu_feasible(gpu_only).any()
             ):
                 # the GPUs fit somewhere, but not where CPU and memory do
-                cause = "no node with the CPU and memory free"
+                cause = HOST_SHORT
             return None, cause
         self.state.apply(outcome.placement)
         task = outcome.placement.tasks[0]
@@ -268,6 +273,10 @@ class BaselinePolicy:
             yield model, tuple(sorted(self.fleet.room_of(i))), cpu, memory
 
 
+def _cause(outcome: Outcome) -> str:
+    return outcome.reasons[0].message if outcome.reasons else outcome.status
+
+
 def _bandwidth(outcome: Outcome) -> tuple[bool, float]:
     """The engine's first ranking keys of a placed outcome: NVLink-connected, quality."""
     assert outcome.placement is not None
@@ -280,7 +289,7 @@ def _baseline_cause(fleet: BaselineFleet, task: Task) -> str:
         return "no node has the GPU model"
     gpu = fleet.gpu_feasible(task)
     if gpu.any():
-        return "no node with the CPU and memory free"
+        return HOST_SHORT
     if task.milli < FULL:
         return "no GPU with room for the share"
     return f"fewer than {task.gpus} GPUs free"
