@@ -66,6 +66,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         default=",".join(ALL_POLICIES),
         help=f"comma-separated, from {', '.join(ALL_POLICIES)} (default: all)",
     )
+    p.add_argument(
+        "--cpu-only-jobs",
+        action="store_true",
+        help="place the trace's jobs without GPUs too, on CPU and memory (default: counted and"
+        " skipped; see docs/sim.md)",
+    )
     p.add_argument("--max-seconds", type=float, default=300.0, help="bound on the whole run")
     p.add_argument("--limit", type=int, help="only the first N jobs of the trace")
     p.add_argument("--out", type=Path, help="directory for report.md and the plots")
@@ -135,9 +141,14 @@ def run(args: argparse.Namespace) -> int:
     mode = args.mode if args.mode != "auto" else ("timed" if trace.timed else "fill")
     shares = sum(1 for j in jobs if j.gpus and j.milli < 1000)
     cpu_only = sum(1 for j in jobs if not j.gpus)
+    gpu_jobs = len(jobs) - cpu_only
+    if not args.cpu_only_jobs:
+        jobs = [j for j in jobs if j.gpus]
     header = [
-        f"trace: {args.trace.name}: {trace.rows} rows, {len(jobs) - cpu_only} GPU jobs"
-        f" ({shares} GPU shares), {cpu_only} CPU-only jobs; mode {mode}",
+        f"trace: {args.trace.name}: {trace.rows} rows, {gpu_jobs} GPU jobs"
+        f" ({shares} GPU shares), {cpu_only} CPU-only jobs"
+        f" ({'placed' if args.cpu_only_jobs else 'skipped: --cpu-only-jobs places them'});"
+        f" mode {mode}",
     ]
     deadline = started + args.max_seconds
     runs: list[tuple[str, list[SimResult]]] = []

@@ -8,19 +8,14 @@ GPUs, CPU and memory all fit. Ring bandwidth and NVLink connectivity of
 every multi-GPU set come from the same class tables for all policies, so
 their figures compare.
 
-The engine (``topoplace``) gets, as a scheduler's filter would hand it, the
-nodes where the job's CPU and memory fit, narrowed by an expected-stranding
-objective: among them, the nodes where the job adds the least expected
-fragmentation, FGD's measure with CPU and memory (a node's free GPUs count
-as stranded for every task type of the observed mix whose CPU or memory the
-node can no longer hold, as well as for the GPU shapes it cannot serve),
-within ``STRANDING_TOLERANCE`` GPUs of the least. The engine chooses the
-node and the GPUs among those by its own ranking (packing, bandwidth, the
-share rules); if it finds none there, it gets every node where CPU and
-memory fit. A CPU-only job (the engine places GPUs only) goes to the node
-where it adds the least expected fragmentation, then the least CPU left,
-then name order. Without any host capacity the engine gets every node, as
-before.
+The engine (``topoplace``) gets, as kube-scheduler's own filter hands the
+extender its candidates, the nodes where the job's CPU and memory fit, and
+chooses the node and the GPUs among them as the service does (packing,
+bandwidth, what is left, its share rules). It knows nothing of CPU and
+memory beyond that filter, as the service does not: in production the pods'
+CPU requests on a node are kube-scheduler's and Slurm's to count. A CPU-only
+job (no GPU to place) goes to the fitting node with the least CPU left, then
+name order. Without any host capacity the engine gets every node, as before.
 """
 
 from __future__ import annotations
@@ -43,12 +38,6 @@ from topoplace.sim.jobs import FULL, Job
 
 ENGINE = "topoplace"
 ALL_POLICIES = (ENGINE, *POLICIES)
-# Nodes whose added expected fragmentation is within this many GPUs of the least count
-# as equally good: the engine's own ranking (packing, bandwidth, shares) decides among
-# them. 0.1 on the Alibaba v2023 trace (0.02-0.3 within 35 GPUs of it at the first
-# failure; 0 or 0.005, which leave the engine little to choose, 250 GPUs worse).
-STRANDING_TOLERANCE = 0.1
-
 HOST_SHORT = "no node with the CPU and memory free"  # the GPUs would fit, CPU or memory not
 Room = tuple[str, tuple[int, ...], int, int]  # model, sorted GPU rooms, free CPU, free memory
 
@@ -105,7 +94,6 @@ class EnginePolicy:
         snapshots: Sequence[NodeSnapshot],
         size_mix: Mapping[int, float],
         tables: SetTables,
-        mix: Mapping[TaskType, float] | None = None,
         hosts: Mapping[str, HostCapacity] | None = None,
     ) -> None:
         self.state = ClusterState(size_mix=size_mix)
@@ -117,13 +105,6 @@ class EnginePolicy:
         self.index = {n: i for i, n in enumerate(self.names)}
         known = hosts or {}
         self.host = HostRooms([known.get(n, (None, None)) for n in self.names])
-        hosted = any(c is not None or m is not None for c, m in known.values())
-        demand = any(t.cpu_milli or t.memory_mib for t in (mix or {}))
-        # the stranding objective: only where CPU or memory is counted on both sides
-        self.limited = hosted and demand
-        gpu_mix = {t: w for t, w in (mix or {}).items() if t.gpus} or {TaskType(1, FULL): 1.0}
-        # FGD's measure over a mirror of the engine's holdings: the stranding objective
-        self.shadow = BaselineFleet(snaps, "fgd", gpu_mix, hosts) if self.limited else None
         self._requests: dict[tuple[int, int, tuple[str, ...]], PlacementRequest] = {}
 
     def request(self, job: Job) -> PlacementRequest:
@@ -135,90 +116,47 @@ class EnginePolicy:
             self._requests[key] = request
         return request
 
-    def _tiers(self, job: Job) -> tuple[NDArray[np.bool_], NDArray[np.float64] | None]:
-        fits = self.host.fits(job.cpu_milli, job.memory_mib)
-        if self.shadow is None:
-            return fits, None
-        # the shadow mirrors the engine's holdings: FGD's gradient per node, in GPUs
-        task = Task(job.gpus, job.milli, job.models, job.cpu_milli, job.memory_mib)
-        return fits, self.shadow.gradients(task, self.shadow.feasible(task)) / FULL
-
     def place(self, job: Job) -> tuple[Placed | None, str]:
-        fits, added = self._tiers(job)
+        fits = self.host.fits(job.cpu_milli, job.memory_mib)
         if job.gpus == 0:
             if not fits.any():
                 return None, HOST_SHORT
-            return self._place_host_only(job, fits, added), ""
+            return self._place_host_only(job, fits), ""
         request = self.request(job)
-        if not fits.any():
-            # as the baselines say it: the GPUs' cause when they fit nowhere either
-            anywhere = self.state.place(request)
-            return None, HOST_SHORT if anywhere.placement is not None else _cause(anywhere)
-        everywhere = request if fits.all() else self._among(request, np.flatnonzero(fits))
-        outcome = None
-        if added is not None:
-            masked = np.where(fits, added, np.inf)
-            best = np.flatnonzero(masked <= masked.min() + STRANDING_TOLERANCE)
-            if best.size < int(fits.sum()):
-                outcome = self.state.place(self._among(request, best))
-                if outcome.placement is not None and job.gpus > 1:
-                    # bandwidth before stranding: the engine's first keys are not given up
-                    wide = self.state.place(everywhere)
-                    if _bandwidth(wide) > _bandwidth(outcome):
-                        outcome = wide
-        if outcome is None or outcome.placement is None:
-            outcome = self.state.place(everywhere)
-        assert outcome is not None
+        narrowed = not bool(fits.all())
+        outcome = self.state.place(self._among(request, fits) if narrowed else request)
         if outcome.placement is None:
-            cause = _cause(outcome)
-            gpu_only = Task(job.gpus, job.milli, job.models)
-            if (
-                self.shadow is not None
-                and not fits.all()
-                and self.shadow.gpu_feasible(gpu_only).any()
-            ):
-                # the GPUs fit somewhere, but not where CPU and memory do
-                cause = HOST_SHORT
-            return None, cause
+            if narrowed and self.state.place(request).placement is not None:
+                return None, HOST_SHORT  # the GPUs fit somewhere, but not where CPU and memory do
+            return None, _cause(outcome)
         self.state.apply(outcome.placement)
         task = outcome.placement.tasks[0]
-        node = self.index[task.node]
-        self.host.take(node, job.cpu_milli, job.memory_mib)
-        shadow = self._mirror(node, task.gpu_indices, job)
+        self.host.take(self.index[task.node], job.cpu_milli, job.memory_mib)
         ring, nvlink = self.tables.metrics(task.node, task.gpu_indices)
-        handle = (outcome.placement, job.cpu_milli, job.memory_mib, shadow)
+        handle = (outcome.placement, job.cpu_milli, job.memory_mib)
         return Placed(task.node, task.gpu_indices, job.milli, ring, nvlink, handle), ""
 
-    def _among(self, request: PlacementRequest, nodes: NDArray[np.int64]) -> PlacementRequest:
+    def _among(self, request: PlacementRequest, fits: NDArray[np.bool_]) -> PlacementRequest:
         # model_copy: the names are the state's own, no need to validate them again
-        return request.model_copy(update={"nodes": tuple(self.names[i] for i in nodes.tolist())})
+        nodes = tuple(self.names[i] for i in np.flatnonzero(fits).tolist())
+        return request.model_copy(update={"nodes": nodes})
 
-    def _place_host_only(
-        self, job: Job, fits: NDArray[np.bool_], added: NDArray[np.float64] | None
-    ) -> Placed:
-        cpu_left = np.where(fits, self.host.cpu - job.cpu_milli, np.iinfo(np.int64).max)
-        if added is None:
-            node = int(np.argmin(cpu_left))
-        else:
-            masked = np.where(fits, added, np.inf)
-            tied = np.flatnonzero(masked <= masked.min() + 1e-9)
-            node = int(tied[np.argmin(cpu_left[tied])])
+    def _place_host_only(self, job: Job, fits: NDArray[np.bool_]) -> Placed:
+        # No GPU: the extender is not asked, and kube-scheduler's default scoring places
+        # the pod (NodeResourcesFit, LeastAllocated): the node with the largest share of
+        # its CPU and memory free after it, the first in name order on a tie.
+        host = self.host
+        cpu = (host.cpu - job.cpu_milli) / host.cpu_cap
+        memory = (host.memory - job.memory_mib) / host.memory_cap
+        node = int(np.argmax(np.where(fits, cpu + memory, -np.inf)))
         self.host.take(node, job.cpu_milli, job.memory_mib)
-        handle = (None, job.cpu_milli, job.memory_mib, self._mirror(node, (), job))
+        handle = (None, job.cpu_milli, job.memory_mib)
         return Placed(self.names[node], (), job.milli, 0.0, False, handle)
-
-    def _mirror(self, node: int, gpus: tuple[int, ...], job: Job) -> Held | None:
-        if self.shadow is None:
-            return None
-        task = Task(job.gpus, job.milli, job.models, job.cpu_milli, job.memory_mib)
-        return self.shadow.hold(node, gpus, task)
 
     def release(self, placed: Placed) -> None:
         assert isinstance(placed.handle, tuple)
-        placement, cpu, memory, shadow = placed.handle
+        placement, cpu, memory = placed.handle
         node = self.index[placed.node]
-        if self.shadow is not None and isinstance(shadow, Held):
-            self.shadow.release(shadow)
         if placement is not None:
             assert isinstance(placement, Placement)
             self.state.unapply(placement)
@@ -277,13 +215,6 @@ def _cause(outcome: Outcome) -> str:
     return outcome.reasons[0].message if outcome.reasons else outcome.status
 
 
-def _bandwidth(outcome: Outcome) -> tuple[bool, float]:
-    """The engine's first ranking keys of a placed outcome: NVLink-connected, quality."""
-    assert outcome.placement is not None
-    task = outcome.placement.tasks[0]
-    return task.nvlink_connected, task.score.bandwidth
-
-
 def _baseline_cause(fleet: BaselineFleet, task: Task) -> str:
     if task.gpus and not fleet.model_ok(task.models).any():
         return "no node has the GPU model"
@@ -321,7 +252,7 @@ def build_policies(
     out: list[Policy] = []
     for name in names:
         if name == ENGINE:
-            out.append(EnginePolicy(snapshots, sizes or {1: 1.0}, tables, mix, hosts))
+            out.append(EnginePolicy(snapshots, sizes or {1: 1.0}, tables, hosts))
         else:
             out.append(BaselinePolicy(snapshots, name, gpu_mix, tables, hosts))
     return out

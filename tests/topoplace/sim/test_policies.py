@@ -76,3 +76,15 @@ def test_without_host_figures_nothing_is_short(snaps: list[NodeSnapshot]) -> Non
     for policy in build_policies(ALL_POLICIES, snaps, jobs, {"a": UNKNOWN, "b": UNKNOWN}):
         placed, _ = policy.place(jobs[0])
         assert placed is not None and placed.node == "a", policy.name
+
+
+def test_the_engine_leaves_a_cpu_only_job_to_the_schedulers_default_spread(
+    snaps: list[NodeSnapshot],
+) -> None:
+    # kube-scheduler's LeastAllocated: the node with the larger share of CPU and memory
+    # free after the job (b, 48 of 64 cores), not the tighter fit (a, 4 of 16)
+    hosts = {"a": (16000, 65536), "b": (64000, 65536)}
+    jobs = [job("cpu", 0, 12000, 1024)]
+    (policy,) = build_policies(["topoplace"], snaps, jobs, hosts)
+    placed, _ = policy.place(jobs[0])
+    assert placed is not None and placed.node == "b"
