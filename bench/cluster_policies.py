@@ -9,9 +9,11 @@ only, so whole-GPU jobs never share. The rules, each from its source:
 - ``first-fit``: the first node in name order that fits; the lowest free
   GPUs there; a share goes to the lowest GPU with room (a device plugin
   handing out devices in enumeration order).
-- ``best-fit``: best-fit packing: the node left with the least free GPU
-  capacity, lowest index on ties; lowest free GPUs; a share to the GPU with
-  the least room that fits (the classic bin-packing rule).
+- ``best-fit``: FGD's multi-resource best-fit: the node left with the least
+  free resources, a weighted sum of free GPUs and free CPU (the CPU counted
+  in GPU-equivalents: the fleet's CPU per GPU), lowest index on ties; lowest
+  free GPUs; a share to the GPU with the least room that fits (the classic
+  bin-packing rule). Without CPU figures it is GPU best-fit.
 - ``best-effort``: first feasible node in name order, then go-gpuallocator's
   best-effort partition policy (``bench.baselines.partition_best_effort``);
   go-gpuallocator has no shares: the lowest GPU with room.
@@ -22,7 +24,14 @@ only, so whole-GPU jobs never share. The rules, each from its source:
   ``shard`` GRES, from the lowest GPU with enough shards.
 - ``fgd``: FGD's fragmentation gradient descent (``bench.fgd``): the node
   and GPUs whose choice increases the expected fragmentation least under
-  the workload's task mix, lowest node on ties.
+  the workload's task mix (CPU and memory included), lowest node on ties.
+
+Every policy places only where GPUs, CPU and memory all fit (the host
+check kube-scheduler's own filter makes). A node's host capacity is
+optional (``hosts``: milli-CPU and MiB per node, None = not known, never
+short); a task without GPUs takes CPU and memory only, on the node each
+rule picks (first-fit and the first-node rules: the first that fits;
+best-fit: the least left; fgd: the least fragmentation added).
 """
 
 from __future__ import annotations
@@ -34,7 +43,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from bench.baselines import partition_best_effort, slurm_greedy_gpus
-from bench.fgd import FULL, Fragmentation, TaskType
+from bench.fgd import FULL, UNLIMITED, Fragmentation, TaskType
 from placement.bandwidth import DEFAULT_BANDWIDTH
 from placement.snapshot import Health, NodeSnapshot
 from placement.topology_class import Wiring, wiring_of
@@ -47,6 +56,8 @@ class Task:
     gpus: int
     milli: int  # per GPU: 1000 for whole GPUs, less for a share (gpus == 1)
     models: tuple[str, ...] = ()  # upper case; () = any
+    cpu_milli: int = 0
+    memory_mib: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,16 +65,53 @@ class Held:
     node: int  # index in name order
     gpus: tuple[int, ...]
     milli: int
+    cpu_milli: int = 0
+    memory_mib: int = 0
+
+
+HostCapacity = tuple[int | None, int | None]  # (milli-CPU, MiB); None: not known
+
+
+class HostRooms:
+    """Free CPU and memory per node (in name order); unknown capacity never runs short."""
+
+    def __init__(self, capacities: Sequence[HostCapacity]) -> None:
+        self.cpu_cap = np.asarray(
+            [UNLIMITED if c is None else c for c, _ in capacities], dtype=np.int64
+        )
+        self.memory_cap = np.asarray(
+            [UNLIMITED if m is None else m for _, m in capacities], dtype=np.int64
+        )
+        self.cpu = self.cpu_cap.copy()
+        self.memory = self.memory_cap.copy()
+        self.known_cpu = np.asarray([c is not None for c, _ in capacities], dtype=np.bool_)
+
+    def fits(self, cpu_milli: int, memory_mib: int) -> NDArray[np.bool_]:
+        if not cpu_milli and not memory_mib:
+            return np.ones(self.cpu.shape, dtype=np.bool_)
+        return np.asarray((self.cpu >= cpu_milli) & (self.memory >= memory_mib))
+
+    def take(self, node: int, cpu_milli: int, memory_mib: int) -> None:
+        self.cpu[node] -= cpu_milli
+        self.memory[node] -= memory_mib
+
+    def give(self, node: int, cpu_milli: int, memory_mib: int) -> None:
+        self.cpu[node] += cpu_milli
+        self.memory[node] += memory_mib
+
+    def of(self, node: int) -> tuple[int, int]:
+        return int(self.cpu[node]), int(self.memory[node])
 
 
 class BaselineFleet:
-    """GPU rooms per node, nodes in name order, and one of the ``POLICIES``."""
+    """GPU rooms and host rooms per node, nodes in name order, and one of the ``POLICIES``."""
 
     def __init__(
         self,
         snapshots: Sequence[NodeSnapshot],
         policy: str,
         task_mix: Mapping[TaskType, float] | None = None,
+        hosts: Mapping[str, HostCapacity] | None = None,
     ) -> None:
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}")
@@ -81,20 +129,23 @@ class BaselineFleet:
                 self.rooms[i, g.index] = FULL if usable else 0
             wiring = wiring_of(snap, DEFAULT_BANDWIDTH)
             self.wiring.append(wirings.setdefault(wiring.key(), wiring))
+        known = hosts or {}
+        self.host = HostRooms([known.get(n, (None, None)) for n in self.names])
         self.whole = np.sum(self.rooms == FULL, axis=1)
         self.max_room = self.rooms.max(axis=1)
         self.total_room = np.sum(np.maximum(self.rooms, 0), axis=1)
+        # best-fit weighs free CPU in GPU-equivalents: the fleet's known CPU per GPU
+        cpu_known = self.host.known_cpu
+        gpus_known = int(np.sum(self.rooms[cpu_known] >= 0))
+        cpu_total = int(np.sum(self.host.cpu_cap[cpu_known]))
+        self.cpu_per_gpu = cpu_total / gpus_known if gpus_known and cpu_total else 0.0
         self._model_ok: dict[tuple[str, ...], NDArray[np.bool_]] = {}
         self._fgd = Fragmentation(task_mix) if policy == "fgd" and task_mix else None
         if policy == "fgd" and self._fgd is None:
             raise ValueError("fgd needs the workload's task mix")
-        self._groups: dict[tuple[str, tuple[int, ...]], set[int]] = {}
-        self._key: list[tuple[str, tuple[int, ...]]] = []
-        if self._fgd is not None:
-            for i in range(len(snaps)):
-                key = self._state_key(i)
-                self._key.append(key)
-                self._groups.setdefault(key, set()).add(i)
+        # fgd: per task, every node's gradient, kept until the node changes
+        self.version = np.zeros(len(snaps), dtype=np.int64)
+        self._gradients: dict[Task, tuple[NDArray[np.int64], NDArray[np.float64]]] = {}
 
     # Queries ---------------------------------------------------------------
 
@@ -105,9 +156,16 @@ class BaselineFleet:
             self._model_ok[models] = ok
         return ok
 
-    def feasible(self, task: Task) -> NDArray[np.bool_]:
+    def gpu_feasible(self, task: Task) -> NDArray[np.bool_]:
+        """Nodes whose GPUs fit the task (CPU and memory not asked)."""
+        if task.gpus == 0:
+            return np.ones(len(self.names), dtype=np.bool_)
         fits = self.whole >= task.gpus if task.milli >= FULL else self.max_room >= task.milli
         return np.asarray(fits & self.model_ok(task.models), dtype=np.bool_)
+
+    def feasible(self, task: Task) -> NDArray[np.bool_]:
+        host = self.host.fits(task.cpu_milli, task.memory_mib)
+        return np.asarray(self.gpu_feasible(task) & host, dtype=np.bool_)
 
     def room_of(self, node: int) -> list[int]:
         return [int(r) for r in self.rooms[node] if r >= 0]
@@ -122,24 +180,42 @@ class BaselineFleet:
         if self.policy == "fgd":
             node = self._fgd_node(task, fits)
         elif self.policy == "best-fit":
-            left = np.where(fits, self.total_room - task.gpus * task.milli, np.iinfo(np.int64).max)
-            node = int(np.argmin(left))
+            node = self._best_fit_node(task, fits)
         else:
             node = int(np.flatnonzero(fits)[0])
-        gpus = self._gpus(node, task)
-        held = Held(node=node, gpus=gpus, milli=task.milli)
+        gpus = self._gpus(node, task) if task.gpus else ()
+        held = Held(node, gpus, task.milli, task.cpu_milli, task.memory_mib)
         self._change(node, gpus, -task.milli)
+        self.host.take(node, task.cpu_milli, task.memory_mib)
+        return held
+
+    def hold(self, node: int, gpus: tuple[int, ...], task: Task) -> Held:
+        """Hold what another scheduler chose (a mirror of its state)."""
+        held = Held(node, gpus, task.milli, task.cpu_milli, task.memory_mib)
+        self._change(node, gpus, -task.milli)
+        self.host.take(node, task.cpu_milli, task.memory_mib)
         return held
 
     def release(self, held: Held) -> None:
+        self.host.give(held.node, held.cpu_milli, held.memory_mib)
         self._change(held.node, held.gpus, held.milli)
+
+    def _best_fit_node(self, task: Task, fits: NDArray[np.bool_]) -> int:
+        """FGD's best-fit: the least free GPU plus free CPU (in GPU-equivalents) left."""
+        gpu_left = (self.total_room - task.gpus * task.milli) / FULL
+        if self.cpu_per_gpu:
+            cpu_left = np.where(self.host.known_cpu, self.host.cpu - task.cpu_milli, 0)
+            left = gpu_left + cpu_left / self.cpu_per_gpu
+        else:
+            left = gpu_left
+        return int(np.argmin(np.where(fits, left, np.inf)))
 
     def _gpus(self, node: int, task: Task) -> tuple[int, ...]:
         rooms = self.rooms[node]
         if task.milli < FULL:
             fitting = [g for g, r in enumerate(rooms.tolist()) if r >= task.milli]
             if self._fgd is not None:
-                return (min(fitting, key=lambda g: (self._gradient(node, g, task.milli), g)),)
+                return (min(fitting, key=lambda g: (self._gradient(node, g, task), g)),)
             if self.policy == "best-fit":
                 return (min(fitting, key=lambda g: (int(rooms[g]), g)),)
             return (fitting[0],)
@@ -161,47 +237,72 @@ class BaselineFleet:
         self.whole[node] = int(np.sum(row == FULL))
         self.max_room[node] = int(row.max())
         self.total_room[node] = int(np.sum(np.maximum(row, 0)))
-        if self._fgd is not None:
-            old = self._key[node]
-            self._groups[old].discard(node)
-            if not self._groups[old]:
-                del self._groups[old]
-            key = self._state_key(node)
-            self._key[node] = key
-            self._groups.setdefault(key, set()).add(node)
+        self.version[node] += 1
 
     # FGD -------------------------------------------------------------------
 
-    def _state_key(self, node: int) -> tuple[str, tuple[int, ...]]:
-        return self.models[node], tuple(sorted(self.room_of(node)))
-
-    def _gradient(self, node: int, gpu: int, milli: int) -> float:
-        """FGD: the gain in expected fragmentation of putting ``milli`` on one GPU."""
+    def fragmentation_of(self, node: int) -> float:
+        """F_n of one node now (GPUs, CPU and memory)."""
         assert self._fgd is not None
-        model, rooms = self._key[node]
+        cpu, memory = self.host.of(node)
+        return self._fgd.of(self.models[node], tuple(sorted(self.room_of(node))), cpu, memory)
+
+    def _gradient(self, node: int, gpu: int, task: Task) -> float:
+        """FGD: the gain in expected fragmentation of putting a share on one GPU."""
+        assert self._fgd is not None
+        rooms = tuple(sorted(self.room_of(node)))
+        cpu, memory = self.host.of(node)
         after = list(rooms)
         after.remove(int(self.rooms[node, gpu]))
-        after.append(int(self.rooms[node, gpu]) - milli)
-        return self._fgd.of(model, tuple(sorted(after))) - self._fgd.of(model, rooms)
+        after.append(int(self.rooms[node, gpu]) - task.milli)
+        model = self.models[node]
+        before = self._fgd.of(model, rooms, cpu, memory)
+        cpu_after, memory_after = cpu - task.cpu_milli, memory - task.memory_mib
+        return self._fgd.of(model, tuple(sorted(after)), cpu_after, memory_after) - before
+
+    def _node_gradient(self, node: int, task: Task) -> float:
+        """The least gain in expected fragmentation the task can make on one node."""
+        assert self._fgd is not None
+        model = self.models[node]
+        rooms = tuple(sorted(self.room_of(node)))
+        cpu, memory = self.host.of(node)
+        before = self._fgd.of(model, rooms, cpu, memory)
+        cpu_after, memory_after = cpu - task.cpu_milli, memory - task.memory_mib
+        return min(
+            self._fgd.of(model, after, cpu_after, memory_after) - before
+            for after in _after(rooms, task)
+        )
 
     def _fgd_node(self, task: Task, fits: NDArray[np.bool_]) -> int:
         """The feasible node whose state gains the least expected fragmentation."""
-        assert self._fgd is not None
-        best_delta, best_node = float("inf"), -1
-        for (model, rooms), members in self._groups.items():
-            any_member = next(iter(members))
-            if not fits[any_member]:
-                continue
-            before = self._fgd.of(model, rooms)
-            delta = min(self._fgd.of(model, after) - before for after in _after(rooms, task))
-            node = min(members)
-            if delta < best_delta - 1e-9 or (abs(delta - best_delta) <= 1e-9 and node < best_node):
-                best_delta, best_node = delta, node
-        return best_node
+        masked = self.gradients(task, fits)
+        best = masked.min()
+        # ties within float noise go to the lowest node
+        return int(np.flatnonzero(masked <= best + 1e-9)[0])
+
+    def gradients(self, task: Task, fits: NDArray[np.bool_]) -> NDArray[np.float64]:
+        """Per node, the least gain in expected fragmentation the task can make there
+        (inf where it does not fit). Each node's gradient for this task is kept until
+        the node changes (its version), so a decision recomputes only the nodes touched
+        since the last task of the same type."""
+        cached = self._gradients.get(task)
+        if cached is None:
+            versions = np.full(len(self.names), -1, dtype=np.int64)
+            gradients = np.zeros(len(self.names), dtype=np.float64)
+            self._gradients[task] = (versions, gradients)
+        else:
+            versions, gradients = cached
+        stale = np.flatnonzero(fits & (versions != self.version))
+        for node in stale.tolist():
+            gradients[node] = self._node_gradient(node, task)
+            versions[node] = self.version[node]
+        return np.asarray(np.where(fits, gradients, np.inf), dtype=np.float64)
 
 
 def _after(rooms: tuple[int, ...], task: Task) -> list[tuple[int, ...]]:
     """Every distinct state the task can leave (sorted rooms)."""
+    if task.gpus == 0:
+        return [rooms]
     if task.milli >= FULL:
         out = list(rooms)
         for _ in range(task.gpus):

@@ -66,6 +66,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         default=",".join(ALL_POLICIES),
         help=f"comma-separated, from {', '.join(ALL_POLICIES)} (default: all)",
     )
+    p.add_argument(
+        "--cpu-only-jobs",
+        action="store_true",
+        help="place the trace's jobs without GPUs too, on CPU and memory (default: counted and"
+        " skipped; see docs/sim.md)",
+    )
     p.add_argument("--max-seconds", type=float, default=300.0, help="bound on the whole run")
     p.add_argument("--limit", type=int, help="only the first N jobs of the trace")
     p.add_argument("--out", type=Path, help="directory for report.md and the plots")
@@ -133,20 +139,30 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_BAD_INPUT
     jobs = list(trace.jobs[: args.limit] if args.limit else trace.jobs)
     mode = args.mode if args.mode != "auto" else ("timed" if trace.timed else "fill")
-    shares = sum(1 for j in jobs if j.milli < 1000)
+    shares = sum(1 for j in jobs if j.gpus and j.milli < 1000)
+    cpu_only = sum(1 for j in jobs if not j.gpus)
+    gpu_jobs = len(jobs) - cpu_only
+    if not args.cpu_only_jobs:
+        jobs = [j for j in jobs if j.gpus]
     header = [
-        f"trace: {args.trace.name}: {trace.rows} rows, {len(jobs)} GPU jobs"
-        f" ({shares} GPU shares), {trace.cpu_only} without GPUs; mode {mode}",
+        f"trace: {args.trace.name}: {trace.rows} rows, {gpu_jobs} GPU jobs"
+        f" ({shares} GPU shares), {cpu_only} CPU-only jobs"
+        f" ({'placed' if args.cpu_only_jobs else 'skipped: --cpu-only-jobs places them'});"
+        f" mode {mode}",
     ]
     deadline = started + args.max_seconds
     runs: list[tuple[str, list[SimResult]]] = []
     for label, nodes in fleets:
         header.append(f"{label}: {describe(nodes)}")
         snapshots = [n.snapshot for n in nodes]
+        hosts = {n.snapshot.name: (n.cpu_milli, n.memory_mib) for n in nodes}
+        cpu_capacity = sum(n.cpu_milli for n in nodes if n.cpu_milli is not None)
         results = []
-        for policy in build_policies(policies, snapshots, jobs):
+        for policy in build_policies(policies, snapshots, jobs, hosts):
             bar = Bar(f"{label[:12]} {policy.name}", not args.no_progress)
-            results.append(simulate(policy, snapshots, jobs, mode, deadline, bar))
+            results.append(
+                simulate(policy, snapshots, jobs, mode, deadline, bar, cpu_capacity or None)
+            )
         runs.append((f"{label}: {describe(nodes)}", results))
     for line in header:
         print(line)

@@ -105,3 +105,54 @@ def test_fill_quality_engine_keeps_at_least_as_many_best_four_sets() -> None:
                 assert engine.kept[counter] / max(engine.chances[counter], 1) >= (
                     other.kept[counter] / max(other.chances[counter], 1)
                 ), (mode, name, counter)
+
+
+def test_fgd_counts_every_free_gpu_of_a_host_short_node() -> None:
+    task = TaskType(1, 1000, cpu_milli=8000, memory_mib=1024)
+    assert task_fragmentation((1000, 1000), task, True) == 0
+    assert task_fragmentation((1000, 1000), task, True, cpu_free=4000) == 2000
+    assert task_fragmentation((1000, 1000), task, True, memory_free=512) == 2000
+    frag = Fragmentation({task: 1.0, TaskType(0, 1000, cpu_milli=1): 5.0})  # CPU-only: left out
+    assert frag.of("V100", (1000, 1000), 9000, 4096) == 0.0
+    assert frag.of("V100", (1000, 1000), 7999, 4096) == 2000.0
+
+
+def hosted(policy: str, hosts: dict[str, tuple[int | None, int | None]]) -> BaselineFleet:
+    snaps = [build_profile("dgx1-v100", f"n{i}") for i in range(len(hosts))]
+    mix = {TaskType(1, 1000, cpu_milli=4000): 1.0}
+    return BaselineFleet(snaps, policy, mix, hosts)
+
+
+@pytest.mark.parametrize("policy", ["first-fit", "best-fit", "best-effort", "slurm-greedy", "fgd"])
+def test_every_baseline_skips_a_node_short_of_cpu(policy: str) -> None:
+    f = hosted(policy, {"n0": (2000, None), "n1": (None, None)})
+    held = f.place(Task(1, 1000, cpu_milli=4000))
+    assert held is not None and held.node == 1
+    assert f.host.of(0)[0] == 2000
+    share = f.place(Task(1, 250, cpu_milli=3000))
+    assert share is not None and share.node == 1
+    f.release(held)
+    assert f.place(Task(1, 1000, cpu_milli=2001, memory_mib=0)) is not None
+
+
+def test_best_fit_weighs_cpu_left_with_gpus_left() -> None:
+    # n0: 6 GPUs and 64 cores free; n1: 8 GPUs and 16 cores. GPU-only best-fit would
+    # take n0 (fewer GPUs left); counted with CPU (5 cores per GPU here) n1 is fuller.
+    f = hosted("best-fit", {"n0": (64000, None), "n1": (16000, None)})
+    f.hold(0, (0, 1), Task(2, 1000))
+    assert f.whole.tolist() == [6, 8]
+    held = f.place(Task(1, 1000, cpu_milli=1000))
+    assert held is not None and held.node == 1
+    gpu_only = hosted("best-fit", {"n0": (None, None), "n1": (None, None)})
+    gpu_only.hold(0, (0, 1), Task(2, 1000))
+    other = gpu_only.place(Task(1, 1000, cpu_milli=1000))
+    assert other is not None and other.node == 0
+
+
+def test_a_cpu_only_task_takes_cpu_on_the_rule_s_node() -> None:
+    f = hosted("best-fit", {"n0": (64000, None), "n1": (16000, None)})
+    held = f.place(Task(0, 1000, cpu_milli=8000))
+    assert held is not None and held.gpus == () and held.node == 1
+    assert f.host.of(1)[0] == 8000 and f.room_of(1) == [1000] * 8
+    f.release(held)
+    assert f.host.of(1)[0] == 16000

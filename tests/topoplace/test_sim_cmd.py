@@ -104,7 +104,8 @@ def test_alibaba_rows_and_json_format(tmp_path: Path) -> None:
     )
     trace = read_trace(ali)
     assert trace.timed and trace.cpu_only == 1 and trace.rows == 3
-    p2, p0 = trace.jobs
+    p2, p1, p0 = trace.jobs  # the CPU-only pod is a job too: it takes CPU and memory
+    assert (p1.gpus, p1.cpu_milli, p1.memory_mib) == (0, 1, 1)
     assert (p2.gpus, p2.models, p2.duration) == (2, ("V100M16", "T4"), 8.0)
     assert (p0.milli, p0.submit, p0.duration) == (460, 10.0, 90.0)
     ours = tmp_path / "jobs.json"
@@ -189,3 +190,17 @@ def test_stranded_cliques_on_nvl72_racks() -> None:
     assert _Meter(policy, snaps, jobs).stranded() == (0, 0)  # tray 0 is whole
     policy.state.allocate(snaps[0].name, [snaps[0].gpus[0].uuid])
     assert _Meter(policy, snaps, jobs).stranded() == (1, 54)
+
+
+@pytest.mark.parametrize(("flag", "started"), [([], "0 of 0"), (["--cpu-only-jobs"], "1 of 1")])
+def test_cpu_only_jobs_are_skipped_unless_asked_for(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flag: list[str], started: str
+) -> None:
+    path = tmp_path / "jobs.csv"
+    path.write_text("name,gpus,cpu_milli,memory_mib\ngpu,1,4000,1024\ncpu,0,2000,512\n")
+    args = ["sim", "--trace", str(path), "--cluster", "1xdgx1-v100", "--mode", "timed"]
+    assert main([*args, "--policies", "topoplace", "--no-progress", *flag]) == 0
+    printed = capsys.readouterr().out
+    assert "1 GPU jobs (0 GPU shares), 1 CPU-only jobs" in printed
+    (row,) = [line for line in printed.splitlines() if line.split()[:1] == ["topoplace"]]
+    assert started in row, row

@@ -8,6 +8,12 @@
 - ``--snapshots FILE``: ``{"nodes": [snapshot, ...]}`` as ``topoplace export``
   writes it from a live service.
 
+Each node carries its host capacity, milli-CPU and MiB of memory, for the
+CPU and memory checks: trace nodes the node list's ``cpu_milli`` and
+``memory_mib``; profiles and exported snapshots what the snapshot knows (its
+NUMA nodes' CPUs, 1000 milli-CPU each, and their memory). A figure the
+snapshot lacks (no NUMA nodes, memory 0) is None: not known, never short.
+
 A what-if (``+8 gb200-nvl72``, ``-16 pcie-8x-l40s``) adds nodes of a
 profile or removes the last ones (in name order) of a design; a node's
 design is its profile, for trace nodes the profile its wiring comes from,
@@ -42,6 +48,20 @@ class FleetError(ValueError):
 class FleetNode:
     snapshot: NodeSnapshot
     design: str
+    cpu_milli: int | None = None  # None: not known (unlimited)
+    memory_mib: int | None = None
+
+
+def host_of(snapshot: NodeSnapshot) -> tuple[int | None, int | None]:
+    """(milli-CPU, MiB) a snapshot knows: its NUMA nodes' CPUs and memory; None if not."""
+    cpus = sum(len(n.cpu_list) for n in snapshot.numa_nodes)
+    memory = sum(n.memory_mib for n in snapshot.numa_nodes)
+    return (cpus * 1000 or None), (memory or None)
+
+
+def _node(snapshot: NodeSnapshot, design: str) -> FleetNode:
+    cpu, memory = host_of(snapshot)
+    return FleetNode(snapshot, design, cpu, memory)
 
 
 def known_designs() -> tuple[str, ...]:
@@ -53,13 +73,11 @@ def build_design(design: str, count: int, prefix: str) -> list[FleetNode]:
         out = []
         for r in range(count):
             rack = f"{prefix}{NVL72}-{r:03d}"
-            out += [FleetNode(s, NVL72) for s in gb200_nvl72_rack(rack, clique_id=r + 1)]
+            out += [_node(s, NVL72) for s in gb200_nvl72_rack(rack, clique_id=r + 1)]
         return out
     if design not in PROFILE_NAMES:
         raise FleetError(f"unknown profile {design!r}; known: {', '.join(known_designs())}")
-    return [
-        FleetNode(build_profile(design, f"{prefix}{design}-{i:04d}"), design) for i in range(count)
-    ]
+    return [_node(build_profile(design, f"{prefix}{design}-{i:04d}"), design) for i in range(count)]
 
 
 def parse_cluster(spec: str) -> list[FleetNode]:
@@ -82,15 +100,29 @@ def trace_nodes(path: Path) -> list[FleetNode]:
         raise FleetError(f"--nodes: {path}: no such file")
     try:
         with path.open(newline="") as fh:
-            listed = [
-                TraceNode(name=row["sn"], gpus=int(row["gpu"]), model=row["model"].strip())
-                for row in csv.DictReader(fh)
-                if int(row["gpu"]) > 0
-            ]
+            rows = [row for row in csv.DictReader(fh) if int(row["gpu"]) > 0]
+        listed = [
+            TraceNode(name=row["sn"], gpus=int(row["gpu"]), model=row["model"].strip())
+            for row in rows
+        ]
+        hosts = [(_capacity(row, "cpu_milli"), _capacity(row, "memory_mib")) for row in rows]
         snaps = build_cluster(listed)
     except (KeyError, ValueError) as exc:
         raise FleetError(f"--nodes: {path}: not an openb node list ({exc})") from exc
-    return [FleetNode(s, profile_for(n.gpus, n.model)) for s, n in zip(snaps, listed, strict=True)]
+    return [
+        FleetNode(s, profile_for(n.gpus, n.model), cpu, memory)
+        for s, n, (cpu, memory) in zip(snaps, listed, hosts, strict=True)
+    ]
+
+
+def _capacity(row: dict[str, str], key: str) -> int | None:
+    text = (row.get(key) or "").strip()
+    if not text:
+        return None
+    value = int(text)
+    if value < 0:
+        raise ValueError(f"{row.get('sn')}: {key} {value} < 0")
+    return value or None
 
 
 def snapshot_nodes(path: Path) -> list[FleetNode]:
@@ -105,7 +137,7 @@ def snapshot_nodes(path: Path) -> list[FleetNode]:
     out = []
     for s in sorted(snaps, key=lambda s: s.name):
         design = s.labels.get(PROFILE_LABEL) or (s.gpus[0].model if s.gpus else "no-gpu")
-        out.append(FleetNode(s, design))
+        out.append(_node(s, design))
     return out
 
 

@@ -6,14 +6,17 @@ or ``{"jobs": [...]}``):
 | field | meaning | default |
 |---|---|---|
 | `name` | job name | `job-<row>` |
-| `gpus` | GPUs per task (0: no GPU, skipped) | required |
+| `gpus` | GPUs per task (0: a CPU-only job, placed on CPU and memory) | required |
 | `gpu_fraction` | a share of one GPU, 0 < f < 1 (then `gpus` is 1) | whole GPUs |
 | `gpu_models` | accepted models, `|`-separated | any |
 | `submit` | submit time, seconds | the row number |
 | `duration` | run time, seconds; empty = never ends | never ends |
+| `cpu_milli` | CPU per task, thousandths of a core | 0 (not counted) |
+| `memory_mib` | memory per task, MiB | 0 (not counted) |
 
 The Alibaba v2023 pod lists (``openb_pod_list_*.csv``) are read as they are:
-``num_gpu``, ``gpu_milli`` (< 1000: a share), ``gpu_spec``,
+``cpu_milli``, ``memory_mib``, ``num_gpu`` (0: a CPU-only pod, placed on
+CPU and memory), ``gpu_milli`` (< 1000: a share), ``gpu_spec``,
 ``creation_time``, ``scheduled_time`` and ``deletion_time`` (duration =
 deletion - scheduled, or - creation when never scheduled). Lists without
 times (multigpuNN) get the row number as submit time and no end.
@@ -43,6 +46,13 @@ class Job:
     models: tuple[str, ...]
     submit: float
     duration: float | None  # None: runs to the end of the replay
+    cpu_milli: int = 0  # per task; 0: not counted
+    memory_mib: int = 0
+
+    @property
+    def shape(self) -> tuple[int, int, tuple[str, ...], int, int]:
+        """What decides where the job fits (jobs of one shape fit the same places)."""
+        return (self.gpus, self.milli, self.models, self.cpu_milli, self.memory_mib)
 
     @property
     def gpu_demand(self) -> float:
@@ -51,14 +61,14 @@ class Job:
 
 @dataclass(frozen=True, slots=True)
 class JobTrace:
-    jobs: tuple[Job, ...]  # GPU jobs, by submit time then file order
+    jobs: tuple[Job, ...]  # every job (CPU-only ones too), by submit time then file order
     rows: int
-    cpu_only: int
+    cpu_only: int  # jobs without GPUs
     timed: bool  # every job has a submit time from the file
 
     def size_mix(self) -> dict[int, float]:
         """GPUs per whole-GPU job -> count (shares count as 1-GPU jobs)."""
-        return dict(Counter(j.gpus for j in self.jobs))
+        return dict(Counter(j.gpus for j in self.jobs if j.gpus))
 
 
 def read_trace(path: Path) -> JobTrace:
@@ -89,15 +99,16 @@ def _from_rows(path: Path, rows: Iterable[Mapping[str, object]]) -> JobTrace:
     timed = True
     for i, row in enumerate(rows):
         total += 1
-        where = f"{path}: job {i + 1}"
+        name = _text(row, "name")
+        where = f"{path}: job {i + 1}" + (f" ({name})" if name else "")
         try:
             job, had_time = _alibaba(row, i) if "num_gpu" in row else _ours(row, i)
         except (KeyError, ValueError, TypeError) as exc:
             raise TraceError(f"{where}: {exc}") from exc
         timed &= had_time
         if job is None:
-            cpu_only += 1
             continue
+        cpu_only += job.gpus == 0
         jobs.append(job)
     jobs.sort(key=lambda j: j.submit)  # stable: file order among equal times
     return JobTrace(jobs=tuple(jobs), rows=total, cpu_only=cpu_only, timed=timed and total > 0)
@@ -112,12 +123,28 @@ def _models(text: str) -> tuple[str, ...]:
     return tuple(m.strip().upper() for m in text.split("|") if m.strip())
 
 
+def _amount(row: Mapping[str, object], key: str) -> int:
+    """A non-negative whole amount (CPU milli, MiB); empty or missing = 0, not counted."""
+    text = _text(row, key)
+    if not text:
+        return 0
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"{key} must be a whole number >= 0, not {text!r}") from None
+    if value < 0:
+        raise ValueError(f"{key} must be a whole number >= 0, not {text!r}")
+    return value
+
+
 def _alibaba(row: Mapping[str, object], i: int) -> tuple[Job | None, bool]:
     gpus = int(_text(row, "num_gpu"))
     milli = int(_text(row, "gpu_milli") or FULL)
     created = _text(row, "creation_time")
-    if gpus < 1 or milli < 1:
-        return None, bool(created)
+    if gpus < 0:
+        raise ValueError("num_gpu must be >= 0")
+    if gpus == 0 or milli < 1:
+        gpus, milli = 0, FULL
     if gpus > 1 and milli < FULL:
         milli = FULL  # a multi-GPU share is not a share: FGD counts such pods whole
     submit = float(created) if created else float(i)
@@ -133,6 +160,8 @@ def _alibaba(row: Mapping[str, object], i: int) -> tuple[Job | None, bool]:
         models=_models(_text(row, "gpu_spec")),
         submit=submit,
         duration=duration,
+        cpu_milli=_amount(row, "cpu_milli"),
+        memory_mib=_amount(row, "memory_mib"),
     )
     return job, bool(created)
 
@@ -152,8 +181,6 @@ def _ours(row: Mapping[str, object], i: int) -> tuple[Job | None, bool]:
         milli = max(1, round(f * FULL))
     submit_text = _text(row, "submit")
     duration_text = _text(row, "duration")
-    if gpus == 0:
-        return None, bool(submit_text)
     duration = float(duration_text) if duration_text else None
     if duration is not None and duration < 0:
         raise ValueError("duration must be >= 0")
@@ -164,5 +191,7 @@ def _ours(row: Mapping[str, object], i: int) -> tuple[Job | None, bool]:
         models=_models(_text(row, "gpu_models")),
         submit=float(submit_text) if submit_text else float(i),
         duration=duration,
+        cpu_milli=_amount(row, "cpu_milli"),
+        memory_mib=_amount(row, "memory_mib"),
     )
     return job, bool(submit_text)

@@ -1,10 +1,21 @@
 """The schedulers a simulation compares: the engine and the baselines of ``bench``.
 
 Every policy answers ``place(job)`` with a ``Placed`` (and holds it) or None
-with a cause, ``release(placed)``, and ``rooms()``: per node, the free
-thousandths of each GPU (1000 = whole and free), for the fragmentation
-figures. Ring bandwidth and NVLink connectivity of every multi-GPU set come
-from the same class tables for all policies, so their figures compare.
+with a cause, ``release(placed)``, and ``rooms()``: per node, the GPU model,
+the free thousandths of each GPU (1000 = whole and free) and the free CPU
+and memory, for the fragmentation figures. Every policy places only where
+GPUs, CPU and memory all fit. Ring bandwidth and NVLink connectivity of
+every multi-GPU set come from the same class tables for all policies, so
+their figures compare.
+
+The engine (``topoplace``) gets, as kube-scheduler's own filter hands the
+extender its candidates, the nodes where the job's CPU and memory fit, and
+chooses the node and the GPUs among them as the service does (packing,
+bandwidth, what is left, its share rules). It knows nothing of CPU and
+memory beyond that filter, as the service does not: in production the pods'
+CPU requests on a node are kube-scheduler's and Slurm's to count. A CPU-only
+job (no GPU to place) goes to the fitting node with the least CPU left, then
+name order. Without any host capacity the engine gets every node, as before.
 """
 
 from __future__ import annotations
@@ -13,17 +24,22 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from bench.cluster_policies import POLICIES, BaselineFleet, Held, Task
+import numpy as np
+from numpy.typing import NDArray
+
+from bench.cluster_policies import POLICIES, BaselineFleet, Held, HostCapacity, HostRooms, Task
 from bench.fgd import TaskType
 from placement import ClusterState, NodeSnapshot, PlacementRequest
 from placement.bandwidth import DEFAULT_BANDWIDTH
 from placement.node_choice import indices_to_mask
-from placement.outcome import Placement
+from placement.outcome import Outcome, Placement
 from placement.topology_class import EXACT_LIMIT, TopologyClass, build_class, wiring_of
 from topoplace.sim.jobs import FULL, Job
 
 ENGINE = "topoplace"
 ALL_POLICIES = (ENGINE, *POLICIES)
+HOST_SHORT = "no node with the CPU and memory free"  # the GPUs would fit, CPU or memory not
+Room = tuple[str, tuple[int, ...], int, int]  # model, sorted GPU rooms, free CPU, free memory
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +59,7 @@ class Policy(Protocol):
 
     def release(self, placed: Placed) -> None: ...
 
-    def rooms(self) -> Iterator[tuple[str, tuple[int, ...]]]: ...
+    def rooms(self) -> Iterator[Room]: ...
 
 
 class SetTables:
@@ -68,17 +84,27 @@ class SetTables:
 
 
 class EnginePolicy:
-    """The real engine: ``ClusterState.place`` then ``apply``, defaults as the service's."""
+    """The real engine: ``ClusterState.place`` then ``apply``, defaults as the service's,
+    over the nodes where the job's CPU and memory fit (see the module's docstring)."""
 
     name = ENGINE
 
     def __init__(
-        self, snapshots: Sequence[NodeSnapshot], size_mix: Mapping[int, float], tables: SetTables
+        self,
+        snapshots: Sequence[NodeSnapshot],
+        size_mix: Mapping[int, float],
+        tables: SetTables,
+        hosts: Mapping[str, HostCapacity] | None = None,
     ) -> None:
         self.state = ClusterState(size_mix=size_mix)
-        for snap in sorted(snapshots, key=lambda s: s.name):
+        snaps = sorted(snapshots, key=lambda s: s.name)
+        for snap in snaps:
             self.state.upsert(snap)
         self.tables = tables
+        self.names = [s.name for s in snaps]
+        self.index = {n: i for i, n in enumerate(self.names)}
+        known = hosts or {}
+        self.host = HostRooms([known.get(n, (None, None)) for n in self.names])
         self._requests: dict[tuple[int, int, tuple[str, ...]], PlacementRequest] = {}
 
     def request(self, job: Job) -> PlacementRequest:
@@ -91,21 +117,52 @@ class EnginePolicy:
         return request
 
     def place(self, job: Job) -> tuple[Placed | None, str]:
-        outcome = self.state.place(self.request(job))
+        fits = self.host.fits(job.cpu_milli, job.memory_mib)
+        if job.gpus == 0:
+            if not fits.any():
+                return None, HOST_SHORT
+            return self._place_host_only(job, fits), ""
+        request = self.request(job)
+        narrowed = not bool(fits.all())
+        outcome = self.state.place(self._among(request, fits) if narrowed else request)
         if outcome.placement is None:
-            cause = outcome.reasons[0].message if outcome.reasons else outcome.status
-            return None, cause
+            if narrowed and self.state.place(request).placement is not None:
+                return None, HOST_SHORT  # the GPUs fit somewhere, but not where CPU and memory do
+            return None, _cause(outcome)
         self.state.apply(outcome.placement)
         task = outcome.placement.tasks[0]
+        self.host.take(self.index[task.node], job.cpu_milli, job.memory_mib)
         ring, nvlink = self.tables.metrics(task.node, task.gpu_indices)
-        placed = Placed(task.node, task.gpu_indices, job.milli, ring, nvlink, outcome.placement)
-        return placed, ""
+        handle = (outcome.placement, job.cpu_milli, job.memory_mib)
+        return Placed(task.node, task.gpu_indices, job.milli, ring, nvlink, handle), ""
+
+    def _among(self, request: PlacementRequest, fits: NDArray[np.bool_]) -> PlacementRequest:
+        # model_copy: the names are the state's own, no need to validate them again
+        nodes = tuple(self.names[i] for i in np.flatnonzero(fits).tolist())
+        return request.model_copy(update={"nodes": nodes})
+
+    def _place_host_only(self, job: Job, fits: NDArray[np.bool_]) -> Placed:
+        # No GPU: the extender is not asked, and kube-scheduler's default scoring places
+        # the pod (NodeResourcesFit, LeastAllocated): the node with the largest share of
+        # its CPU and memory free after it, the first in name order on a tie.
+        host = self.host
+        cpu = (host.cpu - job.cpu_milli) / host.cpu_cap
+        memory = (host.memory - job.memory_mib) / host.memory_cap
+        node = int(np.argmax(np.where(fits, cpu + memory, -np.inf)))
+        self.host.take(node, job.cpu_milli, job.memory_mib)
+        handle = (None, job.cpu_milli, job.memory_mib)
+        return Placed(self.names[node], (), job.milli, 0.0, False, handle)
 
     def release(self, placed: Placed) -> None:
-        assert isinstance(placed.handle, Placement)
-        self.state.unapply(placed.handle)
+        assert isinstance(placed.handle, tuple)
+        placement, cpu, memory = placed.handle
+        node = self.index[placed.node]
+        if placement is not None:
+            assert isinstance(placement, Placement)
+            self.state.unapply(placement)
+        self.host.give(node, cpu, memory)
 
-    def rooms(self) -> Iterator[tuple[str, tuple[int, ...]]]:
+    def rooms(self) -> Iterator[Room]:
         for name in self.state.names():
             entry = self.state.node(name)
             snap = entry.snapshot
@@ -118,7 +175,8 @@ class EnginePolicy:
                 else:
                     rooms.append(FULL if free >> g.index & 1 else 0)
             model = snap.gpus[0].model.upper() if snap.gpus else ""
-            yield model, tuple(sorted(rooms))
+            cpu, memory = self.host.of(self.index[name])
+            yield model, tuple(sorted(rooms)), cpu, memory
 
 
 class BaselinePolicy:
@@ -128,15 +186,17 @@ class BaselinePolicy:
         name: str,
         task_mix: Mapping[TaskType, float],
         tables: SetTables,
+        hosts: Mapping[str, HostCapacity] | None = None,
     ) -> None:
         self.name = name
-        self.fleet = BaselineFleet(snapshots, name, task_mix)
+        self.fleet = BaselineFleet(snapshots, name, task_mix, hosts)
         self.tables = tables
 
     def place(self, job: Job) -> tuple[Placed | None, str]:
-        held = self.fleet.place(Task(job.gpus, job.milli, job.models))
+        task = Task(job.gpus, job.milli, job.models, job.cpu_milli, job.memory_mib)
+        held = self.fleet.place(task)
         if held is None:
-            return None, _baseline_cause(self.fleet, job)
+            return None, _baseline_cause(self.fleet, task)
         node = self.fleet.names[held.node]
         ring, nvlink = self.tables.metrics(node, held.gpus)
         return Placed(node, held.gpus, job.milli, ring, nvlink, held), ""
@@ -145,39 +205,54 @@ class BaselinePolicy:
         assert isinstance(placed.handle, Held)
         self.fleet.release(placed.handle)
 
-    def rooms(self) -> Iterator[tuple[str, tuple[int, ...]]]:
+    def rooms(self) -> Iterator[Room]:
         for i, model in enumerate(self.fleet.models):
-            yield model, tuple(sorted(self.fleet.room_of(i)))
+            cpu, memory = self.fleet.host.of(i)
+            yield model, tuple(sorted(self.fleet.room_of(i))), cpu, memory
 
 
-def _baseline_cause(fleet: BaselineFleet, job: Job) -> str:
-    if not fleet.model_ok(job.models).any():
+def _cause(outcome: Outcome) -> str:
+    return outcome.reasons[0].message if outcome.reasons else outcome.status
+
+
+def _baseline_cause(fleet: BaselineFleet, task: Task) -> str:
+    if task.gpus and not fleet.model_ok(task.models).any():
         return "no node has the GPU model"
-    if job.milli < FULL:
+    gpu = fleet.gpu_feasible(task)
+    if gpu.any():
+        return HOST_SHORT
+    if task.milli < FULL:
         return "no GPU with room for the share"
-    return f"fewer than {job.gpus} GPUs free"
+    return f"fewer than {task.gpus} GPUs free"
 
 
 def task_mix(jobs: Sequence[Job]) -> dict[TaskType, float]:
+    """Every job's task type -> count (CPU-only ones too: ``bench.fgd`` leaves them out)."""
     mix: dict[TaskType, float] = {}
     for job in jobs:
-        t = TaskType(job.gpus, job.milli, job.models)
+        t = TaskType(job.gpus, job.milli, job.models, job.cpu_milli, job.memory_mib)
         mix[t] = mix.get(t, 0.0) + 1.0
     return mix
 
 
 def build_policies(
-    names: Sequence[str], snapshots: Sequence[NodeSnapshot], jobs: Sequence[Job]
+    names: Sequence[str],
+    snapshots: Sequence[NodeSnapshot],
+    jobs: Sequence[Job],
+    hosts: Mapping[str, HostCapacity] | None = None,
 ) -> list[Policy]:
+    """``hosts``: node name -> (milli-CPU, MiB), None where not known (never short)."""
     tables = SetTables(snapshots)
     sizes: dict[int, float] = {}
     for job in jobs:
-        sizes[job.gpus] = sizes.get(job.gpus, 0.0) + 1.0
+        if job.gpus:
+            sizes[job.gpus] = sizes.get(job.gpus, 0.0) + 1.0
     mix = task_mix(jobs)
+    gpu_mix = {t: w for t, w in mix.items() if t.gpus} or {TaskType(1, FULL): 1.0}
     out: list[Policy] = []
     for name in names:
         if name == ENGINE:
-            out.append(EnginePolicy(snapshots, sizes or {1: 1.0}, tables))
+            out.append(EnginePolicy(snapshots, sizes or {1: 1.0}, tables, hosts))
         else:
-            out.append(BaselinePolicy(snapshots, name, mix, tables))
+            out.append(BaselinePolicy(snapshots, name, gpu_mix, tables, hosts))
     return out

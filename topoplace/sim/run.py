@@ -11,6 +11,10 @@ Two protocols:
   list replayed from its start until the first job that does not fit; then
   on to the end of that pass, skipping what does not fit.
 
+Every job, CPU-only ones included, takes its CPU and memory on the node it
+lands on and gives them back when it ends; a job that does not fit (GPUs,
+CPU or memory) is a failure, whatever it lacked.
+
 Measured: GPU allocation rate (allocated GPU capacity, shares counted as
 their fraction, over the fleet's) over time; at the first failure the
 unallocated GPUs; queueing delay p50/p99 (timed); the share of multi-GPU
@@ -18,7 +22,9 @@ jobs on an NVLink-connected set and their predicted bus bandwidth (the
 ring bottleneck, GB/s); stranded multi-node NVLink cliques (a clique with
 free GPUs but no whole tray free); the causes of failed attempts; and the
 fragmentation: FGD's expected fragmentation of the free capacity under the
-trace's task mix, as a share of the free capacity.
+trace's task mix (CPU and memory included), as a share of the free
+capacity; and the CPU allocation rate at the end (nodes with a known CPU
+capacity).
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from bench.fgd import Fragmentation
+from bench.fgd import UNLIMITED, Fragmentation
 from placement import NodeSnapshot
 from topoplace.sim.jobs import FULL, Job
 from topoplace.sim.policies import Placed, Policy, task_mix
@@ -62,6 +68,9 @@ class SimResult:
     stranded_gpus: int = 0
     causes: Counter[str] = field(default_factory=Counter)
     end_rate: float = 0.0
+    cpu_jobs: int = 0  # CPU-only jobs replayed
+    cpu_started: int = 0
+    end_cpu_rate: float | None = None  # None: no node has a known CPU capacity
     seconds: float = 0.0
     truncated: bool = False
 
@@ -86,7 +95,8 @@ class _Meter:
         self.policy = policy
         self.capacity = sum(s.gpu_count for s in snapshots) * FULL
         self.allocated = 0
-        self.frag = Fragmentation(task_mix(jobs)) if jobs else None
+        gpu_mix = {t: w for t, w in task_mix(jobs).items() if t.gpus}
+        self.frag = Fragmentation(gpu_mix) if gpu_mix else None
         self.cliques: dict[str, list[str]] = {}
         for s in snapshots:
             domain = s.fabric_domain()
@@ -101,16 +111,16 @@ class _Meter:
         if self.frag is None:
             return 0.0
         lost = free = 0.0
-        for model, rooms in self.policy.rooms():
+        for model, rooms, cpu, memory in self.policy.rooms():
             free += sum(rooms)
-            lost += self.frag.of(model, rooms)
+            lost += self.frag.of(model, rooms, cpu, memory)
         return lost / free if free else 0.0
 
     def stranded(self) -> tuple[int, int]:
         """(cliques, GPUs): multi-node cliques with free GPUs but no whole tray free."""
         if not self.cliques:
             return 0, 0
-        rooms = dict(zip(self._names(), (r for _, r in self.policy.rooms()), strict=True))
+        rooms = dict(zip(self._names(), (r[1] for r in self.policy.rooms()), strict=True))
         cliques = gpus = 0
         for members in self.cliques.values():
             free = {m: sum(1 for r in rooms[m] if r == FULL) for m in members}
@@ -130,7 +140,9 @@ def simulate(
     mode: str,
     deadline: float,
     progress: Progress | None = None,
+    cpu_capacity: int | None = None,
 ) -> SimResult:
+    """``cpu_capacity``: the fleet's known milli-CPU, for the CPU allocation rate."""
     started = time.perf_counter()
     meter = _Meter(policy, snapshots, jobs)
     result = SimResult(policy=policy.name, mode=mode, total_gpus=meter.capacity // FULL)
@@ -141,13 +153,25 @@ def simulate(
     else:
         raise ValueError(f"unknown mode {mode!r}")
     result.end_rate = meter.rate()
+    result.end_cpu_rate = cpu_rate(policy, snapshots, cpu_capacity)
     result.stranded_cliques, result.stranded_gpus = meter.stranded()
     result.seconds = time.perf_counter() - started
     return result
 
 
+def cpu_rate(
+    policy: Policy, snapshots: Sequence[NodeSnapshot], capacity: int | None
+) -> float | None:
+    if not capacity:
+        return None
+    free = sum(cpu for _, _, cpu, _ in policy.rooms() if cpu < UNLIMITED // 2)
+    return 1.0 - free / capacity
+
+
 def _record(result: SimResult, placed: Placed) -> None:
     result.started += 1
+    if not placed.gpus:
+        result.cpu_started += 1
     if len(placed.gpus) > 1:
         result.multi += 1
         result.multi_nvlink += int(placed.nvlink)
@@ -180,6 +204,7 @@ def _fill(
                 return
             placed, cause = policy.place(job)
             result.jobs += 1
+            result.cpu_jobs += job.gpus == 0
             if placed is None:
                 _fail(result, meter, job, position, cause)
             else:
@@ -218,12 +243,12 @@ def _timed(
     counter = len(jobs)
     # Shapes that failed since the last release: nothing freed, so they fail again;
     # not asking spares the policy a full failure analysis per queued job.
-    blocked: dict[tuple[int, int, tuple[str, ...]], str] = {}
+    blocked: dict[tuple[int, int, tuple[str, ...], int, int], str] = {}
 
     def start(i: int, now: float) -> bool:
         nonlocal counter
         job = jobs[i]
-        shape = (job.gpus, job.milli, job.models)
+        shape = job.shape
         if shape in blocked:
             _fail(result, meter, job, now, blocked[shape])
             return False
@@ -245,7 +270,7 @@ def _timed(
         for _ in range(len(queue)):
             i = queue.popleft()
             job = jobs[i]
-            if (job.gpus, job.milli, job.models) in blocked or not start(i, now):
+            if job.shape in blocked or not start(i, now):
                 queue.append(i)
 
     while events:
@@ -271,6 +296,7 @@ def _timed(
         else:
             arrived += 1
             result.jobs += 1
+            result.cpu_jobs += jobs[i].gpus == 0
             if queue:
                 # FIFO: it waits behind the queue; nothing was freed, so only
                 # shapes not yet refused since the last release can start

@@ -1,0 +1,90 @@
+"""Every policy places only where CPU, memory and GPUs fit; CPU-only jobs take CPU."""
+
+from __future__ import annotations
+
+import pytest
+
+from placement import NodeSnapshot
+from placement.profiles import build_profile
+from topoplace.sim.jobs import Job
+from topoplace.sim.policies import ALL_POLICIES, Policy, build_policies
+
+UNKNOWN = (None, None)
+
+
+def job(name: str, gpus: int, cpu: int, memory: int = 0, milli: int = 1000) -> Job:
+    return Job(name, gpus, milli, (), 0.0, None, cpu_milli=cpu, memory_mib=memory)
+
+
+def cpu_of(policy: Policy, node: str) -> int:
+    rows = list(policy.rooms())
+    return int(rows[["a", "b"].index(node)][2])
+
+
+@pytest.fixture
+def snaps() -> list[NodeSnapshot]:
+    return [build_profile("dgx1-v100", "a"), build_profile("dgx1-v100", "b")]
+
+
+@pytest.mark.parametrize("name", ALL_POLICIES)
+@pytest.mark.parametrize("milli", [1000, 500])
+def test_each_policy_refuses_a_node_whose_cpu_does_not_fit(
+    snaps: list[NodeSnapshot], name: str, milli: int
+) -> None:
+    # node a, first in name order and the one every rule would take, has 4 cores
+    hosts = {"a": (4000, None), "b": (64000, None)}
+    jobs = [job("big", 1, 8000, milli=milli), job("small", 1, 2000)]
+    (policy,) = build_policies([name], snaps, jobs, hosts)
+    placed, _ = policy.place(jobs[0])
+    assert placed is not None and placed.node == "b"
+    assert cpu_of(policy, "b") == 56000 and cpu_of(policy, "a") == 4000
+
+
+@pytest.mark.parametrize("name", ALL_POLICIES)
+def test_each_policy_refuses_when_no_cpu_fits_anywhere(
+    snaps: list[NodeSnapshot], name: str
+) -> None:
+    hosts = {"a": (4000, 1 << 20), "b": (64000, 1024)}  # b: CPU but not the memory
+    jobs = [job("big", 1, 8000, memory=2048)]
+    (policy,) = build_policies([name], snaps, jobs, hosts)
+    placed, cause = policy.place(jobs[0])
+    assert placed is None and cause == "no node with the CPU and memory free"
+
+
+@pytest.mark.parametrize("name", ALL_POLICIES)
+def test_a_cpu_only_job_takes_cpu_and_memory_and_gives_them_back(
+    snaps: list[NodeSnapshot], name: str
+) -> None:
+    hosts = {"a": (16000, 65536), "b": (16000, 65536)}
+    jobs = [job("cpu", 0, 12000, 32768), job("gpu", 1, 1000)]
+    (policy,) = build_policies([name], snaps, jobs, hosts)
+    placed, _ = policy.place(jobs[0])
+    assert placed is not None and placed.gpus == ()
+    rows = {n: r for n, r in zip("ab", policy.rooms(), strict=True)}
+    assert rows[placed.node][2:] == (4000, 32768)
+    assert sum(rows[placed.node][1]) == 8000  # no GPU taken
+    second, _ = policy.place(job("cpu2", 0, 12000, 32768))
+    assert second is not None and second.node != placed.node  # 4 cores left there
+    assert policy.place(job("cpu3", 0, 12000, 32768))[0] is None
+    policy.release(placed)
+    rows = {n: r for n, r in zip("ab", policy.rooms(), strict=True)}
+    assert rows[placed.node][2:] == (16000, 65536)
+
+
+def test_without_host_figures_nothing_is_short(snaps: list[NodeSnapshot]) -> None:
+    jobs = [job("huge", 8, 10**9, 10**9)]
+    for policy in build_policies(ALL_POLICIES, snaps, jobs, {"a": UNKNOWN, "b": UNKNOWN}):
+        placed, _ = policy.place(jobs[0])
+        assert placed is not None and placed.node == "a", policy.name
+
+
+def test_the_engine_leaves_a_cpu_only_job_to_the_schedulers_default_spread(
+    snaps: list[NodeSnapshot],
+) -> None:
+    # kube-scheduler's LeastAllocated: the node with the larger share of CPU and memory
+    # free after the job (b, 48 of 64 cores), not the tighter fit (a, 4 of 16)
+    hosts = {"a": (16000, 65536), "b": (64000, 65536)}
+    jobs = [job("cpu", 0, 12000, 1024)]
+    (policy,) = build_policies(["topoplace"], snaps, jobs, hosts)
+    placed, _ = policy.place(jobs[0])
+    assert placed is not None and placed.node == "b"
