@@ -42,18 +42,24 @@ def test_alibaba_rows_keep_cpu_only_pods(tmp_path: Path) -> None:
     assert (p1.gpus, p1.cpu_milli, p1.memory_mib, p1.duration) == (0, 32000, 49152, 4.0)
 
 
+AMOUNTS = "name,gpus,cpu_milli,memory_mib\n"
+
+
 @pytest.mark.parametrize(
-    ("row", "message"),
+    ("content", "message"),
     [
-        ("big,1,lots,", "job 1 \\(big\\): cpu_milli must be a whole number >= 0, not 'lots'"),
-        ("neg,1,-5,", "job 1 \\(neg\\): cpu_milli must be a whole number >= 0"),
-        ("half,1,1.5,", "job 1 \\(half\\): cpu_milli"),
-        ("mem,1,1000,x", "job 1 \\(mem\\): memory_mib must be a whole number"),
+        ("name,gpus\nx,two\n", "job 1"),
+        ("name,gpus,gpu_fraction\nx,2,0.5\n", "gpus must be 1"),
+        ("name,gpus,gpu_fraction\nx,1,1.5\n", "between 0 and 1"),
+        (AMOUNTS + "big,1,lots,\n", "job 1 \\(big\\): cpu_milli must be a whole .* not 'lots'"),
+        (AMOUNTS + "neg,1,-5,\n", "job 1 \\(neg\\): cpu_milli must be a whole number >= 0"),
+        (AMOUNTS + "half,1,1.5,\n", "job 1 \\(half\\): cpu_milli"),
+        (AMOUNTS + "mem,1,1000,x\n", "job 1 \\(mem\\): memory_mib must be a whole number"),
     ],
 )
-def test_a_bad_amount_names_the_job(tmp_path: Path, row: str, message: str) -> None:
+def test_a_bad_trace_names_the_job(tmp_path: Path, content: str, message: str) -> None:
     path = tmp_path / "bad.csv"
-    path.write_text("name,gpus,cpu_milli,memory_mib\n" + row + "\n")
+    path.write_text(content)
     with pytest.raises(TraceError, match=message):
         read_trace(path)
 
