@@ -189,13 +189,6 @@ class BaselineFleet:
         self.host.take(node, task.cpu_milli, task.memory_mib)
         return held
 
-    def hold(self, node: int, gpus: tuple[int, ...], task: Task) -> Held:
-        """Hold what another scheduler chose (a mirror of its state)."""
-        held = Held(node, gpus, task.milli, task.cpu_milli, task.memory_mib)
-        self._change(node, gpus, -task.milli)
-        self.host.take(node, task.cpu_milli, task.memory_mib)
-        return held
-
     def release(self, held: Held) -> None:
         self.host.give(held.node, held.cpu_milli, held.memory_mib)
         self._change(held.node, held.gpus, held.milli)
@@ -240,12 +233,6 @@ class BaselineFleet:
         self.version[node] += 1
 
     # FGD -------------------------------------------------------------------
-
-    def fragmentation_of(self, node: int) -> float:
-        """F_n of one node now (GPUs, CPU and memory)."""
-        assert self._fgd is not None
-        cpu, memory = self.host.of(node)
-        return self._fgd.of(self.models[node], tuple(sorted(self.room_of(node))), cpu, memory)
 
     def _gradient(self, node: int, gpu: int, task: Task) -> float:
         """FGD: the gain in expected fragmentation of putting a share on one GPU."""

@@ -136,15 +136,16 @@ def test_every_baseline_skips_a_node_short_of_cpu(policy: str) -> None:
 
 
 def test_best_fit_weighs_cpu_left_with_gpus_left() -> None:
-    # n0: 6 GPUs and 64 cores free; n1: 8 GPUs and 16 cores. GPU-only best-fit would
-    # take n0 (fewer GPUs left); counted with CPU (5 cores per GPU here) n1 is fuller.
+    # After a job only n0's CPU holds, n0: 6 GPUs and 44 cores free; n1: 8 GPUs and 16
+    # cores. GPU-only best-fit would take n0 (fewer GPUs left); counted with CPU (5 cores
+    # per GPU here) n1 is fuller.
     f = hosted("best-fit", {"n0": (64000, None), "n1": (16000, None)})
-    f.hold(0, (0, 1), Task(2, 1000))
-    assert f.whole.tolist() == [6, 8]
+    first = f.place(Task(2, 1000, cpu_milli=20000))
+    assert first is not None and f.whole.tolist() == [6, 8]
     held = f.place(Task(1, 1000, cpu_milli=1000))
     assert held is not None and held.node == 1
     gpu_only = hosted("best-fit", {"n0": (None, None), "n1": (None, None)})
-    gpu_only.hold(0, (0, 1), Task(2, 1000))
+    assert gpu_only.place(Task(2, 1000, cpu_milli=20000)) is not None
     other = gpu_only.place(Task(1, 1000, cpu_milli=1000))
     assert other is not None and other.node == 0
 

@@ -123,12 +123,17 @@ class EnginePolicy:
                 return None, HOST_SHORT
             return self._place_host_only(job, fits), ""
         request = self.request(job)
-        narrowed = not bool(fits.all())
-        outcome = self.state.place(self._among(request, fits) if narrowed else request)
-        if outcome.placement is None:
-            if narrowed and self.state.place(request).placement is not None:
-                return None, HOST_SHORT  # the GPUs fit somewhere, but not where CPU and memory do
-            return None, _cause(outcome)
+        if fits.all():
+            outcome: Outcome | None = self.state.place(request)
+        elif fits.any():
+            outcome = self.state.place(self._among(request, fits))
+        else:
+            outcome = None  # no node's CPU and memory fit: there is nothing to ask
+        if outcome is None or outcome.placement is None:
+            anywhere = outcome if fits.all() else self.state.place(request)
+            assert anywhere is not None
+            # the GPUs fit somewhere, but not where CPU and memory do; else the GPUs' cause
+            return None, HOST_SHORT if anywhere.placement is not None else _cause(anywhere)
         self.state.apply(outcome.placement)
         task = outcome.placement.tasks[0]
         self.host.take(self.index[task.node], job.cpu_milli, job.memory_mib)
