@@ -215,7 +215,10 @@ def _pipelined(connection: Any, cursor: Any, steps: list[tuple[str, Params]]) ->
                 cursor.execute("COMMIT")
         except Exception:
             if not dbapi.closed and dbapi.info.transaction_status != _IDLE:
-                _quietly(lambda: dbapi.execute("ROLLBACK"))
+                # psycopg's rollback, not a ROLLBACK statement: it also forgets the
+                # statements it meant to prepare in this pipeline, whose Parse the server
+                # skipped after the error (else their next use finds no such statement).
+                _quietly(dbapi.rollback)
             raise
     finally:
         if not dbapi.closed and dbapi.info.transaction_status == _IDLE:

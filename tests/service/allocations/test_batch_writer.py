@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 import uuid
 from datetime import UTC, datetime
@@ -232,3 +233,55 @@ def test_a_deferred_check_that_fails_at_the_commit_leaves_nothing(engine: sa.Eng
     with engine.connect() as conn:
         for table in (schema.allocations, schema.gpu_holds, schema.audit_log):
             assert conn.execute(sa.select(sa.func.count()).select_from(table)).scalar() == 0
+
+
+def test_two_writers_racing_for_one_gpu_leave_one_whole_reservation(engine: sa.Engine) -> None:
+    # Two replicas' writers, each on its own engine, send the same GPU at the same moment,
+    # round after round: one wins each round, the other's batch leaves nothing, and both
+    # writers' connections stay usable for the next round (on Postgres the statements
+    # the refused batch had meant to prepare among them).
+    other = make_engine(engine.url.render_as_string(hide_password=False))
+    writers = [BatchWriter(engine), BatchWriter(other)]
+
+    def race(device: str) -> list[str]:
+        rows = [_row(device), _row(device)]
+        results = ["", ""]
+        start = threading.Barrier(2)
+
+        def write(i: int) -> None:
+            start.wait()
+            try:
+                writers[i].write([rows[i]], [_hold(rows[i], device)], ["n0"], [_audit(rows[i])])
+                results[i] = "won"
+            except IntegrityError:
+                results[i] = "refused"
+
+        threads = [threading.Thread(target=write, args=(i,)) for i in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        return sorted(results)
+
+    outcomes = [race(f"GPU-race-{round_}") for round_ in range(20)]
+    other.dispose()
+    assert all(pair == ["refused", "won"] for pair in outcomes), outcomes
+    with engine.connect() as conn:
+        for table in (schema.allocations, schema.gpu_holds, schema.audit_log):
+            assert conn.execute(sa.select(sa.func.count()).select_from(table)).scalar() == 20
+
+
+def test_a_refused_batch_never_spoils_the_next_one(engine: sa.Engine) -> None:
+    # A refusal at every point of the driver's count towards preparing its statements
+    # (psycopg prepares one on its fifth run): the batch after each refusal commits.
+    writer = BatchWriter(engine)
+    taken = _row("GPU-a")
+    writer.write([taken], [_hold(taken, "GPU-a")], ["n0"], [_audit(taken)])
+    for i in range(12):
+        late = _row("GPU-a")
+        with pytest.raises(IntegrityError):
+            writer.write([late], [_hold(late, "GPU-a")], ["n0"], [_audit(late)])
+        clean = _row(f"GPU-{i}")
+        writer.write([clean], [_hold(clean, f"GPU-{i}")], ["n0"], [_audit(clean)])
+    with engine.connect() as conn:
+        assert conn.execute(sa.select(sa.func.count()).select_from(schema.gpu_holds)).scalar() == 13
