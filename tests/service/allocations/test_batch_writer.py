@@ -233,6 +233,11 @@ def test_a_deferred_check_that_fails_at_the_commit_leaves_nothing(engine: sa.Eng
     with engine.connect() as conn:
         for table in (schema.allocations, schema.gpu_holds, schema.audit_log):
             assert conn.execute(sa.select(sa.func.count()).select_from(table)).scalar() == 0
+    for i in range(12):  # and the next batch commits, at every point of the prepare count
+        with pytest.raises(IntegrityError):
+            writer.write([_row("GPU-z")], [], ["n0"])
+        clean = _row(f"GPU-{i}")
+        writer.write([clean], [_hold(clean, f"GPU-{i}")], ["n0"], [_audit(clean)])
 
 
 def test_two_writers_racing_for_one_gpu_leave_one_whole_reservation(engine: sa.Engine) -> None:
