@@ -84,7 +84,7 @@ class HostRooms:
         )
         self.cpu = self.cpu_cap.copy()
         self.memory = self.memory_cap.copy()
-        self.known_cpu = np.asarray([c is not None for c, _ in capacities], dtype=np.bool_)
+        self.known_cpu = self.cpu_cap != UNLIMITED
 
     def fits(self, cpu_milli: int, memory_mib: int) -> NDArray[np.bool_]:
         if not cpu_milli and not memory_mib:
@@ -236,29 +236,25 @@ class BaselineFleet:
 
     def _gradient(self, node: int, gpu: int, task: Task) -> float:
         """FGD: the gain in expected fragmentation of putting a share on one GPU."""
-        assert self._fgd is not None
-        rooms = tuple(sorted(self.room_of(node)))
-        cpu, memory = self.host.of(node)
-        after = list(rooms)
-        after.remove(int(self.rooms[node, gpu]))
-        after.append(int(self.rooms[node, gpu]) - task.milli)
-        model = self.models[node]
-        before = self._fgd.of(model, rooms, cpu, memory)
-        cpu_after, memory_after = cpu - task.cpu_milli, memory - task.memory_mib
-        return self._fgd.of(model, tuple(sorted(after)), cpu_after, memory_after) - before
+        after = self.room_of(node)
+        room = int(self.rooms[node, gpu])
+        after.remove(room)
+        after.append(room - task.milli)
+        return self._gain(node, task, [tuple(sorted(after))])
 
     def _node_gradient(self, node: int, task: Task) -> float:
         """The least gain in expected fragmentation the task can make on one node."""
+        return self._gain(node, task, _after(tuple(sorted(self.room_of(node))), task))
+
+    def _gain(self, node: int, task: Task, afters: Sequence[tuple[int, ...]]) -> float:
+        """The least gain in the node's expected fragmentation over the GPU states the
+        task may leave (sorted rooms), its CPU and memory taken."""
         assert self._fgd is not None
         model = self.models[node]
-        rooms = tuple(sorted(self.room_of(node)))
         cpu, memory = self.host.of(node)
-        before = self._fgd.of(model, rooms, cpu, memory)
+        before = self._fgd.of(model, tuple(sorted(self.room_of(node))), cpu, memory)
         cpu_after, memory_after = cpu - task.cpu_milli, memory - task.memory_mib
-        return min(
-            self._fgd.of(model, after, cpu_after, memory_after) - before
-            for after in _after(rooms, task)
-        )
+        return min(self._fgd.of(model, a, cpu_after, memory_after) for a in afters) - before
 
     def _fgd_node(self, task: Task, fits: NDArray[np.bool_]) -> int:
         """The feasible node whose state gains the least expected fragmentation."""

@@ -83,7 +83,7 @@ class Fragmentation:
         self.memory_levels = sorted({t.memory_mib for t, _ in self.mix})
         self._memo: dict[tuple[str, tuple[int, ...], int, int], float] = {}
 
-    def host_key(self, cpu_free: int, memory_free: int) -> tuple[int, int]:
+    def _host_key(self, cpu_free: int, memory_free: int) -> tuple[int, int]:
         return bisect_right(self.cpu_levels, cpu_free), bisect_right(
             self.memory_levels, memory_free
         )
@@ -97,7 +97,7 @@ class Fragmentation:
     ) -> float:
         """F_n for a node of ``model`` whose GPUs have ``rooms`` (sorted, any order works)
         and whose host has ``cpu_free`` milli-CPU and ``memory_free`` MiB free."""
-        ci, mi = self.host_key(cpu_free, memory_free)
+        ci, mi = self._host_key(cpu_free, memory_free)
         key = (model, rooms, ci, mi)
         value = self._memo.get(key)
         if value is None:

@@ -208,19 +208,18 @@ def _pipelined(connection: Any, cursor: Any, steps: list[tuple[str, Params]]) ->
     was = dbapi.autocommit
     dbapi.autocommit = True
     try:
-        try:
-            with dbapi.pipeline():
-                cursor.execute("BEGIN")
-                for statement, params in steps:
-                    _execute(cursor, statement, params)
-                cursor.execute("COMMIT")
-        except Exception:
-            if not dbapi.closed and dbapi.info.transaction_status != _IDLE:
-                # psycopg's rollback, not a ROLLBACK statement: it also forgets the
-                # statements it meant to prepare in this pipeline, whose Parse the server
-                # skipped after the error (else their next use finds no such statement).
-                _quietly(dbapi.rollback)
-            raise
+        with dbapi.pipeline():
+            cursor.execute("BEGIN")
+            for statement, params in steps:
+                _execute(cursor, statement, params)
+            cursor.execute("COMMIT")
+    except Exception:
+        if not dbapi.closed and dbapi.info.transaction_status != _IDLE:
+            # psycopg's rollback, not a ROLLBACK statement: it also forgets the statements
+            # it meant to prepare in this pipeline, whose Parse the server skipped after
+            # the error (else their next use finds no such statement).
+            _quietly(dbapi.rollback)
+        raise
     finally:
         if not dbapi.closed and dbapi.info.transaction_status == _IDLE:
             dbapi.autocommit = was  # a pooled connection goes back as it came

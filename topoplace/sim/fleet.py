@@ -33,6 +33,7 @@ from pydantic import ValidationError
 
 from placement.profiles import PROFILE_NAMES, build_profile, gb200_nvl72_rack
 from placement.snapshot import NodeSnapshot
+from topoplace.sim.jobs import whole_amount
 
 NVL72 = "gb200-nvl72"
 PROFILE_LABEL = "topoplace.io/profile"
@@ -105,7 +106,7 @@ def trace_nodes(path: Path) -> list[FleetNode]:
             TraceNode(name=row["sn"], gpus=int(row["gpu"]), model=row["model"].strip())
             for row in rows
         ]
-        hosts = [(_capacity(row, "cpu_milli"), _capacity(row, "memory_mib")) for row in rows]
+        hosts = [_host(row) for row in rows]
         snaps = build_cluster(listed)
     except (KeyError, ValueError) as exc:
         raise FleetError(f"--nodes: {path}: not an openb node list ({exc})") from exc
@@ -113,16 +114,6 @@ def trace_nodes(path: Path) -> list[FleetNode]:
         FleetNode(s, profile_for(n.gpus, n.model), cpu, memory)
         for s, n, (cpu, memory) in zip(snaps, listed, hosts, strict=True)
     ]
-
-
-def _capacity(row: dict[str, str], key: str) -> int | None:
-    text = (row.get(key) or "").strip()
-    if not text:
-        return None
-    value = int(text)
-    if value < 0:
-        raise ValueError(f"{row.get('sn')}: {key} {value} < 0")
-    return value or None
 
 
 def snapshot_nodes(path: Path) -> list[FleetNode]:
@@ -180,3 +171,11 @@ def describe(nodes: list[FleetNode]) -> str:
     parts = [f"{c[0]}x {d} ({c[1]} GPUs)" for d, c in sorted(counts.items())]
     total = sum(n.snapshot.gpu_count for n in nodes)
     return f"{len(nodes)} nodes, {total} GPUs: " + ", ".join(parts)
+
+
+def _host(row: dict[str, str]) -> tuple[int | None, int | None]:
+    """A node row's (milli-CPU, MiB); 0 or empty is not known, and never short."""
+    try:
+        return whole_amount(row, "cpu_milli") or None, whole_amount(row, "memory_mib") or None
+    except ValueError as exc:
+        raise ValueError(f"{row.get('sn')}: {exc}") from None

@@ -123,8 +123,9 @@ def _models(text: str) -> tuple[str, ...]:
     return tuple(m.strip().upper() for m in text.split("|") if m.strip())
 
 
-def _amount(row: Mapping[str, object], key: str) -> int:
-    """A non-negative whole amount (CPU milli, MiB); empty or missing = 0, not counted."""
+def whole_amount(row: Mapping[str, object], key: str) -> int:
+    """A non-negative whole amount (CPU milli, MiB) of a trace or node row; empty or
+    missing = 0, not counted."""
     text = _text(row, key)
     if not text:
         return 0
@@ -160,8 +161,8 @@ def _alibaba(row: Mapping[str, object], i: int) -> tuple[Job | None, bool]:
         models=_models(_text(row, "gpu_spec")),
         submit=submit,
         duration=duration,
-        cpu_milli=_amount(row, "cpu_milli"),
-        memory_mib=_amount(row, "memory_mib"),
+        cpu_milli=whole_amount(row, "cpu_milli"),
+        memory_mib=whole_amount(row, "memory_mib"),
     )
     return job, bool(created)
 
@@ -191,7 +192,7 @@ def _ours(row: Mapping[str, object], i: int) -> tuple[Job | None, bool]:
         models=_models(_text(row, "gpu_models")),
         submit=float(submit_text) if submit_text else float(i),
         duration=duration,
-        cpu_milli=_amount(row, "cpu_milli"),
-        memory_mib=_amount(row, "memory_mib"),
+        cpu_milli=whole_amount(row, "cpu_milli"),
+        memory_mib=whole_amount(row, "memory_mib"),
     )
     return job, bool(submit_text)
