@@ -19,6 +19,7 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from service.edge.one_segment import hold_heads
 from service.errors import RequestTimeout
 
 
@@ -50,7 +51,10 @@ def with_header_deadline(seconds: float) -> type[HttpToolsProtocol]:
 
         def on_headers_complete(self) -> None:
             self._disarm()
+            before = self.cycle
             super().on_headers_complete()
+            if self.cycle is not None and self.cycle is not before:
+                hold_heads(self.cycle)
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
