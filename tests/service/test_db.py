@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -62,3 +64,27 @@ def test_the_running_service_checkpoints_sqlite_in_the_background(tmp_path: Path
         while database.stat().st_size < 1_500 * 3_000 and time.monotonic() < deadline:
             time.sleep(0.1)
         assert database.stat().st_size >= 1_500 * 3_000
+
+
+def test_engines_opening_a_new_file_at_once_all_connect_in_wal_mode(tmp_path: Path) -> None:
+    """Switching to WAL takes a lock SQLite does not wait for: without the retry one of
+    two engines opening a fresh file at once failed with 'database is locked'."""
+    for round_ in range(20):
+        url = f"sqlite:///{tmp_path / f'fresh-{round_}.sqlite3'}"
+        plain = sa.create_engine(url)  # made as migrations make it: not in WAL mode
+        with plain.begin() as conn:
+            conn.exec_driver_sql("CREATE TABLE t (x INTEGER)")
+        plain.dispose()
+        engines = [make_engine(url) for _ in range(4)]
+        start = threading.Barrier(len(engines))
+
+        def open_one(engine: sa.Engine, start: threading.Barrier = start) -> str:
+            start.wait()
+            with engine.connect() as conn:
+                return str(conn.exec_driver_sql("PRAGMA journal_mode").scalar())
+
+        with ThreadPoolExecutor(len(engines)) as pool:
+            modes = list(pool.map(open_one, engines))
+        for engine in engines:
+            engine.dispose()
+        assert modes == ["wal"] * len(engines)
