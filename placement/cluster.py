@@ -38,7 +38,7 @@ from placement.outcome import Cause, NodeVerdict, Outcome, Placement, TaskPlacem
 from placement.request import PlacementRequest
 from placement.screen import NodeScreen, screen
 from placement.snapshot import NodeSnapshot
-from placement.table import FULL_SHARE, AllocationError, NodeTable, UnknownNodeError
+from placement.table import FULL_SHARE, AllocationError, NodeTable, UnknownNodeError, share_milli
 from placement.what_is_left import DEFAULT_SIZE_MIX
 
 # Node labels naming the network block a node sits in, most specific first.
@@ -56,10 +56,7 @@ class SharesUnsupported(ValueError):
     """A GPU-share request (``gpu_fraction``) to a state built with ``shares=False``."""
 
 
-SHARES_UNSUPPORTED = (
-    "GPU shares are planned by the engine and in `topoplace sim`;"
-    " the service does not reserve them yet"
-)
+SHARES_UNSUPPORTED = "this cluster state was built without GPU shares (shares=False)"
 
 
 class ClusterState:
@@ -178,6 +175,13 @@ class ClusterState:
         """Give a share back; a GPU whose last share goes is whole and free again."""
         self._table.release_share(node, gpu_uuid, fraction, cpus)
 
+    def set_share(self, node: str, gpu_uuid: str, milli: int) -> None:
+        """Set a GPU's shares to exactly ``milli`` thousandths in all (0: none, the GPU whole
+        and free again), CPUs untouched: for a caller keeping this state in step with a
+        store that counts shares per GPU (the service's database). Refused on a GPU held
+        whole and outside 0..1000."""
+        self._table.set_share(node, gpu_uuid, milli)
+
     def apply(self, placement: Placement) -> None:
         """Allocate every task of a placement, all or nothing."""
         table = self._table
@@ -260,4 +264,5 @@ __all__ = [
     "NodeView",
     "SharesUnsupported",
     "UnknownNodeError",
+    "share_milli",
 ]

@@ -259,6 +259,24 @@ class NodeTable:
         self._index_shares(entry)
         self._sync(entry)
 
+    def set_share(self, node: str, gpu_uuid: str, milli: int) -> None:
+        entry = self.entry(node)
+        if gpu_uuid not in entry.bit_of:
+            raise AllocationError(f"node {node} has no GPU {gpu_uuid}")
+        if not 0 <= milli <= FULL_SHARE:
+            raise AllocationError(f"a GPU's shares are 0 to {FULL_SHARE} thousandths, not {milli}")
+        if milli and gpu_uuid in entry.busy:
+            raise AllocationError(f"GPU {gpu_uuid} on {node} is held whole")
+        held = entry.shares.get(gpu_uuid, 0)
+        if held == milli:
+            return  # nothing held changes: the node's answers stay cached
+        if milli > held:
+            entry.hold_share(gpu_uuid, milli - held)
+        else:
+            entry.drop_share(gpu_uuid, held - milli)
+        self._index_shares(entry)
+        self._sync(entry)
+
     # Internals -----------------------------------------------------------
 
     def _grow(self) -> int:

@@ -54,9 +54,14 @@ def validation_response(exc: RequestValidationError) -> JSONResponse:
     return JSONResponse(body, status_code=422)
 
 
-def unsupported(exc: SharesUnsupported) -> JSONResponse:
-    """The engine refused a share: the service holds no shares (docs/service.md)."""
-    return error_response(Unsupported(str(exc), {"field": "gpu_fraction"}))
+def unsupported(_: SharesUnsupported) -> JSONResponse:
+    """The engine refused a share where it ranks nodes (/score): a share is one GPU that
+    only /place chooses (docs/service.md, "GPU shares")."""
+    message = (
+        "a GPU share (gpu_fraction) is placed by POST /v1/place, which chooses its GPU;"
+        " /v1/score ranks nodes for whole GPUs and MIG instances only"
+    )
+    return error_response(Unsupported(message, {"field": "gpu_fraction"}))
 
 
 def database_down(exc: OperationalError) -> JSONResponse:

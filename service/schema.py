@@ -22,7 +22,15 @@ allocation holding exactly its GPUs, is kept by the database itself:
   anchor, ended ones have neither and an end time) and the expiry to the
   state (pending ones expire, active ones never).
 
-Both foreign keys are checked at commit (DEFERRABLE INITIALLY DEFERRED), so
+- A GPU share (``gpu_fraction``) is a row of ``gpu_shares`` on its GPU's
+  pool, a ``gpu_holds`` row of kind ``shared`` that names no allocation and
+  counts the thousandths held (``share_milli``). The pool's primary key keeps
+  a whole-GPU hold off a shared GPU, and its check keeps a share off a
+  whole-GPU hold and the count at or under a whole GPU. A share allocation's
+  anchor is its share row (``share_node``, ``share_device``); docs/service.md,
+  "GPU shares in the database", says how shares are taken and given back.
+
+The foreign keys are checked at commit (DEFERRABLE INITIALLY DEFERRED), so
 a transaction may write the allocation and its holds in either order. The
 state transitions themselves are single conditional statements
 (service/allocations/repository.py); docs/service.md draws the machine.
@@ -31,6 +39,8 @@ state transitions themselves are single conditional statements
 from __future__ import annotations
 
 import sqlalchemy as sa
+
+from placement.cluster import FULL_SHARE
 
 metadata = sa.MetaData()
 
@@ -69,6 +79,30 @@ def _quoted(states: tuple[str, ...]) -> str:
     return ", ".join(f"'{s}'" for s in states)
 
 
+# A live allocation names exactly one anchor: a hold of its own, or (a share) its share
+# row; an ended one names neither. Each term is spelled out: on Postgres a check whose
+# value is NULL passes.
+ALLOCATIONS_LIVE = (
+    f"(state IN ({_quoted(LIVE_STATES)}) AND live = true AND ("
+    "(anchor_node IS NOT NULL AND anchor_device IS NOT NULL"
+    " AND share_node IS NULL AND share_device IS NULL)"
+    " OR (anchor_node IS NULL AND anchor_device IS NULL"
+    " AND share_node IS NOT NULL AND share_device IS NOT NULL)))"
+    f" OR (state IN ({_quoted(ENDED_STATES)}) AND live IS NULL"
+    " AND anchor_node IS NULL AND anchor_device IS NULL"
+    " AND share_node IS NULL AND share_device IS NULL AND ended_at IS NOT NULL)"
+)
+# Two shapes of hold: a share pool (no allocation; 0 to a whole GPU held), or a hold of
+# one allocation (no pool count). A share added to a whole-GPU hold makes a row of
+# neither shape, and so does a pool past a whole GPU: the transaction is refused.
+HOLD_SHAPE = (
+    "(kind = 'shared' AND allocation_id IS NULL AND share_milli IS NOT NULL"
+    f" AND share_milli >= 0 AND share_milli <= {FULL_SHARE})"
+    " OR (kind <> 'shared' AND allocation_id IS NOT NULL AND share_milli IS NULL)"
+)
+SHARE_SHAPE = f"kind = 'shared' AND live = true AND milli > 0 AND milli <= {FULL_SHARE}"
+
+
 allocations = sa.Table(
     "allocations",
     metadata,
@@ -87,16 +121,13 @@ allocations = sa.Table(
     # One hold of this allocation while it is live (any one: the first written).
     sa.Column("anchor_node", sa.String(253), nullable=True),
     sa.Column("anchor_device", sa.String(128), nullable=True),
+    # A share allocation's anchor instead: its row in gpu_shares.
+    sa.Column("share_node", sa.String(253), nullable=True),
+    sa.Column("share_device", sa.String(128), nullable=True),
     sa.Index("ix_allocations_job_id", "job_id"),
     sa.Index("ix_allocations_state", "state"),
     sa.UniqueConstraint("id", "live", name="uq_allocations_id_live"),
-    sa.CheckConstraint(
-        f"(state IN ({_quoted(LIVE_STATES)}) AND live = true"
-        " AND anchor_node IS NOT NULL AND anchor_device IS NOT NULL)"
-        f" OR (state IN ({_quoted(ENDED_STATES)}) AND live IS NULL"
-        " AND anchor_node IS NULL AND anchor_device IS NULL AND ended_at IS NOT NULL)",
-        name="ck_allocations_live",
-    ),
+    sa.CheckConstraint(ALLOCATIONS_LIVE, name="ck_allocations_live"),
     sa.CheckConstraint(
         "(state <> 'pending' OR expires_at IS NOT NULL)"
         " AND (state <> 'active' OR expires_at IS NULL)",
@@ -110,6 +141,14 @@ allocations = sa.Table(
         initially="DEFERRED",
         use_alter=True,  # the two tables name each other; this one is added after both
     ),
+    sa.ForeignKeyConstraint(
+        ["share_node", "share_device", "id"],
+        ["gpu_shares.node", "gpu_shares.device", "gpu_shares.allocation_id"],
+        name="fk_allocations_share_anchor",
+        deferrable=True,
+        initially="DEFERRED",
+        use_alter=True,
+    ),
 )
 
 gpu_holds = sa.Table(
@@ -117,15 +156,22 @@ gpu_holds = sa.Table(
     metadata,
     sa.Column("node", sa.String(253), primary_key=True),
     sa.Column("device", sa.String(128), primary_key=True),  # GPU or MIG instance UUID
-    sa.Column("kind", sa.String(8), nullable=False),  # gpu | mig | cpu (device "cpu:N")
-    sa.Column("allocation_id", sa.String(36), nullable=False),
+    # gpu | mig | cpu (device "cpu:N") | shared (a GPU's share pool)
+    sa.Column("kind", sa.String(8), nullable=False),
+    # The holding allocation; NULL only for a share pool, which gpu_shares' rows hold.
+    sa.Column("allocation_id", sa.String(36), nullable=True),
     # Always true: with allocation_id, it must name a live allocation.
     sa.Column(
         "live", sa.Boolean(create_constraint=False), nullable=False, server_default=sa.true()
     ),
+    # A share pool's thousandths held, the sum of its shares; NULL on every other row.
+    sa.Column("share_milli", sa.Integer, nullable=True),
     sa.Index("ix_gpu_holds_allocation", "allocation_id"),
     sa.UniqueConstraint("node", "device", "allocation_id", name="uq_gpu_holds_node_device_alloc"),
+    # What a share's foreign key names: a pool, never a whole-GPU hold.
+    sa.UniqueConstraint("node", "device", "kind", name="uq_gpu_holds_node_device_kind"),
     sa.CheckConstraint("live = true", name="ck_gpu_holds_live"),
+    sa.CheckConstraint(HOLD_SHAPE, name="ck_gpu_holds_shape"),
     sa.ForeignKeyConstraint(
         ["allocation_id", "live"],
         ["allocations.id", "allocations.live"],
@@ -133,6 +179,39 @@ gpu_holds = sa.Table(
         deferrable=True,
         initially="DEFERRED",
     ),
+)
+
+# One row per share of a GPU (``gpu_fraction``): the allocation, and the thousandths it
+# holds of the pool (node, device) it sits on. The same deferred key to a live
+# allocation as a hold's; the key to the pool names kind 'shared', so a share can
+# never sit on a GPU a whole-GPU allocation holds.
+gpu_shares = sa.Table(
+    "gpu_shares",
+    metadata,
+    sa.Column("node", sa.String(253), primary_key=True),
+    sa.Column("device", sa.String(128), primary_key=True),
+    sa.Column("allocation_id", sa.String(36), primary_key=True),
+    sa.Column("kind", sa.String(8), nullable=False, server_default="shared"),
+    sa.Column("milli", sa.Integer, nullable=False),
+    sa.Column(
+        "live", sa.Boolean(create_constraint=False), nullable=False, server_default=sa.true()
+    ),
+    sa.CheckConstraint(SHARE_SHAPE, name="ck_gpu_shares_shape"),
+    sa.ForeignKeyConstraint(
+        ["node", "device", "kind"],
+        ["gpu_holds.node", "gpu_holds.device", "gpu_holds.kind"],
+        name="fk_gpu_shares_pool",
+        deferrable=True,
+        initially="DEFERRED",
+    ),
+    sa.ForeignKeyConstraint(
+        ["allocation_id", "live"],
+        ["allocations.id", "allocations.live"],
+        name="fk_gpu_shares_live_allocation",
+        deferrable=True,
+        initially="DEFERRED",
+    ),
+    sa.Index("ix_gpu_shares_allocation", "allocation_id"),
 )
 
 # One public key per node name, registered by the node's agent (trust on
@@ -224,3 +303,15 @@ audit_log = sa.Table(
     sa.Index("ix_audit_log_job_id", "job_id"),
     sa.Index("ix_audit_log_actor_id", "actor_id"),
 )
+
+
+def holdings() -> sa.Subquery:
+    """Every (node, device, kind, allocation_id) an allocation holds: its holds (a share
+    pool, which no allocation holds alone, left out) and its shares, kind ``shared``."""
+    holds, shares = gpu_holds, gpu_shares
+    return sa.union_all(
+        sa.select(holds.c.node, holds.c.device, holds.c.kind, holds.c.allocation_id).where(
+            holds.c.allocation_id.is_not(None)
+        ),
+        sa.select(shares.c.node, shares.c.device, shares.c.kind, shares.c.allocation_id),
+    ).subquery("holdings")

@@ -12,7 +12,7 @@ import json
 import logging
 import threading
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 
 import sqlalchemy as sa
@@ -43,7 +43,7 @@ class ServiceState:
         self.settings = settings
         self.engine = engine
         self.clock = clock
-        self.cluster = ClusterState(shares=False)  # no share holds in the database yet
+        self.cluster = ClusterState()
         self.metrics = Metrics()  # what /metrics counts; the rest it reads from here
         self.committer = GroupCommitter(
             engine, on_batch=self.metrics.batch, on_retry=self.metrics.retried
@@ -59,6 +59,8 @@ class ServiceState:
         # Devices chosen by this process whose commit is in flight: a sync from
         # the database must not free them under a request that is committing.
         self.inflight: dict[str, Counter[str]] = defaultdict(Counter)
+        # The same for GPU shares: node -> device -> thousandths being committed.
+        self.inflight_shares: dict[str, Counter[str]] = defaultdict(Counter)
         self._next_stale_at = _EPOCH
         # What changed, for watchers (gRPC Watch) and for /metrics, which counts every event.
         self.events = EventHub(tally=self.metrics.published)
@@ -68,12 +70,43 @@ class ServiceState:
     def load(self) -> None:
         """Build the in-memory state from the database (start-up)."""
         with self.lock:
-            self.cluster = ClusterState(shares=False)  # no share holds in the database yet
+            self.cluster = ClusterState()
             self.heartbeats.clear()
             self.cordoned.clear()
         self.sync_nodes(None)
+        self._check_pools()
         self._warm()
         self.loaded = True
+
+    def _check_pools(self) -> None:
+        """Log every share pool whose count is not the sum of its shares. Only the two
+        share statements change either (docs/service.md, "GPU shares in the database"),
+        so a disagreement is a row written by hand or by another program: memory follows
+        the pool's count, which the database's check bounds."""
+        holds, shares = schema.gpu_holds, schema.gpu_shares
+        summed = (
+            sa.select(shares.c.node, shares.c.device, sa.func.sum(shares.c.milli).label("milli"))
+            .group_by(shares.c.node, shares.c.device)
+            .subquery()
+        )
+        on = sa.and_(summed.c.node == holds.c.node, summed.c.device == holds.c.device)
+        query = (
+            sa.select(holds.c.node, holds.c.device, holds.c.share_milli, summed.c.milli)
+            .select_from(holds.outerjoin(summed, on))
+            .where(
+                holds.c.kind == SHARED,
+                sa.or_(summed.c.milli.is_(None), summed.c.milli != holds.c.share_milli),
+            )
+        )
+        with self.engine.connect() as conn:
+            for node, device, pool, total in conn.execute(query):
+                log.error(
+                    "GPU %s on %s: its share pool counts %s/1000 but its shares add up to %s/1000",
+                    device,
+                    node,
+                    pool,
+                    total or 0,
+                )
 
     def _warm(self) -> None:
         """Decide once for the common shapes before reporting ready.
@@ -124,8 +157,12 @@ class ServiceState:
             )
             holds = conn.execute(hold_query).mappings().all()
             held: dict[str, set[str]] = defaultdict(set)
+            pools: dict[str, dict[str, int]] = defaultdict(dict)
             for hold in holds:
-                held[str(hold["node"])].add(str(hold["device"]))
+                if hold["kind"] == SHARED:
+                    pools[str(hold["node"])][str(hold["device"])] = int(hold["share_milli"])
+                else:
+                    held[str(hold["node"])].add(str(hold["device"]))
             present = {str(row["name"]) for row in rows}
             for name in [n for n in (names or self.cluster.names()) if n not in present]:
                 if name in self.cluster:
@@ -137,7 +174,7 @@ class ServiceState:
                 name = str(row["name"])
                 if name in snapshots and not self._load_snapshot(name, row, snapshots[name]):
                     continue
-                self._sync_row(row, held.get(name, set()))
+                self._sync_row(row, held.get(name, set()), pools.get(name, {}))
             self.refresh_availability(names)
 
     def _load_snapshot(self, name: str, row: sa.RowMapping, body: str) -> bool:
@@ -186,8 +223,13 @@ class ServiceState:
                 .all()
             )
             held: dict[str, set[str]] = defaultdict(set)
-            for node, device in conn.execute(sa.select(holds.c.node, holds.c.device)):
-                held[str(node)].add(str(device))
+            pools: dict[str, dict[str, int]] = defaultdict(dict)
+            listed = sa.select(holds.c.node, holds.c.device, holds.c.kind, holds.c.share_milli)
+            for node, device, kind, milli in conn.execute(listed):
+                if kind == SHARED:
+                    pools[str(node)][str(device)] = int(milli)
+                else:
+                    held[str(node)].add(str(device))
         with self.lock:
             gone = set(self.cluster.names()) - {str(row["name"]) for row in rows}
         differ = sorted(gone)
@@ -196,7 +238,7 @@ class ServiceState:
                 moved = []
                 for row in rows[start : start + chunk]:
                     name = str(row["name"])
-                    if not self._looks_synced(row, held.get(name, set())):
+                    if not self._looks_synced(row, held.get(name, set()), pools.get(name, {})):
                         differ.append(name)
                         continue
                     seen = _aware(row["heartbeat_at"])
@@ -208,9 +250,9 @@ class ServiceState:
         for start in range(0, len(differ), chunk):
             self.sync_nodes(differ[start : start + chunk])
 
-    def _looks_synced(self, row: sa.RowMapping, held: set[str]) -> bool:
-        """Whether memory already has this node as the row and holds show it (under the
-        lock): what ``_sync_row`` would leave unchanged, heartbeat aside."""
+    def _looks_synced(self, row: sa.RowMapping, held: set[str], pools: dict[str, int]) -> bool:
+        """Whether memory already has this node as the row, holds and share pools show it
+        (under the lock): what ``_sync_row`` would leave unchanged, heartbeat aside."""
         name = str(row["name"])
         if name not in self.cluster:
             return False
@@ -218,7 +260,11 @@ class ServiceState:
         if entry.snapshot.seq != row["seq"] or (name in self.cordoned) != bool(row["cordoned"]):
             return False
         devices, cpus = self._wanted(name, held)
-        return devices == entry.held_gpus | entry.held_migs and cpus == entry.held_cpus
+        return (
+            devices == entry.held_gpus | entry.held_migs
+            and cpus == entry.held_cpus
+            and self._wanted_shares(name, pools) == entry.shares
+        )
 
     def _wanted(self, name: str, held: set[str]) -> tuple[set[str], set[int]]:
         """(GPU and MIG devices, CPUs) a node should hold: the database's holds plus the
@@ -227,7 +273,15 @@ class ServiceState:
         cpus = {cpu_of(d) for d in wanted if d.startswith(CPU_PREFIX)}
         return {d for d in wanted if not d.startswith(CPU_PREFIX)}, cpus
 
-    def _sync_row(self, row: sa.RowMapping, held: set[str]) -> None:
+    def _wanted_shares(self, name: str, pools: dict[str, int]) -> dict[str, int]:
+        """Thousandths per shared GPU a node should hold: the database's pools plus the
+        shares this process is committing."""
+        wanted = dict(pools)
+        for device, milli in self.inflight_shares.get(name, {}).items():
+            wanted[device] = wanted.get(device, 0) + milli
+        return {device: milli for device, milli in wanted.items() if milli > 0}
+
+    def _sync_row(self, row: sa.RowMapping, held: set[str], pools: dict[str, int]) -> None:
         name = str(row["name"])
         self.heartbeats[name] = max(_aware(row["heartbeat_at"]), self.heartbeats.get(name, _EPOCH))
         if row["cordoned"]:
@@ -238,23 +292,33 @@ class ServiceState:
         migs = {m.uuid for m in entry.snapshot.mig_instances}
         wanted, cpus = self._wanted(name, held)
         gpus_now, migs_now, cpus_now = entry.held_gpus, entry.held_migs, entry.held_cpus
+        shares, shares_now = self._wanted_shares(name, pools), dict(entry.shares)
+        # Given back first, then taken: a GPU may go from held whole to shared, or back.
         self.cluster.release(name, gpus_now - wanted, migs_now - wanted, cpus_now - cpus)
+        for device in shares_now.keys() - shares.keys():
+            self.cluster.set_share(name, device, 0)
         want_gpus = {d for d in wanted - gpus_now - migs_now if entry.has_gpu(d)}
         want_migs = {d for d in wanted - gpus_now - migs_now if d in migs}
         self.cluster.allocate(name, want_gpus, want_migs, cpus - cpus_now)
+        for device, milli in shares.items():
+            if shares_now.get(device) != milli and entry.has_gpu(device):
+                self.cluster.set_share(name, device, milli)
 
-    def begin_inflight(self, devices: list[tuple[str, str]]) -> None:
+    def begin_inflight(
+        self, devices: Sequence[tuple[str, str]], shares: Sequence[tuple[str, str, int]] = ()
+    ) -> None:
         for node, device in devices:
             self.inflight[node][device] += 1
+        for node, device, milli in shares:
+            self.inflight_shares[node][device] += milli
 
-    def end_inflight(self, devices: list[tuple[str, str]]) -> None:
+    def end_inflight(
+        self, devices: Sequence[tuple[str, str]], shares: Sequence[tuple[str, str, int]] = ()
+    ) -> None:
         for node, device in devices:
-            counts = self.inflight[node]
-            counts[device] -= 1
-            if counts[device] <= 0:
-                del counts[device]
-            if not counts:
-                del self.inflight[node]
+            _take(self.inflight, node, device, 1)
+        for node, device, milli in shares:
+            _take(self.inflight_shares, node, device, milli)
 
     def is_stale(self, node: str) -> bool:
         seen = self.heartbeats.get(node)
@@ -294,9 +358,20 @@ class ServiceState:
             self._next_stale_at = next_stale
 
 
+def _take(counts: dict[str, Counter[str]], node: str, device: str, amount: int) -> None:
+    """Take ``amount`` off a node's count of a device; counts at 0 and empty nodes go."""
+    of_node = counts[node]
+    of_node[device] -= amount
+    if of_node[device] <= 0:
+        del of_node[device]
+    if not of_node:
+        del counts[node]
+
+
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _FOREVER = datetime(9999, 1, 1, tzinfo=UTC)
 CPU_PREFIX = "cpu:"
+SHARED = "shared"  # gpu_holds.kind of a GPU's share pool (service/schema.py)
 
 
 def cpu_device(cpu: int) -> str:

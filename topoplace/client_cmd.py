@@ -184,6 +184,12 @@ def _add_place_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--mig-profile", metavar="P", help="a MIG instance per task, e.g. 1g.10gb")
     p.add_argument(
+        "--gpu-fraction",
+        type=float,
+        metavar="F",
+        help="a share of one GPU for one task, 0 < F < 1 (0.25: a quarter)",
+    )
+    p.add_argument(
         "--model",
         dest="models",
         action="extend",
@@ -216,6 +222,7 @@ PLACE_FIELDS: tuple[tuple[str, str], ...] = (
     ("numa", "numa"),
     ("cpus", "cpus_per_task"),
     ("mig_profile", "mig_profile"),
+    ("gpu_fraction", "gpu_fraction"),
     ("models", "gpu_models"),
     ("job_id", "job_id"),
     ("owner", "owner"),
@@ -339,7 +346,10 @@ def _time(value: str | None) -> str:
 
 def _task_gpus(task: Mapping[str, Any]) -> str:
     gpus = _indices(task.get("gpu_indices", []))
-    # A MIG task holds a slice of the GPU, not all of it: say so wherever it is listed.
+    # A MIG task or a share holds a slice of the GPU, not all of it: say so wherever it is
+    # listed.
+    if task.get("gpu_fraction") is not None:
+        return f"{task['gpu_fraction']:g}@{gpus}"
     return f"mig@{gpus}" if task.get("mig_uuids") else gpus
 
 

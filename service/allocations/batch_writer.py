@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Dialect, Engine
 
 from service import schema
@@ -34,15 +35,14 @@ Params = list[tuple[Any, ...]] | list[dict[str, Any]]
 _IDLE = 0  # libpq's PQTRANS_IDLE: no transaction open on the connection
 
 
-class _Insert:
-    """``INSERT INTO table`` of every column but ``skip`` (a key the database numbers),
-    with the dialect's placeholders."""
+class _Statement:
+    """A statement over ``written`` columns, with the dialect's placeholders and each
+    column type's bind processor."""
 
-    def __init__(self, table: sa.Table, dialect: Dialect, skip: tuple[str, ...] = ()) -> None:
-        written = [column for column in table.columns if column.key not in skip]
-        compiled = (sa.insert(table).values({c.key: sa.bindparam(c.key) for c in written})).compile(
-            dialect=dialect
-        )
+    def __init__(
+        self, statement: sa.Insert, written: Sequence[sa.Column[Any]], dialect: Dialect
+    ) -> None:
+        compiled = statement.compile(dialect=dialect)
         self.sql = str(compiled)
         self.positional = bool(dialect.positional)
         self.columns: list[tuple[str, Callable[[Any], Any] | None]] = [
@@ -53,10 +53,41 @@ class _Insert:
             raise RuntimeError(f"unexpected parameter order in {self.sql!r}")
 
     def params(self, rows: Sequence[Mapping[str, Any]]) -> Params:
+        """Each row's values in the statement's order; a column a row lacks is NULL (a
+        whole-GPU reservation names no share anchor, a hold no pool count)."""
         columns = self.columns
         if self.positional:
-            return [tuple(row[n] if c is None else c(row[n]) for n, c in columns) for row in rows]
-        return [{n: row[n] if c is None else c(row[n]) for n, c in columns} for row in rows]
+            return [
+                tuple(row.get(n) if c is None else c(row.get(n)) for n, c in columns)
+                for row in rows
+            ]
+        return [{n: row.get(n) if c is None else c(row.get(n)) for n, c in columns} for row in rows]
+
+
+def _insert(table: sa.Table, dialect: Dialect, skip: tuple[str, ...] = ()) -> _Statement:
+    """``INSERT INTO table`` of every column but ``skip`` (a key the database numbers)."""
+    written = [column for column in table.columns if column.key not in skip]
+    statement = sa.insert(table).values({c.key: sa.bindparam(c.key) for c in written})
+    return _Statement(statement, written, dialect)
+
+
+def _pool_add(dialect: Dialect) -> _Statement:
+    """A share added to its GPU's pool: the pool made on a free GPU, or its thousandths
+    added to. On a whole-GPU hold the update makes a row of kind ``shared`` that names an
+    allocation, and past a whole GPU a pool over 1000: the hold shape check refuses both
+    (docs/service.md, "GPU shares in the database"). Each dialect spells the upsert."""
+    holds = schema.gpu_holds
+    written = [holds.c.node, holds.c.device, holds.c.kind, holds.c.live, holds.c.share_milli]
+    dialect_insert = postgresql.insert if dialect.name == "postgresql" else sqlite.insert
+    insert = dialect_insert(holds).values({c.key: sa.bindparam(c.key) for c in written})
+    statement = insert.on_conflict_do_update(
+        index_elements=[holds.c.node, holds.c.device],
+        set_={
+            "kind": insert.excluded.kind,
+            "share_milli": holds.c.share_milli + insert.excluded.share_milli,
+        },
+    )
+    return _Statement(statement, written, dialect)
 
 
 class BatchWriter:
@@ -66,9 +97,11 @@ class BatchWriter:
         self.engine = engine
         dialect = engine.dialect
         self.dialect = dialect
-        self.allocations = _Insert(schema.allocations, dialect)
-        self.holds = _Insert(schema.gpu_holds, dialect)
-        self.audit = _Insert(schema.audit_log, dialect, skip=("id",))
+        self.allocations = _insert(schema.allocations, dialect)
+        self.holds = _insert(schema.gpu_holds, dialect)
+        self.pools = _pool_add(dialect)
+        self.shares = _insert(schema.gpu_shares, dialect)
+        self.audit = _insert(schema.audit_log, dialect, skip=("id",))
         self.notify: str | None = None
         self._kept: Any = None  # write_now's own connection, kept between writes
         if dialect.name == "postgresql":
@@ -81,9 +114,11 @@ class BatchWriter:
         holds: Sequence[Mapping[str, Any]],
         nodes: Sequence[str],
         audits: Sequence[Mapping[str, Any]] = (),
+        shares: Sequence[Mapping[str, Any]] = (),
     ) -> None:
-        """Insert the rows, holds and audit rows and announce the nodes, in one transaction."""
-        steps = self._steps(rows, holds, nodes, audits)
+        """Insert the rows, holds, shares and audit rows and announce the nodes, in one
+        transaction. A share is (node, device, allocation_id, milli)."""
+        steps = self._steps(rows, holds, nodes, audits, shares)
         dbapi_error: type[Exception] = self.dialect.loaded_dbapi.Error
         try:
             connection = self.engine.raw_connection()
@@ -101,12 +136,13 @@ class BatchWriter:
         holds: Sequence[Mapping[str, Any]],
         nodes: Sequence[str],
         audits: Sequence[Mapping[str, Any]] = (),
+        shares: Sequence[Mapping[str, Any]] = (),
     ) -> None:
         """``write`` through a connection kept for it (no pool checkout and return, 0.04
         ms after idle). On SQLite it never waits for another writer: a database held by
         one raises SQLite's 'database is locked' at once, and nothing is written. For one
         caller at a time (the group committer's writes at once)."""
-        steps = self._steps(rows, holds, nodes, audits)
+        steps = self._steps(rows, holds, nodes, audits, shares)
         if self._kept is None:
             connection = self.engine.raw_connection()
             # Out of the pool for good: its no-wait setting must never reach another user.
@@ -135,10 +171,25 @@ class BatchWriter:
         holds: Sequence[Mapping[str, Any]],
         nodes: Sequence[str],
         audits: Sequence[Mapping[str, Any]],
+        shares: Sequence[Mapping[str, Any]],
     ) -> list[tuple[str, Params]]:
         steps: list[tuple[str, Params]] = [(self.allocations.sql, self.allocations.params(rows))]
         if holds:
             steps.append((self.holds.sql, self.holds.params(holds)))
+        if shares:
+            pools = [
+                {
+                    "node": s["node"],
+                    "device": s["device"],
+                    "kind": "shared",
+                    "live": True,
+                    "share_milli": s["milli"],
+                }
+                for s in shares
+            ]
+            steps.append((self.pools.sql, self.pools.params(pools)))
+            rows_of_shares = [{**s, "kind": "shared", "live": True} for s in shares]
+            steps.append((self.shares.sql, self.shares.params(rows_of_shares)))
         if audits:
             steps.append((self.audit.sql, self.audit.params(audits)))
         if self.notify is not None and (body := message(nodes)) is not None:

@@ -66,6 +66,7 @@ class _Reservation:
     audit: Mapping[str, object] | None  # the placement decision's audit row
     # Called once on the committer's thread when the outcome is known.
     finished: Callable[[], None]
+    shares: Sequence[tuple[str, str, int]] = ()  # (node, device, thousandths) of GPU shares
     error: BaseException | None = None
 
 
@@ -106,14 +107,16 @@ class GroupCommitter:
         audit: Mapping[str, object] | None = None,
         *,
         at_once: bool = False,
+        shares: Sequence[tuple[str, str, int]] = (),
     ) -> None:
-        """Insert the allocation, its holds and its audit row durably; raises what a lone
-        commit would. ``at_once``: written on the calling (worker) thread when the
-        database is free, on SQLite or Postgres (the Kubernetes bind)."""
-        if at_once and self._write_at_once(row, holds, nodes, audit, on_loop=False):
+        """Insert the allocation, its holds, its shares and its audit row durably; raises
+        what a lone commit would. ``at_once``: written on the calling (worker) thread when
+        the database is free, on SQLite or Postgres (the Kubernetes bind)."""
+        reservation = _Reservation(row, holds, nodes, audit, _nothing, shares)
+        if at_once and self._write_at_once(reservation, on_loop=False):
             return
         done = threading.Event()
-        reservation = _Reservation(row, holds, nodes, audit, done.set)
+        reservation.finished = done.set
         self._submit(reservation)
         done.wait()
         if reservation.error is not None:
@@ -127,11 +130,13 @@ class GroupCommitter:
         audit: Mapping[str, object] | None = None,
         *,
         at_once: bool = False,
+        shares: Sequence[tuple[str, str, int]] = (),
     ) -> None:
         """``commit`` for the event loop: awaits the batch instead of blocking a thread.
         ``at_once``: the caller has no batch to share (the Slurm filter); on SQLite, with
         the database free, the reservation is written here, now (see the module's text)."""
-        if at_once and self._write_at_once(row, holds, nodes, audit, on_loop=True):
+        reservation = _Reservation(row, holds, nodes, audit, _nothing, shares)
+        if at_once and self._write_at_once(reservation, on_loop=True):
             return
         loop = asyncio.get_running_loop()
         future: asyncio.Future[None] = loop.create_future()
@@ -139,7 +144,7 @@ class GroupCommitter:
         def finished() -> None:
             loop.call_soon_threadsafe(_settle, future, reservation)
 
-        reservation = _Reservation(row, holds, nodes, audit, finished)
+        reservation.finished = finished
         self._submit(reservation)
         await future
 
@@ -149,14 +154,7 @@ class GroupCommitter:
             self._busy += 1
         self._queue.put(reservation)
 
-    def _write_at_once(
-        self,
-        row: Mapping[str, object],
-        holds: Sequence[tuple[str, str, str]],
-        nodes: Sequence[str],
-        audit: Mapping[str, object] | None,
-        on_loop: bool,
-    ) -> bool:
+    def _write_at_once(self, reservation: _Reservation, on_loop: bool) -> bool:
         """Write one reservation on the calling thread: True when written (its error
         raised as ``commit`` raises it), False when it must go to the queue instead (on
         the event loop and not SQLite, a batch queued or in progress, the database held
@@ -166,7 +164,7 @@ class GroupCommitter:
             return False
         try:
             try:
-                self.writer.write_now(*self._rows(_Reservation(row, holds, nodes, audit, _nothing)))
+                self.writer.write_now(*self._rows(reservation))
             except DBAPIError as exc:
                 if _locked(exc) or exc.connection_invalidated:
                     return False  # wait in the queue: another writer, or a new connection
@@ -223,9 +221,14 @@ class GroupCommitter:
     def _rows(
         self, *batch: _Reservation
     ) -> tuple[
-        list[Mapping[str, object]], list[dict[str, object]], list[str], list[Mapping[str, object]]
+        list[Mapping[str, object]],
+        list[dict[str, object]],
+        list[str],
+        list[Mapping[str, object]],
+        list[dict[str, object]],
     ]:
-        """The batch's allocation rows, holds, nodes and audit rows, in the writing order."""
+        """The batch's allocation rows, holds, nodes, audit rows and shares, in the writing
+        order (holds and shares by device: two batches take their rows in one order)."""
         rows = sorted((r.row for r in batch), key=_row_order)
         holds = sorted(
             (
@@ -243,12 +246,20 @@ class GroupCommitter:
         )
         nodes = [n for r in batch for n in r.nodes]
         audits = [r.audit for r in batch if r.audit is not None]
-        return rows, holds, nodes, audits
+        shares = sorted(
+            (
+                {"node": node, "device": device, "allocation_id": r.row["id"], "milli": milli}
+                for r in batch
+                for node, device, milli in r.shares
+            ),
+            key=lambda h: (h["node"], h["device"], h["allocation_id"]),
+        )
+        return rows, holds, nodes, audits, shares
 
     def _insert(self, batch: Sequence[_Reservation]) -> None:
-        rows, holds, nodes, audits = self._rows(*batch)
+        rows, holds, nodes, audits, shares = self._rows(*batch)
         retry_transient(
-            lambda: self.writer.write(rows, holds, nodes, audits), retried=self._on_retry
+            lambda: self.writer.write(rows, holds, nodes, audits, shares), retried=self._on_retry
         )
 
     def _write(self, batch: list[_Reservation]) -> None:

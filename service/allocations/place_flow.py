@@ -40,6 +40,7 @@ from typing import Any, TypeVar
 from sqlalchemy.exc import IntegrityError, OperationalError, SQLAlchemyError
 
 from placement import Outcome, Placement
+from placement.cluster import share_milli
 from service.allocations import repository, views
 from service.allocations.results import Allocation, Placed
 from service.allocations.schemas import PlaceRequest
@@ -67,12 +68,13 @@ Blocking = Callable[[], Any]  # a step run as it is: blocking, or in a worker th
 
 @dataclass(frozen=True, slots=True)
 class Commit:
-    """A step: the reservation's row, holds and audit row, for the group committer."""
+    """A step: the reservation's row, holds, shares and audit row, for the group committer."""
 
     row: dict[str, Any]
     holds: list[tuple[str, str, str]]
     nodes: tuple[str, ...]
     audit: dict[str, Any]
+    shares: list[tuple[str, str, int]]
 
 
 Step = Blocking | Commit
@@ -82,14 +84,16 @@ Flow = Generator[Step, Any, Result]
 
 def _blocking_step(state: ServiceState, at_once: bool, step: Step) -> Any:
     if isinstance(step, Commit):
-        return state.committer.commit(step.row, step.holds, step.nodes, step.audit, at_once=at_once)
+        return state.committer.commit(
+            step.row, step.holds, step.nodes, step.audit, at_once=at_once, shares=step.shares
+        )
     return step()
 
 
 async def _awaited_step(state: ServiceState, at_once: bool, step: Step) -> Any:
     if isinstance(step, Commit):
         return await state.committer.commit_async(
-            step.row, step.holds, step.nodes, step.audit, at_once=at_once
+            step.row, step.holds, step.nodes, step.audit, at_once=at_once, shares=step.shares
         )
     return await off_loop(step)
 
@@ -116,10 +120,19 @@ def holds_of(placement: Placement) -> list[tuple[str, str, str]]:
     for task in placement.tasks:
         if task.mig_uuids:
             out += [(task.node, m, "mig") for m in task.mig_uuids]
-        else:
+        elif task.gpu_fraction is None:  # a share's GPU is held by its pool (shares_of)
             out += [(task.node, g, "gpu") for g in task.gpu_uuids]
         out += [(task.node, cpu_device(c), "cpu") for c in task.cpus]
     return out
+
+
+def shares_of(placement: Placement) -> list[tuple[str, str, int]]:
+    """(node, device, thousandths) rows for gpu_shares: a share task's one GPU."""
+    return [
+        (task.node, task.gpu_uuids[0], share_milli(task.gpu_fraction))
+        for task in placement.tasks
+        if task.gpu_fraction is not None
+    ]
 
 
 def refusal(outcome: Outcome) -> ServiceError:
@@ -182,9 +195,9 @@ def place_flow(
             placement = outcome.placement
             if placement is not None:
                 state.cluster.apply(placement)  # tentative: concurrent ones here skip these GPUs
-                holds = holds_of(placement)
+                holds, shares = holds_of(placement), shares_of(placement)
                 devices = [(node, device) for node, device, _ in holds]
-                state.begin_inflight(devices)
+                state.begin_inflight(devices, shares)
         if placement is None:
             refused = refusal(outcome)
             yield from _audit_refused(state, body, request_json, refused)
@@ -203,11 +216,10 @@ def place_flow(
             "created_at": now,
             "expires_at": None if active else now + timedelta(seconds=ttl),
             "ended_at": None,
-            # Live, and named by one of its own holds (schema.py): the database refuses
-            # a live allocation that holds nothing.
+            # Live, and named by one of its own holds, or its share (schema.py): the
+            # database refuses a live allocation that holds nothing.
             "live": True,
-            "anchor_node": holds[0][0],
-            "anchor_device": holds[0][1],
+            **anchors(holds, shares),
         }
         # The decision's audit row commits with the reservation, in its transaction.
         audit = records.placed(
@@ -220,9 +232,9 @@ def place_flow(
             str(row["placement"]),
         )
         try:
-            yield Commit(row, holds, placement.nodes, audit)
+            yield Commit(row, holds, placement.nodes, audit, shares)
         except IntegrityError:
-            _undo(state, placement, devices)
+            _undo(state, placement, devices, shares)
             if idempotency_key is not None:
                 replay = yield functools.partial(_replay, state, idempotency_key, request_json)
                 if replay is not None:
@@ -231,15 +243,15 @@ def place_flow(
             yield functools.partial(state.sync_nodes, list(placement.nodes))
             continue
         except OperationalError as exc:
-            _undo(state, placement, devices)
+            _undo(state, placement, devices, shares)
             raise Unavailable(f"the database did not answer: {exc.orig}") from None
         except Exception:
             # Whatever else failed (a value the database refused, a fault), this
             # request's tentative choice must not outlive it.
-            _undo(state, placement, devices)
+            _undo(state, placement, devices, shares)
             raise
         with state.lock:
-            state.end_inflight(devices)
+            state.end_inflight(devices, shares)
         return Placed(views.allocation(row, tasks, placement), True)
     raced = Unschedulable(
         f"other replicas took the chosen GPUs {PLACE_ATTEMPTS} times in a row; retry",
@@ -292,7 +304,29 @@ def _replay(state: ServiceState, key: str, request_json: str) -> Allocation | No
     return views.allocation(row)
 
 
-def _undo(state: ServiceState, placement: Placement, devices: list[tuple[str, str]]) -> None:
+def anchors(
+    holds: list[tuple[str, str, str]], shares: list[tuple[str, str, int]]
+) -> dict[str, str | None]:
+    """The allocation row's anchor columns: its share's row for a share, else its first
+    hold (a share's CPUs are held too, but the share is what it is)."""
+    if shares:
+        node, device, _ = shares[0]
+        return {
+            "anchor_node": None,
+            "anchor_device": None,
+            "share_node": node,
+            "share_device": device,
+        }
+    node, device, _ = holds[0]
+    return {"anchor_node": node, "anchor_device": device, "share_node": None, "share_device": None}
+
+
+def _undo(
+    state: ServiceState,
+    placement: Placement,
+    devices: list[tuple[str, str]],
+    shares: list[tuple[str, str, int]],
+) -> None:
     with state.lock:
-        state.end_inflight(devices)
+        state.end_inflight(devices, shares)
         state.cluster.unapply(placement)

@@ -23,11 +23,13 @@ from service import schema
 LIVE = schema.LIVE_STATES
 _T = schema.allocations
 _H = schema.gpu_holds
+_S = schema.gpu_shares
+SHARED = "shared"  # the kind of a share, and of the pool it sits on
 
 
 @dataclass(frozen=True, slots=True)
 class FreedHold:
-    """A hold deleted because its allocation ended."""
+    """A hold (or a share, kind ``shared``) deleted because its allocation ended."""
 
     allocation_id: str
     node: str
@@ -146,6 +148,8 @@ def end_rows(
             live=None,
             anchor_node=None,
             anchor_device=None,
+            share_node=None,
+            share_device=None,
             ended_at=now,
             expires_at=None,
         )
@@ -160,7 +164,47 @@ def end_rows(
         .where(_H.c.allocation_id.in_(ended))
         .returning(_H.c.allocation_id, _H.c.node, _H.c.device, _H.c.kind)
     ).all()
-    return rows, [FreedHold(str(a), str(n), str(d), str(k)) for a, n, d, k in deleted]
+    freed = [FreedHold(str(a), str(n), str(d), str(k)) for a, n, d, k in deleted]
+    return rows, freed + drop_shares(conn, ended)
+
+
+def drop_shares(conn: Connection, allocation_ids: Sequence[str]) -> list[FreedHold]:
+    """Delete these allocations' shares and give their thousandths back to the pools,
+    deleting a pool that reaches 0; the shares deleted.
+
+    Subtract first, delete after: of two replicas ending a GPU's last two shares at
+    once, the second waits on the first's row lock (Postgres) and then sees 0, so no
+    empty pool is left (deleting first, each could see the other's share still there).
+    Pools are updated in (node, device) order, so two such transactions lock them in
+    one order.
+    """
+    deleted = conn.execute(
+        sa.delete(_S)
+        .where(_S.c.allocation_id.in_(list(allocation_ids)))
+        .returning(_S.c.allocation_id, _S.c.node, _S.c.device, _S.c.milli)
+    ).all()
+    if not deleted:
+        return []
+    given: dict[tuple[str, str], int] = {}
+    for _, node, device, milli in deleted:
+        given[(str(node), str(device))] = given.get((str(node), str(device)), 0) + int(milli)
+    pool = sa.and_(
+        _H.c.node == sa.bindparam("pool_node"),
+        _H.c.device == sa.bindparam("pool_device"),
+        _H.c.kind == SHARED,
+    )
+    conn.execute(
+        sa.update(_H).where(pool).values(share_milli=_H.c.share_milli - sa.bindparam("given")),
+        [{"pool_node": n, "pool_device": d, "given": m} for (n, d), m in sorted(given.items())],
+    )
+    conn.execute(
+        sa.delete(_H).where(
+            _H.c.kind == SHARED,
+            _H.c.share_milli == 0,
+            sa.tuple_(_H.c.node, _H.c.device).in_(sorted(given)),
+        )
+    )
+    return [FreedHold(str(a), str(n), str(d), SHARED) for a, n, d, _ in deleted]
 
 
 def attach(
@@ -196,7 +240,14 @@ def relocate(
     statement = (
         sa.update(_T)
         .where(_T.c.id == allocation_id, GUARDS["relocate"](now))
-        .values(job_id=job_id, placement=placement, anchor_node=node, anchor_device=device)
+        .values(
+            job_id=job_id,
+            placement=placement,
+            anchor_node=node,
+            anchor_device=device,
+            share_node=None,  # what the job really runs on is whole GPUs
+            share_device=None,
+        )
         .returning(*_T.c)
     )
     row = conn.execute(statement).mappings().first()
@@ -207,8 +258,9 @@ def relocate(
         .where(_H.c.allocation_id == allocation_id)
         .returning(_H.c.allocation_id, _H.c.node, _H.c.device, _H.c.kind)
     ).all()
+    given_up = drop_shares(conn, [allocation_id])
     insert_holds(conn, allocation_id, holds)
-    return row, [FreedHold(str(a), str(n), str(d), str(k)) for a, n, d, k in deleted]
+    return row, [FreedHold(str(a), str(n), str(d), str(k)) for a, n, d, k in deleted] + given_up
 
 
 def insert(conn: Connection, row: dict[str, object], holds: Sequence[tuple[str, str, str]]) -> None:
@@ -231,8 +283,9 @@ def holders(conn: Connection, devices: Sequence[tuple[str, str]]) -> dict[str, l
     """Allocation id -> the devices of ``devices`` (node, device) it holds."""
     if not devices:
         return {}
-    query = sa.select(_H.c.allocation_id, _H.c.node, _H.c.device).where(
-        sa.tuple_(_H.c.node, _H.c.device).in_(list(devices))
+    held = schema.holdings()  # a shared GPU's holders are its shares' allocations
+    query = sa.select(held.c.allocation_id, held.c.node, held.c.device).where(
+        sa.tuple_(held.c.node, held.c.device).in_(list(devices))
     )
     found: dict[str, list[str]] = {}
     for allocation_id, node, device in conn.execute(query).all():
@@ -254,7 +307,8 @@ def live_for_job(
 
 
 def holds_with_kind(conn: Connection, allocation_id: str) -> list[tuple[str, str, str]]:
-    """(node, device, kind) of every hold of one allocation."""
+    """(node, device, kind) of every hold of one allocation (a share is not a hold: a
+    relocation gives it up, ``drop_shares``)."""
     query = sa.select(_H.c.node, _H.c.device, _H.c.kind).where(_H.c.allocation_id == allocation_id)
     return [(str(n), str(d), str(k)) for n, d, k in conn.execute(query).all()]
 
@@ -262,7 +316,10 @@ def holds_with_kind(conn: Connection, allocation_id: str) -> list[tuple[str, str
 def holds_of(conn: Connection, allocation_ids: Sequence[str]) -> set[tuple[str, str]]:
     if not allocation_ids:
         return set()
-    query = sa.select(_H.c.node, _H.c.device).where(_H.c.allocation_id.in_(list(allocation_ids)))
+    held = schema.holdings()
+    query = sa.select(held.c.node, held.c.device).where(
+        held.c.allocation_id.in_(list(allocation_ids))
+    )
     return {(str(n), str(d)) for n, d in conn.execute(query).all()}
 
 

@@ -58,9 +58,11 @@ class TaskPlan:
 
 @dataclass(frozen=True, slots=True)
 class Task(TaskPlan):
-    """A reserved task: its plan and the environment to launch it with."""
+    """A reserved task: its plan and the environment to launch it with; for a share of
+    its one GPU, the share (``gpu_fraction``; None: the GPUs are whole)."""
 
     env: Mapping[str, str]
+    gpu_fraction: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -86,6 +86,11 @@ class TaskView(ScoreTaskView):
     """A reserved task: what it holds and the environment to launch it with."""
 
     env: dict[str, str] = Field(description="environment for the task, e.g. CUDA_VISIBLE_DEVICES")
+    gpu_fraction: float | None = Field(
+        default=None,
+        description="the share of its one GPU the task holds (a gpu_fraction request); null:"
+        " its GPUs are whole. Nothing on the node enforces a share (docs/service.md)",
+    )
 
 
 class AllocationView(BaseModel):

@@ -76,7 +76,7 @@ def reserved_task(task: TaskPlacement) -> Task:
     env = {"CUDA_VISIBLE_DEVICES": visible, "NVIDIA_VISIBLE_DEVICES": visible}
     if task.cpuset:
         env["TOPOPLACE_CPUSET"] = task.cpuset
-    return Task(*_plan_fields(task), env)
+    return Task(*_plan_fields(task), env, task.gpu_fraction)
 
 
 def _task_record(task: Task) -> dict[str, Any]:
@@ -102,6 +102,7 @@ def _task_record(task: Task) -> dict[str, Any]:
         },
         "reason": task.reason,
         "env": task.env,
+        "gpu_fraction": task.gpu_fraction,
     }
 
 
@@ -154,6 +155,7 @@ def _task(record: Mapping[str, Any]) -> Task:
         ),
         record["reason"],
         record.get("env", {}),
+        record.get("gpu_fraction"),
     )
 
 

@@ -140,6 +140,7 @@ def task(value: TaskPlan) -> pb.Task:
         reason=value.reason,
         # /score tasks reserve nothing and carry no environment
         env=value.env if isinstance(value, Task) else {},
+        gpu_fraction=value.gpu_fraction if isinstance(value, Task) else None,
     )
 
 
@@ -192,6 +193,7 @@ def node(view: NodeView) -> pb.Node:
                 mig_enabled=g.mig_enabled,
                 free=g.free,
                 island=g.island,
+                share_milli=g.share_milli,
             )
             for g in view.gpus
         ],

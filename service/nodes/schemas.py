@@ -64,6 +64,11 @@ class NodeGpuView(BaseModel):
     mig_enabled: bool
     free: bool
     island: str = Field(description="the NVLink island (nvl0...) or PCIe group (pcie0...)")
+    share_milli: int = Field(
+        default=0,
+        description="thousandths of this GPU held by GPU shares (gpu_fraction); 0: none. A GPU"
+        " holding shares is not free and takes no whole-GPU request",
+    )
 
 
 class NodeView(BaseModel):

@@ -86,9 +86,10 @@ def remove_node(state: ServiceState, name: str) -> None:
 
 
 def _allocations_by_node(state: ServiceState, names: list[str] | None) -> dict[str, list[str]]:
-    query = sa.select(schema.gpu_holds.c.node, schema.gpu_holds.c.allocation_id).distinct()
+    held = schema.holdings()
+    query = sa.select(held.c.node, held.c.allocation_id).distinct()
     if names is not None:
-        query = query.where(schema.gpu_holds.c.node.in_(names))
+        query = query.where(held.c.node.in_(names))
     with state.engine.connect() as conn:
         rows = conn.execute(query).all()
     out: dict[str, list[str]] = defaultdict(list)
@@ -136,6 +137,7 @@ def _view(state: ServiceState, name: str, row: sa.RowMapping, allocations: list[
                 mig_enabled=g.mig_enabled,
                 free=bool(free >> g.index & 1),
                 island=entry.island_of[g.index],
+                share_milli=entry.shares.get(g.uuid, 0),
             )
             for g in snap.gpus
         ],

@@ -221,9 +221,10 @@ def _mark_degraded(conn: sa.Connection, snap: NodeSnapshot) -> None:
         and m.parent_gpu < len(snap.gpus)
         and snap.gpus[m.parent_gpu].health is Health.HEALTHY
     }
+    held = schema.holdings()
     holds = conn.execute(
-        sa.select(schema.gpu_holds.c.device, schema.gpu_holds.c.allocation_id).where(
-            schema.gpu_holds.c.node == snap.name, schema.gpu_holds.c.kind != "cpu"
+        sa.select(held.c.device, held.c.allocation_id).where(
+            held.c.node == snap.name, held.c.kind != "cpu"
         )
     ).all()
     broken = {allocation for device, allocation in holds if device not in healthy}

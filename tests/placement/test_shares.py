@@ -100,7 +100,7 @@ def test_request_rules() -> None:
 def test_a_state_without_shares_refuses_them() -> None:
     state = ClusterState(shares=False)
     state.upsert(build_profile("dgx1-v100", "a"))
-    with pytest.raises(SharesUnsupported, match="does not reserve them yet"):
+    with pytest.raises(SharesUnsupported, match="without GPU shares"):
         state.place(share(0.5))
     with pytest.raises(SharesUnsupported):
         cluster("a").evaluate(share(0.5))
@@ -112,3 +112,25 @@ def test_shares_respect_model_constraints() -> None:
     state.upsert(build_profile("hgx-h100", "h"))
     assert place(state, PlacementRequest(gpu_fraction=0.5, gpu_models=("H100",)))[0] == "h"
     assert place(state, PlacementRequest(gpu_fraction=0.5, gpu_models=("V100",)))[0] == "v"
+
+
+def test_set_share_puts_a_gpu_at_exactly_that_count() -> None:
+    """What a store of record says a GPU's shares are (the service's sync): up, down, 0."""
+    state = cluster("a")
+    gpus = [g.uuid for g in state.node("a").snapshot.gpus]
+    state.set_share("a", gpus[0], 1000)  # four quarters: a full pool, no free thousandth
+    assert state.node("a").shares == {gpus[0]: 1000}
+    assert state.node("a").free_mask.bit_count() == 7
+    assert place(state, share(0.25)) != ("a", (0,))
+    state.set_share("a", gpus[0], 250)
+    assert state.node("a").shares[gpus[0]] == 250
+    state.set_share("a", gpus[0], 0)
+    assert gpus[0] not in state.node("a").shares
+    assert state.node("a").free_mask.bit_count() == 7  # the share placed above stays
+    state.allocate("a", [gpus[2]])
+    with pytest.raises(AllocationError, match="held whole"):
+        state.set_share("a", gpus[2], 100)
+    with pytest.raises(AllocationError, match="0 to 1000"):
+        state.set_share("a", gpus[0], 1001)
+    with pytest.raises(AllocationError, match="no GPU"):
+        state.set_share("a", "GPU-nowhere", 100)

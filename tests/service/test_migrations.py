@@ -31,6 +31,7 @@ def test_0003_mends_rows_the_lifecycle_races_left(database_url: str) -> None:
     engine = sa.create_engine(database_url)
     with engine.begin() as conn:  # a fresh database at 0002
         tables = (
+            "gpu_shares",
             "gpu_holds",
             "allocations",
             "node_snapshots",
@@ -127,6 +128,7 @@ def test_0006_keeps_the_tokens_and_takes_the_region_role(database_url: str) -> N
             "audit_log",
             "federation_forwards",
             "regions",
+            "gpu_shares",
             "gpu_holds",
             "allocations",
             "node_snapshots",
@@ -172,5 +174,74 @@ def test_0005_adds_and_removes_the_audit_log(database_url: str) -> None:
         assert sa.inspect(engine).has_table("api_tokens")
         migrate.upgrade(database_url)
         assert sa.inspect(engine).has_table("audit_log")
+    finally:
+        engine.dispose()
+
+
+def test_0007_adds_shares_and_a_downgrade_ends_the_share_allocations(database_url: str) -> None:
+    """Up: the share tables and checks; down: share allocations end as released, their
+    pools and shares go, whole-GPU allocations stay; up again works."""
+    from datetime import UTC, datetime
+
+    migrate.upgrade(database_url)
+    engine = sa.create_engine(database_url)
+    now = datetime(2026, 12, 3, tzinfo=UTC)
+    base = {"request": "{}", "placement": "{}", "created_at": now, "live": True}
+    none = {"anchor_node": None, "anchor_device": None, "share_node": None, "share_device": None}
+    with engine.begin() as conn:
+        conn.execute(
+            schema.allocations.insert(),
+            [
+                {
+                    **base,
+                    **none,
+                    "id": "whole",
+                    "state": "active",
+                    "anchor_node": "n0",
+                    "anchor_device": "GPU-a",
+                },
+                {
+                    **base,
+                    **none,
+                    "id": "share",
+                    "state": "active",
+                    "share_node": "n0",
+                    "share_device": "GPU-b",
+                },
+            ],
+        )
+        conn.execute(
+            schema.gpu_holds.insert(),
+            [
+                {
+                    "node": "n0",
+                    "device": "GPU-a",
+                    "kind": "gpu",
+                    "allocation_id": "whole",
+                    "share_milli": None,
+                },
+                {
+                    "node": "n0",
+                    "device": "GPU-b",
+                    "kind": "shared",
+                    "allocation_id": None,
+                    "share_milli": 250,
+                },
+            ],
+        )
+        conn.execute(
+            schema.gpu_shares.insert(),
+            {"node": "n0", "device": "GPU-b", "allocation_id": "share", "milli": 250},
+        )
+    try:
+        command.downgrade(migrate.alembic_config(database_url), "0006")
+        assert not sa.inspect(engine).has_table("gpu_shares")
+        with engine.connect() as conn:
+            states = dict(conn.execute(sa.text("SELECT id, state FROM allocations")).all())
+            holds = conn.execute(sa.text("SELECT device, allocation_id FROM gpu_holds")).all()
+        assert states == {"whole": "active", "share": "released"}
+        assert [tuple(h) for h in holds] == [("GPU-a", "whole")]
+        migrate.upgrade(database_url)
+        assert sa.inspect(engine).has_table("gpu_shares")
     finally:
         engine.dispose()

@@ -36,7 +36,7 @@ EXAMPLES = int(os.environ.get("TOPOPLACE_SCHEMATHESIS_EXAMPLES", "6"))
 # TTL over the deployment's TOPOPLACE_MAX_RESERVATION_TTL_S (400), a request no node of
 # this cluster could ever hold (422 unresolvable, the documented answer), a snapshot
 # whose parts disagree (link matrix size and symmetry, unique UUIDs: 422) or whose name
-# is not the URL's (400), a GPU share the service does not reserve yet (422
+# is not the URL's (400), a GPU share asked of /v1/score, which ranks whole GPUs (422
 # unsupported), a Slurm job report whose `scontrol show job` text names no job (400);
 # a token whose scope does not fit its role, a region's URL that is no http(s) URL or a
 # key that is no Ed25519 key, a summary naming another region, a federated request

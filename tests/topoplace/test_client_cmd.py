@@ -319,3 +319,13 @@ def test_other_commands_do_not_import_httpx() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=root
     )
     assert result.stdout.strip() == "False"
+
+
+def test_place_a_gpu_share_and_see_it_listed(cli: Cli) -> None:
+    share = _place(cli, "--gpu-fraction", "0.25", "--job-id", "share-job")
+    task = share["tasks"][0]
+    assert task["gpu_fraction"] == 0.25 and len(task["gpu_indices"]) == 1
+    code, out, _ = cli("allocations", "--job", "share-job")
+    assert code == 0 and f"0.25@{task['gpu_indices'][0]}" in out
+    code, _, err = cli("place", "--gpu-fraction", "0.5", "--gpus", "2")
+    assert code == 2 and err.startswith("error: invalid_request: ")

@@ -196,6 +196,7 @@ class NodeGpu(_message.Message):
     MIG_ENABLED_FIELD_NUMBER: _builtins.int
     FREE_FIELD_NUMBER: _builtins.int
     ISLAND_FIELD_NUMBER: _builtins.int
+    SHARE_MILLI_FIELD_NUMBER: _builtins.int
     index: _builtins.int
     uuid: _builtins.str
     model: _builtins.str
@@ -205,6 +206,8 @@ class NodeGpu(_message.Message):
     mig_enabled: _builtins.bool
     free: _builtins.bool
     island: _builtins.str
+    share_milli: _builtins.int
+    """thousandths of this GPU held by GPU shares; 0: none"""
     def __init__(
         self,
         *,
@@ -217,10 +220,11 @@ class NodeGpu(_message.Message):
         mig_enabled: _builtins.bool = ...,
         free: _builtins.bool = ...,
         island: _builtins.str = ...,
+        share_milli: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_numa_node", b"_numa_node", "numa_node", b"numa_node"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_numa_node", b"_numa_node", "free", b"free", "health", b"health", "index", b"index", "island", b"island", "memory_mib", b"memory_mib", "mig_enabled", b"mig_enabled", "model", b"model", "numa_node", b"numa_node", "uuid", b"uuid"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_numa_node", b"_numa_node", "free", b"free", "health", b"health", "index", b"index", "island", b"island", "memory_mib", b"memory_mib", "mig_enabled", b"mig_enabled", "model", b"model", "numa_node", b"numa_node", "share_milli", b"share_milli", "uuid", b"uuid"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__numa_node: _TypeAlias = _typing.Literal["numa_node"]  # noqa: Y015
     _WhichOneofArgType__numa_node: _TypeAlias = _typing.Literal["_numa_node", b"_numa_node"]  # noqa: Y015
@@ -424,6 +428,7 @@ class PlaceRequest(_message.Message):
     JOB_ID_FIELD_NUMBER: _builtins.int
     OWNER_FIELD_NUMBER: _builtins.int
     TTL_S_FIELD_NUMBER: _builtins.int
+    GPU_FRACTION_FIELD_NUMBER: _builtins.int
     gpus: _builtins.int
     tasks: _builtins.int
     mig_profile: _builtins.str
@@ -441,6 +446,8 @@ class PlaceRequest(_message.Message):
     job_id: _builtins.str
     owner: _builtins.str
     ttl_s: _builtins.float
+    gpu_fraction: _builtins.float
+    """a share of one GPU for one task (0 < f < 1; gpus and tasks 1), docs/service.md"""
     @_builtins.property
     def gpu_models(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -472,13 +479,16 @@ class PlaceRequest(_message.Message):
         job_id: _builtins.str | None = ...,
         owner: _builtins.str | None = ...,
         ttl_s: _builtins.float | None = ...,
+        gpu_fraction: _builtins.float | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_cpus_per_task", b"_cpus_per_task", "_gpus", b"_gpus", "_job_id", b"_job_id", "_locality", b"_locality", "_max_ring_loss", b"_max_ring_loss", "_mig_profile", b"_mig_profile", "_min_gpu_memory_mib", b"_min_gpu_memory_mib", "_numa", b"_numa", "_objective", b"_objective", "_owner", b"_owner", "_policy", b"_policy", "_tasks", b"_tasks", "_ttl_s", b"_ttl_s", "cpus_per_task", b"cpus_per_task", "gpus", b"gpus", "job_id", b"job_id", "locality", b"locality", "max_ring_loss", b"max_ring_loss", "mig_profile", b"mig_profile", "min_gpu_memory_mib", b"min_gpu_memory_mib", "nodes", b"nodes", "numa", b"numa", "objective", b"objective", "owner", b"owner", "policy", b"policy", "tasks", b"tasks", "ttl_s", b"ttl_s"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_cpus_per_task", b"_cpus_per_task", "_gpu_fraction", b"_gpu_fraction", "_gpus", b"_gpus", "_job_id", b"_job_id", "_locality", b"_locality", "_max_ring_loss", b"_max_ring_loss", "_mig_profile", b"_mig_profile", "_min_gpu_memory_mib", b"_min_gpu_memory_mib", "_numa", b"_numa", "_objective", b"_objective", "_owner", b"_owner", "_policy", b"_policy", "_tasks", b"_tasks", "_ttl_s", b"_ttl_s", "cpus_per_task", b"cpus_per_task", "gpu_fraction", b"gpu_fraction", "gpus", b"gpus", "job_id", b"job_id", "locality", b"locality", "max_ring_loss", b"max_ring_loss", "mig_profile", b"mig_profile", "min_gpu_memory_mib", b"min_gpu_memory_mib", "nodes", b"nodes", "numa", b"numa", "objective", b"objective", "owner", b"owner", "policy", b"policy", "tasks", b"tasks", "ttl_s", b"ttl_s"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_cpus_per_task", b"_cpus_per_task", "_gpus", b"_gpus", "_job_id", b"_job_id", "_locality", b"_locality", "_max_ring_loss", b"_max_ring_loss", "_mig_profile", b"_mig_profile", "_min_gpu_memory_mib", b"_min_gpu_memory_mib", "_numa", b"_numa", "_objective", b"_objective", "_owner", b"_owner", "_policy", b"_policy", "_tasks", b"_tasks", "_ttl_s", b"_ttl_s", "cpus_per_task", b"cpus_per_task", "exclude_nodes", b"exclude_nodes", "gpu_models", b"gpu_models", "gpus", b"gpus", "job_id", b"job_id", "locality", b"locality", "max_ring_loss", b"max_ring_loss", "mig_profile", b"mig_profile", "min_gpu_memory_mib", b"min_gpu_memory_mib", "node_labels", b"node_labels", "nodes", b"nodes", "numa", b"numa", "objective", b"objective", "owner", b"owner", "policy", b"policy", "regions", b"regions", "tasks", b"tasks", "ttl_s", b"ttl_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_cpus_per_task", b"_cpus_per_task", "_gpu_fraction", b"_gpu_fraction", "_gpus", b"_gpus", "_job_id", b"_job_id", "_locality", b"_locality", "_max_ring_loss", b"_max_ring_loss", "_mig_profile", b"_mig_profile", "_min_gpu_memory_mib", b"_min_gpu_memory_mib", "_numa", b"_numa", "_objective", b"_objective", "_owner", b"_owner", "_policy", b"_policy", "_tasks", b"_tasks", "_ttl_s", b"_ttl_s", "cpus_per_task", b"cpus_per_task", "exclude_nodes", b"exclude_nodes", "gpu_fraction", b"gpu_fraction", "gpu_models", b"gpu_models", "gpus", b"gpus", "job_id", b"job_id", "locality", b"locality", "max_ring_loss", b"max_ring_loss", "mig_profile", b"mig_profile", "min_gpu_memory_mib", b"min_gpu_memory_mib", "node_labels", b"node_labels", "nodes", b"nodes", "numa", b"numa", "objective", b"objective", "owner", b"owner", "policy", b"policy", "regions", b"regions", "tasks", b"tasks", "ttl_s", b"ttl_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__cpus_per_task: _TypeAlias = _typing.Literal["cpus_per_task"]  # noqa: Y015
     _WhichOneofArgType__cpus_per_task: _TypeAlias = _typing.Literal["_cpus_per_task", b"_cpus_per_task"]  # noqa: Y015
+    _WhichOneofReturnType__gpu_fraction: _TypeAlias = _typing.Literal["gpu_fraction"]  # noqa: Y015
+    _WhichOneofArgType__gpu_fraction: _TypeAlias = _typing.Literal["_gpu_fraction", b"_gpu_fraction"]  # noqa: Y015
     _WhichOneofReturnType__gpus: _TypeAlias = _typing.Literal["gpus"]  # noqa: Y015
     _WhichOneofArgType__gpus: _TypeAlias = _typing.Literal["_gpus", b"_gpus"]  # noqa: Y015
     _WhichOneofReturnType__job_id: _TypeAlias = _typing.Literal["job_id"]  # noqa: Y015
@@ -505,6 +515,8 @@ class PlaceRequest(_message.Message):
     _WhichOneofArgType__ttl_s: _TypeAlias = _typing.Literal["_ttl_s", b"_ttl_s"]  # noqa: Y015
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__cpus_per_task) -> _WhichOneofReturnType__cpus_per_task | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__gpu_fraction) -> _WhichOneofReturnType__gpu_fraction | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__gpus) -> _WhichOneofReturnType__gpus | None: ...
     @_typing.overload
@@ -757,11 +769,14 @@ class Task(_message.Message):
     SCORE_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
     ENV_FIELD_NUMBER: _builtins.int
+    GPU_FRACTION_FIELD_NUMBER: _builtins.int
     task: _builtins.int
     node: _builtins.str
     cpuset: _builtins.str
     nvlink_connected: _builtins.bool
     reason: _builtins.str
+    gpu_fraction: _builtins.float
+    """set when the task holds a share of its one GPU (gpu_fraction), not the GPU"""
     @_builtins.property
     def gpu_indices(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     @_builtins.property
@@ -796,12 +811,15 @@ class Task(_message.Message):
         score: Global___TaskScore | None = ...,
         reason: _builtins.str = ...,
         env: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        gpu_fraction: _builtins.float | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["score", b"score"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_gpu_fraction", b"_gpu_fraction", "gpu_fraction", b"gpu_fraction", "score", b"score"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cpus", b"cpus", "cpuset", b"cpuset", "env", b"env", "gpu_indices", b"gpu_indices", "gpu_uuids", b"gpu_uuids", "islands", b"islands", "mig_uuids", b"mig_uuids", "node", b"node", "numa_nodes", b"numa_nodes", "nvlink_connected", b"nvlink_connected", "reason", b"reason", "score", b"score", "task", b"task"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_gpu_fraction", b"_gpu_fraction", "cpus", b"cpus", "cpuset", b"cpuset", "env", b"env", "gpu_fraction", b"gpu_fraction", "gpu_indices", b"gpu_indices", "gpu_uuids", b"gpu_uuids", "islands", b"islands", "mig_uuids", b"mig_uuids", "node", b"node", "numa_nodes", b"numa_nodes", "nvlink_connected", b"nvlink_connected", "reason", b"reason", "score", b"score", "task", b"task"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__gpu_fraction: _TypeAlias = _typing.Literal["gpu_fraction"]  # noqa: Y015
+    _WhichOneofArgType__gpu_fraction: _TypeAlias = _typing.Literal["_gpu_fraction", b"_gpu_fraction"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__gpu_fraction) -> _WhichOneofReturnType__gpu_fraction | None: ...
 
 Global___Task: _TypeAlias = Task  # noqa: Y015
 

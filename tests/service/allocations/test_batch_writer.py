@@ -44,6 +44,8 @@ def _row(anchor: str = "GPU-a", **changes: Any) -> dict[str, Any]:
         "live": True,
         "anchor_node": "n0",
         "anchor_device": anchor,
+        "share_node": None,
+        "share_device": None,
     }
     return row | changes
 
@@ -55,6 +57,7 @@ def _hold(allocation: dict[str, Any], device: str, kind: str = "gpu") -> dict[st
         "kind": kind,
         "allocation_id": allocation["id"],
         "live": True,
+        "share_milli": None,
     }
 
 
