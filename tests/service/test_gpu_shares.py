@@ -329,3 +329,32 @@ def test_racing_replicas_keep_every_pool_the_sum_of_its_shares_and_at_most_a_gpu
     for state in (a, b):
         state.sync_nodes(None)
         assert state.cluster.node("dgx0").shares == {}
+
+
+# As a hostile client sends them, JSON text: NaN and Infinity are what Python's json writes.
+@pytest.mark.parametrize(
+    "fraction", ["0", "1", "1.5", "-0.25", "NaN", "Infinity", '"quarter"', "true", "[0.5]"]
+)
+def test_a_bad_share_is_refused_by_name_and_holds_nothing(
+    client: TestClient, fraction: str
+) -> None:
+    add_nodes(client, ("dgx1-v100", "dgx0"))
+    response = client.post(
+        "/v1/place",
+        content=f'{{"gpu_fraction": {fraction}}}',
+        headers={"Content-Type": "application/json"},
+    )
+    assert response.status_code == 422, response.text
+    error = response.json()["error"]
+    assert error["code"] == "invalid_request"
+    assert "gpu_fraction" in str(error["detail"])
+    assert _pools(_engine(client)) == {} and _shares(_engine(client)) == {}
+    assert client.get("/v1/cluster").json()["gpus"]["free"] == 8
+
+
+def test_a_null_share_asks_for_one_whole_gpu(client: TestClient) -> None:
+    add_nodes(client, ("dgx1-v100", "dgx0"))
+    response = client.post("/v1/place", json={"gpu_fraction": None})
+    assert response.status_code == 201, response.text
+    assert response.json()["tasks"][0]["gpu_fraction"] is None
+    assert _pools(_engine(client)) == {}
