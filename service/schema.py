@@ -72,6 +72,7 @@ node_snapshots = sa.Table(
 )
 
 LIVE_STATES = ("pending", "active", "degraded")
+SHARED = "shared"  # gpu_holds.kind of a GPU's share pool, and gpu_shares.kind
 ENDED_STATES = ("released", "expired")
 
 

@@ -14,6 +14,7 @@ import threading
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
@@ -133,7 +134,7 @@ class ServiceState:
         node_query = sa.select(
             nodes.c.name, nodes.c.seq, nodes.c.cordoned, nodes.c.heartbeat_at
         ).order_by(nodes.c.name)
-        hold_query = sa.select(schema.gpu_holds)
+        hold_query = _HOLD_COLUMNS
         if names is not None:
             node_query = node_query.where(nodes.c.name.in_(names))
             hold_query = hold_query.where(schema.gpu_holds.c.node.in_(names))
@@ -155,14 +156,7 @@ class ServiceState:
                 if moved
                 else {}
             )
-            holds = conn.execute(hold_query).mappings().all()
-            held: dict[str, set[str]] = defaultdict(set)
-            pools: dict[str, dict[str, int]] = defaultdict(dict)
-            for hold in holds:
-                if hold["kind"] == SHARED:
-                    pools[str(hold["node"])][str(hold["device"])] = int(hold["share_milli"])
-                else:
-                    held[str(hold["node"])].add(str(hold["device"]))
+            held, pools = _by_node(conn.execute(hold_query).all())
             present = {str(row["name"]) for row in rows}
             for name in [n for n in (names or self.cluster.names()) if n not in present]:
                 if name in self.cluster:
@@ -213,7 +207,7 @@ class ServiceState:
         different (and is synced) or is caught by its notification or the
         next resync.
         """
-        nodes, holds = schema.nodes, schema.gpu_holds
+        nodes = schema.nodes
         with self.engine.connect() as conn:
             rows = (
                 conn.execute(
@@ -222,14 +216,7 @@ class ServiceState:
                 .mappings()
                 .all()
             )
-            held: dict[str, set[str]] = defaultdict(set)
-            pools: dict[str, dict[str, int]] = defaultdict(dict)
-            listed = sa.select(holds.c.node, holds.c.device, holds.c.kind, holds.c.share_milli)
-            for node, device, kind, milli in conn.execute(listed):
-                if kind == SHARED:
-                    pools[str(node)][str(device)] = int(milli)
-                else:
-                    held[str(node)].add(str(device))
+            held, pools = _by_node(conn.execute(_HOLD_COLUMNS).all())
         with self.lock:
             gone = set(self.cluster.names()) - {str(row["name"]) for row in rows}
         differ = sorted(gone)
@@ -371,7 +358,28 @@ def _take(counts: dict[str, Counter[str]], node: str, device: str, amount: int) 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _FOREVER = datetime(9999, 1, 1, tzinfo=UTC)
 CPU_PREFIX = "cpu:"
-SHARED = "shared"  # gpu_holds.kind of a GPU's share pool (service/schema.py)
+SHARED = schema.SHARED
+_HOLD_COLUMNS = sa.select(
+    schema.gpu_holds.c.node,
+    schema.gpu_holds.c.device,
+    schema.gpu_holds.c.kind,
+    schema.gpu_holds.c.share_milli,
+)
+
+
+def _by_node(
+    rows: Iterable[Sequence[Any]],
+) -> tuple[dict[str, set[str]], dict[str, dict[str, int]]]:
+    """gpu_holds rows (node, device, kind, share_milli) as (node -> the devices held,
+    node -> a shared GPU's thousandths held)."""
+    held: dict[str, set[str]] = defaultdict(set)
+    pools: dict[str, dict[str, int]] = defaultdict(dict)
+    for node, device, kind, milli in rows:
+        if kind == SHARED:
+            pools[str(node)][str(device)] = int(milli or 0)
+        else:
+            held[str(node)].add(str(device))
+    return held, pools
 
 
 def cpu_device(cpu: int) -> str:

@@ -24,7 +24,7 @@ LIVE = schema.LIVE_STATES
 _T = schema.allocations
 _H = schema.gpu_holds
 _S = schema.gpu_shares
-SHARED = "shared"  # the kind of a share, and of the pool it sits on
+SHARED = schema.SHARED
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,11 +172,11 @@ def drop_shares(conn: Connection, allocation_ids: Sequence[str]) -> list[FreedHo
     """Delete these allocations' shares and give their thousandths back to the pools,
     deleting a pool that reaches 0; the shares deleted.
 
-    Subtract first, delete after: of two replicas ending a GPU's last two shares at
-    once, the second waits on the first's row lock (Postgres) and then sees 0, so no
-    empty pool is left (deleting first, each could see the other's share still there).
-    Pools are updated in (node, device) order, so two such transactions lock them in
-    one order.
+    A pool is subtracted from first and deleted after, at 0: of two replicas ending a
+    GPU's last two shares at once, the second waits on the first's row lock (Postgres)
+    and then sees 0, so no empty pool is left (deleting a pool whose shares looked
+    gone first, each could see the other's share still there). Pools are updated in
+    (node, device) order, so two such transactions lock them in one order.
     """
     deleted = conn.execute(
         sa.delete(_S)
