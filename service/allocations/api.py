@@ -50,6 +50,7 @@ __all__ = [
     "Flow",
     "Step",
     "attach",
+    "await_step",
     "confirm",
     "extend",
     "get",
@@ -62,6 +63,7 @@ __all__ = [
     "release_job",
     "run",
     "run_async",
+    "run_step",
     "score",
     "score_json",
     "score_page",
@@ -154,6 +156,17 @@ async def place_async(
 ) -> Placed:
     """``place`` on the event loop: the database steps are awaited, not blocked on."""
     return await run_async(state, placing(state, body, idempotency_key, active))
+
+
+def run_step(state: ServiceState, step: Step, at_once: bool = False) -> object:
+    """One step of ``placing``, blocking on it: for a caller whose own flow yields these
+    steps among others of its own (the Kubernetes bind) and so drives it itself."""
+    return place_flow.blocking_step(state, at_once, step)
+
+
+async def await_step(state: ServiceState, step: Step, at_once: bool = False) -> object:
+    """``run_step`` on the event loop, awaiting the step."""
+    return await place_flow.awaited_step(state, at_once, step)
 
 
 # ---- the lifecycle ----------------------------------------------------------------

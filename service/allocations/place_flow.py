@@ -82,7 +82,7 @@ Result = TypeVar("Result")
 Flow = Generator[Step, Any, Result]
 
 
-def _blocking_step(state: ServiceState, at_once: bool, step: Step) -> Any:
+def blocking_step(state: ServiceState, at_once: bool, step: Step) -> Any:
     if isinstance(step, Commit):
         return state.committer.commit(
             step.row, step.holds, step.nodes, step.audit, at_once=at_once, shares=step.shares
@@ -90,7 +90,7 @@ def _blocking_step(state: ServiceState, at_once: bool, step: Step) -> Any:
     return step()
 
 
-async def _awaited_step(state: ServiceState, at_once: bool, step: Step) -> Any:
+async def awaited_step(state: ServiceState, at_once: bool, step: Step) -> Any:
     if isinstance(step, Commit):
         return await state.committer.commit_async(
             step.row, step.holds, step.nodes, step.audit, at_once=at_once, shares=step.shares
@@ -101,7 +101,7 @@ async def _awaited_step(state: ServiceState, at_once: bool, step: Step) -> Any:
 def run(state: ServiceState, flow: Flow[Result], at_once: bool = False) -> Result:
     """Drive a flow of these steps blocking on each (a worker thread). ``at_once``: as
     for ``run_async``; on a worker thread the write at once breaks no rule of the loop."""
-    return drive(flow, functools.partial(_blocking_step, state, at_once))
+    return drive(flow, functools.partial(blocking_step, state, at_once))
 
 
 async def run_async(state: ServiceState, flow: Flow[Result], at_once: bool = False) -> Result:
@@ -109,7 +109,7 @@ async def run_async(state: ServiceState, flow: Flow[Result], at_once: bool = Fal
     caller is alone by construction (the Slurm filter, called by slurmctld one job at a
     time), so its reservations are written at once where the database allows it instead
     of handed to the group committer's thread (group_commit.py)."""
-    return await drive_async(flow, functools.partial(_awaited_step, state, at_once))
+    return await drive_async(flow, functools.partial(awaited_step, state, at_once))
 
 
 def holds_of(placement: Placement) -> list[tuple[str, str, str]]:

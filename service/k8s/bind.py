@@ -18,17 +18,23 @@ releases the old one first.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import cast
 
 from service.allocations import api as allocations
 from service.allocations.results import Allocation, TaskPlan
 from service.allocations.schemas import PlaceRequest
 from service.errors import Conflict, ServiceError
+from service.event_loop import off_loop
+from service.flows import Flow, drive, drive_async
 from service.k8s.gang import LIVE, TASK_ANNOTATION, BindRefused, GangCoordinator
 from service.k8s.kube_api import KubeApi, KubeApiError
 from service.k8s.pod_request import PodRequest
 from service.k8s.screening import PREFIX
+from service.k8s.timed_api import TimedKubeApi
 from service.state import ServiceState
 
 log = logging.getLogger("topoplace.k8s")
@@ -63,6 +69,16 @@ def _already_bound(kube: KubeApi, pod: PodRequest, node: str) -> bool:
     return current is not None and (current.get("spec") or {}).get("nodeName") == node
 
 
+def _refusal(exc: KubeApiError, node: str) -> str:
+    """What a failed Binding says to kube-scheduler."""
+    if exc.status == 0:  # nothing answered: say which server, not that it refused
+        return (
+            f"{PREFIX}the Kubernetes API server did not answer the binding to {node}"
+            f" ({exc.message}); check that it is reachable from the service"
+        )
+    return f"{PREFIX}the Kubernetes API refused the binding to {node}: {exc.message}"
+
+
 def create_binding(kube: KubeApi, pod: PodRequest, node: str, notes: dict[str, str]) -> str | None:
     """Create the Binding; None when done, else why not."""
     try:
@@ -70,13 +86,30 @@ def create_binding(kube: KubeApi, pod: PodRequest, node: str, notes: dict[str, s
     except KubeApiError as exc:
         if exc.status == 409 and _already_bound(kube, pod, node):
             return None
-        if exc.status == 0:  # nothing answered: say which server, not that it refused
-            return (
-                f"{PREFIX}the Kubernetes API server did not answer the binding to {node}"
-                f" ({exc.message}); check that it is reachable from the service"
-            )
-        return f"{PREFIX}the Kubernetes API refused the binding to {node}: {exc.message}"
+        return _refusal(exc, node)
     return None
+
+
+async def create_binding_async(
+    kube: TimedKubeApi, pod: PodRequest, node: str, notes: dict[str, str]
+) -> str | None:
+    """``create_binding`` on the event loop (the rare 409's read on a worker thread)."""
+    try:
+        await kube.bind_async(pod.namespace, pod.name, pod.uid, node, notes)
+    except KubeApiError as exc:
+        if exc.status == 409 and await off_loop(_already_bound, kube, pod, node):
+            return None
+        return _refusal(exc, node)
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Post:
+    """A step of the bind's flow: the pod's Binding, with these annotations."""
+
+    pod: PodRequest
+    node: str
+    notes: dict[str, str]
 
 
 def _confirm(state: ServiceState, allocation: Allocation) -> Allocation:
@@ -91,7 +124,7 @@ def _confirm(state: ServiceState, allocation: Allocation) -> Allocation:
 
 def _first_reservation(
     state: ServiceState, body: PlaceRequest, pod: PodRequest
-) -> Allocation | None:
+) -> Flow[Allocation | None]:
     """The usual bind, the pod's first: reserved under key N=0 with no read before it.
 
     None when the pod had a reservation before (the key's unique index says so at the
@@ -99,9 +132,7 @@ def _first_reservation(
     then takes the careful path over the pod's earlier reservations.
     """
     try:
-        # kube-scheduler waits on each bind: the reservation is written on this worker
-        # thread where SQLite is free, without the hand-over to the group committer.
-        placed = allocations.place(state, body, f"k8s-pod:{pod.uid}:0", True, False, at_once=True)
+        placed = yield from allocations.placing(state, body, f"k8s-pod:{pod.uid}:0", True, False)
     except Conflict:
         return None
     return placed.allocation if placed.created else None
@@ -121,10 +152,13 @@ def _reservation(state: ServiceState, body: PlaceRequest, pod: PodRequest, node:
     return allocations.place(state, body, f"k8s-pod:{pod.uid}:{len(earlier)}", True).allocation
 
 
-def bind_pod(state: ServiceState, kube: KubeApi, pod: PodRequest, node: str, ttl_s: float) -> str:
-    """One pod's GPUs on ``node``; returns ExtenderBindingResult.Error ('' when bound)."""
+def _bind_flow(state: ServiceState, pod: PodRequest, node: str, ttl_s: float) -> Flow[str]:
+    """One pod's GPUs on ``node``, then its Binding: ExtenderBindingResult.Error ('' when
+    bound). A flow (service/flows.py) of the reservation's steps, a ``Post`` and the
+    rare blocking steps, driven on a worker thread (``bind_pod``) or on the event loop
+    (``bind_pod_async``)."""
     if pod.request is None:
-        return create_binding(kube, pod, node, {}) or ""
+        return (yield Post(pod, node, {})) or ""
     body = PlaceRequest.model_validate(
         {
             **pod.request.model_dump(),
@@ -135,16 +169,47 @@ def bind_pod(state: ServiceState, kube: KubeApi, pod: PodRequest, node: str, ttl
         }
     )
     try:
-        allocation = _first_reservation(state, body, pod) or _reservation(state, body, pod, node)
+        allocation = yield from _first_reservation(state, body, pod)
+        if allocation is None:
+            allocation = yield functools.partial(_reservation, state, body, pod, node)
     except ServiceError as exc:
         return f"{PREFIX}cannot reserve GPUs on {node}: {exc.message}"
-    refused = create_binding(kube, pod, node, binding_annotations(allocation, allocation.tasks))
+    refused = yield Post(pod, node, binding_annotations(allocation, allocation.tasks))
     if refused is not None:
-        allocations.release(state, allocation.id)
-        return refused
+        yield functools.partial(allocations.release, state, allocation.id)
+        return str(refused)
     if allocation.state == "pending":
-        _confirm(state, allocation)
+        yield functools.partial(_confirm, state, allocation)
     return ""
+
+
+def bind_pod(state: ServiceState, kube: KubeApi, pod: PodRequest, node: str, ttl_s: float) -> str:
+    """``_bind_flow`` blocking on each step (a worker thread). The reservation is written
+    on this thread where the database is free, without the hand-over to the group
+    committer: kube-scheduler waits on each bind."""
+
+    def step(request: object) -> object:
+        if isinstance(request, Post):
+            return create_binding(kube, request.pod, request.node, request.notes)
+        return allocations.run_step(state, cast(allocations.Step, request), at_once=True)
+
+    return drive(_bind_flow(state, pod, node, ttl_s), step)
+
+
+async def bind_pod_async(
+    state: ServiceState, kube: TimedKubeApi, pod: PodRequest, node: str, ttl_s: float
+) -> str:
+    """``_bind_flow`` on the event loop: the Binding awaited, the reservation written at
+    once on SQLite (as the Slurm filter's, service/event_loop.py) or awaited from the
+    group committer, and only the rare steps (a retried bind's read, a release after a
+    refused Binding) on a worker thread."""
+
+    async def step(request: object) -> object:
+        if isinstance(request, Post):
+            return await create_binding_async(kube, request.pod, request.node, request.notes)
+        return await allocations.await_step(state, cast(allocations.Step, request), at_once=True)
+
+    return await drive_async(_bind_flow(state, pod, node, ttl_s), step)
 
 
 def bind_gang_member(

@@ -5,8 +5,11 @@ They follow service/event_loop.py: filter and prioritize answer from memory
 in well under a millisecond for a few hundred nodes, so they run on the
 event loop, except for a gang member's first sight (its reservation read
 from the database, its members from the API server), which goes to a worker
-thread; bind and preempt read the database and call the Kubernetes API, so
-they run on a worker thread.
+thread. A pod's bind runs on the event loop too: its reservation is written
+as the Slurm filter's (at once on SQLite, else awaited from the group
+committer) and its Binding POST is awaited (service/k8s/binding_post.py);
+a gang member's bind, a pod not seen by this process's filter, and preempt
+run on a worker thread.
 
 The router's lifespan builds the :class:`Extender` (settings from
 ``TOPOPLACE_K8S_*``, or ``app.state.k8s_settings`` / ``app.state.k8s_api``
@@ -117,8 +120,7 @@ async def prioritize(request: Request) -> Response:
 @router.post("/bind", response_model=ExtenderBindingResult, openapi_extra=BINDING_ARGS_SCHEMA)
 async def bind(request: Request) -> Response:
     """Reserve the pod's GPUs on the node, then create its Binding naming them."""
-    body = await request.body()
-    return _json(await off_loop(_extender(request).bind, body))
+    return _json(await _extender(request).bind_async(await request.body()))
 
 
 @router.post(

@@ -79,7 +79,7 @@ class Extender:
         self.state = state
         self.settings = settings
         self._kube = kube
-        self._timed: KubeApi | None = None  # the same API, its calls timed for /metrics
+        self._timed: TimedKubeApi | None = None  # the same API, its calls timed for /metrics
         self._kube_lock = threading.Lock()
         self.gangs = GangCoordinator(state, self.kube)
         self._recent: OrderedDict[str, _Recent] = OrderedDict()
@@ -269,6 +269,21 @@ class Extender:
             )
         else:
             error = bind.bind_pod(self.state, kube, pod, node, self.settings.bind_ttl_s)
+        return dumps(ExtenderBindingResult(Error=error))
+
+    async def bind_async(self, body: bytes) -> bytes:
+        """``bind`` on the event loop for the usual pod: remembered from its filter, not a
+        gang member, the API's client made. Any other (a pod read from the API server,
+        a gang member under its gang's lock, the first bind, which connects) is bound
+        on a worker thread by ``bind``."""
+        args = binding_args(body)
+        with self._recent_lock:
+            recent = self._recent.get(args["PodUID"])
+        kube = self._timed
+        if recent is None or kube is None or recent.pod.gang is not None:
+            return await off_loop(self.bind, body)
+        pod, ttl_s = recent.pod, self.settings.bind_ttl_s
+        error = await bind.bind_pod_async(self.state, kube, pod, args["Node"], ttl_s)
         return dumps(ExtenderBindingResult(Error=error))
 
     def preempt(self, body: bytes) -> bytes:

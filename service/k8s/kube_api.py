@@ -32,7 +32,7 @@ from urllib.parse import quote
 import httpx
 import yaml
 
-from service.k8s.binding_post import BindingPoster
+from service.k8s.binding_post import Answer, BindingPoster
 from service.k8s.wire import Pod
 
 # Everything this client asks of the API server, as RBAC rules: the ClusterRole in
@@ -112,6 +112,20 @@ def binding_body(
     }
 
 
+def _binding(
+    namespace: str, name: str, uid: str, node: str, annotations: dict[str, str]
+) -> tuple[str, bytes]:
+    """The Binding POST's path and body."""
+    path = f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(name)}/binding"
+    return path, json.dumps(binding_body(namespace, name, uid, node, annotations)).encode()
+
+
+def _check_bound(answer: Answer) -> None:
+    """KubeApiError with the API server's message unless the Binding was made."""
+    if answer.status not in (200, 201):
+        raise KubeApiError(answer.status, status_message(answer.body, answer.reason))
+
+
 def _message(response: httpx.Response) -> str:
     return status_message(response.content, response.reason_phrase)
 
@@ -166,14 +180,23 @@ class HttpKubeApi:
     def bind(
         self, namespace: str, name: str, uid: str, node: str, annotations: dict[str, str]
     ) -> None:
-        path = f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(name)}/binding"
-        body = json.dumps(binding_body(namespace, name, uid, node, annotations)).encode()
+        path, body = _binding(namespace, name, uid, node, annotations)
         try:
             answer = self._binder.post(path, body, self._headers())
         except (OSError, http.client.HTTPException) as exc:
             raise KubeApiError(0, f"the Kubernetes API did not answer: {exc!r}") from None
-        if answer.status not in (200, 201):
-            raise KubeApiError(answer.status, status_message(answer.body, answer.reason))
+        _check_bound(answer)
+
+    async def bind_async(
+        self, namespace: str, name: str, uid: str, node: str, annotations: dict[str, str]
+    ) -> None:
+        """``bind`` on the running event loop (service/k8s/binding_post.py)."""
+        path, body = _binding(namespace, name, uid, node, annotations)
+        try:
+            answer = await self._binder.post_async(path, body, self._headers())
+        except (OSError, ValueError, asyncio.IncompleteReadError) as exc:
+            raise KubeApiError(0, f"the Kubernetes API did not answer: {exc!r}") from None
+        _check_bound(answer)
 
     def get_pod(self, namespace: str, name: str) -> Pod | None:
         response = self._request("GET", f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(name)}")

@@ -10,11 +10,13 @@ API's HTTP status, ``unreachable`` when it did not answer).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import TypeVar
 
 from prometheus_client import Histogram
 
+from service.event_loop import off_loop
 from service.k8s.kube_api import KubeApi, KubeApiError, PodStream
 from service.k8s.wire import Pod
 
@@ -26,21 +28,38 @@ class TimedKubeApi:
         self.api = api
         self.histogram = histogram
 
-    def _timed(self, call: str, work: Callable[[], T]) -> T:
+    @contextmanager
+    def _observed(self, call: str) -> Iterator[None]:
         started = time.perf_counter()
         outcome = "ok"
         try:
-            return work()
+            yield
         except KubeApiError as exc:
             outcome = str(exc.status) if exc.status else "unreachable"
             raise
         finally:
             self.histogram.labels(call, outcome).observe(time.perf_counter() - started)
 
+    def _timed(self, call: str, work: Callable[[], T]) -> T:
+        with self._observed(call):
+            return work()
+
     def bind(
         self, namespace: str, name: str, uid: str, node: str, annotations: dict[str, str]
     ) -> None:
         self._timed("bind", lambda: self.api.bind(namespace, name, uid, node, annotations))
+
+    async def bind_async(
+        self, namespace: str, name: str, uid: str, node: str, annotations: dict[str, str]
+    ) -> None:
+        """``bind`` on the running event loop: the wrapped API's own asynchronous bind
+        where it has one (the real one), else its ``bind`` on a worker thread."""
+        native = getattr(self.api, "bind_async", None)
+        with self._observed("bind"):
+            if native is not None:
+                await native(namespace, name, uid, node, annotations)
+            else:
+                await off_loop(self.api.bind, namespace, name, uid, node, annotations)
 
     def get_pod(self, namespace: str, name: str) -> Pod | None:
         return self._timed("get_pod", lambda: self.api.get_pod(namespace, name))
