@@ -1,19 +1,21 @@
 """Bind: reserve the pod's GPUs on the chosen node, then create the Binding naming them.
 
 Order matters. The reservation comes first (the database refuses a GPU held
-twice), then the Binding; if the Binding fails the reservation is released,
-so a pod never runs on GPUs nobody holds and GPUs are never held for a pod
-that did not bind. A pod's reservation is made active at once (one database
-transaction on the bind's path, not a pending one and then a confirm): if
-the Binding fails it is released here, and if the process dies between the
-two, the reconciler releases it once its pod is still unbound after the
-grace. A gang's reservation is pending until its first member binds.
+twice), then the Binding; if the API server refuses the Binding the
+reservation is released, so a pod never runs on GPUs nobody holds and GPUs
+are never held for a pod that did not bind. A Binding whose fate is unknown
+(no answer, a server error) keeps its reservation unless a read of the pod
+settles it (``Refused``): it may have been applied. A pod's reservation is
+made active at once (one database transaction on the bind's path, not a
+pending one and then a confirm); if the process dies between the two, the
+reconciler releases it once its pod is still unbound after the grace. A
+gang's reservation is pending until its first member binds.
 
 Retries never double-book: a pod's reservations carry its UID as job id and
 an Idempotency-Key made of the UID and the number of reservations it had
 before, so a repeated bind (a scheduler retry after a timeout) replays the
-same reservation, and a bind to another node after a failed attempt
-releases the old one first.
+same reservation, and a bind to another node after a failed attempt gives
+the old one back once its own Binding is made.
 """
 
 from __future__ import annotations
@@ -60,13 +62,50 @@ def binding_annotations(allocation: Allocation, tasks: Sequence[TaskPlan]) -> di
     return notes
 
 
-def _already_bound(kube: KubeApi, pod: PodRequest, node: str) -> bool:
-    """A 409 from the API server after a retried bind: is the pod on this node already?"""
+def _bound_here(kube: KubeApi, pod: PodRequest, node: str) -> bool | None:
+    """Whether this pod is bound to ``node``, as the API server has it now: this pod,
+    by UID (a pod deleted and made again under its name is another pod, whose node says
+    nothing of this one's Binding); None when the pod cannot be read."""
     try:
         current = kube.get_pod(pod.namespace, pod.name)
     except KubeApiError:
+        return None
+    if current is None:
         return False
-    return current is not None and (current.get("spec") or {}).get("nodeName") == node
+    if pod.uid and (current.get("metadata") or {}).get("uid") != pod.uid:
+        return False
+    return (current.get("spec") or {}).get("nodeName") == node
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """A Binding not made, or not known to be: what kube-scheduler is told, and whether
+    the API server's answer settles that the pod is not bound to the node.
+
+    Only a settled refusal gives the reservation back. With no answer (a timeout, a
+    connection reset after the request went out) or a server error the Binding may
+    have been applied, or may still be: the pod may run on those GPUs, so they stay
+    held. A retried bind of the pod replays the reservation, and the reconciler
+    releases it if the pod is still unbound after its grace (reconcile.py)."""
+
+    message: str
+    settled: bool
+
+
+def _unsure(exc: KubeApiError) -> bool:
+    """An answer that leaves the Binding's fate to a read of the pod: 409 (already bound:
+    by this bind's earlier try, or another), no answer, or a server error."""
+    return exc.status in (0, 409) or exc.status >= 500
+
+
+def _judged(exc: KubeApiError, node: str, bound: bool | None) -> Refused | None:
+    """The outcome of a failed POST, given the pod's read (None: not read, or unreadable)."""
+    if bound:
+        return None  # the pod is on the node: a retried bind, or an answer that was lost
+    # 409: bound elsewhere, or another pod under the name, settles it; else only a
+    # refusal the server answered (4xx) does: it wrote nothing.
+    settled = bound is False if exc.status == 409 else 400 <= exc.status < 500
+    return Refused(_refusal(exc, node), settled)
 
 
 def _refusal(exc: KubeApiError, node: str) -> str:
@@ -79,27 +118,26 @@ def _refusal(exc: KubeApiError, node: str) -> str:
     return f"{PREFIX}the Kubernetes API refused the binding to {node}: {exc.message}"
 
 
-def create_binding(kube: KubeApi, pod: PodRequest, node: str, notes: dict[str, str]) -> str | None:
+def create_binding(
+    kube: KubeApi, pod: PodRequest, node: str, notes: dict[str, str]
+) -> Refused | None:
     """Create the Binding; None when done, else why not."""
     try:
         kube.bind(pod.namespace, pod.name, pod.uid, node, notes)
     except KubeApiError as exc:
-        if exc.status == 409 and _already_bound(kube, pod, node):
-            return None
-        return _refusal(exc, node)
+        return _judged(exc, node, _bound_here(kube, pod, node) if _unsure(exc) else None)
     return None
 
 
 async def create_binding_async(
     kube: TimedKubeApi, pod: PodRequest, node: str, notes: dict[str, str]
-) -> str | None:
-    """``create_binding`` on the event loop (the rare 409's read on a worker thread)."""
+) -> Refused | None:
+    """``create_binding`` on the event loop (the rare read of the pod on a worker thread)."""
     try:
         await kube.bind_async(pod.namespace, pod.name, pod.uid, node, notes)
     except KubeApiError as exc:
-        if exc.status == 409 and await off_loop(_already_bound, kube, pod, node):
-            return None
-        return _refusal(exc, node)
+        bound = await off_loop(_bound_here, kube, pod, node) if _unsure(exc) else None
+        return _judged(exc, node, bound)
     return None
 
 
@@ -138,18 +176,28 @@ def _first_reservation(
     return placed.allocation if placed.created else None
 
 
-def _reservation(state: ServiceState, body: PlaceRequest, pod: PodRequest, node: str) -> Allocation:
-    """A retried or moved bind: reuse the live reservation on ``node``, give back those
-    on other nodes, or reserve under the next key."""
+def _reservation(
+    state: ServiceState, body: PlaceRequest, pod: PodRequest, node: str
+) -> tuple[Allocation, list[str]]:
+    """A retried or moved bind: the live reservation on ``node`` reused, or one made under
+    the next key; and the pod's reservations on other nodes, given back once this
+    Binding is made. Not before: an earlier bind to another node may still be in
+    flight, and if its Binding lands first the pod runs on that reservation's GPUs
+    (this one's Binding then gets 409 and gives back its own)."""
     earlier = allocations.listing(state, pod.uid, None, None, 1_000)
     live = [a for a in earlier if a.state in LIVE]
     here = next((a for a in live if a.tasks[0].node == node), None)
-    for stale in live:
-        if stale is not here:  # an earlier attempt on another node failed; give those back
-            allocations.release(state, stale.id)
+    elsewhere = [a.id for a in live if a is not here]
     if here is not None:
-        return here
-    return allocations.place(state, body, f"k8s-pod:{pod.uid}:{len(earlier)}", True).allocation
+        return here, elsewhere
+    placed = allocations.place(state, body, f"k8s-pod:{pod.uid}:{len(earlier)}", True)
+    return placed.allocation, elsewhere
+
+
+def _give_back(state: ServiceState, allocation_ids: list[str]) -> None:
+    """Release the pod's reservations on nodes it was not bound to (ended ones: no-ops)."""
+    for allocation_id in allocation_ids:
+        allocations.release(state, allocation_id)
 
 
 def _bind_flow(state: ServiceState, pod: PodRequest, node: str, ttl_s: float) -> Flow[str]:
@@ -158,7 +206,8 @@ def _bind_flow(state: ServiceState, pod: PodRequest, node: str, ttl_s: float) ->
     rare blocking steps, driven on a worker thread (``bind_pod``) or on the event loop
     (``bind_pod_async``)."""
     if pod.request is None:
-        return (yield Post(pod, node, {})) or ""
+        unbound: Refused | None = yield Post(pod, node, {})
+        return "" if unbound is None else unbound.message
     body = PlaceRequest.model_validate(
         {
             **pod.request.model_dump(),
@@ -168,16 +217,22 @@ def _bind_flow(state: ServiceState, pod: PodRequest, node: str, ttl_s: float) ->
             "ttl_s": ttl_s,
         }
     )
+    elsewhere: list[str] = []
     try:
         allocation = yield from _first_reservation(state, body, pod)
         if allocation is None:
-            allocation = yield functools.partial(_reservation, state, body, pod, node)
+            allocation, elsewhere = yield functools.partial(_reservation, state, body, pod, node)
     except ServiceError as exc:
         return f"{PREFIX}cannot reserve GPUs on {node}: {exc.message}"
-    refused = yield Post(pod, node, binding_annotations(allocation, allocation.tasks))
+    refused: Refused | None = yield Post(
+        pod, node, binding_annotations(allocation, allocation.tasks)
+    )
     if refused is not None:
-        yield functools.partial(allocations.release, state, allocation.id)
-        return str(refused)
+        if refused.settled:
+            yield functools.partial(allocations.release, state, allocation.id)
+        return refused.message
+    if elsewhere:
+        yield functools.partial(_give_back, state, elsewhere)
     if allocation.state == "pending":
         yield functools.partial(_confirm, state, allocation)
     return ""
@@ -231,8 +286,9 @@ def bind_gang_member(
         notes[TASK_ANNOTATION] = str(task)
         refused = create_binding(kube, pod, node, notes)
         if refused is not None:
-            gangs.unclaim(pod, task)  # the gang keeps its reservation for its members
-            return refused
+            if refused.settled:  # else the member may run on the task: it stays claimed
+                gangs.unclaim(pod, task)  # the gang keeps its reservation for its members
+            return refused.message
         if allocation.state == "pending":
             gangs.update(pod.gang, _confirm(state, allocation))
     return ""

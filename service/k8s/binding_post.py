@@ -31,7 +31,9 @@ from typing import NamedTuple
 from urllib.parse import urlsplit
 
 # What a kept-alive connection the server has closed raises before any answer.
-_STALE = (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError)
+# A TLS connection closed without its close_notify (a load balancer cutting idle
+# connections) says so with SSLEOFError.
+_STALE = (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError, ssl.SSLEOFError)
 
 
 class Answer(NamedTuple):
@@ -164,7 +166,12 @@ class BindingPoster:
                     )
                 reader, writer = stream
                 writer.write(request)
-                status_line = await reader.readline()
+                try:
+                    status_line = await reader.readline()
+                except (BrokenPipeError, ConnectionResetError) as exc:
+                    if reused:  # reset while it sat idle: as a close, before any answer
+                        raise StaleConnection("the kept connection was reset") from exc
+                    raise
                 if not status_line:
                     if reused:
                         raise StaleConnection("the kept connection was closed")
@@ -197,7 +204,7 @@ async def _read_answer(status_line: bytes, reader: asyncio.StreamReader) -> tupl
     elif length is not None and length.isdigit() and int(length) <= MAX_ANSWER_BYTES:
         body = await reader.readexactly(int(length))
     elif length is None:
-        body = await reader.read(MAX_ANSWER_BYTES)  # to the end of the connection
+        body = await _read_to_end(reader)
     else:
         raise ValueError(f"an answer of {length} bytes is not a Binding's answer")
     keep_alive = (
@@ -206,6 +213,17 @@ async def _read_answer(status_line: bytes, reader: asyncio.StreamReader) -> tupl
         and (chunked or length is not None)
     )
     return Answer(int(code), reason, body), keep_alive
+
+
+async def _read_to_end(reader: asyncio.StreamReader) -> bytes:
+    """An answer that declares no length: it ends with the connection, in as many
+    segments as it takes (``read`` returns with the first)."""
+    body = b""
+    while chunk := await reader.read(1 << 16):
+        body += chunk
+        if len(body) > MAX_ANSWER_BYTES:
+            raise ValueError(f"an answer of over {MAX_ANSWER_BYTES} bytes is not a Binding's")
+    return body
 
 
 async def _read_chunked(reader: asyncio.StreamReader) -> bytes:

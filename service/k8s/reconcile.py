@@ -6,7 +6,8 @@ pods that have not finished, in that order: a reservation read before the
 list belongs to a pod that existed before it, so a live pod is never missed.
 A pod's reservation is released when no unfinished pod has its UID, or
 when its pod is still unbound (the bind reserved, then died before the
-Binding); a gang's when none of its members is left. Reservations younger than
+Binding, or its Binding's fate was unknown and it was not applied) or bound to
+another node; a gang's when none of its members is left. Reservations younger than
 ``reconcile_grace_s`` are left alone (their bind may still be running), and
 a pending reservation whose pod is bound to its node is confirmed (the bind
 could not confirm it, e.g. the database blinked).
@@ -89,9 +90,11 @@ def reconcile_once(
             continue
         bound_to = (pod.get("spec") or {}).get("nodeName")
         notes = (pod.get("metadata") or {}).get("annotations") or {}
-        if not bound_to and not young:
+        if not young and bound_to != allocation.tasks[0].node:
             # Reserved (active at once) but the Binding never happened: the process died
-            # between the two. The pod's next bind reserves again.
+            # between the two, and the pod's next bind reserves again. Or the pod was
+            # bound to another node (a retried bind there, whose process died before it
+            # gave this one back): nothing will ever run on these GPUs.
             released += allocations.release(state, allocation.id).ids
             continue
         if (

@@ -185,3 +185,18 @@ def test_tls_is_verified_against_the_given_ca(tmp_path: Path, mode: str) -> None
             _binds(HttpKubeApi(url, verify=stranger), mode, ("ml", "p1", "", "n1", {}))
         assert refused.value.status == 0 and "CERTIFICATE_VERIFY_FAILED" in refused.value.message
     assert len(seen.bodies) == 1
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_tls_connection_the_server_closed_is_replaced(tmp_path: Path, mode: str) -> None:
+    """Closed after each answer without TLS's close_notify (as a load balancer cuts idle
+    connections): the next bind goes on a new connection."""
+    pki = make_pki(tmp_path)
+    server_side = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server_side.load_cert_chain(pki.cert, pki.key)
+    with _server(server_side) as (url, seen):
+        seen.close_after_answer = True
+        trusted = ssl.create_default_context(cafile=str(pki.ca))
+        client = HttpKubeApi(url, token=lambda: TOKEN, verify=trusted)
+        _binds(client, mode, *[("ml", f"p{i}", "", "n1", {}) for i in range(3)])
+    assert len(seen.bodies) == 3

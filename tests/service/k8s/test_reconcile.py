@@ -74,6 +74,23 @@ def test_a_gang_is_released_when_no_member_is_left(
     assert len(k8s_client.get("/v1/nodes/h100-a").json()["free_gpus"]) == 8
 
 
+def test_a_reservation_on_a_node_its_pod_is_not_bound_to_is_released_after_the_grace(
+    k8s_client: TestClient, kube: FakeKubeApi, clock: FakeClock
+):
+    # A bind to h100-b reserved there, its pod was bound to h100-a by a retried bind,
+    # and the process died before it gave the h100-b reservation back.
+    add_nodes(k8s_client, ("hgx-h100", "h100-a"), ("hgx-h100", "h100-b"))
+    moved = kube.add(pod("moved", 2))
+    _bind(k8s_client, moved, "h100-a")
+    uid = moved["metadata"]["uid"]
+    body = {"gpus": 2, "owner": "k8s-pod:ml-team/moved", "job_id": uid, "nodes": ["h100-b"]}
+    stale = k8s_client.post("/v1/place", json=body).json()["id"]
+    assert _reconcile(k8s_client, kube) == []  # young: its Binding may be under way
+    clock.advance(61)
+    assert _reconcile(k8s_client, kube) == [stale]  # the reservation the pod runs on stays
+    assert len(k8s_client.get("/v1/nodes/h100-b").json()["free_gpus"]) == 8
+
+
 def test_a_reservation_whose_pod_never_bound_is_released_after_the_grace(
     k8s_client: TestClient, kube: FakeKubeApi, clock: FakeClock
 ):
