@@ -67,7 +67,7 @@ def best_instance(entry: NodeEntry, profile: str, held: set[str]) -> _Pick | Non
         gpu = snap.gpus[inst.parent_gpu]
         if inst.profile != profile or inst.uuid in held or inst.health is not Health.HEALTHY:
             continue
-        if gpu.health is not Health.HEALTHY:
+        if gpu.health is not Health.HEALTHY or _held_whole_or_shared(entry, gpu.uuid):
             continue
         free = _gpu_free(entry, inst.parent_gpu, held)
         after = list(free)
@@ -81,9 +81,16 @@ def best_instance(entry: NodeEntry, profile: str, held: set[str]) -> _Pick | Non
     total_free = sum(
         sum(_gpu_free(entry, g.index, held | {best.instance.uuid}))
         for g in snap.gpus
-        if g.mig_enabled
+        if g.mig_enabled and not _held_whole_or_shared(entry, g.uuid)
     )
     return _Pick(best.instance, best.key, total_free)
+
+
+def _held_whole_or_shared(entry: NodeEntry, gpu_uuid: str) -> bool:
+    """A GPU an allocation holds whole or in shares, reported since in MIG mode: none of
+    its instances is free (the jobs on it hold the GPU; the store cannot tell, as MIG
+    holds name instances and those name the GPU)."""
+    return gpu_uuid in entry.busy or gpu_uuid in entry.shares
 
 
 def _static_cause(entry: NodeEntry, request: PlacementRequest) -> Cause | None:

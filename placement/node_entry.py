@@ -67,6 +67,15 @@ class NodeEntry:
         for uuid in gpus:
             self.busy_bits &= ~self.bit_of.get(uuid, 0)
 
+    def shares_by_index(self) -> dict[int, int]:
+        """GPU index -> thousandths held, for the shared GPUs this snapshot lists."""
+        bit_of = self.bit_of
+        return {
+            bit_of[uuid].bit_length() - 1: milli
+            for uuid, milli in self.shares.items()
+            if uuid in bit_of
+        }
+
     def hold_share(self, uuid: str, milli: int) -> None:
         self.shares[uuid] = self.shares.get(uuid, 0) + milli
         self.busy_bits |= self.bit_of.get(uuid, 0)

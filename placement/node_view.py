@@ -60,10 +60,7 @@ class NodeView:
     @property
     def shares_by_index(self) -> Mapping[int, int]:
         """GPU index -> thousandths held, for every GPU holding shares."""
-        bit_of = self._entry.bit_of
-        return MappingProxyType(
-            {bit_of[uuid].bit_length() - 1: milli for uuid, milli in self._entry.shares.items()}
-        )
+        return MappingProxyType(self._entry.shares_by_index())
 
     def has_gpu(self, uuid: str) -> bool:
         """Whether the node's snapshot lists a GPU with this UUID."""

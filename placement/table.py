@@ -154,7 +154,6 @@ class NodeTable:
         else:
             entry.snapshot = snapshot
             entry.cid = cid
-            entry.shares = {u: m for u, m in entry.shares.items() if u in entry.bit_of}
             entry.refresh()
             self._index_shares(entry)
         self.version += 1
@@ -260,9 +259,9 @@ class NodeTable:
         self._sync(entry)
 
     def set_share(self, node: str, gpu_uuid: str, milli: int) -> None:
+        # A GPU the snapshot does not list is set too: the store says what is held on it
+        # (a GPU gone from one report and back in the next), as for a whole-GPU hold.
         entry = self.entry(node)
-        if gpu_uuid not in entry.bit_of:
-            raise AllocationError(f"node {node} has no GPU {gpu_uuid}")
         if not 0 <= milli <= FULL_SHARE:
             raise AllocationError(f"a GPU's shares are 0 to {FULL_SHARE} thousandths, not {milli}")
         if milli and gpu_uuid in entry.busy:
@@ -303,10 +302,10 @@ class NodeTable:
         self._touch(s)
 
     def _index_shares(self, entry: NodeEntry) -> None:
-        if entry.shares:
-            self.shared[entry.slot] = {
-                entry.bit_of[uuid].bit_length() - 1: milli for uuid, milli in entry.shares.items()
-            }
+        # By GPU index, for the GPUs this snapshot lists: a shared GPU missing from a
+        # report keeps its shares by UUID (as a whole-GPU hold does) until it is back.
+        if shared := entry.shares_by_index():
+            self.shared[entry.slot] = shared
         else:
             self.shared.pop(entry.slot, None)
 

@@ -19,7 +19,8 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from placement import ClusterState, NodeSnapshot, PlacementRequest
+from placement import AllocationError, ClusterState, NodeSnapshot, PlacementRequest
+from placement.cluster import FULL_SHARE
 from service import schema
 from service.allocations.group_commit import GroupCommitter
 from service.allocations.score_cache import ScoreCache
@@ -61,7 +62,10 @@ class ServiceState:
         # the database must not free them under a request that is committing.
         self.inflight: dict[str, Counter[str]] = defaultdict(Counter)
         # The same for GPU shares: node -> device -> thousandths being committed.
-        self.inflight_shares: dict[str, Counter[str]] = defaultdict(Counter)
+        # node -> allocation id -> (GPU, thousandths) of its shares: by allocation, as a
+        # sync must add only those not yet in the pools it read (a share committed but
+        # not yet ended here is in both; a sum, unlike a set of held GPUs, counts it twice).
+        self.inflight_shares: dict[str, dict[str, list[tuple[str, int]]]] = defaultdict(dict)
         self._next_stale_at = _EPOCH
         # What changed, for watchers (gRPC Watch) and for /metrics, which counts every event.
         self.events = EventHub(tally=self.metrics.published)
@@ -157,6 +161,7 @@ class ServiceState:
                 else {}
             )
             held, pools = _by_node(conn.execute(hold_query).all())
+            committed = self._committed_inflight(conn, names)
             present = {str(row["name"]) for row in rows}
             for name in [n for n in (names or self.cluster.names()) if n not in present]:
                 if name in self.cluster:
@@ -168,8 +173,28 @@ class ServiceState:
                 name = str(row["name"])
                 if name in snapshots and not self._load_snapshot(name, row, snapshots[name]):
                     continue
-                self._sync_row(row, held.get(name, set()), pools.get(name, {}))
+                try:
+                    self._sync_row(row, held.get(name, set()), pools.get(name, {}), committed)
+                except AllocationError:
+                    # The rules above leave nothing to refuse; if memory still refused the
+                    # database, say so and serve the other nodes: one node never stops a sync.
+                    log.exception("node %s: memory refused the database's holds", name)
             self.refresh_availability(names)
+
+    def _committed_inflight(self, conn: sa.Connection, names: list[str] | None) -> set[str]:
+        """Of the allocations whose shares this process is committing on these nodes, those
+        whose shares the database already has."""
+        ids = [
+            allocation_id
+            for node, taken in self.inflight_shares.items()
+            if names is None or node in names
+            for allocation_id in taken
+        ]
+        if not ids:
+            return set()
+        shares = schema.gpu_shares
+        query = sa.select(shares.c.allocation_id).where(shares.c.allocation_id.in_(ids))
+        return {str(allocation_id) for (allocation_id,) in conn.execute(query)}
 
     def _load_snapshot(self, name: str, row: sa.RowMapping, body: str) -> bool:
         """Put a stored snapshot into the engine; False, logged and the node left out,
@@ -246,29 +271,44 @@ class ServiceState:
         entry = self.cluster.node(name)
         if entry.snapshot.seq != row["seq"] or (name in self.cordoned) != bool(row["cordoned"]):
             return False
-        devices, cpus = self._wanted(name, held)
+        devices, cpus = self._wanted(name, held, pools)
+        # Committing shares counted as not yet stored: a node with one committed and not
+        # yet ended here looks different, and sync_nodes reads which are stored.
         return (
             devices == entry.held_gpus | entry.held_migs
             and cpus == entry.held_cpus
-            and self._wanted_shares(name, pools) == entry.shares
+            and self._wanted_shares(name, held, pools, set()) == entry.shares
         )
 
-    def _wanted(self, name: str, held: set[str]) -> tuple[set[str], set[int]]:
+    def _wanted(
+        self, name: str, held: set[str], pools: dict[str, int]
+    ) -> tuple[set[str], set[int]]:
         """(GPU and MIG devices, CPUs) a node should hold: the database's holds plus the
-        devices this process is committing."""
-        wanted = held | set(self.inflight.get(name, ()))
+        devices this process is committing, but for a GPU the database has shares on
+        (another replica's commit came first: this one will be refused)."""
+        wanted = held | {d for d in self.inflight.get(name, ()) if d not in pools}
         cpus = {cpu_of(d) for d in wanted if d.startswith(CPU_PREFIX)}
         return {d for d in wanted if not d.startswith(CPU_PREFIX)}, cpus
 
-    def _wanted_shares(self, name: str, pools: dict[str, int]) -> dict[str, int]:
+    def _wanted_shares(
+        self, name: str, held: set[str], pools: dict[str, int], committed: set[str]
+    ) -> dict[str, int]:
         """Thousandths per shared GPU a node should hold: the database's pools plus the
-        shares this process is committing."""
+        shares this process is committing that they do not have yet. The database wins
+        where the two disagree (another replica's commit came first, and this one will
+        be refused): a share on a GPU it holds whole, or past a whole GPU, is left out."""
         wanted = dict(pools)
-        for device, milli in self.inflight_shares.get(name, {}).items():
-            wanted[device] = wanted.get(device, 0) + milli
+        for allocation_id, taken in self.inflight_shares.get(name, {}).items():
+            if allocation_id in committed:
+                continue  # already in the pool read
+            for device, milli in taken:
+                if device not in held and wanted.get(device, 0) + milli <= FULL_SHARE:
+                    wanted[device] = wanted.get(device, 0) + milli
         return {device: milli for device, milli in wanted.items() if milli > 0}
 
-    def _sync_row(self, row: sa.RowMapping, held: set[str], pools: dict[str, int]) -> None:
+    def _sync_row(
+        self, row: sa.RowMapping, held: set[str], pools: dict[str, int], committed: set[str]
+    ) -> None:
         name = str(row["name"])
         self.heartbeats[name] = max(_aware(row["heartbeat_at"]), self.heartbeats.get(name, _EPOCH))
         if row["cordoned"]:
@@ -277,9 +317,9 @@ class ServiceState:
             self.cordoned.discard(name)
         entry = self.cluster.node(name)
         migs = {m.uuid for m in entry.snapshot.mig_instances}
-        wanted, cpus = self._wanted(name, held)
+        wanted, cpus = self._wanted(name, held, pools)
         gpus_now, migs_now, cpus_now = entry.held_gpus, entry.held_migs, entry.held_cpus
-        shares, shares_now = self._wanted_shares(name, pools), dict(entry.shares)
+        shares, shares_now = self._wanted_shares(name, held, pools, committed), dict(entry.shares)
         # Given back first, then taken: a GPU may go from held whole to shared, or back.
         self.cluster.release(name, gpus_now - wanted, migs_now - wanted, cpus_now - cpus)
         for device in shares_now.keys() - shares.keys():
@@ -292,20 +332,31 @@ class ServiceState:
                 self.cluster.set_share(name, device, milli)
 
     def begin_inflight(
-        self, devices: Sequence[tuple[str, str]], shares: Sequence[tuple[str, str, int]] = ()
+        self,
+        devices: Sequence[tuple[str, str]],
+        shares: Sequence[tuple[str, str, int]] = (),
+        allocation_id: str = "",
     ) -> None:
+        """Devices and shares this process is committing (``allocation_id``'s shares)."""
         for node, device in devices:
             self.inflight[node][device] += 1
         for node, device, milli in shares:
-            self.inflight_shares[node][device] += milli
+            self.inflight_shares[node].setdefault(allocation_id, []).append((device, milli))
 
     def end_inflight(
-        self, devices: Sequence[tuple[str, str]], shares: Sequence[tuple[str, str, int]] = ()
+        self,
+        devices: Sequence[tuple[str, str]],
+        shares: Sequence[tuple[str, str, int]] = (),
+        allocation_id: str = "",
     ) -> None:
         for node, device in devices:
             _take(self.inflight, node, device, 1)
-        for node, device, milli in shares:
-            _take(self.inflight_shares, node, device, milli)
+        for node, _device, _milli in shares:
+            taken = self.inflight_shares.get(node)
+            if taken is not None:
+                taken.pop(allocation_id, None)
+                if not taken:
+                    del self.inflight_shares[node]
 
     def is_stale(self, node: str) -> bool:
         seen = self.heartbeats.get(node)

@@ -189,6 +189,7 @@ def place_flow(
             return Placed(replay, False)
     ttl = checked_ttl(state, body.ttl_s)
     for _ in range(PLACE_ATTEMPTS):
+        allocation_id = str(uuid.uuid4())
         with state.lock:
             state.refresh_if_due()
             outcome = state.cluster.place(body)  # a PlacementRequest; owner and TTL stay here
@@ -197,7 +198,7 @@ def place_flow(
                 state.cluster.apply(placement)  # tentative: concurrent ones here skip these GPUs
                 holds, shares = holds_of(placement), shares_of(placement)
                 devices = [(node, device) for node, device, _ in holds]
-                state.begin_inflight(devices, shares)
+                state.begin_inflight(devices, shares, allocation_id)
         if placement is None:
             refused = refusal(outcome)
             yield from _audit_refused(state, body, request_json, refused)
@@ -205,7 +206,7 @@ def place_flow(
         now = state.clock()
         tasks = tuple(views.reserved_task(t) for t in placement.tasks)
         row = {
-            "id": str(uuid.uuid4()),
+            "id": allocation_id,
             # No confirmation write follows an active one, and active allocations never expire.
             "state": "active" if active else "pending",
             "job_id": body.job_id,
@@ -234,7 +235,7 @@ def place_flow(
         try:
             yield Commit(row, holds, placement.nodes, audit, shares)
         except IntegrityError:
-            _undo(state, placement, devices, shares)
+            _undo(state, placement, devices, shares, allocation_id)
             if idempotency_key is not None:
                 replay = yield functools.partial(_replay, state, idempotency_key, request_json)
                 if replay is not None:
@@ -243,15 +244,15 @@ def place_flow(
             yield functools.partial(state.sync_nodes, list(placement.nodes))
             continue
         except OperationalError as exc:
-            _undo(state, placement, devices, shares)
+            _undo(state, placement, devices, shares, allocation_id)
             raise Unavailable(f"the database did not answer: {exc.orig}") from None
         except Exception:
             # Whatever else failed (a value the database refused, a fault), this
             # request's tentative choice must not outlive it.
-            _undo(state, placement, devices, shares)
+            _undo(state, placement, devices, shares, allocation_id)
             raise
         with state.lock:
-            state.end_inflight(devices, shares)
+            state.end_inflight(devices, shares, allocation_id)
         return Placed(views.allocation(row, tasks, placement), True)
     raced = Unschedulable(
         f"other replicas took the chosen GPUs {PLACE_ATTEMPTS} times in a row; retry",
@@ -326,7 +327,8 @@ def _undo(
     placement: Placement,
     devices: list[tuple[str, str]],
     shares: list[tuple[str, str, int]],
+    allocation_id: str,
 ) -> None:
     with state.lock:
-        state.end_inflight(devices, shares)
+        state.end_inflight(devices, shares, allocation_id)
         state.cluster.unapply(placement)

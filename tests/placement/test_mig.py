@@ -83,3 +83,26 @@ def test_mig_verdicts() -> None:
     by_node = {v.node: v for v in verdicts}
     assert by_node["mig0"].fits and by_node["mig0"].rank == 1
     assert by_node["plain"].cause is Cause.NO_MIG_PROFILE and not by_node["plain"].resolvable
+
+
+def test_no_instance_of_a_gpu_held_whole_or_in_shares_when_it_turns_mig() -> None:
+    """A GPU held by a whole-GPU job, and one holding shares, are reported in MIG mode
+    later (the jobs still run): none of their instances is given to a MIG request."""
+    snap = build_profile("dgx-a100-mig", "mig0")
+    plain = snap.model_copy(
+        update={
+            "gpus": [g.model_copy(update={"mig_enabled": False}) for g in snap.gpus],
+            "mig_instances": [],
+        }
+    )
+    state = ClusterState()
+    state.upsert(plain)
+    whole, shared = snap.gpus[0].uuid, snap.gpus[1].uuid
+    state.allocate("mig0", [whole])
+    state.allocate_share("mig0", shared, 0.25)
+    state.upsert(snap.model_copy(update={"seq": 1}))
+    parents: set[int] = set()
+    while (placement := state.place(PlacementRequest(mig_profile="1g.10gb")).placement) is not None:
+        state.apply(placement)
+        parents |= set(placement.tasks[0].gpu_indices)
+    assert parents and not parents & {0, 1}

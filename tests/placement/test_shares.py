@@ -132,5 +132,8 @@ def test_set_share_puts_a_gpu_at_exactly_that_count() -> None:
         state.set_share("a", gpus[2], 100)
     with pytest.raises(AllocationError, match="0 to 1000"):
         state.set_share("a", gpus[0], 1001)
-    with pytest.raises(AllocationError, match="no GPU"):
-        state.set_share("a", "GPU-nowhere", 100)
+    # A GPU the snapshot does not list (gone from this report) keeps what the store says
+    # by UUID, as a whole-GPU hold does, and counts for no GPU of this snapshot.
+    state.set_share("a", "GPU-gone", 100)
+    assert state.node("a").shares["GPU-gone"] == 100
+    assert 100 not in state.node("a").shares_by_index.values()

@@ -10,7 +10,7 @@ restarted service shows the same shares.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -19,6 +19,7 @@ import sqlalchemy as sa
 from fastapi.testclient import TestClient
 from sqlalchemy.exc import IntegrityError
 
+from placement import NodeSnapshot
 from placement.profiles import build_profile
 from service import migrate, schema
 from service.allocations import api
@@ -32,7 +33,7 @@ from service.nodes.schemas import SnapshotReport
 from service.settings import Settings
 from service.state import ServiceState
 from tests.service.conftest import ADMIN_TOKEN, FakeClock, secured
-from tests.service.helpers import add_nodes
+from tests.service.helpers import add_nodes, report
 
 
 def _share(client: TestClient, fraction: float, **extra: Any) -> dict[str, Any]:
@@ -358,3 +359,156 @@ def test_a_null_share_asks_for_one_whole_gpu(client: TestClient) -> None:
     assert response.status_code == 201, response.text
     assert response.json()["tasks"][0]["gpu_fraction"] is None
     assert _pools(_engine(client)) == {}
+
+
+# ---- a shared GPU gone from a node's report and back -------------------------------
+# The database keeps the share (its allocation degraded) and the pool; memory follows
+# without a fault, as it does for a whole-GPU hold.
+
+
+def _without(snap: NodeSnapshot, uuid: str, seq: int) -> NodeSnapshot:
+    kept = [g for g in snap.gpus if g.uuid != uuid]
+    gpus = [g.model_copy(update={"index": i}) for i, g in enumerate(kept)]
+    links = [["X"]] if len(gpus) == 1 else snap.links
+    return snap.model_copy(update={"seq": seq, "gpus": gpus, "links": links})
+
+
+def _state(client: TestClient) -> ServiceState:
+    return client.app.state.service  # type: ignore[attr-defined,no-any-return]
+
+
+def test_a_snapshot_without_a_shared_gpu_is_taken_without_a_fault(client: TestClient) -> None:
+    snap = add_nodes(client, ("workstation-2x-a6000", "ws"))[0]
+    share: dict[str, Any] = client.post("/v1/place", json={"gpu_fraction": 0.5}).json()
+    gpu = share["tasks"][0]["gpu_uuids"][0]
+    response = report(client, _without(snap, gpu, 1))  # the shared GPU is gone
+    assert response.status_code == 200, response.text
+
+
+def test_a_whole_gpu_hold_survives_the_same_reports(client: TestClient) -> None:
+    """Control: the same sequence with a whole-GPU hold keeps memory right."""
+    snap = add_nodes(client, ("workstation-2x-a6000", "ws"))[0]
+    whole: dict[str, Any] = client.post("/v1/place", json={"gpus": 1}).json()
+    gpu = whole["tasks"][0]["gpu_uuids"][0]
+    for seq in (1, 2):
+        assert report(client, _without(snap, gpu, seq)).status_code == 200
+    assert report(client, snap.model_copy(update={"seq": 3})).status_code == 200
+    assert gpu in _state(client).cluster.node("ws").held_gpus
+
+
+def test_a_share_is_still_held_in_memory_when_its_gpu_comes_back(client: TestClient) -> None:
+    snap = add_nodes(client, ("workstation-2x-a6000", "ws"))[0]
+    share: dict[str, Any] = client.post("/v1/place", json={"gpu_fraction": 0.5}).json()
+    gpu = share["tasks"][0]["gpu_uuids"][0]
+    assert report(client, _without(snap, gpu, 1)).status_code == 200  # gone for two reports
+    assert report(client, _without(snap, gpu, 2)).status_code == 200
+    assert report(client, snap.model_copy(update={"seq": 3})).status_code == 200  # back
+    assert client.get(f"/v1/allocations/{share['id']}").json()["state"] == "degraded"
+    assert _pools(_state(client).engine) == {("ws", gpu): 500}  # the database still holds it
+    memory = dict(_state(client).cluster.node("ws").shares)
+    assert memory == {gpu: 500}, f"memory {memory} != database pool {{{gpu!r}: 500}}"
+
+
+def test_the_other_replica_keeps_serving_the_node(
+    replicas: tuple[ServiceState, ServiceState],
+) -> None:
+    a, b = replicas
+    snap = build_profile("workstation-2x-a6000", "ws")
+    nodes.report_snapshot(a, "ws", SnapshotReport(snapshot=snap))
+    b.sync_nodes(None)
+    gpu = (
+        api.place(b, PlaceRequest(gpu_fraction=0.5, nodes=["ws"]), None)
+        .allocation.tasks[0]
+        .gpu_uuids[0]
+    )
+    nodes.report_snapshot(a, "ws", SnapshotReport(snapshot=_without(snap, gpu, 1)))
+    b.sync_nodes(["ws"])  # what B's listener does on A's notification
+    assert "ws" in b.cluster, "replica B dropped the node: its stored snapshot 'cannot be loaded'"
+
+
+# ---- a sync of a node while this process commits a share ----------------------------
+# A release's read-back, another replica's notification or a lost race's retry syncs
+# the node between the commit and the flow's end of it: a share committed and not yet
+# ended here is counted once, and where another replica's commit came first the
+# database wins, without a fault.
+
+
+def _in_thread(work: Callable[[], Any]) -> BaseException | None:
+    """``work`` on another thread (another request, the listener); what it raised."""
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            work()
+        except BaseException as exc:
+            failure.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    return failure[0] if failure else None
+
+
+def _around_commit(
+    state: ServiceState, before: Callable[[], None] | None, after: Callable[[], None] | None
+) -> None:
+    """The next commit of ``state`` (only it: a retry commits plainly) with ``before``
+    run ahead of the write and ``after`` once it is durable, before the flow ends it."""
+    real = state.committer.commit
+
+    def commit(*args: Any, **kwargs: Any) -> None:
+        state.committer.commit = real  # type: ignore[method-assign]
+        if before is not None:
+            before()
+        real(*args, **kwargs)
+        if after is not None:
+            after()
+
+    state.committer.commit = commit  # type: ignore[method-assign]
+
+
+@pytest.mark.parametrize("quarters_before", [1, 3], ids=["second quarter", "last quarter"])
+def test_a_release_right_after_a_share_commits_leaves_memory_as_the_database(
+    replicas: tuple[ServiceState, ServiceState], quarters_before: int
+) -> None:
+    a, _ = replicas
+    placed = [api.place(a, PlaceRequest(gpu_fraction=0.25), None) for _ in range(quarters_before)]
+    gpu = placed[0].allocation.tasks[0].gpu_uuids[0]
+    whole = api.place(a, PlaceRequest(gpus=1), None).allocation  # another GPU of dgx0
+    errors: list[BaseException | None] = []
+    _around_commit(a, None, lambda: errors.append(_in_thread(lambda: api.release(a, whole.id))))
+    last = api.place(a, PlaceRequest(gpu_fraction=0.25), None).allocation
+    assert last.tasks[0].gpu_uuids[0] == gpu
+    assert errors == [None]
+    held = 250 * (quarters_before + 1)
+    assert _pools(a.engine) == {("dgx0", gpu): held}
+    assert dict(a.cluster.node("dgx0").shares) == {gpu: held}
+
+
+@pytest.mark.parametrize(
+    ("theirs", "ours"),
+    [
+        ({"gpu_fraction": 0.8}, {"gpu_fraction": 0.25}),
+        ({"gpus": 1}, {"gpu_fraction": 0.25}),
+        ({"gpu_fraction": 0.25}, {"gpus": 1}),
+    ],
+    ids=["their share leaves no room", "their whole GPU", "their share on our GPU"],
+)
+def test_another_replicas_commit_heard_while_ours_commits_does_not_fault_the_sync(
+    replicas: tuple[ServiceState, ServiceState], theirs: dict[str, Any], ours: dict[str, Any]
+) -> None:
+    """B commits on the GPU A is committing on; A's listener syncs the node before A's
+    commit is refused. A then places elsewhere, and memory is the database."""
+    a, b = replicas
+    errors: list[BaseException | None] = []
+
+    def meanwhile() -> None:
+        api.place(b, PlaceRequest(**theirs), None)
+        errors.append(_in_thread(lambda: a.sync_nodes(["dgx0"])))  # A's listener
+
+    _around_commit(a, meanwhile, None)
+    api.place(a, PlaceRequest(**ours), None)
+    assert errors == [None]
+    b.sync_nodes(["dgx0"])
+    assert a.cluster.node("dgx0").shares == b.cluster.node("dgx0").shares
+    assert a.cluster.node("dgx0").held_gpus == b.cluster.node("dgx0").held_gpus
