@@ -61,10 +61,10 @@ class ServiceState:
         # Devices chosen by this process whose commit is in flight: a sync from
         # the database must not free them under a request that is committing.
         self.inflight: dict[str, Counter[str]] = defaultdict(Counter)
-        # The same for GPU shares: node -> device -> thousandths being committed.
-        # node -> allocation id -> (GPU, thousandths) of its shares: by allocation, as a
-        # sync must add only those not yet in the pools it read (a share committed but
-        # not yet ended here is in both; a sum, unlike a set of held GPUs, counts it twice).
+        # The same for GPU shares: node -> allocation id -> (GPU, thousandths) of its
+        # shares. By allocation, as a sync must add only those not yet in the pools it
+        # read (a share committed but not yet ended here is in both; a sum, unlike a set
+        # of held GPUs, counts it twice).
         self.inflight_shares: dict[str, dict[str, list[tuple[str, int]]]] = defaultdict(dict)
         self._next_stale_at = _EPOCH
         # What changed, for watchers (gRPC Watch) and for /metrics, which counts every event.

@@ -59,9 +59,12 @@ def _shares(engine: sa.Engine) -> dict[str, int]:
         return {str(a): int(m) for a, m in rows}
 
 
+def _state(client: TestClient) -> ServiceState:
+    return client.app.state.service  # type: ignore[attr-defined,no-any-return]
+
+
 def _engine(client: TestClient) -> sa.Engine:
-    engine: sa.Engine = client.app.state.service.engine  # type: ignore[attr-defined]
-    return engine
+    return _state(client).engine
 
 
 def test_four_quarters_fill_one_gpu_before_a_fifth_opens_another(client: TestClient) -> None:
@@ -373,10 +376,6 @@ def _without(snap: NodeSnapshot, uuid: str, seq: int) -> NodeSnapshot:
     return snap.model_copy(update={"seq": seq, "gpus": gpus, "links": links})
 
 
-def _state(client: TestClient) -> ServiceState:
-    return client.app.state.service  # type: ignore[attr-defined,no-any-return]
-
-
 def test_a_snapshot_without_a_shared_gpu_is_taken_without_a_fault(client: TestClient) -> None:
     snap = add_nodes(client, ("workstation-2x-a6000", "ws"))[0]
     share: dict[str, Any] = client.post("/v1/place", json={"gpu_fraction": 0.5}).json()
@@ -404,7 +403,7 @@ def test_a_share_is_still_held_in_memory_when_its_gpu_comes_back(client: TestCli
     assert report(client, _without(snap, gpu, 2)).status_code == 200
     assert report(client, snap.model_copy(update={"seq": 3})).status_code == 200  # back
     assert client.get(f"/v1/allocations/{share['id']}").json()["state"] == "degraded"
-    assert _pools(_state(client).engine) == {("ws", gpu): 500}  # the database still holds it
+    assert _pools(_engine(client)) == {("ws", gpu): 500}  # the database still holds it
     memory = dict(_state(client).cluster.node("ws").shares)
     assert memory == {gpu: 500}, f"memory {memory} != database pool {{{gpu!r}: 500}}"
 
