@@ -212,8 +212,12 @@ def _check_seq(name: str, seq: int, stored: int, same_content: bool, keyed: bool
 
 
 def _mark_degraded(conn: sa.Connection, snap: NodeSnapshot) -> None:
-    """Allocations on GPUs that vanished or turned unhealthy become `degraded`, not dropped."""
-    healthy = {g.uuid for g in snap.gpus if g.health is Health.HEALTHY}
+    """Allocations on GPUs that vanished, turned unhealthy or turned MIG become `degraded`,
+    not dropped."""
+    # A GPU in MIG mode serves only through its instances: a job held on the GPU
+    # whole or in a share has lost it (turning MIG on needs the GPU idle), so the
+    # GPU's own UUID counts as gone for those holds.
+    healthy = {g.uuid for g in snap.gpus if g.health is Health.HEALTHY and not g.mig_enabled}
     healthy |= {
         m.uuid
         for m in snap.mig_instances

@@ -242,3 +242,16 @@ def test_cpus_reserved_with_a_task_are_held_and_freed(
     client.app.state.service.sync_nodes(["ws0"])  # what a notification or resync does
     third = client.post("/v1/place", json={"gpus": 1, "cpus_per_task": 40})
     assert third.status_code == 201, third.text
+
+
+def test_a_gpu_turning_mig_degrades_its_whole_and_shared_holds(client: TestClient) -> None:
+    snap = add_nodes(client, ("hgx-h100", "h0"))[0]
+    whole = client.post("/v1/place", json={"gpus": 1}).json()
+    share = client.post("/v1/place", json={"gpu_fraction": 0.25}).json()
+    bystander = client.post("/v1/place", json={"gpus": 1}).json()
+    turned = {whole["tasks"][0]["gpu_uuids"][0], share["tasks"][0]["gpu_uuids"][0]}
+    gpus = [g.model_copy(update={"mig_enabled": g.uuid in turned}) for g in snap.gpus]
+    assert report(client, snap.model_copy(update={"seq": 1, "gpus": gpus})).status_code == 200
+    for allocation in (whole, share):
+        assert client.get(f"/v1/allocations/{allocation['id']}").json()["state"] == "degraded"
+    assert client.get(f"/v1/allocations/{bystander['id']}").json()["state"] == "pending"
