@@ -8,6 +8,7 @@
     ├── NotFound          404    no such node / allocation / route
     ├── MethodNotAllowed  405    the route exists, not with this method (Allow)
     ├── Conflict          409    the state says no (e.g. idempotency key reused)
+    │   ├── KeyInFlight   409    a retry racing its key's first try, still committing (Retry-After)
     │   ├── ReplayedSnapshot 409 a signed snapshot not newer than the stored one
     │   ├── ReplayedSummary 409  a region's summary not newer than the stored one
     │   ├── RegionBusy    409    retiring a region with live allocations, unforced
@@ -79,6 +80,13 @@ class MethodNotAllowed(ServiceError):
 class Conflict(ServiceError):
     status = 409
     code = "conflict"
+
+
+class KeyInFlight(Conflict):
+    """A retry that found nothing free while its key's first try was still committing."""
+
+    code = "idempotency_key_in_flight"
+    retry_after = 1
 
 
 class ReplayedSnapshot(Conflict):

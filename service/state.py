@@ -66,6 +66,9 @@ class ServiceState:
         # read (a share committed but not yet ended here is in both; a sum, unlike a set
         # of held GPUs, counts it twice).
         self.inflight_shares: dict[str, dict[str, list[tuple[str, int]]]] = defaultdict(dict)
+        # Idempotency-Keys of the reservations in flight: a retry of one finds the node
+        # full of its own first try's GPUs, and must not be told nothing fits.
+        self.inflight_keys: Counter[str] = Counter()
         self._next_stale_at = _EPOCH
         # What changed, for watchers (gRPC Watch) and for /metrics, which counts every event.
         self.events = EventHub(tally=self.metrics.published)
@@ -336,10 +339,14 @@ class ServiceState:
         devices: Sequence[tuple[str, str]],
         shares: Sequence[tuple[str, str, int]] = (),
         allocation_id: str = "",
+        key: str | None = None,
     ) -> None:
-        """Devices and shares this process is committing (``allocation_id``'s shares)."""
+        """Devices and shares this process is committing (``allocation_id``'s shares,
+        under Idempotency-Key ``key``)."""
         for node, device in devices:
             self.inflight[node][device] += 1
+        if key is not None:
+            self.inflight_keys[key] += 1
         for node, device, milli in shares:
             self.inflight_shares[node].setdefault(allocation_id, []).append((device, milli))
 
@@ -348,9 +355,14 @@ class ServiceState:
         devices: Sequence[tuple[str, str]],
         shares: Sequence[tuple[str, str, int]] = (),
         allocation_id: str = "",
+        key: str | None = None,
     ) -> None:
         for node, device in devices:
             _take(self.inflight, node, device, 1)
+        if key is not None:
+            self.inflight_keys[key] -= 1
+            if self.inflight_keys[key] <= 0:
+                del self.inflight_keys[key]
         for node, _device, _milli in shares:
             taken = self.inflight_shares.get(node)
             if taken is not None:

@@ -51,6 +51,7 @@ from service.audit import store as audit_store
 from service.errors import (
     BadRequest,
     Conflict,
+    KeyInFlight,
     ServiceError,
     Unavailable,
     Unresolvable,
@@ -198,8 +199,22 @@ def place_flow(
                 state.cluster.apply(placement)  # tentative: concurrent ones here skip these GPUs
                 holds, shares = holds_of(placement), shares_of(placement)
                 devices = [(node, device) for node, device, _ in holds]
-                state.begin_inflight(devices, shares, allocation_id)
+                state.begin_inflight(devices, shares, allocation_id, idempotency_key)
+            racing = idempotency_key is not None and idempotency_key in state.inflight_keys
         if placement is None:
+            if idempotency_key is not None:
+                # A retry may find nothing free because its first try holds it: the
+                # key's reservation is the answer. One still committing here is not
+                # known yet either way: the client is told to retry, not that nothing fits.
+                replay = yield functools.partial(_replay, state, idempotency_key, request_json)
+                if replay is not None:
+                    return Placed(replay, False)
+                if racing:
+                    raise KeyInFlight(
+                        "a request with this Idempotency-Key is being committed; retry it"
+                        " to get its answer",
+                        {"idempotency_key": idempotency_key},
+                    )
             refused = refusal(outcome)
             yield from _audit_refused(state, body, request_json, refused)
             raise refused
@@ -235,7 +250,7 @@ def place_flow(
         try:
             yield Commit(row, holds, placement.nodes, audit, shares)
         except IntegrityError:
-            _undo(state, placement, devices, shares, allocation_id)
+            _undo(state, placement, devices, shares, allocation_id, idempotency_key)
             if idempotency_key is not None:
                 replay = yield functools.partial(_replay, state, idempotency_key, request_json)
                 if replay is not None:
@@ -244,15 +259,18 @@ def place_flow(
             yield functools.partial(state.sync_nodes, list(placement.nodes))
             continue
         except OperationalError as exc:
-            _undo(state, placement, devices, shares, allocation_id)
+            _undo(state, placement, devices, shares, allocation_id, idempotency_key)
             raise Unavailable(f"the database did not answer: {exc.orig}") from None
-        except Exception:
-            # Whatever else failed (a value the database refused, a fault), this
-            # request's tentative choice must not outlive it.
-            _undo(state, placement, devices, shares, allocation_id)
+        except BaseException:
+            # Whatever else failed (a value the database refused, a fault), or the flow
+            # was dropped at its commit (the request cancelled): this request's tentative
+            # choice must not outlive it. Marks left in flight would keep the GPUs held
+            # in memory through every sync. Had the commit landed regardless, the
+            # database still holds them and the next choice of them is refused there.
+            _undo(state, placement, devices, shares, allocation_id, idempotency_key)
             raise
         with state.lock:
-            state.end_inflight(devices, shares, allocation_id)
+            state.end_inflight(devices, shares, allocation_id, idempotency_key)
         return Placed(views.allocation(row, tasks, placement), True)
     raced = Unschedulable(
         f"other replicas took the chosen GPUs {PLACE_ATTEMPTS} times in a row; retry",
@@ -328,7 +346,8 @@ def _undo(
     devices: list[tuple[str, str]],
     shares: list[tuple[str, str, int]],
     allocation_id: str,
+    key: str | None,
 ) -> None:
     with state.lock:
-        state.end_inflight(devices, shares, allocation_id)
+        state.end_inflight(devices, shares, allocation_id, key)
         state.cluster.unapply(placement)

@@ -15,6 +15,7 @@ of the REST ``detail``), and where they apply:
     rate_limited             RESOURCE_EXHAUSTED     RetryInfo (the seconds until allowed)
     not_found                NOT_FOUND
     conflict                 FAILED_PRECONDITION    (retrying will not help)
+    idempotency_key_in_flight ABORTED               RetryInfo 1 s (retry: the first try's answer)
     unschedulable            RESOURCE_EXHAUSTED     RetryInfo 5 s, PlacementRefusal
     unresolvable             FAILED_PRECONDITION    PlacementRefusal (change the request)
     payload_too_large        RESOURCE_EXHAUSTED
@@ -60,6 +61,7 @@ CODES: dict[str, grpc.StatusCode] = {
     "rate_limited": grpc.StatusCode.RESOURCE_EXHAUSTED,
     "not_found": grpc.StatusCode.NOT_FOUND,
     "conflict": grpc.StatusCode.FAILED_PRECONDITION,
+    "idempotency_key_in_flight": grpc.StatusCode.ABORTED,
     "unschedulable": grpc.StatusCode.RESOURCE_EXHAUSTED,
     "unresolvable": grpc.StatusCode.FAILED_PRECONDITION,
     "payload_too_large": grpc.StatusCode.RESOURCE_EXHAUSTED,

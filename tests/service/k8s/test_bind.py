@@ -203,3 +203,13 @@ def test_a_bind_that_cannot_reserve_is_a_refused_decision_in_the_audit_log(
     [entry] = refused
     assert (entry["route"], entry["job_id"]) == ("POST /k8s/v1/bind", q["metadata"]["uid"])
     assert entry["detail"]["code"] == "unschedulable" and entry["detail"]["reasons"]
+
+
+def test_a_retried_bind_of_a_pod_filling_its_node_is_a_bind(fleet: TestClient, kube: FakeKubeApi):
+    # The first bind's answer was lost; the retry finds h100-a full of the pod's own GPUs.
+    p = kube.add(pod("trainer-0", 8))
+    assert _bind(fleet, p, "h100-a") == ""
+    assert _bind(fleet, p, "h100-a") == ""
+    (allocation,) = _allocations(fleet, p["metadata"]["uid"])
+    assert allocation["state"] == "active"
+    assert fleet.get("/v1/nodes/h100-a").json()["free_gpus"] == []

@@ -1,0 +1,67 @@
+"""A retry with an Idempotency-Key that finds nothing free: its first try is the answer."""
+
+from __future__ import annotations
+
+import pytest
+from fastapi.testclient import TestClient
+
+from service.allocations import api
+from service.allocations.place_flow import Commit, blocking_step
+from service.allocations.schemas import PlaceRequest
+from service.errors import KeyInFlight, Unschedulable
+from service.state import ServiceState
+from tests.service.helpers import add_nodes
+
+WHOLE_NODE = PlaceRequest.model_validate({"gpus": 8, "job_id": "fills-h0"})
+
+
+def _state(client: TestClient) -> ServiceState:
+    state: ServiceState = client.app.state.service  # type: ignore[attr-defined]
+    return state
+
+
+def test_a_retry_finding_its_first_try_holding_the_node_replays_it(client: TestClient) -> None:
+    add_nodes(client, ("hgx-h100", "h0"))
+    state = _state(client)
+    first = api.place(state, WHOLE_NODE, "k-1", replay_first=False)
+    # The Kubernetes bind's first reservation skips the read before the decision; the
+    # engine then finds h0 full of this very reservation's GPUs.
+    again = api.place(state, WHOLE_NODE, "k-1", replay_first=False)
+    assert (again.created, again.allocation.id) == (False, first.allocation.id)
+    with pytest.raises(Unschedulable):
+        api.place(state, WHOLE_NODE, "k-2", replay_first=False)  # another key: nothing fits
+
+
+def test_a_retry_racing_its_first_try_is_told_to_retry_then_replays(client: TestClient) -> None:
+    add_nodes(client, ("hgx-h100", "h0"))
+    state = _state(client)
+    flow = api.placing(state, WHOLE_NODE, "k-1")
+    step = next(flow)
+    while not isinstance(step, Commit):  # the first try, up to its commit
+        step = flow.send(blocking_step(state, False, step))
+    with pytest.raises(KeyInFlight) as raced:
+        api.place(state, WHOLE_NODE, "k-1")
+    assert raced.value.retry_after == 1
+    with pytest.raises(StopIteration) as done:
+        flow.send(blocking_step(state, False, step))
+    first = done.value.value
+    assert state.inflight_keys == {}
+    again = api.place(state, WHOLE_NODE, "k-1")
+    assert (again.created, again.allocation.id) == (False, first.allocation.id)
+
+
+def test_a_racing_retry_over_http_gets_409_with_retry_after(client: TestClient) -> None:
+    add_nodes(client, ("hgx-h100", "h0"))
+    state = _state(client)
+    flow = api.placing(state, WHOLE_NODE, "k-1")
+    step = next(flow)
+    while not isinstance(step, Commit):
+        step = flow.send(blocking_step(state, False, step))
+    body = WHOLE_NODE.model_dump(exclude_unset=True)
+    raced = client.post("/v1/place", json=body, headers={"Idempotency-Key": "k-1"})
+    assert raced.status_code == 409 and raced.headers["retry-after"] == "1"
+    assert raced.json()["error"]["code"] == "idempotency_key_in_flight"
+    flow.close()  # the first try abandoned: its GPUs go back, its key is no longer in flight
+    assert state.inflight_keys == {}
+    placed = client.post("/v1/place", json=body, headers={"Idempotency-Key": "k-1"})
+    assert placed.status_code == 201, placed.text
