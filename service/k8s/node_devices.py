@@ -197,6 +197,16 @@ def _reconcile_pod(
             outcome.action = "deferred"
             outcome.message = "the pod is gone from the Kubernetes API"
             return outcome
+        bound_to = (found.get("spec") or {}).get("nodeName")
+        if bound_to != node:
+            # A report names pods by name only: the pod of that name runs elsewhere (or
+            # nowhere yet), so this node's truth is not its truth; its allocation stays.
+            outcome.action = "deferred"
+            outcome.message = (
+                f"the pod of that name is bound to node {bound_to!r} in the Kubernetes API,"
+                f" not to {node!r}: a pod this node ran was replaced, or it is not this node's"
+            )
+            return outcome
         meta = found.get("metadata") or {}
         annotations = meta.get("annotations") or {}
         if GANG in annotations:

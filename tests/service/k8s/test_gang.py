@@ -192,3 +192,18 @@ def test_a_member_given_its_gangmates_gpus_is_counted_not_held_twice(
     assert "another task" in outcome["message"]
     assert _gang(fleet)["tasks"] == gang["tasks"]  # nothing half-written
     assert fleet.get("/v1/k8s/mismatches").json()["counts"]["unmatched"] == 1
+
+
+def test_a_member_reported_from_another_node_moves_nothing(fleet: TestClient, kube: FakeKubeApi):
+    node, _ = _member(fleet, kube, "ring-0")
+    before = _gang(fleet)
+    other = next(n for n in ("h100-a", "h100-b") if n != node)
+    held = {d for t in before["tasks"] if t["node"] == other for d in t["gpu_uuids"]}
+    free = [
+        g["uuid"] for g in fleet.get(f"/v1/nodes/{other}").json()["gpus"] if g["uuid"] not in held
+    ]
+    outcome = _report(fleet, other, "ring-0", free[:2])
+    assert outcome["action"] == "deferred", outcome
+    assert node in outcome["message"]
+    assert _gang(fleet)["tasks"] == before["tasks"]
+    assert fleet.get("/v1/k8s/mismatches").json()["counts"]["moved"] == 0

@@ -108,7 +108,9 @@ def test_the_kubelets_choice_moves_the_allocation(fleet: TestClient, kube: FakeK
 
 
 def test_a_pod_without_a_reservation_gets_one(fleet: TestClient, kube: FakeKubeApi):
-    manual = kube.add(pod("manual", 1))
+    manual = pod("manual", 1)
+    manual["spec"]["nodeName"] = NODE  # bound by hand, past the scheduler
+    kube.add(manual)
     uuids = _uuids()
     body = _report(
         fleet, [{"namespace": "ml-team", "name": "manual", "devices": uuids[-1:]}]
@@ -119,6 +121,35 @@ def test_a_pod_without_a_reservation_gets_one(fleet: TestClient, kube: FakeKubeA
     assert allocation["job_id"] == manual["metadata"]["uid"]
     assert allocation["owner"] == "k8s-pod:ml-team/manual"
     assert allocation["state"] == "active"
+
+
+def test_a_pod_bound_to_another_node_is_not_moved_onto_this_one(
+    fleet: TestClient, kube: FakeKubeApi
+):
+    # A report names pods by namespace and name only; the one of that name in the API runs
+    # elsewhere (a StatefulSet's pod recreated on another node, or another node's pod named
+    # by this node's token). Its allocation there keeps its GPUs.
+    add_nodes(fleet, ("hgx-h100", "h100-c"))
+    p = kube.add(pod("elsewhere", 2))
+    assert fleet.post("/k8s/v1/bind", json=binding_args(p, "h100-c")).json() == {"Error": ""}
+    (before,) = fleet.get("/v1/allocations", params={"node": "h100-c"}).json()["allocations"]
+    body = _report(fleet, [{"namespace": "ml-team", "name": "elsewhere", "devices": _uuids()[:2]}])
+    assert body.status_code == 200, body.text
+    (outcome,) = body.json()["outcomes"]
+    assert outcome["action"] == "deferred", outcome
+    assert "h100-c" in outcome["message"]
+    after = fleet.get(f"/v1/allocations/{before['id']}").json()
+    assert (after["state"], after["tasks"]) == (before["state"], before["tasks"])
+    assert fleet.get(f"/v1/nodes/{NODE}").json()["free_gpus"] == list(range(8))
+    assert fleet.get("/v1/k8s/mismatches").json()["counts"]["moved"] == 0
+
+
+def test_an_unbound_pod_is_deferred(fleet: TestClient, kube: FakeKubeApi):
+    kube.add(pod("unbound", 1))
+    body = _report(fleet, [{"namespace": "ml-team", "name": "unbound", "devices": _uuids()[:1]}])
+    (outcome,) = body.json()["outcomes"]
+    assert outcome["action"] == "deferred", outcome
+    assert fleet.get("/v1/allocations", params={"node": NODE}).json()["allocations"] == []
 
 
 def test_an_unreadable_pod_is_deferred_not_guessed(fleet: TestClient, kube: FakeKubeApi):
