@@ -136,6 +136,9 @@ class Authenticator:
         for index, token in enumerate(t for t in static_tokens if t):
             self._static[_digest(token)] = Principal(f"static-{index}", Role.ADMIN, name="static")
         self._cache: dict[bytes, Principal] = {}
+        # Ids this process knows were revoked: a principal authenticated before (an open
+        # gRPC Watch, a hash in flight) is checked against them, not only the cache.
+        self._revoked: set[str] = set()
         self._refused: dict[bytes, float] = {}
         self._lock = threading.Lock()
 
@@ -194,6 +197,8 @@ class Authenticator:
             record.id, record.role, record.scope.nodes, record.scope.region, record.name
         )
         with self._lock:
+            if record.id in self._revoked:  # revoked while its hash was checked
+                raise Unauthorized("the token is not one this service accepts (revoked)")
             self._cache[digest] = principal
         return principal
 
@@ -212,6 +217,7 @@ class Authenticator:
     def drop(self, token_id: str) -> None:
         """Forget a token at once (this process revoked it)."""
         with self._lock:
+            self._revoked.add(token_id)
             for digest in [d for d, p in self._cache.items() if p.token_id == token_id]:
                 del self._cache[digest]
 
@@ -225,8 +231,14 @@ class Authenticator:
         gone = cached_ids - live
         if gone:
             with self._lock:
+                self._revoked |= gone
                 for digest in [d for d, p in self._cache.items() if p.token_id in gone]:
                     del self._cache[digest]
+
+    def revoked(self, principal: Principal) -> bool:
+        """Whether the token ``principal`` stands for was revoked since it was authenticated
+        (as far as this process knows: at once where it was revoked, else within a poll)."""
+        return principal.token_id in self._revoked
 
     # -- may they -------------------------------------------------------------
 

@@ -67,7 +67,34 @@ class RequireToken(grpc.aio.ServerInterceptor):
         except (Unauthorized, Forbidden) as error:
             return _refusing(handler, status_map.from_service_error(error))
         route = "gRPC " + handler_call_details.method.rsplit("/", 1)[-1]
-        return _acting(handler, principal.actor(route))
+        return _acting(self._revocable(handler, principal), principal.actor(route))
+
+    def _revocable(self, handler: Handler, principal: Principal) -> Handler:
+        """``handler``, a stream (Watch), ending UNAUTHENTICATED at its first message after
+        its token is revoked: the check at its start does not hold for the stream's life."""
+        inner: Any = handler.unary_stream  # the servicer's async generator
+        if inner is None:
+            return handler
+        check = self.check
+
+        async def streaming(
+            request: Any, context: grpc.aio.ServicerContext[Any, Any]
+        ) -> AsyncIterator[Any]:
+            stream = inner(request, context)
+            try:
+                async for message in stream:
+                    if check.revoked(principal):
+                        revoked = Unauthorized("the token was revoked while this stream was open")
+                        await status_map.abort(context, status_map.from_service_error(revoked))
+                    yield message
+            finally:
+                await stream.aclose()
+
+        return grpc.unary_stream_rpc_method_handler(
+            streaming,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
 
     def _scoped(self, handler: Handler, principal: Principal) -> Handler:
         """``handler`` behind a check of the node its (unary) request names."""

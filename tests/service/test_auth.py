@@ -10,11 +10,16 @@ from pathlib import Path
 
 import httpx
 import pytest
+import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
+from service import auth, migrate
+from service.access import Role
 from service.app import NoTokenSource, create_app
 from service.auth import Authenticator, Unauthorized
+from service.db import make_engine
 from service.settings import Settings
+from service.tokens import store
 from topoplace_client.api import ApiError, TopoplaceClient
 
 
@@ -137,3 +142,45 @@ def test_the_client_sends_its_token(tmp_path: Path) -> None:
             pytest.raises(ApiError),
         ):
             anonymous.nodes()
+
+
+def test_a_token_revoked_while_its_hash_is_checked_is_not_kept(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    migrate.upgrade(database_url)
+    engine = make_engine(database_url)
+    record, secret = store.create(engine, Role.VIEWER, name="dashboard")
+    check = Authenticator(engine)
+    real = store.verified
+
+    def revoked_meanwhile(on: sa.Engine, token_id: str, presented: str) -> store.TokenRecord | None:
+        found = real(on, token_id, presented)
+        # The read saw it live; DELETE /v1/tokens lands in this process before the cache does.
+        store.revoke(engine, record.id)
+        check.drop(record.id)
+        return found
+
+    monkeypatch.setattr(auth.store, "verified", revoked_meanwhile)
+    with pytest.raises(Unauthorized, match="revoked"):
+        check.authenticate(f"Bearer {secret}")
+    monkeypatch.setattr(auth.store, "verified", real)
+    with pytest.raises(Unauthorized):
+        principal = check.authenticate(f"Bearer {secret}")
+        pytest.fail(f"the revoked token {principal.token_id} was accepted from the cache")
+    engine.dispose()
+
+
+def test_a_principal_revoked_by_another_process_is_known_revoked(database_url: str) -> None:
+    migrate.upgrade(database_url)
+    engine = make_engine(database_url)
+    record, secret = store.create(engine, Role.VIEWER, name="dashboard")
+    check = Authenticator(engine)
+    principal = check.authenticate(f"Bearer {secret}")
+    check.forget_revoked()
+    assert not check.revoked(principal)
+    store.revoke(engine, record.id)  # through another replica: this one learns it by its poll
+    check.forget_revoked()
+    assert check.revoked(principal)
+    with pytest.raises(Unauthorized):
+        check.authenticate(f"Bearer {secret}")
+    engine.dispose()

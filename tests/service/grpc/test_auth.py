@@ -12,7 +12,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from service.grpc.gen import topoplace_pb2 as pb
 from service.settings import Settings
-from tests.service.grpc.conftest import Running, details, reason, start
+from tests.service.grpc.conftest import Running, details, reason, snapshot_request, start
 
 
 @pytest.fixture
@@ -81,3 +81,25 @@ def test_health_and_reflection_stay_open(guarded: Running) -> None:
     assert {"topoplace.v1.Topoplace", "grpc.health.v1.Health"} <= names
     files = described.file_descriptor_response.file_descriptor_proto
     assert files and b"topoplace/v1/topoplace.proto" in files[0]
+
+
+def test_a_watch_ends_at_the_first_event_after_its_token_is_revoked(guarded: Running) -> None:
+    admin = "Bearer s3cret-0123456789abcdef"
+    made = guarded.rest.post(
+        "/v1/tokens", json={"role": "viewer", "name": "dashboard"}, headers={"Authorization": admin}
+    ).json()
+    viewer = (("authorization", f"Bearer {made['token']}"),)
+    stream = guarded.stub.Watch(pb.WatchRequest(), metadata=viewer, timeout=60)
+    assert next(stream).type == "started"
+    revoked = guarded.rest.delete(f"/v1/tokens/{made['id']}", headers={"Authorization": admin})
+    assert revoked.status_code == 204
+    guarded.stub.ReportSnapshot(
+        snapshot_request("hgx-h100", "h0"), metadata=(("authorization", admin),)
+    )
+    # The node's report is not shown to a token revoked before it: the stream ends instead.
+    with pytest.raises(grpc.RpcError) as caught:
+        event = next(stream)
+        pytest.fail(f"a revoked token's Watch was sent {event.kind}/{event.type}")
+    assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert reason(caught.value) == "unauthorized"
+    assert "revoked" in caught.value.details()
