@@ -225,6 +225,9 @@ node_keys = sa.Table(
     sa.Column("algorithm", sa.String(16), nullable=False),
     sa.Column("public_key", sa.Text, nullable=False),  # base64 of the raw key
     sa.Column("registered_at", sa.DateTime(timezone=True), nullable=False),
+    # The newest seq a snapshot signed by this key was taken with (NULL: none yet). It
+    # outlives the node's row, so a deleted node's last snapshot sent again is a replay.
+    sa.Column("seq", sa.BigInteger, nullable=True),
 )
 
 # API tokens (service/tokens/): only the scrypt hash of each secret is kept. The

@@ -182,6 +182,16 @@ def insert_key(
     )
 
 
+def mark_signed_seq(conn: Connection, name: str, seq: int) -> None:
+    """Remember ``seq`` as the newest taken under the node's key (it only grows)."""
+    table = schema.node_keys
+    conn.execute(
+        sa.update(table)
+        .where(table.c.node == name, sa.or_(table.c.seq.is_(None), table.c.seq < seq))
+        .values(seq=seq)
+    )
+
+
 def delete_key(conn: Connection, name: str) -> bool:
     table = schema.node_keys
     return bool(conn.execute(sa.delete(table).where(table.c.node == name)).rowcount)

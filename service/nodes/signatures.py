@@ -59,9 +59,10 @@ def verified_key(
     return public_key
 
 
-def check_unchanged(conn: sa.Connection, name: str, public_key: str | None) -> None:
+def check_unchanged(conn: sa.Connection, name: str, public_key: str | None) -> int | None:
     """Inside the write: the key verified against is still the node's (not deleted or
-    replaced meanwhile)."""
+    replaced meanwhile). Returns the newest seq taken under it (None: none yet, or no
+    key): it outlives the node's row, so a deleted node is not brought back by a replay."""
     row = repository.get_key(conn, name)
     now = None if row is None else str(row["public_key"])
     if now != public_key:
@@ -70,3 +71,4 @@ def check_unchanged(conn: sa.Connection, name: str, public_key: str | None) -> N
             " send it again",
             {"field": "signature"},
         )
+    return None if row is None or row["seq"] is None else int(row["seq"])

@@ -123,8 +123,10 @@ def _store(
     snap = report.snapshot
     with state.engine.begin() as conn:
         repository.lock_device_uuids(conn, devices)
-        signatures.check_unchanged(conn, name, key)
+        signed_seq = signatures.check_unchanged(conn, name, key)
         keyed = key is not None
+        if signed_seq is not None:  # also when the node's row was deleted since
+            _check_seq(name, snap.seq, signed_seq, False, keyed)
         row = repository.get(conn, name)
         if row is not None:
             _check_seq(name, snap.seq, int(row["seq"]), row["snapshot"] == body, keyed)
@@ -142,6 +144,8 @@ def _store(
                 f"node {name!r} was removed or changed while this snapshot was stored;"
                 " send it again"
             )
+        if keyed:
+            repository.mark_signed_seq(conn, name, snap.seq)
         # After the write: on SQLite this transaction now holds the write lock,
         # on Postgres the UUID locks; either way no other report can claim
         # these devices until this one commits or is undone.

@@ -245,3 +245,39 @@ def test_0007_adds_shares_and_a_downgrade_ends_the_share_allocations(database_ur
         assert sa.inspect(engine).has_table("gpu_shares")
     finally:
         engine.dispose()
+
+
+def test_0008_keys_take_the_seq_of_their_nodes_signed_snapshot(database_url: str) -> None:
+    """Up: a key whose node holds a signed snapshot takes its seq, others none; down: the
+    column goes; up again works."""
+    from datetime import UTC, datetime
+
+    migrate.upgrade(database_url)
+    engine = sa.create_engine(database_url)
+    config = migrate.alembic_config(database_url)
+    now = datetime(2026, 12, 4, tzinfo=UTC)
+    try:
+        command.downgrade(config, "0007")
+        node = sa.text(
+            "INSERT INTO nodes (name, region, snapshot, seq, signature, reported_at,"
+            " heartbeat_at) VALUES (:name, 'default', '{}', :seq, :signature, :now, :now)"
+        )
+        key = sa.text(
+            "INSERT INTO node_keys (node, algorithm, public_key, registered_at)"
+            " VALUES (:node, 'ed25519', 'k', :now)"
+        )
+        with engine.begin() as conn:
+            conn.execute(node, {"name": "signed", "seq": 41, "signature": "s", "now": now})
+            conn.execute(node, {"name": "unsigned", "seq": 7, "signature": None, "now": now})
+            for name in ("signed", "unsigned", "not-reported"):
+                conn.execute(key, {"node": name, "now": now})
+        migrate.upgrade(database_url)
+        with engine.connect() as conn:
+            seqs = dict(conn.execute(sa.text("SELECT node, seq FROM node_keys")).all())
+        assert seqs == {"signed": 41, "unsigned": None, "not-reported": None}
+        command.downgrade(config, "0007")
+        columns = {c["name"] for c in sa.inspect(engine).get_columns("node_keys")}
+        assert "seq" not in columns
+        migrate.upgrade(database_url)
+    finally:
+        engine.dispose()

@@ -142,6 +142,30 @@ def test_a_resent_snapshot_is_a_replay_and_keeps_no_dead_node_alive(
     assert client.get(f"/v1/nodes/{NAME}").json()["state"] == "stale"
 
 
+def test_a_deleted_keyed_node_is_not_revived_by_its_last_snapshot_sent_again(
+    client: TestClient, signed: tuple[NodeKey, NodeSnapshot]
+) -> None:
+    key, snap = signed
+    job = client.get("/v1/allocations", params={"job_id": "running"}).json()["allocations"][0]
+    assert client.post(f"/v1/allocations/{job['id']}/release").status_code == 200
+    assert client.delete(f"/v1/nodes/{NAME}").status_code == 204  # a dead node, removed
+    # Its key stays registered, so a captured signed snapshot still verifies; its seq is
+    # the one the deleted row held, and it is refused as a replay all the same.
+    for seq in (10, 9):
+        body = _body(snap, seq)
+        response = _put(client, body, key.sign(body))
+        assert response.status_code == 409, response.text
+        error = response.json()["error"]
+        assert error["code"] == "replayed_snapshot"
+        assert error["detail"] == {"field": "snapshot.seq", "stored_seq": 10}
+    assert client.get(f"/v1/nodes/{NAME}").status_code == 404
+    # The node itself, signing a new seq, is taken back.
+    body = _body(snap, 11)
+    response = _put(client, body, key.sign(body))
+    assert response.status_code == 200, response.text
+    assert client.get(f"/v1/nodes/{NAME}").json()["state"] == "ready"
+
+
 def test_a_newer_signed_snapshot_is_taken(
     client: TestClient, signed: tuple[NodeKey, NodeSnapshot], clock: FakeClock
 ) -> None:
