@@ -59,12 +59,15 @@ class ServiceState:
         self.cordoned: set[str] = set()
         self.loaded = False
         # Devices chosen by this process whose commit is in flight: a sync from
-        # the database must not free them under a request that is committing.
-        self.inflight: dict[str, Counter[str]] = defaultdict(Counter)
+        # the database must not free them under a request that is committing. By
+        # allocation (node -> allocation id -> devices), as a sync counts them only
+        # while the database has no row of that allocation: once it has, its holds are
+        # the truth, and a reservation released before its request ended here (the job's
+        # epilog, another replica) must not stay busy in memory.
+        self.inflight: dict[str, dict[str, list[str]]] = defaultdict(dict)
         # The same for GPU shares: node -> allocation id -> (GPU, thousandths) of its
-        # shares. By allocation, as a sync must add only those not yet in the pools it
-        # read (a share committed but not yet ended here is in both; a sum, unlike a set
-        # of held GPUs, counts it twice).
+        # shares (a share committed but not yet ended here is in the pool read too; a
+        # sum, unlike a set of held GPUs, would count it twice).
         self.inflight_shares: dict[str, dict[str, list[tuple[str, int]]]] = defaultdict(dict)
         # Idempotency-Keys of the reservations in flight: a retry of one finds the node
         # full of its own first try's GPUs, and must not be told nothing fits.
@@ -185,18 +188,22 @@ class ServiceState:
             self.refresh_availability(names)
 
     def _committed_inflight(self, conn: sa.Connection, names: list[str] | None) -> set[str]:
-        """Of the allocations whose shares this process is committing on these nodes, those
-        whose shares the database already has."""
-        ids = [
-            allocation_id
-            for node, taken in self.inflight_shares.items()
-            if names is None or node in names
-            for allocation_id in taken
-        ]
+        """Of the allocations this process is committing on these nodes, those whose row
+        the database already has: committed, and perhaps ended already. What they hold is
+        then what the database holds, not what this process chose."""
+        ids = sorted(
+            {
+                allocation_id
+                for marks in (self.inflight, self.inflight_shares)
+                for node, taken in marks.items()
+                if names is None or node in names
+                for allocation_id in taken
+            }
+        )
         if not ids:
             return set()
-        shares = schema.gpu_shares
-        query = sa.select(shares.c.allocation_id).where(shares.c.allocation_id.in_(ids))
+        rows = schema.allocations
+        query = sa.select(rows.c.id).where(rows.c.id.in_(ids))
         return {str(allocation_id) for (allocation_id,) in conn.execute(query)}
 
     def _load_snapshot(self, name: str, row: sa.RowMapping, body: str) -> bool:
@@ -274,9 +281,11 @@ class ServiceState:
         entry = self.cluster.node(name)
         if entry.snapshot.seq != row["seq"] or (name in self.cordoned) != bool(row["cordoned"]):
             return False
-        devices, cpus = self._wanted(name, held, pools)
-        # Committing shares counted as not yet stored: a node with one committed and not
-        # yet ended here looks different, and sync_nodes reads which are stored.
+        if name in self.inflight or name in self.inflight_shares:
+            # Whether what this process is committing there is stored yet is a read of
+            # its own, under the lock: sync_nodes makes it.
+            return False
+        devices, cpus = self._wanted(name, held, pools, set())
         return (
             devices == entry.held_gpus | entry.held_migs
             and cpus == entry.held_cpus
@@ -284,12 +293,20 @@ class ServiceState:
         )
 
     def _wanted(
-        self, name: str, held: set[str], pools: dict[str, int]
+        self, name: str, held: set[str], pools: dict[str, int], committed: set[str]
     ) -> tuple[set[str], set[int]]:
         """(GPU and MIG devices, CPUs) a node should hold: the database's holds plus the
-        devices this process is committing, but for a GPU the database has shares on
-        (another replica's commit came first: this one will be refused)."""
-        wanted = held | {d for d in self.inflight.get(name, ()) if d not in pools}
+        devices this process is committing and the database has no row of, but for a GPU
+        the database has shares on (another replica's commit came first: this one will be
+        refused)."""
+        committing = self.inflight.get(name, {})
+        wanted = held | {
+            device
+            for allocation_id, devices in committing.items()
+            if allocation_id not in committed
+            for device in devices
+            if device not in pools
+        }
         cpus = {cpu_of(d) for d in wanted if d.startswith(CPU_PREFIX)}
         return {d for d in wanted if not d.startswith(CPU_PREFIX)}, cpus
 
@@ -303,7 +320,7 @@ class ServiceState:
         wanted = dict(pools)
         for allocation_id, taken in self.inflight_shares.get(name, {}).items():
             if allocation_id in committed:
-                continue  # already in the pool read
+                continue  # the pool read has it, or has given it back already
             for device, milli in taken:
                 if device not in held and wanted.get(device, 0) + milli <= FULL_SHARE:
                     wanted[device] = wanted.get(device, 0) + milli
@@ -320,7 +337,7 @@ class ServiceState:
             self.cordoned.discard(name)
         entry = self.cluster.node(name)
         migs = {m.uuid for m in entry.snapshot.mig_instances}
-        wanted, cpus = self._wanted(name, held, pools)
+        wanted, cpus = self._wanted(name, held, pools, committed)
         gpus_now, migs_now, cpus_now = entry.held_gpus, entry.held_migs, entry.held_cpus
         shares, shares_now = self._wanted_shares(name, held, pools, committed), dict(entry.shares)
         # Given back first, then taken: a GPU may go from held whole to shared, or back.
@@ -341,10 +358,10 @@ class ServiceState:
         allocation_id: str = "",
         key: str | None = None,
     ) -> None:
-        """Devices and shares this process is committing (``allocation_id``'s shares,
-        under Idempotency-Key ``key``)."""
+        """Devices and shares this process is committing for ``allocation_id`` (under
+        Idempotency-Key ``key``)."""
         for node, device in devices:
-            self.inflight[node][device] += 1
+            self.inflight[node].setdefault(allocation_id, []).append(device)
         if key is not None:
             self.inflight_keys[key] += 1
         for node, device, milli in shares:
@@ -357,18 +374,14 @@ class ServiceState:
         allocation_id: str = "",
         key: str | None = None,
     ) -> None:
-        for node, device in devices:
-            _take(self.inflight, node, device, 1)
+        for node, _device in devices:
+            _forget_allocation(self.inflight, node, allocation_id)
         if key is not None:
             self.inflight_keys[key] -= 1
             if self.inflight_keys[key] <= 0:
                 del self.inflight_keys[key]
         for node, _device, _milli in shares:
-            taken = self.inflight_shares.get(node)
-            if taken is not None:
-                taken.pop(allocation_id, None)
-                if not taken:
-                    del self.inflight_shares[node]
+            _forget_allocation(self.inflight_shares, node, allocation_id)
 
     def is_stale(self, node: str) -> bool:
         seen = self.heartbeats.get(node)
@@ -408,14 +421,13 @@ class ServiceState:
             self._next_stale_at = next_stale
 
 
-def _take(counts: dict[str, Counter[str]], node: str, device: str, amount: int) -> None:
-    """Take ``amount`` off a node's count of a device; counts at 0 and empty nodes go."""
-    of_node = counts[node]
-    of_node[device] -= amount
-    if of_node[device] <= 0:
-        del of_node[device]
-    if not of_node:
-        del counts[node]
+def _forget_allocation(marks: dict[str, dict[str, Any]], node: str, allocation_id: str) -> None:
+    """Drop an allocation's in-flight marks on a node; a node left with none goes."""
+    taken = marks.get(node)
+    if taken is not None:
+        taken.pop(allocation_id, None)
+        if not taken:
+            del marks[node]
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)

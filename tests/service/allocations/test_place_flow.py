@@ -6,7 +6,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from service.allocations import api
-from service.allocations.place_flow import Commit, blocking_step
+from service.allocations.place_flow import Commit, Flow, blocking_step
+from service.allocations.results import Placed
 from service.allocations.schemas import PlaceRequest
 from service.errors import KeyInFlight, Unschedulable
 from service.state import ServiceState
@@ -65,3 +66,36 @@ def test_a_racing_retry_over_http_gets_409_with_retry_after(client: TestClient) 
     assert state.inflight_keys == {}
     placed = client.post("/v1/place", json=body, headers={"Idempotency-Key": "k-1"})
     assert placed.status_code == 201, placed.text
+
+
+def _committed(state: ServiceState, body: PlaceRequest) -> Flow[Placed]:
+    """A flow driven up to its commit, the commit made: the reservation is in the
+    database, and the flow has not yet ended its in-flight marks."""
+    flow = api.placing(state, body, None)
+    step = next(flow)
+    while not isinstance(step, Commit):
+        step = flow.send(blocking_step(state, False, step))
+    blocking_step(state, False, step)
+    return flow
+
+
+@pytest.mark.parametrize(
+    "body",
+    [WHOLE_NODE, PlaceRequest.model_validate({"gpu_fraction": 0.5, "job_id": "fills-h0"})],
+    ids=["whole", "share"],
+)
+def test_a_reservation_released_before_its_flow_ends_frees_its_gpus_in_memory(
+    client: TestClient, body: PlaceRequest
+) -> None:
+    add_nodes(client, ("hgx-h100", "h0"))
+    state = _state(client)
+    flow = _committed(state, body)
+    # The job's epilog (or another replica) releases it by job id in the moment
+    # between the commit and the flow's end: its sync reads h0 from the database.
+    assert len(api.release_job(state, "fills-h0").ids) == 1
+    with pytest.raises(StopIteration):
+        flow.send(None)
+    with state.lock:
+        node = state.cluster.node("h0")
+        assert (node.free_mask, node.shares) == (0xFF, {}), "memory keeps a released GPU busy"
+    assert api.place(state, WHOLE_NODE, None).created
