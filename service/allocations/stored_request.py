@@ -1,12 +1,17 @@
 """The request JSON stored with each allocation, compared when an Idempotency-Key
 comes back.
 
-A replay must be the same request as the one that made the allocation. The
-stored text is the request model's JSON, so a field removed from the API is
-still in the rows written before: ``priority`` (never had an effect, refused
-since) was stored as ``"priority":0`` in every row. A caller retrying such a
-key with the same request, now without ``priority``, gets the allocation it
-made, not a 409 for a "different request".
+A replay must be the same request as the one that made the allocation: the
+same fields with the same values. Not the same text: a JSON object's keys
+have no order, and ``node_labels`` comes in whatever order the client wrote
+it or, over gRPC, in the order protobuf keeps its map, which differs from one
+process to the next (a retry on another replica, or over REST, would read as
+another request and be refused, and a client told so may place again under a
+new key). The stored text is the request model's JSON, so a field removed
+from the API is still in the rows written before: ``priority`` (never had an
+effect, refused since) was stored as ``"priority":0`` in every row. A caller
+retrying such a key with the same request, now without ``priority``, gets the
+allocation it made, not a 409 for a "different request".
 """
 
 from __future__ import annotations
@@ -20,14 +25,14 @@ REMOVED_FIELDS = ("priority",)
 def same_request(stored: str, request_json: str) -> bool:
     """Whether the stored request and this one ask for the same thing."""
     if stored == request_json:
-        return True  # every row written since the last removal: no parsing
+        return True  # the usual retry: no parsing
     try:
         old = json.loads(stored)
     except ValueError:
         return False
-    if not isinstance(old, dict) or not any(name in old for name in REMOVED_FIELDS):
+    if not isinstance(old, dict):
         return False
     for name in REMOVED_FIELDS:
         old.pop(name, None)
     new: object = json.loads(request_json)
-    return old == new
+    return old == new  # objects compare by their members, in any order; lists in order

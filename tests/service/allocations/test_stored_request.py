@@ -28,3 +28,13 @@ def test_anything_else_that_differs_is_another_request() -> None:
     assert not same_request(with_priority, new)
     assert not same_request("not json", new)
     assert not same_request("[]", new)
+
+
+def test_labels_in_another_order_are_the_same_request() -> None:
+    # A map's order means nothing: gRPC hands its map fields over in an order of its
+    # own, which differs between processes, and a client may build its JSON either way.
+    stored = PlaceRequest(gpus=2, node_labels={"zone": "a", "rack": "r1"}).model_dump_json()
+    retried = PlaceRequest(gpus=2, node_labels={"rack": "r1", "zone": "a"}).model_dump_json()
+    assert stored != retried and same_request(stored, retried)
+    other = PlaceRequest(gpus=2, node_labels={"rack": "r2", "zone": "a"}).model_dump_json()
+    assert not same_request(stored, other)
