@@ -35,6 +35,11 @@ if TYPE_CHECKING:  # generic only in the stubs
     Context = grpc.aio.ServicerContext[Any, Any]
 IDEMPOTENCY_KEY = "idempotency-key"
 MAX_KEY_LENGTH = 256  # as REST's Idempotency-Key header
+# As REST's path parameters bound them (allocations/endpoints.py): proto3 sends an
+# unset string as "", and a ReleaseJob without a job id must not release every
+# allocation placed with job_id "" (REST has no route for an empty one).
+MAX_ALLOCATION_ID = 64
+MAX_JOB_ID = 256
 
 
 class Refused(Exception):
@@ -78,6 +83,19 @@ def _check_key(key: str) -> None:
         problem = "control characters are not allowed"
     if problem is not None:
         raise Refused(status_map.invalid_field(IDEMPOTENCY_KEY, problem))
+
+
+def _id(field_name: str, value: str, maximum: int) -> str:
+    """An id field as REST's path takes it: 1 to ``maximum`` characters."""
+    if not value:
+        raise Refused(status_map.invalid_field(field_name, "must not be empty"))
+    if len(value) > maximum:
+        raise Refused(status_map.invalid_field(field_name, f"at most {maximum} characters"))
+    return value
+
+
+def _allocation_id(value: str) -> str:
+    return _id("id", value, MAX_ALLOCATION_ID)
 
 
 class TopoplaceServicer(pb_grpc.TopoplaceServicer):
@@ -193,7 +211,9 @@ class TopoplaceServicer(pb_grpc.TopoplaceServicer):
         self, request: pb.GetAllocationRequest, context: Context
     ) -> pb.Allocation:
         return await self._run(
-            request, context, lambda: convert.allocation(allocations.get(self.state, request.id))
+            request,
+            context,
+            lambda: convert.allocation(allocations.get(self.state, _allocation_id(request.id))),
         )
 
     async def ListAllocations(
@@ -214,15 +234,16 @@ class TopoplaceServicer(pb_grpc.TopoplaceServicer):
         return await self._run(
             request,
             context,
-            lambda: convert.allocation(allocations.confirm(self.state, request.id)),
+            lambda: convert.allocation(allocations.confirm(self.state, _allocation_id(request.id))),
         )
 
     async def ExtendAllocation(
         self, request: pb.ExtendAllocationRequest, context: Context
     ) -> pb.Allocation:
         def call() -> pb.Allocation:
+            allocation_id = _allocation_id(request.id)
             body = _validate(ExtendRequest, {"ttl_s": request.ttl_s})
-            return convert.allocation(allocations.extend(self.state, request.id, body.ttl_s))
+            return convert.allocation(allocations.extend(self.state, allocation_id, body.ttl_s))
 
         return await self._run(request, context, call)
 
@@ -232,7 +253,9 @@ class TopoplaceServicer(pb_grpc.TopoplaceServicer):
         return await self._run(
             request,
             context,
-            lambda: pb.ReleaseResponse(released=allocations.release(self.state, request.id).ids),
+            lambda: pb.ReleaseResponse(
+                released=allocations.release(self.state, _allocation_id(request.id)).ids
+            ),
         )
 
     async def ReleaseJob(
@@ -242,7 +265,9 @@ class TopoplaceServicer(pb_grpc.TopoplaceServicer):
             request,
             context,
             lambda: pb.ReleaseResponse(
-                released=allocations.release_job(self.state, request.job_id).ids
+                released=allocations.release_job(
+                    self.state, _id("job_id", request.job_id, MAX_JOB_ID)
+                ).ids
             ),
         )
 

@@ -49,3 +49,32 @@ def test_a_count_sent_as_true_over_rest_has_no_grpc_twin(running: Running) -> No
     # Protobuf fields are typed; the REST rules hold for what gRPC converts.
     running.stub.ReportSnapshot(snapshot_request("hgx-h100", "h0"))
     assert running.stub.Place(pb.PlaceRequest(gpus=2, ttl_s=60.0)).state == "pending"
+
+
+@pytest.mark.parametrize(
+    ("method", "message", "field"),
+    [
+        ("ReleaseJob", pb.ReleaseJobRequest(), "job_id"),
+        ("ReleaseJob", pb.ReleaseJobRequest(job_id="j" * 257), "job_id"),
+        ("ReleaseAllocation", pb.ReleaseAllocationRequest(id="a" * 65), "id"),
+        ("ConfirmAllocation", pb.ConfirmAllocationRequest(id="a" * 65), "id"),
+        ("ExtendAllocation", pb.ExtendAllocationRequest(id="a" * 65, ttl_s=5), "id"),
+        ("GetAllocation", pb.GetAllocationRequest(id="a" * 65), "id"),
+    ],
+)
+def test_ids_are_bounded_as_rest_bounds_them(
+    running: Running, method: str, message: object, field: str
+) -> None:
+    # REST has no route for an empty job id and refuses one over 256 characters (an
+    # allocation id over 64); a message that leaves job_id unset must not release
+    # every allocation placed with job_id "".
+    running.stub.ReportSnapshot(snapshot_request("hgx-h100", "h0"))
+    placed = running.rest.post("/v1/place", json={"gpus": 1, "job_id": ""})
+    assert placed.status_code == 201, placed.text
+    assert running.rest.post("/v1/jobs//release").status_code == 404
+    error = _fails(getattr(running.stub, method), message)
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error.details()
+    assert reason(error) == "invalid_request"
+    assert details(error)["BadRequest"].field_violations[0].field == field
+    live = running.stub.ListAllocations(pb.ListAllocationsRequest(state="pending"))
+    assert [a.id for a in live.allocations] == [placed.json()["id"]]
