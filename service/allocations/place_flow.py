@@ -251,12 +251,16 @@ def place_flow(
             yield Commit(row, holds, placement.nodes, audit, shares)
         except IntegrityError:
             _undo(state, placement, devices, shares, allocation_id, idempotency_key)
+            # Another process committed first: some of these GPUs, or this very key (a
+            # retry sent to another replica, which may well have chosen the same GPUs).
+            # The undo freed this choice in memory blindly, GPUs that process holds
+            # included, and its notification may have been applied already: learn what
+            # it holds before answering, whether with its allocation or a new choice.
+            yield functools.partial(state.sync_nodes, list(placement.nodes))
             if idempotency_key is not None:
                 replay = yield functools.partial(_replay, state, idempotency_key, request_json)
                 if replay is not None:
                     return Placed(replay, False)
-            # Another process holds some of these GPUs: learn what it holds, choose again.
-            yield functools.partial(state.sync_nodes, list(placement.nodes))
             continue
         except OperationalError as exc:
             _undo(state, placement, devices, shares, allocation_id, idempotency_key)

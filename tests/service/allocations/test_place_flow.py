@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy.exc import IntegrityError
 
 from service.allocations import api
-from service.allocations.place_flow import Commit, Flow, blocking_step
+from service.allocations.place_flow import Commit, Flow, Step, blocking_step
 from service.allocations.results import Placed
 from service.allocations.schemas import PlaceRequest
+from service.app import create_app
 from service.errors import KeyInFlight, Unschedulable
+from service.settings import Settings
 from service.state import ServiceState
+from tests.service.conftest import FakeClock, secured
 from tests.service.helpers import add_nodes
 
 WHOLE_NODE = PlaceRequest.model_validate({"gpus": 8, "job_id": "fills-h0"})
@@ -99,3 +103,40 @@ def test_a_reservation_released_before_its_flow_ends_frees_its_gpus_in_memory(
         node = state.cluster.node("h0")
         assert (node.free_mask, node.shares) == (0xFF, {}), "memory keeps a released GPU busy"
     assert api.place(state, WHOLE_NODE, None).created
+
+
+def _driven(state: ServiceState, flow: Flow[Placed], step: Step) -> Placed:
+    """The rest of a flow, from ``step`` on."""
+    while True:
+        try:
+            step = flow.send(blocking_step(state, False, step))
+        except StopIteration as done:
+            placed: Placed = done.value
+            return placed
+
+
+def test_a_key_replayed_after_its_commit_lost_keeps_the_winners_gpus_busy(
+    client: TestClient, settings: Settings, clock: FakeClock
+) -> None:
+    add_nodes(client, ("hgx-h100", "h0"))
+    state = _state(client)
+    body = PlaceRequest.model_validate({"gpus": 2, "job_id": "j"})
+    flow = api.placing(state, body, "k-1")  # this replica: up to its commit
+    step = next(flow)
+    while not isinstance(step, Commit):
+        step = flow.send(blocking_step(state, False, step))
+    # The client's retry reached another replica, which chose the same two GPUs and
+    # committed first; its notification is applied here before this commit fails.
+    other = create_app(secured(settings), clock=clock, background=False)
+    with TestClient(other):
+        won = api.place(other.state.service, body, "k-1")
+    state.sync_nodes(["h0"])
+    with pytest.raises(IntegrityError) as lost:
+        blocking_step(state, False, step)
+    placed = _driven(state, flow, flow.throw(lost.value))  # undone, then the key read
+    assert (placed.created, placed.allocation.id) == (False, won.allocation.id)
+    held = set(won.allocation.tasks[0].gpu_uuids)
+    with state.lock:
+        node = state.cluster.node("h0")
+        busy = node.held_gpus
+    assert busy == held, f"this replica shows {sorted(held - busy)} free, held by the winner"
