@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -11,20 +12,48 @@ import sqlalchemy as sa
 from service import schema
 
 LIVE = set(schema.LIVE_STATES)
+FULL_SHARE = 1000
+
+
+@dataclass(frozen=True)
+class _Rows:
+    allocations: list[tuple[Any, ...]]  # (id, state, placement)
+    holds: list[tuple[Any, ...]]  # (node, device, allocation_id, kind, share_milli)
+    shares: list[tuple[Any, ...]]  # (node, device, allocation_id, milli)
 
 
 def database_view(engine: sa.Engine) -> tuple[set[tuple[str, str]], dict[str, str]]:
-    """(held (node, GPU or MIG uuid), state by allocation id), after checking the
-    database's own promise: holds only for live allocations, exactly their devices."""
-    rows, holds = _consistent_read(engine)
+    """(held (node, GPU or MIG uuid, whole or shared), state by allocation id), after
+    checking the database's own promise: holds and shares only for live allocations,
+    exactly their devices, and each shared GPU's pool the sum of its shares."""
+    held, _, states = database_shares_view(engine)
+    return held, states
+
+
+def database_shares_view(
+    engine: sa.Engine,
+) -> tuple[set[tuple[str, str]], dict[tuple[str, str], int], dict[str, str]]:
+    """``database_view`` with the thousandths held on each shared GPU."""
+    rows = _consistent_read(engine)
     by_allocation: dict[str, set[tuple[str, str]]] = {}
-    for node, device, allocation in holds:
+    pools: dict[tuple[str, str], int] = {}
+    for node, device, allocation, kind, milli in rows.holds:
+        if kind == schema.SHARED:
+            assert allocation is None, f"the pool of {node}/{device} names an allocation"
+            pools[(str(node), str(device))] = int(milli)
+        else:
+            by_allocation.setdefault(str(allocation), set()).add((str(node), str(device)))
+    summed: dict[tuple[str, str], int] = {}
+    for node, device, allocation, milli in rows.shares:
         by_allocation.setdefault(str(allocation), set()).add((str(node), str(device)))
-    states = {str(i): str(s) for i, s, _ in rows}
+        summed[(str(node), str(device))] = summed.get((str(node), str(device)), 0) + int(milli)
+    assert summed == pools, f"share pools {pools} are not the sums of their shares {summed}"
+    assert all(0 < milli <= FULL_SHARE for milli in pools.values()), f"a pool past 1000: {pools}"
+    states = {str(i): str(s) for i, s, _ in rows.allocations}
     assert set(by_allocation) <= {i for i, s in states.items() if s in LIVE}, (
         "an ended allocation holds devices"
     )
-    for allocation_id, state, placement in rows:
+    for allocation_id, state, placement in rows.allocations:
         if state not in LIVE:
             continue
         wanted = set()
@@ -35,34 +64,45 @@ def database_view(engine: sa.Engine) -> tuple[set[tuple[str, str]], dict[str, st
         assert by_allocation.get(str(allocation_id), set()) == wanted, (
             f"live allocation {allocation_id} ({state}) holds other devices than it was given"
         )
-    held = {(n, d) for n, d, _ in holds if not str(d).startswith("cpu:")}
-    return {(str(n), str(d)) for n, d in held}, states
+    held = {(str(n), str(d)) for n, d, _, _, _ in rows.holds if not str(d).startswith("cpu:")}
+    return held, pools, states
 
 
 def replica_view(client: httpx.Client) -> set[tuple[str, str]]:
-    """What a replica shows busy on healthy GPUs."""
+    """What a replica shows busy on healthy GPUs (held whole or in shares)."""
+    return set(replica_shares_view(client)[0])
+
+
+def replica_shares_view(
+    client: httpx.Client,
+) -> tuple[set[tuple[str, str]], dict[tuple[str, str], int]]:
+    """``replica_view`` with the thousandths it shows held on each healthy shared GPU."""
     nodes = client.get("/v1/nodes").json()["nodes"]
-    return {
-        (n["name"], g["uuid"])
-        for n in nodes
-        for g in n["gpus"]
-        if not g["free"] and g["health"] == "healthy"
-    }
+    healthy = [(n["name"], g) for n in nodes for g in n["gpus"] if g["health"] == "healthy"]
+    busy = {(name, g["uuid"]) for name, g in healthy if not g["free"]}
+    shares = {(name, g["uuid"]): int(g["share_milli"]) for name, g in healthy if g["share_milli"]}
+    return busy, shares
 
 
-def _consistent_read(engine: sa.Engine) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
-    """Allocations and holds as of one moment: the holds read between two equal reads
-    of the allocations. Every transition changes an allocation row in the transaction
-    that changes its holds, so equal reads mean no such transaction committed between
-    them (a sweep may expire reservations while the check runs)."""
-    allocations, holds = schema.allocations, schema.gpu_holds
+def _consistent_read(engine: sa.Engine) -> _Rows:
+    """Allocations, holds and shares as of one moment: the holds and shares read between
+    two equal reads of the allocations. Every transition changes an allocation row in
+    the transaction that changes its holds and shares, so equal reads mean no such
+    transaction committed between them (a sweep may expire reservations while the check
+    runs)."""
+    allocations, holds, shares = schema.allocations, schema.gpu_holds, schema.gpu_shares
     query = sa.select(allocations.c.id, allocations.c.state, allocations.c.placement)
+    hold_query = sa.select(
+        holds.c.node, holds.c.device, holds.c.allocation_id, holds.c.kind, holds.c.share_milli
+    )
+    share_query = sa.select(shares.c.node, shares.c.device, shares.c.allocation_id, shares.c.milli)
     while True:
         with engine.connect() as conn:
             before = conn.execute(query).all()
-            held = conn.execute(
-                sa.select(holds.c.node, holds.c.device, holds.c.allocation_id)
-            ).all()
+            held = conn.execute(hold_query).all()
+            shared = conn.execute(share_query).all()
             after = conn.execute(query).all()
         if sorted(before) == sorted(after):
-            return [tuple(r) for r in before], [tuple(r) for r in held]
+            return _Rows(
+                [tuple(r) for r in before], [tuple(r) for r in held], [tuple(r) for r in shared]
+            )

@@ -1,16 +1,21 @@
 """The one promise under any interleaving, as a stateful property test over real replicas.
 
 Hypothesis drives real `topoplace serve` processes (three on one Postgres,
-one on SQLite) with place, replayed Idempotency-Keys, confirm, extend,
-release, expiry (reservations with a TTL of a fraction of a second, swept by
-the services themselves), snapshots that turn GPUs unhealthy and back, and
-calls that race each other across replicas. After every step it checks, in
-the database and in every replica's view:
+one on SQLite) with place (whole GPUs and GPU shares), replayed
+Idempotency-Keys, one key sent to every replica at once, confirm, extend,
+release, release by job id, expiry (reservations with a TTL of a fraction of
+a second, swept by the services themselves), snapshots that turn GPUs
+unhealthy and back, and calls that race each other across replicas. After
+every step it checks, in the database and in every replica's view:
 
-- a GPU is held by at most one live allocation, and every live allocation
-  holds exactly the devices its placement names (ended ones hold nothing);
-- every replica shows as busy exactly what the database holds, within a
-  bound (notifications are applied as they arrive);
+- a GPU is held by at most one live allocation, whole or in shares that sum
+  to its pool and never pass a whole GPU, and every live allocation holds
+  exactly the devices its placement names (ended ones hold nothing);
+- every replica shows as busy exactly what the database holds, and the same
+  thousandths on each shared GPU, within a bound (notifications are applied
+  as they arrive);
+- one Idempotency-Key makes at most one allocation, whichever replicas it
+  reaches at once;
 - no answer is a 5xx, and a confirmed allocation never ends `expired`.
 
 Dropping a state guard in service/allocations/repository.py (confirm or
@@ -40,7 +45,7 @@ from placement.profiles import build_profile
 from service import schema
 from tests.service import replica_processes
 from tests.service.conftest import _truncate
-from tests.service.invariant import database_view, replica_view
+from tests.service.invariant import database_shares_view, database_view, replica_shares_view
 
 pytestmark = pytest.mark.slow
 
@@ -112,6 +117,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         # TTL, never released. Confirming one of them must succeed.
         self.lasting: set[str] = set()
         self.keys: dict[str, tuple[dict[str, Any], str]] = {}
+        self.jobs: set[str] = set()
         self.serial = 0
         self.seq = dict.fromkeys(self.cluster.snapshots, 0)
         self._reset()
@@ -148,8 +154,22 @@ class LifecycleMachine(RuleBasedStateMachine):
         keyed=st.booleans(),
     )
     def place(self, replica: int, gpus: int, short: bool, keyed: bool) -> str:
+        return self._placed(replica, {"gpus": gpus}, short, keyed)
+
+    @rule(
+        target=allocations,
+        replica=st.integers(0, 2),
+        fraction=st.sampled_from([0.25, 0.5, 0.75]),
+        short=st.booleans(),
+        keyed=st.booleans(),
+    )
+    def place_share(self, replica: int, fraction: float, short: bool, keyed: bool) -> str:
+        return self._placed(replica, {"gpu_fraction": fraction}, short, keyed)
+
+    def _placed(self, replica: int, asked: dict[str, Any], short: bool, keyed: bool) -> str:
         self.serial += 1
-        body: dict[str, Any] = {"gpus": gpus, "job_id": f"job-{self.serial}"}
+        body: dict[str, Any] = {**asked, "job_id": f"job-{self.serial}"}
+        self.jobs.add(body["job_id"])
         if short:
             body["ttl_s"] = SHORT_TTL_S
         key = f"key-{time.monotonic_ns()}-{self.serial}" if keyed else None
@@ -207,6 +227,46 @@ class LifecycleMachine(RuleBasedStateMachine):
             path = f"/v1/allocations/{allocation}/release"
             assert self.cluster.call(replica, "POST", path).status_code == 200
 
+    @rule(replica=st.integers(0, 2), data=st.data())
+    def release_job(self, replica: int, data: st.DataObject) -> None:
+        if not self.jobs:
+            return
+        job = data.draw(st.sampled_from(sorted(self.jobs)))
+        response = self.cluster.call(replica, "POST", f"/v1/jobs/{job}/release")
+        assert response.status_code == 200, response.text
+        self.lasting -= set(response.json()["released"])
+
+    @rule(
+        target=allocations,
+        asked=st.sampled_from([{"gpus": 2}, {"gpus": 8}, {"gpu_fraction": 0.5}]),
+        count=st.integers(2, 3),
+    )
+    def keyed_places_race(self, asked: dict[str, Any], count: int) -> str:
+        """One Idempotency-Key sent to several replicas at once (a client retrying on
+        another replica before the first answered): one allocation at most."""
+        self.serial += 1
+        body = {**asked, "job_id": f"job-{self.serial}"}
+        self.jobs.add(body["job_id"])
+        key = f"race-key-{time.monotonic_ns()}-{self.serial}"
+        start = threading.Barrier(count)
+
+        def placing(replica: int) -> httpx.Response:
+            start.wait()
+            return self._place(replica, body, key)
+
+        with ThreadPoolExecutor(count) as pool:
+            answers = [done.result() for done in [pool.submit(placing, r) for r in range(count)]]
+        placed = [a for a in answers if a.status_code in (200, 201)]
+        ids = {str(a.json()["id"]) for a in placed}
+        assert len(ids) <= 1, f"one Idempotency-Key made {sorted(ids)}"
+        assert sum(a.status_code == 201 for a in answers) <= 1, [a.text for a in answers]
+        if not ids:
+            return ""
+        allocation_id = ids.pop()
+        self.keys[key] = (body, allocation_id)
+        self.lasting.add(allocation_id)
+        return allocation_id
+
     @rule(allocation=allocations, first=st.integers(0, 2), second=st.integers(0, 2))
     def confirm_races_release(self, allocation: str, first: int, second: int) -> None:
         if not allocation:
@@ -257,14 +317,19 @@ class LifecycleMachine(RuleBasedStateMachine):
     def one_gpu_one_live_allocation(self) -> None:
         deadline = time.monotonic() + CONVERGE_S
         while True:
-            held, states = database_view(self.cluster.engine)
-            views = [replica_view(c) for c in self.cluster.clients]
-            again, _ = database_view(self.cluster.engine)
+            held, pools, states = database_shares_view(self.cluster.engine)
+            views = [replica_shares_view(c) for c in self.cluster.clients]
+            again, pools_again, _ = database_shares_view(self.cluster.engine)
             wanted = _healthy_held(self.cluster, held)
-            if held == again and all(v == wanted for v in views):
+            shares = {gpu: milli for gpu, milli in pools.items() if gpu in wanted}
+            steady = held == again and pools == pools_again
+            if steady and all(v == (wanted, shares) for v in views):
                 break
             if time.monotonic() > deadline:
-                diffs = [(sorted(v - wanted), sorted(wanted - v)) for v in views]
+                diffs = [
+                    (sorted(busy - wanted), sorted(wanted - busy), shown, shares)
+                    for busy, shown in views
+                ]
                 raise AssertionError(f"replicas disagree with the database: {diffs}")
             time.sleep(0.02)
         expired = {i for i in self.confirmed if states.get(i) == "expired"}
