@@ -37,6 +37,7 @@ from service.state import ServiceState
 
 RELEASE_CHUNK = 64  # nodes freed per hold of the state lock when many reservations end
 OBSERVE_ATTEMPTS = 3
+GUARD_ATTEMPTS = 3  # a confirm or extend run again on a row another replica just changed
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,17 +72,33 @@ def _transition(state: ServiceState, work: Callable[[Connection], _Outcome]) -> 
     return Transition(allocation, outcome.changed, outcome.expired, outcome.refusal)
 
 
-def _refused(conn: Connection, allocation_id: str, now: datetime, verb: str) -> _Outcome:
+def _guarded(allocation_id: str, verb: str, attempt: Callable[[], _Outcome | None]) -> _Outcome:
+    """``attempt`` (the guarded statement, and why it did not hold) until it has an
+    answer: None means the row changed between the two, and the guard runs again."""
+    for _ in range(GUARD_ATTEMPTS):
+        outcome = attempt()
+        if outcome is not None:
+            return outcome
+    raise Conflict(f"allocation {allocation_id} kept changing during the {verb}; retry")
+
+
+def _refused(conn: Connection, allocation_id: str, now: datetime, verb: str) -> _Outcome | None:
     """Why the guard of ``verb`` did not hold; a reservation found past its TTL is
-    expired here and then, so the answer and the database say the same."""
+    expired here and then, so the answer and the database say the same. None: the row
+    is not past its TTL after all. On Postgres each statement sees what committed
+    before it, and another replica whose moment came earlier (an extend, a confirm) may
+    have committed between the guard and this read: the caller runs its guard again."""
     row = repository.by_id(conn, allocation_id)
     if row is None:
         return _Outcome(None, False, [], refusal=NotFound(f"no allocation {allocation_id!r}"))
     freed: list[repository.FreedHold] = []
     expired = False
     if row["state"] in ("pending", "degraded") and row["expires_at"] is not None:
-        # The guard failed on a live reservation with a TTL: the TTL has passed.
-        _, freed = repository.end(conn, [allocation_id], "expire", now)
+        # The guard failed on a live reservation with a TTL: the TTL has passed, unless
+        # the row changed since, which the expiry's own guard tells.
+        ended, freed = repository.end(conn, [allocation_id], "expire", now)
+        if not ended:
+            return None
         publish(conn, {h.node for h in freed})
         row = repository.by_id(conn, allocation_id)
         assert row is not None
@@ -107,7 +124,7 @@ def confirm(state: ServiceState, allocation_id: str) -> Transition:
     answered unchanged; a reservation whose TTL passed is expired and refused."""
     now = state.clock()
 
-    def work(conn: Connection) -> _Outcome:
+    def attempt(conn: Connection) -> _Outcome | None:
         row = repository.confirm(conn, allocation_id, now)
         if row is not None:
             audit.write(conn, [records.allocation_change("confirmed", now, row)])
@@ -119,21 +136,23 @@ def confirm(state: ServiceState, allocation_id: str) -> Transition:
             return _Outcome(current, False, [])
         return _refused(conn, allocation_id, now, "confirm")
 
-    return _transition(state, work)
+    return _transition(
+        state, lambda conn: _guarded(allocation_id, "confirm", lambda: attempt(conn))
+    )
 
 
 def extend(state: ServiceState, allocation_id: str, ttl_s: float) -> Transition:
     ttl = checked_ttl(state, ttl_s)
     now = state.clock()
 
-    def work(conn: Connection) -> _Outcome:
+    def attempt(conn: Connection) -> _Outcome | None:
         row = repository.extend(conn, allocation_id, now, now + timedelta(seconds=ttl))
         if row is not None:
             audit.write(conn, [records.allocation_change("extended", now, row)])
             return _Outcome(row, True, [])
         return _refused(conn, allocation_id, now, "extend")
 
-    return _transition(state, work)
+    return _transition(state, lambda conn: _guarded(allocation_id, "extend", lambda: attempt(conn)))
 
 
 def _end(state: ServiceState, ids: list[str] | None, transition: str) -> Ended:

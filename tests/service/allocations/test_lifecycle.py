@@ -31,7 +31,7 @@ from service.nodes import service as nodes
 from service.nodes.schemas import SnapshotReport
 from service.settings import Settings
 from service.state import ServiceState
-from tests.service.conftest import FakeClock, _truncate
+from tests.service.conftest import FakeClock, _truncate, secured
 from tests.service.helpers import add_nodes
 
 
@@ -234,3 +234,46 @@ def test_a_failed_commit_leaves_no_tentative_choice(
         with state.lock:
             assert state.cluster.node("h0").free_mask == 0xFF and not state.inflight
         assert client.post("/v1/place", json={"gpus": 8}).status_code == 201
+
+
+@pytest.mark.parametrize("verb", ["confirm", "extend"])
+def test_a_guard_that_saw_the_ttl_passed_while_another_replica_extended_it(
+    client: TestClient,
+    database_url: str,
+    settings: Settings,
+    clock: FakeClock,
+    monkeypatch: pytest.MonkeyPatch,
+    verb: str,
+) -> None:
+    """This replica's clock says the TTL passed; another replica's, a moment earlier,
+    extended the reservation between this one's guarded statement and its read of the
+    row (Postgres, READ COMMITTED: each statement sees what committed before it). The
+    reservation is not expired: the transition is tried again on the row as it is."""
+    if database_url.startswith("sqlite"):
+        pytest.skip("one writer: nothing commits between a transaction's two statements")
+    add_nodes(client, ("hgx-h100", "h0"))
+    state: ServiceState = client.app.state.service  # type: ignore[attr-defined]
+    placed = api.place(state, PlaceRequest(gpus=1, ttl_s=10), None).allocation
+    other_clock = FakeClock()
+    other_clock.advance(9)  # the other replica: before the TTL
+    clock.advance(11)  # this one: after it
+    other = create_app(secured(settings), clock=other_clock, background=False)
+    real_by_id = repository.by_id
+    extended: list[str] = []
+
+    def by_id(conn: sa.Connection, allocation_id: str) -> sa.RowMapping | None:
+        if not extended:
+            extended.append(api.extend(other.state.service, allocation_id, 60).id)
+        return real_by_id(conn, allocation_id)
+
+    with TestClient(other):
+        monkeypatch.setattr(repository, "by_id", by_id)
+        if verb == "confirm":
+            answer = api.confirm(state, placed.id)
+        else:
+            answer = api.extend(state, placed.id, 30)
+    assert extended == [placed.id]
+    assert answer.state == ("active" if verb == "confirm" else "pending"), answer
+    with state.engine.connect() as conn:
+        row = real_by_id(conn, placed.id)
+    assert row is not None and row["state"] == answer.state and row["live"]
