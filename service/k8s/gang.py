@@ -43,7 +43,7 @@ from service.allocations.schemas import PlaceRequest
 from service.errors import ServiceError
 from service.flows import Flow
 from service.k8s.kube_api import KubeApi, KubeApiError, KubeConfigError
-from service.k8s.pod_request import Gang, PodRequest
+from service.k8s.pod_request import Gang, PodRequest, gang_of
 from service.k8s.screening import PREFIX, Judgement, no_one
 from service.k8s.wire import MAX_PRIORITY
 from service.state import ServiceState
@@ -105,6 +105,29 @@ class GangCoordinator:
             known.assigned.pop(uid, None)
             for task in [t for t, owner in known.claims.items() if owner == uid]:
                 del known.claims[task]
+
+    def release_if_ended(self, gang: Gang, gone: str) -> tuple[str, ...]:
+        """Release the gang's reservation if no member but ``gone`` (a pod's UID) is left;
+        the ids released.
+
+        The caller's view of the members (the pod watch's) may be behind the API server:
+        a member made after the last one it knew of was deleted may already have bound
+        onto the reservation and run on its GPUs. So the namespace's pods are read afresh
+        and the decision is taken under the gang's lock, which every bind of a member in
+        this process holds while it claims a task. Blocking; raises KubeApiError or
+        KubeConfigError when the pods cannot be read (the reconciler then decides).
+        """
+        with self.lock(gang):
+            pods = self.kube().list_pods(gang.namespace)
+            for pod in pods:
+                member = gang_of(pod)
+                uid = str((pod.get("metadata") or {}).get("uid") or "")
+                if member is not None and member.key == gang.key and uid != gone:
+                    log.info("gang %s: member %s is still there; kept", gang.key, uid)
+                    return ()
+            ended = allocations.release_job(self.state, gang.key)
+            self.forget(gang.key)
+            return ended.ids
 
     def seen(self, gang: Gang) -> Flow[GangState]:
         """The gang as this process knows it. On first sight it is read from the database

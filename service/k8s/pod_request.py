@@ -221,3 +221,15 @@ def _gang(annotations: dict[str, str], namespace: str) -> Gang | None:
         raise BadPodRequest(f"annotation {GANG}: {name!r} needs {GANG_SIZE} (its member count)")
     size = _positive(annotations, GANG_SIZE, MAX_GANG)
     return Gang(namespace, name, size) if size > 1 else None
+
+
+def gang_of(pod: Pod) -> Gang | None:
+    """The gang a pod is a member of; None for a pod of no gang, or one whose annotations
+    cannot be read (it never bound as a member)."""
+    notes = (pod.get("metadata") or {}).get("annotations") or {}
+    if GANG not in notes or GANG_SIZE not in notes:
+        return None
+    try:
+        return parse_pod(pod).gang
+    except BadPodRequest:
+        return None

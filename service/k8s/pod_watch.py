@@ -39,7 +39,7 @@ from service.allocations import api as allocations
 from service.event_loop import off_loop
 from service.k8s.gang import ALLOCATION_ANNOTATION, GangCoordinator
 from service.k8s.kube_api import KubeApiError, PodStream, WatchBroken, WatchExpired
-from service.k8s.pod_request import GANG, GANG_SIZE, BadPodRequest, Gang, parse_pod
+from service.k8s.pod_request import Gang, gang_of
 from service.state import ServiceState
 
 log = logging.getLogger("topoplace.k8s")
@@ -53,7 +53,7 @@ FINISHED = ("Succeeded", "Failed")
 class Followed:
     """What the watcher keeps of a pod: enough to release what it holds."""
 
-    gang: str | None  # the gang's key, for a gang member
+    gang: Gang | None  # a gang member's gang
     name: str  # NS/NAME, for the log
 
 
@@ -62,13 +62,9 @@ def followed(pod: dict[str, Any]) -> Followed | None:
     meta = pod.get("metadata") or {}
     notes = meta.get("annotations") or {}
     name = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
-    if GANG in notes and GANG_SIZE in notes:
-        try:
-            gang = parse_pod(pod).gang
-        except BadPodRequest:
-            gang = None
-        if isinstance(gang, Gang):
-            return Followed(gang.key, name)
+    gang = gang_of(pod)
+    if gang is not None:
+        return Followed(gang, name)
     if ALLOCATION_ANNOTATION in notes:
         return Followed(None, name)
     return None
@@ -161,7 +157,7 @@ class PodWatcher:
         self.members = {}
         for uid, kept in seen.items():
             if kept.gang is not None:
-                self.members.setdefault(kept.gang, set()).add(uid)
+                self.members.setdefault(kept.gang.key, set()).add(uid)
         self.resource_version = version
         self.following, self.error = True, None
         for uid, kept in gone:
@@ -183,13 +179,13 @@ class PodWatcher:
         if kind == "DELETED" or _finished(pod):
             self.pods.pop(uid, None)
             if kept.gang is not None:
-                self.members.get(kept.gang, set()).discard(uid)
+                self.members.get(kept.gang.key, set()).discard(uid)
             await self._gone(uid, kept)
             return
         now = followed(pod) or kept
         self.pods[uid] = now
         if now.gang is not None:
-            self.members.setdefault(now.gang, set()).add(uid)
+            self.members.setdefault(now.gang.key, set()).add(uid)
 
     async def _gone(self, uid: str, kept: Followed) -> None:
         """The pod ended: release what it held, and its gang's reservation if it was the last."""
@@ -206,13 +202,14 @@ class PodWatcher:
             ended = await off_loop(allocations.release_job, self.state, uid)
             self._count(ended.ids, f"pod {kept.name} ended")
             return
-        self.gangs.member_gone(kept.gang, uid)
-        if self.members.get(kept.gang):
+        key = kept.gang.key
+        self.gangs.member_gone(key, uid)
+        if self.members.get(key):
             return
-        self.members.pop(kept.gang, None)
-        ended = await off_loop(allocations.release_job, self.state, kept.gang)
-        self.gangs.forget(kept.gang)
-        self._count(ended.ids, f"the last member of gang {kept.gang} ended")
+        self.members.pop(key, None)
+        # The last member this watch knows of: the API server may know a later one.
+        ids = await off_loop(self.gangs.release_if_ended, kept.gang, uid)
+        self._count(ids, f"the last member of gang {key} ended")
 
     def _count(self, ids: tuple[str, ...], why: str) -> None:
         if ids:

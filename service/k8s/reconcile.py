@@ -24,7 +24,6 @@ import asyncio
 import logging
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
 
 from service.allocations import api as allocations
 from service.allocations.results import Allocation
@@ -33,7 +32,7 @@ from service.event_loop import off_loop
 from service.k8s.bind import ALLOCATION_ANNOTATION
 from service.k8s.gang import LIVE, GangCoordinator
 from service.k8s.kube_api import KubeApi
-from service.k8s.pod_request import GANG, GANG_SIZE, BadPodRequest, Gang, parse_pod
+from service.k8s.pod_request import gang_of
 from service.state import ServiceState
 
 log = logging.getLogger("topoplace.k8s")
@@ -52,17 +51,6 @@ def _ours(state: ServiceState) -> list[Allocation]:
     return out
 
 
-def _gang_key(pod: dict[str, Any]) -> str | None:
-    notes = (pod.get("metadata") or {}).get("annotations") or {}
-    if GANG not in notes or GANG_SIZE not in notes:
-        return None
-    try:
-        gang = parse_pod(pod).gang
-    except BadPodRequest:
-        return None
-    return gang.key if isinstance(gang, Gang) else None
-
-
 def reconcile_once(
     state: ServiceState, kube: KubeApi, gangs: GangCoordinator, grace_s: float
 ) -> list[str]:
@@ -72,7 +60,7 @@ def reconcile_once(
         return []
     pods = kube.list_pods()
     by_uid = {str((p.get("metadata") or {}).get("uid", "")): p for p in pods}
-    gangs_alive = {key for p in pods if (key := _gang_key(p)) is not None}
+    gangs_alive = {gang.key for p in pods if (gang := gang_of(p)) is not None}
     cutoff = state.clock() - timedelta(seconds=grace_s)
     released: list[str] = []
     for allocation in ours:

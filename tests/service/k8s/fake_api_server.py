@@ -11,7 +11,9 @@ resourceVersion and is kept in a history that watches replay.
 
 Tests steer it: ``set_phase`` and ``delete`` change pods (events follow),
 ``bookmark`` sends a BOOKMARK on every open watch, ``break_watches`` cuts
-every open stream mid-way, ``compact`` forgets the history (the next watch
+every open stream mid-way, ``stall_watches`` holds every watch's events back
+(the stream stays open and says nothing, as a lagging watch cache does) until
+``resume_watches``, ``compact`` forgets the history (the next watch
 from an older version gets 410 Gone), ``refuse`` answers 503 to everything,
 and clearing ``bind_gate`` holds bindings open until it is set again.
 """
@@ -40,6 +42,7 @@ class FakeApiServer:
         self.oldest = 100  # a watch from an older version is answered 410 Gone
         self.bookmarks = 0
         self.cuts = 0
+        self.stalled = False
         self.refuse = False
         self.stopping = False
         self.bind_gate = threading.Event()
@@ -114,6 +117,15 @@ class FakeApiServer:
     def break_watches(self) -> None:
         with self.lock:
             self.cuts += 1
+            self.lock.notify_all()
+
+    def stall_watches(self) -> None:
+        with self.lock:
+            self.stalled = True
+
+    def resume_watches(self) -> None:
+        with self.lock:
+            self.stalled = False
             self.lock.notify_all()
 
     def compact(self) -> None:
@@ -229,7 +241,7 @@ class FakeApiServer:
                         return
                     sent, marks, cuts = since, api.bookmarks, api.cuts
                     while not api.stopping:
-                        for rv, type_, obj in api.history:
+                        for rv, type_, obj in [] if api.stalled else api.history:
                             if rv > sent:
                                 self._chunk({"type": type_, "object": obj})
                                 sent = rv

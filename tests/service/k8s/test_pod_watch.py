@@ -157,6 +157,36 @@ def test_a_gang_member_deleted_and_recreated_takes_its_task_again(
     assert api.pod("ml-team", "ring-0")["metadata"]["annotations"]["topoplace.io/gang-task"]
 
 
+def test_a_member_bound_while_the_watch_lags_keeps_its_gang(client: TestClient, api: FakeApiServer):
+    # The watch is behind the API server: ring-0's DELETED reaches it after ring-1,
+    # made after that deletion, has already bound onto the gang's reservation.
+    first = api.add(pod("ring-0", 4, annotations=RING))
+    _bind(client, first)
+    gang = {"job_id": "k8s-gang:ml-team/ring"}
+    (reserved,) = client.get("/v1/allocations", params=gang).json()["allocations"]
+    wait_until(lambda: len(_watcher(client).pods) == 1, "ring-0 followed")
+    api.stall_watches()
+    api.delete("ml-team", "ring-0")
+    late = api.add(pod("ring-1", 4, annotations=RING))
+    _bind(client, late)
+    assert (
+        api.pod("ml-team", "ring-1")["metadata"]["annotations"]["topoplace.io/allocation"]
+        == reserved["id"]
+    )
+    api.resume_watches()
+    wait_until(
+        lambda: _watcher(client).resource_version == str(api.version) and _watcher(client).ends,
+        "the watch caught up",
+    )
+    state = client.get(f"/v1/allocations/{reserved['id']}").json()["state"]
+    assert state == "active", "ring-1 runs on the gang's GPUs: they stay held"
+    api.delete("ml-team", "ring-1")
+    wait_until(
+        lambda: client.get(f"/v1/allocations/{reserved['id']}").json()["state"] == "released",
+        "released with its last member",
+    )
+
+
 def test_two_replicas_release_once(
     settings: Settings, clock: FakeClock, api: FakeApiServer
 ) -> None:
