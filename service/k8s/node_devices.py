@@ -35,6 +35,7 @@ from service.k8s.gang import TASK_ANNOTATION
 from service.k8s.kube_api import KubeApi, KubeApiError, KubeConfigError
 from service.k8s.pod_request import GANG
 from service.k8s.reconcile import POD_OWNER
+from service.k8s.wire import Pod
 from service.state import ServiceState
 
 log = logging.getLogger("topoplace.k8s")
@@ -185,37 +186,22 @@ def _reconcile_pod(
         outcome.allocation_id = allocation.id if allocation else None
         _record(mismatches, node, pod, outcome, reserved, ())
         return outcome
-    job_id = allocation.job_id if allocation is not None else None
-    if job_id is None:
-        try:
-            found = kube().get_pod(pod.namespace, pod.name)
-        except (KubeApiError, KubeConfigError) as exc:
-            outcome.action = "deferred"
-            outcome.message = f"cannot read the pod from the Kubernetes API: {exc}"
-            return outcome
-        if found is None:
-            outcome.action = "deferred"
-            outcome.message = "the pod is gone from the Kubernetes API"
-            return outcome
-        bound_to = (found.get("spec") or {}).get("nodeName")
-        if bound_to != node:
-            # A report names pods by name only: the pod of that name runs elsewhere (or
-            # nowhere yet), so this node's truth is not its truth; its allocation stays.
-            outcome.action = "deferred"
-            outcome.message = (
-                f"the pod of that name is bound to node {bound_to!r} in the Kubernetes API,"
-                f" not to {node!r}: a pod this node ran was replaced, or it is not this node's"
-            )
-            return outcome
-        meta = found.get("metadata") or {}
-        annotations = meta.get("annotations") or {}
-        if GANG in annotations:
-            return _reconcile_member(state, node, by_uuid, pod, annotations, mismatches, outcome)
-        job_id = str(meta.get("uid") or "")
-        if not job_id:
-            outcome.action = "deferred"
-            outcome.message = "the pod has no UID yet"
-            return outcome
+    found = _pod_here(kube, node, pod, outcome)
+    if found is None:
+        return outcome
+    meta = found.get("metadata") or {}
+    job_id = str(meta.get("uid") or "")
+    if allocation is not None and allocation.job_id != job_id:
+        # An earlier pod of this name (deleted and made again, as a StatefulSet's are): its
+        # reservation ends with that pod, and moving it would hand this pod's GPUs to it.
+        allocation, reserved = None, []
+    annotations = meta.get("annotations") or {}
+    if allocation is None and GANG in annotations:
+        return _reconcile_member(state, node, by_uuid, pod, annotations, mismatches, outcome)
+    if not job_id:
+        outcome.action = "deferred"
+        outcome.message = "the pod has no UID yet"
+        return outcome
     owner = f"{POD_OWNER}{pod.namespace}/{pod.name}"
     named = [allocation.id] if allocation is not None else []
     reason = f"observed: the kubelet gave pod {pod.namespace}/{pod.name} these devices"
@@ -231,6 +217,34 @@ def _reconcile_pod(
     if outcome.action != "matched" or observation.superseded:
         _record(mismatches, node, pod, outcome, reserved, observation.superseded)
     return outcome
+
+
+def _pod_here(
+    kube: Callable[[], KubeApi], node: str, pod: PodDevices, outcome: PodOutcome
+) -> Pod | None:
+    """The pod that has this name now, read from the Kubernetes API, if it is bound to
+    ``node``; else None, and ``outcome`` deferred with why. The kubelet names pods, not
+    their UIDs: a pod of that name bound to another node, or to none, is not the one
+    this node's kubelet ran (the report is of an earlier pod of that name)."""
+    try:
+        found = kube().get_pod(pod.namespace, pod.name)
+    except (KubeApiError, KubeConfigError) as exc:
+        outcome.action = "deferred"
+        outcome.message = f"cannot read the pod from the Kubernetes API: {exc}"
+        return None
+    if found is None:
+        outcome.action = "deferred"
+        outcome.message = "the pod is gone from the Kubernetes API"
+        return None
+    bound_to = (found.get("spec") or {}).get("nodeName")
+    if bound_to != node:
+        outcome.action = "deferred"
+        outcome.message = (
+            f"the pod of this name is bound to {bound_to or 'no node'}, not {node}:"
+            " the report is of an earlier pod of that name"
+        )
+        return None
+    return found
 
 
 def _reconcile_member(

@@ -108,9 +108,7 @@ def test_the_kubelets_choice_moves_the_allocation(fleet: TestClient, kube: FakeK
 
 
 def test_a_pod_without_a_reservation_gets_one(fleet: TestClient, kube: FakeKubeApi):
-    manual = pod("manual", 1)
-    manual["spec"]["nodeName"] = NODE  # bound by hand, past the scheduler
-    kube.add(manual)
+    manual = kube.add(_on_node(pod("manual", 1), NODE))
     uuids = _uuids()
     body = _report(
         fleet, [{"namespace": "ml-team", "name": "manual", "devices": uuids[-1:]}]
@@ -150,6 +148,66 @@ def test_an_unbound_pod_is_deferred(fleet: TestClient, kube: FakeKubeApi):
     (outcome,) = body.json()["outcomes"]
     assert outcome["action"] == "deferred", outcome
     assert fleet.get("/v1/allocations", params={"node": NODE}).json()["allocations"] == []
+
+
+def _on_node(p: dict[str, Any], node: str) -> dict[str, Any]:
+    """``p`` as bound to ``node`` outside the extender (by hand, or by another scheduler)."""
+    p["spec"]["nodeName"] = node
+    return p
+
+
+def test_a_pod_made_again_under_its_name_leaves_its_predecessors_reservation(
+    fleet: TestClient, kube: FakeKubeApi
+):
+    old = _bound(fleet, kube, "trainer", 2)
+    (reservation,) = _reservations(fleet)
+    # A StatefulSet's pod deleted and made again: the same name, a new UID. Its
+    # predecessor's release is still to come (the watch lags), and the new pod was
+    # given two other GPUs.
+    kube.delete("ml-team", "trainer")
+    again = kube.add(_on_node(pod("trainer", 2), NODE))
+    other = [u for u in _uuids() if u not in reservation["devices"]][:2]
+    body = _report(fleet, [{"namespace": "ml-team", "name": "trainer", "devices": other}])
+    (outcome,) = body.json()["outcomes"]
+    assert outcome["action"] == "created", outcome
+    created = fleet.get(f"/v1/allocations/{outcome['allocation_id']}").json()
+    assert created["job_id"] == again["metadata"]["uid"]
+    # The predecessor's reservation ends with its pod, and the new pod's GPUs stay held.
+    released = fleet.post(f"/v1/jobs/{old['metadata']['uid']}/release")
+    assert released.status_code == 200, released.text
+    assert fleet.get(f"/v1/allocations/{reservation['allocation_id']}").json()["state"] == (
+        "released"
+    )
+    now = fleet.get(f"/v1/allocations/{outcome['allocation_id']}").json()
+    assert now["state"] == "active", "the new pod runs on these GPUs: they stay held"
+    assert sorted(d for t in now["tasks"] for d in t["gpu_uuids"]) == sorted(other)
+
+
+def test_a_report_of_a_pod_whose_name_is_now_bound_elsewhere_moves_nothing(
+    fleet: TestClient, kube: FakeKubeApi
+):
+    add_nodes(fleet, ("hgx-h100", "h100-b"))
+    _bound(fleet, kube, "trainer", 2)
+    (reservation,) = _reservations(fleet)
+    assert fleet.post(f"/v1/allocations/{reservation['allocation_id']}/release").status_code == 200
+    kube.delete("ml-team", "trainer")
+    # Made again under its name and bound to another node, where it holds its GPUs ...
+    again = kube.add(pod("trainer", 2))
+    assert fleet.post("/k8s/v1/bind", json=binding_args(again, "h100-b")).json() == {"Error": ""}
+    (elsewhere,) = fleet.get("/v1/allocations", params={"job_id": again["metadata"]["uid"]}).json()[
+        "allocations"
+    ]
+    # ... while this node's report still names the pod that ran here.
+    body = _report(
+        fleet, [{"namespace": "ml-team", "name": "trainer", "devices": reservation["devices"]}]
+    )
+    (outcome,) = body.json()["outcomes"]
+    assert outcome["action"] == "deferred", outcome
+    assert "h100-b" in outcome["message"]
+    kept = fleet.get(f"/v1/allocations/{elsewhere['id']}").json()
+    assert [t["node"] for t in kept["tasks"]] == ["h100-b"], "its reservation stays where it runs"
+    here = fleet.get("/v1/allocations", params={"node": NODE}).json()["allocations"]
+    assert [a["id"] for a in here if a["state"] != "released"] == []
 
 
 def test_an_unreadable_pod_is_deferred_not_guessed(fleet: TestClient, kube: FakeKubeApi):
