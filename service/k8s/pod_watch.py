@@ -8,9 +8,10 @@ unreachable, an error status) means try again after a backoff that doubles
 from ``BACKOFF_MIN_S`` to ``BACKOFF_MAX_S``, and says so in the log and on
 /readyz. It keeps only the pods that
 matter here: those bound with a topoplace reservation
-(``topoplace.io/allocation``) and gang members (``topoplace.io/gang``,
-bound or not: a gang is alive while any member is). The API server cannot
-select on annotations, so this filter runs here.
+(``topoplace.io/allocation``), those bound with GPUs by other means (the
+device plugin's truth gives them an allocation), and gang members
+(``topoplace.io/gang``, bound or not: a gang is alive while any member is).
+The API server cannot select on annotations, so this filter runs here.
 
 A pod is gone when it is deleted or its phase turns Succeeded or Failed:
 its reservation (job id = its UID) is released at once, through the
@@ -39,7 +40,7 @@ from service.allocations import api as allocations
 from service.event_loop import off_loop
 from service.k8s.gang import ALLOCATION_ANNOTATION, GangCoordinator
 from service.k8s.kube_api import KubeApiError, PodStream, WatchBroken, WatchExpired
-from service.k8s.pod_request import Gang, gang_of
+from service.k8s.pod_request import BadPodRequest, Gang, device_counts, gang_of
 from service.state import ServiceState
 
 log = logging.getLogger("topoplace.k8s")
@@ -65,9 +66,22 @@ def followed(pod: dict[str, Any]) -> Followed | None:
     gang = gang_of(pod)
     if gang is not None:
         return Followed(gang, name)
-    if ALLOCATION_ANNOTATION in notes:
+    if ALLOCATION_ANNOTATION in notes or _runs_on_gpus(pod):
         return Followed(None, name)
     return None
+
+
+def _runs_on_gpus(pod: dict[str, Any]) -> bool:
+    """A pod bound to a node with GPUs or MIG instances among its limits: one the device
+    plugin's truth may have given an allocation (node_devices.py) although no bind of
+    topoplace's annotated it, bound by hand or by another scheduler."""
+    spec = pod.get("spec")
+    if not isinstance(spec, dict) or not spec.get("nodeName"):
+        return False
+    try:
+        return bool(device_counts(spec))
+    except BadPodRequest:
+        return False
 
 
 def _uid(pod: dict[str, Any]) -> str:

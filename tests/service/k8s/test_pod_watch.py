@@ -14,6 +14,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from bench.k8s_objects import binding_args, pod
+from placement.profiles import build_profile
 from service.settings import Settings
 from tests.service.conftest import FakeClock
 from tests.service.helpers import add_nodes
@@ -70,6 +71,25 @@ def test_a_finished_pod_gives_its_gpus_back(client: TestClient, api: FakeApiServ
     api.set_phase("ml-team", "job", "Running")
     api.set_phase("ml-team", "job", phase)
     _released(client, p)
+
+
+def test_a_pod_the_kubelets_truth_gave_gpus_gives_them_back_when_deleted(
+    client: TestClient, api: FakeApiServer
+):
+    # Bound by hand (no extender, no topoplace annotation): its allocation comes from
+    # the device plugin's report of what the kubelet gave it.
+    manual = pod("manual", 2)
+    manual["spec"]["nodeName"] = "h100-a"
+    api.add(manual)
+    devices = [g.uuid for g in build_profile("hgx-h100", "h100-a").gpus][:2]
+    report = {"namespace": "ml-team", "name": "manual", "devices": devices}
+    answer = client.post(
+        "/v1/nodes/h100-a/k8s/devices", json={"resource": "nvidia.com/gpu", "pods": [report]}
+    )
+    assert answer.json()["outcomes"][0]["action"] == "created", answer.text
+    assert _state(client, manual) == "active"
+    api.delete("ml-team", "manual")
+    _released(client, manual)
 
 
 def test_pods_that_hold_nothing_are_not_followed(client: TestClient, api: FakeApiServer):
