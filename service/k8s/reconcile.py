@@ -9,8 +9,9 @@ when its pod is still unbound (the bind reserved, then died before the
 Binding, or its Binding's fate was unknown and it was not applied) or bound to
 another node; a gang's when none of its members is left. Reservations younger than
 ``reconcile_grace_s`` are left alone (their bind may still be running), and
-a pending reservation whose pod is bound to its node is confirmed (the bind
-could not confirm it, e.g. the database blinked).
+a pending reservation whose pod is bound to its node, or a pending gang
+reservation a bound member carries, is confirmed (the bind could not confirm
+it, e.g. the database blinked).
 
 With the pod watch on (pod_watch.py) the reconciler is its backstop: what
 it still finds to release is what no watch saw (a pod deleted while no
@@ -24,6 +25,7 @@ import asyncio
 import logging
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 from service.allocations import api as allocations
 from service.allocations.results import Allocation
@@ -51,6 +53,22 @@ def _ours(state: ServiceState) -> list[Allocation]:
     return out
 
 
+def _gang_members(pods: list[dict[str, Any]]) -> tuple[set[str], set[str]]:
+    """The gangs (keys) with an unfinished member, and the reservations (ids) a bound
+    member carries."""
+    alive: set[str] = set()
+    bound: set[str] = set()
+    for pod in pods:
+        gang = gang_of(pod)
+        if gang is None:
+            continue
+        alive.add(gang.key)
+        notes = (pod.get("metadata") or {}).get("annotations") or {}
+        if (pod.get("spec") or {}).get("nodeName") and notes.get(ALLOCATION_ANNOTATION):
+            bound.add(str(notes[ALLOCATION_ANNOTATION]))
+    return alive, bound
+
+
 def reconcile_once(
     state: ServiceState, kube: KubeApi, gangs: GangCoordinator, grace_s: float
 ) -> list[str]:
@@ -60,16 +78,21 @@ def reconcile_once(
         return []
     pods = kube.list_pods()
     by_uid = {str((p.get("metadata") or {}).get("uid", "")): p for p in pods}
-    gangs_alive = {gang.key for p in pods if (gang := gang_of(p)) is not None}
+    gangs_alive, gangs_bound = _gang_members(pods)
     cutoff = state.clock() - timedelta(seconds=grace_s)
     released: list[str] = []
     for allocation in ours:
         young = allocation.created_at > cutoff
         if (allocation.owner or "").startswith(GANG_OWNER):
             key = str(allocation.job_id)
-            if key not in gangs_alive and not young:
-                released += allocations.release(state, allocation.id).ids
-                gangs.forget(key)
+            if key not in gangs_alive:
+                if not young:
+                    released += allocations.release(state, allocation.id).ids
+                    gangs.forget(key)
+            elif allocation.state == "pending" and allocation.id in gangs_bound:
+                # A member runs on it, and every bind's confirm failed (the database
+                # blinked): left pending, its TTL would end it under its members.
+                allocations.confirm(state, allocation.id)
             continue
         pod = by_uid.get(str(allocation.job_id))
         if pod is None:

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from fastapi.testclient import TestClient
 
 from bench.k8s_objects import binding_args, pod
+from service.allocations import api as allocations
+from service.errors import Unavailable
 from service.k8s.reconcile import reconcile_once
 from tests.service.conftest import FakeClock
 from tests.service.helpers import add_nodes
@@ -106,3 +109,29 @@ def test_a_reservation_whose_pod_never_bound_is_released_after_the_grace(
     clock.advance(61)
     (released,) = _reconcile(k8s_client, kube)  # the bound pod keeps its GPUs
     assert k8s_client.get(f"/v1/allocations/{released}").json()["job_id"] == uid
+
+
+def test_a_gang_whose_confirms_failed_is_confirmed_once_its_members_are_bound(
+    k8s_client: TestClient, kube: FakeKubeApi, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+):
+    add_nodes(k8s_client, ("hgx-h100", "h100-a"))
+    notes = {"topoplace.io/gang": "pair", "topoplace.io/gang-size": "2"}
+    members = [kube.add(pod(f"pair-{i}", 4, annotations=notes)) for i in range(2)]
+
+    def blinked(state: object, allocation_id: str) -> None:
+        raise Unavailable("the database blinked")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(allocations, "confirm", blinked)
+        for p in members:  # both bound; each confirm after its Binding failed
+            _bind(k8s_client, p, "h100-a")
+    gang = {"job_id": "k8s-gang:ml-team/pair"}
+    (reserved,) = k8s_client.get("/v1/allocations", params=gang).json()["allocations"]
+    assert reserved["state"] == "pending"
+    _reconcile(k8s_client, kube)
+    state = k8s_client.get(f"/v1/allocations/{reserved['id']}").json()["state"]
+    assert state == "active", "its members run on its GPUs: no TTL may end it"
+    clock.advance(3600)
+    app: Any = k8s_client.app
+    allocations.sweep(app.state.service)
+    assert k8s_client.get(f"/v1/allocations/{reserved['id']}").json()["state"] == "active"
