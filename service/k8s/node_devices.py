@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from datetime import datetime
 
@@ -42,6 +42,7 @@ log = logging.getLogger("topoplace.k8s")
 WHOLE_GPU = "nvidia.com/gpu"
 MIG_PREFIX = "nvidia.com/mig-"
 _LIVE = ("pending", "active", "degraded")
+_FINISHED = ("Succeeded", "Failed")
 _RECENT = 200
 
 
@@ -136,19 +137,48 @@ class MismatchLog:
 
 
 def _check_devices(snapshot: NodeSnapshot, report: DeviceReport) -> dict[str, int]:
-    """GPU UUID -> index; every reported device must be one of the node's (a 400 otherwise,
-    before anything changes)."""
+    """GPU UUID -> index; every reported device must be one of the node's, named once per
+    pod (a 400 otherwise, before anything changes)."""
     by_uuid = {g.uuid: g.index for g in snapshot.gpus}
     migs = {m.uuid for m in snapshot.mig_instances}
     for i, pod in enumerate(report.pods):
-        for device in pod.devices:
+        for j, device in enumerate(pod.devices):
+            where = {"field": f"pods.{i}.devices", "device": device}
             if device not in by_uuid and device not in migs:
                 raise BadRequest(
                     f"pod {pod.namespace}/{pod.name}: device {device!r} is not a GPU or MIG"
                     f" instance of node {snapshot.name} as its agent reported it",
-                    {"field": f"pods.{i}.devices", "device": device},
+                    where,
+                )
+            if device in pod.devices[:j]:
+                raise BadRequest(
+                    f"pod {pod.namespace}/{pod.name}: device {device!r} is named twice", where
                 )
     return by_uuid
+
+
+def _contested(kube: Callable[[], KubeApi], node: str, report: DeviceReport) -> set[str]:
+    """Devices that two unfinished pods of the report both name. The kubelet lists a
+    finished pod's devices after it gave them to the next pod (kubernetes#119423), so a
+    device named twice is the next pod's; named by two pods that both run, it is neither's
+    to take from the other (moving one pod onto it would release the other's allocation)."""
+    counts = Counter(d for pod in report.pods for d in pod.devices)
+    doubled = {d for d, n in counts.items() if n > 1}
+    if not doubled:
+        return set()
+    claims: Counter[str] = Counter()
+    for pod in report.pods:
+        named = doubled.intersection(pod.devices)
+        if not named:
+            continue
+        try:
+            found = kube().get_pod(pod.namespace, pod.name)
+        except (KubeApiError, KubeConfigError):
+            claims.update(named)  # unread: it may run on them
+            continue
+        if found is not None and _not_running_here(found, node) is None:
+            claims.update(named)
+    return {d for d, n in claims.items() if n > 1}
 
 
 def report(
@@ -160,8 +190,12 @@ def report(
 ) -> list[PodOutcome]:
     snapshot = _snapshot(state, node)
     by_uuid = _check_devices(snapshot, body)
+    contested = _contested(kube, node, body)
     held = {_pod_name(a.owner): a for a in pod_allocations(state, node)}
-    return [_reconcile_pod(state, kube, node, by_uuid, held, pod, mismatches) for pod in body.pods]
+    return [
+        _reconcile_pod(state, kube, node, by_uuid, held, pod, mismatches, contested)
+        for pod in body.pods
+    ]
 
 
 def _reconcile_pod(
@@ -172,12 +206,20 @@ def _reconcile_pod(
     held: dict[tuple[str, str] | None, Allocation],
     pod: PodDevices,
     mismatches: MismatchLog,
+    contested: set[str],
 ) -> PodOutcome:
     allocation = held.get((pod.namespace, pod.name))
     reserved = _devices_on(allocation, node) if allocation is not None else []
     outcome = PodOutcome(namespace=pod.namespace, name=pod.name, action="matched")
     if allocation is not None and set(reserved) == set(pod.devices):
         outcome.allocation_id = allocation.id
+        return outcome
+    both = sorted(contested.intersection(pod.devices))
+    if both:
+        outcome.action = "unmatched"
+        outcome.message = f"another running pod of the report names {', '.join(both)} too"
+        outcome.allocation_id = allocation.id if allocation else None
+        _record(mismatches, node, pod, outcome, reserved, ())
         return outcome
     mig = [d for d in pod.devices if d not in by_uuid]
     if mig and len(mig) != len(pod.devices):
@@ -236,15 +278,30 @@ def _pod_here(
         outcome.action = "deferred"
         outcome.message = "the pod is gone from the Kubernetes API"
         return None
+    why = _not_running_here(found, node)
+    if why is not None:
+        outcome.action = "deferred"
+        outcome.message = why
+        return None
+    return found
+
+
+def _not_running_here(found: Pod, node: str) -> str | None:
+    """Why the pod read from the API is not one this node's kubelet runs devices for;
+    None when it is."""
     bound_to = (found.get("spec") or {}).get("nodeName")
     if bound_to != node:
-        outcome.action = "deferred"
-        outcome.message = (
+        return (
             f"the pod of this name is bound to {bound_to or 'no node'}, not {node}:"
             " the report is of an earlier pod of that name"
         )
-        return None
-    return found
+    phase = (found.get("status") or {}).get("phase")
+    if phase in _FINISHED:
+        return (
+            f"the pod has {phase}: it runs on nothing (the kubelet lists a finished pod's"
+            " devices after it gave them to another pod)"
+        )
+    return None
 
 
 def _reconcile_member(

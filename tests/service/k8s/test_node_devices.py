@@ -246,6 +246,86 @@ def test_an_unknown_device_is_refused_before_anything_changes(fleet: TestClient,
     assert now["devices"] == reservation["devices"]  # the first pod was not moved either
 
 
+def test_a_finished_pods_devices_in_a_report_take_nothing_from_the_pod_now_on_them(
+    fleet: TestClient, kube: FakeKubeApi, clock: FakeClock
+):
+    # The kubelet's List still names a Succeeded pod's devices (kubernetes#119423) after
+    # it gave them to the next pod: the finished pod runs on nothing.
+    done = _bound(fleet, kube, "done", 2)
+    assert len(_reservations(fleet)) == 1
+    kube.pods[("ml-team", "done")]["status"]["phase"] = "Succeeded"
+    assert fleet.post(f"/v1/jobs/{done['metadata']['uid']}/release").status_code == 200
+    clock.advance(1)
+    _bound(fleet, kube, "next", 2)
+    (running,) = _reservations(fleet)
+    body = _report(
+        fleet,
+        [
+            {"namespace": "ml-team", "name": "done", "devices": running["devices"]},
+            {"namespace": "ml-team", "name": "next", "devices": running["devices"]},
+        ],
+    )
+    assert body.status_code == 200, body.text
+    done_outcome, next_outcome = body.json()["outcomes"]
+    assert done_outcome["action"] == "deferred", done_outcome
+    assert "Succeeded" in done_outcome["message"]
+    assert next_outcome["action"] == "matched"
+    assert _reservations(fleet) == [running], "the running pod keeps its GPUs, held once"
+
+
+def _two_bound(client: TestClient, kube: FakeKubeApi, clock: FakeClock) -> list[dict[str, Any]]:
+    _bound(client, kube, "first", 2)
+    clock.advance(1)
+    _bound(client, kube, "second", 2)
+    found = _reservations(client)
+    assert [r["pod"] for r in found] == ["first", "second"]
+    return found
+
+
+def test_a_device_named_twice_for_one_pod_is_refused_before_anything_changes(
+    fleet: TestClient, kube: FakeKubeApi, clock: FakeClock
+):
+    first, second = _two_bound(fleet, kube, clock)
+    twice = [second["devices"][0], first["devices"][0], first["devices"][0]]
+    response = _report(
+        fleet,
+        [
+            {"namespace": "ml-team", "name": "first", "devices": first["devices"]},
+            {"namespace": "ml-team", "name": "second", "devices": twice},
+        ],
+    )
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["code"] == "bad_request"
+    assert error["detail"] == {"field": "pods.1.devices", "device": first["devices"][0]}
+    assert _reservations(fleet) == [first, second]  # nobody's allocation moved or ended
+
+
+def test_a_device_two_running_pods_name_is_taken_from_neither(
+    fleet: TestClient, kube: FakeKubeApi, clock: FakeClock
+):
+    # The kubelet never gives one device to two running containers: not the truth, and
+    # taken as such the second pod's move would release the first one's allocation.
+    first, second = _two_bound(fleet, kube, clock)
+    response = _report(
+        fleet,
+        [
+            {"namespace": "ml-team", "name": "first", "devices": first["devices"]},
+            {
+                "namespace": "ml-team",
+                "name": "second",
+                "devices": [first["devices"][0], second["devices"][1]],
+            },
+        ],
+    )
+    assert response.status_code == 200, response.text
+    one, two = response.json()["outcomes"]
+    assert one["action"] == "matched"
+    assert two["action"] == "unmatched", two
+    assert first["devices"][0] in two["message"]
+    assert _reservations(fleet) == [first, second]  # nobody's allocation moved or ended
+
+
 @pytest.mark.parametrize(
     "body",
     [
