@@ -19,6 +19,7 @@ import asyncio
 import base64
 import http.client
 import json
+import logging
 import os
 import ssl
 import tempfile
@@ -34,6 +35,8 @@ import yaml
 
 from service.k8s.binding_post import Answer, BindingPoster
 from service.k8s.wire import Pod
+
+log = logging.getLogger("topoplace.k8s")
 
 # Everything this client asks of the API server, as RBAC rules: the ClusterRole in
 # integrations/kubernetes/rbac.yaml grants exactly these (a test holds them equal).
@@ -296,8 +299,12 @@ class HttpPodStream:
                 if not line.strip():
                     continue
                 event = json.loads(line)
+                if not isinstance(event, dict):  # resent on each resume: passed over
+                    log.warning("the pod watch sent something not an event: %.200s", line)
+                    continue
                 if event.get("type") == "ERROR":
-                    status = event.get("object") or {}
+                    status = event.get("object")
+                    status = status if isinstance(status, dict) else {}
                     code = int(status.get("code") or 0)
                     message = str(status.get("message") or "watch error")
                     raise (WatchExpired if code == 410 else KubeApiError)(code, message)

@@ -34,7 +34,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 from service.allocations import api as allocations
 from service.event_loop import off_loop
@@ -82,6 +82,15 @@ def _runs_on_gpus(pod: dict[str, Any]) -> bool:
         return bool(device_counts(spec))
     except BadPodRequest:
         return False
+
+
+def _shaped(pod: Any) -> TypeGuard[dict[str, Any]]:
+    """A pod object whose parts this module reads are what it reads them as: anything else
+    (a proxy's garbage, another version's object) is passed over, not followed."""
+    if not isinstance(pod, dict) or not isinstance(pod.get("metadata"), dict):
+        return False
+    parts = (pod.get("spec"), pod.get("status"), pod["metadata"].get("annotations"))
+    return all(part is None or isinstance(part, dict) for part in parts)
 
 
 def _uid(pod: dict[str, Any]) -> str:
@@ -142,6 +151,12 @@ class PodWatcher:
                 self._unreachable(status + exc.message)
                 await asyncio.sleep(backoff)
                 backoff = min(BACKOFF_MAX_S, backoff * 2)
+            except Exception as exc:  # the task must outlive what it cannot read, and say so
+                log.exception("pod watch: failed on what the API server sent; listing again")
+                self._unreachable(f"failed on what the API server sent: {exc!r}")
+                listed = False  # what that event said is not known: the list says it again
+                await asyncio.sleep(backoff)
+                backoff = min(BACKOFF_MAX_S, backoff * 2)
 
     def _opened(self) -> None:
         if self.error is not None:
@@ -159,6 +174,9 @@ class PodWatcher:
         seen: dict[str, Followed] = {}
         gone: list[tuple[str, Followed]] = []
         for pod in pods:
+            if not _shaped(pod):
+                log.warning("pod watch: the list holds something that is not a pod; passed over")
+                continue
             uid, kept = _uid(pod), followed(pod)
             if kept is None or not uid:
                 continue
@@ -179,8 +197,11 @@ class PodWatcher:
 
     async def _event(self, event: dict[str, Any]) -> None:
         kind = event.get("type")
-        pod = event.get("object") or {}
-        version = (pod.get("metadata") or {}).get("resourceVersion")
+        pod = event.get("object")
+        if not _shaped(pod):
+            log.warning("pod watch: a %s event whose object is not a pod; passed over", kind)
+            return
+        version = pod["metadata"].get("resourceVersion")
         if version:
             self.resource_version = str(version)
         if kind not in ("ADDED", "MODIFIED", "DELETED"):

@@ -38,7 +38,7 @@ class FakeApiServer:
         self.requests: list[tuple[str, str]] = []  # (method, path with query)
         self.lock = threading.Condition()
         self.version = 100
-        self.history: list[tuple[int, str, dict[str, Any]]] = []  # (rv, type, object)
+        self.history: list[tuple[int, str, Any]] = []  # (rv, type, object)
         self.oldest = 100  # a watch from an older version is answered 410 Gone
         self.bookmarks = 0
         self.cuts = 0
@@ -84,6 +84,14 @@ class FakeApiServer:
             self.pods[(meta["namespace"], meta["name"])] = stored
             self._changed("ADDED", stored)
         return pod
+
+    def send_raw(self, type_: str, obj: Any) -> None:
+        """An event whose object is sent as given, whatever its shape (a proxy's garbage,
+        another API version's object); with no type, ``obj`` is the whole line."""
+        with self.lock:
+            self.version += 1
+            self.history.append((self.version, type_, obj))
+            self.lock.notify_all()
 
     def add_node(self, name: str) -> None:
         with self.lock:
@@ -221,7 +229,7 @@ class FakeApiServer:
                     },
                 )
 
-            def _chunk(self, event: dict[str, Any]) -> None:
+            def _chunk(self, event: Any) -> None:
                 data = json.dumps(event).encode() + b"\n"
                 self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
                 self.wfile.flush()
@@ -243,7 +251,7 @@ class FakeApiServer:
                     while not api.stopping:
                         for rv, type_, obj in [] if api.stalled else api.history:
                             if rv > sent:
-                                self._chunk({"type": type_, "object": obj})
+                                self._chunk({"type": type_, "object": obj} if type_ else obj)
                                 sent = rv
                         if bookmarks and api.bookmarks != marks:
                             marks = api.bookmarks

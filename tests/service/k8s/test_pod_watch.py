@@ -15,6 +15,7 @@ from fastapi.testclient import TestClient
 
 from bench.k8s_objects import binding_args, pod
 from placement.profiles import build_profile
+from service.k8s import pod_watch
 from service.settings import Settings
 from tests.service.conftest import FakeClock
 from tests.service.helpers import add_nodes
@@ -114,6 +115,49 @@ def test_a_watch_broken_off_and_expired_lists_again(client: TestClient, api: Fak
     _released(client, p)  # found gone by the second list
     assert api.count("GET", "/api/v1/pods?limit=") == 2
     assert _watcher(client).lists == 2
+
+
+@pytest.mark.parametrize(
+    ("kind", "garbage"),
+    [
+        ("MODIFIED", "not a pod"),
+        ("ADDED", ["a", "list"]),
+        ("DELETED", {"metadata": "a string"}),
+        ("", ["not", "an", "event"]),
+    ],
+)
+def test_a_malformed_event_does_not_stop_the_watch(
+    client: TestClient, api: FakeApiServer, kind: str, garbage: Any
+):
+    p = api.add(pod("trainer", 4))
+    _bind(client, p)
+    wait_until(lambda: len(_watcher(client).pods) == 1, "the bound pod followed")
+    api.send_raw(kind, garbage)
+    api.delete("ml-team", "trainer")
+    _released(client, p)
+    assert client.get("/readyz").json()["kubernetes"]["watch"] == "following"
+
+
+def test_a_failure_on_an_event_lists_again_and_follows_on(
+    client: TestClient, api: FakeApiServer, monkeypatch: pytest.MonkeyPatch
+):
+    p = api.add(pod("trainer", 4))
+    _bind(client, p)
+    wait_until(lambda: len(_watcher(client).pods) == 1, "the bound pod followed")
+    failed: list[dict[str, Any]] = []
+
+    def fails_once(obj: dict[str, Any]) -> pod_watch.Followed | None:
+        if not failed:
+            failed.append(obj)
+            raise RuntimeError("nothing this module expected")
+        return real(obj)
+
+    real = pod_watch.followed
+    monkeypatch.setattr(pod_watch, "followed", fails_once)
+    api.add(pod("web", 0))  # the event the watcher fails on
+    wait_until(lambda: _watcher(client).lists == 2, "the watcher listed again")
+    api.delete("ml-team", "trainer")
+    _released(client, p)
 
 
 def test_bookmarks_keep_a_resumed_watch_from_listing_again(client: TestClient, api: FakeApiServer):
