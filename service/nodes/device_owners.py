@@ -1,4 +1,5 @@
-"""One device, one node: a GPU or MIG UUID that another node's snapshot holds is refused.
+"""One device, one node: a GPU or MIG UUID that another node's snapshot lists, or that a
+live allocation still holds on another node, is refused.
 
 Checked against the database, so that replicas agree, inside the report's
 transaction and after its first write (see snapshot_report.py for why that
@@ -12,6 +13,7 @@ import json
 import sqlalchemy as sa
 
 from placement import NodeSnapshot
+from service import schema
 from service.errors import Conflict
 from service.nodes import repository
 from service.state import ServiceState
@@ -91,13 +93,41 @@ def _list(value: object) -> list[object]:
     return value if isinstance(value, list) else []
 
 
-def refuse_claimed(name: str, owners: dict[str, str]) -> None:
-    if not owners:
-        return
-    uuid = min(owners)
-    other = owners[uuid]
-    raise Conflict(
-        f"device {uuid} already belongs to node {other!r}; a GPU is reported by one node only"
-        f" (if it moved, delete node {other!r} or report it without the device first)",
-        {"field": "snapshot.gpus", "uuid": uuid, "node": other, "devices": len(owners)},
+def held_elsewhere(conn: sa.Connection, name: str, devices: set[str]) -> dict[str, str]:
+    """{device: other node} for the devices a live allocation holds on another node.
+
+    A node that stops reporting a held GPU degrades the allocation, which keeps the
+    hold: the job may still run on that GPU. Holds are keyed by (node, device), so
+    nothing else would stop another node from reporting the GPU and having it placed
+    a second time while the first job runs on it.
+    """
+    holds = schema.holdings()
+    query = (
+        sa.select(holds.c.device, holds.c.node)
+        .where(holds.c.device.in_(sorted(devices)), holds.c.node != name, holds.c.kind != "cpu")
+        .order_by(holds.c.device, holds.c.node)
     )
+    held: dict[str, str] = {}
+    for device, node in conn.execute(query):
+        held.setdefault(str(device), str(node))
+    return held
+
+
+def refuse_claimed(name: str, owners: dict[str, str], held: dict[str, str]) -> None:
+    if owners:
+        uuid = min(owners)
+        other = owners[uuid]
+        raise Conflict(
+            f"device {uuid} already belongs to node {other!r}; a GPU is reported by one node"
+            f" only (if it moved, delete node {other!r} or report it without the device first)",
+            {"field": "snapshot.gpus", "uuid": uuid, "node": other, "devices": len(owners)},
+        )
+    if held:
+        uuid = min(held)
+        other = held[uuid]
+        raise Conflict(
+            f"device {uuid} is still held on node {other!r} by a live allocation; a GPU is in"
+            f" one node's allocations only (release the allocations holding it on {other!r}"
+            " first)",
+            {"field": "snapshot.gpus", "uuid": uuid, "node": other, "devices": len(held)},
+        )

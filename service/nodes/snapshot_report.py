@@ -4,10 +4,11 @@ Everything is checked before anything is kept: its signature against the
 node's registered key (403, signatures.py), a snapshot the engine could not
 load (422, loadable.py), a seq older than the stored one or an equal seq
 with other content (409; for a node with a key, any seq not newer is a
-replay: 409 ``replayed_snapshot``), a device another node holds (409,
-device_owners.py). The seq rule is also the condition of the write, so of
-racing reports the newest wins whatever their order, and a first report
-racing another first one is retried as a later one. A snapshot that differs
+replay: 409 ``replayed_snapshot``), a device another node reports or a live
+allocation holds on another node (409, device_owners.py). The seq rule is
+also the condition of the write, so of racing reports the newest wins
+whatever their order, and a first report racing another first one is
+retried as a later one. A snapshot that differs
 from the stored one only in seq and timestamp is stored (its seq counts) but
 is no change: no history row, no event.
 """
@@ -48,7 +49,8 @@ def report_snapshot(
     process itself). Refused: a signature that is not the node's registered
     key's (403, signatures.py), a snapshot the engine could not load (422, loadable.py), a seq
     older than the stored one or an equal seq with other content (409), and
-    a GPU or MIG UUID that another node's snapshot holds (409). The seq rule
+    a GPU or MIG UUID that another node's snapshot lists or a live allocation holds on
+    another node (409). The seq rule
     is also the condition of the write, so of racing reports the newest
     wins whatever their order. Every refusal leaves an audit row (``snapshot``, the
     refusal's code as the action), in a transaction of its own: the report's was undone.
@@ -149,7 +151,11 @@ def _store(
         # After the write: on SQLite this transaction now holds the write lock,
         # on Postgres the UUID locks; either way no other report can claim
         # these devices until this one commits or is undone.
-        owners.refuse_claimed(name, owners.device_owners(conn, name, devices, memory))
+        owners.refuse_claimed(
+            name,
+            owners.device_owners(conn, name, devices, memory),
+            owners.held_elsewhere(conn, name, devices),
+        )
         if changed:
             publish(conn, [name])
             repository.add_history(

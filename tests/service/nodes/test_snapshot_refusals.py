@@ -11,6 +11,7 @@ import pytest
 import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
+from placement import NodeSnapshot
 from placement.profiles import build_profile
 from service import schema
 from service.app import create_app
@@ -152,6 +153,51 @@ def test_a_gpu_of_another_node_stored_by_another_replica_is_refused(
     )
     response = report(client, clash)
     assert response.status_code == 409 and response.json()["error"]["detail"]["node"] == "h0"
+
+
+def _without_last_gpu(snap: NodeSnapshot) -> NodeSnapshot:
+    n = snap.gpu_count - 1
+    return snap.model_copy(
+        update={
+            "seq": snap.seq + 1,
+            "gpus": snap.gpus[:n],
+            "links": [row[:n] for row in snap.links[:n]],
+            "nics": [nic.model_copy(update={"links": nic.links[:n]}) for nic in snap.nics],
+            "cpu_links": [link for link in snap.cpu_links if link.gpu < n],
+        }
+    )
+
+
+def test_a_gpu_still_held_on_the_node_that_dropped_it_is_refused_elsewhere(
+    client: TestClient, settings: Settings, clock: FakeClock
+) -> None:
+    """A node that stops reporting a held GPU degrades its allocation, which keeps the
+    GPU: the job may still run on it, so no other node may report it and have it placed
+    again until that allocation ends (checked on another replica too)."""
+    first = build_profile("hgx-h100", "h0")
+    assert report(client, first).status_code == 200
+    placed = client.post("/v1/place", json={"gpus": 8})
+    assert placed.status_code == 201, placed.text
+    allocation = placed.json()["id"]
+    dropped = first.gpus[7].uuid
+    assert report(client, _without_last_gpu(first)).status_code == 200
+    assert client.get(f"/v1/allocations/{allocation}").json()["state"] == "degraded"
+
+    second = build_profile("hgx-h100", "h1")
+    gpus = [second.gpus[0].model_copy(update={"uuid": dropped}), *second.gpus[1:]]
+    claim = second.model_copy(update={"gpus": gpus})
+    with TestClient(create_app(settings, clock=clock, background=False)) as other_replica:
+        for replica in (client, other_replica):
+            response = report(replica, claim)
+            assert response.status_code == 409, response.text
+            error = response.json()["error"]
+            assert error["code"] == "conflict" and error["detail"]["node"] == "h0"
+            assert error["detail"]["uuid"] == dropped and "held" in error["message"]
+            assert replica.get("/v1/nodes/h1").status_code == 404
+    assert _stored_rows(settings) == 1
+    # Once the allocation ends, the GPU may be reported by the node it moved to.
+    assert client.post(f"/v1/allocations/{allocation}/release").status_code == 200
+    assert report(client, claim).status_code == 200
 
 
 @pytest.fixture
