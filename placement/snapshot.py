@@ -54,6 +54,9 @@ Flag = Annotated[bool, Field(strict=True)]
 # that is not a machine but a request to expand a range of billions of numbers.
 MAX_CPU_ID = 16_383
 MAX_GPUS = 63
+# Held CPUs are stored beside held GPU and MIG UUIDs, named "cpu:<id>" (the service's
+# gpu_holds.device): a device UUID spelled so would be read back as a CPU.
+CPU_DEVICE_PREFIX = "cpu:"
 _CPU_RANGE_RE = re.compile(r"(\d+)(?:\s*-\s*(\d+))?")
 
 
@@ -308,9 +311,7 @@ def _check_gpus(snap: NodeSnapshot) -> Sequence[InitErrorDetails]:
                     gpu.index,
                 )
             )
-        if gpu.uuid in seen:
-            errors.append(_error(("gpus", pos, "uuid"), f"duplicate UUID {gpu.uuid!r}", gpu.uuid))
-        seen[gpu.uuid] = ("gpus", pos, "uuid")
+        errors.extend(_check_uuid(("gpus", pos, "uuid"), gpu.uuid, seen))
         if gpu.numa_node is not None and numa_ids and gpu.numa_node not in numa_ids:
             errors.append(
                 _error(
@@ -320,11 +321,27 @@ def _check_gpus(snap: NodeSnapshot) -> Sequence[InitErrorDetails]:
                 )
             )
     for pos, mig in enumerate(snap.mig_instances):
-        if mig.uuid in seen:
-            errors.append(
-                _error(("mig_instances", pos, "uuid"), f"duplicate UUID {mig.uuid!r}", mig.uuid)
+        errors.extend(_check_uuid(("mig_instances", pos, "uuid"), mig.uuid, seen))
+    return errors
+
+
+def _check_uuid(
+    loc: tuple[str | int, ...], uuid: str, seen: dict[str, tuple[str | int, ...]]
+) -> list[InitErrorDetails]:
+    """A device UUID: unique in the snapshot, and not one a held CPU could have."""
+    errors: list[InitErrorDetails] = []
+    if uuid in seen:
+        errors.append(_error(loc, f"duplicate UUID {uuid!r}", uuid))
+    if uuid.startswith(CPU_DEVICE_PREFIX):
+        errors.append(
+            _error(
+                loc,
+                f"UUID {uuid!r} starts with {CPU_DEVICE_PREFIX!r}, which names a CPU among"
+                " the devices held on a node",
+                uuid,
             )
-        seen[mig.uuid] = ("mig_instances", pos, "uuid")
+        )
+    seen[uuid] = loc
     return errors
 
 

@@ -21,6 +21,7 @@ from sqlalchemy.engine import Engine
 
 from placement import AllocationError, ClusterState, NodeSnapshot, PlacementRequest
 from placement.cluster import FULL_SHARE
+from placement.snapshot import CPU_DEVICE_PREFIX
 from service import schema
 from service.allocations.group_commit import GroupCommitter
 from service.allocations.score_cache import ScoreCache
@@ -432,7 +433,7 @@ def _forget_allocation(marks: dict[str, dict[str, Any]], node: str, allocation_i
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _FOREVER = datetime(9999, 1, 1, tzinfo=UTC)
-CPU_PREFIX = "cpu:"
+CPU_PREFIX = CPU_DEVICE_PREFIX  # no snapshot's GPU or MIG UUID starts so (placement.snapshot)
 SHARED = schema.SHARED
 _HOLD_COLUMNS = sa.select(
     schema.gpu_holds.c.node,

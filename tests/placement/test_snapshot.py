@@ -65,6 +65,23 @@ def test_duplicate_uuid() -> None:
     assert _locs(exc) == [("gpus", 1, "uuid")]
 
 
+def test_a_device_uuid_may_not_read_as_a_held_cpu() -> None:
+    """The service stores held CPUs as "cpu:<id>" beside held GPU and MIG UUIDs."""
+    gpus = _base()["gpus"]
+    gpus[1]["uuid"] = "cpu:x1"
+    with pytest.raises(ValidationError) as exc:
+        NodeSnapshot.model_validate(_base(gpus=gpus))
+    assert _locs(exc) == [("gpus", 1, "uuid")] and "names a CPU" in str(exc.value)
+    mig = build_profile("hgx-h100-mig", "m0").model_dump(mode="json")
+    mig["mig_instances"][2]["uuid"] = "cpu:0"
+    with pytest.raises(ValidationError) as exc:
+        NodeSnapshot.model_validate(mig)
+    assert _locs(exc) == [("mig_instances", 2, "uuid")]
+    # Only the exact prefix: a UUID that merely contains it is a UUID.
+    gpus[1]["uuid"] = "GPU-cpu:1"
+    assert NodeSnapshot.model_validate(_base(gpus=gpus)).gpus[1].uuid == "GPU-cpu:1"
+
+
 def test_index_gap_and_bad_numa_reference() -> None:
     gpus = _base()["gpus"]
     gpus[1]["index"] = 3

@@ -155,6 +155,22 @@ def test_a_gpu_of_another_node_stored_by_another_replica_is_refused(
     assert response.status_code == 409 and response.json()["error"]["detail"]["node"] == "h0"
 
 
+def test_a_gpu_uuid_spelled_like_a_held_cpu_is_refused_and_the_service_starts_again(
+    client: TestClient, settings: Settings, clock: FakeClock
+) -> None:
+    """Held CPUs are stored as "cpu:<id>" beside held GPUs: a GPU so named, once placed,
+    read back as a CPU and stopped every replica's start and sync."""
+    snap = build_profile("hgx-h100", "h0")
+    gpus = [g.model_copy(update={"uuid": f"cpu:x{g.index}"}) for g in snap.gpus]
+    response = report(client, snap.model_copy(update={"gpus": gpus}))
+    message = _invalid(response, "snapshot.gpus.0.uuid")
+    assert "names a CPU" in message
+    assert client.get("/v1/nodes/h0").status_code == 404 and _stored_rows(settings) == 0
+    assert client.post("/v1/place", json={"gpus": 8}).status_code == 409
+    with TestClient(create_app(settings, clock=clock, background=False)) as again:
+        assert again.get("/readyz").status_code == 200
+
+
 def _without_last_gpu(snap: NodeSnapshot) -> NodeSnapshot:
     n = snap.gpu_count - 1
     return snap.model_copy(
