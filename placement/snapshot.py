@@ -48,7 +48,11 @@ NonNegInt = Annotated[int, Field(strict=True, ge=0, le=2**31 - 1), WHOLE]
 # A seq is stored as a signed 64-bit integer (BIGINT); a larger one could never be stored.
 MAX_SEQ = 2**63 - 1
 Seq = Annotated[int, Field(strict=True, ge=0, le=MAX_SEQ), WHOLE]
-SliceCount = Annotated[int, Field(strict=True, ge=1, le=64), WHOLE]
+# A MIG GPU's slices: 8 on every MIG GPU so far, 64 allowed. The engine lists a GPU's
+# slices up to its last instance's end on every MIG placement, so the end is bounded.
+MAX_MIG_SLICES = 64
+SliceCount = Annotated[int, Field(strict=True, ge=1, le=MAX_MIG_SLICES), WHOLE]
+SliceStart = Annotated[int, Field(strict=True, ge=0, le=MAX_MIG_SLICES - 1), WHOLE]
 Flag = Annotated[bool, Field(strict=True)]
 # Linux builds for at most 8,192 CPUs (x86 MAXSMP); a cpuset naming CPU ids far past
 # that is not a machine but a request to expand a range of billions of numbers.
@@ -113,7 +117,7 @@ class MigInstance(_Frozen):
     uuid: Text = Field(min_length=1, max_length=128)
     parent_gpu: NonNegInt
     profile: Text = Field(description="MIG profile name, e.g. '1g.10gb' or '3g.40gb'")
-    placement_start: NonNegInt
+    placement_start: SliceStart
     placement_size: SliceCount
     health: Health = Health.HEALTHY
 
@@ -193,7 +197,10 @@ class NodeSnapshot(_Frozen):
     )
     cpu_links: list[CpuLink] = Field(default_factory=list)
     nics: list[Nic] = Field(default_factory=list)
-    mig_instances: list[MigInstance] = Field(default_factory=list)
+    # No more than fit without overlap: one per slice of every GPU.
+    mig_instances: list[MigInstance] = Field(
+        default_factory=list, max_length=MAX_GPUS * MAX_MIG_SLICES
+    )
     fabric: Fabric | None = None
     driver_version: Text | None = Field(default=None, max_length=64)
     cuda_version: Text | None = Field(default=None, max_length=64)
@@ -408,7 +415,7 @@ def _check_devices(snap: NodeSnapshot) -> Sequence[InitErrorDetails]:
             errors.append(
                 _error(("cpu_links", pos, "gpu"), f"no GPU with index {cpu_link.gpu}", cpu_link.gpu)
             )
-    taken: dict[int, list[tuple[int, int]]] = {}
+    taken: dict[int, int] = {}  # GPU index -> bits of the slices instances take
     for pos, mig in enumerate(snap.mig_instances):
         loc = ("mig_instances", pos)
         if mig.parent_gpu >= n:
@@ -424,16 +431,23 @@ def _check_devices(snap: NodeSnapshot) -> Sequence[InitErrorDetails]:
                     mig.parent_gpu,
                 )
             )
-        span = (mig.placement_start, mig.placement_start + mig.placement_size)
-        for other in taken.get(mig.parent_gpu, []):
-            if span[0] < other[1] and other[0] < span[1]:
-                errors.append(
-                    _error(
-                        (*loc, "placement_start"),
-                        f"slices {span[0]}..{span[1] - 1} overlap another instance on"
-                        f" GPU {mig.parent_gpu}",
-                        mig.placement_start,
-                    )
-                )
-        taken.setdefault(mig.parent_gpu, []).append(span)
+        errors.extend(_check_slices(loc, mig, taken))
     return errors
+
+
+def _check_slices(
+    loc: tuple[str | int, ...], mig: MigInstance, taken: dict[int, int]
+) -> list[InitErrorDetails]:
+    """An instance's slices: within the GPU's bound, and none another instance took (a
+    bit mask per GPU, so a list of instances costs its length, not its square)."""
+    start, end = mig.placement_start, mig.placement_start + mig.placement_size
+    if end > MAX_MIG_SLICES:
+        message = f"slices {start}..{end - 1} run past slice {MAX_MIG_SLICES - 1}"
+        return [_error((*loc, "placement_start"), message, start)]
+    span = ((1 << mig.placement_size) - 1) << start
+    held = taken.get(mig.parent_gpu, 0)
+    taken[mig.parent_gpu] = held | span
+    if held & span:
+        message = f"slices {start}..{end - 1} overlap another instance on GPU {mig.parent_gpu}"
+        return [_error((*loc, "placement_start"), message, start)]
+    return []

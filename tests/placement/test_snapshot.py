@@ -139,6 +139,39 @@ def test_mig_instances_must_sit_on_mig_gpus_without_overlap() -> None:
         MigInstance(uuid="m", parent_gpu=0, profile="big", placement_start=0, placement_size=1)
 
 
+def _mig(uuid: str, start: int, size: int = 1) -> dict[str, Any]:
+    return {
+        "uuid": uuid,
+        "parent_gpu": 0,
+        "profile": "1g.10gb",
+        "placement_start": start,
+        "placement_size": size,
+    }
+
+
+def test_mig_slices_are_bounded_and_each_overlap_is_named_once() -> None:
+    """The engine lists a MIG GPU's slices up to its last instance's end, per MIG
+    placement: a slice in the millions made each such request take minutes."""
+    gpus = _base()["gpus"]
+    gpus[0]["mig_enabled"] = True
+    for start, size in ((20_000_000, 1), (62, 4), (64, 1)):
+        with pytest.raises(ValidationError) as exc:
+            NodeSnapshot.model_validate(_base(gpus=gpus, mig_instances=[_mig("M", start, size)]))
+        assert _locs(exc) == [("mig_instances", 0, "placement_start")]
+    last = NodeSnapshot.model_validate(_base(gpus=gpus, mig_instances=[_mig("M", 63, 1)]))
+    assert last.mig_instances[0].placement_start == 63
+    # Two hundred instances on one slice: each overlap named once, not once per pair.
+    same_slice = [_mig(f"M{i}", 0) for i in range(200)]
+    with pytest.raises(ValidationError) as exc:
+        NodeSnapshot.model_validate(_base(gpus=gpus, mig_instances=same_slice))
+    assert len(exc.value.errors()) == 199
+    # No more instances than 64 slices on each of 63 GPUs could hold.
+    many = [_mig(f"M{i}", i % 64) for i in range(63 * 64 + 1)]
+    with pytest.raises(ValidationError) as exc:
+        NodeSnapshot.model_validate(_base(gpus=gpus, mig_instances=many))
+    assert _locs(exc) == [("mig_instances",)]
+
+
 def test_nic_relations_must_cover_every_gpu() -> None:
     with pytest.raises(ValidationError) as exc:
         NodeSnapshot.model_validate(_base(nics=[{"name": "mlx5_0", "links": ["PIX"]}]))

@@ -171,6 +171,20 @@ def test_a_gpu_uuid_spelled_like_a_held_cpu_is_refused_and_the_service_starts_ag
         assert again.get("/readyz").status_code == 200
 
 
+def test_a_mig_instance_past_the_last_slice_is_refused(client: TestClient) -> None:
+    """Stored, one instance at slice 20,000,000 made every MIG placement, on any node,
+    list twenty million slices of that GPU under the state lock (48 s each)."""
+    assert report(client, build_profile("hgx-h100-mig", "m0")).status_code == 200
+    far = build_profile("hgx-h100-mig", "m1")
+    migs = [*far.mig_instances]
+    migs[-1] = migs[-1].model_copy(update={"placement_start": 20_000_000})
+    response = report(client, far.model_copy(update={"mig_instances": migs}))
+    _invalid(response, f"snapshot.mig_instances.{len(migs) - 1}.placement_start")
+    assert client.get("/v1/nodes/m1").status_code == 404
+    placed = client.post("/v1/place", json={"gpus": 1, "mig_profile": migs[0].profile})
+    assert placed.status_code == 201 and placed.json()["tasks"][0]["node"] == "m0"
+
+
 def _without_last_gpu(snap: NodeSnapshot) -> NodeSnapshot:
     n = snap.gpu_count - 1
     return snap.model_copy(
