@@ -123,7 +123,10 @@ def _assess(
         cause = _static_cause(entry, request)
         pick = None
         if cause is None:
-            pick = best_instance(entry, profile, held.setdefault(entry.name, set(entry.busy_mig)))
+            # Whole and shared holds too: an instance whose UUID a GPU hold has (an
+            # earlier report listed it as a GPU) is that held device.
+            taken = held.setdefault(entry.name, entry.held_any_way())
+            pick = best_instance(entry, profile, taken)
             cause = Cause.NO_FREE_MIG if pick is None else None
         if pick is None:
             refused.append((entry, cause or Cause.NO_FREE_MIG))

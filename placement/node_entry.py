@@ -47,8 +47,10 @@ class NodeEntry:
         self.healthy = sum(
             1 << g.index for g in snap.gpus if not g.mig_enabled and g.health is Health.HEALTHY
         )
-        # A shared GPU is not free for whole-GPU requests: its bit counts as busy.
-        self.busy_bits = sum(self.bit_of.get(u, 0) for u in self.busy | self.shares.keys())
+        # A shared GPU is not free for whole-GPU requests: its bit counts as busy. So does
+        # a GPU whose UUID is held as a MIG instance (an earlier report listed it so): the
+        # store keys holds by UUID, and the holding job may still run on it.
+        self.busy_bits = sum(self.bit_of.get(u, 0) for u in self.held_any_way())
 
     @property
     def name(self) -> str:
@@ -66,6 +68,20 @@ class NodeEntry:
         self.busy -= gpus
         for uuid in gpus:
             self.busy_bits &= ~self.bit_of.get(uuid, 0)
+
+    def hold_migs(self, migs: set[str]) -> None:
+        self.busy_mig |= migs
+        for uuid in migs:
+            self.busy_bits |= self.bit_of.get(uuid, 0)
+
+    def drop_migs(self, migs: set[str]) -> None:
+        self.busy_mig -= migs
+        for uuid in migs:
+            self.busy_bits &= ~self.bit_of.get(uuid, 0)
+
+    def held_any_way(self) -> set[str]:
+        """Every device UUID held: whole, in shares or as a MIG instance."""
+        return self.busy | self.shares.keys() | self.busy_mig
 
     def shares_by_index(self) -> dict[int, int]:
         """GPU index -> thousandths held, for the shared GPUs this snapshot lists."""

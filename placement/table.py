@@ -204,10 +204,14 @@ class NodeTable:
             raise AllocationError(f"GPU {taken[0]} on {node} holds shares; it is not whole")
         if taken := sorted(migs & entry.busy_mig):
             raise AllocationError(f"MIG instance {taken[0]} on {node} is already allocated")
+        # A UUID reported once as a MIG instance and next as a GPU (or back) is one
+        # device to the store, whatever kind it was held as.
+        if taken := sorted((gpus | migs) & entry.held_any_way()):
+            raise AllocationError(f"device {taken[0]} on {node} is held as another kind")
         if clash := sorted(cpu_set & entry.used_cpus):
             raise AllocationError(f"CPU {clash[0]} on {node} is already allocated")
         entry.hold(gpus)
-        entry.busy_mig |= migs
+        entry.hold_migs(migs)
         entry.used_cpus |= cpu_set
         self._sync(entry)
 
@@ -223,7 +227,7 @@ class NodeTable:
         if not (gpus or migs or cpu_set):
             return  # nothing held changes: the node's answers stay cached
         entry.drop(gpus)
-        entry.busy_mig -= migs
+        entry.drop_migs(migs)
         entry.used_cpus -= cpu_set
         self._sync(entry)
 
@@ -235,7 +239,7 @@ class NodeTable:
         cpu_set = set(cpus)
         if gpu_uuid not in entry.bit_of:
             raise AllocationError(f"node {node} has no GPU {gpu_uuid}")
-        if gpu_uuid in entry.busy:
+        if gpu_uuid in entry.busy or gpu_uuid in entry.busy_mig:
             raise AllocationError(f"GPU {gpu_uuid} on {node} is held whole")
         held = entry.shares.get(gpu_uuid, 0)
         if held + milli > FULL_SHARE:
@@ -264,7 +268,7 @@ class NodeTable:
         entry = self.entry(node)
         if not 0 <= milli <= FULL_SHARE:
             raise AllocationError(f"a GPU's shares are 0 to {FULL_SHARE} thousandths, not {milli}")
-        if milli and gpu_uuid in entry.busy:
+        if milli and (gpu_uuid in entry.busy or gpu_uuid in entry.busy_mig):
             raise AllocationError(f"GPU {gpu_uuid} on {node} is held whole")
         held = entry.shares.get(gpu_uuid, 0)
         if held == milli:

@@ -226,9 +226,10 @@ def _mark_degraded(conn: sa.Connection, snap: NodeSnapshot) -> None:
     not dropped."""
     # A GPU in MIG mode serves only through its instances: a job held on the GPU
     # whole or in a share has lost it (turning MIG on needs the GPU idle), so the
-    # GPU's own UUID counts as gone for those holds.
-    healthy = {g.uuid for g in snap.gpus if g.health is Health.HEALTHY and not g.mig_enabled}
-    healthy |= {
+    # GPU's own UUID counts as gone for those holds. Each hold is judged by its kind:
+    # a MIG instance's UUID reported next as a GPU's (or back) is gone as what was held.
+    gpus = {g.uuid for g in snap.gpus if g.health is Health.HEALTHY and not g.mig_enabled}
+    migs = {
         m.uuid
         for m in snap.mig_instances
         if m.health is Health.HEALTHY
@@ -237,11 +238,15 @@ def _mark_degraded(conn: sa.Connection, snap: NodeSnapshot) -> None:
     }
     held = schema.holdings()
     holds = conn.execute(
-        sa.select(held.c.device, held.c.allocation_id).where(
+        sa.select(held.c.device, held.c.kind, held.c.allocation_id).where(
             held.c.node == snap.name, held.c.kind != "cpu"
         )
     ).all()
-    broken = {allocation for device, allocation in holds if device not in healthy}
+    broken = {
+        allocation
+        for device, kind, allocation in holds
+        if device not in (migs if kind == "mig" else gpus)
+    }
     if broken:
         conn.execute(
             sa.update(schema.allocations)

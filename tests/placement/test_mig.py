@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from placement import Cause, ClusterState, PlacementRequest
+import pytest
+
+from placement import AllocationError, Cause, ClusterState, PlacementRequest
 from placement.profiles import build_profile
 
 
@@ -106,3 +108,43 @@ def test_no_instance_of_a_gpu_held_whole_or_in_shares_when_it_turns_mig() -> Non
         state.apply(placement)
         parents |= set(placement.tasks[0].gpu_indices)
     assert parents and not parents & {0, 1}
+
+
+def test_a_held_uuid_reported_as_the_other_kind_stays_held() -> None:
+    """Held as a MIG instance, listed next as a GPU (and the reverse): not free as the new
+    kind, and not given again as such."""
+    state = _state()
+    snap = state.node("mig0").snapshot
+    outcome = state.place(PlacementRequest(mig_profile="3g.40gb"))
+    assert outcome.placement is not None
+    state.apply(outcome.placement)
+    held = outcome.placement.tasks[0].mig_uuids[0]
+    gpus = [
+        g.model_copy(update={"mig_enabled": False, "uuid": held if g.index == 0 else g.uuid})
+        for g in snap.gpus
+    ]
+    state.upsert(snap.model_copy(update={"seq": 1, "gpus": gpus, "mig_instances": []}))
+    for _ in range(len(gpus) - 1):
+        placed = state.place(PlacementRequest(gpus=1))
+        assert placed.placement is not None and held not in placed.placement.tasks[0].gpu_uuids
+        state.apply(placed.placement)
+    assert state.place(PlacementRequest(gpus=1)).placement is None
+    with pytest.raises(AllocationError, match="another kind"):
+        state.allocate("mig0", {held}, set(), set())
+
+    # The reverse: a GPU held whole, its UUID listed next as a MIG instance's.
+    whole = ClusterState()
+    plain = build_profile("hgx-h100", "h0")
+    whole.upsert(plain)
+    first = whole.place(PlacementRequest(gpus=1))
+    assert first.placement is not None
+    whole.apply(first.placement)
+    gpu = first.placement.tasks[0].gpu_uuids[0]
+    index = next(g.index for g in plain.gpus if g.uuid == gpu)
+    instance = snap.mig_instances[0].model_copy(update={"uuid": gpu, "parent_gpu": index})
+    turned = [
+        g.model_copy(update={"mig_enabled": True, "uuid": "GPU-new"}) if g.index == index else g
+        for g in plain.gpus
+    ]
+    whole.upsert(plain.model_copy(update={"seq": 1, "gpus": turned, "mig_instances": [instance]}))
+    assert whole.place(PlacementRequest(mig_profile=instance.profile)).placement is None

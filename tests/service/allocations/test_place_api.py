@@ -244,6 +244,46 @@ def test_cpus_reserved_with_a_task_are_held_and_freed(
     assert third.status_code == 201, third.text
 
 
+def test_a_held_uuid_reported_as_the_other_kind_degrades_and_stays_held(
+    client: TestClient,
+) -> None:
+    """A MIG instance's UUID reported next as a GPU's (or a GPU's as a MIG instance's):
+    the holding allocation lost what it held, and the device, still held under its
+    UUID, is not offered as the other kind, which the store, keyed by UUID, would
+    refuse at every commit: every placement that chose it failed, on any node."""
+    mig, whole = add_nodes(client, ("hgx-h100-mig", "m0"), ("hgx-h100", "z9"))
+    profile = mig.mig_instances[0].profile
+    on_mig = client.post("/v1/place", json={"gpus": 1, "mig_profile": profile}).json()
+    on_gpu = client.post("/v1/place", json={"gpus": 1, "nodes": ["z9"]}).json()
+    mig_uuid, gpu_uuid = on_mig["tasks"][0]["mig_uuids"][0], on_gpu["tasks"][0]["gpu_uuids"][0]
+    parent = next(m.parent_gpu for m in mig.mig_instances if m.uuid == mig_uuid)
+    as_gpu = [
+        g.model_copy(
+            update={"mig_enabled": False, "uuid": mig_uuid if g.index == parent else g.uuid}
+        )
+        for g in mig.gpus
+    ]
+    swapped = mig.model_copy(update={"seq": 1, "gpus": as_gpu, "mig_instances": []})
+    assert report(client, swapped).status_code == 200
+    index = next(g.index for g in whole.gpus if g.uuid == gpu_uuid)
+    as_mig = [
+        g.model_copy(update={"mig_enabled": True, "uuid": "GPU-z9-new"}) if g.index == index else g
+        for g in whole.gpus
+    ]
+    instance = mig.mig_instances[0].model_copy(update={"uuid": gpu_uuid, "parent_gpu": index})
+    turned = whole.model_copy(update={"seq": 1, "gpus": as_mig, "mig_instances": [instance]})
+    assert report(client, turned).status_code == 200
+    for allocation in (on_mig, on_gpu):
+        assert client.get(f"/v1/allocations/{allocation['id']}").json()["state"] == "degraded"
+    for _ in range(3):
+        placed = client.post("/v1/place", json={"gpus": 1})
+        assert placed.status_code == 201, placed.text
+        assert mig_uuid not in placed.json()["tasks"][0]["gpu_uuids"]
+    refused = client.post("/v1/place", json={"gpus": 1, "mig_profile": profile})
+    assert refused.status_code == 409, refused.text
+    assert refused.json()["error"]["code"] == "unschedulable"
+
+
 def test_a_gpu_turning_mig_degrades_its_whole_and_shared_holds(client: TestClient) -> None:
     snap = add_nodes(client, ("hgx-h100", "h0"))[0]
     whole = client.post("/v1/place", json={"gpus": 1}).json()
