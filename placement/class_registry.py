@@ -60,9 +60,21 @@ class ClassRegistry:
         found = self._by_key.get(key)
         if found is not None:
             return found
-        cid = len(self.classes)
         if wiring.n <= EXACT_LIMIT:
-            tc = build_class(wiring, self.size_mix)
+            return self._add(key, build_class(wiring, self.size_mix))
+        return self._add(key, LargeClass(key, wiring))
+
+    def keeping(self, used: set[int]) -> tuple[ClassRegistry, dict[int, int]]:
+        """A registry of only the classes ``used`` names (their tables reused, not
+        rebuilt), and each kept class's id in it. Answers are found again as asked."""
+        fresh = ClassRegistry(self.bandwidth, self.size_mix)
+        key_of = {cid: key for key, cid in self._by_key.items()}
+        moved = {cid: fresh._add(key_of[cid], self.classes[cid]) for cid in sorted(used)}
+        return fresh, moved
+
+    def _add(self, key: str, tc: AnyClass) -> int:
+        cid = len(self.classes)
+        if isinstance(tc, TopologyClass):
             self.classes.append(tc)
             self.offsets = np.append(self.offsets, self._size)
             self._exact_offsets.append(self._size)
@@ -77,7 +89,7 @@ class ClassRegistry:
             for query, table in self._answers.items():
                 self._answers[query] = np.concatenate([table, grow])
         else:
-            self.classes.append(LargeClass(key, wiring))
+            self.classes.append(tc)
             self.offsets = np.append(self.offsets, -1)
         self._by_key[key] = cid
         return cid

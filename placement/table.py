@@ -22,6 +22,7 @@ match the node's state raises ``AllocationError`` and changes nothing.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
@@ -36,6 +37,10 @@ from placement.snapshot import NodeSnapshot
 from placement.what_is_left import size_weights
 
 _CHANGE_LOG = 32_768
+# Classes no node uses are kept (a node may come back with that wiring) until they
+# outnumber this and the classes in use: each costs its subset tables, about 5 MB at
+# 16 GPUs, and a node reporting a new wiring with every snapshot made one each time.
+_SPARE_CLASSES = 32
 FULL_SHARE = 1000  # a GPU in thousandths, as the trace's gpu_milli
 # The per-slot arrays, grown together when the slots outgrow them.
 _ARRAYS = (
@@ -70,6 +75,7 @@ class NodeTable:
         self.bandwidth = bandwidth
         self.block_labels = tuple(block_labels)
         self.registry = ClassRegistry(bandwidth, size_mix)
+        self._class_users: Counter[int] = Counter()  # class id -> nodes of that class
         self.entries: dict[str, NodeEntry] = {}
         self._slots: list[NodeEntry | None] = []
         self.slot_names: list[str] = []  # "" for a free slot; read per request by screen()
@@ -144,6 +150,9 @@ class NodeTable:
         """Add a node or replace its snapshot, keeping its allocations (by UUID)."""
         cid = self.registry.class_for(snapshot)
         entry = self.entries.get(snapshot.name)
+        self._class_users[cid] += 1
+        if entry is not None:
+            self._class_users[entry.cid] -= 1
         if entry is None:
             slot = self._free_slots.pop() if self._free_slots else self._grow()
             entry = NodeEntry(slot=slot, snapshot=snapshot, cid=cid)
@@ -162,9 +171,11 @@ class NodeTable:
         self.every_gpu[entry.slot] = entry.every_gpu
         self.cpu_count[entry.slot] = entry.cpu_count
         self._sync(entry)
+        self._drop_unused_classes()
 
     def remove(self, name: str) -> None:
         entry = self.entry(name)
+        self._class_users[entry.cid] -= 1
         entry.shares.clear()
         self._index_shares(entry)
         del self.entries[name]
@@ -281,6 +292,25 @@ class NodeTable:
         self._sync(entry)
 
     # Internals -----------------------------------------------------------
+
+    def _drop_unused_classes(self) -> None:
+        """Start a registry of the classes in use once the unused ones outnumber them
+        (and ``_SPARE_CLASSES``): every node's class id moves, so every cached answer
+        goes and every slot is touched, as when membership changes."""
+        used = {cid for cid, users in self._class_users.items() if users > 0}
+        if len(self.registry.classes) - len(used) <= max(_SPARE_CLASSES, len(used)):
+            return
+        self.registry, moved = self.registry.keeping(used)
+        self._class_users = Counter({moved[cid]: self._class_users[cid] for cid in used})
+        for entry in self.entries.values():
+            entry.cid = moved[entry.cid]
+            self.cid[entry.slot] = entry.cid
+            self._touch(entry.slot)
+        self.version += 1
+        self.static_cache.clear()
+        self.shape_caches = ShapeCaches()
+        self.task_cache.clear()
+        self.last_candidates = None
 
     def _grow(self) -> int:
         slot = len(self._slots)

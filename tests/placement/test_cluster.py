@@ -9,6 +9,7 @@ from placement import (
     Cause,
     ClusterState,
     Health,
+    NodeSnapshot,
     PlacementRequest,
     UnknownNodeError,
 )
@@ -249,3 +250,39 @@ def test_gpu_model_matches_whole_tokens_only() -> None:
     state.upsert(build_profile("dgx-a100", "a100"))
     outcome = state.place(PlacementRequest(gpus=1, gpu_models=("A10",)))
     assert outcome.status == "unresolvable"
+
+
+def _rewired(name: str, k: int, seq: int) -> NodeSnapshot:
+    """A 4-GPU node whose NVLink lane counts spell ``k``: a wiring of its own."""
+    lanes = [1 + (k >> (3 * b) & 7) for b in range(3)]
+    links = [["X" if i == j else "SYS" for j in range(4)] for i in range(4)]
+    for b, (i, j) in enumerate(((0, 1), (1, 2), (2, 3))):
+        links[i][j] = links[j][i] = f"NV{lanes[b]}"
+    gpus = [{"index": i, "uuid": f"GPU-{name}-{i}", "model": "x"} for i in range(4)]
+    return NodeSnapshot(name=name, gpus=gpus, links=links, seq=seq)
+
+
+def test_classes_no_node_has_any_more_are_given_back() -> None:
+    """Each class costs its subset tables (about 5 MB for 16 GPUs) and was kept for good:
+    a node reporting a new wiring with every snapshot grew every replica's memory
+    without bound. Classes no node uses go once they outnumber the ones in use."""
+    state = ClusterState()
+    state.upsert(build_profile("dgx1-v100", "dgx0"))
+    before = state.place(PlacementRequest(gpus=4))
+    for seq in range(200):
+        state.upsert(_rewired("churn", seq, seq))
+        assert state.class_count <= 2 * 32 + 2
+    assert state.topology_class("churn").n == 4
+    state.allocate("churn", {"GPU-churn-0", "GPU-churn-1"})
+    after = state.place(PlacementRequest(gpus=4))
+    assert after.placement is not None and before.placement is not None
+    assert after.placement.tasks == before.placement.tasks  # dgx0's answers unchanged
+    two = state.place(PlacementRequest(gpus=2, nodes=["churn"]))
+    assert two.placement is not None and two.placement.tasks[0].gpu_indices == (2, 3)
+    fresh = ClusterState()
+    fresh.upsert(build_profile("dgx1-v100", "dgx0"))
+    fresh.upsert(state.node("churn").snapshot)
+    fresh.allocate("churn", {"GPU-churn-0", "GPU-churn-1"})
+    for gpus in (1, 2, 3, 4, 8):
+        request = PlacementRequest(gpus=gpus, policy="pack")
+        assert state.place(request) == fresh.place(request)
