@@ -57,6 +57,10 @@ class ServiceState:
         )
         self.lock = threading.RLock()
         self.heartbeats: dict[str, datetime] = {}
+        # Each node's reported_at as the snapshot in memory was stored: with its seq, it
+        # names that snapshot. A seq alone does not: a deleted node may be reported again
+        # under its old seq with other content.
+        self.reported: dict[str, datetime] = {}
         self.cordoned: set[str] = set()
         self.loaded = False
         # Devices chosen by this process whose commit is in flight: a sync from
@@ -84,6 +88,7 @@ class ServiceState:
         with self.lock:
             self.cluster = ClusterState()
             self.heartbeats.clear()
+            self.reported.clear()
             self.cordoned.clear()
         self.sync_nodes(None)
         self._check_pools()
@@ -142,21 +147,14 @@ class ServiceState:
         that every process breaks ties the same way.
         """
         nodes = schema.nodes
-        node_query = sa.select(
-            nodes.c.name, nodes.c.seq, nodes.c.cordoned, nodes.c.heartbeat_at
-        ).order_by(nodes.c.name)
+        node_query = sa.select(*_NODE_COLUMNS).order_by(nodes.c.name)
         hold_query = _HOLD_COLUMNS
         if names is not None:
             node_query = node_query.where(nodes.c.name.in_(names))
             hold_query = hold_query.where(schema.gpu_holds.c.node.in_(names))
         with self.lock, self.engine.connect() as conn:
             rows = conn.execute(node_query).mappings().all()
-            moved = [
-                str(r["name"])
-                for r in rows
-                if r["name"] not in self.cluster
-                or self.cluster.node(str(r["name"])).snapshot.seq != r["seq"]
-            ]
+            moved = [str(r["name"]) for r in rows if not self._has_snapshot(r)]
             snapshots = (
                 {
                     str(name): body
@@ -174,12 +172,14 @@ class ServiceState:
                 if name in self.cluster:
                     self.cluster.remove(name)
                 self.heartbeats.pop(name, None)
+                self.reported.pop(name, None)
                 self.cordoned.discard(name)
                 self.nvlink.forget(name)
             for row in rows:
                 name = str(row["name"])
                 if name in snapshots and not self._load_snapshot(name, row, snapshots[name]):
                     continue
+                self.reported[name] = _aware(row["reported_at"])
                 try:
                     self._sync_row(row, held.get(name, set()), pools.get(name, {}), committed)
                 except AllocationError:
@@ -224,9 +224,19 @@ class ServiceState:
             if name in self.cluster:
                 self.cluster.remove(name)
             self.heartbeats.pop(name, None)
+            self.reported.pop(name, None)
             self.cordoned.discard(name)
             return False
         return True
+
+    def _has_snapshot(self, row: sa.RowMapping) -> bool:
+        """Whether memory holds the snapshot a node row stores (under the lock)."""
+        name = str(row["name"])
+        return (
+            name in self.cluster
+            and self.cluster.node(name).snapshot.seq == row["seq"]
+            and self.reported.get(name) == _aware(row["reported_at"])
+        )
 
     def resync(self, chunk: int = RESYNC_CHUNK) -> None:
         """Compare every node with the database; sync the ones that differ.
@@ -243,15 +253,8 @@ class ServiceState:
         different (and is synced) or is caught by its notification or the
         next resync.
         """
-        nodes = schema.nodes
         with self.engine.connect() as conn:
-            rows = (
-                conn.execute(
-                    sa.select(nodes.c.name, nodes.c.seq, nodes.c.cordoned, nodes.c.heartbeat_at)
-                )
-                .mappings()
-                .all()
-            )
+            rows = conn.execute(sa.select(*_NODE_COLUMNS)).mappings().all()
             held, pools = _by_node(conn.execute(_HOLD_COLUMNS).all())
         with self.lock:
             gone = set(self.cluster.names()) - {str(row["name"]) for row in rows}
@@ -277,11 +280,9 @@ class ServiceState:
         """Whether memory already has this node as the row, holds and share pools show it
         (under the lock): what ``_sync_row`` would leave unchanged, heartbeat aside."""
         name = str(row["name"])
-        if name not in self.cluster:
+        if not self._has_snapshot(row) or (name in self.cordoned) != bool(row["cordoned"]):
             return False
         entry = self.cluster.node(name)
-        if entry.snapshot.seq != row["seq"] or (name in self.cordoned) != bool(row["cordoned"]):
-            return False
         if name in self.inflight or name in self.inflight_shares:
             # Whether what this process is committing there is stored yet is a read of
             # its own, under the lock: sync_nodes makes it.
@@ -435,6 +436,13 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _FOREVER = datetime(9999, 1, 1, tzinfo=UTC)
 CPU_PREFIX = CPU_DEVICE_PREFIX  # no snapshot's GPU or MIG UUID starts so (placement.snapshot)
 SHARED = schema.SHARED
+_NODE_COLUMNS = (
+    schema.nodes.c.name,
+    schema.nodes.c.seq,
+    schema.nodes.c.reported_at,
+    schema.nodes.c.cordoned,
+    schema.nodes.c.heartbeat_at,
+)
 _HOLD_COLUMNS = sa.select(
     schema.gpu_holds.c.node,
     schema.gpu_holds.c.device,

@@ -24,11 +24,12 @@ def device_uuids(snap: NodeSnapshot) -> set[str]:
 
 
 class MemoryDevices:
-    """What this process's memory says of some devices: each node's seq, and which
-    other nodes hold which of the devices. Read before the transaction, so that
-    the state lock is never awaited while the database is locked."""
+    """What this process's memory says of some devices: each node's seq and reported_at
+    (together they name its snapshot), and which other nodes hold which of the devices.
+    Read before the transaction, so that the state lock is never awaited while the
+    database is locked."""
 
-    def __init__(self, seqs: dict[str, int], owners: dict[str, str]) -> None:
+    def __init__(self, seqs: dict[str, repository.Stored], owners: dict[str, str]) -> None:
         self.seqs = seqs
         self.owners = owners
 
@@ -39,11 +40,12 @@ def devices_in_memory(state: ServiceState, name: str, devices: set[str]) -> Memo
     entry's snapshot is read once, so its seq and devices always belong together."""
     with state.lock:
         entries = list(state.cluster.nodes())
-    seqs: dict[str, int] = {}
+        reported = dict(state.reported)
+    seqs: dict[str, repository.Stored] = {}
     owners: dict[str, str] = {}
     for entry in entries:
         snap = entry.snapshot
-        seqs[snap.name] = snap.seq
+        seqs[snap.name] = (snap.seq, reported.get(snap.name))
         if snap.name == name:
             continue
         if not devices.isdisjoint(snap.device_uuids):
@@ -57,8 +59,8 @@ def device_owners(
 ) -> dict[str, str]:
     """{device: other node} as the database has it.
 
-    A seq names one content, so a stored node whose seq memory has is
-    checked from memory; only the others (reported on another replica and
+    A seq and reported_at name one content, so a stored node whose pair memory
+    has is checked from memory; only the others (reported on another replica and
     not synced here yet, or never loadable) are read and parsed. That keeps
     the check to one narrow scan at 10,000 nodes, where searching every
     stored snapshot's text took 0.4-1.6 s per report.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -96,11 +96,22 @@ def _lock_key(uuid: str) -> int:
     return int.from_bytes(digest, "big", signed=True)
 
 
-def stored_seqs(conn: Connection) -> dict[str, int]:
-    """Every stored node's seq: a seq names one content, so this says which snapshots a
-    process already has in memory."""
+# A stored snapshot's (seq, reported_at): together they name one content (a seq alone
+# does not: a deleted node may be reported again under its old seq).
+Stored = tuple[int, datetime | None]
+
+
+def stored_seqs(conn: Connection) -> dict[str, Stored]:
+    """Every stored node's (seq, reported_at): says which snapshots a process already
+    has in memory."""
     nodes = schema.nodes
-    return {str(name): int(seq) for name, seq in conn.execute(sa.select(nodes.c.name, nodes.c.seq))}
+    query = sa.select(nodes.c.name, nodes.c.seq, nodes.c.reported_at)
+    return {str(name): (int(seq), _aware(at)) for name, seq, at in conn.execute(query)}
+
+
+def _aware(value: datetime) -> datetime:
+    # SQLite hands back naive datetimes for timezone-aware columns.
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
 def snapshot_bodies(conn: Connection, names: list[str]) -> Iterator[tuple[str, str]]:

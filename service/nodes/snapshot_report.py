@@ -103,11 +103,23 @@ def _report(
     else:
         raise Conflict(f"node {name!r} was reported concurrently; send the snapshot again")
     with state.lock:
-        if name not in state.cluster or state.cluster.node(name).snapshot.seq < snap.seq:
+        if _newer_than_memory(state, snap):
             state.cluster.upsert(snap)
+        if state.cluster.node(name).snapshot == snap:
+            state.reported[name] = now  # what the row says now: a sync has nothing to load
         state.heartbeats[name] = now
         state.refresh_availability([name])
     return SnapshotAccepted(node=name, seq=snap.seq, changed=changed)
+
+
+def _newer_than_memory(state: ServiceState, snap: NodeSnapshot) -> bool:
+    """Whether memory should take this stored snapshot (under the lock): a newer seq, or
+    the same seq with other content (the node was deleted meanwhile, perhaps on another
+    replica, and reported again from its old seq)."""
+    if snap.name not in state.cluster:
+        return True
+    held = state.cluster.node(snap.name).snapshot
+    return held.seq < snap.seq or (held.seq == snap.seq and held != snap)
 
 
 def _store(

@@ -6,12 +6,13 @@ import pytest
 import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
+from placement.profiles import build_profile
 from service import schema
 from service.allocations import repository
 from service.app import create_app
 from service.settings import Settings
 from tests.service.conftest import FakeClock
-from tests.service.helpers import add_nodes
+from tests.service.helpers import add_nodes, report
 
 
 def test_resync_in_chunks_matches_the_database(settings: Settings, clock: FakeClock) -> None:
@@ -78,3 +79,36 @@ def test_resync_takes_heartbeats_without_syncing_unchanged_nodes(
         assert placed.status_code == 201, placed.text
         assert placed.json()["tasks"][0]["node"] in ("h0", "h1")
         assert len(state.cluster.node("h2").held_gpus) == 3
+
+
+@pytest.mark.parametrize("catch_up", ["sync_nodes", "resync"])
+def test_a_node_deleted_and_reported_again_under_its_old_seq_is_reloaded(
+    settings: Settings, clock: FakeClock, catch_up: str
+) -> None:
+    """A deleted node's next first report may carry the old seq with other GPUs: a replica
+    that did not see the delete (its notifications came together) kept the old GPUs and
+    placed jobs on UUIDs the node no longer has."""
+    old = build_profile("hgx-h100", "h0")
+    new = build_profile("hgx-h100", "other").model_copy(update={"name": "h0"})
+    with TestClient(create_app(settings, clock=clock, background=False)) as writer:
+        assert report(writer, old).status_code == 200
+        with TestClient(create_app(settings, clock=clock, background=False)) as reader:
+            assert writer.delete("/v1/nodes/h0").status_code == 204
+            clock.advance(1)
+            assert report(writer, new).status_code == 200
+            state = reader.app.state.service
+            if catch_up == "sync_nodes":
+                state.sync_nodes(["h0"])  # both notifications at once
+            else:
+                state.resync()
+            assert state.cluster.node("h0").snapshot.gpus == new.gpus
+            placed = reader.post("/v1/place", json={"gpus": 1})
+            assert placed.json()["tasks"][0]["gpu_uuids"][0] in {g.uuid for g in new.gpus}
+            # The same on the reporting side: the reader deletes and reports the old one
+            # again; the writer, told nothing, takes the old one back when its agent sends it.
+            assert reader.post(f"/v1/allocations/{placed.json()['id']}/release").status_code == 200
+            assert reader.delete("/v1/nodes/h0").status_code == 204
+            clock.advance(1)
+            assert report(reader, old).status_code == 200
+            assert report(writer, old).status_code == 200
+            assert writer.app.state.service.cluster.node("h0").snapshot.gpus == old.gpus
