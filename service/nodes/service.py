@@ -82,6 +82,7 @@ def remove_node(state: ServiceState, name: str) -> None:
         if name in state.cluster:
             state.cluster.remove(name)
         state.heartbeats.pop(name, None)
+        state.reported.pop(name, None)
         state.cordoned.discard(name)
 
 
