@@ -168,6 +168,8 @@ gpu_holds = sa.Table(
     # A share pool's thousandths held, the sum of its shares; NULL on every other row.
     sa.Column("share_milli", sa.Integer, nullable=True),
     sa.Index("ix_gpu_holds_allocation", "allocation_id"),
+    # A snapshot report looks up whether another node's allocation holds its devices.
+    sa.Index("ix_gpu_holds_device", "device"),
     sa.UniqueConstraint("node", "device", "allocation_id", name="uq_gpu_holds_node_device_alloc"),
     # What a share's foreign key names: a pool, never a whole-GPU hold.
     sa.UniqueConstraint("node", "device", "kind", name="uq_gpu_holds_node_device_kind"),
@@ -213,6 +215,7 @@ gpu_shares = sa.Table(
         initially="DEFERRED",
     ),
     sa.Index("ix_gpu_shares_allocation", "allocation_id"),
+    sa.Index("ix_gpu_shares_device", "device"),
 )
 
 # One public key per node name, registered by the node's agent (trust on

@@ -16,12 +16,32 @@ def test_upgrade_head_creates_the_schema(database_url: str) -> None:
     for table in schema.metadata.sorted_tables:
         columns = {c["name"] for c in inspector.get_columns(table.name)}
         assert columns == {c.name for c in table.columns}, table.name
+        indexes = {i["name"] for i in inspector.get_indexes(table.name)}
+        assert {i.name for i in table.indexes} <= indexes, table.name
     keys = inspector.get_pk_constraint("gpu_holds")["constrained_columns"]
     assert keys == ["node", "device"]
     with engine.connect() as conn:
         version = conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalar_one()
     engine.dispose()
     assert version == migrate.current_head()
+
+
+def test_0009_finds_holds_and_shares_by_device(database_url: str) -> None:
+    migrate.upgrade(database_url)
+    config = migrate.alembic_config(database_url)
+    command.downgrade(config, "0008")
+    engine = sa.create_engine(database_url)
+    try:
+        assert "ix_gpu_holds_device" not in _indexes(engine, "gpu_holds")
+        command.upgrade(config, "0009")
+        assert "ix_gpu_holds_device" in _indexes(engine, "gpu_holds")
+        assert "ix_gpu_shares_device" in _indexes(engine, "gpu_shares")
+    finally:
+        engine.dispose()
+
+
+def _indexes(engine: sa.Engine, table: str) -> set[str]:
+    return {str(i["name"]) for i in sa.inspect(engine).get_indexes(table)}
 
 
 def test_0003_mends_rows_the_lifecycle_races_left(database_url: str) -> None:
