@@ -5,8 +5,9 @@ Slurm's view comes from ``squeue --json`` (run by the service where
 /v1/slurm/reconcile by a cron job on a host that has the Slurm client).
 An allocation made by the filter (owner ``slurm:<user>``) is live while a
 job that is not finished names it in its admin comment. Allocations younger
-than the grace period are left alone: the job they were made for may not be
-in that answer yet (the filter reserves before slurmctld creates the job).
+than squeue's answer (the moment it was asked) by the grace period are left
+alone: the job they were made for may not be in that answer (the filter
+reserves before slurmctld creates the job, and squeue may print slowly).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import logging
 import shlex
 import subprocess
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from service.allocations import api as allocations
@@ -86,7 +87,9 @@ def _held(allocation: Allocation) -> dict[str, list[int]]:
     return {node: list(gpus) for node, gpus in allocation.gpus_by_node().items()}
 
 
-def reconcile(state: ServiceState, settings: SlurmSettings, squeue: Any) -> ReconcileResult:
+def reconcile(
+    state: ServiceState, settings: SlurmSettings, squeue: Any, taken_at: datetime | None = None
+) -> ReconcileResult:
     """Make the service say what Slurm runs, and release what no job holds.
 
     - A running job's GPUs (``gres_detail``) are recorded as its allocation when the
@@ -96,16 +99,20 @@ def reconcile(state: ServiceState, settings: SlurmSettings, squeue: Any) -> Reco
       (cancelled while pending included) releases it at once.
     - One that no job names or carries is released once older than the grace period
       (the filter reserves a moment before slurmctld creates the job).
+
+    ``taken_at``: when squeue was asked (now, by default). Its answer is that old: a job
+    created after it is missing from it, so only allocations older than it by the
+    grace period can be orphans, whatever job id they have learned since.
     """
+    cutoff = (taken_at or state.clock()) - timedelta(seconds=settings.reconcile_grace_s)
     jobs = _jobs(squeue)
     live_named, jobs_named = live_allocations(squeue)
     unfinished = {str(j.get("job_id")) for j in jobs if not _states(j) & FINISHED}
+    finished = [j for j in jobs if _states(j) & FINISHED]
     finished_named = {
-        i
-        for j in jobs
-        if _states(j) & FINISHED
-        for i in allocation_ids(str(j.get("admin_comment") or ""))
+        i for j in finished for i in allocation_ids(str(j.get("admin_comment") or ""))
     }
+    finished_ids = {str(j.get("job_id")) for j in finished} - unfinished
     current = [
         a
         for status in ("active", "pending", "degraded")
@@ -142,7 +149,6 @@ def reconcile(state: ServiceState, settings: SlurmSettings, squeue: Any) -> Reco
             for status in ("active", "pending", "degraded")
             for a in allocations.listing(state, None, None, status, _LISTED)
         ]
-    cutoff = state.clock() - timedelta(seconds=settings.reconcile_grace_s)
     released: list[str] = []
     for allocation in current:
         if not (allocation.owner or "").startswith(OWNER_PREFIX):
@@ -151,8 +157,11 @@ def reconcile(state: ServiceState, settings: SlurmSettings, squeue: Any) -> Reco
         job_id = allocation.job_id
         if allocation_id in live_named or (job_id is not None and job_id in unfinished):
             continue
-        gone = allocation_id in finished_named or job_id is not None
-        if gone or allocation.created_at <= cutoff:
+        # A job squeue shows finished ends its allocations now; any other allocation
+        # no live job holds may belong to a job newer than squeue's answer (its job id
+        # learned from the prolog meanwhile), unless it is older than that answer.
+        ended = allocation_id in finished_named or job_id in finished_ids
+        if ended or allocation.created_at <= cutoff:
             released += allocations.release(state, allocation_id).ids
     if released:
         log.info("reconcile: released %d allocation(s) of jobs Slurm no longer has", len(released))
@@ -201,6 +210,7 @@ class Reconciler:
             return
         self._last = now
         self._next = now + self.settings.reconcile_interval_s
+        taken_at = self.state.clock()  # squeue's answer is no newer than this
         started = time.perf_counter()
         try:
             squeue = await off_loop(read_squeue, command, self.settings.squeue_timeout_s)
@@ -211,4 +221,4 @@ class Reconciler:
             return
         self.state.metrics.squeue.labels("ok").observe(time.perf_counter() - started)
         with acting(RECONCILER):  # the audit log's actor of what it changes
-            await off_loop(reconcile, self.state, self.settings, squeue)
+            await off_loop(reconcile, self.state, self.settings, squeue, taken_at)

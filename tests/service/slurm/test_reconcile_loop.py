@@ -7,11 +7,15 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from fastapi.testclient import TestClient
 
+from service.slurm import reconcile as reconcile_module
 from service.slurm.reconcile import Reconciler
 from service.slurm.settings import SlurmSettings
+from tests.service.conftest import FakeClock
 from tests.service.helpers import add_nodes
+from tests.service.slurm.test_truth import show_job
 
 
 def _live(client: TestClient) -> list[str]:
@@ -60,3 +64,38 @@ def test_squeue_runs_are_timed_by_outcome(client: TestClient, tmp_path: Path) ->
     metrics = client.get("/metrics").text
     assert 'topoplace_squeue_duration_seconds_count{outcome="ok"} 1.0' in metrics
     assert 'topoplace_squeue_duration_seconds_count{outcome="failed"} 2.0' in metrics
+
+
+@pytest.mark.parametrize("prolog", [False, True], ids=["pending", "started"])
+def test_a_job_that_came_while_squeue_was_read_keeps_its_gpus(
+    client: TestClient, clock: FakeClock, monkeypatch: pytest.MonkeyPatch, prolog: bool
+) -> None:
+    """squeue's answer is as old as its read's start: a job submitted (and started) after
+    that is not in it, and its reservation must not be taken for an orphan, however long
+    the read took (a busy slurmctld) and whether or not its prolog came meanwhile."""
+    add_nodes(client, ("dgx1-v100", "node1"))
+    made: list[str] = []
+
+    def slow_squeue(command: str, timeout_s: float) -> dict[str, Any]:
+        clock.advance(2)  # slurmctld took its snapshot, then was slow to print it
+        decision = client.post(
+            "/v1/slurm/job-submit", json={"tres_per_node": "gres:gpu:2", "user_name": "alice"}
+        ).json()
+        made.extend(decision["allocation_ids"])
+        if prolog:
+            gres = ",".join(f"gpu:g{g}:1(IDX:{g})" for g in decision["gpu_indices"])
+            started = client.post(
+                "/v1/slurm/job-started",
+                json={"show_job": show_job(21, gres, "node1", decision["set"]["admin_comment"])},
+            )
+            assert started.json()["action"] == "attached", started.text
+        clock.advance(2)
+        return {"jobs": []}
+
+    monkeypatch.setattr(reconcile_module, "read_squeue", slow_squeue)
+    app: Any = client.app
+    settings = SlurmSettings(squeue_command="squeue --json", reconcile_grace_s=0.5)
+    asyncio.run(Reconciler(app.state.service, settings).tick())
+    assert made and _live(client) == made, (
+        "the reservation of a job newer than squeue's read was released"
+    )
