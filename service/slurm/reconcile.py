@@ -23,7 +23,7 @@ from typing import Any
 from service.allocations import api as allocations
 from service.allocations.results import Allocation
 from service.audit.actor import acting, service_task
-from service.errors import BadRequest
+from service.errors import BadRequest, Conflict
 from service.event_loop import off_loop
 from service.slurm import truth
 from service.slurm.fresh import FRESH
@@ -87,6 +87,30 @@ def _held(allocation: Allocation) -> dict[str, list[int]]:
     return {node: list(gpus) for node, gpus in allocation.gpus_by_node().items()}
 
 
+def _take_in(
+    state: ServiceState,
+    job: dict[str, Any],
+    held_by_job: dict[str, dict[str, list[int]]],
+    without_job: set[str],
+    observed: list[str],
+    attached: list[str],
+) -> None:
+    """One unfinished job: record the GPUs it runs on where the service says otherwise,
+    or give its job id to the reservations it names."""
+    found = truth.from_squeue_job(job)
+    running = bool(_states(job) & RUNNING) and found.gpus
+    if running and held_by_job.get(found.job_id) != {
+        n: g for n, g in found.gpus.items() if n in state.cluster
+    }:
+        observation = truth.record(state, found)
+        if observation is not None and observation.action != "matched":
+            (attached if observation.action == "attached" else observed).append(
+                observation.allocation_id
+            )
+    elif unattached := [i for i in found.named if i in without_job]:
+        attached.extend(allocations.attach(state, unattached, found.job_id))
+
+
 def reconcile(
     state: ServiceState, settings: SlurmSettings, squeue: Any, taken_at: datetime | None = None
 ) -> ReconcileResult:
@@ -128,21 +152,15 @@ def reconcile(
     observed: list[str] = []
     attached: list[str] = []
     for job in jobs:
-        states = _states(job)
-        if states & FINISHED:
+        if _states(job) & FINISHED:
             continue
-        found = truth.from_squeue_job(job)
-        running = bool(states & RUNNING) and found.gpus
-        if running and held_by_job.get(found.job_id) != {
-            n: g for n, g in found.gpus.items() if n in state.cluster
-        }:
-            observation = truth.record(state, found)
-            if observation is not None and observation.action != "matched":
-                (attached if observation.action == "attached" else observed).append(
-                    observation.allocation_id
-                )
-        elif unattached := [i for i in found.named if i in without_job]:
-            attached += allocations.attach(state, unattached, found.job_id)
+        try:
+            _take_in(state, job, held_by_job, without_job, observed, attached)
+        except (ValueError, BadRequest, Conflict) as exc:
+            # One job Slurm shows in terms the service cannot record (a GPU its node's
+            # snapshot lacks, text it cannot read) is left as it is, its allocations
+            # kept: the others' records and releases go on.
+            log.warning("reconcile: job %s not recorded: %s", job.get("job_id"), exc)
     if observed:
         current = [
             a

@@ -186,3 +186,35 @@ def test_the_loop_runs_as_soon_as_a_fresh_reservation_passes_the_grace_period(
     released = dgx1.get(f"/v1/allocations/{orphan['allocation_ids'][0]}").json()
     assert released["state"] == "released"
     assert not FRESH.due(0)
+
+
+@pytest.mark.parametrize(
+    ("nodes", "gres"),
+    [
+        ("node1", "gpu:1(IDX:9)"),  # a GPU the node's snapshot does not have
+        ("node1", "gpu:2(IDX:-3)"),  # indices that cannot be read
+        ("node[2-1]", "gpu:1(IDX:0)"),  # a host list that cannot be read
+    ],
+)
+def test_one_running_job_that_cannot_be_recorded_does_not_stop_the_others(
+    dgx1: TestClient, nodes: str, gres: str
+) -> None:
+    """Such a job is skipped (and its allocations kept): the reconcile of every other
+    job goes on, or one odd job would stop all releases for as long as it runs."""
+    cancelled = submit(dgx1, tres_per_node="gres:gpu:1")
+    odd = {"job_id": 30, "job_state": "RUNNING", "nodes": nodes, "gres_detail": [gres]}
+    gone = {"job_id": 31, "job_state": "CANCELLED"}
+    gone["admin_comment"] = cancelled["set"]["admin_comment"]
+    running = {
+        "job_id": 32,
+        "job_state": "RUNNING",
+        "user_name": "bob",
+        "nodes": "node2",
+        "gres_detail": ["gpu:2(IDX:6-7)"],
+    }
+    response = dgx1.post("/v1/slurm/reconcile", json={"jobs": [odd, gone, running]})
+    assert response.status_code == 200, response.text
+    assert response.json()["released"] == cancelled["allocation_ids"]
+    [recorded] = of_job(dgx1, 32)
+    assert gpus(recorded) == {"node2": [6, 7]}
+    assert of_job(dgx1, 30) == []
