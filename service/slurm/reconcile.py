@@ -66,7 +66,23 @@ def _states(job: dict[str, Any]) -> set[str]:
 def _jobs(squeue: Any) -> list[dict[str, Any]]:
     if not isinstance(squeue, dict) or not isinstance(squeue.get("jobs"), list):
         raise BadRequest("expected the output of `squeue --json`: an object with a 'jobs' list")
+    if errors := squeue.get("errors"):
+        # squeue exits 0 with an empty job list and an error when slurmctld does not
+        # answer: read as it stands, every Slurm allocation would look orphaned.
+        raise BadRequest(f"squeue could not read the jobs: {_errors_text(errors)}")
     return [job for job in squeue["jobs"] if isinstance(job, dict)]
+
+
+def _errors_text(errors: Any) -> str:
+    """squeue's ``errors`` list in a line: ``description (source)`` for each."""
+    if not isinstance(errors, list):
+        return str(errors)[:300]
+    return "; ".join(
+        f"{e.get('description') or e.get('error')} ({e.get('source')})"
+        if isinstance(e, dict)
+        else str(e)
+        for e in errors
+    )[:300]
 
 
 def live_allocations(squeue: Any) -> tuple[set[str], int]:
@@ -200,9 +216,14 @@ def read_squeue(command: str, timeout_s: float) -> Any:
         err = done.stderr.decode(errors="replace").strip()[:300]
         raise RuntimeError(f"{command!r} exited {done.returncode}: {err}")
     try:
-        return json.loads(done.stdout)
+        squeue = json.loads(done.stdout)
     except ValueError as exc:
         raise RuntimeError(f"{command!r} printed no JSON: {exc}") from exc
+    try:
+        _jobs(squeue)
+    except BadRequest as exc:
+        raise RuntimeError(f"{command!r}: {exc.message}") from exc
+    return squeue
 
 
 class Reconciler:

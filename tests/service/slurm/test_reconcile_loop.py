@@ -99,3 +99,39 @@ def test_a_job_that_came_while_squeue_was_read_keeps_its_gpus(
     assert made and _live(client) == made, (
         "the reservation of a job newer than squeue's read was released"
     )
+
+
+# What Slurm 22.05.8's `squeue --json` prints, exiting 0, when slurmctld does not answer.
+UNREACHABLE = {
+    "meta": {"plugin": {"type": "openapi/v0.0.38", "name": "Slurm OpenAPI v0.0.38"}},
+    "errors": [
+        {
+            "description": "Failed while looking for jobs",
+            "error_number": -1,
+            "error": "Unspecified error",
+            "source": "slurm_load_jobs",
+        }
+    ],
+    "jobs": [],
+}
+
+
+def test_a_squeue_that_reports_errors_releases_nothing(
+    client: TestClient, clock: FakeClock, tmp_path: Path
+) -> None:
+    """squeue exits 0 with an empty job list and an error when slurmctld does not answer:
+    that is a failed read, not a cluster with no jobs."""
+    add_nodes(client, ("dgx1-v100", "node1"))
+    client.post("/v1/slurm/job-submit", json={"tres_per_node": "gres:gpu:1"})
+    held = _live(client)
+    clock.advance(60)
+    output = tmp_path / "squeue.json"
+    output.write_text(json.dumps(UNREACHABLE))
+    asyncio.run(_reconciler(client, f"cat {output}").tick())
+    assert _live(client) == held, "a squeue that could not reach slurmctld released GPUs"
+    pushed = client.post("/v1/slurm/reconcile", json=UNREACHABLE)
+    assert pushed.status_code == 400, pushed.text
+    assert "slurm_load_jobs" in pushed.json()["error"]["message"]
+    assert _live(client) == held
+    metrics = client.get("/metrics").text
+    assert 'topoplace_squeue_duration_seconds_count{outcome="failed"} 1.0' in metrics
