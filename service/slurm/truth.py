@@ -16,6 +16,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from placement.snapshot import MAX_GPUS
 from service.allocations import api as allocations
 from service.allocations.results import Observation
 from service.slurm.service import OWNER_PREFIX
@@ -52,11 +53,23 @@ def gpu_indices(gres: str) -> list[int]:
             continue
         for listed in _IDX.findall(entry):
             for part in filter(None, listed.split(",")):
-                first, _, last = part.partition("-")
-                if not first.isdigit() or (last and not last.isdigit()):
-                    raise TruthError(f"cannot read GPU indices {listed!r}")
-                found.update(range(int(first), int(last or first) + 1))
+                found.update(_index_range(part, listed))
     return sorted(found)
+
+
+def _index_range(part: str, listed: str) -> range:
+    """One ``N`` or ``N-M`` of an IDX list; checked before it is expanded, so that no
+    text names more GPUs than a node can have (or a range that names none)."""
+    first, dash, last = part.partition("-")
+    if not first.isdigit() or (dash and not last.isdigit()):
+        raise TruthError(f"cannot read GPU indices {listed[:80]!r}")
+    if len(first) > 4 or len(last) > 4 or max(int(first), int(last or first)) >= MAX_GPUS:
+        raise TruthError(
+            f"GPU index out of range in {listed[:80]!r}: a node has at most {MAX_GPUS}"
+        )
+    if last and int(last) < int(first):
+        raise TruthError(f"GPU index range {part!r} goes backwards")
+    return range(int(first), int(last or first) + 1)
 
 
 def from_show_job(text: str) -> tuple[JobTruth, str]:

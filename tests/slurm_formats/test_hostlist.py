@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from slurm_formats.hostlist import HostlistError, expand
+from slurm_formats.hostlist import MAX_NAMES, HostlistError, expand
 
 
 @pytest.mark.parametrize(
@@ -26,3 +26,27 @@ def test_expand(text: str | None, names: list[str]) -> None:
 def test_malformed_lists_are_refused(text: str) -> None:
     with pytest.raises(HostlistError):
         expand(text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        f"node[1-{MAX_NAMES + 1}]",
+        "r[1-300]n[1-300]",  # 90,000 names from two short ranges
+        "a[1-40000],b[1-40000]",
+        "node[0-99999999999999999999]",  # refused before any name is made
+        "r[1-99999]n[1-99999]s[1-99999]",
+    ],
+)
+def test_lists_longer_than_any_cluster_are_refused_unexpanded(text: str) -> None:
+    with pytest.raises(HostlistError, match="more than"):
+        expand(text)
+
+
+def test_a_list_at_the_limit_expands() -> None:
+    assert len(expand(f"node[1-{MAX_NAMES}]")) == MAX_NAMES
+
+
+def test_plain_names_count_towards_the_limit() -> None:
+    with pytest.raises(HostlistError, match="more than"):
+        expand(",".join(f"n{i}" for i in range(MAX_NAMES + 1)))

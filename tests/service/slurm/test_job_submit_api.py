@@ -91,6 +91,22 @@ def test_srun_jobs_get_no_environment_and_a_proposal_reserves_nothing(dgx1: Test
         ({"tres_per_node": "gres:gpu:1", "features": "gpu_h100"}, "unchanged", "no node"),
         ({"tres_per_node": "gres:gpu:1", "partition_nodes": "other[1-4]"}, "unchanged", "no node"),
         ({"tres_per_node": "gres:gpu:1", "req_nodes": "node[1-"}, "unchanged", "unbalanced"),
+        # Host lists longer than any cluster: refused unexpanded, on the event loop.
+        (
+            {"tres_per_node": "gres:gpu:1", "partition_nodes": "n[1-300]x[1-300]"},
+            "unchanged",
+            "more than",
+        ),
+        (
+            {"tres_per_node": "gres:gpu:1", "req_nodes": "n[0-99999999999]"},
+            "unchanged",
+            "more than",
+        ),
+        (
+            {"tres_per_node": "gres:gpu:1", "exc_nodes": "n[0-99999999999]"},
+            "unchanged",
+            "more than",
+        ),
     ],
 )
 def test_jobs_left_to_slurm_or_refused_say_why_and_hold_nothing(

@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 from service.slurm.fresh import FRESH
 from service.slurm.reconcile import EARLY_GAP_S, Reconciler
 from service.slurm.settings import SlurmSettings
-from service.slurm.truth import from_show_job, gpu_indices
+from service.slurm.truth import TruthError, from_show_job, gpu_indices
 from tests.service.helpers import add_nodes
 
 NO_VAL = 4294967294
@@ -218,3 +218,34 @@ def test_one_running_job_that_cannot_be_recorded_does_not_stop_the_others(
     [recorded] = of_job(dgx1, 32)
     assert gpus(recorded) == {"node2": [6, 7]}
     assert of_job(dgx1, 30) == []
+
+
+@pytest.mark.parametrize(
+    "gres",
+    [
+        "gpu:1(IDX:0-100000)",  # more GPUs than any node has
+        "gpu:1(IDX:99999999999999999999)",
+        "gpu:1(IDX:0-99999999999999999999)",  # refused before any index is made
+        "gpu:2(IDX:5-2)",  # a range that goes backwards names no GPU: not a job on none
+    ],
+)
+def test_gpu_indices_no_node_can_have_are_refused_unexpanded(gres: str) -> None:
+    with pytest.raises(TruthError):
+        gpu_indices(gres)
+
+
+@pytest.mark.parametrize(
+    ("nodes", "gres"),
+    [
+        ("node1", "gpu:1(IDX:0-99999999999999999999)"),
+        ("node[1-99999999999999999999]", "gpu:1(IDX:0)"),
+        ("node1", "gpu:g3:1(IDX:0-2,5),gpu:2(IDX:7-6)"),
+    ],
+)
+def test_a_report_with_lists_no_cluster_has_is_refused_with_nothing_written(
+    dgx1: TestClient, nodes: str, gres: str
+) -> None:
+    response = dgx1.post("/v1/slurm/job-started", json={"show_job": show_job(40, gres, nodes)})
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["detail"] == {"field": "show_job"}
+    assert dgx1.get("/v1/allocations").json()["allocations"] == []
