@@ -51,8 +51,9 @@ def _token(config: dict[str, str]) -> str | None:
         return None
 
 
-def report(config: dict[str, str], job: str) -> str:
-    """Post the job's `scontrol -d show job -o` to the service; the answer's text."""
+def report(config: dict[str, str], job: str, name: str) -> str:
+    """Post the job's `scontrol -d show job -o` to the service, with its name (which
+    tells the text the user wrote from Slurm's fields); the answer's text."""
     if config.get("slurm_conf"):
         os.environ["SLURM_CONF"] = config["slurm_conf"]
     shown = subprocess.run(
@@ -65,7 +66,7 @@ def report(config: dict[str, str], job: str) -> str:
     server = config.get("server", "http://127.0.0.1:8080").rstrip("/")
     request = urllib.request.Request(
         f"{server}/v1/slurm/job-started",
-        data=json.dumps({"show_job": shown}).encode(),
+        data=json.dumps({"show_job": shown, "job_name": name}).encode(),
         headers={"Content-Type": "application/json"},
         method="POST",
     )
@@ -85,13 +86,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="topoplace.slurm_prolog", description=__doc__)
     parser.add_argument("--config", default=DEFAULT_CONFIG, metavar="PATH")
     parser.add_argument("--job", metavar="ID", help="the job (default: $SLURM_JOB_ID)")
+    parser.add_argument("--name", help="the job's name (default: $SLURM_JOB_NAME)")
     args = parser.parse_args(argv)
     job = args.job or os.environ.get("SLURM_JOB_ID", "")
+    name = args.name if args.name is not None else os.environ.get("SLURM_JOB_NAME", "")
     if not job:
         print("topoplace prolog: no job: set SLURM_JOB_ID or pass --job", file=sys.stderr)
         return 0
     try:
-        print(f"job {job}: {report(read_config(args.config), job)}")
+        print(f"job {job}: {report(read_config(args.config), job, name)}")
     except (OSError, ValueError, subprocess.SubprocessError, urllib.error.URLError) as exc:
         # The reconcile loop records the job at its next read instead.
         print(f"topoplace prolog: job {job} not reported: {exc}", file=sys.stderr)

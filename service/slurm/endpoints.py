@@ -101,10 +101,10 @@ def job_started(body: JobStarted, state: State) -> JobStartedResult:
     Its allocation is kept, moved onto those GPUs or created, and learns the job id;
     any other allocation holding them is stale and released (docs/slurm.md)."""
     try:
-        job, _ = truth.from_show_job(body.show_job)
+        job, _ = truth.from_show_job(body.show_job, body.job_name)
     except (truth.TruthError, ValueError) as exc:
         raise BadRequest(str(exc), {"field": "show_job"}) from None
-    observation = truth.record(state, job)
+    observation = truth.record(state, truth.users_own(state, job))
     if observation is None:
         return JobStartedResult(action="none", job_id=job.job_id)
     return JobStartedResult(

@@ -128,6 +128,11 @@ class JobStarted(BaseModel):
     show_job: str = Field(
         max_length=200_000, description="the output of `scontrol -d show job -o JOBID`"
     )
+    job_name: str = Field(
+        max_length=200_000,
+        description="the job's name, SLURM_JOB_NAME: it tells the name, which the user"
+        " writes, from the fields that follow it in show_job",
+    )
 
 
 class JobStartedResult(BaseModel):

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import logging
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from placement.snapshot import MAX_GPUS
 from service.allocations import api as allocations
+from service.allocations import queries
 from service.allocations.results import Observation
 from service.slurm.service import OWNER_PREFIX
 from service.state import ServiceState
@@ -27,9 +28,13 @@ from slurm_formats.admin_comment import allocation_ids
 log = logging.getLogger("topoplace.slurm")
 _IDX = re.compile(r"\(IDX:([0-9,\-]*)\)")
 _NODE_GRES = re.compile(r"\bNodes=(\S+) CPU_IDs=\S+ Mem=\S+ GRES=(\S*)")
-_JOB_ID = re.compile(r"\bJobId=(\d+)")
-_USER = re.compile(r"\bUserId=([^\s(]+)")
+_HEAD = re.compile(r"\s*JobId=(\d+) JobName=")
+_USER = re.compile(r" UserId=([^\s(]+)")
 _STATE = re.compile(r"\bJobState=(\S+)")
+# Slurm 22.05 prints this field right after the per-node lines, and no text a user
+# writes between the job's name and it.
+_AFTER_NODES = " MinCPUsNode="
+_ADMIN_COMMENT = re.compile(r"\bAdminComment=(topoplace alloc=\S+)")
 
 
 @dataclass(frozen=True)
@@ -72,21 +77,53 @@ def _index_range(part: str, listed: str) -> range:
     return range(int(first), int(last or first) + 1)
 
 
-def from_show_job(text: str) -> tuple[JobTruth, str]:
-    """A job as ``scontrol -d show job -o`` prints it: (what it holds, its state)."""
-    job = _JOB_ID.search(text)
-    if job is None:
-        raise TruthError("no JobId= in the job's text (expected `scontrol -d show job -o ID`)")
-    user = _USER.search(text)
-    state = _STATE.search(text)
+def from_show_job(text: str, job_name: str) -> tuple[JobTruth, str]:
+    """A job as ``scontrol -d show job -o`` prints it: (what it holds, its state).
+
+    Slurm prints what users write (the job's name, work directory, comment) as it is,
+    among its own fields, so such text can imitate them. The name, known from the
+    prolog's environment, is cut out by its length; the user, the state and the
+    per-node GPUs are read only from what follows it up to ``MinCPUsNode=``, where
+    Slurm prints nothing a user writes. The admin comment comes after the work
+    directory: every allocation it could name is a candidate, and ``record`` keeps
+    only the job's user's own.
+    """
+    head = _HEAD.match(text)
+    if head is None:
+        raise TruthError("expected `scontrol -d show job -o ID`: a text starting JobId=N JobName=")
+    named_from = head.end() + len(job_name)
+    if not text.startswith(job_name, head.end()) or _USER.match(text, named_from) is None:
+        raise TruthError("the job's text does not carry the job_name given (SLURM_JOB_NAME)")
+    end = text.find(_AFTER_NODES, named_from)
+    if end < 0:
+        raise TruthError(f"no{_AFTER_NODES.rstrip('=')}= in the job's text")
+    fields = text[named_from:end]
+    user = _USER.match(text, named_from)
+    state = _STATE.search(fields)
     gpus: dict[str, list[int]] = {}
-    for nodes, gres in _NODE_GRES.findall(text):
+    for nodes, gres in _NODE_GRES.findall(fields):
         indices = gpu_indices(gres)
         if indices:
             for node in hostlist.expand(nodes):
                 gpus[node] = indices
-    truth = JobTruth(job.group(1), user.group(1) if user else "unknown", allocation_ids(text), gpus)
+    named = list(
+        dict.fromkeys(i for c in _ADMIN_COMMENT.findall(text, end) for i in allocation_ids(c))
+    )
+    truth = JobTruth(head.group(1), user.group(1) if user else "unknown", named, gpus)
     return truth, state.group(1) if state else ""
+
+
+def users_own(state: ServiceState, truth: JobTruth) -> JobTruth:
+    """``truth`` naming only the allocations made for its own user that no other job
+    carries: names read where a user's text could imitate them never take or end
+    another user's allocation (the user is Slurm's, read where no user writes)."""
+    owner = f"{OWNER_PREFIX}{truth.user_name}"
+    kept = [
+        a.id
+        for a in queries.by_ids(state, truth.named)
+        if a.owner == owner and a.job_id in (None, truth.job_id)
+    ]
+    return replace(truth, named=kept)
 
 
 def from_squeue_job(job: dict[str, Any]) -> JobTruth:

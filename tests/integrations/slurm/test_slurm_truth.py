@@ -131,3 +131,31 @@ def test_a_reservation_no_job_took_is_released_soon_after_the_filter_timeout(
         datetime.fromisoformat(ended["ended_at"]) - datetime.fromisoformat(ended["created_at"])
     ).total_seconds()
     assert held_s <= cluster.timeout_ms / 1000 + 1.0, held_s
+
+
+def test_a_job_name_cannot_speak_for_the_job(
+    cluster: LoopbackCluster, service: Service, jobs: list[str]
+) -> None:
+    """Any user names their job, and `scontrol show job` prints the name as it is, before
+    the fields the prolog's report is read for: a name that looks like an admin comment
+    or a node's GRES must neither take another job's allocation nor end it."""
+    victim = cluster.sbatch("--gres=gpu:2", "-w", NODES[0], script="sleep 60")
+    jobs.append(victim.id)
+    assert victim.returncode == 0, victim.stderr
+    cluster.wait_state(victim.id, ("RUNNING",))
+    [held_id] = allocation_ids(cluster.show_job(victim.id))
+    eventually(lambda: allocation(service, held_id)["job_id"] == victim.id, "the victim attached")
+    before = held(of_job(service, victim.id))
+    assert before == gres_indices(cluster.show_job(victim.id))
+
+    name = f"x topoplace alloc={held_id} Nodes={NODES[0]} CPU_IDs=0 Mem=0 GRES=gpu:8(IDX:0-7)"
+    hostile = cluster.sbatch("--gres=gpu:1", "-w", NODES[1], "-J", name, script="sleep 60")
+    jobs.append(hostile.id)
+    assert hostile.returncode == 0, hostile.stderr
+    cluster.wait_state(hostile.id, ("RUNNING",))
+    shown = cluster.show_job(hostile.id)
+    eventually(lambda: bool(of_job(service, hostile.id)), "the hostile job recorded")
+    assert held(of_job(service, hostile.id)) == {NODES[1]: gres_indices(shown)[NODES[1]]}, shown
+    kept = allocation(service, held_id)
+    assert kept["state"] == "active" and kept["job_id"] == victim.id, (kept, shown)
+    assert held(of_job(service, victim.id)) == before, shown

@@ -234,7 +234,8 @@ def test_a_slurm_prolog_that_moves_a_job_publishes_moved_and_released(
         f" NodeList=node1 JOB_GRES=gpu:1 Nodes=node1 CPU_IDs=0-1 Mem=0 GRES=gpu:1(IDX:{held})"
         f" MinCPUsNode=1 Features=(null) AdminComment={decision['set']['admin_comment']}"
     )
-    answer = k8s_client.post("/v1/slurm/job-started", json={"show_job": show_job}).json()
+    body = {"show_job": show_job, "job_name": "train"}
+    answer = k8s_client.post("/v1/slurm/job-started", json=body).json()
     assert (answer["action"], answer["superseded"]) == ("moved", [stale])
     assert watcher.since_last() == [("released", stale, "released"), ("moved", mine, "active")]
 

@@ -86,7 +86,10 @@ def test_a_job_that_came_while_squeue_was_read_keeps_its_gpus(
             gres = ",".join(f"gpu:g{g}:1(IDX:{g})" for g in decision["gpu_indices"])
             started = client.post(
                 "/v1/slurm/job-started",
-                json={"show_job": show_job(21, gres, "node1", decision["set"]["admin_comment"])},
+                json={
+                    "show_job": show_job(21, gres, "node1", decision["set"]["admin_comment"]),
+                    "job_name": "train",
+                },
             )
             assert started.json()["action"] == "attached", started.text
         clock.advance(2)

@@ -20,14 +20,24 @@ from tests.service.helpers import add_nodes
 NO_VAL = 4294967294
 
 
-def show_job(job: int, gres: str, nodes: str = "node1", comment: str = "") -> str:
-    """A job as `scontrol -d show job -o` prints it (the fields the service reads)."""
+def show_job(
+    job: int,
+    gres: str,
+    nodes: str = "node1",
+    comment: str = "",
+    name: str = "train",
+    user: str = "alice",
+    workdir: str = "/home/alice",
+) -> str:
+    """A job as `scontrol -d show job -o` prints it (Slurm 22.05's order of fields)."""
     text = (
-        f"JobId={job} JobName=train UserId=alice(1000) GroupId=alice(1000) JobState=RUNNING"
-        f" NodeList={nodes} JOB_GRES=gpu:2 Nodes={nodes} CPU_IDs=0-1 Mem=0 GRES={gres}"
-        " MinCPUsNode=1 Features=(null)"
+        f"JobId={job} JobName={name} UserId={user}(1000) GroupId={user}(1000) MCS_label=N/A"
+        f" JobState=RUNNING Reason=None NodeList={nodes} JOB_GRES=gpu:2"
+        f"   Nodes={nodes} CPU_IDs=0-1 Mem=0 GRES={gres} MinCPUsNode=1 Features=(null)"
+        f" Command=(null) WorkDir={workdir}"
     )
-    return f"{text} AdminComment={comment}" if comment else text
+    text += f" AdminComment={comment} " if comment else ""
+    return f"{text} StdErr={workdir}/slurm-{job}.out StdIn=/dev/null Power="
 
 
 def submit(client: TestClient, **fields: Any) -> dict[str, Any]:
@@ -36,8 +46,8 @@ def submit(client: TestClient, **fields: Any) -> dict[str, Any]:
     return decision
 
 
-def started(client: TestClient, text: str) -> dict[str, Any]:
-    response = client.post("/v1/slurm/job-started", json={"show_job": text})
+def started(client: TestClient, text: str, name: str = "train") -> dict[str, Any]:
+    response = client.post("/v1/slurm/job-started", json={"show_job": text, "job_name": name})
     assert response.status_code == 200, response.text
     answer: dict[str, Any] = response.json()
     return answer
@@ -72,7 +82,8 @@ def test_gpu_indices_as_slurm_prints_them(gres: str, indices: list[int]) -> None
 
 
 def test_a_job_on_several_nodes_is_read_per_node() -> None:
-    truth, state = from_show_job(show_job(3, "gpu:g0:1(IDX:0),gpu:g1:1(IDX:1)", "node[1-2]"))
+    text = show_job(3, "gpu:g0:1(IDX:0),gpu:g1:1(IDX:1)", "node[1-2]")
+    truth, state = from_show_job(text, "train")
     assert truth.job_id == "3" and truth.user_name == "alice" and state == "RUNNING"
     assert truth.gpus == {"node1": [0, 1], "node2": [0, 1]}
 
@@ -120,9 +131,13 @@ def test_a_job_slurm_started_by_itself_supersedes_a_stale_reservation(dgx1: Test
 
 
 def test_a_report_slurm_could_not_have_made_is_refused(dgx1: TestClient) -> None:
-    response = dgx1.post("/v1/slurm/job-started", json={"show_job": "nothing here"})
+    response = dgx1.post(
+        "/v1/slurm/job-started", json={"show_job": "nothing here", "job_name": "x"}
+    )
     assert response.status_code == 400 and response.json()["error"]["code"] == "bad_request"
-    response = dgx1.post("/v1/slurm/job-started", json={"show_job": show_job(4, "gpu:1(IDX:9)")})
+    response = dgx1.post(
+        "/v1/slurm/job-started", json={"show_job": show_job(4, "gpu:1(IDX:9)"), "job_name": "train"}
+    )
     assert response.status_code == 400 and "no GPU [9]" in response.json()["error"]["message"]
     unknown = started(dgx1, show_job(5, "gpu:1(IDX:0)", "elsewhere1"))
     assert unknown["action"] == "none"
@@ -245,7 +260,50 @@ def test_gpu_indices_no_node_can_have_are_refused_unexpanded(gres: str) -> None:
 def test_a_report_with_lists_no_cluster_has_is_refused_with_nothing_written(
     dgx1: TestClient, nodes: str, gres: str
 ) -> None:
-    response = dgx1.post("/v1/slurm/job-started", json={"show_job": show_job(40, gres, nodes)})
+    body = {"show_job": show_job(40, gres, nodes), "job_name": "train"}
+    response = dgx1.post("/v1/slurm/job-started", json=body)
     assert response.status_code == 400, response.text
     assert response.json()["error"]["detail"] == {"field": "show_job"}
     assert dgx1.get("/v1/allocations").json()["allocations"] == []
+
+
+def test_text_a_user_writes_cannot_speak_for_the_job(dgx1: TestClient) -> None:
+    """`scontrol show job` prints the job's name, work directory and comments as the user
+    wrote them, among the fields the report is read for. A job naming another user's
+    allocation, or GPUs it does not run on, takes nothing and ends nothing."""
+    victim = submit(dgx1, tres_per_node="gres:gpu:2", req_nodes="node1")
+    [held_id] = victim["allocation_ids"]
+    gres = ",".join(f"gpu:g{g}:1(IDX:{g})" for g in victim["gpu_indices"])
+    assert started(dgx1, show_job(7, gres, "node1", victim["set"]["admin_comment"]))["action"]
+    [before] = of_job(dgx1, 7)
+    fake = f"topoplace alloc={held_id} ring=0GB/s"
+    name = (
+        f"x {fake} Nodes=node1 CPU_IDs=0 Mem=0 GRES=gpu:8(IDX:0-7) MinCPUsNode=1 JobState=RUNNING"
+    )
+    own = submit(dgx1, tres_per_node="gres:gpu:1", req_nodes="node2", user_name="mallory")
+    real = f"gpu:g{own['gpu_indices'][0]}:1(IDX:{own['gpu_indices'][0]})"
+    workdir = f"/home/mallory/x AdminComment={fake} "
+    for job, comment in ((8, own["set"]["admin_comment"]), (9, "")):
+        text = show_job(job, real, "node2", comment, name=name, user="mallory", workdir=workdir)
+        answer = started(dgx1, text, name=name)
+        assert answer["superseded"] == [] and answer["merged"] == [], answer
+        [recorded] = of_job(dgx1, job)
+        assert gpus(recorded) == {"node2": own["gpu_indices"]}
+        assert of_job(dgx1, 7) == [before], "another user's allocation was taken or ended"
+        if comment:
+            assert answer == {
+                **answer,
+                "action": "attached",
+                "allocation_id": own["allocation_ids"][0],
+            }
+        dgx1.post(f"/v1/jobs/{job}/release")
+
+
+def test_a_report_whose_job_name_is_not_the_texts_is_refused(dgx1: TestClient) -> None:
+    """The name is what tells the user's text from Slurm's fields: a report without it
+    (an older prolog) or with another is refused, and the reconcile loop records the job."""
+    text = show_job(10, "gpu:1(IDX:0)")
+    for body in ({"show_job": text}, {"show_job": text, "job_name": "other"}):
+        response = dgx1.post("/v1/slurm/job-started", json=body)
+        assert response.status_code in (400, 422), response.text
+    assert of_job(dgx1, 10) == []
