@@ -21,6 +21,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from service.allocations import api as allocations
+from service.allocations import queries
 from service.allocations.results import Allocation
 from service.audit.actor import acting, service_task
 from service.errors import BadRequest, Conflict
@@ -103,9 +104,21 @@ def _held(allocation: Allocation) -> dict[str, list[int]]:
     return {node: list(gpus) for node, gpus in allocation.gpus_by_node().items()}
 
 
+def _ended_since(state: ServiceState, found: truth.JobTruth, taken_at: datetime) -> bool:
+    """Whether an allocation of the job (carrying its id, or named by it) ended after
+    squeue's answer was taken: the service has heard of the job since (its epilog, most
+    often), so the answer is older than what the service knows."""
+    mine = [
+        *allocations.listing(state, found.job_id, None, None, _LISTED),
+        *queries.by_ids(state, found.named),
+    ]
+    return any(a.ended_at is not None and a.ended_at >= taken_at for a in mine)
+
+
 def _take_in(
     state: ServiceState,
     job: dict[str, Any],
+    taken_at: datetime,
     held_by_job: dict[str, dict[str, list[int]]],
     without_job: set[str],
     observed: list[str],
@@ -118,6 +131,8 @@ def _take_in(
     if running and held_by_job.get(found.job_id) != {
         n: g for n, g in found.gpus.items() if n in state.cluster
     }:
+        if _ended_since(state, found, taken_at):
+            return  # recorded, if it still runs, from the next answer
         observation = truth.record(state, found)
         if observation is not None and observation.action != "matched":
             (attached if observation.action == "attached" else observed).append(
@@ -144,7 +159,8 @@ def reconcile(
     created after it is missing from it, so only allocations older than it by the
     grace period can be orphans, whatever job id they have learned since.
     """
-    cutoff = (taken_at or state.clock()) - timedelta(seconds=settings.reconcile_grace_s)
+    taken_at = taken_at or state.clock()
+    cutoff = taken_at - timedelta(seconds=settings.reconcile_grace_s)
     jobs = _jobs(squeue)
     live_named, jobs_named = live_allocations(squeue)
     unfinished = {str(j.get("job_id")) for j in jobs if not _states(j) & FINISHED}
@@ -171,7 +187,7 @@ def reconcile(
         if _states(job) & FINISHED:
             continue
         try:
-            _take_in(state, job, held_by_job, without_job, observed, attached)
+            _take_in(state, job, taken_at, held_by_job, without_job, observed, attached)
         except (ValueError, BadRequest, Conflict) as exc:
             # One job Slurm shows in terms the service cannot record (a GPU its node's
             # snapshot lacks, text it cannot read) is left as it is, its allocations

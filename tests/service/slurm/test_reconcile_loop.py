@@ -138,3 +138,40 @@ def test_a_squeue_that_reports_errors_releases_nothing(
     assert _live(client) == held
     metrics = client.get("/metrics").text
     assert 'topoplace_squeue_duration_seconds_count{outcome="failed"} 1.0' in metrics
+
+
+def test_a_job_that_ended_while_squeue_was_read_is_not_recorded_again(
+    client: TestClient, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """squeue saw the job running; before its answer was used the job ended (its epilog
+    released it) and its GPUs went to the next job. The old answer must not bring the
+    ended job back over the next job's reservation."""
+    add_nodes(client, ("dgx1-v100", "node1"))
+    body = {"tres_per_node": "gres:gpu:8", "user_name": "alice"}
+    first = client.post("/v1/slurm/job-submit", json=body).json()
+    gres = ",".join(f"gpu:g{g}:1(IDX:{g})" for g in range(8))
+    comment = first["set"]["admin_comment"]
+    report = {"show_job": show_job(5, gres, "node1", comment), "job_name": "train"}
+    assert client.post("/v1/slurm/job-started", json=report).json()["action"] == "attached"
+    running = {
+        "job_id": 5,
+        "job_state": "RUNNING",
+        "user_name": "alice",
+        "nodes": "node1",
+        "gres_detail": [gres],
+        "admin_comment": comment,
+    }
+    made: list[str] = []
+
+    def slow_squeue(command: str, timeout_s: float) -> dict[str, Any]:
+        clock.advance(1)
+        assert client.post("/v1/jobs/5/release").json()["released"]  # the epilog
+        made.extend(client.post("/v1/slurm/job-submit", json=body).json()["allocation_ids"])
+        clock.advance(1)
+        return {"jobs": [running]}
+
+    monkeypatch.setattr(reconcile_module, "read_squeue", slow_squeue)
+    app: Any = client.app
+    settings = SlurmSettings(squeue_command="squeue --json", reconcile_grace_s=0.5)
+    asyncio.run(Reconciler(app.state.service, settings).tick())
+    assert made and _live(client) == made, "an ended job was recorded over the next job's GPUs"
