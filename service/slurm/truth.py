@@ -49,6 +49,26 @@ class TruthError(ValueError):
     """Slurm's text could not be read."""
 
 
+# Slurm's job ids are 32-bit; an owner (slurm:<user>) is at most 256 characters.
+_MAX_JOB_ID = 2**32 - 1
+_MAX_USER = 256 - len(OWNER_PREFIX)
+
+
+def _job_id(value: object) -> str:
+    """A job id as Slurm gives it (a whole number, in JSON or text), as the service keeps it."""
+    text = str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+    if not isinstance(text, str) or not text.isdigit() or int(text[:12]) > _MAX_JOB_ID:
+        raise TruthError(f"not a Slurm job id: {str(value)[:40]!r}")
+    return str(int(text))
+
+
+def _user(value: object) -> str:
+    user = str(value or "unknown")
+    if len(user) > _MAX_USER:
+        raise TruthError(f"a user name of more than {_MAX_USER} characters")
+    return user
+
+
 def gpu_indices(gres: str) -> list[int]:
     """GPU indices in Slurm's per-node GRES text: ``gpu:g1:1(IDX:1),gpu:g2:1(IDX:2)``,
     ``gpu:4(IDX:0-1,4-5)``; other GRES (``(IDX:N/A)``) give none."""
@@ -109,7 +129,7 @@ def from_show_job(text: str, job_name: str) -> tuple[JobTruth, str]:
     named = list(
         dict.fromkeys(i for c in _ADMIN_COMMENT.findall(text, end) for i in allocation_ids(c))
     )
-    truth = JobTruth(head.group(1), user.group(1) if user else "unknown", named, gpus)
+    truth = JobTruth(_job_id(head.group(1)), _user(user.group(1) if user else None), named, gpus)
     return truth, state.group(1) if state else ""
 
 
@@ -136,8 +156,8 @@ def from_squeue_job(job: dict[str, Any]) -> JobTruth:
         if indices:
             gpus[node] = indices
     return JobTruth(
-        str(job.get("job_id")),
-        str(job.get("user_name") or "unknown"),
+        _job_id(job.get("job_id")),
+        _user(job.get("user_name")),
         allocation_ids(str(job.get("admin_comment") or "")),
         gpus,
     )

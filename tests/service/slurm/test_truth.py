@@ -307,3 +307,27 @@ def test_a_report_whose_job_name_is_not_the_texts_is_refused(dgx1: TestClient) -
         response = dgx1.post("/v1/slurm/job-started", json=body)
         assert response.status_code in (400, 422), response.text
     assert of_job(dgx1, 10) == []
+
+
+@pytest.mark.parametrize("job_id", [None, "", "12; x", [12], True, -3])
+def test_a_squeue_job_without_a_job_id_records_nothing(dgx1: TestClient, job_id: Any) -> None:
+    running = {"job_state": "RUNNING", "nodes": "node2", "gres_detail": ["gpu:2(IDX:3-4)"]}
+    if job_id is not None:
+        running["job_id"] = job_id
+    response = dgx1.post("/v1/slurm/reconcile", json={"jobs": [running]})
+    assert response.status_code == 200, response.text
+    assert dgx1.get("/v1/allocations").json()["allocations"] == []
+
+
+def test_a_user_name_longer_than_an_owner_is_refused_cleanly(dgx1: TestClient) -> None:
+    """An owner is at most 256 characters: a longer name is refused before any write,
+    the same on SQLite and Postgres, and a squeue job with one is skipped."""
+    user = "u" * 300
+    text = show_job(50, "gpu:1(IDX:0)", user=user)
+    response = dgx1.post("/v1/slurm/job-started", json={"show_job": text, "job_name": "train"})
+    assert response.status_code == 400, response.text
+    running = {"job_id": 51, "job_state": "RUNNING", "user_name": user, "nodes": "node2"}
+    running["gres_detail"] = ["gpu:2(IDX:3-4)"]
+    response = dgx1.post("/v1/slurm/reconcile", json={"jobs": [running]})
+    assert response.status_code == 200, response.text
+    assert dgx1.get("/v1/allocations").json()["allocations"] == []
