@@ -7,8 +7,8 @@
   ``Features`` (GPU model, NVLink, largest island, NVLink domain, block);
 - ``show JOBID`` prints the allocations carrying that Slurm job id;
 - ``epilog`` is the ``EpilogSlurmctld`` program: it reads the job's admin
-  comment (``scontrol show job``) and releases the allocations named there,
-  and those carrying the job id (recorded from what Slurm ran).
+  comment (``scontrol show job``) and releases the allocations named there
+  that were made for the job's user, and those carrying the job id.
 
 NODE arguments may be Slurm host lists (``node[1-4]``). Exit status as the
 other client commands: 0 done, 1 refused, 2 usage, 3 service unreachable.
@@ -29,6 +29,7 @@ from slurm_formats.conf import gres_conf_lines, node_conf_line
 from slurm_formats.hostlist import expand
 from topoplace import client_cmd
 from topoplace.slurm_prolog import read_config  # stdlib-only: the prolog stays quick
+from topoplace_client.api import ApiError
 
 if TYPE_CHECKING:
     from topoplace_client.api import TopoplaceClient
@@ -94,6 +95,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         " server, token_file, ca_file, scontrol, slurm_conf",
     )
     p.add_argument("--job", metavar="ID", help="the job (default: $SLURM_JOB_ID)")
+    p.add_argument(
+        "--user",
+        help="the job's user (default: $SLURM_JOB_USER): the allocations its admin comment"
+        " names are released only if made for this user",
+    )
     p.set_defaults(func=run_epilog)
 
 
@@ -126,8 +132,10 @@ def _show_job(client: TopoplaceClient, args: argparse.Namespace) -> None:
         print(client_cmd.allocation_text(allocation))
 
 
-def admin_comment(scontrol: str, job: str) -> str:
-    """The job's admin comment as ``scontrol show job -o`` prints it."""
+def admin_comments(scontrol: str, job: str) -> list[str]:
+    """What could be the job's admin comment as ``scontrol show job -o`` prints it: every
+    ``AdminComment=`` in the text, for the job's name and work directory, which come
+    before it, are printed as the user wrote them and may imitate one."""
     done = subprocess.run(
         [scontrol, "show", "job", "-o", job],
         capture_output=True,
@@ -137,8 +145,20 @@ def admin_comment(scontrol: str, job: str) -> str:
     )
     if done.returncode != 0:
         raise RuntimeError(f"{scontrol} show job {job}: {done.stderr.strip() or done.returncode}")
-    match = _ADMIN_COMMENT.search(done.stdout.strip())
-    return match.group(1).strip() if match else ""
+    return [c.strip() for c in _ADMIN_COMMENT.findall(done.stdout.strip())]
+
+
+def _releasable(client: TopoplaceClient, allocation_id: str, job: str, user: str | None) -> bool:
+    """Whether an allocation the text names is this job's to end: made for the job's
+    user (an owner never changes) and carried by no other job. Without the user
+    ($SLURM_JOB_USER, --user) none is: the job's own carry its id once it has run."""
+    if user is None:
+        return False
+    try:
+        found = client.allocation(allocation_id)
+    except ApiError:
+        return False  # an id that names nothing
+    return found.get("owner") == f"slurm:{user}" and found.get("job_id") in (None, job)
 
 
 def run_epilog(args: argparse.Namespace) -> int:
@@ -152,14 +172,19 @@ def run_epilog(args: argparse.Namespace) -> int:
     args.server = args.server or config.get("server")
     args.token_file = args.token_file or config.get("token_file")
     args.ca_bundle = getattr(args, "ca_bundle", None) or config.get("ca_file")
+    user = args.user or os.environ.get("SLURM_JOB_USER")
     try:
-        ids = allocation_ids(admin_comment(config.get("scontrol", "scontrol"), job))
+        comments = admin_comments(config.get("scontrol", "scontrol"), job)
     except (OSError, RuntimeError, subprocess.TimeoutExpired) as exc:
         print(f"error: cannot read job {job}: {exc}", file=sys.stderr)
         return client_cmd.EXIT_UNREACHABLE
+    ids = list(dict.fromkeys(i for c in comments for i in allocation_ids(c)))
 
     def release(client: TopoplaceClient, _: argparse.Namespace) -> None:
         for allocation in ids:
+            if not _releasable(client, allocation, job, user):
+                print(f"job {job}: allocation {allocation} is not the job's: left alone")
+                continue
             released = client.release(allocation).get("released", [])
             print(f"job {job}: allocation {allocation} released: {bool(released)}")
         # Allocations recorded from what Slurm ran (the prolog) carry the job id instead.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -57,12 +58,15 @@ def test_an_unknown_node_is_a_refusal(server: str, capsys: pytest.CaptureFixture
     assert "no node named 'nope'" in capsys.readouterr().err
 
 
-def _config(tmp_path: Path, server: str, admin_comment: str, exit_code: int = 0) -> Path:
+def _config(
+    tmp_path: Path, server: str, admin_comment: str, exit_code: int = 0, name: str = "x"
+) -> Path:
     """topoplace.conf naming the service and a stand-in scontrol printing the job."""
     script = tmp_path / "scontrol"
     script.write_text(
         "#!/bin/sh\n"
-        f"echo 'JobId=7 JobName=x WorkDir=/tmp AdminComment={admin_comment} StdErr=/dev/null'\n"
+        f"echo 'JobId=7 JobName={name} WorkDir=/tmp AdminComment={admin_comment}"
+        " StdErr=/dev/null'\n"
         f"exit {exit_code}\n"
     )
     script.chmod(0o755)
@@ -74,11 +78,11 @@ def _config(tmp_path: Path, server: str, admin_comment: str, exit_code: int = 0)
 def test_the_epilog_releases_the_allocations_named_in_the_admin_comment(
     server: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    decision = httpx.post(
-        f"{server}/v1/slurm/job-submit", json={"tres_per_node": "gres:gpu:2"}, trust_env=False
-    ).json()
+    body = {"tres_per_node": "gres:gpu:2", "user_name": "alice"}
+    decision = httpx.post(f"{server}/v1/slurm/job-submit", json=body, trust_env=False).json()
     config = _config(tmp_path, server, decision["set"]["admin_comment"])
-    assert main(["slurm", "epilog", "--config", str(config), "--job", "7"]) == 0
+    argv = ["slurm", "epilog", "--config", str(config), "--job", "7", "--user", "alice"]
+    assert main(argv) == 0
     [allocation_id] = decision["allocation_ids"]
     assert f"allocation {allocation_id} released: True" in capsys.readouterr().out
     with TopoplaceClient(server) as client:
@@ -94,3 +98,28 @@ def test_the_epilog_leaves_other_jobs_alone_and_reports_a_failed_read(
     config = _config(tmp_path, server, "", exit_code=1)
     assert main(["slurm", "epilog", "--config", str(config), "--job", "7"]) == 3
     assert "cannot read job 7" in capsys.readouterr().err
+
+
+def test_the_epilog_releases_only_allocations_made_for_the_jobs_user(
+    server: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """scontrol prints the job's name (and work directory) as the user wrote them, before
+    the admin comment: a job named like an admin comment must not end another user's job."""
+
+    def submit(user: str) -> dict[str, Any]:
+        body = {"tres_per_node": "gres:gpu:1", "user_name": user}
+        answer: dict[str, Any] = httpx.post(
+            f"{server}/v1/slurm/job-submit", json=body, trust_env=False
+        ).json()
+        return answer
+
+    victim, own = submit("alice"), submit("mallory")
+    name = f"x AdminComment={victim['set']['admin_comment']}"
+    config = _config(tmp_path, server, own["set"]["admin_comment"], name=name)
+    monkeypatch.setenv("SLURM_JOB_USER", "mallory")
+    assert main(["slurm", "epilog", "--config", str(config), "--job", "7"]) == 0
+    with TopoplaceClient(server) as client:
+        kept = client.allocation(victim["allocation_ids"][0])
+        mine = client.allocation(own["allocation_ids"][0])
+    assert kept["state"] == "active", "another user's allocation was released"
+    assert mine["state"] == "released", capsys.readouterr().out

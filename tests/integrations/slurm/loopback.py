@@ -241,7 +241,14 @@ PartitionName=gpu Nodes={",".join(self.nodes)} Default=YES MaxTime=INFINITE Stat
         # The shipped EpilogSlurmctld script, pointed at this environment's topoplace;
         # the wrapper's marker file stands for a lost epilog.
         shipped = (LUA_DIR / "topoplace-epilog").read_text()
-        program = Path(sys.executable).parent / "topoplace"
+        # Run from this checkout (slurmctld gives its scripts no environment, and an
+        # installed entry point may be another checkout's).
+        python = root / "python"
+        python.write_text(f'#!/bin/sh\ncd "{REPO}" || exit 1\nexec "{sys.executable}" "$@"\n')
+        python.chmod(0o755)
+        program = root / "topoplace"
+        program.write_text(f'#!/bin/sh\nexec "{python}" -m topoplace "$@"\n')
+        program.chmod(0o755)
         if "TOPOPLACE=/opt/topoplace/bin/topoplace" not in shipped:
             raise RuntimeError("integrations/slurm/topoplace-epilog no longer names its program")
         (root / "topoplace-epilog").write_text(
@@ -252,7 +259,7 @@ PartitionName=gpu Nodes={",".join(self.nodes)} Default=YES MaxTime=INFINITE Stat
         if "PYTHON=/opt/topoplace/bin/python" not in shipped:
             raise RuntimeError("integrations/slurm/topoplace-prolog no longer names its Python")
         (root / "topoplace-prolog").write_text(
-            shipped.replace("PYTHON=/opt/topoplace/bin/python", f"PYTHON={sys.executable}").replace(
+            shipped.replace("PYTHON=/opt/topoplace/bin/python", f"PYTHON={python}").replace(
                 '"$CONFIG"', f'"$CONFIG" >> "{root / "log" / "prolog.log"}" 2>&1'
             )
         )

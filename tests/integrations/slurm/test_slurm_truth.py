@@ -148,7 +148,8 @@ def test_a_job_name_cannot_speak_for_the_job(
     before = held(of_job(service, victim.id))
     assert before == gres_indices(cluster.show_job(victim.id))
 
-    name = f"x topoplace alloc={held_id} Nodes={NODES[0]} CPU_IDs=0 Mem=0 GRES=gpu:8(IDX:0-7)"
+    fake = f"AdminComment=topoplace alloc={held_id}"
+    name = f"x {fake} Nodes={NODES[0]} CPU_IDs=0 Mem=0 GRES=gpu:8(IDX:0-7)"
     hostile = cluster.sbatch("--gres=gpu:1", "-w", NODES[1], "-J", name, script="sleep 60")
     jobs.append(hostile.id)
     assert hostile.returncode == 0, hostile.stderr
@@ -159,3 +160,10 @@ def test_a_job_name_cannot_speak_for_the_job(
     kept = allocation(service, held_id)
     assert kept["state"] == "active" and kept["job_id"] == victim.id, (kept, shown)
     assert held(of_job(service, victim.id)) == before, shown
+
+    # Its epilog, when it ends, releases its own allocation and not the one its name names.
+    [own_id] = [a["id"] for a in of_job(service, hostile.id)]
+    cluster.run("scancel", hostile.id)
+    cluster.wait_state(hostile.id, ("CANCELLED",))
+    eventually(lambda: allocation(service, own_id)["state"] == "released", "the epilog's release")
+    assert allocation(service, held_id)["state"] == "active", "its epilog ended another job's"
