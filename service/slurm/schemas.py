@@ -14,6 +14,8 @@ _UNSET_NUMBERS = {0xFFFFFFFE, 0xFFFFFFFF, 0xFFFE, 0xFFFF}
 # A job has at most this many nodes or tasks (Slurm's own limits are 32-bit).
 MAX_COUNT = 2**31 - 1
 Count = Annotated[int, Field(strict=True, ge=0, le=MAX_COUNT), WHOLE]
+# A reservation's owner is slurm:<user>, at most 256 characters as any owner.
+MAX_USER_NAME = 256 - len("slurm:")
 
 
 class JobSubmit(BaseModel):
@@ -42,7 +44,7 @@ class JobSubmit(BaseModel):
         " only these nodes are considered",
     )
     array_inx: Text | None = Field(default=None, description="--array: a job array")
-    user_name: Text | None = Field(default=None, max_length=256)
+    user_name: Text | None = Field(default=None, max_length=MAX_USER_NAME)
     name: Text | None = Field(default=None, description="job name")
     comment: Text | None = Field(default=None, description="may carry 'topoplace:' options")
     batch: bool = Field(

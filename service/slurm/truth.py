@@ -20,6 +20,7 @@ from placement.snapshot import MAX_GPUS
 from service.allocations import api as allocations
 from service.allocations import queries
 from service.allocations.results import Observation
+from service.slurm.schemas import MAX_USER_NAME
 from service.slurm.service import OWNER_PREFIX
 from service.state import ServiceState
 from slurm_formats import hostlist
@@ -49,9 +50,7 @@ class TruthError(ValueError):
     """Slurm's text could not be read."""
 
 
-# Slurm's job ids are 32-bit; an owner (slurm:<user>) is at most 256 characters.
-_MAX_JOB_ID = 2**32 - 1
-_MAX_USER = 256 - len(OWNER_PREFIX)
+_MAX_JOB_ID = 2**32 - 1  # Slurm's job ids are 32-bit
 
 
 def _job_id(value: object) -> str:
@@ -64,8 +63,8 @@ def _job_id(value: object) -> str:
 
 def _user(value: object) -> str:
     user = str(value or "unknown")
-    if len(user) > _MAX_USER:
-        raise TruthError(f"a user name of more than {_MAX_USER} characters")
+    if len(user) > MAX_USER_NAME:
+        raise TruthError(f"a user name of more than {MAX_USER_NAME} characters")
     return user
 
 

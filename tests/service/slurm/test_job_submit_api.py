@@ -268,3 +268,17 @@ def test_reconcile_refuses_what_is_not_squeue_output(dgx1: TestClient) -> None:
     response = dgx1.post("/v1/slurm/reconcile", json={"nodes": []})
     assert response.status_code == 400
     assert "squeue --json" in response.json()["error"]["message"]
+
+
+def test_a_user_name_is_refused_or_fits_in_its_owner(dgx1: TestClient) -> None:
+    """The owner is slurm:<user>, at most 256 characters as any owner: a longer name is
+    refused in the one error shape (the script lets the job through), never a 500."""
+    too_long = dgx1.post(
+        "/v1/slurm/job-submit", json={"tres_per_node": "gres:gpu:1", "user_name": "u" * 251}
+    )
+    assert too_long.status_code == 422, too_long.text
+    assert too_long.json()["error"]["code"] == "invalid_request" and live(dgx1) == []
+    decision = submit(dgx1, tres_per_node="gres:gpu:1", user_name="u" * 250)
+    assert decision["action"] == "modify"
+    [allocation] = live(dgx1)
+    assert allocation["owner"] == "slurm:" + "u" * 250
