@@ -101,9 +101,13 @@ def job_started(body: JobStarted, state: State) -> JobStartedResult:
     Its allocation is kept, moved onto those GPUs or created, and learns the job id;
     any other allocation holding them is stale and released (docs/slurm.md)."""
     try:
-        job, _ = truth.from_show_job(body.show_job, body.job_name)
+        job, job_state = truth.from_show_job(body.show_job, body.job_name)
     except (truth.TruthError, ValueError) as exc:
         raise BadRequest(str(exc), {"field": "show_job"}) from None
+    if job_state in reconcile.FINISHED:
+        # Read after the job ended (a late or repeated report): the job holds nothing,
+        # and recording it would take the GPUs of whichever job has them now.
+        return JobStartedResult(action="none", job_id=job.job_id)
     observation = truth.record(state, truth.users_own(state, job))
     if observation is None:
         return JobStartedResult(action="none", job_id=job.job_id)

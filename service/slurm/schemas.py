@@ -139,7 +139,8 @@ class JobStarted(BaseModel):
 
 class JobStartedResult(BaseModel):
     action: Literal["none", "matched", "attached", "moved", "created"] = Field(
-        description="none: no GPU of a node topoplace knows; matched/attached: the"
+        description="none: no GPU of a node topoplace knows, or the text says the job has"
+        " ended (nothing is written); matched/attached: the"
         " allocation said so already (attached: and now carries the job id); moved: an"
         " allocation of the job now holds the GPUs it runs on; created: it had none"
     )

@@ -28,11 +28,12 @@ def show_job(
     name: str = "train",
     user: str = "alice",
     workdir: str = "/home/alice",
+    state: str = "RUNNING",
 ) -> str:
     """A job as `scontrol -d show job -o` prints it (Slurm 22.05's order of fields)."""
     text = (
         f"JobId={job} JobName={name} UserId={user}(1000) GroupId={user}(1000) MCS_label=N/A"
-        f" JobState=RUNNING Reason=None NodeList={nodes} JOB_GRES=gpu:2"
+        f" JobState={state} Reason=None NodeList={nodes} JOB_GRES=gpu:2"
         f"   Nodes={nodes} CPU_IDs=0-1 Mem=0 GRES={gres} MinCPUsNode=1 Features=(null)"
         f" Command=(null) WorkDir={workdir}"
     )
@@ -331,3 +332,16 @@ def test_a_user_name_longer_than_an_owner_is_refused_cleanly(dgx1: TestClient) -
     response = dgx1.post("/v1/slurm/reconcile", json={"jobs": [running]})
     assert response.status_code == 200, response.text
     assert dgx1.get("/v1/allocations").json()["allocations"] == []
+
+
+@pytest.mark.parametrize("state", ["COMPLETED", "CANCELLED", "NODE_FAIL"])
+def test_a_report_of_a_job_that_has_ended_records_nothing(dgx1: TestClient, state: str) -> None:
+    """A report read after the job ended (a prolog run again by hand, a late retry) says
+    so: it must not bring the job back over the GPUs the next job holds."""
+    successor = submit(dgx1, tres_per_node="gres:gpu:8", req_nodes="node1")
+    gres = ",".join(f"gpu:g{g}:1(IDX:{g})" for g in range(8))
+    answer = started(dgx1, show_job(60, gres, "node1", state=state))
+    assert answer["action"] == "none" and answer["superseded"] == [], answer
+    assert [a["id"] for a in of_job(dgx1, 60)] == []
+    kept = dgx1.get(f"/v1/allocations/{successor['allocation_ids'][0]}").json()
+    assert kept["state"] == "active"
