@@ -94,7 +94,8 @@ class Rule:
 _FALSE = frozenset({"0", "off", "f", "false", "n", "no"})
 
 
-def _flagged(query_string: str, flag: str) -> bool:
+def flagged(query_string: str, flag: str) -> bool:
+    """Whether the boolean query parameter ``flag`` is given and not false."""
     values = [v for k, v in parse_qsl(query_string, keep_blank_values=True) if k == flag]
     return any(v.strip().lower() not in _FALSE for v in values)
 
@@ -136,6 +137,8 @@ REST_RULES: tuple[Rule, ...] = (
     Rule("POST", "/v1/allocations/{allocation_id}/release", S),
     Rule("POST", "/v1/jobs/{job_id}/release", S),
     # the schedulers' own routes
+    # cli_filter.lua's proposal (nothing is reserved): its token is readable by users.
+    Rule("POST", "/v1/slurm/job-submit", V, flag="propose"),
     Rule("POST", "/v1/slurm/job-submit", S),
     Rule("POST", "/v1/slurm/reconcile", S),
     Rule("POST", "/v1/slurm/job-started", S),
@@ -222,7 +225,7 @@ def rest_rule(method: str, path: str, query_string: str = "") -> Match:
     """The permission ``method path?query_string`` needs, and the node it names (``{name}``)."""
     lookup = "GET" if method == "HEAD" else method
     for pattern, rule in _BY_METHOD.get(lookup, ()):
-        if rule.flag is not None and not _flagged(query_string, rule.flag):
+        if rule.flag is not None and not flagged(query_string, rule.flag):
             continue
         found = pattern.match(path)
         if found is not None:

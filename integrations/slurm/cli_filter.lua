@@ -126,8 +126,10 @@ local function pre_submit(options)
   if topoplace == nil then
     package.path = here .. "?.lua;" .. package.path
     topoplace = require("topoplace_client")
+    -- This runs as the user: its own token, read-only, good for proposals alone.
+    topoplace.token = topoplace.read_token(topoplace.config.cli_token_file)
   end
-  local status, decision = topoplace.post("/v1/slurm/job-submit", {
+  local status, decision = topoplace.post("/v1/slurm/job-submit?propose=true", {
     tres_per_job = gpus and ("gres:gpu:" .. gpus) or nil,
     tres_per_node = gres,
     min_nodes = tonumber((option(options, "nodes") or ""):match("^(%d+)")),

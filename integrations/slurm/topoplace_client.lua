@@ -6,6 +6,7 @@
 --   server = http://127.0.0.1:8080   the topoplace service (https://... for TLS)
 --   timeout_ms = 100                  the whole HTTP exchange, connect included
 --   token_file = /etc/slurm/topoplace.token   bearer token, first line (optional)
+--   cli_token_file = ...              cli_filter.lua's (a viewer token: users read it)
 --   ca_file = /etc/slurm/topoplace-ca.crt     https: the CA bundle the service's
 --                                     certificate must chain to (default: the
 --                                     system's, /etc/ssl/certs)
@@ -57,6 +58,7 @@ end
 M.config = read_config(script_dir() .. "topoplace.conf")
 M.timeout_s = (tonumber(M.config.timeout_ms) or 100) / 1000
 M.token = read_token(M.config.token_file)
+M.read_token = read_token
 local scheme, host, port, base = M.config.server:match("^(https?)://([^:/]+):?(%d*)(.-)/*$")
 M.tls = scheme == "https"
 M.host, M.base = host or "127.0.0.1", base or ""

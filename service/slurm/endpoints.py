@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Depends, Request, Response
+from fastapi import APIRouter, Body, Depends, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
+from service.access import flagged
 from service.deps import get_state
 from service.errors import BadRequest
 from service.responses import FastJSON
@@ -50,16 +51,36 @@ async def handle_job_submit(request: Request) -> Response:
     except ValidationError as exc:
         # Answered in the one error shape, as for any route.
         raise RequestValidationError(exc.errors(include_url=False)) from None
-    return await job_submit(job, await get_state(request), await get_settings(request))
+    propose = proposing(request.url.query)
+    return await job_submit(job, await get_state(request), await get_settings(request), propose)
+
+
+def proposing(query: str) -> bool:
+    """Whether ``?propose=`` is given and not false: the same reading as the access rule's,
+    which let a read-only token through for it."""
+    return flagged(query, "propose")
 
 
 @router.post("/job-submit", response_model=JobDecision)
-async def job_submit(body: JobSubmit, state: State, settings: Settings) -> FastJSON:
+async def job_submit(
+    body: JobSubmit,
+    state: State,
+    settings: Settings,
+    propose: Annotated[
+        bool,
+        Query(
+            description="only say what would be chosen, whatever the body's `reserve`: a"
+            " read-only (viewer) token may ask this (cli_filter.lua, run as the user)"
+        ),
+    ] = False,
+) -> FastJSON:
     """Place a job as Slurm's job_submit.lua sees it: the job_desc fields to write
     (exact nodes and GPUs), leave it to Slurm (with the reason), or refuse it.
 
     Allocations are made active at once: Slurm owns the job from the answer on, and
     the epilog or the reconcile loop ends them."""
+    if propose:
+        body = body.model_copy(update={"reserve": False})
     decision = await service.decide(state, settings, body)
     return FastJSON(decision.model_dump(mode="json"))
 

@@ -282,3 +282,26 @@ def test_a_user_name_is_refused_or_fits_in_its_owner(dgx1: TestClient) -> None:
     assert decision["action"] == "modify"
     [allocation] = live(dgx1)
     assert allocation["owner"] == "slurm:" + "u" * 250
+
+
+def test_a_read_only_token_gets_proposals_and_reserves_nothing(dgx1: TestClient) -> None:
+    """cli_filter.lua runs as the submitting user, so every user can read its token: a
+    viewer token, good for `?propose=true` (what would be chosen, nothing held) and for
+    nothing that writes. A scheduler token readable by users would let any of them
+    release anyone's allocation."""
+    created = dgx1.post("/v1/tokens", json={"role": "viewer", "name": "cli_filter"})
+    assert created.status_code == 201, created.text
+    viewer = {"Authorization": f"Bearer {created.json()['token']}"}
+    body = {"tres_per_node": "gres:gpu:2", "batch": False, "min_nodes": NO_VAL}
+    proposed = dgx1.post("/v1/slurm/job-submit?propose=true", json=body, headers=viewer)
+    assert proposed.status_code == 200, proposed.text
+    assert proposed.json()["action"] == "modify" and proposed.json()["gres"]
+    # A proposal holds nothing, even for a body that asks to reserve.
+    asked = {**body, "batch": True, "reserve": True}
+    again = dgx1.post("/v1/slurm/job-submit?propose=true", json=asked, headers=viewer)
+    assert again.status_code == 200 and again.json()["allocation_ids"] == []
+    assert live(dgx1) == []
+    for path in ("/v1/slurm/job-submit", "/v1/slurm/job-submit?propose=false"):
+        refused = dgx1.post(path, json=asked, headers=viewer)
+        assert refused.status_code == 403, refused.text
+    assert live(dgx1) == []
