@@ -33,3 +33,10 @@ def by_ids(state: ServiceState, allocation_ids: Sequence[str]) -> list[Allocatio
     with state.engine.connect() as conn:
         rows = {str(r["id"]): r for r in repository.by_ids(conn, allocation_ids)}
     return [views.allocation(rows[i]) for i in allocation_ids if i in rows]
+
+
+def live(state: ServiceState) -> list[Allocation]:
+    """Every live allocation (pending, active, degraded), however many."""
+    with state.engine.connect() as conn:
+        rows = repository.live_rows(conn)
+    return [views.allocation(r) for r in rows]

@@ -323,6 +323,12 @@ def holds_of(conn: Connection, allocation_ids: Sequence[str]) -> set[tuple[str, 
     return {(str(n), str(d)) for n, d in conn.execute(query).all()}
 
 
+def live_rows(conn: Connection) -> list[sa.RowMapping]:
+    """Every live allocation, oldest first: a reconciler must see them all."""
+    query = sa.select(_T).where(_T.c.state.in_(LIVE)).order_by(_T.c.created_at, _T.c.id)
+    return list(conn.execute(query).mappings().all())
+
+
 def live_ids_for_job(conn: Connection, job_id: str) -> list[str]:
     query = sa.select(_T.c.id).where(_T.c.job_id == job_id, _T.c.state.in_(LIVE))
     return list(conn.execute(query).scalars())

@@ -53,7 +53,7 @@ FINISHED = frozenset(
 )
 # States in which a job holds its GPUs on its nodes.
 RUNNING = frozenset({"RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "STOPPED"})
-_LISTED = 10_000
+_LISTED = 10_000  # allocations of one job id looked at (a job has a few)
 EARLY_GAP_S = 0.1
 
 
@@ -169,11 +169,7 @@ def reconcile(
         i for j in finished for i in allocation_ids(str(j.get("admin_comment") or ""))
     }
     finished_ids = {str(j.get("job_id")) for j in finished} - unfinished
-    current = [
-        a
-        for status in ("active", "pending", "degraded")
-        for a in allocations.listing(state, None, None, status, _LISTED)
-    ]
+    current = queries.live(state)
     held_by_job: dict[str, dict[str, list[int]]] = {}
     for allocation in current:
         if allocation.job_id is not None:
@@ -194,11 +190,7 @@ def reconcile(
             # kept: the others' records and releases go on.
             log.warning("reconcile: job %s not recorded: %s", job.get("job_id"), exc)
     if observed:
-        current = [
-            a
-            for status in ("active", "pending", "degraded")
-            for a in allocations.listing(state, None, None, status, _LISTED)
-        ]
+        current = queries.live(state)
     released: list[str] = []
     for allocation in current:
         if not (allocation.owner or "").startswith(OWNER_PREFIX):

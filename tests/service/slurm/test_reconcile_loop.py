@@ -175,3 +175,21 @@ def test_a_job_that_ended_while_squeue_was_read_is_not_recorded_again(
     settings = SlurmSettings(squeue_command="squeue --json", reconcile_grace_s=0.5)
     asyncio.run(Reconciler(app.state.service, settings).tick())
     assert made and _live(client) == made, "an ended job was recorded over the next job's GPUs"
+
+
+def test_every_live_allocation_is_reconciled_however_many(
+    client: TestClient, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reconcile used to read at most 10,000 allocations a state, newest first: past
+    that, the oldest orphans were never released. Read with a page of 2, three go."""
+    add_nodes(client, ("dgx1-v100", "node1"))
+    body = {"tres_per_node": "gres:gpu:1", "user_name": "alice"}
+    orphans = [
+        client.post("/v1/slurm/job-submit", json=body).json()["allocation_ids"][0] for _ in range(3)
+    ]
+    clock.advance(60)
+    monkeypatch.setattr(reconcile_module, "_LISTED", 2, raising=False)
+    app: Any = client.app
+    result = reconcile_module.reconcile(app.state.service, SlurmSettings(), {"jobs": []})
+    assert sorted(result.released) == sorted(orphans)
+    assert _live(client) == []
