@@ -152,8 +152,9 @@ def reconcile(
     - A filter's allocation (owner ``slurm:<user>``) is live while an unfinished job
       names it in its admin comment or carries its job id; a job that is finished
       (cancelled while pending included) releases it at once.
-    - One that no job names or carries is released once older than the grace period
-      (the filter reserves a moment before slurmctld creates the job).
+    - One that no unfinished job names or carries is released once older than squeue's
+      answer by the grace period (the filter reserves a moment before slurmctld
+      creates the job).
 
     ``taken_at``: when squeue was asked (now, by default). Its answer is that old: a job
     created after it is missing from it, so only allocations older than it by the

@@ -111,13 +111,13 @@ def from_show_job(text: str, job_name: str) -> tuple[JobTruth, str]:
     if head is None:
         raise TruthError("expected `scontrol -d show job -o ID`: a text starting JobId=N JobName=")
     named_from = head.end() + len(job_name)
-    if not text.startswith(job_name, head.end()) or _USER.match(text, named_from) is None:
+    user = _USER.match(text, named_from)
+    if not text.startswith(job_name, head.end()) or user is None:
         raise TruthError("the job's text does not carry the job_name given (SLURM_JOB_NAME)")
     end = text.find(_AFTER_NODES, named_from)
     if end < 0:
-        raise TruthError(f"no{_AFTER_NODES.rstrip('=')}= in the job's text")
+        raise TruthError("no MinCPUsNode= in the job's text")
     fields = text[named_from:end]
-    user = _USER.match(text, named_from)
     state = _STATE.search(fields)
     gpus: dict[str, list[int]] = {}
     for nodes, gres in _NODE_GRES.findall(fields):
@@ -128,7 +128,7 @@ def from_show_job(text: str, job_name: str) -> tuple[JobTruth, str]:
     named = list(
         dict.fromkeys(i for c in _ADMIN_COMMENT.findall(text, end) for i in allocation_ids(c))
     )
-    truth = JobTruth(_job_id(head.group(1)), _user(user.group(1) if user else None), named, gpus)
+    truth = JobTruth(_job_id(head.group(1)), _user(user.group(1)), named, gpus)
     return truth, state.group(1) if state else ""
 
 
