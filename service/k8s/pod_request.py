@@ -23,6 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import ValidationError
+
 from placement import PlacementRequest
 from placement.text import forbidden_character
 from service.k8s.wire import Pod
@@ -40,6 +42,14 @@ GANG = "topoplace.io/gang"
 GANG_SIZE = "topoplace.io/gang-size"
 
 MAX_GANG = 4096  # PlacementRequest.tasks' limit
+MAX_GPUS = 64  # PlacementRequest.gpus' limit
+# The reservation's job id, owner and idempotency keys are built from the pod's UID,
+# namespace, name and gang (bind.py, gang.py); their columns hold 256 characters.
+STORED = 256
+LAST_ATTEMPT = 99_999  # the largest N in a key 'k8s-pod:UID:N' this check allows for
+MAX_DIGITS = 18  # a count of more digits is read as PAST_EVERY_BOUND
+PAST_EVERY_BOUND = 10**MAX_DIGITS
+SHOWN = 64  # characters of a value quoted back: its message is repeated for every node
 
 _CHOICES: dict[str, tuple[str, ...]] = {
     "locality": ("nvlink", "prefer", "any"),
@@ -89,11 +99,28 @@ class PodRequest:
         return self.request.model_copy(update={"tasks": self.gang.size})
 
 
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= SHOWN else f"{text[: SHOWN - 3]}..."
+
+
+def _whole(text: str) -> int | None:
+    """``text`` as a whole number when it is ASCII digits, else None. (str.isdigit alone
+    also takes '²', which int() refuses, and int() refuses more than 4,300 digits: a
+    number that long is past every bound, so it is read as one that is.)"""
+    if not (text.isascii() and text.isdigit()):
+        return None
+    digits = text.lstrip("0") or "0"
+    return PAST_EVERY_BOUND if len(digits) > MAX_DIGITS else int(digits)
+
+
 def _count(value: Any, resource: str) -> int:
-    text = str(value).strip()
-    if not text.isdigit():
-        raise BadPodRequest(f"resource {resource}: {value!r} is not a whole number of devices")
-    return int(text)
+    n = _whole(str(value).strip())
+    if n is None:
+        raise BadPodRequest(
+            f"resource {resource}: {_shown(value)} is not a whole number of devices"
+        )
+    return n
 
 
 def _object(value: Any, where: str) -> dict[str, Any]:
@@ -145,25 +172,25 @@ def device_counts(spec: dict[str, Any]) -> dict[str, int]:
 def _choice(annotations: dict[str, str], key: str, kind: str, alias: str | None = None) -> str:
     values = {k: annotations[k].strip().lower() for k in (key, alias) if k and k in annotations}
     if len(set(values.values())) > 1:
-        raise BadPodRequest(f"annotations {key} and {alias} disagree: {values}")
+        raise BadPodRequest(f"annotations {key} and {alias} disagree: {_shown(values)}")
     if not values:
         return ""
     name, value = next(iter(values.items()))
     allowed = _CHOICES[kind]
     if value not in allowed:
         raise BadPodRequest(
-            f"annotation {name}: {annotations[name]!r} is not one of {', '.join(allowed)}"
+            f"annotation {name}: {_shown(annotations[name])} is not one of {', '.join(allowed)}"
         )
     return value
 
 
 def _positive(annotations: dict[str, str], key: str, upper: int) -> int:
-    text = annotations[key].strip()
-    if not text.isdigit() or not 1 <= int(text) <= upper:
+    n = _whole(annotations[key].strip())
+    if n is None or not 1 <= n <= upper:
         raise BadPodRequest(
-            f"annotation {key}: {annotations[key]!r} is not a whole number from 1 to {upper}"
+            f"annotation {key}: {_shown(annotations[key])} is not a whole number from 1 to {upper}"
         )
-    return int(text)
+    return n
 
 
 def parse_pod(pod: Pod) -> PodRequest:
@@ -176,9 +203,9 @@ def parse_pod(pod: Pod) -> PodRequest:
     }
     counts = device_counts(_object(pod.get("spec"), "spec"))
     gpus = counts.pop(GPU_RESOURCE, 0)
-    if COUNT_ALIAS in annotations and _positive(annotations, COUNT_ALIAS, 64) != gpus:
+    if COUNT_ALIAS in annotations and _positive(annotations, COUNT_ALIAS, MAX_GPUS) != gpus:
         raise BadPodRequest(
-            f"annotation {COUNT_ALIAS}: {annotations[COUNT_ALIAS]!r} differs from the"
+            f"annotation {COUNT_ALIAS}: {_shown(annotations[COUNT_ALIAS])} differs from the"
             f" {GPU_RESOURCE} limit ({gpus})"
         )
     if len(counts) > 1 or (counts and gpus):
@@ -197,6 +224,7 @@ def parse_pod(pod: Pod) -> PodRequest:
     }
     if not gpus and not counts:
         return PodRequest(namespace, name, uid, None, gang)
+    _fits_its_reservation(namespace, name, uid, gang)
     if counts:
         ((resource, n),) = counts.items()
         if gang is not None and n != 1:
@@ -204,21 +232,55 @@ def parse_pod(pod: Pod) -> PodRequest:
         if options.get("locality") == "nvlink":
             raise BadPodRequest(f"annotation {LOCALITY}: 'nvlink' does not apply to MIG instances")
         options.update(mig_profile=resource[len(MIG_PREFIX) :], tasks=n)
-    elif gpus > 64:
-        raise BadPodRequest(f"resource {GPU_RESOURCE}: {gpus} GPUs is more than one pod can hold")
+    elif gpus > MAX_GPUS:
+        raise BadPodRequest(f"resource {GPU_RESOURCE}: a pod can hold {MAX_GPUS} GPUs at most")
     else:
         options["gpus"] = gpus
-    return PodRequest(namespace, name, uid, PlacementRequest(**options), gang)
+    source = f"resource {next(iter(counts), GPU_RESOURCE)}"
+    return PodRequest(namespace, name, uid, _placement(options, source), gang)
+
+
+def _placement(options: dict[str, Any], source: str) -> PlacementRequest:
+    """The engine's request; what it refuses (a MIG count past its limit, a profile name
+    it cannot hold) is the pod's mistake, named after ``source``, not a fault."""
+    try:
+        return PlacementRequest(**options)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(map(str, first["loc"]))
+        raise BadPodRequest(f"{source}: {first['msg']} ({where})") from None
+
+
+def _fits_its_reservation(namespace: str, name: str, uid: str, gang: Gang | None) -> None:
+    """Refuse a pod whose reservation could not be named after it: its owner
+    'k8s-pod:NS/NAME', its job id (the UID, or the gang's 'k8s-gang:NS/GANG') and the
+    bind's idempotency keys ('k8s-pod:UID:N', 'k8s-gang:NS/GANG:UID:N') are stored in
+    columns of STORED characters. Refused here, the pod fails its filter with the
+    reason rather than its bind."""
+    longest = {
+        "metadata.namespace and metadata.name": f"k8s-pod:{namespace}/{name}",
+        "metadata.uid": f"k8s-pod:{uid}:{LAST_ATTEMPT}",
+    }
+    if gang is not None:
+        longest[f"annotation {GANG}"] = f"{gang.key}:{uid}:{LAST_ATTEMPT}"
+    for where, text in longest.items():
+        if len(text) > STORED:
+            raise BadPodRequest(
+                f"{where}: too long for topoplace to name the pod's reservation"
+                f" ({_shown(text)} is {len(text)} characters, more than {STORED})"
+            )
 
 
 def _gang(annotations: dict[str, str], namespace: str) -> Gang | None:
-    name = annotations.get(GANG, "").strip()
+    name = _plain(annotations.get(GANG, "").strip(), f"annotation {GANG}")
     if GANG_SIZE in annotations and not name:
         raise BadPodRequest(f"annotation {GANG_SIZE} needs {GANG} (the gang's name)")
     if not name:
         return None
     if GANG_SIZE not in annotations:
-        raise BadPodRequest(f"annotation {GANG}: {name!r} needs {GANG_SIZE} (its member count)")
+        raise BadPodRequest(
+            f"annotation {GANG}: {_shown(name)} needs {GANG_SIZE} (its member count)"
+        )
     size = _positive(annotations, GANG_SIZE, MAX_GANG)
     return Gang(namespace, name, size) if size > 1 else None
 

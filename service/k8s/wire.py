@@ -29,6 +29,8 @@ from service.errors import BadRequest
 
 Pod = dict[str, Any]  # a Kubernetes Pod object (camelCase JSON)
 Node = dict[str, Any]  # a Kubernetes Node object (camelCase JSON)
+# Kubernetes' longest object name (a DNS subdomain), and what a node's name column holds.
+MAX_NAME = 253
 
 
 class KubeNodeList(TypedDict):
@@ -194,6 +196,8 @@ def binding_args(body: bytes) -> ExtenderBindingArgs:
             raise BadRequest(f"ExtenderBindingArgs.{key} must be a non-empty string")
         if forbidden_character(value) is not None:
             raise BadRequest(f"ExtenderBindingArgs.{key} carries control characters")
+        if key != "PodUID" and len(value) > MAX_NAME:
+            raise BadRequest(f"ExtenderBindingArgs.{key} is longer than {MAX_NAME} characters")
         out[key] = value
     return ExtenderBindingArgs(
         PodName=out["PodName"],
@@ -264,7 +268,7 @@ def request_schema(name: str, properties: dict[str, Any], required: list[str]) -
 _OBJECT = {"type": "object", "additionalProperties": True}
 _NULLABLE_OBJECT = {"anyOf": [_OBJECT, {"type": "null"}]}
 _NAMES = {"anyOf": [{"type": "array", "items": {"type": "string"}}, {"type": "null"}]}
-_NAME = {"type": "string", "minLength": 1, "pattern": PLAIN_PATTERN}
+_NAME = {"type": "string", "minLength": 1, "maxLength": MAX_NAME, "pattern": PLAIN_PATTERN}
 MAX_VIOLATIONS = 2**31 - 1  # Go's int32, as kube-scheduler counts them
 _NODE_LIST = {
     "type": "object",
