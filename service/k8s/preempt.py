@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from placement.text import forbidden_character
 from service.allocations import api as allocations
 from service.errors import BadRequest
 from service.k8s.gang import LIVE
@@ -44,8 +45,18 @@ def meta_victims(full: Any, meta: Any) -> dict[str, MetaVictims]:
             uids = [str(p.get("UID", "")) for p in pods]
         else:
             uids = [str((p.get("metadata") or {}).get("uid", "")) for p in pods]
+        _plain(node, uids)
         out[node] = MetaVictims(Pods=[MetaPod(UID=u) for u in uids], NumPDBViolations=violations)
     return out
+
+
+def _plain(node: str, uids: list[str]) -> None:
+    """400 for a control character in a node name or UID: both are looked up in the
+    database (Postgres refuses NUL in any parameter) and neither can name a real one."""
+    if forbidden_character(node) is not None:
+        raise BadRequest(f"the victims' node name {node!r} carries control characters")
+    if any(forbidden_character(uid) is not None for uid in uids):
+        raise BadRequest(f"the victims on {node!r}: a pod's UID carries control characters")
 
 
 def _per_node(victims: Any) -> dict[str, dict[str, Any]]:

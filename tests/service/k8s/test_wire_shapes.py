@@ -8,6 +8,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 POD = {"metadata": {"name": "p", "namespace": "default", "uid": "u1"}, "spec": {}}
+GPU = {"containers": [{"resources": {"limits": {"nvidia.com/gpu": "1"}}}]}
+GPU_POD = {**POD, "spec": GPU}
 
 
 @pytest.mark.parametrize(
@@ -19,6 +21,22 @@ POD = {"metadata": {"name": "p", "namespace": "default", "uid": "u1"}, "spec": {
         ("prioritize", {"Pod": POD, "NodeNames": ["n0"], "Nodes": True}),
         ("filter", {"Pod": POD, "Nodes": ""}),
         ("bind", {"PodName": "p\u0000", "PodNamespace": "d", "PodUID": "u", "Node": "n0"}),
+        # Postgres refuses NUL in any query parameter: found in a victim, never a 500.
+        (
+            "preempt",
+            {"Pod": GPU_POD, "NodeNameToMetaVictims": {"n0": {"Pods": [{"UID": "u\u0000"}]}}},
+        ),
+        (
+            "preempt",
+            {"Pod": GPU_POD, "NodeNameToMetaVictims": {"n\u0000": {"Pods": [{"UID": "u"}]}}},
+        ),
+        (
+            "preempt",
+            {
+                "Pod": GPU_POD,
+                "NodeNameToVictims": {"n0": {"Pods": [{"metadata": {"uid": "\u0007"}}]}},
+            },
+        ),
     ],
 )
 def test_wrong_shapes_are_bad_requests(
