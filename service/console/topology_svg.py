@@ -9,10 +9,27 @@ document and adds only the ``whatif`` class to the GPUs a /score would give.
 
 from __future__ import annotations
 
-from xml.sax.saxutils import escape, quoteattr
+import re
+from xml.sax import saxutils
 
 from placement.islands import PCIE
 from service.console.wiring import Box, Edge, GpuBox, Picture
+
+# What XML 1.0 cannot carry at all, escaped or not. Names and job ids refuse control
+# characters where they are read (placement/text.py), but U+FFFE and U+FFFF pass, and one
+# of them in a job id or a GPU model made the whole picture unreadable.
+_NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
+
+
+def escape(text: str) -> str:
+    """``text`` as XML character data: markup escaped, non-characters shown as U+FFFD."""
+    return saxutils.escape(_NOT_XML.sub("\ufffd", text))
+
+
+def quoteattr(text: str) -> str:
+    """``text`` as a quoted XML attribute value, as ``escape`` writes character data."""
+    return saxutils.quoteattr(_NOT_XML.sub("\ufffd", text))
+
 
 STYLE = """
 .tp-title{font:600 16px sans-serif;fill:#222}

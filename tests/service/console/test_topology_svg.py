@@ -96,3 +96,19 @@ def test_the_legend_names_pcie_groups_as_such() -> None:
     assert "NVLink islands" not in svg
     pair = build_profile("dgx1-v100", "d")
     assert "NVLink islands: nvl0" in render_svg(lay_out(pair, _island_of(pair), {}))
+
+
+@pytest.mark.parametrize("job_id", ["job-\ufffe", "job-\uffff", "job-\u2028<x>"])
+def test_a_job_id_xml_cannot_carry_leaves_the_picture_well_formed(
+    client: TestClient, job_id: str
+) -> None:
+    """A job id is any text without control characters, and any caller who may place
+    names one: U+FFFE and U+FFFF are no XML characters, and written as they are they
+    made the node's picture unreadable for every reader, the console's included."""
+    add_nodes(client, ("dgx1-v100", "v100-a"))
+    placed = client.post("/v1/place", json={"gpus": 2, "job_id": job_id})
+    assert placed.status_code == 201, placed.text
+    response = client.get("/v1/nodes/v100-a/topology.svg")
+    root = _tree(response)
+    held = [e for e in _by_data(root, "data-gpu").values() if "data-allocation" in e.attrib]
+    assert len(held) == 2
