@@ -13,6 +13,7 @@ from service.federation import ranking, store
 from service.federation.forward import Forwarded, Outcome, forward
 from service.federation.registry import Registry
 from service.federation.schemas import FederatedPlaceRequest
+from service.federation.store import RegionRecord
 
 
 def job_of(body: FederatedPlaceRequest) -> ranking.Job:
@@ -128,7 +129,7 @@ async def place(
         if left <= 0:
             attempts.append(_attempt(chosen.region, None, "skipped", "the deadline passed"))
             continue
-        record = registry.record(chosen.region)
+        record = await _live_record(registry, chosen.region)
         if record is None:
             attempts.append(_attempt(chosen.region, None, "refused", "not a live region"))
             continue
@@ -181,6 +182,19 @@ async def place(
         + ("every region that fit refused it" if fitting else "none fits (see alternatives)"),
         {"alternatives": views, "attempts": attempts},
     )
+
+
+async def _live_record(registry: Registry, region: str) -> RegionRecord | None:
+    """The region's record when it is live now. The registry learns another replica's
+    retirement only when it next reads the table; the database is asked before each
+    forward, so a retired region is never forwarded to, whichever replica retired it."""
+    record = registry.record(region)
+    if record is None:
+        return None
+    if not await off_loop(store.is_live, registry.engine, region):
+        registry.invalidate()  # the next request reads the table before it ranks
+        return None
+    return record
 
 
 def _attempt(region: str, status: int | None, outcome: str, detail: str) -> dict[str, Any]:

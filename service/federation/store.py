@@ -134,6 +134,13 @@ def named(engine: sa.Engine, names: Collection[str]) -> list[RegionRecord]:
         return [_record(row) for row in conn.execute(query)]
 
 
+def is_live(engine: sa.Engine, name: str) -> bool:
+    """The region is registered and not retired, as the database says now."""
+    query = sa.select(regions.c.name).where(regions.c.name == name, regions.c.retired_at.is_(None))
+    with engine.connect() as conn:
+        return conn.execute(query).first() is not None
+
+
 def get(engine: sa.Engine, name: str) -> RegionRecord | None:
     with engine.connect() as conn:
         row = conn.execute(sa.select(regions).where(regions.c.name == name)).first()

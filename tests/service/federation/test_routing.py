@@ -18,6 +18,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from agent.signing import NodeKey
+from service.federation import store
 from service.federation.schemas import RegionSummary
 from service.federation.signing import sign_summary
 
@@ -211,3 +212,22 @@ def test_a_keyed_region_that_refuses_frees_the_key(client: TestClient, regions: 
     again = place(client, "k-5")
     assert again.status_code == 201 and again.json()["region"] == "mid"
     assert [r for r, key, _ in regions.seen if key == "k-5"] == ["cheap", "cheap", "cheap", "mid"]
+
+
+def test_a_region_another_replica_retired_is_not_routed_to(
+    client: TestClient, regions: Regions
+) -> None:
+    """Retiring stops routing at once, on every replica: one that has not reread the
+    regions table since (it does every second) must not forward there meanwhile."""
+    app: Any = client.app
+    assert place(client).json()["region"] == "cheap"  # this replica has read the table
+    # Another replica's retirement: the same transaction, on the shared database.
+    assert store.retire(app.state.federation.engine, "cheap", datetime.now(UTC)) is not None
+    answer = place(client)
+    assert answer.status_code == 201, answer.text
+    assert answer.json()["region"] == "mid"
+    assert [r for r, _, _ in regions.seen] == ["cheap", "mid"]
+    # Found retired, the table is read again: the next request does not rank it at all.
+    later = place(client).json()
+    assert [a["region"] for a in later["attempts"]] == ["mid"]
+    assert "cheap" not in {c["region"] for c in later["alternatives"]}
