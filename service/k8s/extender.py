@@ -116,7 +116,9 @@ class Extender:
     # -- the pod's request ---------------------------------------------------------
 
     def _remember(self, pod: Pod) -> _Recent:
-        meta = pod.get("metadata") or {}
+        meta = pod.get("metadata")
+        if not isinstance(meta, dict):
+            meta = {}  # not cached; parse_pod refuses it, naming the field
         uid = str(meta.get("uid") or "")
         version = str(meta.get("resourceVersion") or "")
         with self._recent_lock:

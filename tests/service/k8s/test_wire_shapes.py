@@ -61,8 +61,13 @@ def test_meta_victims_are_answered_in_their_documented_shape(k8s_client: TestCli
         {"metadata": {"name": "p"}, "spec": {"containers": {"a": 1}}},
         {"metadata": {"name": "p\u0000"}, "spec": {}},
         {"metadata": {"name": "p", "annotations": "x"}, "spec": {}},
+        # Read for the pod's cache key before it is parsed: no shape may be taken for granted.
+        {"metadata": "x", "spec": GPU},
+        {"metadata": 1.5, "spec": GPU},
+        {"metadata": True, "spec": GPU},
     ],
 )
-def test_odd_pods_are_not_faults(k8s_client: TestClient, pod: dict[str, Any]) -> None:
-    response = k8s_client.post("/k8s/v1/filter", json={"Pod": pod, "NodeNames": ["n0"]})
+@pytest.mark.parametrize("verb", ["filter", "prioritize"])
+def test_odd_pods_are_not_faults(k8s_client: TestClient, pod: dict[str, Any], verb: str) -> None:
+    response = k8s_client.post(f"/k8s/v1/{verb}", json={"Pod": pod, "NodeNames": ["n0"]})
     assert response.status_code < 500, response.text
