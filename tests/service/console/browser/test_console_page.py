@@ -185,3 +185,24 @@ def test_a_viewer_sees_decisions_from_the_allocations_instead(
     assert browser.css('#decision-list li[data-decision="refused"]') == []
     assert browser.css("#banner")[0].get_attribute("hidden") is not None
     secured.call("POST", f"/v1/allocations/{placed['id']}/release")
+
+
+def test_a_job_id_of_markup_and_non_characters_is_drawn_as_text(
+    browser: Browser, demo: Served
+) -> None:
+    """Any caller who may place names its job id: markup in it stays text in the table and
+    the picture, beside a U+FFFF (no XML character; Chromium's parser forgives it, a strict
+    one does not: tests/service/console/test_topology_svg.py)."""
+    job = "\uffff<img src=x onerror=window.pwned=1>"
+    placed = demo.call("POST", "/v1/place", json={"gpus": 1, "nodes": [DGX1], "job_id": job})
+    try:
+        browser.open(f"{demo.url}/console#/nodes/{DGX1}")
+        held = f'#node-picture [data-allocation="{placed["id"]}"][data-gpu]'
+        browser.wait(lambda: browser.css(held), "the allocation in the node's picture")
+        row = f'#allocation-table tr[data-allocation="{placed["id"]}"]'
+        browser.wait(lambda: browser.css(row), "the allocation in the table")
+        assert "<img src=x onerror=window.pwned=1>" in browser.text(row)
+        assert browser.css("img") == []
+        assert browser.driver.execute_script("return window.pwned === undefined") is True
+    finally:
+        demo.call("POST", f"/v1/allocations/{placed['id']}/release")
