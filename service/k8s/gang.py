@@ -34,6 +34,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from placement import PlacementRequest
 from service import schema
@@ -148,7 +149,7 @@ class GangCoordinator:
             return known
         found = GangState(allocation=self._live_allocation(gang))
         if found.allocation is not None:
-            found.claims = self._claims_from_pods(gang, found.allocation.id)
+            found.claims = self._claims_from_pods(gang, found.allocation)
         with self._lock:
             return self._gangs.setdefault(gang.key, found)
 
@@ -163,7 +164,7 @@ class GangCoordinator:
         live = [a for a in rows if a.state in LIVE]
         return live[0] if live else None
 
-    def _claims_from_pods(self, gang: Gang, allocation_id: str) -> dict[int, str]:
+    def _claims_from_pods(self, gang: Gang, allocation: Allocation) -> dict[int, str]:
         try:
             pods = self.kube().list_pods(gang.namespace)
         except (KubeApiError, KubeConfigError) as exc:
@@ -171,11 +172,9 @@ class GangCoordinator:
             return {}
         claims: dict[int, str] = {}
         for pod in pods:
-            meta = pod.get("metadata") or {}
-            notes = meta.get("annotations") or {}
-            task = str(notes.get(TASK_ANNOTATION, ""))
-            if notes.get(ALLOCATION_ANNOTATION) == allocation_id and task.isdigit():
-                claims[int(task)] = str(meta.get("uid", ""))
+            task = _claimed_task(pod, allocation)
+            if task is not None:
+                claims[task] = str(pod["metadata"].get("uid", ""))
         return claims
 
     # -- filter and prioritize --------------------------------------------------
@@ -318,6 +317,26 @@ class GangCoordinator:
             raise BindRefused(
                 f"{PREFIX}gang {gang.name} cannot be reserved: {exc.message}"
             ) from None
+
+
+def _claimed_task(pod: dict[str, Any], allocation: Allocation) -> int | None:
+    """The task of ``allocation`` that ``pod`` holds: its bind wrote the allocation and task
+    into its annotations and put it on that task's node. Annotations alone are not enough:
+    whoever may create pods in the namespace may copy them, and a copy would take a
+    member's task (or, numbered past the gang, fault every read of it)."""
+    meta, spec = pod.get("metadata"), pod.get("spec")
+    if not isinstance(meta, dict) or not isinstance(spec, dict):
+        return None
+    notes = meta.get("annotations")
+    if not isinstance(notes, dict) or notes.get(ALLOCATION_ANNOTATION) != allocation.id:
+        return None
+    task = str(notes.get(TASK_ANNOTATION, ""))
+    if not (task.isascii() and task.isdigit()) or len(task) > len(str(len(allocation.tasks))):
+        return None
+    index = int(task)
+    if index >= len(allocation.tasks) or spec.get("nodeName") != allocation.tasks[index].node:
+        return None
+    return index
 
 
 def _only(names: list[str], room: Counter[str], elsewhere: str) -> Judgement:

@@ -207,3 +207,28 @@ def test_a_member_reported_from_another_node_moves_nothing(fleet: TestClient, ku
     assert node in outcome["message"]
     assert _gang(fleet)["tasks"] == before["tasks"]
     assert fleet.get("/v1/k8s/mismatches").json()["counts"]["moved"] == 0
+
+
+@pytest.mark.parametrize("task", ["\u00b9", "7", "1"])
+def test_claims_are_rebuilt_only_from_members_bound_to_their_task(
+    fleet: TestClient, kube: FakeKubeApi, task: str
+) -> None:
+    """Anyone who may create pods in the namespace may copy a member's annotations: a pod
+    that is not bound where its task is claims nothing, and no task number (a superscript
+    digit, one past the gang) makes the gang's first sight after a restart a fault."""
+    first = kube.add(pod("ring-0", 8, annotations=RING))
+    second = kube.add(pod("ring-1", 8, annotations=RING))
+    assert _bind(fleet, first, "h100-a") == ""
+    (gang,) = fleet.get("/v1/allocations", params={"job_id": "k8s-gang:ml-team/ring"}).json()[
+        "allocations"
+    ]
+    notes = {**RING, "topoplace.io/allocation": gang["id"], "topoplace.io/gang-task": task}
+    copied = kube.add(pod("ring-copy", 8, annotations=notes))
+    fleet.app.state.k8s.gangs.forget("k8s-gang:ml-team/ring")  # type: ignore[attr-defined]
+    # As after a restart: the copy's annotations are read with ring-0's.
+    assert _filter(fleet, second)["NodeNames"] == ["h100-b"]
+    assert _bind(fleet, second, "h100-b") == ""
+    # The copy is a third member of a gang of two: told so, not a fault.
+    answer = fleet.post("/k8s/v1/filter", json=names_args(copied, NODES))
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["NodeNames"] == []
