@@ -356,8 +356,8 @@ class ServiceState:
     def begin_inflight(
         self,
         devices: Sequence[tuple[str, str]],
-        shares: Sequence[tuple[str, str, int]] = (),
-        allocation_id: str = "",
+        shares: Sequence[tuple[str, str, int]],
+        allocation_id: str,
         key: str | None = None,
     ) -> None:
         """Devices and shares this process is committing for ``allocation_id`` (under
@@ -372,8 +372,8 @@ class ServiceState:
     def end_inflight(
         self,
         devices: Sequence[tuple[str, str]],
-        shares: Sequence[tuple[str, str, int]] = (),
-        allocation_id: str = "",
+        shares: Sequence[tuple[str, str, int]],
+        allocation_id: str,
         key: str | None = None,
     ) -> None:
         for node, _device in devices:
