@@ -264,6 +264,15 @@ def observe_task(
     return observation
 
 
+def observe_all(state: ServiceState, jobs: list[lifecycle.ObservedJob]) -> list[Observation]:
+    """Several jobs' truths (``lifecycle.gpus_truth``, ``lifecycle.mig_truth``) taken in
+    one transaction (lifecycle.observe_all), with the events of ``observe`` for each."""
+    observations = lifecycle.observe_all(state, jobs)
+    for observation in observations:
+        _publish_observation(state, observation)
+    return observations
+
+
 def _publish_observation(state: ServiceState, observation: Observation) -> None:
     _publish_ids(state, "released", [*observation.superseded, *observation.merged])
     held: dict[str, tuple[EventType, Sequence[str]]] = {

@@ -234,16 +234,20 @@ def observe(
     named: list[str],
     reason: str,
 ) -> Observation:
-    """The scheduler runs ``job_id`` on ``gpus`` (node -> indices): make it so here.
+    """The scheduler runs ``job_id`` on ``gpus`` (node -> indices): make it so here
+    (``gpus_truth``; ``observe_all`` for several jobs at once)."""
+    return observe_all(state, [gpus_truth(state, job_id, owner, gpus, named, reason)])[0]
 
-    The job's live allocations are those carrying its id or ``named`` by it. When
-    they hold exactly these GPUs, they only learn the job id. Otherwise the truth
-    wins, in one transaction: any other allocation holding one of these GPUs is
-    stale (the scheduler would not run two jobs on one GPU) and is released; the
-    job's first allocation is relocated onto these GPUs (its others end), or one
-    is created. A hold taken meanwhile by another replica fails the insert; the
-    whole transaction is then tried again.
-    """
+
+def gpus_truth(
+    state: ServiceState,
+    job_id: str,
+    owner: str,
+    gpus: dict[str, list[int]],
+    named: list[str],
+    reason: str,
+) -> ObservedJob:
+    """What ``observe`` takes: ``job_id`` runs on ``gpus`` (node -> indices)."""
     snapshots = _snapshots(state, list(gpus))
     for node, indices in gpus.items():
         wrong = [i for i in indices if not 0 <= i < snapshots[node].gpu_count]
@@ -256,7 +260,7 @@ def observe(
         gpus=max(counts), tasks=len(gpus), owner=owner, job_id=job_id
     ).model_dump_json()
     truth = _Truth(holds, (), placement_text, request, tuple(sorted(gpus)))
-    return _take_truth(state, job_id, owner, named, truth)
+    return ObservedJob(job_id, owner, tuple(named), truth)
 
 
 def observe_mig(
@@ -268,10 +272,25 @@ def observe_mig(
     named: list[str],
     reason: str,
 ) -> Observation:
-    """The scheduler runs ``job_id`` on these MIG instances of ``node``: make it so here,
-    as ``observe`` does for whole GPUs. Besides the allocations holding one of these
-    instances, one holding a parent GPU whole is stale too (a GPU split into instances
-    is not given whole), so neither is ever held twice."""
+    """The scheduler runs ``job_id`` on these MIG instances of ``node``: make it so here
+    (``mig_truth``), as ``observe`` does for whole GPUs."""
+    truth = mig_truth(state, job_id, owner, node, mig_uuids, named, reason)
+    return observe_all(state, [truth])[0]
+
+
+def mig_truth(
+    state: ServiceState,
+    job_id: str,
+    owner: str,
+    node: str,
+    mig_uuids: list[str],
+    named: list[str],
+    reason: str,
+) -> ObservedJob:
+    """What ``observe_mig`` takes: ``job_id`` runs on these MIG instances of ``node``.
+    Besides the allocations holding one of these instances, one holding a parent GPU
+    whole is stale too (a GPU split into instances is not given whole), so neither is
+    ever held twice."""
     snapshot = _snapshots(state, [node])[node]
     by_uuid = {m.uuid: m for m in snapshot.mig_instances}
     unknown = [u for u in mig_uuids if u not in by_uuid]
@@ -293,7 +312,7 @@ def observe_mig(
         gpus=1, tasks=len(chosen), mig_profile=profiles[0], owner=owner, job_id=job_id
     ).model_dump_json()
     truth = _Truth(holds, parents, placement_text, request, (node,))
-    return _take_truth(state, job_id, owner, named, truth)
+    return ObservedJob(job_id, owner, tuple(named), truth)
 
 
 def observe_task(
@@ -397,62 +416,116 @@ class _Truth:
     nodes: tuple[str, ...]
 
 
-def _take_truth(
-    state: ServiceState, job_id: str, owner: str, named: list[str], truth: _Truth
-) -> Observation:
-    holds = truth.holds
-    wanted = {(n, d) for n, d, _ in holds}
+@dataclass(frozen=True)
+class ObservedJob:
+    """One job's truth for ``observe_all`` (``gpus_truth``, ``mig_truth``)."""
 
-    def work(conn: Connection) -> tuple[Observation, list[repository.FreedHold]]:
+    job_id: str
+    owner: str
+    named: tuple[str, ...]
+    truth: _Truth
+
+
+def observe_all(state: ServiceState, jobs: list[ObservedJob]) -> list[Observation]:
+    """Several jobs run on what their truths say: make it so here, in one transaction,
+    one observation per job in order.
+
+    A job's live allocations are those carrying its id or ``named`` by it. When
+    they hold exactly its devices, they only learn the job id. Otherwise the truth
+    wins: any other allocation holding one of these devices is stale (the scheduler
+    would not run two jobs on one GPU) and is released; the job's first allocation
+    is relocated onto them (its others end), or one is created. The jobs that move
+    give up their holds first, so jobs that swapped devices (two same-size pods the
+    kubelet admitted the other way round) each keep their own allocation, and none is
+    released as another's stale holder. A hold taken meanwhile by another replica
+    fails the insert; the whole transaction is then tried again.
+    """
+    if not jobs:
+        return []
+
+    def work(conn: Connection) -> tuple[list[Observation], list[repository.FreedHold]]:
         now = state.clock()
-        rows = repository.live_for_job(conn, job_id, named)
-        ids = [str(r["id"]) for r in rows]
-        if ids and repository.holds_of(conn, ids) == wanted:
-            attached = tuple(repository.attach(conn, ids, job_id, now))
-            if attached:
-                audit.write_allocations(conn, "attached", attached, now)
-                return Observation("attached", ids[0], attached=attached), []
-            return Observation("matched", ids[0]), []
-        contested = sorted(wanted | set(truth.also_stale))
-        stale = sorted(a for a in repository.holders(conn, contested) if a not in ids)
-        superseded, freed = repository.end(conn, stale, "release", now)
-        merged, freed_merged = repository.end(conn, ids[1:], "release", now)
-        freed += freed_merged
-        moved = None
-        if ids:
-            moved, given_up = repository.relocate(
-                conn, ids[0], now, job_id=job_id, placement=truth.placement, holds=holds
-            )
+        freed = _give_up_moving(conn, jobs)
+        observations = []
+        for job in jobs:
+            observation, given_up = _take_truth(conn, now, job)
+            observations.append(observation)
             freed += given_up
-        # Audit rows in the events' order (api.observe): what ended, then the job's own.
-        audit.write_allocations(conn, "released", [*superseded, *merged], now)
-        if moved is not None:
-            observation = Observation("moved", ids[0], tuple(superseded), tuple(merged))
-            audit.write(conn, [records.allocation_change("moved", now, moved)])
-        else:
-            row = _observed_row(job_id, owner, truth.request, truth.placement, holds, now)
-            repository.insert(conn, row, holds)
-            observation = Observation("created", str(row["id"]), tuple(superseded), tuple(merged))
-            placed = records.placed(
-                now, str(row["id"]), job_id, truth.nodes, "active", truth.request, truth.placement
-            )
-            audit.write(conn, [placed])
-        publish(conn, {h.node for h in freed} | set(truth.nodes))
-        return observation, freed
+        nodes = {n for job in jobs for n in job.truth.nodes}
+        if any(o.action not in ("matched", "attached") for o in observations):
+            publish(conn, {h.node for h in freed} | nodes)
+        return observations, freed
 
     for attempt in range(OBSERVE_ATTEMPTS):
         try:
-            observation, freed = in_transaction(state.engine, work, state.metrics.retried)
+            observations, freed = in_transaction(state.engine, work, state.metrics.retried)
             break
         except IntegrityError:
             if attempt == OBSERVE_ATTEMPTS - 1:
+                job_ids = ", ".join(job.job_id for job in jobs)
                 raise Conflict(
-                    f"the GPUs of job {job_id} kept being taken while it was recorded; retry",
-                    {"job_id": job_id},
+                    f"the GPUs of job(s) {job_ids} kept being taken while recorded; retry",
+                    {"job_id": jobs[0].job_id if len(jobs) == 1 else job_ids},
                 ) from None
-    if observation.action not in ("matched", "attached"):
-        state.sync_nodes(sorted({h.node for h in freed} | set(truth.nodes)))
-    return observation
+    if any(o.action not in ("matched", "attached") for o in observations):
+        nodes = {n for job in jobs for n in job.truth.nodes}
+        state.sync_nodes(sorted({h.node for h in freed} | nodes))
+    return observations
+
+
+def _give_up_moving(conn: Connection, jobs: list[ObservedJob]) -> list[repository.FreedHold]:
+    """The holds of each job's allocation that is about to move, dropped before any
+    job takes its devices: a device one job leaves is then free for another of the
+    same truth instead of making its holder look stale."""
+    if len(jobs) < 2:
+        return []
+    moving = []
+    for job in jobs:
+        ids = [str(r["id"]) for r in repository.live_for_job(conn, job.job_id, list(job.named))]
+        wanted = {(n, d) for n, d, _ in job.truth.holds}
+        if ids and repository.holds_of(conn, ids) != wanted:
+            moving.append(ids[0])
+    return repository.drop_holds(conn, moving)
+
+
+def _take_truth(
+    conn: Connection, now: datetime, job: ObservedJob
+) -> tuple[Observation, list[repository.FreedHold]]:
+    job_id, owner, truth = job.job_id, job.owner, job.truth
+    wanted = {(n, d) for n, d, _ in truth.holds}
+    rows = repository.live_for_job(conn, job_id, list(job.named))
+    ids = [str(r["id"]) for r in rows]
+    if ids and repository.holds_of(conn, ids) == wanted:
+        attached = tuple(repository.attach(conn, ids, job_id, now))
+        if attached:
+            audit.write_allocations(conn, "attached", attached, now)
+            return Observation("attached", ids[0], attached=attached), []
+        return Observation("matched", ids[0]), []
+    contested = sorted(wanted | set(truth.also_stale))
+    stale = sorted(a for a in repository.holders(conn, contested) if a not in ids)
+    superseded, freed = repository.end(conn, stale, "release", now)
+    merged, freed_merged = repository.end(conn, ids[1:], "release", now)
+    freed += freed_merged
+    moved = None
+    if ids:
+        moved, given_up = repository.relocate(
+            conn, ids[0], now, job_id=job_id, placement=truth.placement, holds=truth.holds
+        )
+        freed += given_up
+    # Audit rows in the events' order (api.observe): what ended, then the job's own.
+    audit.write_allocations(conn, "released", [*superseded, *merged], now)
+    if moved is not None:
+        observation = Observation("moved", ids[0], tuple(superseded), tuple(merged))
+        audit.write(conn, [records.allocation_change("moved", now, moved)])
+    else:
+        row = _observed_row(job_id, owner, truth.request, truth.placement, truth.holds, now)
+        repository.insert(conn, row, truth.holds)
+        observation = Observation("created", str(row["id"]), tuple(superseded), tuple(merged))
+        placed = records.placed(
+            now, str(row["id"]), job_id, truth.nodes, "active", truth.request, truth.placement
+        )
+        audit.write(conn, [placed])
+    return observation, freed
 
 
 def _observed_row(

@@ -253,14 +253,23 @@ def relocate(
     row = conn.execute(statement).mappings().first()
     if row is None:
         return None, []
+    given_up = drop_holds(conn, [allocation_id])
+    insert_holds(conn, allocation_id, holds)
+    return row, given_up
+
+
+def drop_holds(conn: Connection, allocation_ids: Sequence[str]) -> list[FreedHold]:
+    """Delete every hold and share of these allocations, in the caller's transaction
+    (which gives them new ones, or ends them, before it commits); what was freed."""
+    if not allocation_ids:
+        return []
     deleted = conn.execute(
         sa.delete(_H)
-        .where(_H.c.allocation_id == allocation_id)
+        .where(_H.c.allocation_id.in_(list(allocation_ids)))
         .returning(_H.c.allocation_id, _H.c.node, _H.c.device, _H.c.kind)
     ).all()
-    given_up = drop_shares(conn, [allocation_id])
-    insert_holds(conn, allocation_id, holds)
-    return row, [FreedHold(str(a), str(n), str(d), str(k)) for a, n, d, k in deleted] + given_up
+    given_up = drop_shares(conn, allocation_ids)
+    return [FreedHold(str(a), str(n), str(d), str(k)) for a, n, d, k in deleted] + given_up
 
 
 def insert(conn: Connection, row: dict[str, object], holds: Sequence[tuple[str, str, str]]) -> None:

@@ -5,8 +5,9 @@ admission to the reservations this module lists for its node (pods the
 extender bound there, oldest first). Afterwards the kubelet's PodResources
 API says which devices each container really got; ``report`` makes the
 service's allocations say the same: the kubelet runs the pod, so its choice
-wins over any reservation (``observe`` of service/allocations/api.py, as for
-Slurm). Every difference is counted and kept for ``topoplace k8s reconcile``.
+wins over any reservation (``observe_all`` of service/allocations/api.py, the
+truth Slurm's ``observe`` takes, for all of a report's pods at once). Every
+difference is counted and kept for ``topoplace k8s reconcile``.
 """
 
 from __future__ import annotations
@@ -15,11 +16,14 @@ import logging
 import threading
 from collections import Counter, deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime
 
 from placement.snapshot import NodeSnapshot
 from service.allocations import api as allocations
-from service.allocations.results import Allocation
+from service.allocations import lifecycle
+from service.allocations.lifecycle import ObservedJob
+from service.allocations.results import Allocation, Observation
 from service.errors import BadRequest, Conflict, NotFound
 from service.k8s.bind import ALLOCATION_ANNOTATION, GPUS_ANNOTATION
 from service.k8s.device_schemas import (
@@ -181,6 +185,16 @@ def _contested(kube: Callable[[], KubeApi], node: str, report: DeviceReport) -> 
     return {d for d, n in claims.items() if n > 1}
 
 
+@dataclass
+class _Pending:
+    """A pod whose truth is taken with the report's others (``allocations.observe_all``)."""
+
+    pod: PodDevices
+    outcome: PodOutcome
+    reserved: list[str]
+    job: ObservedJob
+
+
 def report(
     state: ServiceState,
     kube: Callable[[], KubeApi],
@@ -192,10 +206,17 @@ def report(
     by_uuid = _check_devices(snapshot, body)
     contested = _contested(kube, node, body)
     held = {_pod_name(a.owner): a for a in pod_allocations(state, node)}
-    return [
+    found = [
         _reconcile_pod(state, kube, node, by_uuid, held, pod, mismatches, contested)
         for pod in body.pods
     ]
+    pending = [f for f in found if isinstance(f, _Pending)]
+    # One transaction for every pod that moves: two pods the kubelet admitted the other
+    # way round swap devices, and each keeps its own allocation.
+    observations = allocations.observe_all(state, [p.job for p in pending])
+    for p, observation in zip(pending, observations, strict=True):
+        _observed(p, observation, node, mismatches)
+    return [f.outcome if isinstance(f, _Pending) else f for f in found]
 
 
 def _reconcile_pod(
@@ -207,7 +228,7 @@ def _reconcile_pod(
     pod: PodDevices,
     mismatches: MismatchLog,
     contested: set[str],
-) -> PodOutcome:
+) -> PodOutcome | _Pending:
     allocation = held.get((pod.namespace, pod.name))
     reserved = _devices_on(allocation, node) if allocation is not None else []
     outcome = PodOutcome(namespace=pod.namespace, name=pod.name, action="matched")
@@ -248,17 +269,21 @@ def _reconcile_pod(
     named = [allocation.id] if allocation is not None else []
     reason = f"observed: the kubelet gave pod {pod.namespace}/{pod.name} these devices"
     if mig:
-        observation = allocations.observe_mig(state, job_id, owner, node, mig, named, reason)
+        job = lifecycle.mig_truth(state, job_id, owner, node, mig, named, reason)
     else:
         indices = sorted(by_uuid[d] for d in pod.devices)
-        observation = allocations.observe(state, job_id, owner, {node: indices}, named, reason)
+        job = lifecycle.gpus_truth(state, job_id, owner, {node: indices}, named, reason)
+    return _Pending(pod, outcome, reserved, job)
+
+
+def _observed(p: _Pending, observation: Observation, node: str, mismatches: MismatchLog) -> None:
+    outcome = p.outcome
     outcome.action = "moved" if observation.action == "moved" else "matched"
     if observation.action == "created":
         outcome.action = "created"
     outcome.allocation_id = observation.allocation_id
     if outcome.action != "matched" or observation.superseded:
-        _record(mismatches, node, pod, outcome, reserved, observation.superseded)
-    return outcome
+        _record(mismatches, node, p.pod, outcome, p.reserved, observation.superseded)
 
 
 def _pod_here(

@@ -433,3 +433,35 @@ def test_a_mig_report_of_no_such_instance_is_refused(fleet: TestClient, kube: Fa
     assert answer.status_code == 400
     assert answer.json()["error"]["code"] == "bad_request"
     assert _mig_holders(fleet) == reserved
+
+
+def test_two_pods_admitted_the_other_way_round_keep_their_allocations(
+    fleet: TestClient, kube: FakeKubeApi, clock: FakeClock
+):
+    # Two same-size pods bound within moments may be admitted in the other order: each
+    # container then holds the other pod's reservation. One report says so for both; each
+    # pod's own allocation moves onto what it holds, and neither is released as stale.
+    _bound(fleet, kube, "first", 2)
+    clock.advance(1)
+    _bound(fleet, kube, "second", 2)
+    first, second = _reservations(fleet)
+    before = fleet.get("/v1/k8s/mismatches").json()["counts"]
+    body = _report(
+        fleet,
+        [
+            {"namespace": "ml-team", "name": "first", "devices": second["devices"]},
+            {"namespace": "ml-team", "name": "second", "devices": first["devices"]},
+        ],
+    )
+    assert body.status_code == 200, body.text
+    outcomes = {o["name"]: o for o in body.json()["outcomes"]}
+    assert outcomes["first"]["allocation_id"] == first["allocation_id"], outcomes
+    assert outcomes["second"]["allocation_id"] == second["allocation_id"], outcomes
+    assert [o["action"] for o in outcomes.values()] == ["moved", "moved"], outcomes
+    now = {r["pod"]: r for r in _reservations(fleet)}
+    assert now["first"]["allocation_id"] == first["allocation_id"]
+    assert sorted(now["first"]["devices"]) == sorted(second["devices"])
+    assert now["second"]["allocation_id"] == second["allocation_id"]
+    assert sorted(now["second"]["devices"]) == sorted(first["devices"])
+    counts = fleet.get("/v1/k8s/mismatches").json()["counts"]
+    assert counts["superseded"] == before["superseded"], counts
