@@ -72,7 +72,7 @@ def pick(
         chosen = set(devices)
         return chosen <= offered and needed <= chosen
 
-    return _first(reservations, claimed, resource, given, size, fits)
+    return _first(reservations, claimed, resource, given, size, fits, needed)
 
 
 def exact(
@@ -93,6 +93,7 @@ def exact(
         parts or {},
         len(wanted),
         lambda d: set(d) == wanted,
+        wanted,
         split=False,
     )
 
@@ -104,13 +105,16 @@ def _first(
     parts: Mapping[str, frozenset[str]],
     size: int,
     fits: Callable[[Iterable[str]], bool],
+    named: set[str],
     split: bool = True,
 ) -> Reservation | None:
+    """``named``: the devices the request names (must-include, or Allocate's): those of
+    them already given are the pod's own init container's, which the kubelet reuses."""
     free = [r for r in reservations if r.allocation_id not in claimed and r.resource == resource]
     for r in free:  # the pod being admitted, container by container
         given = parts.get(r.allocation_id)
         if given is not None:
-            found = _part(r, given, size, fits)
+            found = _part(r, given, size, fits, given & named)
             if found is not None:
                 return found
     for r in free:
@@ -125,15 +129,25 @@ def _first(
 
 
 def _part(
-    r: Reservation, given: frozenset[str], size: int, fits: Callable[[Iterable[str]], bool]
+    r: Reservation,
+    given: frozenset[str],
+    size: int,
+    fits: Callable[[Iterable[str]], bool],
+    reused: frozenset[str] = frozenset(),
 ) -> Reservation | None:
-    """``size`` of the devices of ``r`` not yet given that ``fits`` accepts, in the
-    reservation's order (neighbours on its ring stay together), or None."""
+    """``size`` of the devices of ``r`` that ``fits`` accepts: the ``reused`` ones (given
+    to the pod's init container, which the kubelet hands its app containers first) and
+    the rest from those not yet given, in the reservation's order (neighbours on its
+    ring stay together), or None."""
     rest = [d for d in r.devices if d not in given]
-    for start in range(len(rest) - size + 1):
-        window = rest[start : start + size]
-        if fits(window):
-            return replace(r, devices=tuple(window), whole=r.devices)
+    want = size - len(reused)
+    if want < 0:
+        return None
+    for start in range(len(rest) - want + 1):
+        window = set(rest[start : start + want]) | reused
+        chosen = [d for d in r.devices if d in window]
+        if fits(chosen):
+            return replace(r, devices=tuple(chosen), whole=r.devices)
     return None
 
 

@@ -180,18 +180,25 @@ class FakeKubelet:
         count: int,
         choose: list[str] | None = None,
         container: str = "main",
+        reuse: list[str] | None = None,
     ) -> Admitted:
         """One container asking for ``count`` devices; ``choose``: the kubelet ignores the
-        preferred answer and takes these (it may: the answer is advisory)."""
+        preferred answer and takes these (it may: the answer is advisory). ``reuse``: the
+        devices of the pod's init container, which the kubelet's device manager hands
+        an app container first: it asks for the rest with them as must-include (and
+        among the available ones), and asks nothing when they suffice."""
         plugin = self.plugin(resource)
-        available = self.free(resource)
+        reused = list(reuse or ())[:count]
+        available = reused + self.free(resource)
         preferred: list[str] = []
-        if plugin.options.get_preferred_allocation_available:
+        if plugin.options.get_preferred_allocation_available and len(reused) < count:
             answer = plugin.stub.GetPreferredAllocation(
                 pb.PreferredAllocationRequest(
                     container_requests=[
                         pb.ContainerPreferredAllocationRequest(
-                            available_deviceIDs=available, allocation_size=count
+                            available_deviceIDs=available,
+                            must_include_deviceIDs=reused,
+                            allocation_size=count,
                         )
                     ]
                 ),

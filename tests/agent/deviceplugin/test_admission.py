@@ -401,6 +401,27 @@ def test_a_plugin_restarted_between_two_containers_of_a_pod_gives_it_the_rest(
     assert second.devices == reserved[1:]
 
 
+def test_an_app_container_reusing_its_init_containers_gpu_gets_the_rest_of_the_reservation(
+    cluster: Cluster, kubelet: FakeKubelet, plugins: list[PluginProcess]
+):
+    cluster.add_node("hgx-h100", NODE)
+    _start(cluster, plugins)
+    gone = cluster.schedule("gone", 1, NODE)
+    # The extender reserves the larger of the init container's and the app's counts.
+    reserved = _annotated(cluster.schedule("staged", 3, NODE))
+    # The first pod's GPUs are free again: the nearest free ones are not the reservation.
+    gone_id = gone["metadata"]["annotations"]["topoplace.io/allocation"]
+    assert cluster.http.post(f"/v1/allocations/{gone_id}/release").status_code == 200
+    init = kubelet.admit("ml-team", "staged", GPU, 1, container="fetch")
+    assert init.devices == reserved[:1]
+    # The app container gets the init container's GPU first; the kubelet asks for the
+    # rest with it as must-include, among every free GPU.
+    main = kubelet.admit("ml-team", "staged", GPU, 3, reuse=init.devices)
+    assert main.devices == reserved, (main.preferred, reserved)
+    (allocation,) = [r["allocation_id"] for r in cluster.reservations(NODE)]
+    assert main.response.envs["TOPOPLACE_ALLOCATION"] == allocation
+
+
 def test_a_gang_member_the_kubelet_gave_other_gpus_moves_its_task(
     cluster: Cluster, kubelet: FakeKubelet, plugins: list[PluginProcess]
 ):

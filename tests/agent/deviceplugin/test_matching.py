@@ -65,3 +65,23 @@ def test_a_pod_split_over_containers_gets_its_reservation_in_parts():
     # Allocate's match of a part, in any order.
     found = exact(whole, set(), GPU, ["g3", "g2", "g1"], parts)
     assert found is not None and found.devices == ("g1", "g2", "g3")
+
+
+def test_a_container_reusing_its_init_containers_gpus_gets_the_rest_of_its_reservation():
+    # The kubelet gives an app container its init container's devices first and asks for
+    # the rest with those as must_include (available: the free ones and those): the
+    # answer is the reservation, not the reused devices and the nearest free ones.
+    whole = [_r("a", "g0", "g1", "g2"), _r("b", "g3", "g4")]
+    parts = {"a": frozenset({"g0"})}  # the init container's one GPU
+    free = ["g3", "g4", "g5", "g1", "g2"]
+    found = pick(whole, set(), GPU, 3, ["g0", *free], must_include=["g0"], parts=parts)
+    assert found is not None and found.allocation_id == "a", found
+    assert found.devices == ("g0", "g1", "g2")
+    two = pick(whole, set(), GPU, 2, ["g0", *free], must_include=["g0"], parts=parts)
+    assert two is not None and two.devices == ("g0", "g1"), two
+    # Allocate's match: the reused device and the part the kubelet chose, or the reused
+    # one alone (the kubelet asks nothing when the init container's devices suffice).
+    reused = exact(whole, set(), GPU, ["g2", "g0", "g1"], parts)
+    assert reused is not None and reused.devices == ("g0", "g1", "g2"), reused
+    alone = exact(whole, set(), GPU, ["g0"], parts)
+    assert alone is not None and (alone.allocation_id, alone.devices) == ("a", ("g0",)), alone
