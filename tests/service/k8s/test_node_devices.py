@@ -465,3 +465,27 @@ def test_two_pods_admitted_the_other_way_round_keep_their_allocations(
     assert sorted(now["second"]["devices"]) == sorted(first["devices"])
     counts = fleet.get("/v1/k8s/mismatches").json()["counts"]
     assert counts["superseded"] == before["superseded"], counts
+
+
+@pytest.mark.parametrize("phase", ["Succeeded", "Failed"])
+def test_a_finished_pod_the_kubelet_still_lists_takes_no_gpus_back(
+    fleet: TestClient, kube: FakeKubeApi, phase: str
+):
+    # The kubelet's PodResources may still name a finished pod's devices; its reservation
+    # ended with it and another pod's now holds them. Nothing is created for the finished
+    # pod, and the other pod's reservation keeps its GPUs.
+    _bound(fleet, kube, "done", 2)
+    (finished,) = _reservations(fleet)
+    kube.pods[("ml-team", "done")]["status"] = {"phase": phase}
+    released = fleet.post(f"/v1/allocations/{finished['allocation_id']}/release")
+    assert released.status_code == 200, released.text
+    _bound(fleet, kube, "next", 2)
+    (taken,) = _reservations(fleet)
+    body = _report(fleet, [{"namespace": "ml-team", "name": "done", "devices": taken["devices"]}])
+    assert body.status_code == 200, body.text
+    (outcome,) = body.json()["outcomes"]
+    assert outcome["action"] == "deferred", outcome
+    assert phase in outcome["message"]
+    (still,) = _reservations(fleet)
+    assert (still["allocation_id"], still["devices"]) == (taken["allocation_id"], taken["devices"])
+    assert fleet.get("/v1/k8s/mismatches").json()["counts"]["superseded"] == 0
