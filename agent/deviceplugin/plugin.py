@@ -191,9 +191,17 @@ class ResourcePlugin(pb_grpc.DevicePluginServicer):
                 chosen = matching.exact(
                     reservations, self.claims.taken(), self.resource, ids, self.claims.parts
                 )
-        if chosen is not None:
-            with self.claims.lock:
+        with self.claims.lock:
+            if chosen is not None:
                 self.claims.give(chosen)
+                self.claims.allocated(self.resource, chosen)
+            else:
+                # Devices of a reservation given already: an init container's, handed on
+                # to an app container of the same pod (nothing is given anew).
+                chosen = self.claims.reused(self.resource, wanted)
+                if chosen is None:
+                    self.claims.allocated(self.resource, None)
+        if chosen is not None:
             order = list(chosen.devices)
             wiring = container.Wiring(chosen.nvlink_connected, chosen.allocation_id)
             log.info(

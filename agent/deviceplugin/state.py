@@ -11,11 +11,15 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 from agent.deviceplugin.devices import Device
 from agent.deviceplugin.matching import Reservation
 
 OFFER_TTL_S = 30.0  # an offer not followed by its Allocate is given up after this
+# The kubelet allocates a pod's init and app containers in one pass: an app container
+# handed its init container's devices comes within this of the init container's Allocate.
+REUSE_S = 5.0
 RESERVATIONS_FRESH_S = 2.0  # Allocate reuses the list GetPreferredAllocation just read
 
 
@@ -69,6 +73,9 @@ class Claims:
         # Reservations of pods split over containers, part given: id -> the devices given.
         self.parts: dict[str, frozenset[str]] = {}
         self._offered: dict[str, tuple[float, Reservation]] = {}
+        # Per resource: when the latest Allocate was, and the reservation it gave (None:
+        # the kubelet's own choice).
+        self._last: dict[str, tuple[float, Reservation | None]] = {}
 
     def taken(self) -> set[str]:
         """Under ``lock``: every id not to offer again now."""
@@ -90,6 +97,23 @@ class Claims:
             if r.resource == resource and set(r.devices) == devices:
                 return r
         return None
+
+    def allocated(self, resource: str, reservation: Reservation | None) -> None:
+        """Under ``lock``: what the latest Allocate of ``resource`` gave."""
+        self._last[resource] = (self._clock(), reservation)
+
+    def reused(self, resource: str, devices: set[str]) -> Reservation | None:
+        """Under ``lock``: the reservation the previous Allocate of ``resource`` gave, just
+        now, when it holds all of ``devices``: an app container the kubelet hands its init
+        container's devices (it does so in the same pass, asking nothing first), as the
+        part of that reservation they are, in its order."""
+        last = self._last.get(resource)
+        if last is None or last[1] is None or self._clock() - last[0] > REUSE_S:
+            return None
+        whole = last[1].all_devices
+        if not devices <= set(whole):
+            return None
+        return replace(last[1], devices=tuple(d for d in whole if d in devices), whole=whole)
 
     def give(self, reservation: Reservation) -> None:
         """Under ``lock``: a container got ``reservation`` (or a part of it); the whole is

@@ -422,6 +422,25 @@ def test_an_app_container_reusing_its_init_containers_gpu_gets_the_rest_of_the_r
     assert main.response.envs["TOPOPLACE_ALLOCATION"] == allocation
 
 
+def test_an_app_container_given_its_init_containers_gpus_alone_gets_the_reservations_wiring(
+    cluster: Cluster, kubelet: FakeKubelet, plugins: list[PluginProcess]
+):
+    cluster.add_node("hgx-h100", NODE)
+    _start(cluster, plugins)
+    reserved = _annotated(cluster.schedule("warm", 2, NODE))
+    init = kubelet.admit("ml-team", "warm", GPU, 2, container="check")
+    assert init.devices == reserved
+    # The init container's GPUs suffice: the kubelet asks nothing and allocates them in
+    # its own (a set's) order.
+    main = kubelet.admit("ml-team", "warm", GPU, 2, reuse=reserved[::-1])
+    assert main.preferred == [] and main.devices == reserved[::-1]
+    envs = main.response.envs
+    assert envs["CUDA_VISIBLE_DEVICES"] == ",".join(reserved), envs
+    (allocation,) = [r["allocation_id"] for r in cluster.reservations(NODE)]
+    assert envs["TOPOPLACE_ALLOCATION"] == allocation
+    assert envs["NCCL_P2P_LEVEL"] == "NVL"
+
+
 def test_a_gang_member_the_kubelet_gave_other_gpus_moves_its_task(
     cluster: Cluster, kubelet: FakeKubelet, plugins: list[PluginProcess]
 ):

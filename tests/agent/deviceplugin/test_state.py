@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from agent.deviceplugin.kubelet import socket_name
 from agent.deviceplugin.matching import Reservation
-from agent.deviceplugin.state import OFFER_TTL_S, Claims
+from agent.deviceplugin.state import OFFER_TTL_S, REUSE_S, Claims
 from agent.deviceplugin.truth import given_ids
 
 GPU = "nvidia.com/gpu"
@@ -81,3 +81,23 @@ def test_a_pod_with_some_containers_admitted_keeps_the_rest_of_its_reservation()
     assert claims.parts == {"a": frozenset({"g0"})} and claims.given == {"b"}
     claims.rebuild({"a", "b"}, {"a", "b"}, {})  # all its containers admitted
     assert claims.parts == {} and claims.given == {"a", "b"}
+
+
+def test_an_init_containers_devices_handed_on_at_once_are_its_reservations():
+    clock = Clock()
+    claims = Claims(clock)
+    a = _r("a", "pa", "g0", "g1", "g2")
+    with claims.lock:
+        claims.give(a)
+        claims.allocated(GPU, a)
+        found = claims.reused(GPU, {"g2", "g0"})
+        assert found is not None and found.devices == ("g0", "g2")  # the reservation's order
+        assert found.all_devices == a.devices
+        assert claims.reused(GPU, {"g0", "g3"}) is None  # not all of them its own
+        assert claims.reused("nvidia.com/mig-1g.10gb", {"g0"}) is None
+    clock.now += REUSE_S + 1
+    with claims.lock:
+        assert claims.reused(GPU, {"g0"}) is None  # not the same admission any more
+        claims.allocated(GPU, a)
+        claims.allocated(GPU, None)  # another admission came between: the kubelet's choice
+        assert claims.reused(GPU, {"g0"}) is None
