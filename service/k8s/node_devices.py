@@ -142,10 +142,17 @@ class MismatchLog:
 
 def _check_devices(snapshot: NodeSnapshot, report: DeviceReport) -> dict[str, int]:
     """GPU UUID -> index; every reported device must be one of the node's, named once per
-    pod (a 400 otherwise, before anything changes)."""
+    pod, and every pod reported once (a 400 otherwise, before anything changes)."""
     by_uuid = {g.uuid: g.index for g in snapshot.gpus}
     migs = {m.uuid for m in snapshot.mig_instances}
+    seen: set[tuple[str, str]] = set()
     for i, pod in enumerate(report.pods):
+        if (pod.namespace, pod.name) in seen:
+            # One pod's truth twice: the second would move what the first just moved.
+            raise BadRequest(
+                f"pod {pod.namespace}/{pod.name} is reported twice", {"field": f"pods.{i}"}
+            )
+        seen.add((pod.namespace, pod.name))
         for j, device in enumerate(pod.devices):
             where = {"field": f"pods.{i}.devices", "device": device}
             if device not in by_uuid and device not in migs:

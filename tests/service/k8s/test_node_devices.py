@@ -489,3 +489,21 @@ def test_a_finished_pod_the_kubelet_still_lists_takes_no_gpus_back(
     (still,) = _reservations(fleet)
     assert (still["allocation_id"], still["devices"]) == (taken["allocation_id"], taken["devices"])
     assert fleet.get("/v1/k8s/mismatches").json()["counts"]["superseded"] == 0
+
+
+def test_a_pod_reported_twice_is_refused_before_anything_changes(
+    fleet: TestClient, kube: FakeKubeApi
+):
+    # The plugin lists a pod once: a report naming it twice is not a truth to follow
+    # (its second entry would move what its first just moved), and nothing of it is
+    # applied. A device named twice for one pod is refused the same way (above).
+    _bound(fleet, kube, "first", 2)
+    (reservation,) = _reservations(fleet)
+    other = [u for u in _uuids() if u not in reservation["devices"]][:2]
+    first = {"namespace": "ml-team", "name": "first", "devices": other}
+    response = _report(fleet, [first, {**first, "devices": reservation["devices"]}])
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["code"] == "bad_request"
+    assert error["detail"] == {"field": "pods.1"}, error
+    assert _reservations(fleet) == [reservation]
