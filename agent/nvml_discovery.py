@@ -29,6 +29,7 @@ Only a failure of NVML as a whole (the GPU count) raises ``DiscoveryError``.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import uuid as uuidlib
@@ -122,11 +123,13 @@ def discover(
     host: Host,
     facts: HostFacts,
     known: Mapping[int, Gpu] | None = None,
+    node: str = "",
 ) -> NvmlReport:
     """Read every GPU.
 
     ``known`` (the GPUs of the last report) names the GPUs that can no longer
-    say who they are.
+    say who they are; one never read gets a placeholder UUID made from ``node``
+    (the node's name) and its index.
     """
     try:
         count = nvml.nvmlDeviceGetCount()
@@ -138,7 +141,7 @@ def discover(
     for reading in readings:
         if not reading.lost:
             _read_optional(nvml, reading, bus_ids)
-    _fill_unknown(readings, known or {})
+    _fill_unknown(readings, known or {}, node)
     links = _link_matrix(nvml, readings)  # first: it may add notes to the GPUs
     return NvmlReport(
         gpus=[_gpu(r) for r in readings],
@@ -313,12 +316,12 @@ def _fabric(nvml: Nvml, reading: _Reading) -> Fabric | None:
     )
 
 
-def _fill_unknown(readings: list[_Reading], known: Mapping[int, Gpu]) -> None:
+def _fill_unknown(readings: list[_Reading], known: Mapping[int, Gpu], node: str) -> None:
     """A GPU that cannot say who it is keeps the identity it had last time."""
     for r in readings:
         before = known.get(r.index)
         if not r.uuid:
-            r.uuid = before.uuid if before else f"GPU-unreadable-{r.index}"
+            r.uuid = before.uuid if before else unreadable_uuid(node, r.index)
         if r.model == "unknown" and before:
             r.model = before.model
         if not r.bus_id and before:
@@ -327,6 +330,14 @@ def _fill_unknown(readings: list[_Reading], known: Mapping[int, Gpu]) -> None:
             r.memory_mib = before.memory_mib
         if r.numa_node is None and before:
             r.numa_node = before.numa_node
+
+
+def unreadable_uuid(node: str, index: int) -> str:
+    """A placeholder UUID for a GPU never read, unique to its node: the service refuses a
+    device UUID another node lists, so one shared by every node with a lost GPU 0 would
+    keep all but the first such node from being reported."""
+    digest = hashlib.sha256(node.encode("utf-8")).hexdigest()[:16]
+    return f"GPU-unreadable-{index}-{digest}"
 
 
 def _gpu(r: _Reading) -> Gpu:

@@ -21,7 +21,13 @@ from placement.snapshot import MigInstance
 def read_migs(nvml: Nvml, parent: Any, gpu_index: int, notes: list[str]) -> list[MigInstance]:
     """The GPU's instances by placement; a device that cannot be read is left out and noted."""
     names = _profile_names(nvml, parent)
-    count = call("nvmlDeviceGetMaxMigDeviceCount", nvml.nvmlDeviceGetMaxMigDeviceCount, parent)
+    try:
+        count = call("nvmlDeviceGetMaxMigDeviceCount", nvml.nvmlDeviceGetMaxMigDeviceCount, parent)
+    except pynvml.NVMLError as exc:
+        # No instances is safe (a MIG GPU serves only through them); a raise here would
+        # fail the whole round and hide the node's other GPUs.
+        notes.append(f"MIG devices unreadable: {exc}")
+        return []
     found: dict[int, MigInstance] = {}
     for slot in range(count):
         try:
@@ -33,6 +39,9 @@ def read_migs(nvml: Nvml, parent: Any, gpu_index: int, notes: list[str]) -> list
             )
         except pynvml.NVMLError_NotFound:
             continue  # an empty slot
+        except pynvml.NVMLError as exc:
+            notes.append(f"MIG device {slot}: {exc}")
+            continue
         try:
             instance_id = nvml.nvmlDeviceGetGpuInstanceId(mig)
             if instance_id in found:

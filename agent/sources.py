@@ -100,7 +100,7 @@ class NvmlSource:
             facts = self.host.facts()
         except HostError as exc:
             raise DiscoveryError(str(exc)) from None
-        report = discover(self.nvml, self.host, facts, self._known)
+        report = discover(self.nvml, self.host, facts, self._known, self.identity.name)
         try:
             snap = NodeSnapshot(
                 name=self.identity.name,

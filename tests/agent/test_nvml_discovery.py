@@ -6,7 +6,7 @@ import pynvml
 import pytest
 
 from agent.nvml_api import NvmlUnavailable, load_nvml
-from agent.nvml_discovery import DiscoveryError
+from agent.nvml_discovery import DiscoveryError, unreadable_uuid
 from agent.nvml_fake import FakeNvml, fake_host
 from agent.sources import Identity, NvmlSource
 from placement import Health, NodeSnapshot
@@ -112,7 +112,8 @@ def test_gpu_lost_before_the_first_read_still_gives_a_valid_snapshot() -> None:
     fake, source, _ = _source("pcie-8x-l40s")
     fake.lose_gpu(0)
     got = source.read()
-    assert got.gpus[0].health is Health.UNHEALTHY and got.gpus[0].uuid == "GPU-unreadable-0"
+    assert got.gpus[0].health is Health.UNHEALTHY
+    assert got.gpus[0].uuid == unreadable_uuid("n1", 0)
     assert got.gpu_count == 8
 
 
@@ -203,3 +204,31 @@ def test_nvml_absent_is_a_clear_startup_error() -> None:
     else:
         assert real.nvmlDeviceGetCount() >= 0
         real.nvmlShutdown()
+
+
+def test_gpus_lost_before_the_first_read_on_two_nodes_have_different_placeholders() -> None:
+    # The service refuses a device UUID that another node lists (409), so a placeholder
+    # shared by every node with a lost GPU 0 would hide the second node's healthy GPUs.
+    fake_a, source_a, _ = _source("pcie-8x-l40s", "node-a")
+    fake_b, source_b, _ = _source("pcie-8x-l40s", "node-b")
+    fake_a.lose_gpu(0)
+    fake_b.lose_gpu(0)
+    a, b = source_a.read(), source_b.read()
+    assert a.gpus[0].uuid.startswith("GPU-unreadable-0")
+    assert a.device_uuids.isdisjoint(b.device_uuids), (a.gpus[0].uuid, b.gpus[0].uuid)
+    assert source_a.read().gpus[0].uuid == a.gpus[0].uuid  # the same every round
+
+
+@pytest.mark.parametrize(
+    "function", ["nvmlDeviceGetMaxMigDeviceCount", "nvmlDeviceGetMigDeviceHandleByIndex"]
+)
+def test_mig_enumeration_failing_leaves_the_gpus_instances_out_and_the_node_reported(
+    function: str,
+) -> None:
+    fake, source, snap = _source("hgx-h100-mig")
+    fake.fail(function, 3, pynvml.NVMLError_NoPermission)
+    got = source.read()
+    assert not any(m.parent_gpu == 3 for m in got.mig_instances)
+    assert "Insufficient Permissions" in got.gpus[3].health_reason
+    others = [m.uuid for m in snap.mig_instances if m.parent_gpu != 3]
+    assert [m.uuid for m in got.mig_instances] == others
