@@ -1,4 +1,5 @@
-"""How discovery calls NVML: which errors mean "absent", and a lost GPU as its own signal."""
+"""How discovery calls NVML: which errors mean "absent", a lost GPU as its own signal, and
+strings NVML answers that a snapshot cannot carry."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import pynvml  # type: ignore[import-untyped]
+
+from placement.text import forbidden_character
 
 T = TypeVar("T")
 
@@ -25,12 +28,38 @@ class GpuLost(Exception):
         super().__init__(f"{error} ({call})")
 
 
+class Unusable(Exception):
+    """NVML answered a string a snapshot cannot carry (empty, too long, control characters,
+    not UTF-8): the GPU or MIG device it describes cannot be described."""
+
+
 def call(name: str, fn: Callable[..., T], *args: Any) -> T:
-    """Call one NVML function; a lost GPU becomes ``GpuLost`` naming the call."""
+    """Call one NVML function; a lost GPU becomes ``GpuLost`` naming the call, and an answer
+    pynvml cannot decode as UTF-8 becomes ``Unusable``."""
     try:
         return fn(*args)
     except pynvml.NVMLError_GpuIsLost as exc:
         raise GpuLost(name, exc) from None
+    except UnicodeDecodeError:
+        raise Unusable(f"{name} answered bytes that are not UTF-8") from None
+
+
+def text(name: str, value: object, max_length: int) -> str:
+    """A string NVML answered, as a snapshot can carry it; ``Unusable`` otherwise.
+
+    Checked here, where the call is known, because a snapshot that fails validation
+    later fails the whole round and hides every other GPU of the node.
+    """
+    if isinstance(value, bytes):  # older nvidia-ml-py versions answer bytes
+        try:
+            value = value.decode("utf-8")
+        except UnicodeDecodeError:
+            raise Unusable(f"{name} answered bytes that are not UTF-8") from None
+    found = str(value)
+    if not found or len(found) > max_length or forbidden_character(found) is not None:
+        # repr: the reason lands in health_reason, which carries no control characters.
+        raise Unusable(f"{name} answered {found[:40]!r}, which a snapshot cannot carry")
+    return found
 
 
 def optional(notes: list[str], name: str, fn: Callable[..., T], *args: Any) -> T | None:

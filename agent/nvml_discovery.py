@@ -42,7 +42,7 @@ import pynvml  # type: ignore[import-untyped]
 
 from agent.host import Host, HostFacts
 from agent.nvml_api import Nvml
-from agent.nvml_calls import ABSENT, NO_SUCH_LINK, GpuLost, call, optional
+from agent.nvml_calls import ABSENT, NO_SUCH_LINK, GpuLost, Unusable, call, optional, text
 from agent.nvml_mig import read_migs
 from placement.cpuset import parse_cpuset
 from placement.snapshot import CpuLink, Fabric, FabricState, Gpu, Health, MigInstance, NumaNode
@@ -69,6 +69,12 @@ _FABRIC_HEALTHY = (
     pynvml.NVML_GPU_FABRIC_HEALTH_SUMMARY_NOT_SUPPORTED,
     pynvml.NVML_GPU_FABRIC_HEALTH_SUMMARY_HEALTHY,
 )
+
+
+# The longest UUID, model name and PCI bus id a snapshot's Gpu carries.
+TEXT_LIMIT = 128
+BUS_ID_LIMIT = 64
+VERSION_LIMIT = 64  # the snapshot's driver_version
 
 
 class DiscoveryError(RuntimeError):
@@ -155,7 +161,7 @@ def discover(
         ],
         mig_instances=[m for r in readings if not r.lost for m in r.migs],
         fabric=_node_fabric(readings),
-        driver_version=_system(nvml.nvmlSystemGetDriverVersion),
+        driver_version=_driver_version(nvml),
         cuda_version=_cuda_version(_system(nvml.nvmlSystemGetCudaDriverVersion)),
     )
 
@@ -167,17 +173,19 @@ def _read_gpu(
     try:
         reading.handle = call("nvmlDeviceGetHandleByIndex", nvml.nvmlDeviceGetHandleByIndex, index)
         handle = reading.handle
-        reading.uuid = str(call("nvmlDeviceGetUUID", nvml.nvmlDeviceGetUUID, handle))
-        reading.model = str(call("nvmlDeviceGetName", nvml.nvmlDeviceGetName, handle))
+        uuid = call("nvmlDeviceGetUUID", nvml.nvmlDeviceGetUUID, handle)
+        reading.uuid = text("nvmlDeviceGetUUID", uuid, TEXT_LIMIT)
+        model = call("nvmlDeviceGetName", nvml.nvmlDeviceGetName, handle)
+        reading.model = text("nvmlDeviceGetName", model, TEXT_LIMIT)
         memory = call("nvmlDeviceGetMemoryInfo", nvml.nvmlDeviceGetMemoryInfo, handle)
         reading.memory_mib = int(memory.total) // (1024 * 1024)
         pci = call("nvmlDeviceGetPciInfo", nvml.nvmlDeviceGetPciInfo, handle)
-        reading.bus_id = normalize_bus_id(str(pci.busId))
+        reading.bus_id = normalize_bus_id(text("nvmlDeviceGetPciInfo", pci.busId, BUS_ID_LIMIT))
         reading.mig_enabled = _mig_mode(nvml, handle)
     except GpuLost as exc:
         reading.lost = f"GPU is lost: {exc}"
         return reading
-    except pynvml.NVMLError as exc:
+    except (pynvml.NVMLError, Unusable) as exc:
         reading.lost = f"NVML cannot describe this GPU: {exc}"
         return reading
     try:
@@ -397,6 +405,16 @@ def _system(fn: Callable[[], T]) -> T | None:
         return fn()
     except pynvml.NVMLError as exc:
         log.warning("NVML: %s: %s", getattr(fn, "__name__", "call"), exc)
+        return None
+
+
+def _driver_version(nvml: Nvml) -> str | None:
+    """The driver version, or None when NVML cannot say it in a string a snapshot carries."""
+    name = "nvmlSystemGetDriverVersion"
+    try:
+        return text(name, call(name, nvml.nvmlSystemGetDriverVersion), VERSION_LIMIT)
+    except (pynvml.NVMLError, Unusable) as exc:
+        log.warning("NVML: %s: %s", name, exc)
         return None
 
 

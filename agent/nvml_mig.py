@@ -12,10 +12,12 @@ from __future__ import annotations
 from typing import Any
 
 import pynvml  # type: ignore[import-untyped]
+from pydantic import ValidationError
 
 from agent.nvml_api import Nvml
 from agent.nvml_calls import GpuLost, call
 from placement.snapshot import MigInstance
+from placement.text import forbidden_character
 
 
 def read_migs(nvml: Nvml, parent: Any, gpu_index: int, notes: list[str]) -> list[MigInstance]:
@@ -58,9 +60,21 @@ def read_migs(nvml: Nvml, parent: Any, gpu_index: int, notes: list[str]) -> list
             )
         except pynvml.NVMLError_GpuIsLost as exc:
             raise GpuLost("MIG device", exc) from None
-        except pynvml.NVMLError as exc:
-            notes.append(f"MIG device {slot}: {exc}")
+        except (pynvml.NVMLError, ValueError) as exc:
+            # ValueError: an answer the instance cannot carry (an odd UUID or profile name,
+            # bytes that are not UTF-8); one device left out, not the node's round failed.
+            notes.append(f"MIG device {slot}: {_short(exc)}")
     return sorted(found.values(), key=lambda m: m.placement_start)
+
+
+def _short(exc: Exception) -> str:
+    """The error on one line (a validation error spans several), control characters escaped."""
+    if isinstance(exc, ValidationError):
+        first = exc.errors()[0]
+        said = f"{'.'.join(str(part) for part in first['loc'])}: {first['msg']}"
+    else:
+        said = str(exc) or type(exc).__name__
+    return said if forbidden_character(said) is None else repr(said)
 
 
 def _profile_names(nvml: Nvml, parent: Any) -> dict[int, str]:

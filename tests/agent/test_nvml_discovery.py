@@ -232,3 +232,55 @@ def test_mig_enumeration_failing_leaves_the_gpus_instances_out_and_the_node_repo
     assert "Insufficient Permissions" in got.gpus[3].health_reason
     others = [m.uuid for m in snap.mig_instances if m.parent_gpu != 3]
     assert [m.uuid for m in got.mig_instances] == others
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("name", "NVIDIA H100 80GB HBM3\x1b[2J"), ("name", ""), ("uuid", "GPU-" + "f" * 200)],
+)
+def test_a_gpu_naming_itself_in_an_unusable_string_is_unhealthy_not_a_failed_round(
+    field: str, value: str
+) -> None:
+    fake, source, _ = _source("hgx-h100")
+    setattr(fake.gpus[2], field, value)
+    got = source.read()
+    assert got.gpus[2].health is Health.UNHEALTHY
+    assert "nvmlDeviceGet" in got.gpus[2].health_reason
+    assert all(g.health is Health.HEALTHY for g in got.gpus if g.index != 2)
+
+
+def test_a_mig_device_with_an_unusable_uuid_is_left_out_and_noted() -> None:
+    fake, source, snap = _source("hgx-h100-mig")
+    odd = fake.gpus[3].migs[0].uuid
+    fake.gpus[3].migs[0].uuid = "MIG-\x07"
+    got = source.read()
+    assert "MIG device 0: uuid: Value error, control characters" in got.gpus[3].health_reason
+    assert got.gpus[3].health is Health.HEALTHY
+    assert [m.uuid for m in got.mig_instances] == [
+        m.uuid for m in snap.mig_instances if m.uuid != odd
+    ]
+
+
+def test_a_gpu_name_pynvml_cannot_decode_is_unhealthy_not_a_failed_round(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fake, source, _ = _source("hgx-h100")
+    real = fake.nvmlDeviceGetName
+
+    def name(handle: object) -> str:
+        if getattr(handle, "index", None) == 6:
+            return b"NVIDIA \xff\xfe".decode()  # what pynvml's convertStrBytes does
+        return real(handle)
+
+    monkeypatch.setattr(fake, "nvmlDeviceGetName", name)
+    got = source.read()
+    assert got.gpus[6].health is Health.UNHEALTHY
+    assert "not UTF-8" in got.gpus[6].health_reason
+    assert got.gpus[5].health is Health.HEALTHY
+
+
+def test_a_driver_version_no_snapshot_can_carry_is_left_out() -> None:
+    fake, source, _ = _source("hgx-h100")
+    fake.driver_version = "570.124.06\x00\x1b" + "9" * 80
+    got = source.read()
+    assert got.driver_version is None and got.gpu_count == 8
