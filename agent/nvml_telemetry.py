@@ -26,6 +26,7 @@ from agent.nvml_calls import NO_SUCH_LINK
 
 log = logging.getLogger("topoplace.agent")
 KIB = 1024
+COUNTER_MAX = 2**64 - 1  # the heartbeat's counters are unsigned 64-bit integers
 # The per-link error fields, by the name the service reports them under.
 ERROR_FIELDS = {
     "crc_flit_errors": "NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_L",
@@ -72,8 +73,12 @@ def read_link(nvml: Nvml, handle: Any, link: int) -> dict[str, int] | None:
     out: dict[str, int] = {}
     for (name, _, _), entry in zip(fields, values, strict=True):
         value = _value(entry)
-        if value is not None:
-            out[name] = value * KIB if name in ("tx_bytes", "rx_bytes") else value
+        if value is not None and name in ("tx_bytes", "rx_bytes"):
+            value *= KIB
+        # A KiB count past 2^54 (wrapped, or an all-ones "not available") is no byte
+        # count a 64-bit counter holds, and the service refuses the whole heartbeat for it.
+        if value is not None and value <= COUNTER_MAX:
+            out[name] = value
     return out or None
 
 

@@ -59,6 +59,18 @@ def test_fields_the_gpu_does_not_offer_are_left_out() -> None:
     assert "recovery_errors" not in read[(0, 0)] and "recovery_errors" in read[(0, 1)]
 
 
+def test_a_byte_counter_past_64_bits_is_left_out_not_sent() -> None:
+    # NVML counts KiB; a counter past 2^54 KiB (a wrapped or "not available" all-ones
+    # value) is more bytes than the heartbeat's 64-bit field takes, and one such value
+    # would have the service refuse the whole heartbeat (422).
+    fake = _fake()
+    fake.gpus[2].links[1].tx_kib = 2**60
+    read = _by_link(read_nvlink(fake))
+    assert all(v <= 2**64 - 1 for entry in read.values() for v in entry.values())
+    assert "tx_bytes" not in read[(2, 1)] and "rx_bytes" in read[(2, 1)]
+    assert "tx_bytes" in read[(2, 0)]
+
+
 def test_a_gpu_without_field_values_or_lost_contributes_nothing() -> None:
     fake = _fake()
     fake.fail("nvmlDeviceGetFieldValues", 2, pynvml.NVMLError_NotSupported)
