@@ -243,10 +243,17 @@ class Agent:
 
     def send_once(self) -> JSONObject:
         """Register the key and send the snapshot now; errors (``KeyRefused`` among them)
-        are raised, not retried."""
+        are raised, not retried, but for a seq the service holds a newer one of (the clock
+        went back): that is sent once more after the stored seq, as the daemon would."""
         snap = self.source.read()
         self._register_key()
-        return self._send(snap, content_hash(snap))
+        digest = content_hash(snap)
+        try:
+            return self._send(snap, digest)
+        except ApiError as exc:
+            if not self._continue_after_stored_seq(exc):
+                raise
+        return self._send(snap, digest)
 
     def _signed(self, snap: NodeSnapshot, digest: str) -> SignedReport:
         if self.pending is not None and self.pending.digest == digest:
@@ -265,21 +272,26 @@ class Agent:
             log.warning("the service has no public key for node %s; registering it", self.name)
             self.key_registered = False
             return 0.0
-        seq_refused = exc.code in ("conflict", "replayed_snapshot")
-        if seq_refused and exc.detail.get("field") == "snapshot.seq":
-            # The service holds this seq or a later one (our clock went back,
-            # another agent used this name, or it took a resent snapshot whose
-            # answer was lost: a signed snapshot is taken once): continue after it.
-            stored = exc.detail.get("stored_seq")
-            self.seq = max(self.seq, stored if isinstance(stored, int) else self.seq)
-            self.pending = None
-            log.warning("%s; continuing from seq %d", exc.message, self.seq + 1)
+        if self._continue_after_stored_seq(exc):
             return 0.0
         if exc.status >= 500:
             log.warning("the service failed (%s): %s; retrying", exc.code, exc.message)
         else:
             log.error("the service refused (%s): %s; retrying", exc.code, exc.message)
         return self.backoff.next()
+
+    def _continue_after_stored_seq(self, exc: ApiError) -> bool:
+        """Whether ``exc`` says the service holds this seq or a later one (our clock went
+        back, another agent used this name, or it took a resent snapshot whose answer was
+        lost: a signed snapshot is taken once); if so the next one is signed after it."""
+        seq_refused = exc.code in ("conflict", "replayed_snapshot")
+        if not seq_refused or exc.detail.get("field") != "snapshot.seq":
+            return False
+        stored = exc.detail.get("stored_seq")
+        self.seq = max(self.seq, stored if isinstance(stored, int) else self.seq)
+        self.pending = None
+        log.warning("%s; continuing from seq %d", exc.message, self.seq + 1)
+        return True
 
     # -- the loop ----------------------------------------------------------------
 

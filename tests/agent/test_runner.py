@@ -277,3 +277,23 @@ def test_run_stops_when_asked() -> None:
     thread.join(timeout=5)
     assert not thread.is_alive()
     assert service.kinds()[:3] == ["key", "snapshot", "heartbeat"]
+
+
+def test_send_once_after_the_clock_went_back_continues_after_the_stored_seq() -> None:
+    # A restarted --once (a timer's, say) whose clock stepped back behind the stored seq.
+    service = ScriptedService()
+    agent = _agent(service)
+    stored = 1_900_000_000_000
+    agent._register_key()
+    service.failures = [
+        ApiError(
+            "replayed_snapshot",
+            "not newer",
+            409,
+            {"field": "snapshot.seq", "stored_seq": stored},
+        )
+    ]
+    answer = agent.send_once()
+    assert answer["seq"] == stored + 1
+    snapshot, signature = service.snapshots()[-1]
+    assert snapshot["seq"] == stored + 1 and verify(agent.key.public_key, snapshot, signature)
