@@ -202,3 +202,28 @@ def test_an_agent_registers_its_key_again_after_the_service_forgot_the_node(
         assert first.step() == 5.0  # the heartbeat's 404, then key and snapshot again
         assert client.node_key(name)["public_key"] == key.public_key
         assert client.node(name)["state"] == "ready"
+
+
+def test_two_nodes_each_with_a_gpu_lost_before_their_first_read_are_both_taken(
+    server: str,
+) -> None:
+    """A GPU that falls off the bus before the agent ever read it has no UUID to report; the
+    placeholder it gets is its node's own, so the service (which refuses a device UUID
+    another node lists) takes both nodes with their seven healthy GPUs each."""
+    with TopoplaceClient(server, timeout=5.0) as client:
+        for name in ("e2e-lost-a", "e2e-lost-b"):
+            snap = build_profile("pcie-8x-l40s", name)
+            fake = FakeNvml.from_snapshot(snap)
+            fake.nvmlInit()
+            fake.lose_gpu(0)
+            agent = Agent(
+                NvmlSource(fake, fake_host(snap), Identity(name)),
+                client,
+                NodeKey.generate(),
+                name,
+                interval_s=5.0,
+                backoff=Backoff(0.01, 0.05, random.Random(1)),
+            )
+            assert agent.step() == 5.0, name
+            gpus = client.node(name)["gpus"]
+            assert [g["health"] for g in gpus] == ["unhealthy"] + ["healthy"] * 7
