@@ -143,11 +143,13 @@ def discover(
         raise DiscoveryError(f"NVML did not list the GPUs: {exc}") from None
     numa_ids = {node.id for node in facts.numa_nodes}
     readings = [_read_gpu(nvml, host, facts.numa_nodes, numa_ids, i) for i in range(count)]
+    # Before the links are read: a lost GPU's address from the last report is still a GPU's,
+    # not (where the driver cannot say a link's remote type) a switch's.
+    _fill_unknown(readings, known or {}, node)
     bus_ids = {r.bus_id for r in readings if r.bus_id}
     for reading in readings:
         if not reading.lost:
             _read_optional(nvml, reading, bus_ids)
-    _fill_unknown(readings, known or {}, node)
     links = _link_matrix(nvml, readings)  # first: it may add notes to the GPUs
     return NvmlReport(
         gpus=[_gpu(r) for r in readings],

@@ -284,3 +284,18 @@ def test_a_driver_version_no_snapshot_can_carry_is_left_out() -> None:
     fake.driver_version = "570.124.06\x00\x1b" + "9" * 80
     got = source.read()
     assert got.driver_version is None and got.gpu_count == 8
+
+
+def test_links_to_a_lost_gpu_are_not_taken_for_a_switch_where_the_remote_type_is_unknown() -> None:
+    # An older driver cannot say a link's remote type, so an address that is none of the
+    # node's GPUs is taken for an NVSwitch; a lost GPU's address must still count as a GPU,
+    # or two GPUs that each link to it would be reported joined through a switch.
+    fake, source, snap = _source("dgx1-v100")
+    source.read()
+    for index in range(8):
+        fake.fail("nvmlDeviceGetNvLinkRemoteDeviceType", index, pynvml.NVMLError_NotSupported)
+    fake.lose_gpu(3)
+    got = source.read()
+    assert not any(label.startswith("NVS") for row in got.links for label in row), got.links
+    healthy = [i for i in range(8) if i != 3]
+    assert all(got.links[i][j] == snap.links[i][j] for i in healthy for j in healthy)
