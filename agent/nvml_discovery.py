@@ -327,9 +327,14 @@ def _fabric(nvml: Nvml, reading: _Reading) -> Fabric | None:
 
 
 def _fill_unknown(readings: list[_Reading], known: Mapping[int, Gpu], node: str) -> None:
-    """A GPU that cannot say who it is keeps the identity it had last time."""
+    """A GPU that cannot say who it is keeps the identity its index had last time, unless
+    that was another GPU: one that says so itself this round (the count shrank and the GPUs
+    after the one gone moved up an index), or not the UUID this one did say."""
+    said = {r.uuid for r in readings if r.uuid}
     for r in readings:
         before = known.get(r.index)
+        if before is not None and (before.uuid != r.uuid if r.uuid else before.uuid in said):
+            before = None
         if not r.uuid:
             r.uuid = before.uuid if before else unreadable_uuid(node, r.index)
         if r.model == "unknown" and before:

@@ -299,3 +299,18 @@ def test_links_to_a_lost_gpu_are_not_taken_for_a_switch_where_the_remote_type_is
     assert not any(label.startswith("NVS") for row in got.links for label in row), got.links
     healthy = [i for i in range(8) if i != 3]
     assert all(got.links[i][j] == snap.links[i][j] for i in healthy for j in healthy)
+
+
+def test_a_lost_gpu_never_takes_the_identity_another_gpu_reports_after_the_count_shrank() -> None:
+    # GPU 2 leaves the enumeration (the count drops to 7, the GPUs after it move up one
+    # index) while the GPU now at index 5 is lost: the identity index 5 had last time is
+    # the GPU now at index 4, which says so itself.
+    fake, source, snap = _source("pcie-8x-l40s")
+    source.read()
+    del fake.gpus[2]
+    fake.lose_gpu(5)
+    got = source.read()
+    assert got.gpu_count == 7
+    assert got.gpus[4].uuid == snap.gpus[5].uuid and got.gpus[4].health is Health.HEALTHY
+    assert got.gpus[5].health is Health.UNHEALTHY
+    assert got.gpus[5].uuid not in {g.uuid for g in got.gpus if g.index != 5}
