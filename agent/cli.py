@@ -223,7 +223,7 @@ def run_agent(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace, config: Any, source: Any, name: str) -> int:
-    from agent.config import ConfigError
+    from agent.config import ConfigError, TokenFile
     from agent.nvml_discovery import DiscoveryError
     from agent.runner import Agent, Backoff, KeyRefused
     from agent.signing import KeyFileError, NodeKey
@@ -248,6 +248,7 @@ def _serve(args: argparse.Namespace, config: Any, source: Any, name: str) -> int
         client = TopoplaceClient(
             config.server, timeout=config.timeout_s, token=config.token(), ca_bundle=ca_bundle
         )
+        tokens = TokenFile(config, client)
     except (KeyFileError, ConfigError, ValueError) as exc:
         return _fail(str(exc), EXIT_USAGE)
     backoff = Backoff(config.backoff_initial_s, config.backoff_max_s)
@@ -261,6 +262,7 @@ def _serve(args: argparse.Namespace, config: Any, source: Any, name: str) -> int
         telemetry=source.nvlink if isinstance(source, NvmlSource) else None,
         telemetry_interval_s=config.telemetry_interval_s,
         key_hint=f"@{config.key_file}.pub",
+        reload_token=tokens.reload,
     )
     with client:
         if args.once:

@@ -9,17 +9,19 @@ table; a source's labels replace, not extend, a lower one's.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from placement.snapshot import NodeSnapshot
 
+log = logging.getLogger("topoplace.agent")
 ENV_PREFIX = "TOPOPLACE_AGENT_"
 CONFIG_ENV = ENV_PREFIX + "CONFIG"
 
@@ -69,6 +71,35 @@ class AgentConfig(BaseModel):
         except OSError as exc:
             message = f"token_file: cannot read {self.token_file}: {exc.strerror}"
             raise ConfigError(message) from None
+
+
+class TokenSink(Protocol):
+    def set_token(self, token: str | None) -> None: ...
+
+
+class TokenFile:
+    """The token file read again when the service refuses the token (401): a token is
+    rotated by deploying the new one to the file and then revoking the old one, and the
+    agent must not keep sending the revoked one until it is restarted."""
+
+    def __init__(self, config: AgentConfig, client: TokenSink) -> None:
+        self.config = config
+        self.client = client
+        self.current = config.token()
+
+    def reload(self) -> bool:
+        """Read the file again; whether the token changed (the client then sends the new
+        one). A file unreadable right now (mid-rotation) keeps the token in use."""
+        try:
+            token = self.config.token()
+        except ConfigError as exc:
+            log.warning("%s; keeping the token in use", exc)
+            return False
+        if token == self.current:
+            return False
+        self.client.set_token(token)
+        self.current = token
+        return True
 
 
 def parse_labels(text: str) -> dict[str, str]:

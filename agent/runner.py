@@ -22,8 +22,10 @@ logged at most every ``KEY_ERROR_EVERY_S``.
 
 Nothing the service does stops the agent: an unreachable or failing
 service, or a refusal, is logged and retried with exponential backoff and
-jitter. A round whose discovery fails as a whole sends no heartbeat either,
-so the node turns stale instead of looking healthy with outdated facts.
+jitter; a refused token (401) has the token file read again, so a rotated
+token is picked up without a restart. A round whose discovery fails as a
+whole sends no heartbeat either, so the node turns stale instead of looking
+healthy with outdated facts.
 
 NVLink counters (``telemetry``, where the source reads NVML) ride on a
 heartbeat at most once per ``telemetry_interval_s`` (30 s by default,
@@ -117,6 +119,7 @@ class Agent:
         telemetry: Callable[[], list[dict[str, int]]] | None = None,
         telemetry_interval_s: float = TELEMETRY_INTERVAL_S,
         key_hint: str | None = None,
+        reload_token: Callable[[], bool] | None = None,
     ) -> None:
         self.source = source
         self.client = client
@@ -135,6 +138,8 @@ class Agent:
         # How the fixing command names the key (``@PATH.pub``); else the key itself.
         self.key_hint = key_hint
         self.key_problem_logged_at: float | None = None
+        # Re-reads the token file after a 401; whether the token changed (a rotation).
+        self.reload_token = reload_token
 
     # -- one round -------------------------------------------------------------
 
@@ -274,6 +279,11 @@ class Agent:
             return 0.0
         if self._continue_after_stored_seq(exc):
             return 0.0
+        if exc.status == 401 and self.reload_token is not None and self.reload_token():
+            # A rotated token: the old one is revoked once the new one is deployed, and
+            # an agent that kept the old one would never be heard again until restarted.
+            log.warning("the service refused the token; the token file changed, retrying")
+            return self.backoff.next()
         if exc.status >= 500:
             log.warning("the service failed (%s): %s; retrying", exc.code, exc.message)
         else:

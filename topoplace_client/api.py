@@ -153,6 +153,13 @@ class TopoplaceClient:
     def close(self) -> None:
         self._http.close()
 
+    def set_token(self, token: str | None) -> None:
+        """Send ``token`` from the next request on (a rotated token file re-read)."""
+        if token:
+            self._http.headers["Authorization"] = f"Bearer {token}"
+        else:
+            self._http.headers.pop("Authorization", None)
+
     # -- transport ---------------------------------------------------------
 
     def _request(

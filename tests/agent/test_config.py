@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.config import ConfigError, load_config, parse_labels
+from agent.config import AgentConfig, ConfigError, TokenFile, load_config, parse_labels
 
 
 def _file(tmp_path: Path, text: str) -> Path:
@@ -63,3 +63,23 @@ def test_parse_labels() -> None:
     assert parse_labels(" a=1 , b = 2 ,") == {"a": "1", "b": "2"}
     with pytest.raises(ConfigError, match="KEY=VALUE"):
         parse_labels("a")
+
+
+class _Client:
+    def __init__(self) -> None:
+        self.tokens: list[str | None] = []
+
+    def set_token(self, token: str | None) -> None:
+        self.tokens.append(token)
+
+
+def test_the_token_file_read_again_hands_a_changed_token_to_the_client(tmp_path: Path) -> None:
+    path = tmp_path / "token"
+    path.write_text("first\n")
+    client = _Client()
+    tokens = TokenFile(AgentConfig(token_file=path), client)
+    assert tokens.reload() is False and client.tokens == []
+    path.write_text("second\n")
+    assert tokens.reload() is True and client.tokens == ["second"]
+    path.unlink()  # mid-rotation: the token in use is kept
+    assert tokens.reload() is False and client.tokens == ["second"]

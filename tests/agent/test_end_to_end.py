@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from agent.config import AgentConfig, TokenFile
 from agent.nvml_fake import FakeNvml, fake_host
 from agent.runner import Agent, Backoff
 from agent.signing import NodeKey
@@ -227,3 +228,39 @@ def test_two_nodes_each_with_a_gpu_lost_before_their_first_read_are_both_taken(
             assert agent.step() == 5.0, name
             gpus = client.node(name)["gpus"]
             assert [g["health"] for g in gpus] == ["unhealthy"] + ["healthy"] * 7
+
+
+def test_a_rotated_token_file_is_read_again_when_the_old_token_is_revoked(
+    postgres_url: str, tmp_path: Path
+) -> None:
+    """Token rotation as docs/security.md has it: a new agent token is deployed to the
+    agent's token file, then the old one is revoked. The running agent's next request is
+    refused (401); it reads the file again and reports with the new token, unrestarted."""
+    admin_token = "e2e-admin-token-0123456789abcdef"
+    settings = Settings(database_url=postgres_url, api_tokens=admin_token, trust_on_first_use=True)
+    name = "e2e-rotate"
+    token_file = tmp_path / "agent.token"
+    with (
+        live_server(create_app(settings)) as url,
+        TopoplaceClient(url, timeout=5.0, token=admin_token) as admin,
+    ):
+        old = admin.create_token("agent", nodes=[name])
+        token_file.write_text(str(old["token"]) + "\n")
+        config = AgentConfig(server=url, token_file=token_file)
+        with TopoplaceClient(url, timeout=5.0, token=config.token()) as client:
+            agent = Agent(
+                SimSource("hgx-h100", Identity(name)),
+                client,
+                NodeKey.generate(),
+                name,
+                interval_s=5.0,
+                backoff=Backoff(0.01, 0.05, random.Random(1)),
+                reload_token=TokenFile(config, client).reload,
+            )
+            assert agent.step() == 5.0
+            new = admin.create_token("agent", nodes=[name])
+            token_file.write_text(str(new["token"]) + "\n")
+            admin.revoke_token(str(old["id"]))
+            assert agent.step() < 5.0  # refused: the file is read again
+            assert agent.step() == 5.0  # the heartbeat, with the new token
+            assert agent.step() == 5.0
