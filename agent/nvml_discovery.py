@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import pynvml  # type: ignore[import-untyped]
+from pydantic import ValidationError
 
 from agent.host import Host, HostFacts
 from agent.nvml_api import Nvml
@@ -317,13 +318,20 @@ def _fabric(nvml: Nvml, reading: _Reading) -> Fabric | None:
     state = _FABRIC_STATES.get(int(info.state), "not_supported")
     if state == "not_supported":
         return None
-    return Fabric(
-        cluster_uuid=str(uuidlib.UUID(bytes=bytes(info.clusterUuid))),
-        clique_id=int(info.cliqueId),
-        state=state,
-        healthy=int(info.status) == pynvml.NVML_SUCCESS
-        and int(info.healthSummary) in _FABRIC_HEALTHY,
-    )
+    try:
+        return Fabric(
+            cluster_uuid=str(uuidlib.UUID(bytes=bytes(info.clusterUuid))),
+            clique_id=int(info.cliqueId),
+            state=state,
+            healthy=int(info.status) == pynvml.NVML_SUCCESS
+            and int(info.healthSummary) in _FABRIC_HEALTHY,
+        )
+    except ValidationError as exc:
+        # A clique id past 2^31 - 1 (NVML's is unsigned 32-bit): the fabric is left out,
+        # as any fabric NVML cannot vouch for, not the node's round failed.
+        first = exc.errors()[0]
+        reading.notes.append(f"fabric {first['loc'][0]} {first['input']!r}: {first['msg']}")
+        return None
 
 
 def _fill_unknown(readings: list[_Reading], known: Mapping[int, Gpu], node: str) -> None:

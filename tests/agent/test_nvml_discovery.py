@@ -11,6 +11,7 @@ from agent.nvml_fake import FakeNvml, fake_host
 from agent.sources import Identity, NvmlSource
 from placement import Health, NodeSnapshot
 from placement.profiles import build_profile, profile_names
+from placement.snapshot import Fabric
 
 
 def _source(profile: str, name: str = "n1") -> tuple[FakeNvml, NvmlSource, NodeSnapshot]:
@@ -314,3 +315,14 @@ def test_a_lost_gpu_never_takes_the_identity_another_gpu_reports_after_the_count
     assert got.gpus[4].uuid == snap.gpus[5].uuid and got.gpus[4].health is Health.HEALTHY
     assert got.gpus[5].health is Health.UNHEALTHY
     assert got.gpus[5].uuid not in {g.uuid for g in got.gpus if g.index != 5}
+
+
+def test_a_fabric_clique_id_past_what_a_snapshot_carries_leaves_the_fabric_out() -> None:
+    # NVML's clique id is an unsigned 32-bit number; a snapshot's counts stop at 2^31 - 1.
+    fake, source, _ = _source("gb200-tray")
+    fabric = fake.gpus[1].fabric
+    assert fabric is not None
+    fake.gpus[1].fabric = Fabric.model_construct(**{**fabric.model_dump(), "clique_id": 2**32 - 1})
+    got = source.read()
+    assert got.gpus[1].health is Health.HEALTHY and "fabric" in got.gpus[1].health_reason
+    assert got.fabric == fabric  # the other GPUs still say which domain the node is in
