@@ -76,6 +76,7 @@ _FABRIC_HEALTHY = (
 TEXT_LIMIT = 128
 BUS_ID_LIMIT = 64
 VERSION_LIMIT = 64  # the snapshot's driver_version
+MEMORY_MIB_LIMIT = 2**31 - 1  # a snapshot's counts are 32-bit
 
 
 class DiscoveryError(RuntimeError):
@@ -181,7 +182,7 @@ def _read_gpu(
         model = call("nvmlDeviceGetName", nvml.nvmlDeviceGetName, handle)
         reading.model = text("nvmlDeviceGetName", model, TEXT_LIMIT)
         memory = call("nvmlDeviceGetMemoryInfo", nvml.nvmlDeviceGetMemoryInfo, handle)
-        reading.memory_mib = int(memory.total) // (1024 * 1024)
+        reading.memory_mib = _memory_mib(int(memory.total))
         pci = call("nvmlDeviceGetPciInfo", nvml.nvmlDeviceGetPciInfo, handle)
         reading.bus_id = normalize_bus_id(text("nvmlDeviceGetPciInfo", pci.busId, BUS_ID_LIMIT))
         reading.mig_enabled = _mig_mode(nvml, handle)
@@ -196,6 +197,14 @@ def _read_gpu(
     except GpuLost as exc:
         reading.lost = f"GPU is lost: {exc}"
     return reading
+
+
+def _memory_mib(total_bytes: int) -> int:
+    """The GPU's memory in MiB; ``Unusable`` past what a snapshot carries (2^31 - 1 MiB)."""
+    mib = total_bytes // (1024 * 1024)
+    if mib > MEMORY_MIB_LIMIT:
+        raise Unusable(f"nvmlDeviceGetMemoryInfo answered {total_bytes} bytes, past any GPU's")
+    return mib
 
 
 def _mig_mode(nvml: Nvml, handle: Any) -> bool:

@@ -326,3 +326,12 @@ def test_a_fabric_clique_id_past_what_a_snapshot_carries_leaves_the_fabric_out()
     got = source.read()
     assert got.gpus[1].health is Health.HEALTHY and "fabric" in got.gpus[1].health_reason
     assert got.fabric == fabric  # the other GPUs still say which domain the node is in
+
+
+def test_a_gpu_memory_size_past_what_a_snapshot_carries_makes_it_unhealthy() -> None:
+    fake, source, _ = _source("hgx-h100")
+    fake.gpus[4].memory_mib = 2**40  # a garbage total: 1 ZiB
+    got = source.read()
+    assert got.gpus[4].health is Health.UNHEALTHY
+    assert "nvmlDeviceGetMemoryInfo" in got.gpus[4].health_reason
+    assert got.gpus[4].memory_mib == 0 and got.gpus[3].health is Health.HEALTHY
