@@ -42,6 +42,9 @@ def load_topology(
             return NodeSnapshot.model_validate(json.loads(text))
         except json.JSONDecodeError as exc:
             raise TopologyFileError(f"{path}: line {exc.lineno}: invalid JSON: {exc.msg}") from None
+        except RecursionError:
+            # The reader recurses per nesting level: a file of brackets would be a traceback.
+            raise TopologyFileError(f"{path}: invalid JSON: nested too deeply") from None
         except ValidationError as exc:
             first = exc.errors()[0]
             where = ".".join(str(p) for p in first["loc"]) or "snapshot"

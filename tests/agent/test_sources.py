@@ -62,3 +62,12 @@ def test_smi_source_keeps_a_snapshot_files_own_facts(tmp_path: Path) -> None:
     path.write_text(build_profile("gb200-tray", "other").model_dump_json())
     snap = SmiSource(path, IDENTITY, "unknown", HostFacts("here", "x86_64")).read()
     assert snap.name == "n1" and snap.cpu_isa == "aarch64" and snap.hostname == "other"
+
+
+def test_a_snapshot_file_nested_past_the_json_readers_depth_is_bad_settings(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "deep.json"
+    path.write_text('{"gpus": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    with pytest.raises(SourceError, match="nested too deeply"):
+        open_source(f"smi:{path}", IDENTITY)
