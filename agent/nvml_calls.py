@@ -44,6 +44,16 @@ def call(name: str, fn: Callable[..., T], *args: Any) -> T:
         raise Unusable(f"{name} answered bytes that are not UTF-8") from None
 
 
+def field_text(name: str, struct: Any, attribute: str, max_length: int) -> str:
+    """A string field of an NVML structure, as ``text`` checks it: pynvml decodes the field
+    as UTF-8 when it is read, so bytes that are not UTF-8 raise there, not in the call."""
+    try:
+        value = getattr(struct, attribute)
+    except UnicodeDecodeError:
+        raise Unusable(f"{name} answered bytes that are not UTF-8") from None
+    return text(name, value, max_length)
+
+
 def text(name: str, value: object, max_length: int) -> str:
     """A string NVML answered, as a snapshot can carry it; ``Unusable`` otherwise.
 

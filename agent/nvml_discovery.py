@@ -43,7 +43,16 @@ from pydantic import ValidationError
 
 from agent.host import Host, HostFacts
 from agent.nvml_api import Nvml
-from agent.nvml_calls import ABSENT, NO_SUCH_LINK, GpuLost, Unusable, call, optional, text
+from agent.nvml_calls import (
+    ABSENT,
+    NO_SUCH_LINK,
+    GpuLost,
+    Unusable,
+    call,
+    field_text,
+    optional,
+    text,
+)
 from agent.nvml_mig import read_migs
 from placement.cpuset import parse_cpuset
 from placement.snapshot import CpuLink, Fabric, FabricState, Gpu, Health, MigInstance, NumaNode
@@ -184,7 +193,8 @@ def _read_gpu(
         memory = call("nvmlDeviceGetMemoryInfo", nvml.nvmlDeviceGetMemoryInfo, handle)
         reading.memory_mib = _memory_mib(int(memory.total))
         pci = call("nvmlDeviceGetPciInfo", nvml.nvmlDeviceGetPciInfo, handle)
-        reading.bus_id = normalize_bus_id(text("nvmlDeviceGetPciInfo", pci.busId, BUS_ID_LIMIT))
+        bus_id = field_text("nvmlDeviceGetPciInfo", pci, "busId", BUS_ID_LIMIT)
+        reading.bus_id = normalize_bus_id(bus_id)
         reading.mig_enabled = _mig_mode(nvml, handle)
     except GpuLost as exc:
         reading.lost = f"GPU is lost: {exc}"
@@ -292,7 +302,8 @@ def _read_nvlinks(nvml: Nvml, reading: _Reading, bus_ids: set[str]) -> None:
                 handle,
                 link,
             )
-            remote = normalize_bus_id(str(pci.busId))
+            name = "nvmlDeviceGetNvLinkRemotePciInfo"
+            remote = normalize_bus_id(field_text(name, pci, "busId", BUS_ID_LIMIT))
             if remote in bus_ids:
                 reading.peer_links[remote] += 1
             elif remote_type != pynvml.NVML_NVLINK_DEVICE_TYPE_GPU:
@@ -301,7 +312,7 @@ def _read_nvlinks(nvml: Nvml, reading: _Reading, bus_ids: set[str]) -> None:
             continue
         except GpuLost:
             raise
-        except pynvml.NVMLError as exc:
+        except (pynvml.NVMLError, Unusable) as exc:
             reading.notes.append(f"NVLink {link} unhealthy: {exc}")
 
 

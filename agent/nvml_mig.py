@@ -83,9 +83,11 @@ def _profile_names(nvml: Nvml, parent: Any) -> dict[int, str]:
     for profile in range(pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT):
         try:
             info = nvml.nvmlDeviceGetGpuInstanceProfileInfo(parent, profile)
+            name = str(info.name).strip()
         except pynvml.NVMLError:
             continue  # not offered by this GPU
-        name = str(info.name).strip()
+        except UnicodeDecodeError:
+            continue  # a name pynvml cannot decode: the MIG device's own name is used
         names[int(info.id)] = name.split()[-1].lower() if name else ""
     return names
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pynvml
 import pytest
 
@@ -335,3 +337,60 @@ def test_a_gpu_memory_size_past_what_a_snapshot_carries_makes_it_unhealthy() -> 
     assert got.gpus[4].health is Health.UNHEALTHY
     assert "nvmlDeviceGetMemoryInfo" in got.gpus[4].health_reason
     assert got.gpus[4].memory_mib == 0 and got.gpus[3].health is Health.HEALTHY
+
+
+def _undecodable_bus_id() -> Any:
+    """A PCI info whose bus id is not UTF-8: pynvml raises on reading the field."""
+    info = pynvml.nvmlPciInfo_t()
+    info.busId = b"0000\xff:18:00.0"
+    return info
+
+
+def test_a_pci_bus_id_that_is_not_utf8_makes_the_gpu_unhealthy_not_a_failed_round(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fake, source, _ = _source("hgx-h100")
+    real = fake.nvmlDeviceGetPciInfo
+    monkeypatch.setattr(
+        fake,
+        "nvmlDeviceGetPciInfo",
+        lambda handle: _undecodable_bus_id() if handle.index == 2 else real(handle),
+    )
+    got = source.read()
+    assert got.gpus[2].health is Health.UNHEALTHY and "not UTF-8" in got.gpus[2].health_reason
+    assert got.gpus[3].health is Health.HEALTHY
+
+
+def test_an_nvlink_remote_bus_id_that_is_not_utf8_leaves_that_link_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fake, source, snap = _source("dgx1-v100")
+    real = fake.nvmlDeviceGetNvLinkRemotePciInfo
+
+    def remote(handle: Any, link: int) -> Any:
+        if handle.index == 0 and link == 0:
+            return _undecodable_bus_id()
+        return real(handle, link)
+
+    monkeypatch.setattr(fake, "nvmlDeviceGetNvLinkRemotePciInfo", remote)
+    got = source.read()
+    assert got.gpus[0].health is Health.HEALTHY
+    assert "NVLink 0 unhealthy" in got.gpus[0].health_reason
+    assert got.links[2][3] == snap.links[2][3]
+
+
+def test_a_mig_profile_name_that_is_not_utf8_falls_back_to_the_device_name(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fake, source, snap = _source("hgx-h100-mig")
+    real = fake.nvmlDeviceGetGpuInstanceProfileInfo
+
+    def profile(device: Any, index: int, version: int = 2) -> Any:
+        info = real(device, index, version)
+        if device.index == 3:
+            info.name = b"MIG \xff"
+        return info
+
+    monkeypatch.setattr(fake, "nvmlDeviceGetGpuInstanceProfileInfo", profile)
+    got = source.read()
+    assert [m.profile for m in got.mig_instances] == [m.profile for m in snap.mig_instances]
