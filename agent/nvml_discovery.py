@@ -75,6 +75,7 @@ _FABRIC_STATES: dict[int, FabricState] = {
     pynvml.NVML_GPU_FABRIC_STATE_IN_PROGRESS: "in_progress",
     pynvml.NVML_GPU_FABRIC_STATE_COMPLETED: "completed",
 }
+_NO_SUMMARY = pynvml.NVML_GPU_FABRIC_HEALTH_SUMMARY_NOT_SUPPORTED  # v2 has no summary
 _FABRIC_HEALTHY = (
     pynvml.NVML_GPU_FABRIC_HEALTH_SUMMARY_NOT_SUPPORTED,
     pynvml.NVML_GPU_FABRIC_HEALTH_SUMMARY_HEALTHY,
@@ -329,11 +330,28 @@ def _remote_type(nvml: Nvml, handle: Any, link: int) -> int | None:
     return None if value == pynvml.NVML_NVLINK_DEVICE_TYPE_UNKNOWN else value
 
 
-def _fabric(nvml: Nvml, reading: _Reading) -> Fabric | None:
+def _fabric_info(nvml: Nvml, reading: _Reading) -> Any:
+    """The GPU's fabric info, v3 (with the health summary) or, from a driver that predates
+    it (ArgumentVersionMismatch), v2; None when absent or failing (noted)."""
+    name, fill = "nvmlDeviceGetGpuFabricInfoV", nvml.nvmlDeviceGetGpuFabricInfoV
     info = pynvml.c_nvmlGpuFabricInfo_v3_t()
-    fill = nvml.nvmlDeviceGetGpuFabricInfoV
-    done = optional(reading.notes, "nvmlDeviceGetGpuFabricInfoV", fill, reading.handle, info)
-    if done is None:
+    try:
+        call(name, fill, reading.handle, info)
+        return info
+    except pynvml.NVMLError_ArgumentVersionMismatch:
+        info = pynvml.c_nvmlGpuFabricInfo_v2_t()
+    except ABSENT:
+        return None
+    except pynvml.NVMLError as exc:
+        reading.notes.append(f"{name}: {exc}")
+        return None
+    done = optional(reading.notes, name, fill, reading.handle, info)
+    return None if done is None else info
+
+
+def _fabric(nvml: Nvml, reading: _Reading) -> Fabric | None:
+    info = _fabric_info(nvml, reading)
+    if info is None:
         return None
     state = _FABRIC_STATES.get(int(info.state), "not_supported")
     if state == "not_supported":
@@ -344,7 +362,7 @@ def _fabric(nvml: Nvml, reading: _Reading) -> Fabric | None:
             clique_id=int(info.cliqueId),
             state=state,
             healthy=int(info.status) == pynvml.NVML_SUCCESS
-            and int(info.healthSummary) in _FABRIC_HEALTHY,
+            and int(getattr(info, "healthSummary", _NO_SUMMARY)) in _FABRIC_HEALTHY,
         )
     except ValidationError as exc:
         # A clique id past 2^31 - 1 (NVML's is unsigned 32-bit): the fabric is left out,

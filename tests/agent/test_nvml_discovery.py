@@ -394,3 +394,21 @@ def test_a_mig_profile_name_that_is_not_utf8_falls_back_to_the_device_name(
     monkeypatch.setattr(fake, "nvmlDeviceGetGpuInstanceProfileInfo", profile)
     got = source.read()
     assert [m.profile for m in got.mig_instances] == [m.profile for m in snap.mig_instances]
+
+
+def test_a_driver_that_knows_only_the_v2_fabric_info_still_gives_the_fabric(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Drivers before the v3 structure (health summary) answer ArgumentVersionMismatch to it.
+    fake, source, snap = _source("gb200-tray")
+    real = fake.nvmlDeviceGetGpuFabricInfoV
+
+    def fabric_info(device: Any, info: Any) -> int:
+        if hasattr(info, "healthSummary"):
+            raise pynvml.NVMLError_ArgumentVersionMismatch()
+        return real(device, info)
+
+    monkeypatch.setattr(fake, "nvmlDeviceGetGpuFabricInfoV", fabric_info)
+    got = source.read()
+    assert got.fabric == snap.fabric
+    assert all(g.health_reason == "" for g in got.gpus)
