@@ -25,6 +25,7 @@ from typing import Protocol
 
 from placement.cpuset import CpusetError, parse_cpuset
 from placement.snapshot import CpuIsa, Nic, NumaNode
+from placement.text import forbidden_character
 
 _ISA_ALIASES: dict[str, CpuIsa] = {
     "x86_64": "x86_64",
@@ -102,7 +103,7 @@ class SysfsHost:
 
     def facts(self) -> HostFacts:
         return HostFacts(
-            hostname=socket.gethostname(),
+            hostname=_hostname(),
             cpu_isa=cpu_isa(self.machine),
             numa_nodes=tuple(self._numa_nodes()),
         )
@@ -185,6 +186,16 @@ class SysfsHost:
             return "PHB"  # they meet only at the root complex
         below = max(len(a), len(b)) - common
         return "PIX" if below <= 2 else "PXB"
+
+
+def _hostname() -> str:
+    """The host name as a snapshot carries it: at most 253 characters, control characters
+    and the lone surrogates of non-UTF-8 bytes escaped, so an odd name set on the machine
+    does not fail every round."""
+    name = socket.gethostname()
+    if forbidden_character(name) is not None:
+        name = name.encode("unicode_escape", "backslashreplace").decode("ascii")
+    return name[:253]
 
 
 def _node_number(entry: str) -> int:

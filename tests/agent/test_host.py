@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from agent.host import HostError, SysfsHost, cpu_isa, sysfs_bus_id
+from placement.text import forbidden_character
 
 # Socket 0 has one root complex: a PCIe switch holding GPU 0
 # and mlx5_0 side by side, behind it a second switch level holding GPU 1;
@@ -108,3 +109,15 @@ def test_cpu_isa_names() -> None:
 def test_sysfs_bus_id() -> None:
     assert sysfs_bus_id("00000000:1A:00.0") == "0000:1a:00.0"
     assert sysfs_bus_id("00000008:01:00.0") == "0008:01:00.0"
+
+
+@pytest.mark.parametrize("name", ["gpu-07\udcff", "gpu-07\x1b[2J", "g" * 300])
+def test_a_host_name_no_snapshot_can_carry_is_escaped_not_a_failed_round(
+    root: Path, monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    # A name set with non-UTF-8 bytes comes back from Python with lone surrogates, which
+    # the snapshot refuses like control characters: every round would fail.
+    monkeypatch.setattr("agent.host.socket.gethostname", lambda: name)
+    hostname = SysfsHost(root, machine="x86_64").facts().hostname
+    assert hostname.startswith("g") and forbidden_character(hostname) is None
+    assert len(hostname) <= 253
