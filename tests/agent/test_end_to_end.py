@@ -264,3 +264,32 @@ def test_a_rotated_token_file_is_read_again_when_the_old_token_is_revoked(
             assert agent.step() < 5.0  # refused: the file is read again
             assert agent.step() == 5.0  # the heartbeat, with the new token
             assert agent.step() == 5.0
+
+
+def test_an_agent_restarted_behind_the_stored_seq_continues_after_it(server: str) -> None:
+    """A new process whose clock stepped back an hour: its first snapshot's seq is older than
+    the stored one, the service says so (409 with the stored seq), and the next is taken;
+    --once does the same in one call."""
+    key = NodeKey.generate()
+    name = "e2e-clock-back"
+    now = 1_900_000_000.0
+    with TopoplaceClient(server, timeout=5.0) as client:
+
+        def agent(at: float) -> Agent:
+            return Agent(
+                SimSource("hgx-h100", Identity(name)),
+                client,
+                key,
+                name,
+                interval_s=5.0,
+                backoff=Backoff(0.01, 0.05, random.Random(1)),
+                clock=lambda: at,
+            )
+
+        assert agent(now).step() == 5.0
+        stored = client.node(name)["seq"]
+        behind = agent(now - 3600)
+        assert behind.step() == 0.0  # refused as a replay: continue after the stored seq
+        assert behind.step() == 5.0
+        assert client.node(name)["seq"] == stored + 1
+        assert agent(now - 7200).send_once()["seq"] == stored + 2
