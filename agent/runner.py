@@ -140,6 +140,8 @@ class Agent:
         self.key_problem_logged_at: float | None = None
         # Re-reads the token file after a 401; whether the token changed (a rotation).
         self.reload_token = reload_token
+        # Whether a refusal was retried without a pause since a round last went through.
+        self.retried_at_once = False
 
     # -- one round -------------------------------------------------------------
 
@@ -164,6 +166,7 @@ class Agent:
             log.exception("unexpected error talking to the service; retrying")
             return self.backoff.next()
         self.backoff.reset()
+        self.retried_at_once = False
         return self.interval_s
 
     def _register_key(self) -> None:
@@ -276,9 +279,9 @@ class Agent:
             # The service has no key for the node (e.g. its database was reset): register again.
             log.warning("the service has no public key for node %s; registering it", self.name)
             self.key_registered = False
-            return 0.0
+            return self._at_once()
         if self._continue_after_stored_seq(exc):
-            return 0.0
+            return self._at_once()
         if exc.status == 401 and self.reload_token is not None and self.reload_token():
             # A rotated token: the old one is revoked once the new one is deployed, and
             # an agent that kept the old one would never be heard again until restarted.
@@ -289,6 +292,15 @@ class Agent:
         else:
             log.error("the service refused (%s): %s; retrying", exc.code, exc.message)
         return self.backoff.next()
+
+    def _at_once(self) -> float:
+        """No pause for the first refusal that the next try mends (a key to register again,
+        a seq to continue after), the backoff for any more before a round goes through: a
+        service that keeps answering so must not get a loop of requests without a pause."""
+        if self.retried_at_once:
+            return self.backoff.next()
+        self.retried_at_once = True
+        return 0.0
 
     def _continue_after_stored_seq(self, exc: ApiError) -> bool:
         """Whether ``exc`` says the service holds this seq or a later one (our clock went

@@ -297,3 +297,30 @@ def test_send_once_after_the_clock_went_back_continues_after_the_stored_seq() ->
     assert answer["seq"] == stored + 1
     snapshot, signature = service.snapshots()[-1]
     assert snapshot["seq"] == stored + 1 and verify(agent.key.public_key, snapshot, signature)
+
+
+@pytest.mark.parametrize(
+    "refusal",
+    [
+        ApiError("node_key_required", "node 'n1' has no registered key", 403),
+        ApiError("replayed_snapshot", "not newer", 409, {"field": "snapshot.seq", "stored_seq": 5}),
+    ],
+)
+def test_a_refusal_retried_at_once_that_comes_back_backs_off_instead_of_spinning(
+    refusal: ApiError,
+) -> None:
+    # A service that keeps answering so (its key or seq store behind a balancer that
+    # alternates between databases, or an admin racing the agent) gets one immediate retry,
+    # then the usual backoff: never a loop of requests without a pause.
+    service = ScriptedService()
+    agent = _agent(service)
+    agent._register_key()
+    delays = []
+    for _ in range(4):
+        service.failures = [refusal]
+        delays.append(agent.step())
+    assert delays[0] == 0.0
+    assert all(d > 0 for d in delays[1:]), delays
+    assert agent.step() == 5.0  # taken: the next refusal is retried at once again
+    service.failures = [refusal]
+    assert agent.step() == 0.0
