@@ -91,6 +91,12 @@ class Backoff:
         self.failures = 0
 
 
+def _due(last: float | None, now: float, every_s: float) -> bool:
+    """Whether something done at ``last`` is due again at ``now``. A clock stepped back
+    (``now`` before ``last``) makes it due: else it would wait as long as the step."""
+    return last is None or not 0 <= now - last < every_s
+
+
 def content_hash(snap: NodeSnapshot) -> str:
     """What changes when the node changes: everything but seq and timestamp."""
     body = snap.model_dump(mode="json", exclude={"seq", "timestamp"})
@@ -203,8 +209,7 @@ class Agent:
     def _key_not_accepted(self, exc: KeyRefused) -> float:
         """Loud, but once per KEY_ERROR_EVERY_S: the agent retries every round until it is fixed."""
         now = self.clock()
-        last = self.key_problem_logged_at
-        if last is None or now - last >= KEY_ERROR_EVERY_S:
+        if _due(self.key_problem_logged_at, now, KEY_ERROR_EVERY_S):
             log.error("%s; nothing is reported until then (retrying)", exc)
             self.key_problem_logged_at = now
         else:
@@ -237,7 +242,7 @@ class Agent:
         if self.telemetry is None:
             return None
         now = self.clock()
-        if self.telemetry_at is not None and now - self.telemetry_at < self.telemetry_interval_s:
+        if not _due(self.telemetry_at, now, self.telemetry_interval_s):
             return None
         self.telemetry_at = now
         return self.telemetry() or None

@@ -123,3 +123,30 @@ def test_counters_ride_on_a_heartbeat_at_most_once_per_interval(interval_s: floa
     gaps = [b - a for a, b in itertools.pairwise(sent_at)]
     assert sent_at and all(gap >= interval_s for gap in gaps)
     assert len(sent_at) >= int(95 // (interval_s + 5.0))
+
+
+def test_counters_are_not_held_back_for_as_long_as_the_clock_stepped_back() -> None:
+    profile = build_profile("dgx1-v100", "n1")
+    source = NvmlSource(_fake(), fake_host(profile), Identity("n1"))
+    service, clock = TelemetryService(), Clock()
+    agent = Agent(
+        source,
+        service,
+        NodeKey.generate(),
+        "n1",
+        interval_s=5.0,
+        backoff=Backoff(1.0, 8.0, random.Random(7)),
+        clock=clock,
+        telemetry=source.nvlink,
+        telemetry_interval_s=30.0,
+    )
+    agent.step()  # key and snapshot
+    agent.step()
+    assert service.calls[-1][1] is not None  # counters with the first heartbeat
+    clock.now -= 3600.0  # NTP steps the clock back an hour
+    sent = []
+    for _ in range(8):  # 40 s of rounds
+        clock.now += 5.0
+        agent.step()
+        sent.append(service.calls[-1][1] is not None)
+    assert any(sent), "no counters for as long as the clock went back"

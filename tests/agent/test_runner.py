@@ -324,3 +324,16 @@ def test_a_refusal_retried_at_once_that_comes_back_backs_off_instead_of_spinning
     assert agent.step() == 5.0  # taken: the next refusal is retried at once again
     service.failures = [refusal]
     assert agent.step() == 0.0
+
+
+def test_a_refused_key_is_logged_again_after_the_clock_stepped_back(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    service = ScriptedService()
+    service.keys["n1"] = NodeKey.generate().public_key
+    clock = Clock()
+    agent = _agent(service, clock=clock)
+    agent.step()
+    clock.now -= 3600.0  # NTP steps the clock back an hour: the error is not muted that long
+    agent.step()
+    assert len([r for r in caplog.records if r.levelname == "ERROR"]) == 2
