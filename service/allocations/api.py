@@ -48,14 +48,20 @@ from service.state import ServiceState
 
 __all__ = [
     "Flow",
+    "ObservedJob",
     "Step",
     "attach",
     "await_step",
+    "by_ids",
     "confirm",
     "extend",
     "get",
+    "gpus_truth",
     "listing",
+    "live",
+    "mig_truth",
     "observe",
+    "observe_all",
     "place",
     "place_async",
     "placing",
@@ -90,6 +96,12 @@ def _publish_ids(state: ServiceState, type_: EventType, ids: Sequence[str]) -> N
 
 get = queries.get
 listing = queries.listing
+by_ids = queries.by_ids
+live = queries.live
+# A job's truth taken from what its scheduler runs, for ``observe_all``.
+ObservedJob = lifecycle.ObservedJob
+gpus_truth = lifecycle.gpus_truth
+mig_truth = lifecycle.mig_truth
 score = scoring.score
 score_json = scoring.score_json
 
@@ -264,7 +276,7 @@ def observe_task(
     return observation
 
 
-def observe_all(state: ServiceState, jobs: list[lifecycle.ObservedJob]) -> list[Observation]:
+def observe_all(state: ServiceState, jobs: list[ObservedJob]) -> list[Observation]:
     """Several jobs' truths (``lifecycle.gpus_truth``, ``lifecycle.mig_truth``) taken in
     one transaction (lifecycle.observe_all), with the events of ``observe`` for each."""
     observations = lifecycle.observe_all(state, jobs)

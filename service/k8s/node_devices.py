@@ -19,10 +19,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
+from placement.request import MAX_TASKS
 from placement.snapshot import NodeSnapshot
 from service.allocations import api as allocations
-from service.allocations import lifecycle
-from service.allocations.lifecycle import ObservedJob
 from service.allocations.results import Allocation, Observation
 from service.errors import BadRequest, Conflict, NotFound
 from service.k8s.bind import ALLOCATION_ANNOTATION, GPUS_ANNOTATION
@@ -35,7 +34,7 @@ from service.k8s.device_schemas import (
     PodOutcome,
     PodReservation,
 )
-from service.k8s.gang import TASK_ANNOTATION
+from service.k8s.gang import TASK_ANNOTATION, task_number
 from service.k8s.kube_api import KubeApi, KubeApiError, KubeConfigError
 from service.k8s.pod_request import GANG
 from service.k8s.reconcile import POD_OWNER
@@ -199,7 +198,7 @@ class _Pending:
     pod: PodDevices
     outcome: PodOutcome
     reserved: list[str]
-    job: ObservedJob
+    job: allocations.ObservedJob
 
 
 def report(
@@ -276,10 +275,10 @@ def _reconcile_pod(
     named = [allocation.id] if allocation is not None else []
     reason = f"observed: the kubelet gave pod {pod.namespace}/{pod.name} these devices"
     if mig:
-        job = lifecycle.mig_truth(state, job_id, owner, node, mig, named, reason)
+        job = allocations.mig_truth(state, job_id, owner, node, mig, named, reason)
     else:
         indices = sorted(by_uuid[d] for d in pod.devices)
-        job = lifecycle.gpus_truth(state, job_id, owner, {node: indices}, named, reason)
+        job = allocations.gpus_truth(state, job_id, owner, {node: indices}, named, reason)
     return _Pending(pod, outcome, reserved, job)
 
 
@@ -349,9 +348,9 @@ def _reconcile_member(
     which). When the kubelet gave it others, that task alone moves onto them."""
     allocation_id = str(annotations.get(ALLOCATION_ANNOTATION, ""))
     was = [g for g in str(annotations.get(GPUS_ANNOTATION, "")).split(",") if g]
-    task = str(annotations.get(TASK_ANNOTATION, ""))
+    task = task_number(annotations.get(TASK_ANNOTATION, ""), MAX_TASKS)
     outcome.allocation_id = allocation_id or None
-    if not allocation_id or not task.isdigit():
+    if not allocation_id or task is None:
         outcome.action = "deferred"
         outcome.message = (
             f"the gang member is not bound by topoplace yet (no {TASK_ANNOTATION} annotation)"
@@ -368,7 +367,7 @@ def _reconcile_member(
         observation = allocations.observe_task(
             state,
             allocation_id,
-            int(task),
+            task,
             node,
             sorted(by_uuid[d] for d in pod.devices),
             f"observed: the kubelet gave gang member {pod.namespace}/{pod.name} these GPUs",

@@ -21,7 +21,6 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from service.allocations import api as allocations
-from service.allocations import queries
 from service.allocations.results import Allocation
 from service.audit.actor import acting, service_task
 from service.errors import BadRequest, Conflict
@@ -110,7 +109,7 @@ def _ended_since(state: ServiceState, found: truth.JobTruth, taken_at: datetime)
     often), so the answer is older than what the service knows."""
     mine = [
         *allocations.listing(state, found.job_id, None, None, _LISTED),
-        *queries.by_ids(state, found.named),
+        *allocations.by_ids(state, found.named),
     ]
     return any(a.ended_at is not None and a.ended_at >= taken_at for a in mine)
 
@@ -170,7 +169,7 @@ def reconcile(
         i for j in finished for i in allocation_ids(str(j.get("admin_comment") or ""))
     }
     finished_ids = {str(j.get("job_id")) for j in finished} - unfinished
-    current = queries.live(state)
+    current = allocations.live(state)
     held_by_job: dict[str, dict[str, list[int]]] = {}
     for allocation in current:
         if allocation.job_id is not None:
@@ -191,7 +190,7 @@ def reconcile(
             # kept: the others' records and releases go on.
             log.warning("reconcile: job %s not recorded: %s", job.get("job_id"), exc)
     if observed:
-        current = queries.live(state)
+        current = allocations.live(state)
     released: list[str] = []
     for allocation in current:
         if not (allocation.owner or "").startswith(OWNER_PREFIX):

@@ -18,7 +18,6 @@ from typing import Any
 
 from placement.snapshot import MAX_GPUS
 from service.allocations import api as allocations
-from service.allocations import queries
 from service.allocations.results import Observation
 from service.slurm.schemas import MAX_USER_NAME
 from service.slurm.service import OWNER_PREFIX
@@ -139,7 +138,7 @@ def users_own(state: ServiceState, truth: JobTruth) -> JobTruth:
     owner = f"{OWNER_PREFIX}{truth.user_name}"
     kept = [
         a.id
-        for a in queries.by_ids(state, truth.named)
+        for a in allocations.by_ids(state, truth.named)
         if a.owner == owner and a.job_id in (None, truth.job_id)
     ]
     return replace(truth, named=kept)
