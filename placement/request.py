@@ -31,7 +31,8 @@ NumaMode = Literal["required", "preferred", "ignore"]
 # Every bound is far below what a signed 64-bit database column holds.
 MAX_GPU_MEMORY_MIB = 2**31 - 1  # 2 PiB: well above any GPU
 GpuCount = Annotated[int, Field(strict=True, ge=1, le=64), WHOLE]
-TaskCount = Annotated[int, Field(strict=True, ge=1, le=4096), WHOLE]
+MAX_TASKS = 4096  # tasks of one request (a gang's members)
+TaskCount = Annotated[int, Field(strict=True, ge=1, le=MAX_TASKS), WHOLE]
 CpuCount = Annotated[int, Field(strict=True, ge=0, le=4096), WHOLE]
 MemoryMib = Annotated[int, Field(strict=True, ge=0, le=MAX_GPU_MEMORY_MIB), WHOLE]
 Name = Annotated[Text, Field(min_length=1, max_length=253)]

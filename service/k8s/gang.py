@@ -330,13 +330,21 @@ def _claimed_task(pod: dict[str, Any], allocation: Allocation) -> int | None:
     notes = meta.get("annotations")
     if not isinstance(notes, dict) or notes.get(ALLOCATION_ANNOTATION) != allocation.id:
         return None
-    task = str(notes.get(TASK_ANNOTATION, ""))
-    if not (task.isascii() and task.isdigit()) or len(task) > len(str(len(allocation.tasks))):
-        return None
-    index = int(task)
-    if index >= len(allocation.tasks) or spec.get("nodeName") != allocation.tasks[index].node:
+    index = task_number(notes.get(TASK_ANNOTATION, ""), len(allocation.tasks))
+    if index is None or spec.get("nodeName") != allocation.tasks[index].node:
         return None
     return index
+
+
+def task_number(text: object, tasks: int) -> int | None:
+    """The task a gang-task annotation names among ``tasks``: plain ASCII digits below
+    ``tasks``, else None. The annotation is the pod owner's to write: a superscript digit
+    passes ``isdigit`` and fails ``int``, and a long one fails ``int`` too."""
+    task = str(text)
+    if not (task.isascii() and task.isdigit()) or len(task) > len(str(tasks)):
+        return None
+    index = int(task)
+    return index if index < tasks else None
 
 
 def _only(names: list[str], room: Counter[str], elsewhere: str) -> Judgement:

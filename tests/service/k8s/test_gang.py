@@ -209,6 +209,25 @@ def test_a_member_reported_from_another_node_moves_nothing(fleet: TestClient, ku
     assert fleet.get("/v1/k8s/mismatches").json()["counts"]["moved"] == 0
 
 
+@pytest.mark.parametrize("task", ["\u00b2", "9" * 5000, "-1"])
+def test_a_task_number_no_gang_has_moves_nothing_and_faults_no_report(
+    fleet: TestClient, kube: FakeKubeApi, task: str
+) -> None:
+    """A member's annotations are the pod owner's to write: a task number that is not a
+    plain one (a superscript digit, past what int() reads) is no task, said per pod,
+    and the node's report of its other pods goes through."""
+    node, _ = _member(fleet, kube, "ring-0")
+    before = _gang(fleet)
+    kube.pods[("ml-team", "ring-0")]["metadata"]["annotations"]["topoplace.io/gang-task"] = task
+    held = {d for t in before["tasks"] for d in t["gpu_uuids"]}
+    free = [
+        g["uuid"] for g in fleet.get(f"/v1/nodes/{node}").json()["gpus"] if g["uuid"] not in held
+    ]
+    outcome = _report(fleet, node, "ring-0", free[:2])
+    assert outcome["action"] == "deferred", outcome
+    assert _gang(fleet)["tasks"] == before["tasks"]
+
+
 @pytest.mark.parametrize("task", ["\u00b9", "7", "1"])
 def test_claims_are_rebuilt_only_from_members_bound_to_their_task(
     fleet: TestClient, kube: FakeKubeApi, task: str
