@@ -29,7 +29,6 @@ from slurm_formats.conf import gres_conf_lines, node_conf_line
 from slurm_formats.hostlist import expand
 from topoplace import client_cmd
 from topoplace.slurm_prolog import read_config  # stdlib-only: the prolog stays quick
-from topoplace_client.api import ApiError
 
 if TYPE_CHECKING:
     from topoplace_client.api import TopoplaceClient
@@ -152,6 +151,8 @@ def _releasable(client: TopoplaceClient, allocation_id: str, job: str, user: str
     """Whether an allocation the text names is this job's to end: made for the job's
     user (an owner never changes) and carried by no other job. Without the user
     ($SLURM_JOB_USER, --user) none is: the job's own carry its id once it has run."""
+    from topoplace_client.api import ApiError  # httpx is loaded only by a command using it
+
     if user is None:
         return False
     try:
