@@ -44,10 +44,15 @@ def meta_victims(full: Any, meta: Any) -> dict[str, MetaVictims]:
         if meta_form:
             uids = [str(p.get("UID", "")) for p in pods]
         else:
-            uids = [str((p.get("metadata") or {}).get("uid", "")) for p in pods]
+            uids = [_uid(p.get("metadata")) for p in pods]
         _plain(node, uids)
         out[node] = MetaVictims(Pods=[MetaPod(UID=u) for u in uids], NumPDBViolations=violations)
     return out
+
+
+def _uid(metadata: Any) -> str:
+    """A full Pod victim's UID; none when its metadata is not an object."""
+    return str(metadata.get("uid", "")) if isinstance(metadata, dict) else ""
 
 
 def _plain(node: str, uids: list[str]) -> None:

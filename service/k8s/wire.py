@@ -294,14 +294,26 @@ _NODE_LIST = {
         }
     },
 }
+_PLAIN = {"type": "string", "pattern": PLAIN_PATTERN}
+# A victim as either form names it (MetaPod's UID, a Pod's metadata.uid): looked up in the
+# database, so no control character (preempt refuses one with 400).
+_VICTIM = {
+    "type": "object",
+    "additionalProperties": True,
+    "properties": {
+        "UID": _PLAIN,
+        "metadata": {"type": "object", "additionalProperties": True, "properties": {"uid": _PLAIN}},
+    },
+}
 _VICTIMS = {
     "anyOf": [
         {
             "type": "object",
+            "propertyNames": {"pattern": PLAIN_PATTERN},
             "additionalProperties": {
                 "type": "object",
                 "properties": {
-                    "Pods": {"anyOf": [{"type": "array", "items": _OBJECT}, {"type": "null"}]},
+                    "Pods": {"anyOf": [{"type": "array", "items": _VICTIM}, {"type": "null"}]},
                     "NumPDBViolations": {
                         "type": "integer",
                         "minimum": 0,

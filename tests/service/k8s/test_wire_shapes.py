@@ -71,3 +71,12 @@ def test_meta_victims_are_answered_in_their_documented_shape(k8s_client: TestCli
 def test_odd_pods_are_not_faults(k8s_client: TestClient, pod: dict[str, Any], verb: str) -> None:
     response = k8s_client.post(f"/k8s/v1/{verb}", json={"Pod": pod, "NodeNames": ["n0"]})
     assert response.status_code < 500, response.text
+
+
+@pytest.mark.parametrize("metadata", ["x", 1.5, None, []])
+def test_a_victim_whose_metadata_is_not_an_object_is_not_a_fault(
+    k8s_client: TestClient, metadata: Any
+) -> None:
+    body = {"Pod": GPU_POD, "NodeNameToVictims": {"n0": {"Pods": [{"metadata": metadata}]}}}
+    response = k8s_client.post("/k8s/v1/preempt", json=body)
+    assert response.status_code < 500, response.text
