@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from typing import Annotated, Any
+from urllib.parse import parse_qsl
 
 from fastapi import APIRouter, Body, Depends, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
@@ -55,9 +56,26 @@ async def handle_job_submit(request: Request) -> Response:
     return await job_submit(job, await get_state(request), await get_settings(request), propose)
 
 
+# pydantic's strings for a boolean: ``propose`` is documented as one.
+_BOOLEAN = frozenset({"0", "off", "f", "false", "n", "no", "1", "on", "t", "true", "y", "yes"})
+
+
 def proposing(query: str) -> bool:
     """Whether ``?propose=`` is given and not false: the same reading as the access rule's,
-    which let a read-only token through for it."""
+    which let a read-only token through for it (any value true, repeated ones included).
+    A value that is no boolean is refused (422), as the document states it."""
+    for key, value in parse_qsl(query, keep_blank_values=True):
+        if key == "propose" and value.strip().lower() not in _BOOLEAN:
+            raise RequestValidationError(
+                [
+                    {
+                        "type": "bool_parsing",
+                        "loc": ("query", "propose"),
+                        "msg": "Input should be a valid boolean",
+                        "input": value,
+                    }
+                ]
+            )
     return flagged(query, "propose")
 
 

@@ -305,3 +305,23 @@ def test_a_read_only_token_gets_proposals_and_reserves_nothing(dgx1: TestClient)
         refused = dgx1.post(path, json=asked, headers=viewer)
         assert refused.status_code == 403, refused.text
     assert live(dgx1) == []
+
+
+@pytest.mark.parametrize("query", ["propose=%2CEr", "propose=maybe", "propose=1&propose=x"])
+def test_a_propose_that_is_no_boolean_is_refused_and_holds_nothing(
+    dgx1: TestClient, query: str
+) -> None:
+    body = {"tres_per_node": "gres:gpu:1", "min_nodes": NO_VAL, "user_name": "alice"}
+    refused = dgx1.post(f"/v1/slurm/job-submit?{query}", json=body)
+    assert refused.status_code == 422, refused.text
+    assert refused.json()["error"]["code"] == "invalid_request"
+    assert live(dgx1) == []
+
+
+def test_a_propose_repeated_is_a_proposal_if_any_says_so(dgx1: TestClient) -> None:
+    """The access rule lets a read-only token through when any value is true: the handler
+    reads it the same way, so such a call can never reserve."""
+    body = {"tres_per_node": "gres:gpu:1", "min_nodes": NO_VAL, "user_name": "alice"}
+    answer = dgx1.post("/v1/slurm/job-submit?propose=1&propose=0", json=body)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["allocation_ids"] == [] and live(dgx1) == []
