@@ -242,27 +242,10 @@ def observe(
     reason: str,
 ) -> Observation:
     """The scheduler runs ``job_id`` on ``gpus`` (node -> indices): make it so here
-    (lifecycle.observe). Events: the allocations it released first, then the one
-    that now holds the job (attached, moved, or placed when created)."""
-    observation = lifecycle.observe(state, job_id, owner, gpus, named, reason)
-    _publish_observation(state, observation)
-    return observation
-
-
-def observe_mig(
-    state: ServiceState,
-    job_id: str,
-    owner: str,
-    node: str,
-    mig_uuids: list[str],
-    named: list[str],
-    reason: str,
-) -> Observation:
-    """The scheduler (the kubelet) runs ``job_id`` on these MIG instances of ``node``:
-    make it so here (lifecycle.observe_mig), with the events of ``observe``."""
-    observation = lifecycle.observe_mig(state, job_id, owner, node, mig_uuids, named, reason)
-    _publish_observation(state, observation)
-    return observation
+    (lifecycle.gpus_truth, taken alone by ``observe_all``). Events: the allocations it
+    released first, then the one that now holds the job (attached, moved, or placed
+    when created)."""
+    return observe_all(state, [gpus_truth(state, job_id, owner, gpus, named, reason)])[0]
 
 
 def observe_task(

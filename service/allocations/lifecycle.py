@@ -226,19 +226,6 @@ def attach(state: ServiceState, allocation_ids: list[str], job_id: str) -> tuple
     return tuple(in_transaction(state.engine, work, state.metrics.retried))
 
 
-def observe(
-    state: ServiceState,
-    job_id: str,
-    owner: str,
-    gpus: dict[str, list[int]],
-    named: list[str],
-    reason: str,
-) -> Observation:
-    """The scheduler runs ``job_id`` on ``gpus`` (node -> indices): make it so here
-    (``gpus_truth``; ``observe_all`` for several jobs at once)."""
-    return observe_all(state, [gpus_truth(state, job_id, owner, gpus, named, reason)])[0]
-
-
 def gpus_truth(
     state: ServiceState,
     job_id: str,
@@ -247,7 +234,7 @@ def gpus_truth(
     named: list[str],
     reason: str,
 ) -> ObservedJob:
-    """What ``observe`` takes: ``job_id`` runs on ``gpus`` (node -> indices)."""
+    """A job's truth for ``observe_all``: ``job_id`` runs on ``gpus`` (node -> indices)."""
     snapshots = _snapshots(state, list(gpus))
     for node, indices in gpus.items():
         wrong = [i for i in indices if not 0 <= i < snapshots[node].gpu_count]
@@ -263,21 +250,6 @@ def gpus_truth(
     return ObservedJob(job_id, owner, tuple(named), truth)
 
 
-def observe_mig(
-    state: ServiceState,
-    job_id: str,
-    owner: str,
-    node: str,
-    mig_uuids: list[str],
-    named: list[str],
-    reason: str,
-) -> Observation:
-    """The scheduler runs ``job_id`` on these MIG instances of ``node``: make it so here
-    (``mig_truth``), as ``observe`` does for whole GPUs."""
-    truth = mig_truth(state, job_id, owner, node, mig_uuids, named, reason)
-    return observe_all(state, [truth])[0]
-
-
 def mig_truth(
     state: ServiceState,
     job_id: str,
@@ -287,7 +259,7 @@ def mig_truth(
     named: list[str],
     reason: str,
 ) -> ObservedJob:
-    """What ``observe_mig`` takes: ``job_id`` runs on these MIG instances of ``node``.
+    """A job's truth for ``observe_all``: ``job_id`` runs on these MIG instances of ``node``.
     Besides the allocations holding one of these instances, one holding a parent GPU
     whole is stale too (a GPU split into instances is not given whole), so neither is
     ever held twice."""
