@@ -255,7 +255,7 @@ class FakeApiServer:
                                 sent = rv
                         if bookmarks and api.bookmarks != marks:
                             marks = api.bookmarks
-                            mark = {"kind": "Pod", "apiVersion": "v1"}
+                            mark: dict[str, Any] = {"kind": "Pod", "apiVersion": "v1"}
                             mark["metadata"] = {"resourceVersion": str(api.version)}
                             self._chunk({"type": "BOOKMARK", "object": mark})
                             sent = api.version
