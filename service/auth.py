@@ -46,7 +46,7 @@ from service.access import OPEN_PATHS, Permission, Role
 from service.audit import actor as audit_actor
 from service.direct_routes import route_path
 from service.edge.guard import replay_body
-from service.errors import ServiceError, TooLarge
+from service.errors import ServiceError, TooLarge, Unavailable
 from service.event_loop import off_loop
 from service.responses import error_response
 from service.tokens import secrets, store
@@ -185,7 +185,11 @@ class Authenticator:
         token = _presented(authorization)
         parts = secrets.split(token)
         assert parts is not None and self.engine is not None  # cached() checked both
-        record = store.verified(self.engine, *parts)
+        try:
+            record = store.verified(self.engine, *parts)
+        except sa.exc.OperationalError as exc:
+            # The database's trouble, not the caller's: told as every route tells it.
+            raise Unavailable(f"the database did not answer: {exc.orig}") from None
         digest = _digest(token)
         if record is None:
             with self._lock:
@@ -342,7 +346,7 @@ class RequireToken:
             response.headers["WWW-Authenticate"] = "Bearer"
             await response(scope, receive, send)
             return
-        except (Forbidden, TooLarge) as refusal:
+        except ServiceError as refusal:  # forbidden, too large, the database down
             await error_response(refusal)(scope, receive, send)
             return
         scope.setdefault("state", {})["principal"] = principal

@@ -64,8 +64,8 @@ class RequireToken(grpc.aio.ServerInterceptor):
                 handler = self._scoped(handler, principal)
             else:
                 self.check.authorize(principal, permission, None, None)
-        except (Unauthorized, Forbidden) as error:
-            return _refusing(handler, status_map.from_service_error(error))
+        except Exception as error:  # refused, or the database down while checking
+            return _refusing(handler, status_map.from_exception(error))
         route = "gRPC " + handler_call_details.method.rsplit("/", 1)[-1]
         return _acting(self._revocable(handler, principal), principal.actor(route))
 

@@ -184,3 +184,27 @@ def test_a_principal_revoked_by_another_process_is_known_revoked(database_url: s
     with pytest.raises(Unauthorized):
         check.authenticate(f"Bearer {secret}")
     engine.dispose()
+
+
+def test_a_token_that_cannot_be_looked_up_is_a_503_not_a_fault(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A database token is verified against its row: with the database unreachable that
+    is the service's trouble, told as on every other route (503, retry), not a 500."""
+    secure = settings.model_copy(
+        update={"insecure_dev": False, "api_tokens": "s3cret-0123456789abcdef"}
+    )
+    with TestClient(create_app(secure, background=False)) as client:
+        admin = {"Authorization": "Bearer s3cret-0123456789abcdef"}
+        made = client.post("/v1/tokens", json={"role": "viewer", "name": "v"}, headers=admin)
+
+        def unreachable(*_: object) -> None:
+            raise sa.exc.OperationalError("SELECT", {}, Exception("connection refused"))
+
+        monkeypatch.setattr(store, "verified", unreachable)
+        answer = client.get(
+            "/v1/nodes", headers={"Authorization": f"Bearer {made.json()['token']}"}
+        )
+        assert answer.status_code == 503, answer.text
+        assert answer.json()["error"]["code"] == "database_unavailable"
+        assert answer.headers["retry-after"] == "5"

@@ -7,12 +7,16 @@ from pathlib import Path
 
 import grpc
 import pytest
+import sqlalchemy as sa
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from service.grpc.gen import topoplace_pb2 as pb
 from service.settings import Settings
+from service.tokens import store
 from tests.service.grpc.conftest import Running, details, reason, snapshot_request, start
+
+ADMIN = "Bearer s3cret-0123456789abcdef"
 
 
 @pytest.fixture
@@ -103,3 +107,36 @@ def test_a_watch_ends_at_the_first_event_after_its_token_is_revoked(guarded: Run
     assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
     assert reason(caught.value) == "unauthorized"
     assert "revoked" in caught.value.details()
+
+
+@pytest.fixture
+def guarded_on(settings: Settings) -> Iterator[Running]:
+    """``guarded`` on each test database."""
+    yield from start(settings.model_copy(update={"insecure_dev": False, "api_tokens": ADMIN[7:]}))
+
+
+def test_a_token_that_cannot_be_looked_up_is_unavailable(
+    guarded_on: Running, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As REST's 503: UNAVAILABLE with database_unavailable and RetryInfo, not UNKNOWN
+    with the database driver's words."""
+    made = guarded_on.rest.post(
+        "/v1/tokens", json={"role": "viewer", "name": "v"}, headers={"Authorization": ADMIN}
+    ).json()
+
+    def unreachable(*_: object) -> None:
+        raise sa.exc.OperationalError("SELECT secret", {}, Exception("connection refused"))
+
+    monkeypatch.setattr(store, "verified", unreachable)
+    viewer = (("authorization", f"Bearer {made['token']}"),)
+    stub = guarded_on.stub
+    for call in (
+        lambda: stub.ListNodes(pb.ListNodesRequest(), metadata=viewer),
+        lambda: next(stub.Watch(pb.WatchRequest(), metadata=viewer, timeout=10)),
+    ):
+        with pytest.raises(grpc.RpcError) as caught:
+            call()
+        assert caught.value.code() == grpc.StatusCode.UNAVAILABLE, caught.value.details()
+        assert reason(caught.value) == "database_unavailable"
+        assert details(caught.value)["RetryInfo"].retry_delay.seconds == 5
+        assert "SELECT" not in caught.value.details()
