@@ -28,6 +28,7 @@ from service.demo import heartbeat_demo_cluster, register_demo_cluster
 from service.direct_routes import DirectRoutes
 from service.edge.faults import FaultBarrier
 from service.edge.guard import RequestGuard
+from service.edge.headers import SafetyHeaders
 from service.edge.rate_limit import RateLimit, RateLimiter
 from service.event_loop import off_loop
 from service.federation import endpoints as federation_routes
@@ -258,8 +259,10 @@ def create_app(
     # Outside the token check: a flood of bad tokens is throttled before it costs a hash.
     app.add_middleware(RateLimit, limiter=limiter)
     app.add_middleware(FaultBarrier)
-    # Outermost: every answer is timed as the client gets it, a fault's 500 and a 429 too.
+    # Every answer is timed as the client gets it, a fault's 500 and a 429 too.
     app.add_middleware(RequestMetrics, metrics=state.metrics, direct=direct)
+    # Outermost: a 500, a 429 and a 401 are answers a browser may show too.
+    app.add_middleware(SafetyHeaders)
     declare_errors(app)
 
     @app.get("/healthz", tags=["health"])

@@ -9,6 +9,9 @@ needs nothing more from the service (docs/console.md).
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import re
 from importlib import resources
 from pathlib import Path
 from typing import Annotated
@@ -52,6 +55,21 @@ CSP = (
 )
 
 
+def _script_hash(script: str) -> str:
+    """The CSP source allowing exactly this inline script."""
+    return f"'sha256-{base64.b64encode(hashlib.sha256(script.encode()).digest()).decode()}'"
+
+
+# Swagger UI's OAuth2 redirect page is one inline script: that script, by its hash, and
+# nothing else may run there (service/edge/headers.py gives every answer its headers).
+_REDIRECT = bytes(get_swagger_ui_oauth2_redirect_html().body).decode()
+REDIRECT_CSP = (
+    "default-src 'none'; script-src "
+    + " ".join(_script_hash(s) for s in re.findall(r"<script>(.*?)</script>", _REDIRECT, re.S))
+    + "; frame-ancestors 'self'; base-uri 'none'; form-action 'none'"
+)
+
+
 def _page(name: str) -> HTMLResponse:
     html = (STATIC / name).read_text(encoding="utf-8")
     # no-cache: a new release's page is fetched again, not taken from a stale cache.
@@ -66,7 +84,9 @@ def swagger_ui() -> HTMLResponse:
 
 @router.get("/docs/oauth2-redirect", include_in_schema=False)
 def swagger_ui_redirect() -> HTMLResponse:
-    return get_swagger_ui_oauth2_redirect_html()
+    page = get_swagger_ui_oauth2_redirect_html()
+    page.headers["Content-Security-Policy"] = REDIRECT_CSP
+    return page
 
 
 @router.get("/redoc", include_in_schema=False)
