@@ -334,11 +334,15 @@ class RequireToken:
                 await self.app(scope, receive, send)
             return
         header = None
+        site = None
         for key, value in scope.get("headers", ()):
-            if key == b"authorization":
+            if key == b"authorization" and header is None:
                 header = value.decode("latin-1")
-                break
+            elif key == b"sec-fetch-site" and site is None:
+                site = value.decode("latin-1").strip().lower()
         try:
+            if header is None and self.check.insecure and scope["method"] not in SAFE_METHODS:
+                _refuse_another_site(site)
             principal = await self.check.authenticate_async(header)
             receive, route = await self._authorize(principal, scope, path, receive)
         except Unauthorized as error:
@@ -391,6 +395,27 @@ class RequireToken:
             claimed = None
         self.check.authorize(principal, match.permission, node, claimed)
         return replay, route
+
+
+# What a browser sends for a page of another site (Sec-Fetch-Site, which no page can set):
+# a form or a no-cors fetch, sent without asking this service.
+OTHER_SITES = frozenset({"cross-site", "same-site"})
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+def _refuse_another_site(site: str | None) -> None:
+    """With --insecure-dev a call without a token is an admin's, so a page of any other
+    site a developer's browser opens could change the service (cordon, place, make a
+    token) by a plain form post: like a cookie, no token is a credential the browser
+    sends by itself. Such a write is refused; reads stay open (the browser keeps another
+    site from reading the answer), and so do programs, which send no Sec-Fetch-Site."""
+    if site in OTHER_SITES:
+        raise Forbidden(
+            f"a page of another site ({site}) may not change an --insecure-dev service"
+            " without a token: send 'Authorization: Bearer TOKEN', or call it from its own"
+            " pages (/console, /docs)",
+            {"sec_fetch_site": site},
+        )
 
 
 async def _buffer(receive: Receive, limit: int) -> tuple[bytes, Receive]:

@@ -186,6 +186,52 @@ def test_a_principal_revoked_by_another_process_is_known_revoked(database_url: s
     engine.dispose()
 
 
+# What a page of another site makes a browser send: a form or a no-cors fetch needs no
+# permission from this service, and without a token an --insecure-dev service took it as
+# an admin's call (a laptop's browser visiting any site could cordon, place, mint tokens).
+CROSS_SITE = {"Sec-Fetch-Site": "cross-site", "Origin": "https://elsewhere.example"}
+
+
+@pytest.mark.parametrize("site", ["cross-site", "same-site"])
+def test_insecure_dev_refuses_another_sites_tokenless_writes(settings: Settings, site: str) -> None:
+    demo_settings = settings.model_copy(update={"insecure_dev": True})
+    with TestClient(create_app(demo_settings, demo=True, background=False)) as client:
+        headers = {**CROSS_SITE, "Sec-Fetch-Site": site}
+        writes = [
+            ("POST", "/v1/nodes/h100-b/cordon", None),
+            ("POST", "/v1/tokens", b'{"role": "admin", "name": "planted"}'),
+            ("POST", "/v1/slurm/job-submit", b'{"job_id": 1, "gres": "gpu:2"}'),
+            ("DELETE", "/v1/nodes/h100-b", None),
+        ]
+        for method, path, body in writes:
+            answer = client.request(method, path, content=body, headers=headers)
+            assert answer.status_code == 403, (path, answer.text)
+            error = answer.json()["error"]
+            assert error["code"] == "forbidden" and "token" in error["message"], error
+        nodes = client.get("/v1/nodes").json()["nodes"]
+        assert not [n["name"] for n in nodes if n["state"] == "cordoned"]
+        assert len(nodes) == 12
+        assert client.get("/v1/tokens").json()["tokens"] == []
+        assert client.get("/v1/allocations").json()["allocations"] == []
+
+
+def test_insecure_dev_still_serves_its_own_pages_and_programs(settings: Settings) -> None:
+    demo_settings = settings.model_copy(update={"insecure_dev": True})
+    with TestClient(create_app(demo_settings, demo=True, background=False)) as client:
+        # The console's own calls (same origin), a program (no browser headers), and a
+        # link followed from elsewhere (a read: another site cannot read the answer).
+        same = {"Sec-Fetch-Site": "same-origin", "Origin": str(client.base_url)}
+        assert client.post("/v1/score", json={"gpus": 1}, headers=same).status_code == 200
+        assert client.post("/v1/nodes/h100-b/cordon").status_code == 200
+        assert client.get("/v1/nodes", headers=CROSS_SITE).status_code == 200
+        # A token is the caller's own, whichever page sent it: checked as always.
+        made = client.post("/v1/tokens", json={"role": "viewer", "name": "v"}).json()
+        viewer = {**CROSS_SITE, "Authorization": f"Bearer {made['token']}"}
+        assert client.get("/v1/nodes", headers=viewer).status_code == 200
+        refused = client.post("/v1/nodes/h100-b/uncordon", headers=viewer)
+        assert refused.status_code == 403 and "viewer role" in refused.json()["error"]["message"]
+
+
 def test_a_token_that_cannot_be_looked_up_is_a_503_not_a_fault(
     settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:

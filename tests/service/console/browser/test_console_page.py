@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import httpx
 from selenium.webdriver.support.ui import Select
 
+from placement.profiles import build_profile
 from tests.service.console.browser.harness import Browser, Served, is_local
 
 DGX1 = "v100-a"  # the demo fleet's DGX-1 (dgx1-v100)
@@ -206,3 +208,77 @@ def test_a_job_id_of_markup_and_non_characters_is_drawn_as_text(
         assert browser.driver.execute_script("return window.pwned === undefined") is True
     finally:
         demo.call("POST", f"/v1/allocations/{placed['id']}/release")
+
+
+# Markup each party other than the operator may put in what the console shows: an agent
+# (GPU model, NIC, region, fabric), a caller that places (job id, owner, a refused GPU
+# model echoed in the refusal), an admin naming a token (the audit log's actor).
+def _mark(n: int, tag: str = "img") -> str:
+    if tag == "script":
+        return f"<script>window.pwned={n}</script>"
+    return f"<{tag} src=x onerror=window.pwned={n} onload=window.pwned={n}>"
+
+
+XSS_NODE = "xss-node"
+
+
+def _hostile_snapshot() -> dict[str, Any]:
+    snap = build_profile("dgx1-v100", XSS_NODE).model_dump(mode="json")
+    snap["region"] = _mark(1, "script")
+    for gpu in snap["gpus"]:
+        gpu["model"] = _mark(2)
+    for k, nic in enumerate(snap["nics"]):
+        nic["name"] = f"{_mark(3, 'svg')}{k}"
+    snap["fabric"] = {"cluster_uuid": _mark(4)[:64], "clique_id": 1}
+    return snap
+
+
+def test_markup_from_agents_callers_and_token_names_is_shown_as_text(
+    browser: Browser, demo: Served
+) -> None:
+    demo.call("PUT", f"/v1/nodes/{XSS_NODE}/snapshot", json={"snapshot": _hostile_snapshot()})
+    token = demo.call("POST", "/v1/tokens", json={"role": "scheduler", "name": _mark(5)})
+    placed = demo.call(
+        "POST",
+        "/v1/place",
+        token=token["token"],
+        json={"gpus": 2, "nodes": [XSS_NODE], "job_id": _mark(6), "owner": _mark(7, "script")},
+    )
+    refused = httpx.post(f"{demo.url}/v1/place", json={"gpus": 1, "gpu_models": [_mark(8)]})
+    assert refused.status_code == 422, refused.text
+    try:
+        browser.open(f"{demo.url}/console#/nodes/{XSS_NODE}")
+        row = f'#allocation-table tr[data-allocation="{placed["id"]}"]'
+        browser.wait(lambda: browser.css(row), "the allocation in the table")
+        held = f'#node-picture [data-allocation="{placed["id"]}"][data-gpu]'
+        browser.wait(lambda: browser.css(held), "the allocation in the node's picture")
+        refusal = '#decision-list li[data-decision="refused"]'
+        browser.wait(lambda: _mark(8) in " ".join(browser.texts(refusal)), "the refusal")
+        browser.wait(lambda: _mark(5) in " ".join(browser.texts("#decision-list")), "the actor")
+
+        assert _mark(6) in browser.text(row) and _mark(7, "script") in browser.text(row)
+        assert _mark(1, "script") in browser.text("#node-title")
+        assert _mark(2) in browser.text("#node-title")
+        assert _mark(4)[:64] in browser.text("#node-facts")
+        # All of it, the GPUs' <title> too; the picture names a model by its first characters.
+        picture = browser.driver.execute_script(
+            "return document.querySelector('#node-picture').textContent"
+        )
+        assert _mark(2)[:15] + "\u2026" in picture and _mark(6) in picture
+        assert f"{_mark(3, 'svg')}0" in browser.attrs("#node-picture [data-nic]", "data-nic")
+        design = f"8\u00d7 {_mark(2)} · region {_mark(1, 'script')}"
+        assert any(d.startswith(design) for d in browser.texts("#nodes tr.design"))
+        # Nothing the text named became an element, and nothing ran.
+        made = "img, iframe, #node-picture svg svg, script:not([src])"
+        assert browser.css(made) == [], [e.get_attribute("outerHTML") for e in browser.css(made)]
+        assert browser.driver.execute_script("return window.pwned === undefined") is True
+        browser.screenshot("console-markup-as-text")
+
+        # The picture opened on its own: the same text, and its policy lets nothing run.
+        browser.open(f"{demo.url}/v1/nodes/{XSS_NODE}/topology.svg")
+        browser.wait(lambda: browser.css("svg.tp-topology"), "the picture alone")
+        assert browser.css("svg svg, script, img") == []
+        assert browser.driver.execute_script("return window.pwned === undefined") is True
+    finally:
+        demo.call("POST", f"/v1/allocations/{placed['id']}/release")
+        httpx.delete(f"{demo.url}/v1/nodes/{XSS_NODE}", timeout=10)
