@@ -35,7 +35,7 @@ from numpy.typing import NDArray
 
 from placement.analysis import query_for, requested_slots, unknown_names
 from placement.eligibility import gpu_eligible, labels_ok, region_ok
-from placement.explain import group_reasons
+from placement.explain import group_reasons, models
 from placement.node_choice import NO_SET
 from placement.outcome import Cause, Outcome, ReasonGroup
 from placement.request import PlacementRequest
@@ -221,7 +221,7 @@ def _owner(request: PlacementRequest) -> tuple[str, bool]:
 def _qualifier(request: PlacementRequest) -> str:
     out = ""
     if request.gpu_models:
-        out += f" of model {' or '.join(request.gpu_models)}"
+        out += f" of model {models(request)}"
     if request.min_gpu_memory_mib:
         out += f" with at least {request.min_gpu_memory_mib} MiB"
     return out

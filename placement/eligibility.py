@@ -52,10 +52,16 @@ def gpu_eligible(table: NodeTable, request: PlacementRequest) -> NDArray[np.int6
     cached = table.static_cache.get(key)
     if cached is None:
         cached = np.zeros(table.slot_count, dtype=np.int64)
+        # A fleet has a few GPU names and many GPUs: each name is matched once.
+        accepted: dict[str, bool] = {}
         for entry in table.entries.values():
             mask = 0
             for gpu in entry.snapshot.gpus:
-                model_ok = not models or any(model_matches_name(m, gpu.model) for m in models)
+                model_ok = accepted.get(gpu.model)
+                if model_ok is None:
+                    model_ok = accepted[gpu.model] = not models or any(
+                        model_matches_name(m, gpu.model) for m in models
+                    )
                 if model_ok and gpu.memory_mib >= request.min_gpu_memory_mib:
                     mask |= 1 << gpu.index
             cached[entry.slot] = mask

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 from placement.outcome import Cause, NodeVerdict, ReasonGroup
 from placement.request import PlacementRequest
@@ -16,8 +16,24 @@ def _gpus(request: PlacementRequest) -> str:
     return _plural(request.gpus, "GPU")
 
 
+# Entries of a request's list named in a message: every node's message names them, and
+# a /score answer lists a message per node.
+SHOWN = 5
+
+
+def some_of(items: Sequence[str], joiner: str = ", ", last: str = "and") -> str:
+    """``items`` joined, the first ``SHOWN`` of a longer list and how many more."""
+    if len(items) <= SHOWN:
+        return joiner.join(items)
+    return f"{joiner.join(items[:SHOWN])} {last} {len(items) - SHOWN} more"
+
+
+def models(request: PlacementRequest) -> str:
+    return some_of(request.gpu_models, " or ", "or")
+
+
 def _labels(request: PlacementRequest) -> str:
-    return ", ".join(f"{key}={val}" for key, val in sorted(request.node_labels.items()))
+    return some_of([f"{key}={val}" for key, val in sorted(request.node_labels.items())])
 
 
 # One sentence per cause, built only for the causes a refusal names: building
@@ -25,9 +41,9 @@ def _labels(request: PlacementRequest) -> str:
 _MESSAGES: dict[Cause, Callable[[PlacementRequest], str]] = {
     Cause.NOT_REGISTERED: lambda r: "no topoplace agent has reported this node",
     Cause.UNAVAILABLE: lambda r: "node is cordoned or its agent is stale",
-    Cause.REGION: lambda r: f"not in an allowed region ({', '.join(r.regions)})",
+    Cause.REGION: lambda r: f"not in an allowed region ({some_of(r.regions)})",
     Cause.LABELS: lambda r: "node labels do not match " + _labels(r),
-    Cause.GPU_MODEL: lambda r: f"fewer than {_gpus(r)} of model {' or '.join(r.gpu_models)}",
+    Cause.GPU_MODEL: lambda r: f"fewer than {_gpus(r)} of model {models(r)}",
     Cause.GPU_MEMORY: lambda r: f"fewer than {_gpus(r)} with at least {r.min_gpu_memory_mib} MiB",
     Cause.TOO_FEW_GPUS: lambda r: f"fewer than {_gpus(r)} in total",
     Cause.MIG_MODE: lambda r: (

@@ -38,6 +38,11 @@ MemoryMib = Annotated[int, Field(strict=True, ge=0, le=MAX_GPU_MEMORY_MIB), WHOL
 Name = Annotated[Text, Field(min_length=1, max_length=253)]
 LabelKey = Annotated[Text, Field(max_length=317)]  # prefix/name, as Kubernetes allows
 LabelValue = Annotated[Text, Field(max_length=63)]
+# Entries of each filter list (models, regions, labels). Each model is matched against the
+# GPU models of the fleet and every entry is named in refusals; unbounded, one request of
+# 60,000 models held the decision for seconds. Node name lists are bounded by the body
+# only: a scheduler names its candidates, thousands of them.
+MAX_FILTER_ENTRIES = 64
 
 
 class PlacementRequest(BaseModel):
@@ -86,16 +91,19 @@ class PlacementRequest(BaseModel):
     numa: NumaMode = "preferred"
     cpus_per_task: CpuCount = 0
     gpu_models: tuple[Annotated[Text, Field(min_length=1, max_length=128)], ...] = Field(
-        default=(), description="accepted GPU models, each matched as a whole token of the GPU name"
+        default=(),
+        max_length=MAX_FILTER_ENTRIES,
+        description="accepted GPU models, each matched as a whole token of the GPU name",
     )
     min_gpu_memory_mib: MemoryMib = 0
     node_labels: dict[LabelKey, LabelValue] = Field(
         default_factory=dict,
+        max_length=MAX_FILTER_ENTRIES,
         description="required node labels",
         json_schema_extra={"propertyNames": {"pattern": PLAIN_PATTERN, "maxLength": 317}},
     )
     regions: tuple[Annotated[Text, Field(min_length=1, max_length=63)], ...] = Field(
-        default=(), description="allowed regions; empty = any"
+        default=(), max_length=MAX_FILTER_ENTRIES, description="allowed regions; empty = any"
     )
     nodes: tuple[Name, ...] | None = Field(
         default=None, description="consider only these nodes (e.g. a scheduler's candidates)"

@@ -75,3 +75,40 @@ def test_node_filter_is_not_a_pattern(cluster: TestClient) -> None:
     for pattern in ("%", "h_", "_0"):
         listed = cluster.get("/v1/allocations", params={"node": pattern}).json()["allocations"]
         assert listed == [], f"node={pattern!r} matched as a LIKE pattern"
+
+
+# A list whose every entry costs work per GPU or per node, or is echoed in each node's
+# message: 60,000 one-letter GPU models (a 0.4 MB body) held /place for 6 s, on the
+# event loop every other request waits on, and 600,000 regions made a /score answer of
+# 29 MB for 12 nodes. Each is bounded (placement/request.py) and refused by name.
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("gpu_models", ["zz"] * 65),
+        ("regions", [f"r{i}" for i in range(65)]),
+        ("node_labels", {f"k{i}": "v" for i in range(65)}),
+    ],
+)
+@pytest.mark.parametrize("route", ["/v1/place", "/v1/score"])
+def test_a_list_past_its_bound_is_refused_by_name(
+    cluster: TestClient, route: str, field: str, value: object
+) -> None:
+    response = cluster.post(route, json={"gpus": 1, field: value})
+    assert response.status_code == 422, response.text[:300]
+    error = response.json()["error"]
+    assert error["code"] == "invalid_request" and error["detail"]["field"] == field, error
+    assert "64" in error["message"], error["message"]
+    assert cluster.get("/v1/allocations").json()["allocations"] == []
+
+
+def test_a_refusal_names_a_long_list_in_a_few_words(cluster: TestClient) -> None:
+    """Within the bounds, each node's message still names at most a few of the entries."""
+    body = {"gpus": 1, "regions": [f"region-{i:02d}" for i in range(64)]}
+    answer = cluster.post("/v1/score", json=body)
+    assert answer.status_code == 200, answer.text[:300]
+    messages = [n["message"] for n in answer.json()["nodes"]]
+    assert messages and all(len(m) < 200 for m in messages), messages
+    assert "region-00" in messages[0] and "and 59 more" in messages[0], messages[0]
+    refused = cluster.post("/v1/place", json={"gpus": 1, "gpu_models": ["zz"] * 64})
+    assert refused.status_code == 422
+    assert len(refused.text) < 2000, refused.text

@@ -78,3 +78,31 @@ def test_ids_are_bounded_as_rest_bounds_them(
     assert details(error)["BadRequest"].field_violations[0].field == field
     live = running.stub.ListAllocations(pb.ListAllocationsRequest(state="pending"))
     assert [a.id for a in live.allocations] == [placed.json()["id"]]
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        pb.PlaceRequest(gpus=1, gpu_models=["zz"] * 65),
+        pb.PlaceRequest(gpus=1, regions=[f"r{i}" for i in range(65)]),
+        pb.PlaceRequest(gpus=1, node_labels={f"k{i}": "v" for i in range(65)}),
+    ],
+    ids=["gpu_models", "regions", "node_labels"],
+)
+@pytest.mark.parametrize("method", ["Place", "Score"])
+def test_a_filter_list_past_its_bound_is_refused_by_name(
+    running: Running, method: str, message: pb.PlaceRequest
+) -> None:
+    """As REST (tests/service/allocations/test_input_rules.py): a repeated field a client
+    may fill up to the message limit is bounded where every entry costs work."""
+    running.stub.ReportSnapshot(snapshot_request("hgx-h100", "h0"))
+    [(field, _)] = [(d.name, v) for d, v in message.ListFields() if d.name != "gpus"]
+    request = (
+        message if method == "Place" else pb.ScoreRequest.FromString(message.SerializeToString())
+    )
+    error = _fails(getattr(running.stub, method), request)
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error.details()
+    assert reason(error) == "invalid_request"
+    assert details(error)["BadRequest"].field_violations[0].field == field
+    assert "64" in error.details()
+    assert running.stub.ListAllocations(pb.ListAllocationsRequest()).allocations == []
