@@ -26,7 +26,7 @@ def region_ok(table: NodeTable, regions: tuple[str, ...]) -> NDArray[np.bool_]:
         cached = np.zeros(table.slot_count, dtype=np.bool_)
         for entry in table.entries.values():
             cached[entry.slot] = not allowed or entry.snapshot.region in allowed
-        table.static_cache[key] = cached
+        table.keep_filter(key, cached)
     return cached.astype(np.bool_, copy=False)
 
 
@@ -39,7 +39,7 @@ def labels_ok(table: NodeTable, selector: dict[str, str]) -> NDArray[np.bool_]:
         for entry in table.entries.values():
             labels = entry.snapshot.labels
             cached[entry.slot] = all(labels.get(k) == v for k, v in items)
-        table.static_cache[key] = cached
+        table.keep_filter(key, cached)
     return cached.astype(np.bool_, copy=False)
 
 
@@ -65,7 +65,7 @@ def gpu_eligible(table: NodeTable, request: PlacementRequest) -> NDArray[np.int6
                 if model_ok and gpu.memory_mib >= request.min_gpu_memory_mib:
                     mask |= 1 << gpu.index
             cached[entry.slot] = mask
-        table.static_cache[key] = cached
+        table.keep_filter(key, cached)
     return cached.astype(np.int64, copy=False)
 
 

@@ -42,6 +42,9 @@ _CHANGE_LOG = 32_768
 # 16 GPUs, and a node reporting a new wiring with every snapshot made one each time.
 _SPARE_CLASSES = 32
 FULL_SHARE = 1000  # a GPU in thousandths, as the trace's gpu_milli
+# Per-slot filters kept at once (NodeTable.keep_filter): far more than the distinct
+# selectors of a real workload, each an array of one value per node slot.
+MAX_FILTERS = 128
 # The per-slot arrays, grown together when the slots outgrow them.
 _ARRAYS = (
     "cid",
@@ -103,7 +106,8 @@ class NodeTable:
         # that fell further behind compares every slot's version instead.
         self.changes: list[int] = []
         self.changes_base = 0
-        # Per-slot filters (placement.eligibility), cleared when membership changes.
+        # Per-slot filters (placement.eligibility), cleared when membership changes and
+        # bounded (keep_filter): the filters are whatever callers ask for.
         self.static_cache: dict[object, NDArray[np.generic]] = {}
         # The last candidate list a request named and its slots (analysis.requested_slots):
         # schedulers send the same thousands of names pod after pod.
@@ -145,6 +149,14 @@ class NodeTable:
         return sorted(set(self.changes[clock - self.changes_base :]))
 
     # Membership ----------------------------------------------------------
+
+    def keep_filter(self, key: object, value: NDArray[np.generic]) -> None:
+        """Remember a per-slot filter; the oldest goes past ``MAX_FILTERS``. A fleet that
+        does not change kept one array per distinct filter ever asked, and the filters
+        (model lists, regions, label selectors) are the callers' to choose."""
+        if len(self.static_cache) >= MAX_FILTERS:
+            self.static_cache.pop(next(iter(self.static_cache)))
+        self.static_cache[key] = value
 
     def upsert(self, snapshot: NodeSnapshot) -> None:
         """Add a node or replace its snapshot, keeping its allocations (by UUID)."""
