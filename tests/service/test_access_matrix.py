@@ -189,6 +189,32 @@ def test_grpc_role_matrix(grpc_running: Running) -> None:
                 assert reason(error) == "forbidden"
 
 
+# Each gRPC method and the REST call doing the same (Watch streams what the reads list).
+REST_TWINS = {
+    "ReportSnapshot": ("PUT", "/v1/nodes/{name}/snapshot"),
+    "Heartbeat": ("POST", "/v1/nodes/{name}/heartbeat"),
+    "ListNodes": ("GET", "/v1/nodes"),
+    "GetNode": ("GET", "/v1/nodes/{name}"),
+    "Place": ("POST", "/v1/place"),
+    "Score": ("POST", "/v1/score"),
+    "GetAllocation": ("GET", "/v1/allocations/{allocation_id}"),
+    "ListAllocations": ("GET", "/v1/allocations"),
+    "ConfirmAllocation": ("POST", "/v1/allocations/{allocation_id}/confirm"),
+    "ExtendAllocation": ("POST", "/v1/allocations/{allocation_id}/extend"),
+    "ReleaseAllocation": ("POST", "/v1/allocations/{allocation_id}/release"),
+    "ReleaseJob": ("POST", "/v1/jobs/{job_id}/release"),
+    "Watch": ("GET", "/v1/allocations"),
+}
+
+
+def test_every_grpc_method_needs_what_its_rest_twin_needs() -> None:
+    assert set(REST_TWINS) == set(access.GRPC_RULES)
+    for method, (verb, template) in REST_TWINS.items():
+        rule = access.rest_rule(verb, concrete(template)).rule
+        assert rule is not None and rule.path == template, (method, template)
+        assert access.GRPC_RULES[method] is rule.permission, method
+
+
 def test_the_docs_show_the_table() -> None:
     docs = (Path(__file__).resolve().parents[2] / "docs" / "security.md").read_text()
     assert access.markdown_table() in docs, (

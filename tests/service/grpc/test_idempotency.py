@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import threading
+import time
+from typing import Any
+
 import grpc
 import pytest
 
 from placement.profiles import build_profile
+from service.allocations import api as allocations
 from service.grpc import convert
 from service.grpc.gen import topoplace_pb2 as pb
 from tests.service.grpc.conftest import Running, details, reason
@@ -38,3 +43,43 @@ def test_a_rest_reservation_is_replayed_over_grpc_whatever_the_labels_order(
     assert details(replayed.value)["Allocation"].id == first.json()["id"]
     listed = running.stub.ListAllocations(pb.ListAllocationsRequest())
     assert [a.id for a in listed.allocations] == [first.json()["id"]]
+
+
+def test_a_place_cut_off_by_its_deadline_is_found_again_by_its_key(
+    running: Running, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A call that ends before its answer (a deadline, a cancel) may have reserved: as on
+    REST, where a client that hung up left its reservation made, the key finds it, and a
+    retry under it never makes a second one."""
+    _labelled_node(running)
+    started, finish = threading.Event(), threading.Event()
+    place = allocations.place
+
+    def slow(*args: Any, **kwargs: Any) -> Any:
+        started.set()
+        finish.wait(10)
+        return place(*args, **kwargs)
+
+    monkeypatch.setattr(allocations, "place", slow)
+    key = (("idempotency-key", "cut-off"),)
+    request = pb.PlaceRequest(gpus=2, job_id="cut")
+    with pytest.raises(grpc.RpcError) as cut:
+        running.stub.Place(request, metadata=key, timeout=0.5)
+    assert cut.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert started.is_set()
+    finish.set()
+    found = None
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:  # the first call's reservation, committed after it
+        try:
+            running.stub.Place(request, metadata=key, timeout=10)
+            pytest.fail("a retry under the key made a second reservation")
+        except grpc.RpcError as error:
+            if error.code() == grpc.StatusCode.ALREADY_EXISTS:
+                found = details(error)["Allocation"]
+                break
+            assert error.code() == grpc.StatusCode.ABORTED, error.details()  # in flight
+        time.sleep(0.05)
+    assert found is not None, "the cut-off call's reservation was never found"
+    listed = running.stub.ListAllocations(pb.ListAllocationsRequest(job_id="cut"))
+    assert [a.id for a in listed.allocations] == [found.id]
