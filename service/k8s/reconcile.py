@@ -32,7 +32,7 @@ from service.allocations.results import Allocation
 from service.audit.actor import acting, service_task
 from service.event_loop import off_loop
 from service.k8s.bind import ALLOCATION_ANNOTATION
-from service.k8s.gang import LIVE, GangCoordinator
+from service.k8s.gang import GangCoordinator
 from service.k8s.kube_api import KubeApi
 from service.k8s.pod_request import gang_of
 from service.state import ServiceState
@@ -45,12 +45,10 @@ GANG_OWNER = "k8s-gang:"
 
 
 def _ours(state: ServiceState) -> list[Allocation]:
-    out: list[Allocation] = []
-    for status in LIVE:
-        for allocation in allocations.listing(state, None, None, status, 10_000):
-            if (allocation.owner or "").startswith((POD_OWNER, GANG_OWNER)):
-                out.append(allocation)
-    return out
+    """Every live reservation the extender made, however many others are live."""
+    return [
+        a for a in allocations.live(state) if (a.owner or "").startswith((POD_OWNER, GANG_OWNER))
+    ]
 
 
 def _gang_members(pods: list[dict[str, Any]]) -> tuple[set[str], set[str]]:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
 from bench.k8s_objects import binding_args, pod
+from service import schema
 from service.allocations import api as allocations
 from service.errors import Unavailable
 from service.k8s.reconcile import reconcile_once
@@ -135,3 +138,56 @@ def test_a_gang_whose_confirms_failed_is_confirmed_once_its_members_are_bound(
     app: Any = k8s_client.app
     allocations.sweep(app.state.service)
     assert k8s_client.get(f"/v1/allocations/{reserved['id']}").json()["state"] == "active"
+
+
+def _made_outside_kubernetes(client: TestClient, clock: FakeClock, count: int) -> None:
+    """``count`` live allocations of a Slurm user, each newer than the last, written
+    straight into the database (one /place each would take minutes): copies of one
+    real allocation's request and placement, each holding a GPU of its own."""
+    body = {"gpus": 1, "owner": "slurm:alice", "nodes": ["h100-b"]}
+    model = client.post("/v1/place", json=body).json()["id"]
+    app: Any = client.app
+    engine: sa.Engine = app.state.service.engine
+    table, holds = schema.allocations, schema.gpu_holds
+    with engine.begin() as conn:
+        row = conn.execute(sa.select(table).where(table.c.id == model)).mappings().one()
+        rows = [
+            {
+                **row,
+                "id": f"outside-{i:05d}",
+                "state": "active",  # as the Kubernetes reservation is
+                "expires_at": None,
+                "idempotency_key": None,
+                "created_at": clock.now + timedelta(microseconds=i + 1),
+                "anchor_node": "elsewhere",
+                "anchor_device": f"GPU-{i:05d}",
+            }
+            for i in range(count)
+        ]
+        conn.execute(sa.insert(table), rows)
+        conn.execute(
+            sa.insert(holds),
+            [
+                {"node": "elsewhere", "device": f"GPU-{i:05d}", "kind": "gpu"}
+                | {"allocation_id": f"outside-{i:05d}", "live": True}
+                for i in range(count)
+            ],
+        )
+
+
+def test_every_live_reservation_is_reconciled_however_many_others_are_live(
+    k8s_client: TestClient, kube: FakeKubeApi, clock: FakeClock
+):
+    """The pass read the newest 10,000 allocations of each live state and kept the
+    Kubernetes ones among them: behind 10,000 newer allocations of others, a pod's
+    reservation was never looked at again, and its GPUs never came back."""
+    add_nodes(k8s_client, ("hgx-h100", "h100-a"), ("hgx-h100", "h100-b"))
+    gone = kube.add(pod("gone", 2))
+    _bind(k8s_client, gone, "h100-a")
+    clock.advance(1)
+    _made_outside_kubernetes(k8s_client, clock, 10_000)
+    kube.delete("ml-team", "gone")
+    clock.advance(61)
+    (released,) = _reconcile(k8s_client, kube)
+    assert k8s_client.get(f"/v1/allocations/{released}").json()["job_id"] == gone["metadata"]["uid"]
+    assert len(k8s_client.get("/v1/nodes/h100-a").json()["free_gpus"]) == 8
