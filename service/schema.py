@@ -117,6 +117,10 @@ allocations = sa.Table(
     sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
     sa.Column("expires_at", sa.DateTime(timezone=True), nullable=True),
     sa.Column("ended_at", sa.DateTime(timezone=True), nullable=True),
+    # When a caller last reused this live reservation (a retried bind, a gang member's
+    # claim), stamped before the Binding that follows; NULL: never. A reconciler ends
+    # only what was neither made nor reused since its cutoff (repository.quiet_since).
+    sa.Column("touched_at", sa.DateTime(timezone=True), nullable=True),
     # True while live, NULL once ended: the target of the holds' foreign key.
     sa.Column("live", sa.Boolean(create_constraint=False), nullable=True),
     # One hold of this allocation while it is live (any one: the first written).

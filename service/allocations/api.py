@@ -26,11 +26,15 @@ the events tell the same story (tests/service/allocations/test_events_per_change
 | ended by its TTL (the sweep, or a confirm or extend that found it passed) | ``expired`` |
 | a live allocation learnt its scheduler job id | ``attached`` |
 | a live allocation (or one task) moved onto the GPUs or MIG instances it runs on | ``moved`` |
+
+A live reservation stamped as reused (``touch``: a retried bind, a gang member's claim)
+changes nothing an allocation's view shows: no event, no audit row.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Literal
 
 from service.allocations import lifecycle, place_flow, queries, score_pages, scoring
@@ -74,6 +78,7 @@ __all__ = [
     "score_json",
     "score_page",
     "sweep",
+    "touch",
 ]
 
 EventType = Literal["placed", "confirmed", "extended", "released", "expired", "attached", "moved"]
@@ -204,16 +209,26 @@ def extend(state: ServiceState, allocation_id: str, ttl_s: float) -> Allocation:
     return _settle(state, lifecycle.extend(state, allocation_id, ttl_s), "extended")
 
 
-def release(state: ServiceState, allocation_id: str) -> Ended:
-    ended = lifecycle.release(state, allocation_id)
+def release(state: ServiceState, allocation_id: str, quiet: datetime | None = None) -> Ended:
+    """End one live allocation. ``quiet``: only if it was neither made nor reused
+    (``touch``) after that moment (a reconciler's cutoff), checked in the release's
+    own statement."""
+    ended = lifecycle.release(state, allocation_id, quiet)
     _publish_ids(state, "released", ended.ids)
     return ended
 
 
-def release_job(state: ServiceState, job_id: str) -> Ended:
-    ended = lifecycle.release_job(state, job_id)
+def release_job(state: ServiceState, job_id: str, quiet: datetime | None = None) -> Ended:
+    ended = lifecycle.release_job(state, job_id, quiet)
     _publish_ids(state, "released", ended.ids)
     return ended
+
+
+def touch(state: ServiceState, allocation_id: str) -> Allocation | None:
+    """A live reservation reused (a retried bind, a gang member's claim), stamped so before
+    the caller's Binding: a release guarded by an earlier ``quiet`` leaves it. None when
+    it is no longer live. No event: nothing an allocation's view shows changes."""
+    return lifecycle.touch(state, allocation_id)
 
 
 def sweep(state: ServiceState) -> Ended:

@@ -155,12 +155,15 @@ def extend(state: ServiceState, allocation_id: str, ttl_s: float) -> Transition:
     return _transition(state, lambda conn: _guarded(allocation_id, "extend", lambda: attempt(conn)))
 
 
-def _end(state: ServiceState, ids: list[str] | None, transition: str) -> Ended:
-    """End what the transition's guard lets through; memory follows the database."""
+def _end(
+    state: ServiceState, ids: list[str] | None, transition: str, quiet: datetime | None = None
+) -> Ended:
+    """End what the transition's guard lets through (and, with ``quiet``, only what was
+    neither made nor reused after it); memory follows the database."""
     now = state.clock()
 
     def work(conn: Connection) -> tuple[list[str], list[repository.FreedHold]]:
-        rows, freed = repository.end_rows(conn, ids, transition, now)
+        rows, freed = repository.end_rows(conn, ids, transition, now, quiet)
         publish(conn, {h.node for h in freed})
         action = "expired" if transition == "expire" else "released"
         audit.write(conn, [records.allocation_change(action, now, row) for row in rows])
@@ -184,18 +187,33 @@ def _forget(state: ServiceState, freed: list[repository.FreedHold]) -> None:
         state.sync_nodes(nodes[start : start + RELEASE_CHUNK])
 
 
-def release(state: ServiceState, allocation_id: str) -> Ended:
-    """End one live allocation; releasing an ended one is a no-op, an unknown id a 404."""
-    ended = _end(state, [allocation_id], "release")
+def release(state: ServiceState, allocation_id: str, quiet: datetime | None = None) -> Ended:
+    """End one live allocation; releasing an ended one is a no-op, an unknown id a 404.
+    ``quiet``: end it only if it was neither made nor reused (``touch``) after that
+    moment, as one statement (a reconciler's decision, taken from a view of that age)."""
+    ended = _end(state, [allocation_id], "release", quiet)
     if not ended.ids:
         queries.get(state, allocation_id)  # 404 for an unknown id
     return ended
 
 
-def release_job(state: ServiceState, job_id: str) -> Ended:
+def release_job(state: ServiceState, job_id: str, quiet: datetime | None = None) -> Ended:
+    """End the job's live allocations (``quiet`` as for ``release``)."""
     with state.engine.connect() as conn:
         ids = repository.live_ids_for_job(conn, job_id)
-    return _end(state, ids, "release")
+    return _end(state, ids, "release", quiet)
+
+
+def touch(state: ServiceState, allocation_id: str) -> Allocation | None:
+    """Stamp a live reservation as reused now, before the caller acts on it (a retried
+    bind writes its Binding next): a release guarded by an older ``quiet`` moment then
+    leaves it. The allocation as it is, or None when it is no longer live (the caller
+    reserves anew). Changes nothing the allocation's view shows."""
+    now = state.clock()
+    row = in_transaction(
+        state.engine, lambda conn: repository.touch(conn, allocation_id, now), state.metrics.retried
+    )
+    return None if row is None else views.allocation(row)
 
 
 def sweep(state: ServiceState) -> Ended:

@@ -62,7 +62,16 @@ GUARDS: dict[str, Guard] = {
     "attach": lambda now: sa.and_(_T.c.state.in_(LIVE), _T.c.job_id.is_(None)),
     # a live allocation takes the GPUs its job really runs on (Slurm chose them)
     "relocate": lambda now: _T.c.state.in_(LIVE),
+    # a live reservation is reused (a retried bind, a gang member's claim) and says when
+    "touch": lambda now: _T.c.state.in_(LIVE),
 }
+
+
+def quiet_since(cutoff: datetime) -> sa.ColumnElement[bool]:
+    """The row was neither made nor reused (``touch``) after ``cutoff``: what a release
+    decided from a view older than the row's last use must also meet, so that a
+    reservation a bind reused after the view was read outlives the decision."""
+    return sa.func.coalesce(_T.c.touched_at, _T.c.created_at) <= cutoff
 
 
 def by_id(conn: Connection, allocation_id: str) -> sa.RowMapping | None:
@@ -107,6 +116,17 @@ def extend(
     return conn.execute(statement).mappings().first()
 
 
+def touch(conn: Connection, allocation_id: str, now: datetime) -> sa.RowMapping | None:
+    """Stamp a live allocation as reused now; the row, or None when it is no longer live."""
+    statement = (
+        sa.update(_T)
+        .where(_T.c.id == allocation_id, GUARDS["touch"](now))
+        .values(touched_at=now)
+        .returning(*_T.c)
+    )
+    return conn.execute(statement).mappings().first()
+
+
 def end(
     conn: Connection, allocation_ids: Sequence[str] | None, transition: str, now: datetime
 ) -> tuple[list[str], list[FreedHold]]:
@@ -124,11 +144,16 @@ def any_due(conn: Connection, transition: str, now: datetime) -> bool:
 
 
 def end_rows(
-    conn: Connection, allocation_ids: Sequence[str] | None, transition: str, now: datetime
+    conn: Connection,
+    allocation_ids: Sequence[str] | None,
+    transition: str,
+    now: datetime,
+    quiet: datetime | None = None,
 ) -> tuple[list[sa.RowMapping], list[FreedHold]]:
     """End the allocations the transition's guard lets through (``None``: every row it
     does, for the sweep) and delete their holds; returns (the ended rows as they are now,
-    by id; the freed holds). The rows are what their audit rows are made of.
+    by id; the freed holds). The rows are what their audit rows are made of. ``quiet``:
+    only rows also ``quiet_since`` it end.
 
     The state change comes first: it takes the rows (Postgres locks them; on SQLite
     it starts the write), so the holds deleted next are exactly those of the rows it
@@ -136,6 +161,8 @@ def end_rows(
     """
     final = "expired" if transition == "expire" else "released"
     where = [GUARDS[transition](now)]
+    if quiet is not None:
+        where.append(quiet_since(quiet))
     if allocation_ids is not None:
         if not allocation_ids:
             return [], []

@@ -183,13 +183,19 @@ def _reservation(
     the next key; and the pod's reservations on other nodes, given back once this
     Binding is made. Not before: an earlier bind to another node may still be in
     flight, and if its Binding lands first the pod runs on that reservation's GPUs
-    (this one's Binding then gets 409 and gives back its own)."""
+    (this one's Binding then gets 409 and gives back its own).
+
+    The reservation reused is stamped first (``allocations.touch``): a reconciler pass
+    that read the pod unbound before this Binding then leaves it (reconcile.py). One
+    that ended meanwhile (that pass released it) is not reused: the pod reserves anew."""
     earlier = allocations.listing(state, pod.uid, None, None, 1_000)
     live = [a for a in earlier if a.state in LIVE]
     here = next((a for a in live if a.tasks[0].node == node), None)
     elsewhere = [a.id for a in live if a is not here]
     if here is not None:
-        return here, elsewhere
+        touched = allocations.touch(state, here.id)
+        if touched is not None:
+            return touched, elsewhere
     placed = allocations.place(state, body, f"k8s-pod:{pod.uid}:{len(earlier)}", True)
     return placed.allocation, elsewhere
 

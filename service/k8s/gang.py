@@ -115,10 +115,14 @@ class GangCoordinator:
         a member made after the last one it knew of was deleted may already have bound
         onto the reservation and run on its GPUs. So the namespace's pods are read afresh
         and the decision is taken under the gang's lock, which every bind of a member in
-        this process holds while it claims a task. Blocking; raises KubeApiError or
+        this process holds while it claims a task. A member's bind on another replica
+        holds no lock here: a member made after the list and bound there stamped the
+        reservation when it claimed its task, so the release ends only what was neither
+        made nor stamped after the list was asked for. Blocking; raises KubeApiError or
         KubeConfigError when the pods cannot be read (the reconciler then decides).
         """
         with self.lock(gang):
+            listed_at = self.state.clock()  # the list is no newer than this
             pods = self.kube().list_pods(gang.namespace)
             for pod in pods:
                 member = gang_of(pod)
@@ -126,8 +130,8 @@ class GangCoordinator:
                 if member is not None and member.key == gang.key and uid != gone:
                     log.info("gang %s: member %s is still there; kept", gang.key, uid)
                     return ()
-            ended = allocations.release_job(self.state, gang.key)
-            self.forget(gang.key)
+            ended = allocations.release_job(self.state, gang.key, quiet=listed_at)
+            self.forget(gang.key)  # kept or not, read afresh on the next member's sight
             return ended.ids
 
     def seen(self, gang: Gang) -> Flow[GangState]:
@@ -250,12 +254,21 @@ class GangCoordinator:
         """Reserve the gang if nobody has, then give this member a task on ``node``.
 
         Called with :meth:`lock` held. Returns (allocation, task index).
+
+        A reservation reused is stamped first (``allocations.touch``), before the member's
+        Binding: a release decided from a pod list read before this member existed or
+        bound (the reconciler's, another replica's watch) then leaves it. One found ended
+        is forgotten, and the gang reserved anew.
         """
         assert pod.gang is not None and pod.request is not None
         gang = pod.gang
         known = self.current(gang)
-        if known.allocation is not None and not self._still_live(known.allocation.id):
-            known.allocation, known.claims = None, {}
+        if known.allocation is not None:
+            touched = allocations.touch(self.state, known.allocation.id)
+            if touched is None:
+                known.allocation, known.claims = None, {}
+            else:
+                known.allocation = touched
         mine = known.task_of(pod.uid)
         if mine is not None and known.allocation is not None:
             return known.allocation, mine
@@ -288,12 +301,6 @@ class GangCoordinator:
         known = self.current(pod.gang)
         if known.claims.get(task) == pod.uid:
             del known.claims[task]
-
-    def _still_live(self, allocation_id: str) -> bool:
-        try:
-            return allocations.get(self.state, allocation_id).state in LIVE
-        except ServiceError:
-            return False
 
     def _reserve(
         self, pod: PodRequest, gang: Gang, ttl_s: float, plan: list[str] | None

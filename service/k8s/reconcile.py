@@ -7,8 +7,12 @@ list belongs to a pod that existed before it, so a live pod is never missed.
 A pod's reservation is released when no unfinished pod has its UID, or
 when its pod is still unbound (the bind reserved, then died before the
 Binding, or its Binding's fate was unknown and it was not applied) or bound to
-another node; a gang's when none of its members is left. Reservations younger than
-``reconcile_grace_s`` are left alone (their bind may still be running), and
+another node; a gang's when none of its members is left. Reservations made or
+reused (a retried bind, a member's claim: ``allocations.touch``) within
+``reconcile_grace_s`` before the pod list was asked for are left alone (their
+bind may still be running), a condition each release checks in its own
+statement, so a bind that reuses a reservation while the pass works from an
+older list keeps it, whichever replica runs either; and
 a pending reservation whose pod is bound to its node, or a pending gang
 reservation a bound member carries, is confirmed (the bind could not confirm
 it, e.g. the database blinked).
@@ -74,18 +78,27 @@ def reconcile_once(
     ours = _ours(state)
     if not ours:
         return []
+    # The pod list is no newer than this moment: a bind may have reused a reservation
+    # just before it and still be writing its Binding, so only what was neither made
+    # nor reused (allocations.touch) in the grace before it is released, and that is
+    # checked by each release itself, however long the pass takes.
+    cutoff = state.clock() - timedelta(seconds=grace_s)
     pods = kube.list_pods()
     by_uid = {str((p.get("metadata") or {}).get("uid", "")): p for p in pods}
     gangs_alive, gangs_bound = _gang_members(pods)
-    cutoff = state.clock() - timedelta(seconds=grace_s)
+
+    def release(allocation_id: str) -> tuple[str, ...]:
+        return allocations.release(state, allocation_id, quiet=cutoff).ids
+
     released: list[str] = []
     for allocation in ours:
         young = allocation.created_at > cutoff
         if (allocation.owner or "").startswith(GANG_OWNER):
             key = str(allocation.job_id)
             if key not in gangs_alive:
-                if not young:
-                    released += allocations.release(state, allocation.id).ids
+                ended = () if young else release(allocation.id)
+                if ended:
+                    released += ended
                     gangs.forget(key)
             elif allocation.state == "pending" and allocation.id in gangs_bound:
                 # A member runs on it, and every bind's confirm failed (the database
@@ -95,7 +108,7 @@ def reconcile_once(
         pod = by_uid.get(str(allocation.job_id))
         if pod is None:
             if not young:
-                released += allocations.release(state, allocation.id).ids
+                released += release(allocation.id)
             continue
         bound_to = (pod.get("spec") or {}).get("nodeName")
         notes = (pod.get("metadata") or {}).get("annotations") or {}
@@ -103,8 +116,9 @@ def reconcile_once(
             # Reserved (active at once) but the Binding never happened: the process died
             # between the two, and the pod's next bind reserves again. Or the pod was
             # bound to another node (a retried bind there, whose process died before it
-            # gave this one back): nothing will ever run on these GPUs.
-            released += allocations.release(state, allocation.id).ids
+            # gave this one back): nothing will ever run on these GPUs. Unless a bind
+            # retried since the list reused it (its Binding may land after the list).
+            released += release(allocation.id)
             continue
         if (
             allocation.state == "pending"

@@ -40,6 +40,23 @@ def test_0009_finds_holds_and_shares_by_device(database_url: str) -> None:
         engine.dispose()
 
 
+def test_0010_adds_the_reuse_stamp_and_takes_it_away(database_url: str) -> None:
+    migrate.upgrade(database_url)
+    config = migrate.alembic_config(database_url)
+    command.downgrade(config, "0009")
+    engine = sa.create_engine(database_url)
+    try:
+        assert "touched_at" not in _columns(engine, "allocations")
+        command.upgrade(config, "0010")
+        assert "touched_at" in _columns(engine, "allocations")
+    finally:
+        engine.dispose()
+
+
+def _columns(engine: sa.Engine, table: str) -> set[str]:
+    return {str(c["name"]) for c in sa.inspect(engine).get_columns(table)}
+
+
 def _indexes(engine: sa.Engine, table: str) -> set[str]:
     return {str(i["name"]) for i in sa.inspect(engine).get_indexes(table)}
 

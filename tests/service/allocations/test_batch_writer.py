@@ -41,6 +41,7 @@ def _row(anchor: str = "GPU-a", **changes: Any) -> dict[str, Any]:
         "created_at": datetime(2026, 6, 1, 12, 30, 45, 123456, tzinfo=UTC),
         "expires_at": None,
         "ended_at": None,
+        "touched_at": None,
         "live": True,
         "anchor_node": "n0",
         "anchor_device": anchor,
