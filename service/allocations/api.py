@@ -42,6 +42,7 @@ from service.allocations.place_flow import Flow, Step, run, run_async
 from service.allocations.results import (
     Allocation,
     Ended,
+    NotObserved,
     Observation,
     Placed,
     ScorePage,
@@ -53,6 +54,7 @@ from service.state import ServiceState
 __all__ = [
     "Flow",
     "ObservedJob",
+    "ObservedTask",
     "Step",
     "attach",
     "await_step",
@@ -78,6 +80,7 @@ __all__ = [
     "score_json",
     "score_page",
     "sweep",
+    "task_truth",
     "touch",
 ]
 
@@ -103,10 +106,12 @@ get = queries.get
 listing = queries.listing
 by_ids = queries.by_ids
 live = queries.live
-# A job's truth taken from what its scheduler runs, for ``observe_all``.
+# A job's (or a gang task's) truth taken from what its scheduler runs, for ``observe_all``.
 ObservedJob = lifecycle.ObservedJob
+ObservedTask = lifecycle.ObservedTask
 gpus_truth = lifecycle.gpus_truth
 mig_truth = lifecycle.mig_truth
+task_truth = lifecycle.task_truth
 score = scoring.score
 score_json = scoring.score_json
 
@@ -260,27 +265,23 @@ def observe(
     (lifecycle.gpus_truth, taken alone by ``observe_all``). Events: the allocations it
     released first, then the one that now holds the job (attached, moved, or placed
     when created)."""
-    return observe_all(state, [gpus_truth(state, job_id, owner, gpus, named, reason)])[0]
-
-
-def observe_task(
-    state: ServiceState, allocation_id: str, task: int, node: str, gpus: list[int], reason: str
-) -> Observation:
-    """Task ``task`` of ``allocation_id`` (a gang member) runs on ``gpus`` of ``node``
-    instead of its own: move that task alone (lifecycle.observe_task), with the events
-    of ``observe``."""
-    observation = lifecycle.observe_task(state, allocation_id, task, node, gpus, reason)
-    _publish_observation(state, observation)
+    (observation,) = observe_all(state, [gpus_truth(state, job_id, owner, gpus, named, reason)])
+    assert isinstance(observation, Observation)  # only a task's truth is ever not taken
     return observation
 
 
-def observe_all(state: ServiceState, jobs: list[ObservedJob]) -> list[Observation]:
-    """Several jobs' truths (``lifecycle.gpus_truth``, ``lifecycle.mig_truth``) taken in
-    one transaction (lifecycle.observe_all), with the events of ``observe`` for each."""
-    observations = lifecycle.observe_all(state, jobs)
-    for observation in observations:
-        _publish_observation(state, observation)
-    return observations
+def observe_all(
+    state: ServiceState, truths: Sequence[ObservedJob | ObservedTask]
+) -> list[Observation | NotObserved]:
+    """Several truths taken in one transaction (lifecycle.observe_all): jobs'
+    (``gpus_truth``, ``mig_truth``) and gang tasks' (``task_truth``: one task of an
+    allocation moved, event ``moved``), with the events of ``observe`` for each; a task
+    that cannot be moved is answered ``NotObserved`` and changes nothing."""
+    answers = lifecycle.observe_all(state, truths)
+    for answer in answers:
+        if isinstance(answer, Observation):
+            _publish_observation(state, answer)
+    return answers
 
 
 def _publish_observation(state: ServiceState, observation: Observation) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -26,7 +26,7 @@ from service.allocations import queries, repository, views
 from service.allocations.encoding import time_text
 from service.allocations.observed_gpus import observed_mig_placement, observed_placement
 from service.allocations.place_flow import checked_ttl
-from service.allocations.results import Allocation, Ended, Observation
+from service.allocations.results import Allocation, Ended, NotObserved, Observation
 from service.allocations.schemas import PlaceRequest
 from service.audit import records
 from service.audit import store as audit
@@ -305,85 +305,19 @@ def mig_truth(
     return ObservedJob(job_id, owner, tuple(named), truth)
 
 
-def observe_task(
+def task_truth(
     state: ServiceState, allocation_id: str, task: int, node: str, gpus: list[int], reason: str
-) -> Observation:
-    """Task number ``task`` of a live allocation (a gang member's pod) runs on ``gpus`` of
-    ``node`` rather than on the GPUs it holds: move that task alone, its other tasks kept,
-    in one guarded transaction. Other allocations holding those GPUs are stale and end;
-    a GPU another task of the same allocation holds is refused (409), never held twice.
-    A task already on ``gpus`` is ``matched``: the truth is reported every round."""
+) -> ObservedTask:
+    """A task's truth for ``observe_all``: task number ``task`` of live allocation
+    ``allocation_id`` (a gang member's pod) runs on ``gpus`` of ``node`` rather than on
+    the GPUs it holds. Its other tasks, and this task's CPUs, are kept."""
     snapshot = _snapshots(state, [node])[node]
     wrong = [i for i in gpus if not 0 <= i < snapshot.gpu_count]
     if wrong or not gpus or len(set(gpus)) != len(gpus):
         raise BadRequest(f"{node} has no GPUs {wrong or gpus}", {"node": node})
     moved_task = observed_placement({node: snapshot}, {node: gpus}, reason)["tasks"][0]
-    new_holds = [(node, snapshot.gpus[i].uuid, "gpu") for i in sorted(gpus)]
-    wanted = {(n, d) for n, d, _ in new_holds}
-
-    def work(conn: Connection) -> tuple[Observation, list[repository.FreedHold]]:
-        now = state.clock()
-        row = repository.by_id(conn, allocation_id)
-        if row is None or row["state"] not in repository.LIVE:
-            raise NotFound(f"allocation {allocation_id} is not live", {"id": allocation_id})
-        placement = json.loads(str(row["placement"]))
-        tasks = placement["tasks"]
-        found = [i for i, t in enumerate(tasks) if t["task"] == task and t["node"] == node]
-        if not found:
-            raise Conflict(
-                f"allocation {allocation_id} has no task {task} on {node}", {"id": allocation_id}
-            )
-        old = tasks[found[0]]
-        if set(old["gpu_uuids"]) == {d for _, d in wanted}:
-            return Observation("matched", allocation_id), []  # moved before: nothing to do
-        was = list(old["gpu_uuids"])
-        gone = set(was)
-        kept = [
-            h
-            for h in repository.holds_with_kind(conn, allocation_id)
-            if not (h[0] == node and h[2] == "gpu" and h[1] in gone)
-        ]
-        own = {(n, d) for n, d, _ in kept} & wanted
-        if own:
-            raise Conflict(
-                f"another task of allocation {allocation_id} holds {sorted(d for _, d in own)}",
-                {"id": allocation_id},
-            )
-        # The task's CPUs stay its own (their holds are kept): only its GPUs move.
-        tasks[found[0]] = {
-            **moved_task,
-            "task": old["task"],
-            "cpuset": old.get("cpuset", ""),
-            "cpus": old.get("cpus", []),
-        }
-        stale = sorted(a for a in repository.holders(conn, sorted(wanted)) if a != allocation_id)
-        superseded, freed = repository.end(conn, stale, "release", now)
-        moved, given_up = repository.relocate(
-            conn,
-            allocation_id,
-            now,
-            job_id=row["job_id"],
-            placement=json.dumps(placement),
-            holds=[*new_holds, *kept],
-        )
-        if moved is None:
-            raise Conflict(f"allocation {allocation_id} changed meanwhile; retry")
-        freed += given_up
-        audit.write_allocations(conn, "released", superseded, now)
-        audit.write(conn, [records.allocation_change("moved", now, moved)])
-        publish(conn, {h.node for h in freed} | {node})
-        return Observation("moved", allocation_id, tuple(superseded)), freed
-
-    try:
-        observation, freed = in_transaction(state.engine, work)
-    except IntegrityError:
-        raise Conflict(
-            f"the GPUs of allocation {allocation_id} were taken while it was recorded; retry",
-            {"id": allocation_id},
-        ) from None
-    if observation.action == "moved":
-        state.sync_nodes(sorted({h.node for h in freed} | {node}))
-    return observation
+    holds = [(node, snapshot.gpus[i].uuid, "gpu") for i in sorted(gpus)]
+    return ObservedTask(allocation_id, task, node, holds, moved_task)
 
 
 def _snapshots(state: ServiceState, nodes: list[str]) -> dict[str, NodeSnapshot]:
@@ -415,67 +349,233 @@ class ObservedJob:
     named: tuple[str, ...]
     truth: _Truth
 
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        return self.truth.nodes
 
-def observe_all(state: ServiceState, jobs: list[ObservedJob]) -> list[Observation]:
-    """Several jobs run on what their truths say: make it so here, in one transaction,
-    one observation per job in order.
+    @property
+    def label(self) -> str:
+        return f"job {self.job_id}"
+
+
+@dataclass(frozen=True)
+class ObservedTask:
+    """One task's truth for ``observe_all`` (``task_truth``): its new GPU holds on
+    ``node`` and its placement there (CPUs and task number are kept from the old)."""
+
+    allocation_id: str
+    task: int
+    node: str
+    holds: list[tuple[str, str, str]]
+    placement: dict[str, Any]
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        return (self.node,)
+
+    @property
+    def label(self) -> str:
+        return f"task {self.task} of allocation {self.allocation_id}"
+
+    @property
+    def wanted(self) -> set[tuple[str, str]]:
+        return {(n, d) for n, d, _ in self.holds}
+
+
+Truth = ObservedJob | ObservedTask
+
+
+class _Changed(Exception):
+    """A row read live in this transaction was ended by another one before it was
+    relocated (Postgres): the whole transaction is tried again on what is there now."""
+
+
+@dataclass(frozen=True)
+class _TaskPlan:
+    """What a task's truth finds in the database before anything is written: the task's
+    place in its allocation's placement and its GPUs then; or why it is not taken."""
+
+    index: int = 0
+    was: frozenset[str] = frozenset()
+    refusal: ServiceError | None = None
+
+
+def observe_all(state: ServiceState, truths: Sequence[Truth]) -> list[Observation | NotObserved]:
+    """Several jobs (and gang tasks) run on what their truths say: make it so here, in
+    one transaction, one answer per truth in order.
 
     A job's live allocations are those carrying its id or ``named`` by it. When
     they hold exactly its devices, they only learn the job id. Otherwise the truth
     wins: any other allocation holding one of these devices is stale (the scheduler
     would not run two jobs on one GPU) and is released; the job's first allocation
-    is relocated onto them (its others end), or one is created. The jobs that move
-    give up their holds first, so jobs that swapped devices (two same-size pods the
-    kubelet admitted the other way round) each keep their own allocation, and none is
-    released as another's stale holder. A hold taken meanwhile by another replica
-    fails the insert; the whole transaction is then tried again.
+    is relocated onto them (its others end), or one is created. A task's truth moves
+    that task of its allocation alone, the same way; a task whose allocation ended,
+    that is not on the node, or whose new GPUs another task of its own allocation
+    holds is not taken (``NotObserved``, the others are). Those that move give up
+    their holds first, so two that swapped devices (two same-size pods, or a pod and a
+    gang member, the kubelet admitted the other way round) each keep their own
+    allocation, and none is released as another's stale holder. A hold taken meanwhile
+    by another replica fails the insert; the whole transaction is then tried again.
     """
-    if not jobs:
+    if not truths:
         return []
 
-    def work(conn: Connection) -> tuple[list[Observation], list[repository.FreedHold]]:
+    def work(
+        conn: Connection,
+    ) -> tuple[list[Observation | NotObserved], list[repository.FreedHold]]:
         now = state.clock()
-        freed = _give_up_moving(conn, jobs)
-        observations = []
-        for job in jobs:
-            observation, given_up = _take_truth(conn, now, job)
-            observations.append(observation)
+        plans = {
+            i: _plan_task(conn, t) for i, t in enumerate(truths) if isinstance(t, ObservedTask)
+        }
+        freed = _give_up_moving(conn, truths, plans)
+        answers: list[Observation | NotObserved] = []
+        for i, truth in enumerate(truths):
+            if isinstance(truth, ObservedTask):
+                answer, given_up = _take_task(conn, now, truth, plans[i])
+            else:
+                answer, given_up = _take_truth(conn, now, truth)
+            answers.append(answer)
             freed += given_up
-        nodes = {n for job in jobs for n in job.truth.nodes}
-        if any(o.action not in ("matched", "attached") for o in observations):
-            publish(conn, {h.node for h in freed} | nodes)
-        return observations, freed
+        if any(_changed(a) for a in answers):
+            publish(conn, {h.node for h in freed} | _nodes(truths))
+        return answers, freed
 
     for attempt in range(OBSERVE_ATTEMPTS):
         try:
-            observations, freed = in_transaction(state.engine, work, state.metrics.retried)
+            answers, freed = in_transaction(state.engine, work, state.metrics.retried)
             break
-        except IntegrityError:
+        except (IntegrityError, _Changed):
             if attempt == OBSERVE_ATTEMPTS - 1:
-                job_ids = ", ".join(job.job_id for job in jobs)
-                raise Conflict(
-                    f"the GPUs of job(s) {job_ids} kept being taken while recorded; retry",
-                    {"job_id": jobs[0].job_id if len(jobs) == 1 else job_ids},
-                ) from None
-    if any(o.action not in ("matched", "attached") for o in observations):
-        nodes = {n for job in jobs for n in job.truth.nodes}
-        state.sync_nodes(sorted({h.node for h in freed} | nodes))
-    return observations
+                raise _kept_changing(truths) from None
+    if any(_changed(a) for a in answers):
+        state.sync_nodes(sorted({h.node for h in freed} | _nodes(truths)))
+    return answers
 
 
-def _give_up_moving(conn: Connection, jobs: list[ObservedJob]) -> list[repository.FreedHold]:
-    """The holds of each job's allocation that is about to move, dropped before any
-    job takes its devices: a device one job leaves is then free for another of the
-    same truth instead of making its holder look stale."""
-    if len(jobs) < 2:
+def _kept_changing(truths: Sequence[Truth]) -> Conflict:
+    labels = ", ".join(t.label for t in truths)
+    first = truths[0]
+    job_id = first.job_id if len(truths) == 1 and isinstance(first, ObservedJob) else labels
+    return Conflict(
+        f"the GPUs of {labels} kept being taken while recorded; retry", {"job_id": job_id}
+    )
+
+
+def _changed(answer: Observation | NotObserved) -> bool:
+    return isinstance(answer, Observation) and answer.action not in ("matched", "attached")
+
+
+def _nodes(truths: Sequence[Truth]) -> set[str]:
+    return {n for t in truths for n in t.nodes}
+
+
+def _plan_task(conn: Connection, truth: ObservedTask) -> _TaskPlan:
+    """Read what a task's truth moves, and whether it may: before anything is written."""
+    allocation_id, node = truth.allocation_id, truth.node
+    row = repository.by_id(conn, allocation_id)
+    if row is None or row["state"] not in repository.LIVE:
+        refusal: ServiceError = NotFound(
+            f"allocation {allocation_id} is not live", {"id": allocation_id}
+        )
+        return _TaskPlan(refusal=refusal)
+    placement = json.loads(str(row["placement"]))
+    tasks = placement["tasks"]
+    found = [i for i, t in enumerate(tasks) if t["task"] == truth.task and t["node"] == node]
+    if not found:
+        refusal = Conflict(
+            f"allocation {allocation_id} has no task {truth.task} on {node}",
+            {"id": allocation_id},
+        )
+        return _TaskPlan(refusal=refusal)
+    was = frozenset(str(d) for d in tasks[found[0]]["gpu_uuids"])
+    plan = _TaskPlan(found[0], was)
+    if was == {d for _, d in truth.wanted}:
+        return plan  # moved before: nothing to do
+    own = {(n, d) for n, d, _ in _kept(conn, plan, truth)} & truth.wanted
+    if own:
+        refusal = Conflict(
+            f"another task of allocation {allocation_id} holds {sorted(d for _, d in own)}",
+            {"id": allocation_id},
+        )
+        return _TaskPlan(refusal=refusal)
+    return plan
+
+
+def _moves(plan: _TaskPlan, truth: ObservedTask) -> bool:
+    return plan.refusal is None and plan.was != {d for _, d in truth.wanted}
+
+
+def _kept(conn: Connection, plan: _TaskPlan, truth: ObservedTask) -> list[tuple[str, str, str]]:
+    """The allocation's holds but the task's old GPUs: its other tasks', and CPUs."""
+    return [
+        h
+        for h in repository.holds_with_kind(conn, truth.allocation_id)
+        if not (h[0] == truth.node and h[2] == "gpu" and h[1] in plan.was)
+    ]
+
+
+def _take_task(
+    conn: Connection, now: datetime, truth: ObservedTask, plan: _TaskPlan
+) -> tuple[Observation | NotObserved, list[repository.FreedHold]]:
+    allocation_id = truth.allocation_id
+    if plan.refusal is not None:
+        return NotObserved(allocation_id, plan.refusal.message), []
+    if not _moves(plan, truth):
+        return Observation("matched", allocation_id), []
+    # Read again: another task of the allocation may have moved in this transaction.
+    row = repository.by_id(conn, allocation_id)
+    if row is None or row["state"] not in repository.LIVE:
+        raise _Changed(allocation_id)
+    placement = json.loads(str(row["placement"]))
+    tasks = list(placement["tasks"])
+    old = tasks[plan.index]
+    # The task's CPUs stay its own (their holds are kept): only its GPUs move.
+    tasks[plan.index] = {
+        **truth.placement,
+        "task": old["task"],
+        "cpuset": old.get("cpuset", ""),
+        "cpus": old.get("cpus", []),
+    }
+    kept = _kept(conn, plan, truth)
+    stale = sorted(a for a in repository.holders(conn, sorted(truth.wanted)) if a != allocation_id)
+    superseded, freed = repository.end(conn, stale, "release", now)
+    moved, given_up = repository.relocate(
+        conn,
+        allocation_id,
+        now,
+        job_id=row["job_id"],
+        placement=json.dumps({**placement, "tasks": tasks}),
+        holds=[*truth.holds, *kept],
+    )
+    if moved is None:
+        raise _Changed(allocation_id)
+    audit.write_allocations(conn, "released", superseded, now)
+    audit.write(conn, [records.allocation_change("moved", now, moved)])
+    return Observation("moved", allocation_id, tuple(superseded)), freed + given_up
+
+
+def _give_up_moving(
+    conn: Connection, truths: Sequence[Truth], plans: dict[int, _TaskPlan]
+) -> list[repository.FreedHold]:
+    """The holds of each allocation (or task) about to move, dropped before any truth
+    takes its devices: a device one leaves is then free for another of the same call
+    instead of making its holder look stale."""
+    if len(truths) < 2:
         return []
     moving = []
-    for job in jobs:
-        ids = [str(r["id"]) for r in repository.live_for_job(conn, job.job_id, list(job.named))]
-        wanted = {(n, d) for n, d, _ in job.truth.holds}
+    freed: list[repository.FreedHold] = []
+    for i, truth in enumerate(truths):
+        if isinstance(truth, ObservedTask):
+            plan = plans[i]
+            if _moves(plan, truth):
+                devices = [(truth.node, d) for d in sorted(plan.was)]
+                freed += repository.drop_devices(conn, truth.allocation_id, devices)
+            continue
+        ids = [str(r["id"]) for r in repository.live_for_job(conn, truth.job_id, list(truth.named))]
+        wanted = {(n, d) for n, d, _ in truth.truth.holds}
         if ids and repository.holds_of(conn, ids) != wanted:
             moving.append(ids[0])
-    return repository.drop_holds(conn, moving)
+    return freed + repository.drop_holds(conn, moving)
 
 
 def _take_truth(

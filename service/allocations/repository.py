@@ -299,6 +299,24 @@ def drop_holds(conn: Connection, allocation_ids: Sequence[str]) -> list[FreedHol
     return [FreedHold(str(a), str(n), str(d), str(k)) for a, n, d, k in deleted] + given_up
 
 
+def drop_devices(
+    conn: Connection, allocation_id: str, devices: Sequence[tuple[str, str]]
+) -> list[FreedHold]:
+    """Delete these (node, device) holds of one allocation (a task about to move), in the
+    caller's transaction, which gives the allocation its new holds before it commits."""
+    if not devices:
+        return []
+    deleted = conn.execute(
+        sa.delete(_H)
+        .where(
+            _H.c.allocation_id == allocation_id,
+            sa.tuple_(_H.c.node, _H.c.device).in_(list(devices)),
+        )
+        .returning(_H.c.allocation_id, _H.c.node, _H.c.device, _H.c.kind)
+    ).all()
+    return [FreedHold(str(a), str(n), str(d), str(k)) for a, n, d, k in deleted]
+
+
 def insert(conn: Connection, row: dict[str, object], holds: Sequence[tuple[str, str, str]]) -> None:
     """A new live allocation and its holds (outside the group committer: rare writes)."""
     conn.execute(sa.insert(_T), row)

@@ -155,3 +155,13 @@ class Observation:
     superseded: tuple[str, ...] = ()
     merged: tuple[str, ...] = ()
     attached: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class NotObserved:
+    """A truth ``observe_all`` did not take, and why, while it took the others: a gang
+    task whose allocation ended, that is not on the node reported, or whose new GPUs
+    another task of its own allocation holds (nothing is held twice)."""
+
+    allocation_id: str
+    message: str

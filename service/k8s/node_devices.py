@@ -22,8 +22,8 @@ from datetime import datetime
 from placement.request import MAX_TASKS
 from placement.snapshot import NodeSnapshot
 from service.allocations import api as allocations
-from service.allocations.results import Allocation, Observation
-from service.errors import BadRequest, Conflict, NotFound
+from service.allocations.results import Allocation, NotObserved, Observation
+from service.errors import BadRequest, NotFound
 from service.k8s.bind import ALLOCATION_ANNOTATION, GPUS_ANNOTATION
 from service.k8s.device_schemas import (
     DeviceReport,
@@ -193,12 +193,13 @@ def _contested(kube: Callable[[], KubeApi], node: str, report: DeviceReport) -> 
 
 @dataclass
 class _Pending:
-    """A pod whose truth is taken with the report's others (``allocations.observe_all``)."""
+    """A pod whose truth is taken with the report's others (``allocations.observe_all``):
+    a single pod's (its job), or a gang member's (its task of the gang's allocation)."""
 
     pod: PodDevices
     outcome: PodOutcome
     reserved: list[str]
-    job: allocations.ObservedJob
+    truth: allocations.ObservedJob | allocations.ObservedTask
 
 
 def report(
@@ -217,11 +218,12 @@ def report(
         for pod in body.pods
     ]
     pending = [f for f in found if isinstance(f, _Pending)]
-    # One transaction for every pod that moves: two pods the kubelet admitted the other
-    # way round swap devices, and each keeps its own allocation.
-    observations = allocations.observe_all(state, [p.job for p in pending])
-    for p, observation in zip(pending, observations, strict=True):
-        _observed(p, observation, node, mismatches)
+    # One transaction for every pod and gang member that moves: two the kubelet admitted
+    # the other way round swap devices, and each keeps its own allocation; a report that
+    # fails part way leaves nothing of it.
+    answers = allocations.observe_all(state, [p.truth for p in pending])
+    for p, answer in zip(pending, answers, strict=True):
+        _observed(p, answer, node, mismatches)
     return [f.outcome if isinstance(f, _Pending) else f for f in found]
 
 
@@ -282,8 +284,17 @@ def _reconcile_pod(
     return _Pending(pod, outcome, reserved, job)
 
 
-def _observed(p: _Pending, observation: Observation, node: str, mismatches: MismatchLog) -> None:
+def _observed(
+    p: _Pending, answer: Observation | NotObserved, node: str, mismatches: MismatchLog
+) -> None:
     outcome = p.outcome
+    if isinstance(answer, NotObserved):
+        # Another task of the gang holds those GPUs, or the gang ended: said, not guessed.
+        outcome.action = "unmatched"
+        outcome.message = answer.message
+        _record(mismatches, node, p.pod, outcome, p.reserved, ())
+        return
+    observation = answer
     outcome.action = "moved" if observation.action == "moved" else "matched"
     if observation.action == "created":
         outcome.action = "created"
@@ -343,9 +354,10 @@ def _reconcile_member(
     annotations: dict[str, str],
     mismatches: MismatchLog,
     outcome: PodOutcome,
-) -> PodOutcome:
+) -> PodOutcome | _Pending:
     """A gang member: its GPUs are one task of the gang's allocation (the bind annotated
-    which). When the kubelet gave it others, that task alone moves onto them."""
+    which). When the kubelet gave it others, that task alone moves onto them, with the
+    report's other moves."""
     allocation_id = str(annotations.get(ALLOCATION_ANNOTATION, ""))
     was = [g for g in str(annotations.get(GPUS_ANNOTATION, "")).split(",") if g]
     task = task_number(annotations.get(TASK_ANNOTATION, ""), MAX_TASKS)
@@ -363,26 +375,15 @@ def _reconcile_member(
         outcome.message = "a gang member's MIG instances other than reserved are not moved"
         _record(mismatches, node, pod, outcome, was, ())
         return outcome
-    try:
-        observation = allocations.observe_task(
-            state,
-            allocation_id,
-            task,
-            node,
-            sorted(by_uuid[d] for d in pod.devices),
-            f"observed: the kubelet gave gang member {pod.namespace}/{pod.name} these GPUs",
-        )
-    except (Conflict, NotFound) as exc:
-        # Another task of the gang holds those GPUs, or the gang ended: said, not guessed.
-        outcome.action = "unmatched"
-        outcome.message = exc.message
-        _record(mismatches, node, pod, outcome, was, ())
-        return outcome
-    if observation.action == "matched":
-        return outcome
-    outcome.action = "moved"
-    _record(mismatches, node, pod, outcome, was, observation.superseded)
-    return outcome
+    truth = allocations.task_truth(
+        state,
+        allocation_id,
+        task,
+        node,
+        sorted(by_uuid[d] for d in pod.devices),
+        f"observed: the kubelet gave gang member {pod.namespace}/{pod.name} these GPUs",
+    )
+    return _Pending(pod, outcome, was, truth)
 
 
 def _record(

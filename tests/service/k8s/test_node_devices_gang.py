@@ -1,0 +1,131 @@
+"""A report naming gang members and single pods is taken in one transaction, as a whole.
+
+A gang member's truth moves one task of its gang's allocation; a single pod's
+moves the pod's own. Both kinds are taken together: members and pods that the
+kubelet admitted the other way round each keep their allocation, and a report
+that fails part way leaves nothing of it behind.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from bench.k8s_objects import binding_args, names_args, pod
+from placement.profiles import build_profile
+from service.allocations import repository
+from tests.service.helpers import add_nodes
+from tests.service.k8s.fake_kube import FakeKubeApi
+
+NODE = "h100-a"
+GANG = {"topoplace.io/gang": "pair", "topoplace.io/gang-size": "2"}
+
+
+@pytest.fixture
+def fleet(k8s_client: TestClient) -> TestClient:
+    add_nodes(k8s_client, ("hgx-h100", NODE))
+    return k8s_client
+
+
+def _bound(
+    client: TestClient, kube: FakeKubeApi, name: str, gpus: int, **notes: str
+) -> dict[str, Any]:
+    p = kube.add(pod(name, gpus, annotations=notes or None))
+    assert client.post("/k8s/v1/filter", json=names_args(p, [NODE])).json()["NodeNames"] == [NODE]
+    assert client.post("/k8s/v1/bind", json=binding_args(p, NODE)).json() == {"Error": ""}
+    return kube.get_pod("ml-team", name) or {}
+
+
+def _devices(p: dict[str, Any]) -> list[str]:
+    return str(p["metadata"]["annotations"]["topoplace.io/gpus"]).split(",")
+
+
+def _allocation(client: TestClient, allocation_id: str) -> dict[str, Any]:
+    found: dict[str, Any] = client.get(f"/v1/allocations/{allocation_id}").json()
+    return found
+
+
+def _task_devices(allocation: dict[str, Any], task: int) -> list[str]:
+    (found,) = [t for t in allocation["tasks"] if t["task"] == task]
+    return sorted(found["gpu_uuids"])
+
+
+def _report(client: TestClient, pods: dict[str, list[str]]) -> Any:
+    body = [{"namespace": "ml-team", "name": n, "devices": d} for n, d in sorted(pods.items())]
+    return client.post(
+        f"/v1/nodes/{NODE}/k8s/devices", json={"resource": "nvidia.com/gpu", "pods": body}
+    )
+
+
+def _scene(client: TestClient, kube: FakeKubeApi) -> tuple[dict[str, Any], ...]:
+    """A gang of two 2-GPU members and a 2-GPU pod on one node: 6 GPUs held, 2 free."""
+    first = _bound(client, kube, "pair-0", 2, **GANG)
+    second = _bound(client, kube, "pair-1", 2, **GANG)
+    solo = _bound(client, kube, "solo", 2)
+    return first, second, solo
+
+
+def test_a_member_and_a_pod_admitted_the_other_way_round_each_keep_their_allocation(
+    fleet: TestClient, kube: FakeKubeApi
+) -> None:
+    first, second, solo = _scene(fleet, kube)
+    gang_id = first["metadata"]["annotations"]["topoplace.io/allocation"]
+    task = int(first["metadata"]["annotations"]["topoplace.io/gang-task"])
+    solo_id = solo["metadata"]["annotations"]["topoplace.io/allocation"]
+    body = _report(
+        fleet, {"pair-0": _devices(solo), "pair-1": _devices(second), "solo": _devices(first)}
+    )
+    assert body.status_code == 200, body.text
+    outcomes = {o["name"]: o for o in body.json()["outcomes"]}
+    assert outcomes["pair-0"]["action"] == "moved", outcomes
+    assert outcomes["solo"] == {
+        "namespace": "ml-team",
+        "name": "solo",
+        "action": "moved",
+        "allocation_id": solo_id,
+        "message": "",
+    }, "the pod keeps its own allocation: it is not the member's stale holder"
+    assert _task_devices(_allocation(fleet, gang_id), task) == sorted(_devices(solo))
+    now = _allocation(fleet, solo_id)
+    assert now["state"] == "active"
+    assert _task_devices(now, 0) == sorted(_devices(first))
+    mismatches = fleet.get("/v1/k8s/mismatches").json()
+    assert mismatches["counts"]["superseded"] == 0
+    assert len(fleet.get(f"/v1/nodes/{NODE}").json()["free_gpus"]) == 2
+
+
+def test_a_report_that_fails_part_way_leaves_nothing_of_it(
+    fleet: TestClient, kube: FakeKubeApi, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The member's move and the pod's are one change: the pod's failing (the database
+    lost mid-transaction, here a fault injected into its relocation) undoes the member's
+    too, and the report is simply taken again next round."""
+    first, second, solo = _scene(fleet, kube)
+    gang_id = first["metadata"]["annotations"]["topoplace.io/allocation"]
+    task = int(first["metadata"]["annotations"]["topoplace.io/gang-task"])
+    solo_id = solo["metadata"]["annotations"]["topoplace.io/allocation"]
+    gang_before = _allocation(fleet, gang_id)
+    free = [
+        g.uuid
+        for g in build_profile("hgx-h100", NODE).gpus
+        if g.uuid not in {*_devices(first), *_devices(second), *_devices(solo)}
+    ]
+    relocate = repository.relocate
+
+    def fails_for_the_pod(conn: Any, allocation_id: str, *args: Any, **kw: Any) -> Any:
+        if allocation_id == solo_id:
+            raise RuntimeError("the database connection was lost")
+        return relocate(conn, allocation_id, *args, **kw)
+
+    monkeypatch.setattr(repository, "relocate", fails_for_the_pod)
+    devices = {"pair-0": free, "solo": _devices(first)}
+    assert _report(fleet, devices).status_code == 500
+    assert _allocation(fleet, gang_id)["tasks"] == gang_before["tasks"], "half applied"
+    assert _task_devices(_allocation(fleet, solo_id), 0) == sorted(_devices(solo))
+    monkeypatch.undo()
+    body = _report(fleet, devices)
+    assert body.status_code == 200, body.text
+    assert _task_devices(_allocation(fleet, gang_id), task) == sorted(free)
+    assert _task_devices(_allocation(fleet, solo_id), 0) == sorted(_devices(first))
