@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ssl
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 from types import TracebackType
 from typing import Any, Self
 from urllib.parse import quote, urlsplit
@@ -319,10 +320,17 @@ class TopoplaceClient:
         return self._get(f"/v1/nodes/{_segment(node)}/k8s/reservations")
 
     def k8s_report_devices(
-        self, node: str, resource: str, pods: Sequence[Mapping[str, Any]]
+        self,
+        node: str,
+        resource: str,
+        pods: Sequence[Mapping[str, Any]],
+        listed_at: datetime | None = None,
     ) -> JSONObject:
-        """POST /v1/nodes/{name}/k8s/devices: what the kubelet really gave each pod."""
-        body = {"resource": resource, "pods": list(pods)}
+        """POST /v1/nodes/{name}/k8s/devices: what the kubelet really gave each pod;
+        ``listed_at``: when its List was read (timezone-aware, the node's clock)."""
+        body: dict[str, Any] = {"resource": resource, "pods": list(pods)}
+        if listed_at is not None:
+            body["listed_at"] = listed_at.isoformat()
         return self._post(f"/v1/nodes/{_segment(node)}/k8s/devices", body)
 
     def k8s_mismatches(self) -> JSONObject:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -61,8 +62,8 @@ class ServiceLink:
     def reservations_for_report(self) -> list[Reservation]:
         return self._parse(self.reports.k8s_reservations(self.node))
 
-    def report(self, resource: str, pods: list[dict[str, Any]]) -> Any:
-        return self.reports.k8s_report_devices(self.node, resource, pods)
+    def report(self, resource: str, pods: list[dict[str, Any]], listed_at: datetime) -> Any:
+        return self.reports.k8s_report_devices(self.node, resource, pods, listed_at)
 
 
 class DevicePluginDaemon:

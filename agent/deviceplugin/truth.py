@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 import grpc
@@ -79,7 +80,7 @@ class TruthLoop:
         resources: Callable[[], set[str]],
         claims: Claims,
         fetch: Callable[[], list[Reservation]],
-        report: Callable[[str, list[dict[str, Any]]], Any],
+        report: Callable[[str, list[dict[str, Any]], datetime], Any],
         interval_s: float,
         timeout_s: float = 5.0,
         on_round: Callable[[set[str]], None] | None = None,
@@ -97,6 +98,10 @@ class TruthLoop:
 
     def once(self) -> bool:
         """One round; False when the kubelet or the service could not be read (tried again)."""
+        # Taken before the List is asked for: the service takes a pod's devices from it
+        # only if the kubelet had started that pod by then (a List names pods, not their
+        # UIDs, and may show an earlier pod of the name).
+        listed_at = datetime.now(UTC)
         try:
             held = list_pod_devices(self.socket, self.resources(), self.timeout_s)
         except grpc.RpcError as exc:
@@ -126,7 +131,7 @@ class TruthLoop:
             if not body:
                 continue
             try:
-                self.report(resource, body)
+                self.report(resource, body, listed_at)
             except Exception as exc:
                 log.warning("cannot report %s allocations to the service: %s", resource, exc)
                 ok = False

@@ -11,7 +11,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 DeviceId = str  # a GPU UUID or a MIG UUID, as NVML and the kubelet name it
 _ID = Field(min_length=1, max_length=128)
@@ -59,6 +59,12 @@ class DeviceReport(BaseModel):
         examples=["nvidia.com/gpu"],
     )
     pods: list[PodDevices] = Field(max_length=1000)
+    listed_at: AwareDatetime | None = Field(
+        default=None,
+        description="when the plugin read the kubelet's List, by the node's clock: a pod"
+        " the kubelet started (status.startTime) after it, or within that second, is not"
+        " in it, and the devices under its name are an earlier pod's (deferred)",
+    )
 
 
 ReportAction = Literal["matched", "moved", "created", "deferred", "unmatched"]

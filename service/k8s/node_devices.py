@@ -17,7 +17,7 @@ import threading
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 
 from placement.request import MAX_TASKS
 from placement.snapshot import NodeSnapshot
@@ -186,7 +186,7 @@ def _contested(kube: Callable[[], KubeApi], node: str, report: DeviceReport) -> 
         except (KubeApiError, KubeConfigError):
             claims.update(named)  # unread: it may run on them
             continue
-        if found is not None and _not_running_here(found, node) is None:
+        if found is not None and _not_running_here(found, node, report.listed_at) is None:
             claims.update(named)
     return {d for d, n in claims.items() if n > 1}
 
@@ -214,7 +214,7 @@ def report(
     contested = _contested(kube, node, body)
     held = {_pod_name(a.owner): a for a in pod_allocations(state, node)}
     found = [
-        _reconcile_pod(state, kube, node, by_uuid, held, pod, mismatches, contested)
+        _reconcile_pod(state, kube, node, by_uuid, held, pod, mismatches, contested, body.listed_at)
         for pod in body.pods
     ]
     pending = [f for f in found if isinstance(f, _Pending)]
@@ -236,6 +236,7 @@ def _reconcile_pod(
     pod: PodDevices,
     mismatches: MismatchLog,
     contested: set[str],
+    listed_at: datetime | None,
 ) -> PodOutcome | _Pending:
     allocation = held.get((pod.namespace, pod.name))
     reserved = _devices_on(allocation, node) if allocation is not None else []
@@ -257,7 +258,7 @@ def _reconcile_pod(
         outcome.allocation_id = allocation.id if allocation else None
         _record(mismatches, node, pod, outcome, reserved, ())
         return outcome
-    found = _pod_here(kube, node, pod, outcome)
+    found = _pod_here(kube, node, pod, outcome, listed_at)
     if found is None:
         return outcome
     meta = found.get("metadata") or {}
@@ -304,12 +305,18 @@ def _observed(
 
 
 def _pod_here(
-    kube: Callable[[], KubeApi], node: str, pod: PodDevices, outcome: PodOutcome
+    kube: Callable[[], KubeApi],
+    node: str,
+    pod: PodDevices,
+    outcome: PodOutcome,
+    listed_at: datetime | None,
 ) -> Pod | None:
     """The pod that has this name now, read from the Kubernetes API, if it is bound to
-    ``node``; else None, and ``outcome`` deferred with why. The kubelet names pods, not
-    their UIDs: a pod of that name bound to another node, or to none, is not the one
-    this node's kubelet ran (the report is of an earlier pod of that name)."""
+    ``node`` and its devices in the report are its own; else None, and ``outcome``
+    deferred with why. The kubelet names pods, not their UIDs: a pod of that name bound
+    to another node, or to none, or one this node's kubelet had not started when the
+    report's List was read, is not the one the List shows (the report is of an earlier
+    pod of that name)."""
     try:
         found = kube().get_pod(pod.namespace, pod.name)
     except (KubeApiError, KubeConfigError) as exc:
@@ -320,7 +327,7 @@ def _pod_here(
         outcome.action = "deferred"
         outcome.message = "the pod is gone from the Kubernetes API"
         return None
-    why = _not_running_here(found, node)
+    why = _not_running_here(found, node, listed_at)
     if why is not None:
         outcome.action = "deferred"
         outcome.message = why
@@ -328,9 +335,9 @@ def _pod_here(
     return found
 
 
-def _not_running_here(found: Pod, node: str) -> str | None:
-    """Why the pod read from the API is not one this node's kubelet runs devices for;
-    None when it is."""
+def _not_running_here(found: Pod, node: str, listed_at: datetime | None) -> str | None:
+    """Why the pod read from the API is not one this node's kubelet runs devices for,
+    or not the one the report's List showed under its name; None when it is."""
     bound_to = (found.get("spec") or {}).get("nodeName")
     if bound_to != node:
         return (
@@ -343,7 +350,42 @@ def _not_running_here(found: Pod, node: str) -> str | None:
             f"the pod has {phase}: it runs on nothing (the kubelet lists a finished pod's"
             " devices after it gave them to another pod)"
         )
+    return _listed_before_start(found, listed_at)
+
+
+def _listed_before_start(found: Pod, listed_at: datetime | None) -> str | None:
+    """Why the List may predate this pod: the kubelet gives a pod its devices when it
+    admits it, and writes ``status.startTime`` then. With no start yet, the devices its
+    List shows under the pod's name are an earlier pod's of that name (deleted, its
+    successor bound here since). ``listed_at``, when the plugin read the List by the
+    node's clock (the kubelet's too): one read before the start, or within its second
+    (the API keeps whole seconds), may have been answered before it."""
+    uid = (found.get("metadata") or {}).get("uid")
+    started = _started_at(found)
+    if started is None:
+        return (
+            f"the kubelet has not started the pod of this name (UID {uid}) yet: the devices"
+            " listed under its name are an earlier pod's"
+        )
+    if listed_at is not None and listed_at < started + timedelta(seconds=1):
+        return (
+            f"the kubelet's List was read at {listed_at.isoformat()}, before it started the"
+            f" pod of this name (UID {uid}) at {started.isoformat()}: the devices listed"
+            " under its name are an earlier pod's"
+        )
     return None
+
+
+def _started_at(found: Pod) -> datetime | None:
+    """``status.startTime`` to the whole second; None when absent or unreadable."""
+    text = (found.get("status") or {}).get("startTime")
+    if not isinstance(text, str):
+        return None
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    return (when if when.tzinfo else when.replace(tzinfo=UTC)).replace(microsecond=0)
 
 
 def _reconcile_member(

@@ -14,6 +14,7 @@ plugin socket deleted.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -90,6 +91,9 @@ class FakeKubelet:
         self.registrations: list[pb.RegisterRequest] = []
         self.plugins: dict[str, Plugin] = {}
         self.admitted: list[Admitted] = []
+        # Called with (namespace, name) once a pod's container is admitted: the kubelet
+        # starts the pod, which the API shows (status.startTime).
+        self.on_admit: Callable[[str, str], None] | None = None
         self._server: grpc.Server | None = None
         self._pr_server: grpc.Server | None = None
 
@@ -218,6 +222,8 @@ class FakeKubelet:
         )
         with self.lock:
             self.admitted.append(admitted)
+        if self.on_admit is not None:
+            self.on_admit(namespace, name)
         if plugin.options.pre_start_required:
             plugin.stub.PreStartContainer(
                 pb.PreStartContainerRequest(devices_ids=devices), timeout=5

@@ -148,6 +148,13 @@ class PluginProcess:
 def kubelet(cluster: Cluster) -> Iterator[FakeKubelet]:
     (cluster.folder / "dp").mkdir()
     k = FakeKubelet(cluster.folder / "dp", cluster.folder / "pr.sock").start()
+
+    def started(namespace: str, name: str) -> None:
+        found = cluster.kube.pods.get((namespace, name))
+        if found is not None and "startTime" not in found.get("status", {}):
+            cluster.kube.start(namespace, name)
+
+    k.on_admit = started
     yield k
     k.close()
 

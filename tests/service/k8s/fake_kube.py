@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from datetime import UTC, datetime
 from typing import Any
 
 from service.k8s.kube_api import KubeApiError, binding_body
@@ -18,6 +19,13 @@ class FakeKubeApi:
         meta = pod["metadata"]
         self.pods[(meta["namespace"], meta["name"])] = copy.deepcopy(pod)
         return pod
+
+    def start(self, namespace: str, name: str, at: datetime | None = None) -> None:
+        """The pod's kubelet admitted and started it: ``status.startTime``, in whole
+        seconds as the API server writes times (now, by default)."""
+        when = (at or datetime.now(UTC)).astimezone(UTC)
+        status = self.pods[(namespace, name)].setdefault("status", {})
+        status["startTime"] = when.strftime("%Y-%m-%dT%H:%M:%SZ")
 
     def delete(self, namespace: str, name: str) -> None:
         del self.pods[(namespace, name)]

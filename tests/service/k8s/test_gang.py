@@ -126,6 +126,7 @@ def _member(client: TestClient, kube: FakeKubeApi, name: str) -> tuple[str, list
     p = kube.add(pod(name, 2, annotations=notes))
     (node, *_) = _filter(client, p)["NodeNames"]
     assert _bind(client, p, node) == ""
+    kube.start("ml-team", name)  # its kubelet admitted it: device reports name its GPUs
     bound = kube.get_pod("ml-team", name) or {}
     return node, str(bound["metadata"]["annotations"]["topoplace.io/gpus"]).split(",")
 

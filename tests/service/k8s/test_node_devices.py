@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -23,10 +24,15 @@ def fleet(k8s_client: TestClient) -> TestClient:
     return k8s_client
 
 
-def _bound(client: TestClient, kube: FakeKubeApi, name: str, gpus: int) -> dict[str, Any]:
+def _bound(
+    client: TestClient, kube: FakeKubeApi, name: str, gpus: int, started: bool = True
+) -> dict[str, Any]:
+    """A pod filtered and bound to NODE; ``started``: and its kubelet started it."""
     p = kube.add(pod(name, gpus))
     assert client.post("/k8s/v1/filter", json=names_args(p, [NODE])).json()["NodeNames"] == [NODE]
     assert client.post("/k8s/v1/bind", json=binding_args(p, NODE)).json() == {"Error": ""}
+    if started:
+        kube.start("ml-team", name)
     return kube.get_pod("ml-team", name) or {}
 
 
@@ -41,10 +47,13 @@ def _reservations(client: TestClient) -> list[dict[str, Any]]:
     return found
 
 
-def _report(client: TestClient, pods: list[dict[str, Any]]) -> Any:
-    return client.post(
-        f"/v1/nodes/{NODE}/k8s/devices", json={"resource": "nvidia.com/gpu", "pods": pods}
-    )
+def _report(
+    client: TestClient, pods: list[dict[str, Any]], listed_at: datetime | None = None
+) -> Any:
+    body: dict[str, Any] = {"resource": "nvidia.com/gpu", "pods": pods}
+    if listed_at is not None:
+        body["listed_at"] = listed_at.isoformat()
+    return client.post(f"/v1/nodes/{NODE}/k8s/devices", json=body)
 
 
 def test_reservations_are_the_bound_pods_oldest_first_with_their_annotated_gpus(
@@ -151,8 +160,10 @@ def test_an_unbound_pod_is_deferred(fleet: TestClient, kube: FakeKubeApi):
 
 
 def _on_node(p: dict[str, Any], node: str) -> dict[str, Any]:
-    """``p`` as bound to ``node`` outside the extender (by hand, or by another scheduler)."""
+    """``p`` as bound to ``node`` outside the extender (by hand, or by another scheduler)
+    and started by its kubelet."""
     p["spec"]["nodeName"] = node
+    p["status"]["startTime"] = "2026-11-29T10:21:09Z"
     return p
 
 
@@ -355,6 +366,7 @@ def _bound_mig(client: TestClient, kube: FakeKubeApi, name: str, resource: str) 
     passed = client.post("/k8s/v1/filter", json=names_args(p, [MIG_NODE])).json()
     assert passed["NodeNames"] == [MIG_NODE], passed
     assert client.post("/k8s/v1/bind", json=binding_args(p, MIG_NODE)).json() == {"Error": ""}
+    kube.start("ml-team", name)
     found = kube.get_pod("ml-team", name) or {}
     return str(found["metadata"]["annotations"]["topoplace.io/gpus"]).split(",")
 
@@ -507,3 +519,85 @@ def test_a_pod_reported_twice_is_refused_before_anything_changes(
     assert error["code"] == "bad_request"
     assert error["detail"] == {"field": "pods.1"}, error
     assert _reservations(fleet) == [reservation]
+
+
+def _made_again_over_the_earlier_ones_gpus(
+    fleet: TestClient, kube: FakeKubeApi
+) -> tuple[list[str], str, str]:
+    """web-0 ran here, was deleted (its reservation released with it) and made again; a
+    neighbour took GPUs meanwhile, and the new web-0 was bound here, not started yet.
+    (the earlier web-0's devices, the new one's allocation, the neighbour's)."""
+    earlier = _bound(fleet, kube, "web-0", 2)
+    (reservation,) = _reservations(fleet)
+    kube.delete("ml-team", "web-0")
+    assert fleet.post(f"/v1/jobs/{earlier['metadata']['uid']}/release").status_code == 200
+    neighbour = _bound(fleet, kube, "neighbour", 2)
+    again = _bound(fleet, kube, "web-0", 2, started=False)
+    mine = again["metadata"]["annotations"]["topoplace.io/allocation"]
+    theirs = neighbour["metadata"]["annotations"]["topoplace.io/allocation"]
+    return reservation["devices"], mine, theirs
+
+
+def _unchanged(fleet: TestClient, *allocation_ids: str) -> dict[str, Any]:
+    return {i: fleet.get(f"/v1/allocations/{i}").json() for i in allocation_ids}
+
+
+def test_a_list_naming_a_pod_made_again_before_its_kubelet_started_it_moves_nothing(
+    fleet: TestClient, kube: FakeKubeApi
+):
+    """The kubelet names pods, not UIDs: until it has started the new web-0, the devices
+    its List shows under that name are the earlier web-0's (still in its list, or read
+    before it went). Taken as the new pod's, they would move its reservation onto GPUs
+    another pod may hold now, and leave the GPUs it will run on looking free."""
+    devices, mine, theirs = _made_again_over_the_earlier_ones_gpus(fleet, kube)
+    before = _unchanged(fleet, mine, theirs)
+    body = _report(fleet, [{"namespace": "ml-team", "name": "web-0", "devices": devices}])
+    assert body.status_code == 200, body.text
+    (outcome,) = body.json()["outcomes"]
+    assert outcome["action"] == "deferred", outcome
+    assert "not started" in outcome["message"]
+    assert _unchanged(fleet, mine, theirs) == before
+    # Once the kubelet started it, its own devices in a List read since are its truth.
+    kube.start("ml-team", "web-0")
+    now = fleet.get(f"/v1/allocations/{mine}").json()
+    body = _report(
+        fleet, [{"namespace": "ml-team", "name": "web-0", "devices": now["tasks"][0]["gpu_uuids"]}]
+    )
+    assert body.json()["outcomes"][0]["action"] == "matched"
+
+
+def test_a_list_read_before_the_pod_of_its_name_started_moves_nothing(
+    fleet: TestClient, kube: FakeKubeApi
+):
+    """The plugin says when it read the List (``listed_at``, the node's clock, as the
+    kubelet's ``startTime`` is): a List read before the kubelet started the pod now under
+    that name, and answered after, shows an earlier pod's devices. Times are whole
+    seconds in the API: a List within the second of the start is not taken either."""
+    devices, mine, theirs = _made_again_over_the_earlier_ones_gpus(fleet, kube)
+    started = datetime(2026, 12, 4, 9, 30, 15, 800_000, tzinfo=UTC)
+    kube.start("ml-team", "web-0", started)  # startTime 09:30:15Z
+    before = _unchanged(fleet, mine, theirs)
+    for listed_at in (started - timedelta(seconds=5), started - timedelta(milliseconds=500)):
+        body = _report(
+            fleet,
+            [{"namespace": "ml-team", "name": "web-0", "devices": devices}],
+            listed_at=listed_at,
+        )
+        assert body.status_code == 200, body.text
+        (outcome,) = body.json()["outcomes"]
+        assert outcome["action"] == "deferred", outcome
+        assert "before" in outcome["message"]
+        assert _unchanged(fleet, mine, theirs) == before
+    # A List read a second after the start names this pod's devices: the truth.
+    other = [u for u in _uuids() if u not in devices and u not in _held_devices(fleet)][:2]
+    body = _report(
+        fleet,
+        [{"namespace": "ml-team", "name": "web-0", "devices": other}],
+        listed_at=started + timedelta(seconds=1),
+    )
+    (outcome,) = body.json()["outcomes"]
+    assert (outcome["action"], outcome["allocation_id"]) == ("moved", mine)
+
+
+def _held_devices(client: TestClient) -> set[str]:
+    return {d for r in _reservations(client) for d in r["devices"]}

@@ -35,6 +35,7 @@ def _bound(
     p = kube.add(pod(name, gpus, annotations=notes or None))
     assert client.post("/k8s/v1/filter", json=names_args(p, [NODE])).json()["NodeNames"] == [NODE]
     assert client.post("/k8s/v1/bind", json=binding_args(p, NODE)).json() == {"Error": ""}
+    kube.start("ml-team", name)  # its kubelet admitted it: the report names its devices
     return kube.get_pod("ml-team", name) or {}
 
 

@@ -81,6 +81,7 @@ def test_a_pod_the_kubelets_truth_gave_gpus_gives_them_back_when_deleted(
     # the device plugin's report of what the kubelet gave it.
     manual = pod("manual", 2)
     manual["spec"]["nodeName"] = "h100-a"
+    manual["status"]["startTime"] = "2026-11-29T10:21:09Z"  # its kubelet started it
     api.add(manual)
     devices = [g.uuid for g in build_profile("hgx-h100", "h100-a").gpus][:2]
     report = {"namespace": "ml-team", "name": "manual", "devices": devices}
