@@ -18,6 +18,11 @@ allocation holding exactly its GPUs, is kept by the database itself:
   ``anchor_device``) through a foreign key to ``gpu_holds(node, device,
   allocation_id)``: deleting an allocation's holds while it stays live, or
   making a released allocation live again, cannot commit either.
+- A reservation's holds name the node snapshot it was chosen on
+  (``node_seq``), through a foreign key to ``nodes(name, seq)``: a reservation
+  chosen in memory on a snapshot that a newer report replaced (a GPU lost,
+  turned unhealthy, split into MIG instances) cannot commit, on whichever
+  replica it was chosen; it is decided again on the stored snapshot.
 - A check ties the state to these columns (live states have ``live`` and an
   anchor, ended ones have neither and an end time) and the expiry to the
   state (pending ones expire, active ones never).
@@ -55,6 +60,8 @@ nodes = sa.Table(
     sa.Column("cordoned", sa.Boolean, nullable=False, server_default=sa.false()),
     sa.Column("reported_at", sa.DateTime(timezone=True), nullable=False),
     sa.Column("heartbeat_at", sa.DateTime(timezone=True), nullable=False),
+    # What a reservation's holds name (``gpu_holds.node_seq``): the snapshot it was chosen on.
+    sa.Index("uq_nodes_name_seq", "name", "seq", unique=True),
 )
 
 node_snapshots = sa.Table(
@@ -171,6 +178,11 @@ gpu_holds = sa.Table(
     ),
     # A share pool's thousandths held, the sum of its shares; NULL on every other row.
     sa.Column("share_milli", sa.Integer, nullable=True),
+    # The seq of the node's snapshot the reservation was chosen on (NULL: not chosen here,
+    # e.g. recorded from what a scheduler runs). Its foreign key to the node row makes a
+    # reservation chosen on a snapshot that a newer one replaced fail at its commit;
+    # a newer snapshot carries the holds already committed along (ON UPDATE CASCADE).
+    sa.Column("node_seq", sa.BigInteger, nullable=True),
     sa.Index("ix_gpu_holds_allocation", "allocation_id"),
     # A snapshot report looks up whether another node's allocation holds its devices.
     sa.Index("ix_gpu_holds_device", "device"),
@@ -183,6 +195,14 @@ gpu_holds = sa.Table(
         ["allocation_id", "live"],
         ["allocations.id", "allocations.live"],
         name="fk_gpu_holds_live_allocation",
+        deferrable=True,
+        initially="DEFERRED",
+    ),
+    sa.ForeignKeyConstraint(
+        ["node", "node_seq"],
+        ["nodes.name", "nodes.seq"],
+        name="fk_gpu_holds_node_seq",
+        onupdate="CASCADE",
         deferrable=True,
         initially="DEFERRED",
     ),

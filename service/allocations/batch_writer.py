@@ -77,7 +77,14 @@ def _pool_add(dialect: Dialect) -> _Statement:
     allocation, and past a whole GPU a pool over 1000: the hold shape check refuses both
     (docs/service.md, "GPU shares in the database"). Each dialect spells the upsert."""
     holds = schema.gpu_holds
-    written = [holds.c.node, holds.c.device, holds.c.kind, holds.c.live, holds.c.share_milli]
+    written = [
+        holds.c.node,
+        holds.c.device,
+        holds.c.kind,
+        holds.c.live,
+        holds.c.share_milli,
+        holds.c.node_seq,
+    ]
     dialect_insert = postgresql.insert if dialect.name == "postgresql" else sqlite.insert
     insert = dialect_insert(holds).values({c.key: sa.bindparam(c.key) for c in written})
     statement = insert.on_conflict_do_update(
@@ -85,6 +92,8 @@ def _pool_add(dialect: Dialect) -> _Statement:
         set_={
             "kind": insert.excluded.kind,
             "share_milli": holds.c.share_milli + insert.excluded.share_milli,
+            # The new share's snapshot must be the stored one too (its foreign key).
+            "node_seq": sa.func.coalesce(insert.excluded.node_seq, holds.c.node_seq),
         },
     )
     return _Statement(statement, written, dialect)
@@ -117,7 +126,8 @@ class BatchWriter:
         shares: Sequence[Mapping[str, Any]] = (),
     ) -> None:
         """Insert the rows, holds, shares and audit rows and announce the nodes, in one
-        transaction. A share is (node, device, allocation_id, milli)."""
+        transaction. A share is (node, device, allocation_id, milli), and a hold or share
+        may name ``node_seq``, the node snapshot it was chosen on (service/schema.py)."""
         steps = self._steps(rows, holds, nodes, audits, shares)
         dbapi_error: type[Exception] = self.dialect.loaded_dbapi.Error
         try:
@@ -184,6 +194,7 @@ class BatchWriter:
                     "kind": "shared",
                     "live": True,
                     "share_milli": s["milli"],
+                    "node_seq": s.get("node_seq"),
                 }
                 for s in shares
             ]

@@ -46,7 +46,7 @@ import queue
 import sqlite3
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError, OperationalError
@@ -67,6 +67,9 @@ class _Reservation:
     # Called once on the committer's thread when the outcome is known.
     finished: Callable[[], None]
     shares: Sequence[tuple[str, str, int]] = ()  # (node, device, thousandths) of GPU shares
+    # node -> the seq of the snapshot the reservation was chosen on, named by its holds
+    # (a node left out: its holds name none, and no snapshot check guards them)
+    seqs: Mapping[str, int] = field(default_factory=dict)
     error: BaseException | None = None
 
 
@@ -108,11 +111,14 @@ class GroupCommitter:
         *,
         at_once: bool = False,
         shares: Sequence[tuple[str, str, int]] = (),
+        seqs: Mapping[str, int] | None = None,
     ) -> None:
         """Insert the allocation, its holds, its shares and its audit row durably; raises
         what a lone commit would. ``at_once``: written on the calling (worker) thread when
-        the database is free, on SQLite or Postgres (the Kubernetes bind)."""
-        reservation = _Reservation(row, holds, nodes, audit, _nothing, shares)
+        the database is free, on SQLite or Postgres (the Kubernetes bind). ``seqs``: the
+        node snapshots chosen on; a node whose stored seq differs fails the commit
+        (IntegrityError, as a GPU held already)."""
+        reservation = _Reservation(row, holds, nodes, audit, _nothing, shares, seqs or {})
         if at_once and self._write_at_once(reservation, on_loop=False):
             return
         done = threading.Event()
@@ -131,11 +137,12 @@ class GroupCommitter:
         *,
         at_once: bool = False,
         shares: Sequence[tuple[str, str, int]] = (),
+        seqs: Mapping[str, int] | None = None,
     ) -> None:
         """``commit`` for the event loop: awaits the batch instead of blocking a thread.
         ``at_once``: the caller has no batch to share (the Slurm filter); on SQLite, with
         the database free, the reservation is written here, now (see the module's text)."""
-        reservation = _Reservation(row, holds, nodes, audit, _nothing, shares)
+        reservation = _Reservation(row, holds, nodes, audit, _nothing, shares, seqs or {})
         if at_once and self._write_at_once(reservation, on_loop=True):
             return
         loop = asyncio.get_running_loop()
@@ -238,6 +245,7 @@ class GroupCommitter:
                     "kind": kind,
                     "allocation_id": r.row["id"],
                     "live": True,
+                    "node_seq": r.seqs.get(node),
                 }
                 for r in batch
                 for node, device, kind in r.holds
@@ -248,7 +256,13 @@ class GroupCommitter:
         audits = [r.audit for r in batch if r.audit is not None]
         shares = sorted(
             (
-                {"node": node, "device": device, "allocation_id": r.row["id"], "milli": milli}
+                {
+                    "node": node,
+                    "device": device,
+                    "allocation_id": r.row["id"],
+                    "milli": milli,
+                    "node_seq": r.seqs.get(node),
+                }
                 for r in batch
                 for node, device, milli in r.shares
             ),

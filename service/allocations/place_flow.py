@@ -10,7 +10,12 @@ The write path (style: snapshot in, plan out, commit optimistically):
    level, whichever process or replica wrote first;
 3. if the insert fails on a hold, another replica got there first: the
    tentative choice is undone, that replica's holds are read into memory and
-   the decision is made again on fresh state (a few times, then 409).
+   the decision is made again on fresh state (a few times, then 409). Each hold
+   names the seq of its node's snapshot the choice was made on, with a foreign
+   key to the node row (service/schema.py): a snapshot report that replaced it
+   meanwhile (a GPU lost, unhealthy or split into MIG instances), here or on
+   another replica, fails the commit the same way, and the decision is made
+   again on the stored snapshot.
 
 An ``Idempotency-Key`` is stored with the allocation (unique), so a retried
 request gets the same allocation back, never a second one.
@@ -76,6 +81,7 @@ class Commit:
     nodes: tuple[str, ...]
     audit: dict[str, Any]
     shares: list[tuple[str, str, int]]
+    seqs: dict[str, int]  # node -> the seq of the snapshot the choice was made on
 
 
 Step = Blocking | Commit
@@ -86,7 +92,13 @@ Flow = Generator[Step, Any, Result]
 def blocking_step(state: ServiceState, at_once: bool, step: Step) -> Any:
     if isinstance(step, Commit):
         return state.committer.commit(
-            step.row, step.holds, step.nodes, step.audit, at_once=at_once, shares=step.shares
+            step.row,
+            step.holds,
+            step.nodes,
+            step.audit,
+            at_once=at_once,
+            shares=step.shares,
+            seqs=step.seqs,
         )
     return step()
 
@@ -94,7 +106,13 @@ def blocking_step(state: ServiceState, at_once: bool, step: Step) -> Any:
 async def awaited_step(state: ServiceState, at_once: bool, step: Step) -> Any:
     if isinstance(step, Commit):
         return await state.committer.commit_async(
-            step.row, step.holds, step.nodes, step.audit, at_once=at_once, shares=step.shares
+            step.row,
+            step.holds,
+            step.nodes,
+            step.audit,
+            at_once=at_once,
+            shares=step.shares,
+            seqs=step.seqs,
         )
     return await off_loop(step)
 
@@ -200,6 +218,8 @@ def place_flow(
                 holds, shares = holds_of(placement), shares_of(placement)
                 devices = [(node, device) for node, device, _ in holds]
                 state.begin_inflight(devices, shares, allocation_id, idempotency_key)
+                # The snapshots chosen on: the commit holds only while they are stored.
+                seqs = {n: state.cluster.node(n).snapshot.seq for n in placement.nodes}
             racing = idempotency_key is not None and idempotency_key in state.inflight_keys
         if placement is None:
             if idempotency_key is not None:
@@ -248,11 +268,12 @@ def place_flow(
             str(row["placement"]),
         )
         try:
-            yield Commit(row, holds, placement.nodes, audit, shares)
+            yield Commit(row, holds, placement.nodes, audit, shares, seqs)
         except IntegrityError:
             _undo(state, placement, devices, shares, allocation_id, idempotency_key)
             # Another process committed first: some of these GPUs, or this very key (a
-            # retry sent to another replica, which may well have chosen the same GPUs).
+            # retry sent to another replica, which may well have chosen the same GPUs);
+            # or a node's snapshot the choice was made on was replaced meanwhile.
             # The undo freed this choice in memory blindly, GPUs that process holds
             # included, and its notification may have been applied already: learn what
             # it holds before answering, whether with its allocation or a new choice.
@@ -277,7 +298,8 @@ def place_flow(
             state.end_inflight(devices, shares, allocation_id, idempotency_key)
         return Placed(views.allocation(row, tasks, placement), True)
     raced = Unschedulable(
-        f"other replicas took the chosen GPUs {PLACE_ATTEMPTS} times in a row; retry",
+        f"other replicas took the chosen GPUs, or the chosen nodes reported new snapshots,"
+        f" {PLACE_ATTEMPTS} times in a row; retry",
         {"reasons": []},
     )
     yield from _audit_refused(state, body, request_json, raced)

@@ -63,21 +63,31 @@ def set_cordoned(state: ServiceState, name: str, cordoned: bool) -> NodeView:
 
 
 def remove_node(state: ServiceState, name: str) -> None:
-    with state.engine.begin() as conn:
-        held = conn.execute(
-            sa.select(sa.func.count())
-            .select_from(schema.gpu_holds)
-            .where(schema.gpu_holds.c.node == name)
-        ).scalar_one()
-        if held:
-            raise Conflict(
-                f"node {name!r} still holds {held} allocated device(s); release them first",
-                {"held": held},
+    try:
+        with state.engine.begin() as conn:
+            held = conn.execute(
+                sa.select(sa.func.count())
+                .select_from(schema.gpu_holds)
+                .where(schema.gpu_holds.c.node == name)
+            ).scalar_one()
+            if held:
+                raise Conflict(
+                    f"node {name!r} still holds {held} allocated device(s); release them first",
+                    {"held": held},
+                )
+            if not repository.delete(conn, name):
+                raise NotFound(f"no node named {name!r}")
+            publish(conn, [name])
+            audit.write(
+                conn, [records.record("admin", "node_deleted", state.clock(), nodes=[name])]
             )
-        if not repository.delete(conn, name):
-            raise NotFound(f"no node named {name!r}")
-        publish(conn, [name])
-        audit.write(conn, [records.record("admin", "node_deleted", state.clock(), nodes=[name])])
+    except IntegrityError:
+        # A reservation committed between the count and the delete (another replica's):
+        # its holds name the node's snapshot (service/schema.py), so the delete is undone.
+        raise Conflict(
+            f"node {name!r} was given an allocation while it was deleted; release it first",
+            {"node": name},
+        ) from None
     with state.lock:
         if name in state.cluster:
             state.cluster.remove(name)

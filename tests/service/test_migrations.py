@@ -53,6 +53,27 @@ def test_0010_adds_the_reuse_stamp_and_takes_it_away(database_url: str) -> None:
         engine.dispose()
 
 
+def test_0011_holds_name_the_snapshot_chosen_on(database_url: str) -> None:
+    migrate.upgrade(database_url)
+    config = migrate.alembic_config(database_url)
+    command.downgrade(config, "0010")
+    engine = sa.create_engine(database_url)
+    try:
+        assert "node_seq" not in _columns(engine, "gpu_holds")
+        assert "uq_nodes_name_seq" not in _indexes(engine, "nodes")
+        command.upgrade(config, "0011")
+        inspector = sa.inspect(engine)
+        assert "node_seq" in _columns(engine, "gpu_holds")
+        assert "uq_nodes_name_seq" in _indexes(engine, "nodes")
+        keys = {k["name"]: k for k in inspector.get_foreign_keys("gpu_holds")}
+        key = keys["fk_gpu_holds_node_seq"]
+        assert (key["referred_table"], key["referred_columns"]) == ("nodes", ["name", "seq"])
+        assert key["constrained_columns"] == ["node", "node_seq"]
+        assert key["options"].get("onupdate") == "CASCADE"
+    finally:
+        engine.dispose()
+
+
 def _columns(engine: sa.Engine, table: str) -> set[str]:
     return {str(c["name"]) for c in sa.inspect(engine).get_columns(table)}
 

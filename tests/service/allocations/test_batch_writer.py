@@ -59,6 +59,7 @@ def _hold(allocation: dict[str, Any], device: str, kind: str = "gpu") -> dict[st
         "allocation_id": allocation["id"],
         "live": True,
         "share_milli": None,
+        "node_seq": None,
     }
 
 

@@ -149,3 +149,29 @@ def test_cordon_uncordon_and_remove(client: TestClient) -> None:
     assert client.delete("/v1/nodes/h0").status_code == 204
     assert client.get("/v1/nodes/h0").status_code == 404
     assert client.post("/v1/nodes/nope/heartbeat").status_code == 404
+
+
+def test_a_reservation_committed_while_its_node_is_deleted_keeps_the_node(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The holds' count and the delete are two statements: a reservation committed
+    between them (another replica's) names the node's snapshot, so the delete fails
+    at its commit and the node stays, with the reservation on it."""
+    from service.allocations import api
+    from service.allocations.schemas import PlaceRequest
+    from service.nodes import repository
+
+    add_nodes(client, ("hgx-h100", "h0"))
+    state = client.app.state.service  # type: ignore[attr-defined]
+    delete = repository.delete
+    placed = []
+
+    def racing_delete(conn: object, name: str) -> bool:
+        placed.append(api.place(state, PlaceRequest(gpus=1), None).allocation.id)
+        return delete(conn, name)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(repository, "delete", racing_delete)
+    answer = client.delete("/v1/nodes/h0")
+    assert answer.status_code == 409, answer.text
+    assert answer.json()["error"]["code"] == "conflict"
+    assert client.get("/v1/nodes/h0").json()["allocations"] == placed
