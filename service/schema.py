@@ -257,6 +257,18 @@ node_keys = sa.Table(
     sa.Column("seq", sa.BigInteger, nullable=True),
 )
 
+# Jobs whose end a scheduler's side said (a Slurm epilog releasing the job by id, the
+# Slurm reconcile loop releasing a job it saw end), kept TOPOPLACE_ENDED_JOB_MEMORY_S: a
+# report of the job's start processed after it (a late prolog) records nothing
+# (docs/slurm.md, "A prolog report after the job ended").
+ended_jobs = sa.Table(
+    "ended_jobs",
+    metadata,
+    sa.Column("job_id", sa.String(256), primary_key=True),
+    sa.Column("ended_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Index("ix_ended_jobs_ended_at", "ended_at"),
+)
+
 # API tokens (service/tokens/): only the scrypt hash of each secret is kept. The
 # scope is JSON ({"nodes": [...], "region": ...}) and empty for every role but agent
 # and region.

@@ -77,6 +77,15 @@ class Settings(BaseSettings):
         description="the most nodes one /score answer lists; a larger `limit` is refused,"
         " and `offset` pages through the rest",
     )
+    ended_job_memory_s: float = Field(
+        default=3600.0,
+        gt=0,
+        description="how long a job released by job id (a Slurm epilog's POST"
+        " /v1/jobs/{job_id}/release) or released by the Slurm reconcile loop because it"
+        " ended is remembered as ended: a Slurm prolog report of its start processed"
+        " meanwhile records nothing. A job id Slurm gives again after it (ids wrap, and"
+        " start again on a new cluster) is a new job's",
+    )
     audit_retention_days: float = Field(
         default=90.0,
         ge=0,

@@ -214,19 +214,31 @@ def extend(state: ServiceState, allocation_id: str, ttl_s: float) -> Allocation:
     return _settle(state, lifecycle.extend(state, allocation_id, ttl_s), "extended")
 
 
-def release(state: ServiceState, allocation_id: str, quiet: datetime | None = None) -> Ended:
+def release(
+    state: ServiceState,
+    allocation_id: str,
+    quiet: datetime | None = None,
+    ended_job: str | None = None,
+) -> Ended:
     """End one live allocation. ``quiet``: only if it was neither made nor reused
     (``touch``) after that moment (a reconciler's cutoff), checked in the release's
-    own statement."""
-    ended = lifecycle.release(state, allocation_id, quiet)
+    own statement. ``ended_job``: because that job ended (the Slurm reconcile loop saw
+    it end), which is remembered with it: a report of the job's start processed after
+    this records nothing (``observe``'s ``started``)."""
+    ended = lifecycle.release(state, allocation_id, quiet=quiet, ended_job=ended_job)
     _publish_ids(state, "released", ended.ids)
     return ended
 
 
-def release_job(state: ServiceState, job_id: str, quiet: datetime | None = None) -> Ended:
-    ended = lifecycle.release_job(state, job_id, quiet)
-    _publish_ids(state, "released", ended.ids)
-    return ended
+def release_job(
+    state: ServiceState, job_id: str, quiet: datetime | None = None, ended: bool = False
+) -> Ended:
+    """End every live allocation carrying ``job_id`` (``quiet`` as for ``release``).
+    ``ended``: the job ended (a caller releasing a job through the API: a Slurm epilog),
+    remembered as for ``release``."""
+    released = lifecycle.release_job(state, job_id, quiet=quiet, ended=ended)
+    _publish_ids(state, "released", released.ids)
+    return released
 
 
 def touch(state: ServiceState, allocation_id: str) -> Allocation | None:
@@ -260,12 +272,16 @@ def observe(
     gpus: dict[str, list[int]],
     named: list[str],
     reason: str,
+    started: bool = False,
 ) -> Observation:
     """The scheduler runs ``job_id`` on ``gpus`` (node -> indices): make it so here
     (lifecycle.gpus_truth, taken alone by ``observe_all``). Events: the allocations it
     released first, then the one that now holds the job (attached, moved, or placed
-    when created)."""
-    (observation,) = observe_all(state, [gpus_truth(state, job_id, owner, gpus, named, reason)])
+    when created). ``started``: read as the job started (a Slurm prolog), so perhaps
+    processed after the job ended: then nothing is written (action ``ended``,
+    lifecycle.ObservedJob)."""
+    truth = gpus_truth(state, job_id, owner, gpus, named, reason, started)
+    (observation,) = observe_all(state, [truth])
     assert isinstance(observation, Observation)  # only a task's truth is ever not taken
     return observation
 

@@ -123,5 +123,7 @@ def release(allocation_id: AllocationId, state: State) -> ReleaseResult:
 
 @router.post("/jobs/{job_id}/release", response_model=ReleaseResult)
 def release_job(job_id: JobId, state: State) -> ReleaseResult:
-    """Release every live allocation of a job (e.g. from a Slurm epilog)."""
-    return ReleaseResult(released=list(api.release_job(state, job_id).ids))
+    """Release every live allocation of a job (e.g. from a Slurm epilog). The job is
+    remembered as ended for TOPOPLACE_ENDED_JOB_MEMORY_S: a Slurm prolog's report of its
+    start processed meanwhile records nothing (docs/slurm.md)."""
+    return ReleaseResult(released=list(api.release_job(state, job_id, ended=True).ids))

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -22,7 +22,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
 from placement.snapshot import NodeSnapshot
-from service.allocations import queries, repository, views
+from service.allocations import ended_jobs, queries, repository, views
 from service.allocations.encoding import time_text
 from service.allocations.observed_gpus import observed_mig_placement, observed_placement
 from service.allocations.place_flow import checked_ttl
@@ -161,15 +161,50 @@ def _end(
     """End what the transition's guard lets through (and, with ``quiet``, only what was
     neither made nor reused after it); memory follows the database."""
     now = state.clock()
+    ended, freed = in_transaction(
+        state.engine,
+        lambda conn: _ending(conn, ids, transition, now, quiet),
+        state.metrics.retried,
+    )
+    _forget(state, freed)
+    return Ended(tuple(ended))
 
-    def work(conn: Connection) -> tuple[list[str], list[repository.FreedHold]]:
-        rows, freed = repository.end_rows(conn, ids, transition, now, quiet)
-        publish(conn, {h.node for h in freed})
-        action = "expired" if transition == "expire" else "released"
-        audit.write(conn, [records.allocation_change(action, now, row) for row in rows])
-        return [str(row["id"]) for row in rows], freed
 
-    ended, freed = in_transaction(state.engine, work, state.metrics.retried)
+def _ending(
+    conn: Connection,
+    ids: list[str] | None,
+    transition: str,
+    now: datetime,
+    quiet: datetime | None = None,
+) -> tuple[list[str], list[repository.FreedHold]]:
+    """``_end``'s work, in the caller's transaction."""
+    rows, freed = repository.end_rows(conn, ids, transition, now, quiet)
+    publish(conn, {h.node for h in freed})
+    action = "expired" if transition == "expire" else "released"
+    audit.write(conn, [records.allocation_change(action, now, row) for row in rows])
+    return [str(row["id"]) for row in rows], freed
+
+
+def _job_ended(
+    state: ServiceState,
+    job_id: str,
+    now: datetime,
+    work: Callable[[Connection], list[str] | None],
+    quiet: datetime | None = None,
+) -> Ended:
+    """End the allocations ``work`` names (None: none; with ``quiet``, only those ``_end``
+    would) in a transaction that first holds the job (ended_jobs.lock) and remembers that
+    it ended: a report of its start processed after this records nothing
+    (``observe_all``, ``ObservedJob.started``)."""
+    forget_before = now - timedelta(seconds=state.settings.ended_job_memory_s)
+
+    def ending(conn: Connection) -> tuple[list[str], list[repository.FreedHold]]:
+        ended_jobs.lock(conn, [job_id], forget_before)
+        ended_jobs.remember(conn, [job_id], now)
+        ids = work(conn)
+        return _ending(conn, ids, "release", now, quiet) if ids else ([], [])
+
+    ended, freed = in_transaction(state.engine, ending, state.metrics.retried)
     _forget(state, freed)
     return Ended(tuple(ended))
 
@@ -187,18 +222,40 @@ def _forget(state: ServiceState, freed: list[repository.FreedHold]) -> None:
         state.sync_nodes(nodes[start : start + RELEASE_CHUNK])
 
 
-def release(state: ServiceState, allocation_id: str, quiet: datetime | None = None) -> Ended:
+def release(
+    state: ServiceState,
+    allocation_id: str,
+    quiet: datetime | None = None,
+    ended_job: str | None = None,
+) -> Ended:
     """End one live allocation; releasing an ended one is a no-op, an unknown id a 404.
     ``quiet``: end it only if it was neither made nor reused (``touch``) after that
-    moment, as one statement (a reconciler's decision, taken from a view of that age)."""
-    ended = _end(state, [allocation_id], "release", quiet)
+    moment, as one statement (a reconciler's decision, taken from a view of that age).
+    ``ended_job``: the allocation ends because that job ended, which is remembered in the
+    same transaction (``_job_ended``)."""
+    if ended_job is None:
+        ended = _end(state, [allocation_id], "release", quiet)
+    else:
+        ended = _job_ended(state, ended_job, state.clock(), lambda _: [allocation_id], quiet)
     if not ended.ids:
         queries.get(state, allocation_id)  # 404 for an unknown id
     return ended
 
 
-def release_job(state: ServiceState, job_id: str, quiet: datetime | None = None) -> Ended:
-    """End the job's live allocations (``quiet`` as for ``release``)."""
+def release_job(
+    state: ServiceState, job_id: str, quiet: datetime | None = None, ended: bool = False
+) -> Ended:
+    """End the job's live allocations (``quiet`` as for ``release``). ``ended``: the job
+    itself ended (a scheduler's epilog says so), which is remembered with the release
+    (``_job_ended``)."""
+    if ended:
+        return _job_ended(
+            state,
+            job_id,
+            state.clock(),
+            lambda conn: repository.live_ids_for_job(conn, job_id),
+            quiet,
+        )
     with state.engine.connect() as conn:
         ids = repository.live_ids_for_job(conn, job_id)
     return _end(state, ids, "release", quiet)
@@ -251,8 +308,11 @@ def gpus_truth(
     gpus: dict[str, list[int]],
     named: list[str],
     reason: str,
+    started: bool = False,
 ) -> ObservedJob:
-    """A job's truth for ``observe_all``: ``job_id`` runs on ``gpus`` (node -> indices)."""
+    """A job's truth for ``observe_all``: ``job_id`` runs on ``gpus`` (node -> indices).
+    ``started``: read as the job started (a prolog's), perhaps processed after it ended
+    (``ObservedJob``)."""
     snapshots = _snapshots(state, list(gpus))
     for node, indices in gpus.items():
         wrong = [i for i in indices if not 0 <= i < snapshots[node].gpu_count]
@@ -265,7 +325,7 @@ def gpus_truth(
         gpus=max(counts), tasks=len(gpus), owner=owner, job_id=job_id
     ).model_dump_json()
     truth = _Truth(holds, (), placement_text, request, tuple(sorted(gpus)))
-    return ObservedJob(job_id, owner, tuple(named), truth)
+    return ObservedJob(job_id, owner, tuple(named), truth, started)
 
 
 def mig_truth(
@@ -342,12 +402,20 @@ class _Truth:
 
 @dataclass(frozen=True)
 class ObservedJob:
-    """One job's truth for ``observe_all`` (``gpus_truth``, ``mig_truth``)."""
+    """One job's truth for ``observe_all`` (``gpus_truth``, ``mig_truth``).
+
+    ``started``: the truth was read as the job started (a Slurm prolog's report), and
+    may be processed after the job ended (a retry, a slow network). It is then taken
+    only if the job's end was not said within TOPOPLACE_ENDED_JOB_MEMORY_S
+    (``release_job(ended=True)``, ``release(ended_job=...)``) or one of the job's
+    allocations is live (a job id given again: a new job's); else nothing is written
+    and the job's observation is ``ended``."""
 
     job_id: str
     owner: str
     named: tuple[str, ...]
     truth: _Truth
+    started: bool = False
 
     @property
     def nodes(self) -> tuple[str, ...]:
@@ -424,12 +492,15 @@ def observe_all(state: ServiceState, truths: Sequence[Truth]) -> list[Observatio
         conn: Connection,
     ) -> tuple[list[Observation | NotObserved], list[repository.FreedHold]]:
         now = state.clock()
-        plans = {
-            i: _plan_task(conn, t) for i, t in enumerate(truths) if isinstance(t, ObservedTask)
-        }
-        freed = _give_up_moving(conn, truths, plans)
+        ended = _ended_before_taken(conn, state, now, truths)
+        taken = {i: t for i, t in enumerate(truths) if not _is_ended(t, ended)}
+        plans = {i: _plan_task(conn, t) for i, t in taken.items() if isinstance(t, ObservedTask)}
+        freed = _give_up_moving(conn, taken, plans)
         answers: list[Observation | NotObserved] = []
         for i, truth in enumerate(truths):
+            if i not in taken:
+                answers.append(Observation("ended", ""))
+                continue
             if isinstance(truth, ObservedTask):
                 answer, given_up = _take_task(conn, now, truth, plans[i])
             else:
@@ -437,7 +508,7 @@ def observe_all(state: ServiceState, truths: Sequence[Truth]) -> list[Observatio
             answers.append(answer)
             freed += given_up
         if any(_changed(a) for a in answers):
-            publish(conn, {h.node for h in freed} | _nodes(truths))
+            publish(conn, {h.node for h in freed} | _nodes(taken.values()))
         return answers, freed
 
     for attempt in range(OBSERVE_ATTEMPTS):
@@ -461,12 +532,42 @@ def _kept_changing(truths: Sequence[Truth]) -> Conflict:
     )
 
 
+# Observations that change no hold.
+_UNCHANGED = ("matched", "attached", "ended")
+
+
 def _changed(answer: Observation | NotObserved) -> bool:
-    return isinstance(answer, Observation) and answer.action not in ("matched", "attached")
+    return isinstance(answer, Observation) and answer.action not in _UNCHANGED
 
 
-def _nodes(truths: Sequence[Truth]) -> set[str]:
+def _nodes(truths: Iterable[Truth]) -> set[str]:
     return {n for t in truths for n in t.nodes}
+
+
+def _ended_before_taken(
+    conn: Connection, state: ServiceState, now: datetime, truths: Sequence[Truth]
+) -> set[str]:
+    """The ``started`` jobs whose end was said already, and none of whose allocations is
+    live: their truth is older than their end. Read after holding the jobs
+    (ended_jobs.lock), first in the transaction, so that an end said on another replica
+    either committed before this read or waits for this transaction and then ends what
+    it wrote."""
+    starting = [t for t in truths if isinstance(t, ObservedJob) and t.started]
+    if not starting:
+        return set()
+    since = now - timedelta(seconds=state.settings.ended_job_memory_s)
+    ended_jobs.lock(conn, [job.job_id for job in starting], since)
+    return {
+        job.job_id
+        for job in starting
+        if ended_jobs.ended_since(conn, job.job_id, since)
+        and not repository.live_for_job(conn, job.job_id, list(job.named))
+    }
+
+
+def _is_ended(truth: Truth, ended: set[str]) -> bool:
+    """A started job's truth found older than its end (``_ended_before_taken``)."""
+    return isinstance(truth, ObservedJob) and truth.started and truth.job_id in ended
 
 
 def _plan_task(conn: Connection, truth: ObservedTask) -> _TaskPlan:
@@ -555,7 +656,7 @@ def _take_task(
 
 
 def _give_up_moving(
-    conn: Connection, truths: Sequence[Truth], plans: dict[int, _TaskPlan]
+    conn: Connection, truths: Mapping[int, Truth], plans: dict[int, _TaskPlan]
 ) -> list[repository.FreedHold]:
     """The holds of each allocation (or task) about to move, dropped before any truth
     takes its devices: a device one leaves is then free for another of the same call
@@ -564,7 +665,7 @@ def _give_up_moving(
         return []
     moving = []
     freed: list[repository.FreedHold] = []
-    for i, truth in enumerate(truths):
+    for i, truth in truths.items():
         if isinstance(truth, ObservedTask):
             plan = plans[i]
             if _moves(plan, truth):

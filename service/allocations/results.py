@@ -136,7 +136,7 @@ class ScorePage:
     next_offset: int | None
 
 
-ObservedAction = Literal["matched", "attached", "moved", "created"]
+ObservedAction = Literal["matched", "attached", "moved", "created", "ended"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,11 +144,12 @@ class Observation:
     """What ``observe`` did to make the database say what the scheduler runs.
 
     ``action``: ``matched`` (it said so already), ``attached`` (and now carries the
-    job id), ``moved`` (an allocation of the job took the GPUs the job runs on) or
-    ``created`` (the job had none). ``superseded``: other allocations that held
-    those GPUs, released; ``merged``: the job's further allocations, ended because
-    one now holds all its GPUs; ``attached``: the job's allocations that learnt its
-    id (when the action is ``attached``)."""
+    job id), ``moved`` (an allocation of the job took the GPUs the job runs on),
+    ``created`` (the job had none) or ``ended`` (a report of the job's start processed
+    after its end was said: nothing written, ``allocation_id`` empty). ``superseded``:
+    other allocations that held those GPUs, released; ``merged``: the job's further
+    allocations, ended because one now holds all its GPUs; ``attached``: the job's
+    allocations that learnt its id (when the action is ``attached``)."""
 
     action: ObservedAction
     allocation_id: str

@@ -266,7 +266,7 @@ class TopoplaceServicer(pb_grpc.TopoplaceServicer):
             context,
             lambda: pb.ReleaseResponse(
                 released=allocations.release_job(
-                    self.state, _id("job_id", request.job_id, MAX_JOB_ID)
+                    self.state, _id("job_id", request.job_id, MAX_JOB_ID), ended=True
                 ).ids
             ),
         )

@@ -146,10 +146,27 @@ def job_started(body: JobStarted, state: State) -> JobStartedResult:
     if job_state in reconcile.FINISHED:
         # Read after the job ended (a late or repeated report): the job holds nothing,
         # and recording it would take the GPUs of whichever job has them now.
-        return JobStartedResult(action="none", job_id=job.job_id)
-    observation = truth.record(state, truth.users_own(state, job))
+        return JobStartedResult(
+            action="none",
+            job_id=job.job_id,
+            message=f"job {job.job_id} has ended (JobState={job_state}): nothing recorded",
+        )
+    # Read as the job started, but perhaps processed after its end (a retry, a slow
+    # network): a job whose end was said already is not brought back (docs/slurm.md).
+    observation = truth.record(state, truth.users_own(state, job), started=True)
     if observation is None:
-        return JobStartedResult(action="none", job_id=job.job_id)
+        return JobStartedResult(
+            action="none",
+            job_id=job.job_id,
+            message=f"job {job.job_id} runs on no GPU of a node topoplace knows",
+        )
+    if observation.action == "ended":
+        return JobStartedResult(
+            action="none",
+            job_id=job.job_id,
+            message=f"job {job.job_id} has ended already (its epilog or the reconcile loop"
+            " released it): this report of its start came after it, nothing recorded",
+        )
     return JobStartedResult(
         action=observation.action,
         job_id=job.job_id,

@@ -168,6 +168,13 @@ def reconcile(
     finished_named = {
         i for j in finished for i in allocation_ids(str(j.get("admin_comment") or ""))
     }
+    # Allocation id -> the finished job naming it (a job with an id).
+    named_by_finished = {
+        i: str(j.get("job_id"))
+        for j in finished
+        if str(j.get("job_id")).isdigit()
+        for i in allocation_ids(str(j.get("admin_comment") or ""))
+    }
     finished_ids = {str(j.get("job_id")) for j in finished} - unfinished
     current = allocations.live(state)
     held_by_job: dict[str, dict[str, list[int]]] = {}
@@ -204,7 +211,11 @@ def reconcile(
         # learned from the prolog meanwhile), unless it is older than that answer.
         ended = allocation_id in finished_named or job_id in finished_ids
         if ended or allocation.created_at <= cutoff:
-            released += allocations.release(state, allocation_id).ids
+            # The job it carries (no unfinished one) or the finished one naming it has
+            # ended: remembered with the release, so that a report of its start processed
+            # after this (a late prolog) records nothing. An orphan names no job.
+            ended_job = job_id if job_id is not None else named_by_finished.get(allocation_id)
+            released += allocations.release(state, allocation_id, ended_job=ended_job).ids
     if released:
         log.info("reconcile: released %d allocation(s) of jobs Slurm no longer has", len(released))
     return ReconcileResult(

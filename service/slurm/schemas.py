@@ -139,8 +139,10 @@ class JobStarted(BaseModel):
 
 class JobStartedResult(BaseModel):
     action: Literal["none", "matched", "attached", "moved", "created"] = Field(
-        description="none: no GPU of a node topoplace knows, or the text says the job has"
-        " ended (nothing is written); matched/attached: the"
+        description="none: no GPU of a node topoplace knows, the text says the job has"
+        " ended, or the job's end was said already (its epilog or the reconcile loop"
+        " released it; the report came after it): nothing is written, `message` says"
+        " which; matched/attached: the"
         " allocation said so already (attached: and now carries the job id); moved: an"
         " allocation of the job now holds the GPUs it runs on; created: it had none"
     )
@@ -151,4 +153,7 @@ class JobStartedResult(BaseModel):
     )
     merged: list[str] = Field(
         default_factory=list, description="the job's other allocations, ended into one"
+    )
+    message: str | None = Field(
+        default=None, description="with action none: why nothing was written"
     )

@@ -161,8 +161,10 @@ def from_squeue_job(job: dict[str, Any]) -> JobTruth:
     )
 
 
-def record(state: ServiceState, truth: JobTruth) -> Observation | None:
-    """Make the job's allocation match what Slurm runs; None for a job without GPUs here."""
+def record(state: ServiceState, truth: JobTruth, started: bool = False) -> Observation | None:
+    """Make the job's allocation match what Slurm runs; None for a job without GPUs here.
+    ``started``: read as the job started (the prolog's), so perhaps processed after the
+    job ended: then nothing is written (action ``ended``, docs/slurm.md)."""
     known = {n: g for n, g in truth.gpus.items() if n in state.cluster}
     if not known:
         return None
@@ -173,7 +175,11 @@ def record(state: ServiceState, truth: JobTruth) -> Observation | None:
         known,
         truth.named,
         f"observed: Slurm runs job {truth.job_id} on these GPUs",
+        started,
     )
+    if observation.action == "ended":
+        log.info("job %s: a report of its start came after its end; nothing recorded", truth.job_id)
+        return observation
     if observation.action in ("moved", "created") or observation.superseded:
         # Slurm ran the job elsewhere than the service held for it, or on GPUs the
         # service held for another: a mismatch, counted and logged.

@@ -74,6 +74,23 @@ def test_0011_holds_name_the_snapshot_chosen_on(database_url: str) -> None:
         engine.dispose()
 
 
+def test_0012_remembers_ended_jobs(database_url: str) -> None:
+    migrate.upgrade(database_url)
+    config = migrate.alembic_config(database_url)
+    command.downgrade(config, "0011")
+    engine = sa.create_engine(database_url)
+    try:
+        assert "ended_jobs" not in sa.inspect(engine).get_table_names()
+    finally:
+        engine.dispose()  # a pooled SQLite connection may keep the schema it read
+    command.upgrade(config, "0012")
+    engine = sa.create_engine(database_url)
+    try:
+        assert "ix_ended_jobs_ended_at" in _indexes(engine, "ended_jobs")
+    finally:
+        engine.dispose()
+
+
 def _columns(engine: sa.Engine, table: str) -> set[str]:
     return {str(c["name"]) for c in sa.inspect(engine).get_columns(table)}
 
@@ -99,6 +116,7 @@ def test_0003_mends_rows_the_lifecycle_races_left(database_url: str) -> None:
             "regions",
             "federation_forwards",
             "audit_log",
+            "ended_jobs",
         )
         for table in tables:
             conn.execute(
@@ -183,6 +201,7 @@ def test_0006_keeps_the_tokens_and_takes_the_region_role(database_url: str) -> N
     cascade = " CASCADE" if engine.dialect.name == "postgresql" else ""
     with engine.begin() as conn:
         for table in (
+            "ended_jobs",
             "audit_log",
             "federation_forwards",
             "regions",
