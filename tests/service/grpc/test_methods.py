@@ -132,3 +132,19 @@ def test_a_heartbeat_carries_nvlink_counters_as_rest_does(
     ]
     node = running.stub.GetNode(pb.GetNodeRequest(name="dgx0"))
     assert node.heartbeat_at.ToDatetime().replace(tzinfo=clock.now.tzinfo) == clock.now
+
+
+def test_a_job_released_by_job_id_is_remembered_as_ended(running: Running) -> None:
+    """ReleaseJob says the job ended, as REST's release by job id does (a Slurm epilog):
+    a prolog report of its start processed after it records nothing (docs/slurm.md)."""
+    from tests.service.slurm.test_truth import show_job
+
+    running.stub.ReportSnapshot(snapshot_request("dgx1-v100", "dgx0"))
+    assert list(running.stub.ReleaseJob(pb.ReleaseJobRequest(job_id="80")).released) == []
+    text = show_job(80, "gpu:2(IDX:0-1)", "dgx0")
+    answer = running.rest.post(
+        "/v1/slurm/job-started", json={"show_job": text, "job_name": "train"}
+    )
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["action"] == "none" and "ended" in answer.json()["message"]
+    assert running.rest.get("/v1/allocations").json()["allocations"] == []
