@@ -46,13 +46,20 @@ def insert_snapshot(conn: Connection, snap: StoredSnapshot, now: datetime) -> No
 
 
 def update_snapshot(
-    conn: Connection, snap: StoredSnapshot, now: datetime, *, same_again: bool = True
+    conn: Connection,
+    snap: StoredSnapshot,
+    now: datetime,
+    *,
+    same_again: bool = True,
+    region: str | None = None,
 ) -> bool:
     """Store a newer snapshot, or (``same_again``) the same one again; False when the stored
-    one is newer (or, without ``same_again``, not older).
+    one is newer (or, without ``same_again``, not older), or (``region``) the node is no
+    longer stored in that region.
 
     The seq rule is the statement's condition, not a read before it: of two
-    reports racing, the older can never overwrite the newer.
+    reports racing, the older can never overwrite the newer. So is the region, for a
+    caller allowed only there: a move to another region that committed first wins.
     """
     nodes = schema.nodes
     not_older = nodes.c.seq < snap.seq
@@ -60,9 +67,10 @@ def update_snapshot(
         not_older = sa.or_(
             not_older, sa.and_(nodes.c.seq == snap.seq, nodes.c.snapshot == snap.body)
         )
-    result = conn.execute(
-        sa.update(nodes).where(nodes.c.name == snap.name, not_older).values(**snap.values(now))
-    )
+    where = [nodes.c.name == snap.name, not_older]
+    if region is not None:
+        where.append(nodes.c.region == region)
+    result = conn.execute(sa.update(nodes).where(*where).values(**snap.values(now)))
     return bool(result.rowcount)
 
 

@@ -30,7 +30,7 @@ from service.audit import records
 from service.audit import store as audit
 from service.errors import BadRequest, Conflict, ReplayedSnapshot, ServiceError
 from service.nodes import device_owners as owners
-from service.nodes import repository, signatures
+from service.nodes import region_scope, repository, signatures
 from service.nodes.loadable import check_loadable
 from service.nodes.schemas import SnapshotAccepted, SnapshotReport
 from service.notify import publish
@@ -96,7 +96,7 @@ def _report(
     for _ in range(FIRST_REPORT_TRIES):
         memory = owners.devices_in_memory(state, name, devices)
         try:
-            changed = _store(state, name, report, body, devices, memory, now, key)
+            changed = _store(state, name, report, body, devices, memory, now, key, caller)
         except IntegrityError:
             continue  # another first report of this node was inserted meanwhile
         break
@@ -131,28 +131,34 @@ def _store(
     memory: owners.MemoryDevices,
     now: datetime,
     key: str | None,
+    caller: Caller,
 ) -> bool:
     """The report's transaction; whether the snapshot changed. IntegrityError: a first
     report of this node was stored meanwhile (the transaction is undone)."""
     snap = report.snapshot
     with state.engine.begin() as conn:
         repository.lock_device_uuids(conn, devices)
+        row = repository.get(conn, name)
+        # A region-scoped agent: the stored region, not this replica's memory, says
+        # whether the node is its to report (region_scope.py).
+        region_scope.check(caller, name, snap.region, None if row is None else row["region"])
         signed_seq = signatures.check_unchanged(conn, name, key)
         keyed = key is not None
         if signed_seq is not None:  # also when the node's row was deleted since
             _check_seq(name, snap.seq, signed_seq, False, keyed)
-        row = repository.get(conn, name)
         if row is not None:
             _check_seq(name, snap.seq, int(row["seq"]), row["snapshot"] == body, keyed)
         changed = row is None or _content_differs(row["snapshot"], body)
         stored = repository.StoredSnapshot(
             name=name, region=snap.region, body=body, seq=snap.seq, signature=report.signature
         )
+        region = region_scope.required_region(caller, name)
         if row is None:
             repository.insert_snapshot(conn, stored, now)
-        elif not repository.update_snapshot(conn, stored, now, same_again=not keyed):
+        elif not repository.update_snapshot(conn, stored, now, same_again=not keyed, region=region):
             newer = repository.get(conn, name)  # a newer report won the race since the read
             if newer is not None:
+                region_scope.check(caller, name, snap.region, newer["region"])  # or a move
                 _check_seq(name, snap.seq, int(newer["seq"]), newer["snapshot"] == body, keyed)
             raise Conflict(
                 f"node {name!r} was removed or changed while this snapshot was stored;"
