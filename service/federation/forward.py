@@ -4,13 +4,12 @@ The region's ``POST /v1/place`` gets the request as the caller sent it (less
 the federation block, with the GPU model the ranking chose) and the same
 Idempotency-Key, so a retry there answers the allocation made before.
 
-An answer other than 200/201 is a refusal (the summary was stale, the
-request does not suit that region): nothing was reserved and the next
-region may be tried. A connection that could not be made is unreachable,
-and nothing was reserved either. A request sent whose answer never came
-(a read timeout) is ambiguous: the region may have reserved. Without a key
-the next region is tried; with one the job stops there (503
-``region_unavailable``) and the same key, retried, goes to the same region.
+An answer other than 200/201 is a refusal; its error code says whether the
+region looked the Idempotency-Key up and holds nothing for it (``LOOKED_UP``:
+it found nothing free for the request). A connection that could not be made
+is unreachable: nothing was sent. A request sent whose answer never came (a
+read timeout) is ambiguous: the region may have reserved. What each means
+for the job and its key is routing's to decide (service/federation/routing.py).
 """
 
 from __future__ import annotations
@@ -30,6 +29,11 @@ class Outcome(enum.StrEnum):
     AMBIGUOUS = "unanswered"
 
 
+# The region's refusals that come after it looked the key up and found no allocation
+# for it (service/allocations/place_flow.py): a key refused so holds nothing there.
+LOOKED_UP = frozenset({"unschedulable", "unresolvable"})
+
+
 @dataclass(frozen=True)
 class Forwarded:
     outcome: Outcome
@@ -37,14 +41,17 @@ class Forwarded:
     detail: str
     body: dict[str, Any] | None = None
     replayed: bool = False
+    code: str | None = None  # the region's error code, when it refused in its error shape
 
 
-def _detail(response: httpx.Response) -> str:
+def _error(response: httpx.Response) -> tuple[str | None, str]:
+    """The refusal's code (None when not in the service's error shape) and its detail."""
     try:
         error = orjson.loads(response.content).get("error", {})
-        return f"{error.get('code')}: {error.get('message')}"
+        code, message = error.get("code"), error.get("message")
     except (orjson.JSONDecodeError, AttributeError):
-        return response.text[:200]
+        return None, response.text[:200]
+    return (code if isinstance(code, str) else None), f"{code}: {message}"
 
 
 async def forward(
@@ -72,4 +79,5 @@ async def forward(
         replayed = response.headers.get("Idempotent-Replayed") == "true"
         answer = orjson.loads(response.content)
         return Forwarded(Outcome.PLACED, response.status_code, "placed", answer, replayed)
-    return Forwarded(Outcome.REFUSED, response.status_code, _detail(response))
+    code, detail = _error(response)
+    return Forwarded(Outcome.REFUSED, response.status_code, detail, code=code)

@@ -7,13 +7,24 @@ from typing import Any
 
 import httpx
 
-from service.errors import InvalidRequest, NoRegion, RegionUnavailable
+from service.errors import (
+    Conflict,
+    InvalidRequest,
+    KeyInFlight,
+    NoRegion,
+    RegionUnavailable,
+    ServiceError,
+)
 from service.event_loop import off_loop
 from service.federation import ranking, store
-from service.federation.forward import Forwarded, Outcome, forward
+from service.federation.forward import LOOKED_UP, Forwarded, Outcome, forward
 from service.federation.registry import Registry
 from service.federation.schemas import FederatedPlaceRequest
 from service.federation.store import RegionRecord
+
+# The region's answers that the key is in use there: its first request still committing,
+# or an allocation made for another request.
+KEY_IN_USE = frozenset({KeyInFlight.code, Conflict.code})
 
 
 def job_of(body: FederatedPlaceRequest) -> ranking.Job:
@@ -154,24 +165,14 @@ async def place(
         attempts.append(_attempt(chosen.region, result.status, result.outcome, result.detail))
         if result.outcome is Outcome.PLACED:
             return _placed(chosen, result, candidates, attempts, gpus, started, forwards_s)
-        if pinned and result.outcome is not Outcome.REFUSED:
-            raise RegionUnavailable(
-                f"region {chosen.region}, where this Idempotency-Key went before, did not"
-                " answer: retry later with the same key",
-                {"attempts": attempts},
-            )
+        if key is not None and not _key_moves_on(result, pinned):
+            raise _kept_there(chosen.region, result, pinned, attempts)
         if pinned:
-            # It answered for this key and holds nothing for it (a replay would have said
+            # It looked this key up and holds nothing for it (a replay would have said
             # so): the key is free again, and the job is routed as a new one.
             assert key is not None
             await off_loop(store.forget_forward, registry.engine, key, chosen.region)
             return await place(registry, client, body, key)
-        if key is not None and result.outcome is Outcome.AMBIGUOUS:
-            raise RegionUnavailable(
-                f"region {chosen.region} took the request but did not answer within the"
-                " deadline: retry with the same Idempotency-Key (it goes to the same region)",
-                {"attempts": attempts},
-            )
         if key is not None:
             # Nothing was reserved there: the key may go to the next region.
             await off_loop(store.forget_forward, registry.engine, key, chosen.region)
@@ -181,6 +182,59 @@ async def place(
         "no region can place this job now: "
         + ("every region that fit refused it" if fitting else "none fits (see alternatives)"),
         {"alternatives": views, "attempts": attempts},
+    )
+
+
+def _key_moves_on(result: Forwarded, pinned: bool) -> bool:
+    """Whether a keyed job may leave the region after this answer: only when the region
+    holds no allocation for the key. A region the key went to before may hold one made
+    then (its answer lost), so only its looking the key up and finding nothing frees it.
+    A first forward also moves on when nothing was sent, or the region turned the
+    request away before placing (a 4xx other than the key's own conflicts). A 5xx may
+    come after a commit that landed (the region's database lost the answer, a proxy
+    timed out): the key stays, and its retry gets that allocation."""
+    if result.outcome is Outcome.REFUSED and result.code in LOOKED_UP:
+        return True
+    if pinned:
+        return False
+    if result.outcome is Outcome.UNREACHABLE:
+        return True
+    if result.outcome is Outcome.REFUSED:
+        assert result.status is not None
+        return result.status < 500 and result.code not in KEY_IN_USE
+    return False
+
+
+def _kept_there(
+    region: str, result: Forwarded, pinned: bool, attempts: list[dict[str, Any]]
+) -> ServiceError:
+    """The answer to a keyed job whose key stays in ``region``: the region's own word on
+    the key when it gave one, else try again later with the same key."""
+    detail = {"region": region, "attempts": attempts}
+    if result.code == KeyInFlight.code:
+        return KeyInFlight(
+            f"region {region} is committing a request with this Idempotency-Key; retry it"
+            " to get its answer",
+            detail,
+        )
+    if result.code == Conflict.code:
+        return Conflict(
+            f"this Idempotency-Key was used for a different request in region {region};"
+            " use a new key",
+            detail,
+        )
+    if pinned:
+        said = "did not answer" if result.outcome is not Outcome.REFUSED else "refused"
+        return RegionUnavailable(
+            f"region {region}, where this Idempotency-Key went before, {said} ({result.detail})"
+            " and may hold its allocation: retry later with the same key",
+            detail,
+        )
+    return RegionUnavailable(
+        f"region {region} took the request but its answer ({result.detail}) does not say"
+        " whether it reserved: retry with the same Idempotency-Key (it goes to the same"
+        " region)",
+        detail,
     )
 
 

@@ -231,3 +231,65 @@ def test_a_region_another_replica_retired_is_not_routed_to(
     later = place(client).json()
     assert [a["region"] for a in later["attempts"]] == ["mid"]
     assert "cheap" not in {c["region"] for c in later["alternatives"]}
+
+
+def error_answer(status: int, code: str) -> Answer:
+    """A region's error answer in the service's shape."""
+    body = {"error": {"code": code, "message": code, "detail": {}}}
+    return lambda request: httpx.Response(status, json=body)
+
+
+def routed(regions: Regions, key: str) -> list[str]:
+    return [r for r, sent_key, _ in regions.seen if sent_key == key]
+
+
+# A keyed job's allocation may already be in the region its key went to: only an answer
+# that shows the region looked the key up and holds nothing for it (it found nothing to
+# place: unschedulable, unresolvable) lets the key move on. Any other answer there
+# (the first request still committing, the key used for another request, the region's
+# database, rate limit or token trouble) must leave the job where it is, or a second
+# allocation is made in another region.
+@pytest.mark.parametrize(
+    ("status", "code", "answered"),
+    [
+        (409, "idempotency_key_in_flight", 409),
+        (409, "conflict", 409),
+        (503, "database_unavailable", 503),
+        (500, "internal_error", 503),
+        (429, "rate_limited", 503),
+        (401, "unauthorized", 503),
+    ],
+)
+def test_a_keyed_region_that_answers_without_looking_keeps_the_key(
+    client: TestClient, regions: Regions, status: int, code: str, answered: int
+) -> None:
+    regions.answers["cheap"] = no_answer
+    assert place(client, "k-6").status_code == 503  # it may have reserved
+    regions.answers["cheap"] = error_answer(status, code)
+    again = place(client, "k-6")
+    assert again.status_code == answered, again.text
+    assert routed(regions, "k-6") == ["cheap", "cheap"], "the key went to another region"
+    if answered == 409:
+        assert again.json()["error"]["code"] == code
+    # Once the region answers for the key, the job is where its key went.
+    regions.answers["cheap"] = answering("cheap", replayed=True)
+    last = place(client, "k-6")
+    assert last.status_code == 201 and last.json()["region"] == "cheap"
+
+
+def test_a_region_whose_database_failed_at_the_commit_keeps_the_key(
+    client: TestClient, regions: Regions
+) -> None:
+    """A region's 503 at its commit may hide a commit that landed (docs/reliability.md):
+    the key's retry goes there and gets that allocation, not a second one elsewhere."""
+    regions.answers["cheap"] = error_answer(503, "database_unavailable")
+    answer = place(client, "k-7")
+    assert answer.status_code == 503 and answer.json()["error"]["code"] == "region_unavailable"
+    assert routed(regions, "k-7") == ["cheap"]
+    regions.answers["cheap"] = answering("cheap", replayed=True)
+    again = place(client, "k-7")
+    assert again.status_code == 201 and again.json()["region"] == "cheap"
+    assert again.json()["replayed"] is True
+    # Without a key nothing can find that allocation again: the next region is tried.
+    regions.answers["cheap"] = error_answer(503, "database_unavailable")
+    assert place(client).json()["region"] == "mid"
