@@ -320,6 +320,10 @@ federation_forwards = sa.Table(
     sa.Column("region", sa.String(63), nullable=False),
     sa.Column("gpu_model", sa.String(128), nullable=False),  # what the forward asked for
     sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    # The request forwarding it now, and until when (service/federation/store.py): a
+    # twin request meanwhile is told the key is in flight. NULL: nobody holds it.
+    sa.Column("holder", sa.String(32), nullable=True),
+    sa.Column("held_until", sa.DateTime(timezone=True), nullable=True),
 )
 
 # The audit log (service/audit/): one row per thing that happened, newest last. ``id``

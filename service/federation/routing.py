@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import time
+import uuid
+from datetime import timedelta
 from typing import Any
 
 import httpx
@@ -115,6 +117,73 @@ def _pinned(region: str, model: str, candidates: list[ranking.Candidate]) -> ran
     )
 
 
+# How long past its deadline a request may hold its key's row: the row is let go when
+# the request ends, so this only matters when the replica holding it died.
+HOLD_MARGIN_S = 10.0
+
+
+class KeyHold:
+    """A keyed request's hold on its Idempotency-Key's row (service/federation/store.py):
+    held from the first read to the end of the request, so that a twin request, on this
+    replica or another, is told the key is in flight instead of routing it too."""
+
+    def __init__(self, registry: Registry, key: str, deadline_s: float) -> None:
+        self.engine = registry.engine
+        self.clock = registry.clock
+        self.key = key
+        self.holder = uuid.uuid4().hex
+        self.until = self.clock() + timedelta(seconds=deadline_s + HOLD_MARGIN_S)
+        self.recorded = False  # the row exists, held by this request
+
+    def _in_flight(self) -> KeyInFlight:
+        return KeyInFlight(
+            "a request with this Idempotency-Key is being routed; retry it to get its answer",
+            {"idempotency_key": self.key},
+        )
+
+    async def take(self) -> tuple[str, str] | None:
+        """(region, GPU model) the key went to before, or None for a new key."""
+        try:
+            found = await off_loop(
+                store.take_key, self.engine, self.key, self.holder, self.clock(), self.until
+            )
+        except store.KeyHeld:
+            raise self._in_flight() from None
+        self.recorded = found is not None
+        return found
+
+    async def point(self, region: str, gpu_model: str) -> None:
+        """Record that the key goes to ``region`` now, before it is sent there."""
+        if self.recorded:
+            done = await off_loop(
+                store.move_key, self.engine, self.key, self.holder, region, gpu_model
+            )
+        else:
+            done = await off_loop(
+                store.hold_key,
+                self.engine,
+                self.key,
+                region,
+                gpu_model,
+                self.holder,
+                self.clock(),
+                self.until,
+            )
+        if not done:
+            raise self._in_flight()
+        self.recorded = True
+
+    async def drop(self) -> None:
+        """Every region refused the key and holds nothing for it."""
+        if self.recorded:
+            await off_loop(store.drop_key, self.engine, self.key, self.holder)
+            self.recorded = False
+
+    async def let_go(self) -> None:
+        if self.recorded:
+            await off_loop(store.let_go_key, self.engine, self.key, self.holder)
+
+
 async def place(
     registry: Registry,
     client: httpx.AsyncClient,
@@ -123,19 +192,45 @@ async def place(
 ) -> dict[str, Any]:
     started = time.perf_counter()
     candidates = await ranked(registry, body)
-    gpus = body.gpus * body.tasks
     fitting = [c for c in candidates if c.fits]
-    recorded = await off_loop(store.forwarded_to, registry.engine, key) if key else None
+    if key is None:
+        return await _forward_in_turn(
+            registry, client, body, None, None, fitting, candidates, started
+        )
+    hold = KeyHold(registry, key, body.federation.deadline_s)
+    recorded = await hold.take()
     if recorded is not None:
-        # This key went there before: only there, where the allocation (if any) is, and
+        # This key went there before: there first, where the allocation (if any) is, and
         # with the same GPU model, so the region sees the same request and replays it.
         region, model = recorded
-        fitting = [_pinned(region, model, candidates)]
-    pinned = recorded is not None
+        fitting = [_pinned(region, model, candidates)] + [c for c in fitting if c.region != region]
+    try:
+        return await _forward_in_turn(
+            registry, client, body, hold, recorded, fitting, candidates, started
+        )
+    finally:
+        await hold.let_go()
+
+
+async def _forward_in_turn(
+    registry: Registry,
+    client: httpx.AsyncClient,
+    body: FederatedPlaceRequest,
+    hold: KeyHold | None,
+    recorded: tuple[str, str] | None,
+    fitting: list[ranking.Candidate],
+    candidates: list[ranking.Candidate],
+    started: float,
+) -> dict[str, Any]:
+    """Forward to each region in turn until one places the job. ``recorded``: the first
+    is where the key went before, which only its looking the key up frees."""
+    key = hold.key if hold is not None else None
+    gpus = body.gpus * body.tasks
     attempts: list[dict[str, Any]] = []
     forwards_s = 0.0
     deadline = started + body.federation.deadline_s
-    for chosen in fitting:
+    for turn, chosen in enumerate(fitting):
+        went_before = recorded is not None and turn == 0
         left = deadline - time.perf_counter()
         if left <= 0:
             attempts.append(_attempt(chosen.region, None, "skipped", "the deadline passed"))
@@ -143,19 +238,21 @@ async def place(
         record = await _live_record(registry, chosen.region)
         if record is None:
             attempts.append(_attempt(chosen.region, None, "refused", "not a live region"))
+            if went_before:
+                # Its allocation, if any, is there still (a retired region's jobs run on).
+                raise NoRegion(
+                    f"region {chosen.region}, where this Idempotency-Key went before, is no"
+                    " longer live: its allocation (if any) is there; send the job with a new"
+                    " key to route it afresh",
+                    {
+                        "alternatives": [candidate_view(c, gpus) for c in candidates],
+                        "attempts": attempts,
+                    },
+                )
             continue
         assert chosen.gpu_model is not None  # a fitting candidate is priced
-        if key is not None and recorded is None:
-            first = await off_loop(
-                store.remember_forward,
-                registry.engine,
-                key,
-                chosen.region,
-                chosen.gpu_model,
-                registry.clock(),
-            )
-            if first != (chosen.region, chosen.gpu_model):
-                return await place(registry, client, body, key)  # a twin request went first
+        if hold is not None and not went_before:
+            await hold.point(chosen.region, chosen.gpu_model)
         sent_at = time.perf_counter()
         sent = forward_body(body, chosen)
         # At most half the deadline each: a region that hangs leaves time for the next.
@@ -165,18 +262,10 @@ async def place(
         attempts.append(_attempt(chosen.region, result.status, result.outcome, result.detail))
         if result.outcome is Outcome.PLACED:
             return _placed(chosen, result, candidates, attempts, gpus, started, forwards_s)
-        if key is not None and not _key_moves_on(result, pinned):
-            raise _kept_there(chosen.region, result, pinned, attempts)
-        if pinned:
-            # It looked this key up and holds nothing for it (a replay would have said
-            # so): the key is free again, and the job is routed as a new one.
-            assert key is not None
-            await off_loop(store.forget_forward, registry.engine, key, chosen.region)
-            return await place(registry, client, body, key)
-        if key is not None:
-            # Nothing was reserved there: the key may go to the next region.
-            await off_loop(store.forget_forward, registry.engine, key, chosen.region)
-        recorded = None
+        if hold is not None and not _key_moves_on(result, went_before):
+            raise _kept_there(chosen.region, result, went_before, attempts)
+    if hold is not None:
+        await hold.drop()  # every region refused it, holding nothing for it
     views = [candidate_view(c, gpus) for c in candidates]
     raise NoRegion(
         "no region can place this job now: "

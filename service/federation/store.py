@@ -179,40 +179,100 @@ def store_summary(
     return bool(changed)
 
 
-def forwarded_to(engine: sa.Engine, key: str) -> tuple[str, str] | None:
-    """(region, GPU model) this key was forwarded with; None if it never was."""
-    with engine.connect() as conn:
-        found = conn.execute(
-            sa.select(federation_forwards.c.region, federation_forwards.c.gpu_model).where(
-                federation_forwards.c.idempotency_key == key
+# -- which region each Idempotency-Key went to ---------------------------------
+#
+# A keyed request holds its key's row (``holder``, until ``held_until``) while it
+# forwards, on whichever replica it runs: a second request with the same key meanwhile
+# is told the key is in flight rather than routed on its own, so the two can never
+# place the key in two regions. Only the holder moves the row to another region or
+# deletes it; a holder that died lets go when its time is up.
+
+
+class KeyHeld(Exception):
+    """Another request holds this Idempotency-Key now (a twin, on this or another replica)."""
+
+
+def take_key(
+    engine: sa.Engine, key: str, holder: str, now: datetime, until: datetime
+) -> tuple[str, str] | None:
+    """Hold ``key``'s row: (region, GPU model) it went to before; None when it never went
+    anywhere (the row is made by :func:`hold_key`). Raises :class:`KeyHeld` when another
+    request holds it."""
+    t = federation_forwards
+    with engine.begin() as conn:
+        taken = conn.execute(
+            t.update()
+            .where(
+                t.c.idempotency_key == key,
+                sa.or_(t.c.held_until.is_(None), t.c.held_until <= now),
             )
+            .values(holder=holder, held_until=until)
+        ).rowcount
+        # Read after the update, in its transaction: where the row points now.
+        found = conn.execute(
+            sa.select(t.c.region, t.c.gpu_model).where(t.c.idempotency_key == key)
         ).first()
-    return None if found is None else (str(found[0]), str(found[1]))
+    if found is None:
+        return None
+    if not taken:
+        raise KeyHeld(key)
+    return str(found[0]), str(found[1])
 
 
-def remember_forward(
-    engine: sa.Engine, key: str, region: str, gpu_model: str, now: datetime
-) -> tuple[str, str]:
-    """Record that ``key`` goes to ``region``; the one recorded first wins (returned)."""
+def hold_key(
+    engine: sa.Engine,
+    key: str,
+    region: str,
+    gpu_model: str,
+    holder: str,
+    now: datetime,
+    until: datetime,
+) -> bool:
+    """Record that ``key`` goes to ``region``, held by ``holder``; False when a twin request
+    recorded it first."""
     try:
         with engine.begin() as conn:
             conn.execute(
                 federation_forwards.insert().values(
-                    idempotency_key=key, region=region, gpu_model=gpu_model, created_at=now
+                    idempotency_key=key,
+                    region=region,
+                    gpu_model=gpu_model,
+                    created_at=now,
+                    holder=holder,
+                    held_until=until,
                 )
             )
     except IntegrityError:
-        first = forwarded_to(engine, key)
-        return first or (region, gpu_model)
-    return region, gpu_model
+        return False
+    return True
 
 
-def forget_forward(engine: sa.Engine, key: str, region: str) -> None:
-    """The region refused ``key`` (reserved nothing): the key may go elsewhere."""
+def move_key(engine: sa.Engine, key: str, holder: str, region: str, gpu_model: str) -> bool:
+    """The key's region refused it and holds nothing for it: it goes to ``region`` now.
+    False when ``holder`` no longer holds the row (its time ran out and a retry took it)."""
+    t = federation_forwards
+    with engine.begin() as conn:
+        moved = conn.execute(
+            t.update()
+            .where(t.c.idempotency_key == key, t.c.holder == holder)
+            .values(region=region, gpu_model=gpu_model)
+        ).rowcount
+    return bool(moved)
+
+
+def let_go_key(engine: sa.Engine, key: str, holder: str) -> None:
+    """The holder is done: the row stays (where the key went) for the next request."""
+    t = federation_forwards
     with engine.begin() as conn:
         conn.execute(
-            federation_forwards.delete().where(
-                federation_forwards.c.idempotency_key == key,
-                federation_forwards.c.region == region,
-            )
+            t.update()
+            .where(t.c.idempotency_key == key, t.c.holder == holder)
+            .values(holder=None, held_until=None)
         )
+
+
+def drop_key(engine: sa.Engine, key: str, holder: str) -> None:
+    """Every region refused the key and holds nothing for it: it may go anywhere next."""
+    t = federation_forwards
+    with engine.begin() as conn:
+        conn.execute(t.delete().where(t.c.idempotency_key == key, t.c.holder == holder))

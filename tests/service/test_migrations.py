@@ -358,3 +358,38 @@ def test_0008_keys_take_the_seq_of_their_nodes_signed_snapshot(database_url: str
         migrate.upgrade(database_url)
     finally:
         engine.dispose()
+
+
+def test_0013_holds_forwarded_keys_and_keeps_the_forwards(database_url: str) -> None:
+    """The columns come and go; a key forwarded before is held by nobody after."""
+    from datetime import UTC, datetime
+
+    migrate.upgrade(database_url)
+    config = migrate.alembic_config(database_url)
+    command.downgrade(config, "0012")
+    engine = sa.create_engine(database_url)
+    forwards = sa.table(
+        "federation_forwards",
+        *(sa.column(c) for c in ("idempotency_key", "region", "gpu_model", "created_at")),
+    )
+    try:
+        with engine.begin() as conn:
+            conn.execute(forwards.delete())
+            conn.execute(
+                forwards.insert().values(
+                    idempotency_key="k",
+                    region="aws-east",
+                    gpu_model="H100",
+                    created_at=datetime(2026, 12, 5, tzinfo=UTC),
+                )
+            )
+        command.upgrade(config, "0013")
+        with engine.connect() as conn:
+            row = conn.execute(sa.select(schema.federation_forwards)).mappings().one()
+        assert (row["region"], row["holder"], row["held_until"]) == ("aws-east", None, None)
+        command.downgrade(config, "0012")
+        columns = {c["name"] for c in sa.inspect(engine).get_columns("federation_forwards")}
+        assert "holder" not in columns and "held_until" not in columns
+        migrate.upgrade(database_url)
+    finally:
+        engine.dispose()

@@ -8,9 +8,10 @@ answers, so each outcome of docs/federation.md's forwarding rules is tried.
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
@@ -18,9 +19,12 @@ import pytest
 from fastapi.testclient import TestClient
 
 from agent.signing import NodeKey
+from service.app import create_app
 from service.federation import store
 from service.federation.schemas import RegionSummary
 from service.federation.signing import sign_summary
+from service.settings import Settings
+from tests.service.conftest import ADMIN_TOKEN, FakeClock, secured
 
 KEY = NodeKey.generate()
 # Cheapest first: the ranking tries cheap, then mid, then dear.
@@ -211,7 +215,7 @@ def test_a_keyed_region_that_refuses_frees_the_key(client: TestClient, regions: 
     regions.answers["cheap"] = refuse
     again = place(client, "k-5")
     assert again.status_code == 201 and again.json()["region"] == "mid"
-    assert [r for r, key, _ in regions.seen if key == "k-5"] == ["cheap", "cheap", "cheap", "mid"]
+    assert [r for r, key, _ in regions.seen if key == "k-5"] == ["cheap", "cheap", "mid"]
 
 
 def test_a_region_another_replica_retired_is_not_routed_to(
@@ -293,3 +297,79 @@ def test_a_region_whose_database_failed_at_the_commit_keeps_the_key(
     # Without a key nothing can find that allocation again: the next region is tried.
     regions.answers["cheap"] = error_answer(503, "database_unavailable")
     assert place(client).json()["region"] == "mid"
+
+
+@pytest.fixture
+def replica(settings: Settings, clock: FakeClock, regions: Regions) -> Iterator[TestClient]:
+    """A second global replica on the same database, forwarding to the same regions."""
+    app = create_app(secured(settings), clock=clock, background=False)
+    with TestClient(app, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}) as second:
+        app.state.federation_client = httpx.AsyncClient(
+            transport=httpx.MockTransport(regions.handle)
+        )
+        yield second
+
+
+def test_twin_requests_on_two_replicas_place_the_key_once(
+    client: TestClient, replica: TestClient, regions: Regions
+) -> None:
+    """A dispatcher retries on another replica while its first call is still forwarding.
+    The first call's region refuses it (full a moment ago) and the first call moves on,
+    while the region could take the twin a moment later: routed on its own, the twin
+    would be placed there and the first call in the next region, one key with two
+    allocations. The twin is told the key is in flight instead."""
+    first_in, release_first, first_done, twin_in = (threading.Event() for _ in range(4))
+    calls: list[str] = []
+
+    def cheap(request: httpx.Request) -> httpx.Response:
+        calls.append("cheap")
+        if len(calls) == 1:  # the first call
+            first_in.set()
+            assert release_first.wait(10)
+            return refuse(request)
+        twin_in.set()  # the twin, routed there too
+        assert first_done.wait(10)
+        return allocation("cheap")
+
+    regions.answers["cheap"] = cheap
+    answers: dict[str, httpx.Response] = {}
+    first = threading.Thread(target=lambda: answers.update(first=place(client, "k-twin")))
+    twin = threading.Thread(target=lambda: answers.update(twin=place(replica, "k-twin")))
+    first.start()
+    assert first_in.wait(10)
+    twin.start()
+    deadline = time.monotonic() + 10
+    while twin.is_alive() and not twin_in.is_set() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    release_first.set()
+    first.join(10)
+    first_done.set()
+    twin.join(10)
+    assert not first.is_alive() and not twin.is_alive()
+    assert answers["first"].status_code == 201 and answers["first"].json()["region"] == "mid"
+    assert answers["twin"].status_code == 409, answers["twin"].text
+    assert answers["twin"].json()["error"]["code"] == "idempotency_key_in_flight"
+    placed = [r for r, key, _ in regions.seen if key == "k-twin"]
+    assert placed == ["cheap", "mid"], "the twin was forwarded on its own"
+    # Once the first call is done, the key's retry (on either replica) is its answer.
+    regions.answers["mid"] = answering("mid", replayed=True)
+    again = place(replica, "k-twin")
+    assert again.status_code == 201 and again.json()["region"] == "mid", again.text
+    assert again.json()["replayed"] is True
+
+
+def test_a_key_held_by_a_replica_that_died_is_taken_when_its_time_is_up(
+    client: TestClient, regions: Regions, clock: FakeClock
+) -> None:
+    app: Any = client.app
+    engine = app.state.federation.engine
+    until = clock() + timedelta(seconds=20)
+    assert store.hold_key(engine, "k-dead", "mid", "H100", "gone", clock(), until)
+    held = place(client, "k-dead")
+    assert held.status_code == 409, held.text
+    assert held.json()["error"]["code"] == "idempotency_key_in_flight"
+    assert regions.seen == []
+    clock.advance(21)
+    regions.answers["mid"] = answering("mid", replayed=True)
+    taken = place(client, "k-dead")
+    assert taken.status_code == 201 and taken.json()["region"] == "mid", taken.text
