@@ -9,7 +9,6 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
 import sqlalchemy as sa
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -32,6 +31,7 @@ from service.edge.headers import SafetyHeaders
 from service.edge.rate_limit import RateLimit, RateLimiter
 from service.event_loop import off_loop
 from service.federation import endpoints as federation_routes
+from service.federation.forward import region_client
 from service.federation.pusher import SummaryPusher
 from service.federation.registry import Registry
 from service.grpc.server import start_grpc
@@ -159,7 +159,7 @@ def create_app(
     # A region's service pushes its summary to a global one (docs/federation.md); the
     # key and token are read now, so that `serve` refuses a bad one before it starts.
     pusher = SummaryPusher(state, settings) if settings.federation_global else None
-    federation_client = httpx.AsyncClient(trust_env=False)
+    federation_client = region_client()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

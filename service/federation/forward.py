@@ -14,6 +14,7 @@ for the job and its key is routing's to decide (service/federation/routing.py).
 
 from __future__ import annotations
 
+import asyncio
 import enum
 from dataclasses import dataclass
 from typing import Any
@@ -44,14 +45,74 @@ class Forwarded:
     code: str | None = None  # the region's error code, when it refused in its error shape
 
 
-def _error(response: httpx.Response) -> tuple[str | None, str]:
+def _error(content: bytes) -> tuple[str | None, str]:
     """The refusal's code (None when not in the service's error shape) and its detail."""
     try:
-        error = orjson.loads(response.content).get("error", {})
+        error = orjson.loads(content).get("error", {})
         code, message = error.get("code"), error.get("message")
     except (orjson.JSONDecodeError, AttributeError):
-        return None, response.text[:200]
+        return None, content[:200].decode("utf-8", "replace")
     return (code if isinstance(code, str) else None), f"{code}: {message}"
+
+
+# What is read of a region's answer: an allocation's view is a few KiB a task (GPU
+# UUIDs, CPUs, the environment), so a placed answer may take 1 MiB plus 32 KiB a task;
+# a refusal's error, 64 KiB. A region answering more is not read on: its body would be
+# held in memory, and parsed on the event loop every request waits on.
+ANSWER_BASE_BYTES = 1 << 20
+ANSWER_TASK_BYTES = 32 << 10
+REFUSAL_BYTES = 64 << 10
+
+
+def answer_limit(tasks: int) -> int:
+    """The most a placed answer of ``tasks`` tasks may take."""
+    return ANSWER_BASE_BYTES + tasks * ANSWER_TASK_BYTES
+
+
+def region_client() -> httpx.AsyncClient:
+    """The client forwards go out on. No cap on its connections: with one (httpx's is
+    100 for all hosts together), a region taking requests and never answering held them
+    all, and every forward to every other region waited for one until its time was up.
+    Concurrent forwards are bounded by the requests the global service takes."""
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
+    return httpx.AsyncClient(trust_env=False, limits=limits)
+
+
+async def _read(response: httpx.Response, limit: int) -> bytes | str:
+    """The answer's body; or, past ``limit`` bytes or compressed, why it was not read
+    (the rest is left unread)."""
+    encoding = response.headers.get("content-encoding", "identity").strip().lower()
+    if encoding not in ("", "identity"):
+        return f"its answer is compressed ({encoding}) though asked not to be"
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in response.aiter_bytes():
+        size += len(chunk)
+        if size > limit:
+            return f"its answer is over {limit} bytes"
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def allocation_of(content: bytes) -> dict[str, Any] | None:
+    """The region's allocation, when the answer is one: an id and tasks, each on a named
+    node with a list of GPU UUIDs (what the global answer is made of); else None."""
+    try:
+        answer = orjson.loads(content)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(answer, dict) or not isinstance(answer.get("id"), str):
+        return None
+    tasks = answer.get("tasks")
+    if not isinstance(tasks, list) or not tasks:
+        return None
+    for task in tasks:
+        if not isinstance(task, dict) or not isinstance(task.get("node"), str):
+            return None
+        uuids = task.get("gpu_uuids")
+        if not isinstance(uuids, list) or not all(isinstance(u, str) for u in uuids):
+            return None
+    return answer
 
 
 async def forward(
@@ -61,23 +122,46 @@ async def forward(
     body: dict[str, Any],
     key: str | None,
     timeout_s: float,
+    max_bytes: int,
 ) -> Forwarded:
-    headers = {"Content-Type": "application/json"}
+    """Send the placement and read the answer, all of it within ``timeout_s``."""
+    # Asked uncompressed (and a compressed answer is not read): a few KiB of gzip could
+    # unpack to any size at once, past the bound on what is read.
+    headers = {"Content-Type": "application/json", "Accept-Encoding": "identity"}
     if token:
         headers["Authorization"] = f"Bearer {token}"
     if key is not None:
         headers["Idempotency-Key"] = key
+    # httpx's timeouts are per step (connecting, each read): an answer trickled in a
+    # byte at a time never reaches them, so the whole exchange has a time of its own.
+    # Connecting gets a little less, so that a region not reached within the time is
+    # told apart from one that took the request (the request is sent only once connected).
+    steps = httpx.Timeout(timeout_s, connect=timeout_s * 0.9, pool=timeout_s * 0.9)
     try:
-        response = await client.post(
-            f"{url}/v1/place", content=orjson.dumps(body), headers=headers, timeout=timeout_s
-        )
-    except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+        async with asyncio.timeout(timeout_s):
+            async with client.stream(
+                "POST",
+                f"{url}/v1/place",
+                content=orjson.dumps(body),
+                headers=headers,
+                timeout=steps,
+            ) as response:
+                placed = response.status_code in (200, 201)
+                content = await _read(response, max_bytes if placed else REFUSAL_BYTES)
+    except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
         return Forwarded(Outcome.UNREACHABLE, None, f"not reachable: {exc!r}")
     except httpx.TransportError as exc:
         return Forwarded(Outcome.AMBIGUOUS, None, f"sent, no answer: {exc!r}")
-    if response.status_code in (200, 201):
-        replayed = response.headers.get("Idempotent-Replayed") == "true"
-        answer = orjson.loads(response.content)
-        return Forwarded(Outcome.PLACED, response.status_code, "placed", answer, replayed)
-    code, detail = _error(response)
-    return Forwarded(Outcome.REFUSED, response.status_code, detail, code=code)
+    except TimeoutError:
+        return Forwarded(Outcome.AMBIGUOUS, None, f"sent, no whole answer within {timeout_s:g} s")
+    status = response.status_code
+    if not placed:
+        code, detail = _error(content if isinstance(content, bytes) else b"")
+        return Forwarded(Outcome.REFUSED, status, detail, code=code)
+    if isinstance(content, str):
+        return Forwarded(Outcome.AMBIGUOUS, status, f"placed, but {content}")
+    answer = allocation_of(content)
+    if answer is None:
+        return Forwarded(Outcome.AMBIGUOUS, status, "placed, but its answer is no allocation")
+    replayed = response.headers.get("Idempotent-Replayed") == "true"
+    return Forwarded(Outcome.PLACED, status, "placed", answer, replayed)

@@ -19,7 +19,7 @@ from service.errors import (
 )
 from service.event_loop import off_loop
 from service.federation import ranking, store
-from service.federation.forward import LOOKED_UP, Forwarded, Outcome, forward
+from service.federation.forward import LOOKED_UP, Forwarded, Outcome, answer_limit, forward
 from service.federation.registry import Registry
 from service.federation.schemas import FederatedPlaceRequest
 from service.federation.store import RegionRecord
@@ -257,7 +257,8 @@ async def _forward_in_turn(
         sent = forward_body(body, chosen)
         # At most half the deadline each: a region that hangs leaves time for the next.
         wait = min(left, body.federation.deadline_s / 2)
-        result = await forward(client, record.url, record.forward_token, sent, key, wait)
+        limit = answer_limit(body.tasks)
+        result = await forward(client, record.url, record.forward_token, sent, key, wait, limit)
         forwards_s += time.perf_counter() - sent_at
         attempts.append(_attempt(chosen.region, result.status, result.outcome, result.detail))
         if result.outcome is Outcome.PLACED:

@@ -373,3 +373,89 @@ def test_a_key_held_by_a_replica_that_died_is_taken_when_its_time_is_up(
     regions.answers["mid"] = answering("mid", replayed=True)
     taken = place(client, "k-dead")
     assert taken.status_code == 201 and taken.json()["region"] == "mid", taken.text
+
+
+# A region's 201 is trusted only as far as it is an allocation: one that is not JSON, or
+# no allocation, is an answer lost (the region may have reserved), as is one that never
+# ends within the forward's time or grows past any allocation's size.
+GARBAGE = [
+    pytest.param(b"<html>502 from a proxy</html>", id="not-json"),
+    pytest.param(b"[1, 2]", id="a-list"),
+    pytest.param(b'{"id": "a", "tasks": [{"gpu_uuids": ["GPU-0"]}]}', id="a-task-without-node"),
+    pytest.param(b'{"id": "a", "tasks": "n1"}', id="tasks-not-a-list"),
+]
+
+
+@pytest.mark.parametrize("content", GARBAGE)
+def test_a_placed_answer_that_is_no_allocation_is_an_answer_lost(
+    client: TestClient, regions: Regions, content: bytes
+) -> None:
+    regions.answers["cheap"] = lambda request: httpx.Response(201, content=content)
+    keyed = place(client, "k-8")
+    assert keyed.status_code == 503, keyed.text
+    assert keyed.json()["error"]["code"] == "region_unavailable"
+    assert routed(regions, "k-8") == ["cheap"]
+    unkeyed = place(client)
+    assert unkeyed.status_code == 201 and unkeyed.json()["region"] == "mid", unkeyed.text
+    assert unkeyed.json()["attempts"][0]["outcome"] == "unanswered"
+
+
+class Stream(httpx.AsyncByteStream):
+    """A region's answer sent in pieces, counting what the global service read."""
+
+    def __init__(self, pieces: int, piece: bytes, pause_s: float = 0.0) -> None:
+        self.pieces, self.piece, self.pause_s = pieces, piece, pause_s
+        self.sent = 0
+
+    async def __aiter__(self) -> Any:
+        import asyncio
+
+        yield b'{"id": "a", "tasks": [{"node": "n1", "gpu_uuids": ["GPU-0"]}], "pad": "'
+        for _ in range(self.pieces):
+            if self.pause_s:
+                await asyncio.sleep(self.pause_s)
+            self.sent += 1
+            yield self.piece
+        yield b'"}'
+
+
+def test_a_huge_placed_answer_is_not_read_whole(client: TestClient, regions: Regions) -> None:
+    stream = Stream(1024, b"x" * 65536)  # 64 MiB
+    regions.answers["cheap"] = lambda request: httpx.Response(201, stream=stream)
+    answer = place(client, "k-9")
+    assert answer.status_code == 503, answer.text[:300]
+    assert answer.json()["error"]["code"] == "region_unavailable"
+    assert stream.sent < 100, f"read {stream.sent} pieces of 64 KiB"
+
+
+def test_a_region_that_answers_a_byte_at_a_time_is_cut_at_its_time(
+    client: TestClient, regions: Regions
+) -> None:
+    """httpx's timeout is per read: an answer trickled in under it never timed out."""
+    stream = Stream(40, b"x", pause_s=0.1)  # 4 s, a read every 0.1 s
+    regions.answers["cheap"] = lambda request: httpx.Response(201, stream=stream)
+    began = time.monotonic()
+    answer = client.post(
+        "/v1/federation/place",
+        json={"gpus": 2, "federation": {"deadline_s": 1.0}},
+        headers={"Idempotency-Key": "k-10"},
+    )
+    took = time.monotonic() - began
+    assert answer.status_code == 503, answer.text[:300]
+    assert took < 2.5, f"the forward took {took:.1f} s of a 1 s deadline"
+    assert stream.sent < 40
+
+
+def test_a_compressed_placed_answer_is_not_unpacked(client: TestClient, regions: Regions) -> None:
+    """Asked for an uncompressed answer, a region sending gzip anyway is not unpacked: a
+    few KiB of it could be gigabytes at once, past the bound on what is read."""
+    import gzip
+
+    packed = gzip.compress(allocation("cheap").content)
+    regions.answers["cheap"] = lambda request: httpx.Response(
+        201, content=packed, headers={"Content-Encoding": "gzip"}
+    )
+    answer = place(client, "k-11")
+    assert answer.status_code == 503, answer.text[:300]
+    assert "compressed" in answer.json()["error"]["message"]
+    assert len(regions.seen) == 1
