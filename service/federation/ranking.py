@@ -84,6 +84,15 @@ class Summary:
     stale_nodes: int = 0
     live_allocations: int = 0
     network_gbps: float = 25.0
+    # design -> the most wholly free nodes one of its cliques has, found once per
+    # summary: a summary may hold 10,000 cliques, too many to walk per design per request
+    clique_free: Mapping[str, int] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        best: dict[str, int] = {}
+        for clique in self.cliques:
+            best[clique.design] = max(best.get(clique.design, 0), clique.free_nodes)
+        object.__setattr__(self, "clique_free", best)
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,9 +204,8 @@ def _gang_gbps(job: Job, summary: Summary, design: DesignFree) -> float:
         return design.island_gbps
     whole = job.gpus >= design.gpus_per_node
     nodes_needed = job.tasks if whole else -(-job.tasks // max(1, design.gpus_per_node // job.gpus))
-    for clique in summary.cliques:
-        if clique.design == design.design and clique.free_nodes >= nodes_needed:
-            return design.island_gbps
+    if summary.clique_free.get(design.design, 0) >= nodes_needed:
+        return design.island_gbps
     return min(design.island_gbps, summary.network_gbps)
 
 
@@ -210,9 +218,16 @@ def _design_choice(
     gpu_hours = gpus * job.hours
     best: Candidate | None = None
     refused: list[tuple[str, DesignFree, float]] = []  # (why, design, the number): told late
+    # Whether the job takes each GPU model, asked once per model rather than per design.
+    wanted: dict[str, bool] = {}
     for design, price in zip(summary.designs, region.priced, strict=True):
-        if job.gpu_models and not any(_matches(m, design.gpu_model) for m in job.gpu_models):
-            continue
+        if job.gpu_models:
+            takes = wanted.get(design.gpu_model)
+            if takes is None:
+                takes = any(_matches(m, design.gpu_model) for m in job.gpu_models)
+                wanted[design.gpu_model] = takes
+            if not takes:
+                continue
         if price is None:
             refused.append(("unpriced", design, 0.0))
             continue

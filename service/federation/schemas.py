@@ -154,15 +154,35 @@ class CliqueSummary(_Strict):
     free_nodes: Count
 
 
+# The GPU models one summary may name: each is matched against each model a job asks
+# for (up to 64) on every federated request, on the event loop.
+MAX_SUMMARY_MODELS = 64
+
+
 class RegionSummary(_Strict):
     region: RegionName
     seq: Annotated[int, Field(ge=1, le=2**63 - 1)]
     sent_at: datetime
-    designs: list[DesignSummary] = Field(default_factory=list, max_length=1000)
+    designs: list[DesignSummary] = Field(
+        default_factory=list,
+        max_length=1000,
+        description=f"at most {MAX_SUMMARY_MODELS} GPU models among them",
+    )
     cliques: list[CliqueSummary] = Field(default_factory=list, max_length=10_000)
     stale_nodes: Count = 0
     live_allocations: Count = 0
     network_gbps: float = Field(default=25.0, gt=0, le=1e6, allow_inf_nan=False)
+
+    @field_validator("designs")
+    @classmethod
+    def _few_models(cls, value: list[DesignSummary]) -> list[DesignSummary]:
+        models = {d.gpu_model for d in value}
+        if len(models) > MAX_SUMMARY_MODELS:
+            raise ValueError(
+                f"the designs name {len(models)} GPU models; a summary names at most"
+                f" {MAX_SUMMARY_MODELS}"
+            )
+        return value
 
 
 class SummaryReport(_Strict):

@@ -240,3 +240,32 @@ def test_bad_federated_requests_are_refused(
     answer = client.post("/v1/federation/place", json=body)
     assert answer.status_code == 422, answer.text
     assert field in answer.json()["error"]["message"]
+
+
+def test_a_summary_of_too_many_gpu_models_is_refused(client: TestClient) -> None:
+    """Each GPU model a summary names is matched against each model a job asks for, on
+    every request: a region naming 1,000 models made each request with 64 of them
+    match 64,000 pairs on the event loop. A summary names at most 64 models."""
+    token = register(client)
+    designs = [
+        {
+            "design": f"GPU{i} x8",
+            "gpu_model": f"NVIDIA GPU{i}",
+            "gpus_per_node": 8,
+            "nodes": 1,
+            "free_gpus": 8,
+            "island_gbps": 450.0,
+            "by_island": {"8": 1},
+        }
+        for i in range(65)
+    ]
+    body = {**summary(), "designs": designs}
+    answer = client.put("/v1/regions/aws-east/summary", json=signed(body), headers=bearer(token))
+    assert answer.status_code == 422, answer.text[:300]
+    error = answer.json()["error"]
+    assert error["code"] == "invalid_request" and error["detail"]["field"] == "summary.designs"
+    assert "64" in error["message"], error["message"]
+    assert client.get("/v1/regions/aws-east").json()["summary"] is None
+    within = {**summary(), "designs": designs[:64]}
+    taken = client.put("/v1/regions/aws-east/summary", json=signed(within), headers=bearer(token))
+    assert taken.status_code == 200, taken.text[:300]
