@@ -8,7 +8,9 @@ changed, so that the global service can tell a quiet region from a dead
 one; the summary walks every node under the state lock, so a quiet region
 does not build it more often than that. A push that fails is tried again at the next check.
 The seq is the wall clock in nanoseconds, and always above the last one
-sent, so a restarted region's summaries stay newer than its old ones.
+sent, so a restarted region's summaries stay newer than its old ones; a
+summary refused as a replay names the stored seq, and the next goes past it
+(a region whose clock went back).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 import sqlalchemy as sa
 
 from agent.signing import NodeKey
@@ -96,12 +99,26 @@ class SummaryPusher:
                 response.status_code,
                 response.text[:300],
             )
+            self._learn_stored_seq(response)
             return
         self._seq = summary["seq"]
         self._last_key = key
         self._last_content = content
         self._last_push = time.monotonic()
         self.pushed += 1
+
+    def _learn_stored_seq(self, response: httpx.Response) -> None:
+        """A summary refused as a replay: the global service holds a later seq, sent when
+        this region's clock was ahead (before a restart, or a correction). The next seq
+        goes past it, rather than waiting, stale, until the clock catches up; only this
+        region's key signs a summary, so skipping seqs gives nobody anything."""
+        try:
+            error = orjson.loads(response.content)["error"]
+            stored = error["detail"]["stored_seq"] if error["code"] == "replayed_summary" else None
+        except (orjson.JSONDecodeError, KeyError, TypeError):
+            return
+        if isinstance(stored, int) and not isinstance(stored, bool) and stored > self._seq:
+            self._seq = stored
 
     async def run(self) -> None:
         async with httpx.AsyncClient(trust_env=False) as client:
