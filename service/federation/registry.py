@@ -105,9 +105,14 @@ class Registry:
         return self._fresh_at != self._generation
 
     def put(self, record: RegionRecord) -> None:
-        """This process stored a newer summary of ``record``'s region: route by it now."""
+        """This process stored a newer summary of ``record``'s region: route by it now.
+        Two pushes stored side by side may come here in either order: the newer stays."""
+        known = Known(record, region_of(record))
         with self._lock:
-            self._known[record.name] = Known(record, region_of(record))
+            kept = self._known.get(record.name)
+            if kept is not None and _newer(kept.record, record):
+                return
+            self._known[record.name] = known
 
     async def follow(self) -> None:
         """Every REREAD_S, take what other replicas took: summaries, registrations and

@@ -68,3 +68,21 @@ def test_a_change_made_during_a_read_leaves_the_registry_due(
     monkeypatch.setattr(store, "live_seqs", changed_meanwhile)
     registry.refresh()
     assert registry.due  # the next request reads the table again
+
+
+def test_two_summaries_taken_at_once_leave_the_newer_in_memory(client: TestClient) -> None:
+    """Two pushes of one region handled side by side (a retry after a client timeout):
+    the older one's stored first and put in memory last, routing went by it until the
+    next reread."""
+    app: Any = client.app
+    registry: Registry = app.state.federation
+    token = register(client, "east")
+    push(client, "east", token, 8)
+    older = store.get(registry.engine, "east")
+    seq = push(client, "east", token, 2)
+    newer = store.get(registry.engine, "east")
+    assert older is not None and newer is not None and newer.summary_seq == seq
+    registry.put(newer)
+    registry.put(older)  # the older push's thread, last
+    kept = registry.record("east")
+    assert kept is not None and kept.summary_seq == seq
