@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -250,6 +251,8 @@ async def _forward_in_turn(
                     },
                 )
             continue
+        if chosen.cloud != record.cloud:  # a key's region this replica has not ranked yet
+            chosen = replace(chosen, cloud=record.cloud)
         assert chosen.gpu_model is not None  # a fitting candidate is priced
         if hold is not None and not went_before:
             await hold.point(chosen.region, chosen.gpu_model)
@@ -330,11 +333,18 @@ def _kept_there(
 
 async def _live_record(registry: Registry, region: str) -> RegionRecord | None:
     """The region's record when it is live now. The registry learns another replica's
-    retirement only when it next reads the table; the database is asked before each
-    forward, so a retired region is never forwarded to, whichever replica retired it."""
+    registration or retirement only when it next reads the table; the database is asked
+    before each forward, so a retired region is never forwarded to, whichever replica
+    retired it, and a key goes back to its region whichever replica registered it."""
     record = registry.record(region)
     if record is None:
-        return None
+        # Registered on another replica since this one last read the table (a key sent
+        # there, retried here): the database knows it.
+        found = await off_loop(store.get, registry.engine, region)
+        if found is None or found.retired_at is not None:
+            return None
+        registry.invalidate()  # the next request reads the table before it ranks
+        return found
     if not await off_loop(store.is_live, registry.engine, region):
         registry.invalidate()  # the next request reads the table before it ranks
         return None

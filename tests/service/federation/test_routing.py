@@ -20,6 +20,7 @@ from fastapi.testclient import TestClient
 
 from agent.signing import NodeKey
 from service.app import create_app
+from service.federation import registry as registry_module
 from service.federation import store
 from service.federation.schemas import RegionSummary
 from service.federation.signing import sign_summary
@@ -59,46 +60,51 @@ class Regions:
         return self.answers[region](request)
 
 
+def add_region(client: TestClient, name: str, price: float) -> None:
+    """Register a region selling H100s at ``price`` and push its summary: one free box."""
+    created = client.post(
+        "/v1/regions",
+        json={
+            "name": name,
+            "cloud": "aws",
+            "url": f"http://{name}.example",
+            "public_key": KEY.public_key,
+            "prices": [{"gpu_model": "H100", "on_demand": price}],
+            "egress": {"region_gb": 0.0, "internet_gb": 0.0},
+        },
+    )
+    assert created.status_code == 201, created.text
+    summary = RegionSummary.model_validate(
+        {
+            "region": name,
+            "seq": time.time_ns(),
+            "sent_at": datetime.now(UTC),
+            "designs": [
+                {
+                    "design": "H100 x8",
+                    "gpu_model": "NVIDIA H100 80GB HBM3",
+                    "gpus_per_node": 8,
+                    "nodes": 1,
+                    "free_gpus": 8,
+                    "island_gbps": 450.0,
+                    "by_island": {"8": 1},
+                }
+            ],
+        }
+    ).model_dump(mode="json")
+    pushed = client.put(
+        f"/v1/regions/{name}/summary",
+        json={"summary": summary, "signature": sign_summary(KEY, summary)},
+        headers={"Authorization": f"Bearer {created.json()['token']}"},
+    )
+    assert pushed.status_code == 200, pushed.text
+
+
 @pytest.fixture
 def regions(client: TestClient) -> Iterator[Regions]:
     fake = Regions()
     for name, price in PRICES.items():
-        created = client.post(
-            "/v1/regions",
-            json={
-                "name": name,
-                "cloud": "aws",
-                "url": f"http://{name}.example",
-                "public_key": KEY.public_key,
-                "prices": [{"gpu_model": "H100", "on_demand": price}],
-                "egress": {"region_gb": 0.0, "internet_gb": 0.0},
-            },
-        )
-        assert created.status_code == 201, created.text
-        summary = RegionSummary.model_validate(
-            {
-                "region": name,
-                "seq": time.time_ns(),
-                "sent_at": datetime.now(UTC),
-                "designs": [
-                    {
-                        "design": "H100 x8",
-                        "gpu_model": "NVIDIA H100 80GB HBM3",
-                        "gpus_per_node": 8,
-                        "nodes": 1,
-                        "free_gpus": 8,
-                        "island_gbps": 450.0,
-                        "by_island": {"8": 1},
-                    }
-                ],
-            }
-        ).model_dump(mode="json")
-        pushed = client.put(
-            f"/v1/regions/{name}/summary",
-            json={"summary": summary, "signature": sign_summary(KEY, summary)},
-            headers={"Authorization": f"Bearer {created.json()['token']}"},
-        )
-        assert pushed.status_code == 200, pushed.text
+        add_region(client, name, price)
         fake.answers[name] = answering(name)
     app: Any = client.app
     app.state.federation_client = httpx.AsyncClient(transport=httpx.MockTransport(fake.handle))
@@ -459,3 +465,31 @@ def test_a_compressed_placed_answer_is_not_unpacked(client: TestClient, regions:
     assert answer.status_code == 503, answer.text[:300]
     assert "compressed" in answer.json()["error"]["message"]
     assert len(regions.seen) == 1
+
+
+def test_a_key_retried_on_a_replica_that_has_not_read_its_region_goes_there(
+    client: TestClient,
+    settings: Settings,
+    clock: FakeClock,
+    regions: Regions,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A region registered on one replica is known to another at its next reread (each
+    second). A key sent to it, unanswered, and retried on the other replica meanwhile was
+    told its region was no longer live, and to send the job with a new key: a second
+    allocation, the first one's region holding the first."""
+    monkeypatch.setattr(registry_module, "REREAD_S", 3600.0)  # no reread during the test
+    app = create_app(secured(settings), clock=clock, background=False)
+    with TestClient(app, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}) as replica:
+        app.state.federation_client = httpx.AsyncClient(
+            transport=httpx.MockTransport(regions.handle)
+        )
+        assert place(replica).json()["region"] == "cheap"  # it has read the regions
+        add_region(client, "cheapest", 0.5)
+        regions.answers["cheapest"] = no_answer
+        assert place(client, "k-12").status_code == 503
+        regions.answers["cheapest"] = answering("cheapest", replayed=True)
+        again = place(replica, "k-12")
+        assert again.status_code == 201, again.text[:300]
+        assert again.json()["region"] == "cheapest" and again.json()["replayed"] is True
+        assert again.json()["cloud"] == "aws"
