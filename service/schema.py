@@ -22,7 +22,9 @@ allocation holding exactly its GPUs, is kept by the database itself:
   (``node_seq``), through a foreign key to ``nodes(name, seq)``: a reservation
   chosen in memory on a snapshot that a newer report replaced (a GPU lost,
   turned unhealthy, split into MIG instances) cannot commit, on whichever
-  replica it was chosen; it is decided again on the stored snapshot.
+  replica it was chosen; it is decided again on the stored snapshot. So does a
+  scheduler's truth (the GPU indices, devices it was mapped on): mapped on a
+  replaced snapshot, it is mapped again on the stored one.
 - A check ties the state to these columns (live states have ``live`` and an
   anchor, ended ones have neither and an end time) and the expiry to the
   state (pending ones expire, active ones never).
@@ -178,9 +180,10 @@ gpu_holds = sa.Table(
     ),
     # A share pool's thousandths held, the sum of its shares; NULL on every other row.
     sa.Column("share_milli", sa.Integer, nullable=True),
-    # The seq of the node's snapshot the reservation was chosen on (NULL: not chosen here,
-    # e.g. recorded from what a scheduler runs). Its foreign key to the node row makes a
-    # reservation chosen on a snapshot that a newer one replaced fail at its commit;
+    # The seq of the node's snapshot the reservation was chosen on, or a scheduler's truth
+    # mapped on (NULL: none named, as a hold written before migration 0011). Its foreign
+    # key to the node row makes a hold named on a snapshot a newer one replaced fail at
+    # its commit;
     # a newer snapshot carries the holds already committed along (ON UPDATE CASCADE).
     sa.Column("node_seq", sa.BigInteger, nullable=True),
     sa.Index("ix_gpu_holds_allocation", "allocation_id"),

@@ -53,6 +53,7 @@ from service.state import ServiceState
 
 __all__ = [
     "Flow",
+    "NodeChanged",
     "ObservedJob",
     "ObservedTask",
     "Step",
@@ -108,6 +109,7 @@ by_ids = queries.by_ids
 live = queries.live
 # A job's (or a gang task's) truth taken from what its scheduler runs, for ``observe_all``.
 ObservedJob = lifecycle.ObservedJob
+NodeChanged = lifecycle.NodeChanged  # a truth named on a replaced snapshot: name it again
 ObservedTask = lifecycle.ObservedTask
 gpus_truth = lifecycle.gpus_truth
 mig_truth = lifecycle.mig_truth
@@ -279,11 +281,19 @@ def observe(
     released first, then the one that now holds the job (attached, moved, or placed
     when created). ``started``: read as the job started (a Slurm prolog), so perhaps
     processed after the job ended: then nothing is written (action ``ended``,
-    lifecycle.ObservedJob)."""
-    truth = gpus_truth(state, job_id, owner, gpus, named, reason, started)
-    (observation,) = observe_all(state, [truth])
-    assert isinstance(observation, Observation)  # only a task's truth is ever not taken
-    return observation
+    lifecycle.ObservedJob). Indices are named again on the node's snapshot when the
+    one they were mapped on was replaced meanwhile (lifecycle.NodeChanged)."""
+    for attempt in range(lifecycle.OBSERVE_ATTEMPTS):
+        truth = gpus_truth(state, job_id, owner, gpus, named, reason, started)
+        try:
+            (observation,) = observe_all(state, [truth])
+        except NodeChanged:
+            if attempt == lifecycle.OBSERVE_ATTEMPTS - 1:
+                raise
+            continue
+        assert isinstance(observation, Observation)  # only a task's truth is ever not taken
+        return observation
+    raise AssertionError("the last attempt returns or raises")
 
 
 def observe_all(

@@ -309,11 +309,14 @@ def gpus_truth(
     named: list[str],
     reason: str,
     started: bool = False,
+    on: Mapping[str, NodeSnapshot] | None = None,
 ) -> ObservedJob:
     """A job's truth for ``observe_all``: ``job_id`` runs on ``gpus`` (node -> indices).
     ``started``: read as the job started (a prolog's), perhaps processed after it ended
-    (``ObservedJob``)."""
-    snapshots = _snapshots(state, list(gpus))
+    (``ObservedJob``). ``on``: the snapshots to map indices on (the caller's; this
+    replica's memory otherwise); the truth is recorded only while they are the stored
+    ones (``observe_all``)."""
+    snapshots = _snapshots(state, list(gpus), on)
     for node, indices in gpus.items():
         wrong = [i for i in indices if not 0 <= i < snapshots[node].gpu_count]
         if wrong or not indices:
@@ -324,7 +327,7 @@ def gpus_truth(
     request = PlaceRequest(
         gpus=max(counts), tasks=len(gpus), owner=owner, job_id=job_id
     ).model_dump_json()
-    truth = _Truth(holds, (), placement_text, request, tuple(sorted(gpus)))
+    truth = _Truth(holds, (), placement_text, request, tuple(sorted(gpus)), _seqs(snapshots))
     return ObservedJob(job_id, owner, tuple(named), truth, started)
 
 
@@ -336,12 +339,13 @@ def mig_truth(
     mig_uuids: list[str],
     named: list[str],
     reason: str,
+    on: Mapping[str, NodeSnapshot] | None = None,
 ) -> ObservedJob:
     """A job's truth for ``observe_all``: ``job_id`` runs on these MIG instances of ``node``.
     Besides the allocations holding one of these instances, one holding a parent GPU
     whole is stale too (a GPU split into instances is not given whole), so neither is
-    ever held twice."""
-    snapshot = _snapshots(state, [node])[node]
+    ever held twice. ``on`` as for ``gpus_truth``."""
+    snapshot = _snapshots(state, [node], on)[node]
     by_uuid = {m.uuid: m for m in snapshot.mig_instances}
     unknown = [u for u in mig_uuids if u not in by_uuid]
     if unknown or not mig_uuids:
@@ -361,26 +365,37 @@ def mig_truth(
     request = PlaceRequest(
         gpus=1, tasks=len(chosen), mig_profile=profiles[0], owner=owner, job_id=job_id
     ).model_dump_json()
-    truth = _Truth(holds, parents, placement_text, request, (node,))
+    truth = _Truth(holds, parents, placement_text, request, (node,), _seqs({node: snapshot}))
     return ObservedJob(job_id, owner, tuple(named), truth)
 
 
 def task_truth(
-    state: ServiceState, allocation_id: str, task: int, node: str, gpus: list[int], reason: str
+    state: ServiceState,
+    allocation_id: str,
+    task: int,
+    node: str,
+    gpus: list[int],
+    reason: str,
+    on: Mapping[str, NodeSnapshot] | None = None,
 ) -> ObservedTask:
     """A task's truth for ``observe_all``: task number ``task`` of live allocation
     ``allocation_id`` (a gang member's pod) runs on ``gpus`` of ``node`` rather than on
-    the GPUs it holds. Its other tasks, and this task's CPUs, are kept."""
-    snapshot = _snapshots(state, [node])[node]
+    the GPUs it holds. Its other tasks, and this task's CPUs, are kept. ``on`` as for
+    ``gpus_truth``."""
+    snapshot = _snapshots(state, [node], on)[node]
     wrong = [i for i in gpus if not 0 <= i < snapshot.gpu_count]
     if wrong or not gpus or len(set(gpus)) != len(gpus):
         raise BadRequest(f"{node} has no GPUs {wrong or gpus}", {"node": node})
     moved_task = observed_placement({node: snapshot}, {node: gpus}, reason)["tasks"][0]
     holds = [(node, snapshot.gpus[i].uuid, "gpu") for i in sorted(gpus)]
-    return ObservedTask(allocation_id, task, node, holds, moved_task)
+    return ObservedTask(allocation_id, task, node, holds, moved_task, snapshot.seq)
 
 
-def _snapshots(state: ServiceState, nodes: list[str]) -> dict[str, NodeSnapshot]:
+def _snapshots(
+    state: ServiceState, nodes: list[str], on: Mapping[str, NodeSnapshot] | None = None
+) -> dict[str, NodeSnapshot]:
+    if on is not None and all(n in on for n in nodes):
+        return {n: on[n] for n in nodes}
     with state.lock:
         missing = [n for n in nodes if n not in state.cluster]
         if missing:
@@ -388,16 +403,22 @@ def _snapshots(state: ServiceState, nodes: list[str]) -> dict[str, NodeSnapshot]
         return {n: state.cluster.node(n).snapshot for n in nodes}
 
 
+def _seqs(snapshots: Mapping[str, NodeSnapshot]) -> tuple[tuple[str, int], ...]:
+    return tuple(sorted((n, s.seq) for n, s in snapshots.items()))
+
+
 @dataclass(frozen=True)
 class _Truth:
     """What a job really holds, as rows: its holds, other devices whose holders are stale
-    too, its placement and request JSON, and its nodes."""
+    too, its placement and request JSON, its nodes, and the seq of each node's snapshot
+    its devices were named on (its holds name it: ``gpu_holds.node_seq``)."""
 
     holds: list[tuple[str, str, str]]
     also_stale: tuple[tuple[str, str], ...]
     placement: str
     request: str
     nodes: tuple[str, ...]
+    seqs: tuple[tuple[str, int], ...]
 
 
 @dataclass(frozen=True)
@@ -422,6 +443,10 @@ class ObservedJob:
         return self.truth.nodes
 
     @property
+    def seqs(self) -> dict[str, int]:
+        return dict(self.truth.seqs)
+
+    @property
     def label(self) -> str:
         return f"job {self.job_id}"
 
@@ -429,17 +454,23 @@ class ObservedJob:
 @dataclass(frozen=True)
 class ObservedTask:
     """One task's truth for ``observe_all`` (``task_truth``): its new GPU holds on
-    ``node`` and its placement there (CPUs and task number are kept from the old)."""
+    ``node`` and its placement there (CPUs and task number are kept from the old), and the
+    seq of the node's snapshot its GPUs were named on."""
 
     allocation_id: str
     task: int
     node: str
     holds: list[tuple[str, str, str]]
     placement: dict[str, Any]
+    seq: int
 
     @property
     def nodes(self) -> tuple[str, ...]:
         return (self.node,)
+
+    @property
+    def seqs(self) -> dict[str, int]:
+        return {self.node: self.seq}
 
     @property
     def label(self) -> str:
@@ -451,6 +482,12 @@ class ObservedTask:
 
 
 Truth = ObservedJob | ObservedTask
+
+
+class NodeChanged(Conflict):
+    """A truth's devices were named on a node snapshot the database no longer holds
+    (another replica stored a newer one, or this one did meanwhile): memory has been
+    brought up to the database, and the caller names them again on it."""
 
 
 class _Changed(Exception):
@@ -484,6 +521,9 @@ def observe_all(state: ServiceState, truths: Sequence[Truth]) -> list[Observatio
     gang member, the kubelet admitted the other way round) each keep their own
     allocation, and none is released as another's stale holder. A hold taken meanwhile
     by another replica fails the insert; the whole transaction is then tried again.
+    Each hold names the snapshot its truth's devices were named on: one replaced since
+    (a GPU gone, indices renumbered, MIG reconfigured) fails the commit too, and then
+    ``NodeChanged`` asks the caller to name them again on the snapshot now in memory.
     """
     if not truths:
         return []
@@ -515,12 +555,38 @@ def observe_all(state: ServiceState, truths: Sequence[Truth]) -> list[Observatio
         try:
             answers, freed = in_transaction(state.engine, work, state.metrics.retried)
             break
-        except (IntegrityError, _Changed):
+        except IntegrityError:
+            _check_mapped_on_stored(state, truths)
+            if attempt == OBSERVE_ATTEMPTS - 1:
+                raise _kept_changing(truths) from None
+        except _Changed:
             if attempt == OBSERVE_ATTEMPTS - 1:
                 raise _kept_changing(truths) from None
     if any(_changed(a) for a in answers):
         state.sync_nodes(sorted({h.node for h in freed} | _nodes(truths)))
     return answers
+
+
+def _check_mapped_on_stored(state: ServiceState, truths: Sequence[Truth]) -> None:
+    """After a failed commit: memory made to match the database on the truths' nodes, and
+    ``NodeChanged`` when a truth's devices were named on a snapshot since replaced (or a
+    node since deleted); else the failure was a hold taken meanwhile, tried again."""
+    state.sync_nodes(sorted(_nodes(truths)))
+    with state.lock:
+        changed = sorted(
+            {
+                node
+                for truth in truths
+                for node, seq in truth.seqs.items()
+                if node not in state.cluster or state.cluster.node(node).snapshot.seq != seq
+            }
+        )
+    if changed:
+        raise NodeChanged(
+            f"the snapshot of node(s) {', '.join(changed)} changed while a truth of them was"
+            " recorded; name its devices again",
+            {"nodes": changed},
+        )
 
 
 def _kept_changing(truths: Sequence[Truth]) -> Conflict:
@@ -647,6 +713,7 @@ def _take_task(
         job_id=row["job_id"],
         placement=json.dumps({**placement, "tasks": tasks}),
         holds=[*truth.holds, *kept],
+        seqs=truth.seqs,
     )
     if moved is None:
         raise _Changed(allocation_id)
@@ -700,7 +767,13 @@ def _take_truth(
     moved = None
     if ids:
         moved, given_up = repository.relocate(
-            conn, ids[0], now, job_id=job_id, placement=truth.placement, holds=truth.holds
+            conn,
+            ids[0],
+            now,
+            job_id=job_id,
+            placement=truth.placement,
+            holds=truth.holds,
+            seqs=job.seqs,
         )
         freed += given_up
     # Audit rows in the events' order (api.observe): what ended, then the job's own.
@@ -710,7 +783,7 @@ def _take_truth(
         audit.write(conn, [records.allocation_change("moved", now, moved)])
     else:
         row = _observed_row(job_id, owner, truth.request, truth.placement, truth.holds, now)
-        repository.insert(conn, row, truth.holds)
+        repository.insert(conn, row, truth.holds, job.seqs)
         observation = Observation("created", str(row["id"]), tuple(superseded), tuple(merged))
         placed = records.placed(
             now, str(row["id"]), job_id, truth.nodes, "active", truth.request, truth.placement

@@ -11,7 +11,7 @@ are listed once, in ``GUARDS``, and docs/service.md draws the machine.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -257,12 +257,13 @@ def relocate(
     job_id: str | None,
     placement: str,
     holds: Sequence[tuple[str, str, str]],
+    seqs: Mapping[str, int] | None = None,
 ) -> tuple[sa.RowMapping | None, list[FreedHold]]:
     """Move a live allocation onto ``holds`` (node, device, kind): the row and the holds
     it gave up, or (None, []) when the guard did not hold. The holds are replaced in the
     caller's transaction; a new hold another allocation has makes the insert fail
     (IntegrityError), so the caller ends those first. The anchor moves to the first new
-    hold; the deferred foreign keys see both at commit."""
+    hold; the deferred foreign keys see both at commit (``seqs`` as for ``insert_holds``)."""
     node, device, _ = holds[0]
     statement = (
         sa.update(_T)
@@ -281,7 +282,7 @@ def relocate(
     if row is None:
         return None, []
     given_up = drop_holds(conn, [allocation_id])
-    insert_holds(conn, allocation_id, holds)
+    insert_holds(conn, allocation_id, holds, seqs)
     return row, given_up
 
 
@@ -317,17 +318,35 @@ def drop_devices(
     return [FreedHold(str(a), str(n), str(d), str(k)) for a, n, d, k in deleted]
 
 
-def insert(conn: Connection, row: dict[str, object], holds: Sequence[tuple[str, str, str]]) -> None:
+def insert(
+    conn: Connection,
+    row: dict[str, object],
+    holds: Sequence[tuple[str, str, str]],
+    seqs: Mapping[str, int] | None = None,
+) -> None:
     """A new live allocation and its holds (outside the group committer: rare writes)."""
     conn.execute(sa.insert(_T), row)
-    insert_holds(conn, str(row["id"]), holds)
+    insert_holds(conn, str(row["id"]), holds, seqs)
 
 
 def insert_holds(
-    conn: Connection, allocation_id: str, holds: Sequence[tuple[str, str, str]]
+    conn: Connection,
+    allocation_id: str,
+    holds: Sequence[tuple[str, str, str]],
+    seqs: Mapping[str, int] | None = None,
 ) -> None:
+    """``seqs``: node -> the seq of the snapshot the devices were named on; a hold then
+    names it (``gpu_holds.node_seq``), and a snapshot replaced since fails the commit."""
+    known = seqs or {}
     rows = [
-        {"node": n, "device": d, "kind": k, "allocation_id": allocation_id, "live": True}
+        {
+            "node": n,
+            "device": d,
+            "kind": k,
+            "allocation_id": allocation_id,
+            "live": True,
+            "node_seq": known.get(n),
+        }
         for n, d, k in holds
     ]
     conn.execute(sa.insert(_H), rows)

@@ -47,6 +47,8 @@ MIG_PREFIX = "nvidia.com/mig-"
 _LIVE = ("pending", "active", "degraded")
 _FINISHED = ("Succeeded", "Failed")
 _RECENT = 200
+# Reads of one report, each on the snapshot the one before found replaced.
+_ATTEMPTS = 3
 
 
 def resource_of(allocation: Allocation, snapshot: NodeSnapshot) -> str:
@@ -209,12 +211,33 @@ def report(
     body: DeviceReport,
     mismatches: MismatchLog,
 ) -> list[PodOutcome]:
-    snapshot = _snapshot(state, node)
+    """The report's truths, its devices named on one snapshot of the node: when the
+    database holds a newer one (stored through another replica, or here meanwhile), the
+    report is read again on it (allocations.NodeChanged), as that snapshot says."""
+    for attempt in range(_ATTEMPTS):
+        try:
+            return _report_on(state, kube, _snapshot(state, node), body, mismatches)
+        except allocations.NodeChanged:
+            if attempt == _ATTEMPTS - 1:
+                raise
+    raise AssertionError("the last attempt returns or raises")
+
+
+def _report_on(
+    state: ServiceState,
+    kube: Callable[[], KubeApi],
+    snapshot: NodeSnapshot,
+    body: DeviceReport,
+    mismatches: MismatchLog,
+) -> list[PodOutcome]:
+    node = snapshot.name
     by_uuid = _check_devices(snapshot, body)
     contested = _contested(kube, node, body)
     held = {_pod_name(a.owner): a for a in pod_allocations(state, node)}
     found = [
-        _reconcile_pod(state, kube, node, by_uuid, held, pod, mismatches, contested, body.listed_at)
+        _reconcile_pod(
+            state, kube, snapshot, by_uuid, held, pod, mismatches, contested, body.listed_at
+        )
         for pod in body.pods
     ]
     pending = [f for f in found if isinstance(f, _Pending)]
@@ -230,7 +253,7 @@ def report(
 def _reconcile_pod(
     state: ServiceState,
     kube: Callable[[], KubeApi],
-    node: str,
+    snapshot: NodeSnapshot,
     by_uuid: dict[str, int],
     held: dict[tuple[str, str] | None, Allocation],
     pod: PodDevices,
@@ -238,6 +261,7 @@ def _reconcile_pod(
     contested: set[str],
     listed_at: datetime | None,
 ) -> PodOutcome | _Pending:
+    node = snapshot.name
     allocation = held.get((pod.namespace, pod.name))
     reserved = _devices_on(allocation, node) if allocation is not None else []
     outcome = PodOutcome(namespace=pod.namespace, name=pod.name, action="matched")
@@ -269,7 +293,7 @@ def _reconcile_pod(
         allocation, reserved = None, []
     annotations = meta.get("annotations") or {}
     if allocation is None and GANG in annotations:
-        return _reconcile_member(state, node, by_uuid, pod, annotations, mismatches, outcome)
+        return _reconcile_member(state, snapshot, by_uuid, pod, annotations, mismatches, outcome)
     if not job_id:
         outcome.action = "deferred"
         outcome.message = "the pod has no UID yet"
@@ -277,11 +301,12 @@ def _reconcile_pod(
     owner = f"{POD_OWNER}{pod.namespace}/{pod.name}"
     named = [allocation.id] if allocation is not None else []
     reason = f"observed: the kubelet gave pod {pod.namespace}/{pod.name} these devices"
+    on = {node: snapshot}  # the snapshot the devices were checked on
     if mig:
-        job = allocations.mig_truth(state, job_id, owner, node, mig, named, reason)
+        job = allocations.mig_truth(state, job_id, owner, node, mig, named, reason, on)
     else:
         indices = sorted(by_uuid[d] for d in pod.devices)
-        job = allocations.gpus_truth(state, job_id, owner, {node: indices}, named, reason)
+        job = allocations.gpus_truth(state, job_id, owner, {node: indices}, named, reason, on=on)
     return _Pending(pod, outcome, reserved, job)
 
 
@@ -390,7 +415,7 @@ def _started_at(found: Pod) -> datetime | None:
 
 def _reconcile_member(
     state: ServiceState,
-    node: str,
+    snapshot: NodeSnapshot,
     by_uuid: dict[str, int],
     pod: PodDevices,
     annotations: dict[str, str],
@@ -400,6 +425,7 @@ def _reconcile_member(
     """A gang member: its GPUs are one task of the gang's allocation (the bind annotated
     which). When the kubelet gave it others, that task alone moves onto them, with the
     report's other moves."""
+    node = snapshot.name
     allocation_id = str(annotations.get(ALLOCATION_ANNOTATION, ""))
     was = [g for g in str(annotations.get(GPUS_ANNOTATION, "")).split(",") if g]
     task = task_number(annotations.get(TASK_ANNOTATION, ""), MAX_TASKS)
@@ -424,6 +450,7 @@ def _reconcile_member(
         node,
         sorted(by_uuid[d] for d in pod.devices),
         f"observed: the kubelet gave gang member {pod.namespace}/{pod.name} these GPUs",
+        {node: snapshot},
     )
     return _Pending(pod, outcome, was, truth)
 
