@@ -146,11 +146,15 @@ class TopoplaceServicer(pb_grpc.TopoplaceServicer):
     async def Heartbeat(
         self, request: pb.HeartbeatRequest, context: Context
     ) -> pb.HeartbeatResponse:
+        authorization = _metadata(context, "authorization")
+
         def call() -> pb.HeartbeatResponse:
+            # The interceptor authenticated this header already: a cache hit here.
+            caller = Caller.authenticated(self.check, authorization)
             report = None
             if request.HasField("report_json"):
                 report = _validate_json(HeartbeatReport, request.report_json, "report_json")
-            nodes.heartbeat_with(self.state, request.node, report)
+            nodes.heartbeat_with(self.state, request.node, report, caller)
             return pb.HeartbeatResponse()
 
         return await self._run(request, context, call)

@@ -49,10 +49,11 @@ def put_snapshot(
 def post_heartbeat(
     name: NodeName,
     state: State,
+    caller: Who,
     report: Annotated[HeartbeatReport | None, Body()] = None,
 ) -> Response:
     """The node is alive; the body, optional, carries its NVLink counters (docs/metrics.md)."""
-    service.heartbeat_with(state, name, report)
+    service.heartbeat_with(state, name, report, caller)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 

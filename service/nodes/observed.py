@@ -54,10 +54,12 @@ def report_snapshot(
     return accepted
 
 
-def heartbeat_with(state: ServiceState, name: str, report: HeartbeatReport | None) -> None:
+def heartbeat_with(
+    state: ServiceState, name: str, report: HeartbeatReport | None, caller: Caller = INTERNAL
+) -> None:
     """A heartbeat, with the NVLink counters it may carry (checked first, kept after)."""
     links = nvlink_report.check(state, name, report) if report is not None else ()
-    heartbeat(state, name)
+    heartbeat(state, name, caller)
     if report is not None:
         nvlink_report.keep(state, name, links)
 

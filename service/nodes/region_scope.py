@@ -7,7 +7,10 @@ stored a node this one does not know, and a move may commit between the check
 and the write. So the report's transaction checks again, against the row it
 writes: the stored region must be the agent's (or the node new), and the update
 is conditional on it, so of a move and a report racing the report never wins
-over a move that committed first.
+over a move that committed first. A heartbeat (service.py ``heartbeat``) is
+conditional on the stored region the same way, and a first key registration
+(``register_key``) reads the node's row, held until it commits, and is refused
+for a node stored in another region.
 """
 
 from __future__ import annotations

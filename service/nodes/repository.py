@@ -13,10 +13,13 @@ from sqlalchemy.engine import Connection
 from service import schema
 
 
-def get(conn: Connection, name: str) -> sa.RowMapping | None:
-    return (
-        conn.execute(sa.select(schema.nodes).where(schema.nodes.c.name == name)).mappings().first()
-    )
+def get(conn: Connection, name: str, *, hold: bool = False) -> sa.RowMapping | None:
+    """The node's row; ``hold``: share-locked until the transaction ends (Postgres; SQLite's
+    writes are one at a time anyway), so no other transaction changes it meanwhile."""
+    query = sa.select(schema.nodes).where(schema.nodes.c.name == name)
+    if hold:
+        query = query.with_for_update(read=True)
+    return conn.execute(query).mappings().first()
 
 
 @dataclass(frozen=True)
@@ -161,10 +164,15 @@ def add_history(
     conn.execute(sa.delete(history).where(history.c.node == name, history.c.id.not_in(newest)))
 
 
-def touch_heartbeat(conn: Connection, name: str, now: datetime) -> bool:
-    result = conn.execute(
-        sa.update(schema.nodes).where(schema.nodes.c.name == name).values(heartbeat_at=now)
-    )
+def touch_heartbeat(
+    conn: Connection, name: str, now: datetime, *, region: str | None = None
+) -> bool:
+    """Stamp the node alive; False when it is not stored (or, with ``region``, not stored
+    in that region: the condition is the statement's, so a move committed first wins)."""
+    where = [schema.nodes.c.name == name]
+    if region is not None:
+        where.append(schema.nodes.c.region == region)
+    result = conn.execute(sa.update(schema.nodes).where(*where).values(heartbeat_at=now))
     return bool(result.rowcount)
 
 

@@ -11,6 +11,7 @@ from collections import defaultdict
 import sqlalchemy as sa
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
+from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
 from placement import NodeSnapshot, bandwidth_matrix
@@ -20,7 +21,7 @@ from service.admin_actions import INTERNAL, Caller, require_admin
 from service.audit import records
 from service.audit import store as audit
 from service.errors import Conflict, NotFound
-from service.nodes import repository
+from service.nodes import region_scope, repository
 from service.nodes.schemas import (
     IslandView,
     NodeGpuView,
@@ -36,11 +37,21 @@ from service.state import ServiceState
 __all__ = ["report_snapshot"]  # with the functions defined here
 
 
-def heartbeat(state: ServiceState, name: str) -> None:
+def heartbeat(state: ServiceState, name: str, caller: Caller = INTERNAL) -> None:
+    """The node is alive. A region-scoped agent's heartbeat is written only while the
+    database holds the node in its region (region_scope.py), whatever this replica's
+    memory says: the update is conditional on it, so a move that committed first wins."""
     now = state.clock()
+    region = region_scope.required_region(caller, name)
     with state.engine.begin() as conn:
-        if not repository.touch_heartbeat(conn, name, now):
-            raise NotFound(f"no node named {name!r}; report a snapshot first")
+        if not repository.touch_heartbeat(conn, name, now, region=region):
+            row = repository.get(conn, name)
+            if row is None:
+                raise NotFound(f"no node named {name!r}; report a snapshot first")
+            region_scope.check(caller, name, region or "", str(row["region"]))
+            # Moved back into the region since the update: its region is the agent's now.
+            if not repository.touch_heartbeat(conn, name, now, region=region):
+                raise Conflict(f"node {name!r} changed region during the heartbeat; send it again")
     with state.lock:
         state.heartbeats[name] = now
         state.refresh_availability([name])
@@ -266,6 +277,8 @@ def register_key(
                 if row is None or (replace and _differs(row, key)):
                     if row is None and not state.settings.trust_on_first_use:
                         require_admin(caller, "registering a node's first key")
+                    if row is None:
+                        _check_stored_region(conn, caller, name)
                     action = "key_registered" if row is None else "key_replaced"
                     if row is not None:
                         repository.delete_key(conn, name)
@@ -294,6 +307,18 @@ def register_key(
             )
         return _key_view(row)
     raise Conflict(f"the key of node {name!r} changed while registering; try again")
+
+
+def _check_stored_region(conn: Connection, caller: Caller, name: str) -> None:
+    """A region-scoped agent claims a node's first key only for a node the database holds
+    in its region, or holds not at all (its first snapshot must then be in the region):
+    this replica's memory may not know of a move, or of the node, another one stored.
+    The row is held (Postgres) until the key commits, so a move waits for it or wins."""
+    region = region_scope.required_region(caller, name)
+    if region is None:
+        return
+    row = repository.get(conn, name, hold=True)
+    region_scope.check(caller, name, region, None if row is None else str(row["region"]))
 
 
 def _differs(row: sa.RowMapping, key: NodeKeyRegistration) -> bool:
