@@ -1,8 +1,9 @@
 """The kubelet's truth, reported to a replica whose memory of the node is behind.
 
 Another replica may have stored a newer snapshot of the node (a GPU replaced by
-another card): a device report naming a GPU the database no longer has is
-refused as on any replica, never recorded as a hold on a device that is gone.
+another card, a GPU's MIG instances made again): a device report naming a device
+the database no longer has is refused as on any replica, never recorded as a hold
+on a device that is gone.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from tests.service.k8s.fake_kube import FakeKubeApi
 
 NODE = "h100-a"
 NEW = "GPU-00000000-0000-0000-0000-0000000000aa"
+MIG_NODE = "mig-b"
+MIG_NEW = "MIG-00000000-0000-0000-0000-0000000000cc"
 
 
 def _on_node(p: dict[str, Any], node: str) -> dict[str, Any]:
@@ -79,3 +82,27 @@ def _refused_behind(
     assert answer.status_code == 400, answer.text
     assert old in answer.json()["error"]["message"]
     assert _held(behind) == set()
+
+
+def test_a_mig_instance_gone_from_the_stored_snapshot_is_not_held_through_a_replica_behind(
+    k8s_client: TestClient, settings: Settings, clock: FakeClock, kube: FakeKubeApi
+) -> None:
+    (snap,) = add_nodes(k8s_client, ("dgx-a100-mig", MIG_NODE))
+    with _replica(settings, clock, kube) as behind:
+        gone = snap.mig_instances[0]
+        # The GPU's MIG layout was made again: the instance has another UUID now.
+        migs = [
+            m.model_copy(update={"uuid": MIG_NEW}) if m == gone else m for m in snap.mig_instances
+        ]
+        remade: NodeSnapshot = snap.model_copy(update={"seq": snap.seq + 1, "mig_instances": migs})
+        answer = report(k8s_client, remade)  # through the first replica
+        assert answer.status_code == 200, answer.text
+        kube.add(_on_node(pod("mig-pod", 1), MIG_NODE))
+        body = {
+            "resource": f"nvidia.com/mig-{gone.profile}",
+            "pods": [{"namespace": "ml-team", "name": "mig-pod", "devices": [gone.uuid]}],
+        }
+        answer = behind.post(f"/v1/nodes/{MIG_NODE}/k8s/devices", json=body)
+        assert answer.status_code == 400, answer.text
+        assert gone.uuid in answer.json()["error"]["message"]
+        assert _held(behind) == set()
