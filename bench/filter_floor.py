@@ -110,23 +110,41 @@ def engine_step() -> Callable[[], None]:
 
 
 def sqlite_step(path: Path) -> Callable[[], None]:
+    """The statements a reservation writes, as bare sqlite3 calls on the service's schema:
+    the allocation (live, named by its hold), the hold (naming the node snapshot it was
+    chosen on) and the decision's audit row, in one transaction."""
     migrate.upgrade(f"sqlite:///{path}")
     db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     db.execute("PRAGMA journal_mode=WAL")
     db.execute("PRAGMA synchronous=NORMAL")
+    db.execute("PRAGMA foreign_keys=ON")
+    at = "2026-06-01 12:00:00.000000"
+    db.execute(
+        "INSERT INTO nodes (name, region, snapshot, seq, reported_at, heartbeat_at)"
+        " VALUES ('node1', 'default', ?, 1, ?, ?)",
+        ("{}" * 1400, at, at),
+    )
     counter = iter(range(10**9))
 
     def step() -> None:
-        allocation, n = str(uuid.uuid4()), next(counter)
+        allocation, device = str(uuid.uuid4()), f"GPU-{next(counter)}"
         db.execute("BEGIN")
         db.execute(
-            "INSERT INTO allocations (id, state, owner, request, placement, created_at)"
-            " VALUES (?, 'active', 'slurm:bench', ?, ?, '2026-06-01 12:00:00.000000')",
-            (allocation, "{}" * 100, "{}" * 300),
+            "INSERT INTO allocations (id, state, owner, request, placement, created_at, live,"
+            " anchor_node, anchor_device) VALUES (?, 'active', 'slurm:bench', ?, ?, ?, 1,"
+            " 'node1', ?)",
+            (allocation, "{}" * 160, "{}" * 420, at, device),
         )
         db.execute(
-            "INSERT INTO gpu_holds (node, device, kind, allocation_id) VALUES (?, ?, 'gpu', ?)",
-            ("node1", f"GPU-{n}", allocation),
+            "INSERT INTO gpu_holds (node, device, kind, allocation_id, live, node_seq)"
+            " VALUES ('node1', ?, 'gpu', ?, 1, 1)",
+            (device, allocation),
+        )
+        db.execute(
+            "INSERT INTO audit_log (at, kind, action, actor_name, route, nodes, allocation_id,"
+            " detail) VALUES (?, 'allocation', 'placed', 'bench', '/v1/slurm/job-submit',"
+            " 'node1', ?, ?)",
+            (at, allocation, "{}" * 610),
         )
         db.execute("COMMIT")
 
