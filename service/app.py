@@ -25,10 +25,12 @@ from service.console import endpoints as console_routes
 from service.db import checkpoint, make_engine
 from service.demo import heartbeat_demo_cluster, register_demo_cluster
 from service.direct_routes import DirectRoutes
+from service.edge.dev_hosts import DevHosts
 from service.edge.faults import FaultBarrier
 from service.edge.guard import RequestGuard
 from service.edge.headers import SafetyHeaders
 from service.edge.rate_limit import RateLimit, RateLimiter
+from service.edge.unread_body import CloseUnreadBody
 from service.event_loop import off_loop
 from service.federation import endpoints as federation_routes
 from service.federation.forward import region_client
@@ -154,7 +156,12 @@ def create_app(
     settings = settings or Settings()
     engine = make_engine(settings.database_url)
     state = ServiceState(settings, engine, clock)
-    token_check = Authenticator(engine, settings.static_tokens(), insecure=settings.insecure_dev)
+    token_check = Authenticator(
+        engine,
+        settings.static_tokens(),
+        insecure=settings.insecure_dev,
+        dev_hosts=DevHosts(settings.insecure_dev_hosts.split(",")),
+    )
     limiter = RateLimiter(settings.rate_limit_per_s, settings.rate_limit_burst)
     # A region's service pushes its summary to a global one (docs/federation.md); the
     # key and token are read now, so that `serve` refuses a bad one before it starts.
@@ -261,8 +268,10 @@ def create_app(
     app.add_middleware(FaultBarrier)
     # Every answer is timed as the client gets it, a fault's 500 and a 429 too.
     app.add_middleware(RequestMetrics, metrics=state.metrics, direct=direct)
-    # Outermost: a 500, a 429 and a 401 are answers a browser may show too.
+    # Outside the checks: a 500, a 429 and a 401 are answers a browser may show too.
     app.add_middleware(SafetyHeaders)
+    # Outermost: whatever answers before a request's body was read closes the connection.
+    app.add_middleware(CloseUnreadBody)
     declare_errors(app)
 
     @app.get("/healthz", tags=["health"])

@@ -45,6 +45,7 @@ from service import access
 from service.access import OPEN_PATHS, Permission, Role
 from service.audit import actor as audit_actor
 from service.direct_routes import route_path
+from service.edge.dev_hosts import DevHosts
 from service.edge.guard import replay_body
 from service.errors import ServiceError, TooLarge, Unavailable
 from service.event_loop import off_loop
@@ -128,9 +129,12 @@ class Authenticator:
         static_tokens: Iterable[str] = (),
         *,
         insecure: bool = False,
+        dev_hosts: DevHosts | None = None,
     ) -> None:
         self.engine = engine
         self.insecure = insecure
+        # The Host names a tokenless call is answered for in insecure mode (dev_hosts.py).
+        self.dev_hosts = dev_hosts or DevHosts()
         self._open_prefixes: tuple[str, ...] = access.OPEN_PREFIXES
         self._static: dict[bytes, Principal] = {}
         for index, token in enumerate(t for t in static_tokens if t):
@@ -335,14 +339,19 @@ class RequireToken:
             return
         header = None
         site = None
+        host = None
         for key, value in scope.get("headers", ()):
             if key == b"authorization" and header is None:
                 header = value.decode("latin-1")
             elif key == b"sec-fetch-site" and site is None:
                 site = value.decode("latin-1").strip().lower()
+            elif key == b"host" and host is None:
+                host = value.decode("latin-1")
         try:
-            if header is None and self.check.insecure and scope["method"] not in SAFE_METHODS:
-                _refuse_another_site(site)
+            if header is None and self.check.insecure:
+                _refuse_rebound_host(host, self.check.dev_hosts)
+                if scope["method"] not in SAFE_METHODS:
+                    _refuse_another_site(site)
             principal = await self.check.authenticate_async(header)
             receive, route = await self._authorize(principal, scope, path, receive)
         except Unauthorized as error:
@@ -401,6 +410,20 @@ class RequireToken:
 # a form or a no-cors fetch, sent without asking this service.
 OTHER_SITES = frozenset({"cross-site", "same-site"})
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+def _refuse_rebound_host(host: str | None, allowed: DevHosts) -> None:
+    """With --insecure-dev a call without a token is an admin's: one whose Host is not
+    this machine's may come from a page of another site that pointed its own name at the
+    service (DNS rebinding), which the browser would let read the answer too. Reads are
+    refused as well as writes (service/edge/dev_hosts.py)."""
+    if not allowed.allows(host):
+        raise Forbidden(
+            f"an --insecure-dev service answers calls without a token only for a loopback"
+            f" host, not {host!r}: send 'Authorization: Bearer TOKEN', call it as localhost"
+            " or 127.0.0.1, or list the name in TOPOPLACE_INSECURE_DEV_HOSTS",
+            {"host": host},
+        )
 
 
 def _refuse_another_site(site: str | None) -> None:

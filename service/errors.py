@@ -154,6 +154,13 @@ class Unsupported(ServiceError):
     code = "unsupported"
 
 
+class TooManyWatches(ServiceError):
+    """A Watch past the bound on open watches (a caller's own, or all callers')."""
+
+    status = 429
+    code = "too_many_watches"
+
+
 class TooLarge(ServiceError):
     status = 413
     code = "payload_too_large"

@@ -26,10 +26,13 @@ from datetime import UTC, datetime
 from typing import Literal
 
 from service.allocations.results import Allocation
+from service.errors import TooManyWatches
 
 EventKind = Literal["watch", "allocation", "node"]
 KINDS: frozenset[str] = frozenset({"allocation", "node"})
 DEFAULT_BUFFER = 1024
+DEFAULT_MAX_WATCHES = 256
+DEFAULT_MAX_PER_CALLER = 16
 # Told of every event as it is published, watched or not: (kind, type, how many).
 Tally = Callable[[str, str, int], None]
 
@@ -52,6 +55,7 @@ class Subscription:
     kinds: frozenset[str]
     maxsize: int
     loop: asyncio.AbstractEventLoop
+    caller: str | None = None  # the token it was opened with (None: no token)
     _buffer: deque[Event] = field(default_factory=deque)
     _ready: asyncio.Event = field(default_factory=asyncio.Event)
     overflowed: bool = False
@@ -87,9 +91,19 @@ class EventHub:
     """``tally``: told of every event, watched or not (/metrics counts them there, so that
     what it counts and what a watcher sees are one stream)."""
 
-    def __init__(self, buffer: int = DEFAULT_BUFFER, tally: Tally | None = None) -> None:
+    def __init__(
+        self,
+        buffer: int = DEFAULT_BUFFER,
+        tally: Tally | None = None,
+        max_watches: int = DEFAULT_MAX_WATCHES,
+        max_per_caller: int = DEFAULT_MAX_PER_CALLER,
+    ) -> None:
         self.buffer = buffer
         self._tally = tally
+        # Every subscription is handed every event under the lock, on the writers' path,
+        # and may hold a full buffer: their number is bounded, per caller and in all.
+        self.max_watches = max_watches
+        self.max_per_caller = max_per_caller
         self._lock = threading.Lock()
         self._subscriptions: list[Subscription] = []
         self._seq = itertools.count(1)
@@ -99,18 +113,40 @@ class EventHub:
         """Whether anyone listens: publishers skip building events when nobody does."""
         return bool(self._subscriptions)
 
-    def subscribe(self, kinds: Iterable[str] = KINDS, maxsize: int | None = None) -> Subscription:
-        """Subscribe the running event loop; the first event is ``watch``/``started``."""
+    def subscribe(
+        self, kinds: Iterable[str] = KINDS, maxsize: int | None = None, caller: str | None = None
+    ) -> Subscription:
+        """Subscribe the running event loop; the first event is ``watch``/``started``.
+        ``caller``: the token opening it; raises TooManyWatches past either bound."""
         wanted = frozenset(kinds) or KINDS
         unknown = wanted - KINDS
         if unknown:
             raise ValueError(f"unknown event kinds {sorted(unknown)}; known: {sorted(KINDS)}")
-        sub = Subscription(self, wanted, maxsize or self.buffer, asyncio.get_running_loop())
+        loop = asyncio.get_running_loop()
+        sub = Subscription(self, wanted, maxsize or self.buffer, loop, caller)
         with self._lock:
+            self._admit(caller)
             self._subscriptions.append(sub)
             started = self._event("watch", "started")
         sub._offer(started)
         return sub
+
+    def _admit(self, caller: str | None) -> None:
+        """Refuse one more subscription past a bound; called with the lock held."""
+        if len(self._subscriptions) >= self.max_watches:
+            raise TooManyWatches(
+                f"this service already serves {self.max_watches} watches, its bound"
+                " (TOPOPLACE_MAX_WATCHES); retry later, or share one watch between readers",
+                {"limit": self.max_watches, "scope": "service"},
+            )
+        mine = sum(1 for s in self._subscriptions if s.caller == caller)
+        if mine >= self.max_per_caller:
+            raise TooManyWatches(
+                f"this token already holds {self.max_per_caller} open watches, its bound"
+                " (TOPOPLACE_MAX_WATCHES_PER_CALLER); end one first, or share one between"
+                " readers",
+                {"limit": self.max_per_caller, "scope": "caller"},
+            )
 
     def _drop(self, sub: Subscription) -> None:
         with self._lock:

@@ -47,6 +47,15 @@ class Settings(BaseSettings):
         default=20, ge=1, description="snapshots kept per node, newest first"
     )
     max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
+    max_watches: int = Field(
+        default=256,
+        ge=1,
+        description="open gRPC Watch streams this process serves at once: each is handed"
+        " every event on the writers' path and holds a buffer",
+    )
+    max_watches_per_caller: int = Field(
+        default=16, ge=1, description="open gRPC Watch streams one token may hold at once"
+    )
     header_timeout_s: float = Field(
         default=10.0,
         gt=0,
@@ -130,6 +139,13 @@ class Settings(BaseSettings):
         default=False,
         description="accept callers without a token (as admins): for a laptop only."
         " Without it the service refuses to start with no token at all",
+    )
+    insecure_dev_hosts: str = Field(
+        default="",
+        description="with insecure_dev, comma-separated host names (besides loopback ones)"
+        " that calls without a token may name in their Host header: the machine's own name,"
+        " a container's service name. Other hosts are refused (DNS rebinding,"
+        " docs/security.md)",
     )
 
     tls_cert: str | None = Field(

@@ -79,7 +79,11 @@ class ServiceState:
         self.inflight_keys: Counter[str] = Counter()
         self._next_stale_at = _EPOCH
         # What changed, for watchers (gRPC Watch) and for /metrics, which counts every event.
-        self.events = EventHub(tally=self.metrics.published)
+        self.events = EventHub(
+            tally=self.metrics.published,
+            max_watches=settings.max_watches,
+            max_per_caller=settings.max_watches_per_caller,
+        )
         self.nvlink = NvlinkStore(settings.nvlink_min_interval_s)  # the agents' latest readings
         self.score_cache = ScoreCache()  # /score rows per engine task (score_cache.py)
 

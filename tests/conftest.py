@@ -16,6 +16,9 @@ import os
 import pytest
 
 os.environ.setdefault("TOPOPLACE_INSECURE_DEV", "1")
+# Starlette's TestClient names its host "testserver": a tokenless call for a host that
+# is not loopback is refused in insecure mode (service/edge/dev_hosts.py).
+os.environ.setdefault("TOPOPLACE_INSECURE_DEV_HOSTS", "testserver")
 
 
 @pytest.fixture(scope="module")

@@ -122,11 +122,11 @@ class RequireToken(grpc.aio.ServerInterceptor):
 
 
 def _acting(handler: Handler, actor: audit_actor.Actor) -> Handler:
-    """``handler`` run with ``actor`` as the audit log's (unary methods: those that change
-    something; a Watch stream changes nothing)."""
+    """``handler`` run with ``actor`` as the audit log's, and as the caller a Watch stream
+    is counted against (service/events.py bounds the watches each token holds)."""
     inner: Any = handler.unary_unary
     if inner is None:
-        return handler
+        return _acting_stream(handler, actor)
 
     async def unary(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         with audit_actor.acting(actor):
@@ -134,6 +134,32 @@ def _acting(handler: Handler, actor: audit_actor.Actor) -> Handler:
 
     return grpc.unary_unary_rpc_method_handler(
         unary,
+        request_deserializer=handler.request_deserializer,
+        response_serializer=handler.response_serializer,
+    )
+
+
+def _acting_stream(handler: Handler, actor: audit_actor.Actor) -> Handler:
+    inner: Any = handler.unary_stream
+    if inner is None:
+        return handler
+
+    async def streaming(
+        request: Any, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[Any]:
+        # The stream is iterated by one task from start to end: the actor is set and
+        # reset in its context.
+        entered = audit_actor.enter(actor)
+        stream = inner(request, context)
+        try:
+            async for message in stream:
+                yield message
+        finally:
+            await stream.aclose()
+            audit_actor.leave(entered)
+
+    return grpc.unary_stream_rpc_method_handler(
+        streaming,
         request_deserializer=handler.request_deserializer,
         response_serializer=handler.response_serializer,
     )

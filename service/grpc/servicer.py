@@ -19,7 +19,9 @@ from placement.text import forbidden_character
 from service.admin_actions import Caller
 from service.allocations import api as allocations
 from service.allocations.schemas import ExtendRequest, PlaceRequest, ScoreRequest
+from service.audit import actor as audit_actor
 from service.auth import Authenticator
+from service.errors import TooManyWatches
 from service.event_loop import off_loop
 from service.grpc import convert, status_map
 from service.grpc.gen import topoplace_pb2 as pb
@@ -280,9 +282,12 @@ class TopoplaceServicer(pb_grpc.TopoplaceServicer):
     async def Watch(self, request: pb.WatchRequest, context: Context) -> AsyncIterator[pb.Event]:
         hub = self.state.events
         try:
-            subscription = hub.subscribe(request.kinds)
+            subscription = hub.subscribe(request.kinds, caller=audit_actor.current().token_id)
         except ValueError as exc:
             await status_map.abort(context, status_map.invalid_field("kinds", str(exc)))
+            return
+        except TooManyWatches as exc:
+            await status_map.abort(context, status_map.from_service_error(exc))
             return
         try:
             while True:

@@ -22,6 +22,7 @@ of the REST ``detail``), and where they apply:
     database_unavailable     UNAVAILABLE            RetryInfo 5 s
     idempotent_replay        ALREADY_EXISTS         the Allocation made before
     watch_overflow           RESOURCE_EXHAUSTED     (list again, watch again)
+    too_many_watches         RESOURCE_EXHAUSTED     (end a watch, or retry later)
     anything else            INTERNAL
 
 Clients switch on ``ErrorInfo.reason`` exactly as REST clients switch on
@@ -68,6 +69,7 @@ CODES: dict[str, grpc.StatusCode] = {
     "database_unavailable": grpc.StatusCode.UNAVAILABLE,
     "idempotent_replay": grpc.StatusCode.ALREADY_EXISTS,
     "watch_overflow": grpc.StatusCode.RESOURCE_EXHAUSTED,
+    "too_many_watches": grpc.StatusCode.RESOURCE_EXHAUSTED,
 }
 
 

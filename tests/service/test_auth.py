@@ -232,6 +232,50 @@ def test_insecure_dev_still_serves_its_own_pages_and_programs(settings: Settings
         assert refused.status_code == 403 and "viewer role" in refused.json()["error"]["message"]
 
 
+# DNS rebinding: a page of another site points a name of its own at the service, so the
+# browser sends its calls as same-origin (no Sec-Fetch-Site to refuse) and lets the page
+# read the answers; only the Host header still names that site.
+REBOUND = {"Host": "rebound.attacker.example:8000", "Sec-Fetch-Site": "same-origin"}
+
+
+def test_insecure_dev_refuses_tokenless_calls_for_another_host(settings: Settings) -> None:
+    demo_settings = settings.model_copy(update={"insecure_dev": True})
+    with TestClient(create_app(demo_settings, demo=True, background=False)) as client:
+        calls = [
+            ("GET", "/v1/nodes", None),
+            ("GET", "/v1/tokens", None),
+            ("POST", "/v1/nodes/h100-b/cordon", None),
+            ("POST", "/v1/tokens", b'{"role": "admin", "name": "planted"}'),
+        ]
+        for method, path, body in calls:
+            answer = client.request(method, path, content=body, headers=REBOUND)
+            assert answer.status_code == 403, (path, answer.text)
+            error = answer.json()["error"]
+            assert error["code"] == "forbidden", error
+            assert "TOPOPLACE_INSECURE_DEV_HOSTS" in error["message"], error
+            assert error["detail"]["host"] == REBOUND["Host"]
+        nodes = client.get("/v1/nodes").json()["nodes"]
+        assert not [n["name"] for n in nodes if n["state"] == "cordoned"]
+        assert client.get("/v1/tokens").json()["tokens"] == []
+        # Loopback names, and the probes and pages that need no token, are served.
+        for host in ("localhost:8000", "127.0.0.1:8000", "[::1]:8000", "console.localhost"):
+            assert client.get("/v1/nodes", headers={"Host": host}).status_code == 200, host
+        assert client.get("/healthz", headers=REBOUND).status_code == 200
+        # A token is checked as always, whatever the Host.
+        made = client.post("/v1/tokens", json={"role": "viewer", "name": "v"}).json()
+        viewer = {**REBOUND, "Authorization": f"Bearer {made['token']}"}
+        assert client.get("/v1/nodes", headers=viewer).status_code == 200
+
+
+def test_insecure_dev_hosts_lists_more_names(settings: Settings) -> None:
+    listed = settings.model_copy(
+        update={"insecure_dev": True, "insecure_dev_hosts": "testserver, laptop.lan"}
+    )
+    with TestClient(create_app(listed, demo=True, background=False)) as client:
+        assert client.get("/v1/nodes", headers={"Host": "laptop.lan:8000"}).status_code == 200
+        assert client.get("/v1/nodes", headers=REBOUND).status_code == 403
+
+
 def test_a_token_that_cannot_be_looked_up_is_a_503_not_a_fault(
     settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:

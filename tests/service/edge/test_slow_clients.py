@@ -56,8 +56,9 @@ def test_forty_slow_connections_are_answered_408_and_closed_at_the_deadline(
 ) -> None:
     half = SLOW_CLIENTS // 2
     # Half drip their headers; half send headers promptly and drip a body.
-    slow_headers = [_open(server, b"POST /v1/place HTTP/1.1\r\nHost: x\r\n") for _ in range(half)]
-    head = b"POST /v1/place HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    start = b"POST /v1/place HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+    slow_headers = [_open(server, start) for _ in range(half)]
+    head = b"POST /v1/place HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
     slow_bodies = [_open(server, head + b"Content-Length: 1000\r\n\r\n{") for _ in range(half)]
     started = time.monotonic()
     received = {sock: b"" for sock in slow_headers + slow_bodies}
@@ -109,3 +110,58 @@ def test_a_prompt_client_on_a_kept_connection_is_not_cut_off(server: tuple[str, 
                 answer += chunk
             assert answer.startswith(b"HTTP/1.1 200")
             time.sleep(DEADLINE_S * 1.5)  # idle: the header deadline starts with a request
+
+
+@pytest.fixture
+def secured_server(tmp_path: Path) -> Iterator[tuple[str, int]]:
+    settings = Settings(
+        database_url=f"sqlite:///{tmp_path / 'secured.sqlite3'}",
+        insecure_dev=False,
+        api_tokens="s3cret-0123456789abcdef",
+        header_timeout_s=DEADLINE_S,
+        body_timeout_s=DEADLINE_S,
+    )
+    app = create_app(settings, background=False)
+    with live_server(app, options=uvicorn_options(settings)) as url:
+        host, port = url.removeprefix("http://").split(":")
+        yield host, int(port)
+
+
+def test_a_request_refused_before_its_body_is_read_is_closed(
+    secured_server: tuple[str, int],
+) -> None:
+    """A request answered before its body arrived (no token: 401, refused at the door)
+    leaves the rest of the body unread: a client dripping it held the connection for as
+    long as it liked, the body's deadline never running. The answer closes it."""
+    head = b"POST /v1/place HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+    socks = [_open(secured_server, head + b"Content-Length: 1000\r\n\r\n{") for _ in range(5)]
+    started = time.monotonic()
+    received = {sock: b"" for sock in socks}
+    closed_after: dict[socket.socket, float] = {}
+    while len(closed_after) < len(socks) and time.monotonic() - started < 10 * DEADLINE_S:
+        time.sleep(DRIP_INTERVAL_S)
+        for sock in socks:
+            if sock in closed_after:
+                continue
+            try:
+                while chunk := sock.recv(65536):
+                    received[sock] += chunk
+                closed_after[sock] = time.monotonic() - started
+                continue
+            except BlockingIOError:
+                pass
+            except ConnectionResetError:
+                closed_after[sock] = time.monotonic() - started
+                continue
+            try:
+                sock.send(b" ")
+            except OSError:
+                closed_after[sock] = time.monotonic() - started
+    for sock in socks:
+        sock.close()
+    assert len(closed_after) == len(socks), "a refused request's connection stayed open"
+    assert max(closed_after.values()) < DEADLINE_S + 1.5
+    for answer in received.values():
+        status, body = _answer(answer)
+        error = body["error"]
+        assert status == 401 and isinstance(error, dict) and error["code"] == "unauthorized"

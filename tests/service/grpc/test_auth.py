@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -140,3 +142,60 @@ def test_a_token_that_cannot_be_looked_up_is_unavailable(
         assert reason(caught.value) == "database_unavailable"
         assert details(caught.value)["RetryInfo"].retry_delay.seconds == 5
         assert "SELECT" not in caught.value.details()
+
+
+@pytest.fixture
+def few_watches(tmp_path: Path) -> Iterator[Running]:
+    settings = Settings(
+        database_url=f"sqlite:///{tmp_path / 'watches.sqlite3'}",
+        api_tokens=ADMIN[7:],
+        insecure_dev=False,
+        max_watches=3,
+        max_watches_per_caller=2,
+    )
+    yield from start(settings)
+
+
+def test_watches_are_bounded_per_token_and_in_all(few_watches: Running) -> None:
+    """Every open Watch is handed every event, on the writers' path: a viewer token that
+    opened watches without end slowed every /place and grew memory by a buffer each."""
+    admin = (("authorization", ADMIN),)
+
+    def viewer(name: str) -> tuple[tuple[str, str], ...]:
+        made = few_watches.rest.post(
+            "/v1/tokens", json={"role": "viewer", "name": name}, headers={"Authorization": ADMIN}
+        ).json()
+        return (("authorization", f"Bearer {made['token']}"),)
+
+    first, second = viewer("first"), viewer("second")
+
+    def watch(metadata: tuple[tuple[str, str], ...]) -> Any:
+        stream = few_watches.stub.Watch(pb.WatchRequest(), metadata=metadata, timeout=60)
+        assert next(stream).type == "started"
+        return stream
+
+    def refused(metadata: tuple[tuple[str, str], ...], limit: int) -> None:
+        with pytest.raises(grpc.RpcError) as caught:
+            watch(metadata)
+        assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert reason(caught.value) == "too_many_watches"
+        assert str(limit) in caught.value.details()
+
+    a1, a2 = watch(first), watch(first)
+    refused(first, 2)  # this token's own bound
+    b1 = watch(second)
+    refused(second, 3)  # every caller's together
+    a1.cancel()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            b2 = watch(second)
+            break
+        except grpc.RpcError:
+            time.sleep(0.05)  # the cancelled watch leaves the hub on the server's loop
+    else:
+        pytest.fail("a cancelled watch still counted against the bound")
+    few_watches.stub.ReportSnapshot(snapshot_request("hgx-h100", "h0"), metadata=admin)
+    for stream in (a2, b1, b2):
+        assert next(stream).type == "reported"
+        stream.cancel()
