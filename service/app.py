@@ -33,9 +33,11 @@ from service.edge.rate_limit import RateLimit, RateLimiter
 from service.edge.unread_body import CloseUnreadBody
 from service.event_loop import off_loop
 from service.federation import endpoints as federation_routes
+from service.federation import forward_retention
 from service.federation.forward import region_client
 from service.federation.pusher import SummaryPusher
 from service.federation.registry import Registry
+from service.federation.summary_refusals import SummaryRefusals
 from service.grpc.server import start_grpc
 from service.k8s import device_routes as k8s_device_routes
 from service.k8s import endpoints as k8s_routes
@@ -66,12 +68,13 @@ CHECKPOINT_INTERVAL_S = 1.0
 
 
 async def _background(state: ServiceState, demo_nodes: list[str]) -> None:
-    """Expire stale reservations; checkpoint SQLite; prune the audit log; keep the demo
-    nodes' heartbeats fresh."""
+    """Expire stale reservations; checkpoint SQLite; prune the audit log and the
+    forwarded keys past retention; keep the demo nodes' heartbeats fresh."""
     interval = min(MAINTENANCE_INTERVAL_S, state.settings.heartbeat_ttl_s / 3)
     slurm = Reconciler(state)  # where squeue is present (TOPOPLACE_SLURM_SQUEUE_COMMAND)
     last_maintenance = last_checkpoint = 0.0
     last_prune = float("-inf")  # the first round prunes what a stopped service left
+    next_forward_prune = float("-inf")
     loop = asyncio.get_running_loop()
     while True:
         await asyncio.sleep(SWEEP_INTERVAL_S)
@@ -87,6 +90,9 @@ async def _background(state: ServiceState, demo_nodes: list[str]) -> None:
             if loop.time() - last_prune >= state.settings.audit_prune_interval_s:
                 last_prune = loop.time()
                 await off_loop(audit_retention.prune, state)
+            if loop.time() >= next_forward_prune:
+                pruned = await off_loop(forward_retention.prune, state)
+                next_forward_prune = loop.time() + forward_retention.wait_after(pruned)
             if loop.time() - last_maintenance < interval:
                 continue
             last_maintenance = loop.time()
@@ -224,6 +230,7 @@ def create_app(
     app.state.token_check = token_check
     app.state.federation = Registry(engine, settings.federation_stale_s, clock)
     app.state.federation_client = federation_client
+    app.state.summary_refusals = SummaryRefusals(state)
     app.state.pusher = pusher
     app.include_router(node_routes.router)
     app.include_router(allocation_routes.router)

@@ -20,6 +20,7 @@
     ├── InvalidRequest    422    a field, parameter or header is malformed
     ├── Unresolvable      422    nothing could ever fit; change the request
     ├── Unsupported       422    valid, but this service does not do it (GPU shares)
+    ├── SeqAhead          422    a region's summary seq too far ahead of the global clock
     ├── TooLarge          413    the body is over the limit
     ├── UriTooLong        414    the path and query are over the limit
     ├── (itself)          500    a fault of the service (logged with its traceback)
@@ -159,6 +160,11 @@ class TooManyWatches(ServiceError):
 
     status = 429
     code = "too_many_watches"
+
+
+class SeqAhead(ServiceError):
+    status = 422
+    code = "seq_ahead"
 
 
 class TooLarge(ServiceError):

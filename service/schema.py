@@ -327,6 +327,8 @@ federation_forwards = sa.Table(
     # twin request meanwhile is told the key is in flight. NULL: nobody holds it.
     sa.Column("holder", sa.String(32), nullable=True),
     sa.Column("held_until", sa.DateTime(timezone=True), nullable=True),
+    # The oldest keys are forgotten past retention (service/federation/forward_retention.py).
+    sa.Index("ix_federation_forwards_created_at", "created_at"),
 )
 
 # The audit log (service/audit/): one row per thing that happened, newest last. ``id``

@@ -108,14 +108,15 @@ class Settings(BaseSettings):
         default=60.0,
         ge=0,
         description="a refused placement of one shape (token, route, request without job_id"
-        " and owner) writes at most one audit row this often; the others are counted on its"
-        " next row. 0: every refusal writes one (within audit_refusal_rows)",
+        " and owner), and a refused region summary of one region and error code, writes at"
+        " most one audit row this often; the others are counted on its next row. 0: every"
+        " refusal writes one (within audit_refusal_rows)",
     )
     audit_refusal_rows: int = Field(
         default=600,
         ge=0,
         description="the most audit rows refused placements write in one window, all shapes"
-        " together; 0: none",
+        " together, and as many refused region summaries; 0: none",
     )
     access_log: bool = Field(
         default=False,
@@ -198,6 +199,14 @@ class Settings(BaseSettings):
         default=30.0,
         gt=0,
         description="global: a region whose last summary is older is stale and skipped",
+    )
+    federation_forward_retention_s: float = Field(
+        default=7 * 86_400.0,
+        ge=3600,
+        description="global: which region an Idempotency-Key was forwarded to is kept this"
+        " long after its first forward, then forgotten (in batches, by the background"
+        " loop): a retry of the key within it goes to the same region; after it the key is"
+        " routed afresh. At least an hour",
     )
 
     @model_validator(mode="after")

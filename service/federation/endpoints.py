@@ -10,7 +10,7 @@ keep calling their region's service.
 from __future__ import annotations
 
 import json
-import logging
+import time
 from dataclasses import replace
 from typing import Annotated, Any
 
@@ -19,10 +19,7 @@ import orjson
 from fastapi import APIRouter, Header, Path, Query, Request, Response, status
 from fastapi.exceptions import RequestValidationError
 from pydantic import StringConstraints, TypeAdapter, ValidationError
-from sqlalchemy.exc import SQLAlchemyError
 
-from service.audit import records
-from service.audit import store as audit
 from service.errors import (
     BadSignature,
     Conflict,
@@ -33,7 +30,7 @@ from service.errors import (
     ReplayedSummary,
     ServiceError,
 )
-from service.federation import routing, store
+from service.federation import routing, store, summary_seq
 from service.federation.registry import Registry
 from service.federation.schemas import (
     REGION_NAME_PATTERN,
@@ -49,9 +46,9 @@ from service.federation.schemas import (
 )
 from service.federation.signing import verify_summary
 from service.federation.store import NameTaken, RegionRecord
+from service.federation.summary_refusals import SummaryRefusals
 
 router = APIRouter(tags=["federation"])
-log = logging.getLogger("topoplace.federation")
 JSON = "application/json"
 RegionPath = Annotated[str, Path(min_length=1, max_length=63, pattern=REGION_NAME_PATTERN)]
 KEY_LENGTH = {"min_length": 1, "max_length": 256}  # an Idempotency-Key, as its Header says
@@ -164,31 +161,16 @@ def retire_region(
 @router.put("/v1/regions/{region}/summary", response_model=SummaryAccepted)
 def push_summary(region: RegionPath, body: SummaryReport, request: Request) -> dict[str, Any]:
     """A region's signed summary: kept when its signature is the region's and its seq is
-    newer than the stored one. A refusal leaves an audit row (``summary``, the refusal's
-    code as the action), in a transaction of its own, as a refused snapshot does."""
+    newer than the stored one. A refusal is counted, and leaves an audit row (``summary``,
+    the refusal's code as the action) at most once a window per region and code, the
+    others folded into it (service/federation/summary_refusals.py)."""
     registry = _registry(request)
     try:
         return _push_summary(registry, region, body)
     except ServiceError as refusal:
-        _audit_refusal(registry, region, body, refusal)
+        refusals: SummaryRefusals = request.app.state.summary_refusals
+        refusals.refused(region, body.summary.seq, refusal)
         raise
-
-
-def _audit_refusal(
-    registry: Registry, region: str, body: SummaryReport, refusal: ServiceError
-) -> None:
-    detail = {
-        "region": region,
-        "code": refusal.code,
-        "message": refusal.message,
-        "detail": refusal.detail,
-        "seq": body.summary.seq,
-    }
-    row = records.record("summary", refusal.code, registry.clock(), detail=detail)
-    try:
-        audit.write_alone(registry.engine, row)
-    except SQLAlchemyError:  # the refusal is the answer; a database hiccup must not hide it
-        log.exception("the audit row of a refused summary of region %s was not written", region)
 
 
 def _push_summary(registry: Registry, region: str, body: SummaryReport) -> dict[str, Any]:
@@ -207,8 +189,11 @@ def _push_summary(registry: Registry, region: str, body: SummaryReport) -> dict[
             {"field": "signature"},
         )
     seq = body.summary.seq
+    now_ns = time.time_ns()  # the clock the region's seq is read from (summary_seq.py)
+    summary_seq.check(seq, now_ns)
     now = registry.clock()
-    if not store.store_summary(registry.engine, region, summary, seq, now):
+    binding = summary_seq.binding_up_to(now_ns)
+    if not store.store_summary(registry.engine, region, summary, seq, now, binding):
         raise ReplayedSummary(
             f"seq {seq} is not newer than region {region!r}'s stored summary"
             f" ({record.summary_seq})",

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -25,7 +26,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from service.event_loop import off_loop
-from service.federation import ranking, store
+from service.federation import ranking, store, summary_seq
 from service.federation.store import RegionRecord
 from service.state import Clock
 
@@ -73,7 +74,11 @@ def region_of(record: RegionRecord) -> ranking.Region:
 
 
 def _newer(kept: RegionRecord, read: RegionRecord) -> bool:
-    return (kept.summary_seq or 0) > (read.summary_seq or 0) and kept.retired_at == read.retired_at
+    """The summary kept here is newer than the one read: put here after the read began. A
+    kept seq too far ahead to bind a push (service/federation/summary_seq.py) is not."""
+    kept_seq, read_seq = kept.summary_seq or 0, read.summary_seq or 0
+    binds = kept_seq <= summary_seq.binding_up_to(time.time_ns())
+    return kept_seq > read_seq and binds and kept.retired_at == read.retired_at
 
 
 @dataclass(frozen=True)

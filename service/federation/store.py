@@ -163,16 +163,23 @@ def retire(engine: sa.Engine, name: str, now: datetime) -> RegionRecord | None:
 
 
 def store_summary(
-    engine: sa.Engine, name: str, summary: dict[str, Any], seq: int, now: datetime
+    engine: sa.Engine,
+    name: str,
+    summary: dict[str, Any],
+    seq: int,
+    now: datetime,
+    binding_up_to: int,
 ) -> bool:
-    """Keep a summary newer than the stored one; False when it is not newer (a replay)."""
+    """Keep a summary newer than the stored one; False when it is not newer (a replay).
+    A stored seq above ``binding_up_to`` is too far ahead to bind (summary_seq.py)."""
+    s = regions.c.summary_seq
     with engine.begin() as conn:
         changed = conn.execute(
             regions.update()
             .where(
                 regions.c.name == name,
                 regions.c.retired_at.is_(None),
-                sa.or_(regions.c.summary_seq.is_(None), regions.c.summary_seq < seq),
+                sa.or_(s.is_(None), s < seq, s > binding_up_to),
             )
             .values(summary=orjson.dumps(summary).decode(), summary_seq=seq, summary_at=now)
         ).rowcount
@@ -276,3 +283,30 @@ def drop_key(engine: sa.Engine, key: str, holder: str) -> None:
     t = federation_forwards
     with engine.begin() as conn:
         conn.execute(t.delete().where(t.c.idempotency_key == key, t.c.holder == holder))
+
+
+def _forgettable(t: sa.FromClause, before: datetime, now: datetime) -> sa.ColumnElement[bool]:
+    """First forwarded before ``before``, and held by no request at ``now``."""
+    held_by_none = sa.or_(t.c.held_until.is_(None), t.c.held_until <= now)
+    return sa.and_(t.c.created_at < before, held_by_none)
+
+
+def forget_keys(engine: sa.Engine, before: datetime, now: datetime, batch: int) -> int:
+    """Delete at most ``batch`` rows of keys first forwarded before ``before`` that no
+    request holds at ``now``, oldest first; how many went. One statement, whose
+    conditions are checked again on each row it deletes: a retry that took a row after
+    the oldest were chosen keeps it (on Postgres the delete waits for the retry's commit
+    and reads the row as it left it), so a key is never forgotten under its request."""
+    t = federation_forwards
+    chosen = t.alias("chosen")
+    oldest = (
+        sa.select(chosen.c.idempotency_key)
+        .where(_forgettable(chosen, before, now))
+        .order_by(chosen.c.created_at)
+        .limit(batch)
+    )
+    with engine.begin() as conn:
+        deleted = conn.execute(
+            t.delete().where(t.c.idempotency_key.in_(oldest), _forgettable(t, before, now))
+        ).rowcount
+    return int(deleted)

@@ -116,6 +116,12 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        self.summary_refusals = Counter(
+            "topoplace_summary_refusals",
+            "Region summaries refused by the global service after parsing, by error code.",
+            ["reason"],
+            registry=r,
+        )
         self.batches = Histogram(
             "topoplace_group_commit_batch_size",
             "Reservations written per group commit transaction.",

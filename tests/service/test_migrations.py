@@ -393,3 +393,21 @@ def test_0013_holds_forwarded_keys_and_keeps_the_forwards(database_url: str) -> 
         migrate.upgrade(database_url)
     finally:
         engine.dispose()
+
+
+def test_0014_finds_forwarded_keys_by_age(database_url: str) -> None:
+    migrate.upgrade(database_url)
+    config = migrate.alembic_config(database_url)
+    engine = sa.create_engine(database_url)
+
+    def indexes() -> set[str]:
+        return {i["name"] for i in sa.inspect(engine).get_indexes("federation_forwards")}
+
+    try:
+        command.downgrade(config, "0013")
+        assert "ix_federation_forwards_created_at" not in indexes()
+        command.upgrade(config, "0014")
+        assert "ix_federation_forwards_created_at" in indexes()
+    finally:
+        migrate.upgrade(database_url)
+        engine.dispose()

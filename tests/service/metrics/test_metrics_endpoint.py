@@ -19,12 +19,14 @@ NO_VAL = 4294967294
 DGX1, H100 = "m-dgx1", "m-h100"
 # Moved where what they measure happens: another replica's notification and a deadlock
 # (test_replica_metrics.py), the Kubernetes API (k8s/test_timed_api.py), squeue
-# (slurm/test_reconcile_loop.py).
+# (slurm/test_reconcile_loop.py), a region's refused summary
+# (federation/test_summary_refusals.py).
 NOT_MOVED_HERE = {
     "topoplace_replica_notification_lag_seconds",
     "topoplace_database_retries_total",
     "topoplace_kube_api_request_duration_seconds",
     "topoplace_squeue_duration_seconds",
+    "topoplace_summary_refusals_total",
 }
 
 
