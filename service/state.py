@@ -55,6 +55,11 @@ class ServiceState:
         self.refusal_gate = RefusalGate(
             settings.audit_refusal_window_s, settings.audit_refusal_rows
         )
+        # The same for refused node snapshots, bounded apart: an agent's flood of them
+        # must not take the rows of refused placements, nor they its.
+        self.snapshot_refusal_gate = RefusalGate(
+            settings.audit_refusal_window_s, settings.audit_refusal_rows
+        )
         self.lock = threading.RLock()
         self.heartbeats: dict[str, datetime] = {}
         # Each node's reported_at as the snapshot in memory was stored: with its seq, it

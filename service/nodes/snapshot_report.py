@@ -52,8 +52,9 @@ def report_snapshot(
     a GPU or MIG UUID that another node's snapshot lists or a live allocation holds on
     another node (409). The seq rule
     is also the condition of the write, so of racing reports the newest
-    wins whatever their order. Every refusal leaves an audit row (``snapshot``, the
-    refusal's code as the action), in a transaction of its own: the report's was undone.
+    wins whatever their order. A refusal leaves an audit row (``snapshot``, the
+    refusal's code as the action), in a transaction of its own: the report's was undone;
+    at most one a window for each node and code (``_audit_refusal``).
     """
     try:
         return _report(state, name, report, caller)
@@ -65,12 +66,22 @@ def report_snapshot(
 def _audit_refusal(
     state: ServiceState, name: str, report: SnapshotReport, refusal: ServiceError
 ) -> None:
+    """An agent that is broken (a wrong key, a clock gone back) or hostile reports again
+    and again, each report refused: one audit row for each would fill the log. At most one
+    row is written for a node and code a window (TOPOPLACE_AUDIT_REFUSAL_WINDOW_S), with
+    the refusals since the last folded into it (``coalesced``), and at most
+    TOPOPLACE_AUDIT_REFUSAL_ROWS a window for all nodes (service/audit/refusals.py); every
+    refusal is still answered and counted (topoplace_snapshot_refusals_total)."""
+    coalesced = state.snapshot_refusal_gate.admit((name, refusal.code))
+    if coalesced is None:
+        return
     detail = {
         "code": refusal.code,
         "message": refusal.message,
         "detail": refusal.detail,
         "seq": report.snapshot.seq,
         "signed": report.signature is not None,
+        "coalesced": coalesced,
     }
     row = records.record("snapshot", refusal.code, state.clock(), nodes=[name], detail=detail)
     try:

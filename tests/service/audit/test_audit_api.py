@@ -17,7 +17,9 @@ from fastapi.testclient import TestClient
 from agent.signing import NodeKey
 from placement.profiles import build_profile
 from service import schema
+from service.audit.refusals import RefusalGate
 from service.state import ServiceState
+from tests.service.audit.test_refusals import Ticks
 from tests.service.conftest import FakeClock
 from tests.service.helpers import add_nodes
 
@@ -178,6 +180,39 @@ def test_a_refused_snapshot_is_recorded_though_nothing_changed(client: TestClien
     assert entries[0]["route"] == "PUT /v1/nodes/{name}/snapshot"
     with _state(client).engine.connect() as conn:  # the refused snapshot of h9 left no node
         assert conn.execute(sa.select(schema.nodes.c.name)).scalars().all() == ["h0"]
+
+
+def test_a_flood_of_refused_snapshots_writes_one_row_per_node_and_cause_a_window(
+    client: TestClient,
+) -> None:
+    """An agent reporting again and again with a key that is not the node's (broken, or
+    stolen) wrote a row per report: 1,000 reports, 1,000 rows. Each is still refused."""
+    ticks = Ticks()
+    _state(client).snapshot_refusal_gate = RefusalGate(60.0, 600, clock=ticks)
+    key = NodeKey.generate()
+    assert client.put("/v1/nodes/h0/key", json={"public_key": key.public_key}).status_code == 200
+    _, agent = _token(client, "agent", "h0's agent", nodes=["h0", "h1"])
+    body = build_profile("hgx-h100", "h0").model_copy(update={"seq": 7}).model_dump(mode="json")
+    forged = {"snapshot": body, "signature": NodeKey.generate().sign(body)}
+    for _ in range(1000):
+        refused = client.put("/v1/nodes/h0/snapshot", json=forged, headers=_as(agent))
+        assert refused.json()["error"]["code"] == "bad_signature"
+    unkeyed = build_profile("hgx-h100", "h1").model_dump(mode="json")
+    for _ in range(3):
+        no_key = client.put("/v1/nodes/h1/snapshot", json={"snapshot": unkeyed}, headers=_as(agent))
+        assert no_key.json()["error"]["code"] == "node_key_required"
+    entries = _audit(client, kind="snapshot")[::-1]
+    assert [(e["action"], e["nodes"]) for e in entries] == [
+        ("bad_signature", ["h0"]),
+        ("node_key_required", ["h1"]),
+    ]
+    assert entries[0]["detail"]["coalesced"] == 0
+    ticks.now += 60  # a window later: the next refusal's row carries those folded into none
+    client.put("/v1/nodes/h0/snapshot", json=forged, headers=_as(agent))
+    newest = _audit(client, kind="snapshot")[0]
+    assert (newest["action"], newest["detail"]["coalesced"]) == ("bad_signature", 999)
+    metrics = client.get("/metrics").text
+    assert 'topoplace_snapshot_refusals_total{reason="bad_signature"} 1001.0' in metrics
 
 
 def test_a_gpu_uuid_another_node_holds_is_a_recorded_refusal(client: TestClient) -> None:
