@@ -25,6 +25,16 @@ allocation holding exactly its GPUs, is kept by the database itself:
   replica it was chosen; it is decided again on the stored snapshot. So does a
   scheduler's truth (the GPU indices, devices it was mapped on): mapped on a
   replaced snapshot, it is mapped again on the stored one.
+- A reservation's holds also name the node's row as it was chosen on: its
+  snapshot's ``reported_at`` and the node uncordoned (``node_reported_at``,
+  ``node_cordoned`` false), through a foreign key to ``nodes(name,
+  reported_at, cordoned)``. A replica that has not heard of a cordon places
+  nothing there once the cordon has committed, nor on a node deleted and
+  reported again under its old seq with other GPUs (a seq alone does not name
+  one content; with ``reported_at`` it does): the commit fails and the
+  request is decided again on the stored state. A report, cordon or uncordon
+  carries the holds already committed along (ON UPDATE CASCADE), so they stay.
+  A scheduler's truth names neither: what runs on a cordoned node is held.
 - A check ties the state to these columns (live states have ``live`` and an
   anchor, ended ones have neither and an end time) and the expiry to the
   state (pending ones expire, active ones never).
@@ -64,6 +74,8 @@ nodes = sa.Table(
     sa.Column("heartbeat_at", sa.DateTime(timezone=True), nullable=False),
     # What a reservation's holds name (``gpu_holds.node_seq``): the snapshot it was chosen on.
     sa.Index("uq_nodes_name_seq", "name", "seq", unique=True),
+    # And (``gpu_holds.node_reported_at``, ``node_cordoned``) which content, uncordoned.
+    sa.Index("uq_nodes_name_reported_cordoned", "name", "reported_at", "cordoned", unique=True),
 )
 
 node_snapshots = sa.Table(
@@ -186,6 +198,13 @@ gpu_holds = sa.Table(
     # its commit;
     # a newer snapshot carries the holds already committed along (ON UPDATE CASCADE).
     sa.Column("node_seq", sa.BigInteger, nullable=True),
+    # A reservation's holds: the reported_at of the node's snapshot chosen on, and False:
+    # the node was uncordoned (NULL: none named, a scheduler's truth or a hold written
+    # before migration 0014). Their foreign key to the node row makes a reservation on a
+    # node cordoned, or deleted and reported again, since fail at its commit; a report,
+    # cordon or uncordon carries the holds already committed along (ON UPDATE CASCADE).
+    sa.Column("node_reported_at", sa.DateTime(timezone=True), nullable=True),
+    sa.Column("node_cordoned", sa.Boolean(create_constraint=False), nullable=True),
     sa.Index("ix_gpu_holds_allocation", "allocation_id"),
     # A snapshot report looks up whether another node's allocation holds its devices.
     sa.Index("ix_gpu_holds_device", "device"),
@@ -205,6 +224,14 @@ gpu_holds = sa.Table(
         ["node", "node_seq"],
         ["nodes.name", "nodes.seq"],
         name="fk_gpu_holds_node_seq",
+        onupdate="CASCADE",
+        deferrable=True,
+        initially="DEFERRED",
+    ),
+    sa.ForeignKeyConstraint(
+        ["node", "node_reported_at", "node_cordoned"],
+        ["nodes.name", "nodes.reported_at", "nodes.cordoned"],
+        name="fk_gpu_holds_node_state",
         onupdate="CASCADE",
         deferrable=True,
         initially="DEFERRED",

@@ -84,6 +84,8 @@ def _pool_add(dialect: Dialect) -> _Statement:
         holds.c.live,
         holds.c.share_milli,
         holds.c.node_seq,
+        holds.c.node_reported_at,
+        holds.c.node_cordoned,
     ]
     dialect_insert = postgresql.insert if dialect.name == "postgresql" else sqlite.insert
     insert = dialect_insert(holds).values({c.key: sa.bindparam(c.key) for c in written})
@@ -94,6 +96,12 @@ def _pool_add(dialect: Dialect) -> _Statement:
             "share_milli": holds.c.share_milli + insert.excluded.share_milli,
             # The new share's snapshot must be the stored one too (its foreign key).
             "node_seq": sa.func.coalesce(insert.excluded.node_seq, holds.c.node_seq),
+            # And its node's row, uncordoned: a pool a report or cordon carried along is
+            # checked again on the row the new share was chosen on.
+            "node_reported_at": sa.func.coalesce(
+                insert.excluded.node_reported_at, holds.c.node_reported_at
+            ),
+            "node_cordoned": sa.func.coalesce(insert.excluded.node_cordoned, holds.c.node_cordoned),
         },
     )
     return _Statement(statement, written, dialect)
@@ -127,7 +135,8 @@ class BatchWriter:
     ) -> None:
         """Insert the rows, holds, shares and audit rows and announce the nodes, in one
         transaction. A share is (node, device, allocation_id, milli), and a hold or share
-        may name ``node_seq``, the node snapshot it was chosen on (service/schema.py)."""
+        may name ``node_seq``, the node snapshot it was chosen on, ``node_reported_at`` and
+        ``node_cordoned`` (service/schema.py)."""
         steps = self._steps(rows, holds, nodes, audits, shares)
         dbapi_error: type[Exception] = self.dialect.loaded_dbapi.Error
         try:
@@ -195,6 +204,8 @@ class BatchWriter:
                     "live": True,
                     "share_milli": s["milli"],
                     "node_seq": s.get("node_seq"),
+                    "node_reported_at": s.get("node_reported_at"),
+                    "node_cordoned": s.get("node_cordoned"),
                 }
                 for s in shares
             ]

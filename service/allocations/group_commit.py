@@ -47,6 +47,7 @@ import sqlite3
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError, OperationalError
@@ -70,6 +71,9 @@ class _Reservation:
     # node -> the seq of the snapshot the reservation was chosen on, named by its holds
     # (a node left out: its holds name none, and no snapshot check guards them)
     seqs: Mapping[str, int] = field(default_factory=dict)
+    # node -> that snapshot's reported_at; its holds name it with the node uncordoned
+    # (a node left out: no check of the node's row or cordon guards them)
+    reported: Mapping[str, datetime] = field(default_factory=dict)
     error: BaseException | None = None
 
 
@@ -112,13 +116,16 @@ class GroupCommitter:
         at_once: bool = False,
         shares: Sequence[tuple[str, str, int]] = (),
         seqs: Mapping[str, int] | None = None,
+        reported: Mapping[str, datetime] | None = None,
     ) -> None:
         """Insert the allocation, its holds, its shares and its audit row durably; raises
         what a lone commit would. ``at_once``: written on the calling (worker) thread when
-        the database is free, on SQLite or Postgres (the Kubernetes bind). ``seqs``: the
-        node snapshots chosen on; a node whose stored seq differs fails the commit
-        (IntegrityError, as a GPU held already)."""
-        reservation = _Reservation(row, holds, nodes, audit, _nothing, shares, seqs or {})
+        the database is free, on SQLite or Postgres (the Kubernetes bind). ``seqs`` and
+        ``reported``: the node snapshots chosen on; a node whose stored snapshot differs,
+        or that is cordoned, fails the commit (IntegrityError, as a GPU held already)."""
+        reservation = _Reservation(
+            row, holds, nodes, audit, _nothing, shares, seqs or {}, reported or {}
+        )
         if at_once and self._write_at_once(reservation, on_loop=False):
             return
         done = threading.Event()
@@ -138,11 +145,14 @@ class GroupCommitter:
         at_once: bool = False,
         shares: Sequence[tuple[str, str, int]] = (),
         seqs: Mapping[str, int] | None = None,
+        reported: Mapping[str, datetime] | None = None,
     ) -> None:
         """``commit`` for the event loop: awaits the batch instead of blocking a thread.
         ``at_once``: the caller has no batch to share (the Slurm filter); on SQLite, with
         the database free, the reservation is written here, now (see the module's text)."""
-        reservation = _Reservation(row, holds, nodes, audit, _nothing, shares, seqs or {})
+        reservation = _Reservation(
+            row, holds, nodes, audit, _nothing, shares, seqs or {}, reported or {}
+        )
         if at_once and self._write_at_once(reservation, on_loop=True):
             return
         loop = asyncio.get_running_loop()
@@ -246,6 +256,7 @@ class GroupCommitter:
                     "allocation_id": r.row["id"],
                     "live": True,
                     "node_seq": r.seqs.get(node),
+                    **_node_state(r, node),
                 }
                 for r in batch
                 for node, device, kind in r.holds
@@ -262,6 +273,7 @@ class GroupCommitter:
                     "allocation_id": r.row["id"],
                     "milli": milli,
                     "node_seq": r.seqs.get(node),
+                    **_node_state(r, node),
                 }
                 for r in batch
                 for node, device, milli in r.shares
@@ -306,6 +318,15 @@ class GroupCommitter:
                 self._busy -= len(batch)
             for reservation in batch:
                 reservation.finished()
+
+
+def _node_state(reservation: _Reservation, node: str) -> dict[str, object]:
+    """What a hold names of its node's row: the snapshot's reported_at chosen on and the
+    node uncordoned (a reservation is only ever chosen on an uncordoned node), so another
+    snapshot row or a cordon committed since fails the commit. Neither where the
+    reservation names no snapshot of the node: nothing is checked."""
+    at = reservation.reported.get(node)
+    return {"node_reported_at": at, "node_cordoned": None if at is None else False}
 
 
 def _row_order(row: Mapping[str, object]) -> tuple[bool, str, str]:

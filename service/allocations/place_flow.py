@@ -15,7 +15,11 @@ The write path (style: snapshot in, plan out, commit optimistically):
    key to the node row (service/schema.py): a snapshot report that replaced it
    meanwhile (a GPU lost, unhealthy or split into MIG instances), here or on
    another replica, fails the commit the same way, and the decision is made
-   again on the stored snapshot.
+   again on the stored snapshot. So does a cordon, or a node deleted and
+   reported again under its old seq: each hold also names the snapshot's
+   reported_at and its node uncordoned (``gpu_holds.node_reported_at``,
+   ``node_cordoned``), so a replica that has not heard of a cordon places
+   nothing there once the cordon has answered.
 
 An ``Idempotency-Key`` is stored with the allocation (unique), so a retried
 request gets the same allocation back, never a second one.
@@ -39,7 +43,7 @@ import logging
 import uuid
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from sqlalchemy.exc import IntegrityError, OperationalError, SQLAlchemyError
@@ -82,6 +86,7 @@ class Commit:
     audit: dict[str, Any]
     shares: list[tuple[str, str, int]]
     seqs: dict[str, int]  # node -> the seq of the snapshot the choice was made on
+    reported: dict[str, datetime]  # node -> that snapshot's reported_at (state.reported)
 
 
 Step = Blocking | Commit
@@ -99,6 +104,7 @@ def blocking_step(state: ServiceState, at_once: bool, step: Step) -> Any:
             at_once=at_once,
             shares=step.shares,
             seqs=step.seqs,
+            reported=step.reported,
         )
     return step()
 
@@ -113,6 +119,7 @@ async def awaited_step(state: ServiceState, at_once: bool, step: Step) -> Any:
             at_once=at_once,
             shares=step.shares,
             seqs=step.seqs,
+            reported=step.reported,
         )
     return await off_loop(step)
 
@@ -218,8 +225,10 @@ def place_flow(
                 holds, shares = holds_of(placement), shares_of(placement)
                 devices = [(node, device) for node, device, _ in holds]
                 state.begin_inflight(devices, shares, allocation_id, idempotency_key)
-                # The snapshots chosen on: the commit holds only while they are stored.
+                # The snapshots chosen on: the commit holds only while they are stored,
+                # and the nodes uncordoned.
                 seqs = {n: state.cluster.node(n).snapshot.seq for n in placement.nodes}
+                reported = {n: state.reported[n] for n in placement.nodes if n in state.reported}
             racing = idempotency_key is not None and idempotency_key in state.inflight_keys
         if placement is None:
             if idempotency_key is not None:
@@ -268,12 +277,13 @@ def place_flow(
             str(row["placement"]),
         )
         try:
-            yield Commit(row, holds, placement.nodes, audit, shares, seqs)
+            yield Commit(row, holds, placement.nodes, audit, shares, seqs, reported)
         except IntegrityError:
             _undo(state, placement, devices, shares, allocation_id, idempotency_key)
             # Another process committed first: some of these GPUs, or this very key (a
             # retry sent to another replica, which may well have chosen the same GPUs);
-            # or a node's snapshot the choice was made on was replaced meanwhile.
+            # or a node's snapshot the choice was made on was replaced meanwhile, or
+            # the node cordoned, or deleted and reported again.
             # The undo freed this choice in memory blindly, GPUs that process holds
             # included, and its notification may have been applied already: learn what
             # it holds before answering, whether with its allocation or a new choice.
@@ -298,8 +308,8 @@ def place_flow(
             state.end_inflight(devices, shares, allocation_id, idempotency_key)
         return Placed(views.allocation(row, tasks, placement), True)
     raced = Unschedulable(
-        f"other replicas took the chosen GPUs, or the chosen nodes reported new snapshots,"
-        f" {PLACE_ATTEMPTS} times in a row; retry",
+        f"other replicas took the chosen GPUs, or the chosen nodes reported new snapshots"
+        f" or were cordoned, {PLACE_ATTEMPTS} times in a row; retry",
         {"reasons": []},
     )
     yield from _audit_refused(state, body, request_json, raced)

@@ -91,6 +91,28 @@ def test_0012_remembers_ended_jobs(database_url: str) -> None:
         engine.dispose()
 
 
+def test_0014_holds_name_the_node_row_chosen_on(database_url: str) -> None:
+    migrate.upgrade(database_url)
+    config = migrate.alembic_config(database_url)
+    command.downgrade(config, "0013")
+    engine = sa.create_engine(database_url)
+    try:
+        assert not {"node_reported_at", "node_cordoned"} & _columns(engine, "gpu_holds")
+        assert "uq_nodes_name_reported_cordoned" not in _indexes(engine, "nodes")
+        command.upgrade(config, "0014")
+        assert {"node_reported_at", "node_cordoned"} <= _columns(engine, "gpu_holds")
+        assert "uq_nodes_name_reported_cordoned" in _indexes(engine, "nodes")
+        keys = {k["name"]: k for k in sa.inspect(engine).get_foreign_keys("gpu_holds")}
+        key = keys["fk_gpu_holds_node_state"]
+        assert key["referred_table"] == "nodes"
+        assert key["referred_columns"] == ["name", "reported_at", "cordoned"]
+        assert key["constrained_columns"] == ["node", "node_reported_at", "node_cordoned"]
+        assert key["options"].get("onupdate") == "CASCADE"
+        assert "fk_gpu_holds_node_seq" in keys  # the snapshot's seq stays checked as it was
+    finally:
+        engine.dispose()
+
+
 def _columns(engine: sa.Engine, table: str) -> set[str]:
     return {str(c["name"]) for c in sa.inspect(engine).get_columns(table)}
 

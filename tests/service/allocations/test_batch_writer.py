@@ -60,6 +60,8 @@ def _hold(allocation: dict[str, Any], device: str, kind: str = "gpu") -> dict[st
         "live": True,
         "share_milli": None,
         "node_seq": None,
+        "node_reported_at": None,
+        "node_cordoned": None,
     }
 
 
