@@ -20,6 +20,7 @@ from service import schema
 from service.admin_actions import INTERNAL, Caller, require_admin
 from service.audit import records
 from service.audit import store as audit
+from service.db import in_transaction
 from service.errors import Conflict, NotFound
 from service.nodes import region_scope, repository
 from service.nodes.schemas import (
@@ -58,18 +59,22 @@ def heartbeat(state: ServiceState, name: str, caller: Caller = INTERNAL) -> None
 
 
 def set_cordoned(state: ServiceState, name: str, cordoned: bool) -> NodeView:
-    with state.engine.begin() as conn:
+    """Cordon or uncordon. The node's reservations' holds follow the cordon (ON UPDATE
+    CASCADE, service/schema.py), so a reservation committing at the same moment may
+    deadlock with it on Postgres: the transaction is then run again."""
+
+    def write(conn: Connection) -> None:
         if not repository.set_cordoned(conn, name, cordoned):
             raise NotFound(f"no node named {name!r}")
         publish(conn, [name])
         action = "node_cordoned" if cordoned else "node_uncordoned"
         audit.write(conn, [records.record("admin", action, state.clock(), nodes=[name])])
-    with state.lock:
-        if cordoned:
-            state.cordoned.add(name)
-        else:
-            state.cordoned.discard(name)
-        state.refresh_availability([name])
+
+    in_transaction(state.engine, write)
+    # Memory takes the stored row, read under the state lock, not this call's value: a
+    # cordon and an uncordon racing here commit in one order and could reach memory in
+    # the other, leaving the operator's last word undone in memory.
+    state.sync_nodes([name])
     return get_node(state, name)
 
 
