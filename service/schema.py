@@ -200,7 +200,7 @@ gpu_holds = sa.Table(
     sa.Column("node_seq", sa.BigInteger, nullable=True),
     # A reservation's holds: the reported_at of the node's snapshot chosen on, and False:
     # the node was uncordoned (NULL: none named, a scheduler's truth or a hold written
-    # before migration 0014). Their foreign key to the node row makes a reservation on a
+    # before migration 0015). Their foreign key to the node row makes a reservation on a
     # node cordoned, or deleted and reported again, since fail at its commit; a report,
     # cordon or uncordon carries the holds already committed along (ON UPDATE CASCADE).
     sa.Column("node_reported_at", sa.DateTime(timezone=True), nullable=True),

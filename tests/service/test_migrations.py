@@ -91,15 +91,15 @@ def test_0012_remembers_ended_jobs(database_url: str) -> None:
         engine.dispose()
 
 
-def test_0014_holds_name_the_node_row_chosen_on(database_url: str) -> None:
+def test_0015_holds_name_the_node_row_chosen_on(database_url: str) -> None:
     migrate.upgrade(database_url)
     config = migrate.alembic_config(database_url)
-    command.downgrade(config, "0013")
+    command.downgrade(config, "0014")
     engine = sa.create_engine(database_url)
     try:
         assert not {"node_reported_at", "node_cordoned"} & _columns(engine, "gpu_holds")
         assert "uq_nodes_name_reported_cordoned" not in _indexes(engine, "nodes")
-        command.upgrade(config, "0014")
+        command.upgrade(config, "0015")
         assert {"node_reported_at", "node_cordoned"} <= _columns(engine, "gpu_holds")
         assert "uq_nodes_name_reported_cordoned" in _indexes(engine, "nodes")
         keys = {k["name"]: k for k in sa.inspect(engine).get_foreign_keys("gpu_holds")}

@@ -14,8 +14,8 @@ is decided again on the stored state. A report, cordon or uncordon carries the
 holds committed before it along (ON UPDATE CASCADE). Existing holds, and holds
 recorded from what a scheduler runs, name none.
 
-Revision ID: 0014
-Revises: 0013
+Revision ID: 0015
+Revises: 0014
 Create Date: 2026-12-06
 """
 
@@ -24,8 +24,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0014"
-down_revision = "0013"
+revision = "0015"
+down_revision = "0014"
 branch_labels = None
 depends_on = None
 
