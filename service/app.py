@@ -26,6 +26,7 @@ from service.db import checkpoint, make_engine
 from service.demo import heartbeat_demo_cluster, register_demo_cluster
 from service.direct_routes import DirectRoutes
 from service.edge.dev_hosts import DevHosts
+from service.edge.failed_token_budget import FailedTokenBudget
 from service.edge.faults import FaultBarrier
 from service.edge.guard import RequestGuard
 from service.edge.headers import SafetyHeaders
@@ -53,6 +54,7 @@ from service.slurm.reconcile import Reconciler
 from service.state import Clock, ServiceState, utc_now
 from service.tokens import endpoints as token_routes
 from service.tokens import store as token_store
+from service.tokens.verification_slots import VerificationSlots
 
 log = logging.getLogger("topoplace.service")
 # Expiry runs often, so each sweep ends few reservations: ending hundreds at
@@ -167,6 +169,10 @@ def create_app(
         settings.static_tokens(),
         insecure=settings.insecure_dev,
         dev_hosts=DevHosts(settings.insecure_dev_hosts.split(",")),
+        failures=FailedTokenBudget(settings.auth_failures_per_s, settings.auth_failure_burst),
+        verifications=VerificationSlots(
+            settings.token_verifications_at_once, settings.token_verification_wait_s
+        ),
     )
     limiter = RateLimiter(settings.rate_limit_per_s, settings.rate_limit_burst)
     # A region's service pushes its summary to a global one (docs/federation.md); the

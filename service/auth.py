@@ -15,7 +15,10 @@ The principal a token stands for is then checked against the one rule table
 
 Verifying a database token costs one scrypt hash (tens of ms), so each
 process keeps the principals it verified, keyed by the token's SHA-256: a
-request pays a hash of its token and a dictionary lookup. A revoked token
+request pays a hash of its token and a dictionary lookup. A token it does
+not know yet is checked under two bounds: its client address's budget of
+refused tokens (service/edge/failed_token_budget.py), and the verifications
+the process runs at once (service/tokens/verification_slots.py). A revoked token
 leaves every process's cache within ``REVOCATION_POLL_S``: each process asks
 the database which of its cached tokens are still live (a short indexed
 read); the process that revoked it drops it at once.
@@ -46,11 +49,13 @@ from service.access import OPEN_PATHS, Permission, Role
 from service.audit import actor as audit_actor
 from service.direct_routes import route_path
 from service.edge.dev_hosts import DevHosts
+from service.edge.failed_token_budget import FailedTokenBudget
 from service.edge.guard import replay_body
-from service.errors import ServiceError, TooLarge, Unavailable
+from service.errors import RateLimited, ServiceError, TooLarge, Unavailable
 from service.event_loop import off_loop
 from service.responses import error_response
 from service.tokens import secrets, store
+from service.tokens.verification_slots import VerificationSlots
 
 __all__ = ["OPEN_PATHS", "Authenticator", "Forbidden", "Principal", "RequireToken"]
 
@@ -130,6 +135,8 @@ class Authenticator:
         *,
         insecure: bool = False,
         dev_hosts: DevHosts | None = None,
+        failures: FailedTokenBudget | None = None,
+        verifications: VerificationSlots | None = None,
     ) -> None:
         self.engine = engine
         self.insecure = insecure
@@ -145,6 +152,9 @@ class Authenticator:
         self._revoked: set[str] = set()
         self._refused: dict[bytes, float] = {}
         self._lock = threading.Lock()
+        # What a token not known yet may cost (shared by REST and gRPC: one instance).
+        self.failures = failures or FailedTokenBudget()
+        self.verifications = verifications or VerificationSlots()
 
     # -- which paths need nothing --------------------------------------------
 
@@ -163,44 +173,98 @@ class Authenticator:
     # -- who is calling -------------------------------------------------------
 
     def cached(self, authorization: str | None) -> Principal | None:
-        """The principal, when known without the database; None when it must be looked up.
-
-        Raises :class:`Unauthorized` for a missing or malformed header, a token of no
-        known form, and a database token refused within the last few seconds."""
+        """The principal, when this process knows the token (static, or verified before);
+        None when it must be checked. Raises :class:`Unauthorized` for a missing or
+        malformed header. The path of nearly every request: two dictionary lookups."""
         if not authorization and self.insecure:
             return INSECURE
         token = _presented(authorization)
         digest = _digest(token)
-        found = self._static.get(digest) or self._cache.get(digest)
-        if found is not None:
-            return found
-        refused_until = self._refused.get(digest)
-        if refused_until is not None and refused_until > time.monotonic():
-            raise Unauthorized("the token is not one this service accepts")
-        if self.engine is None or secrets.split(token) is None:
-            raise Unauthorized("the token is not one this service accepts")
-        return None
+        return self._static.get(digest) or self._cache.get(digest)
 
-    def lookup(self, authorization: str | None) -> Principal:
-        """The principal for a token :meth:`cached` did not know (blocking: a read, a hash)."""
+    def authenticate(self, authorization: str | None, address: str | None = None) -> Principal:
+        """Blocking form of the two steps, for callers already off the event loop.
+        ``address``: the client's, whose refused tokens are counted
+        (service/edge/failed_token_budget.py)."""
+        return self.cached(authorization) or self.verify(authorization, address)
+
+    async def authenticate_async(
+        self, authorization: str | None, address: str | None = None
+    ) -> Principal:
         found = self.cached(authorization)
         if found is not None:
             return found
+        return await self.verify_async(authorization, address)
+
+    def verify(self, authorization: str | None, address: str | None) -> Principal:
+        """The principal of a token :meth:`cached` did not know (blocking: a read, and a
+        hash when the id is a live token's)."""
         token = _presented(authorization)
-        parts = secrets.split(token)
-        assert parts is not None and self.engine is not None  # cached() checked both
+        token_id, secret = self._admit(token, address)
         try:
-            record = store.verified(self.engine, *parts)
+            live = self._live(token_id)
+            if live is not None:
+                with self.verifications.held_blocking():
+                    if not secrets.verify_secret(secret, live[1]):
+                        live = None
+        except (Unavailable, RateLimited):
+            self.failures.give_back(address)  # the service's trouble, not a refused token
+            raise
+        return self._settle(token, live, address)
+
+    async def verify_async(self, authorization: str | None, address: str | None) -> Principal:
+        """:meth:`verify` from the event loop: the read and the hash on worker threads, the
+        hash under the process's bound on verifications at once (waiting on the loop, not
+        on a thread)."""
+        token = _presented(authorization)
+        token_id, secret = self._admit(token, address)
+        try:
+            live = await off_loop(self._live, token_id)
+            if live is not None and not await self.verifications.run(
+                secrets.verify_secret, secret, live[1]
+            ):
+                live = None
+        except (Unavailable, RateLimited):
+            self.failures.give_back(address)
+            raise
+        # A caller cancelled meanwhile keeps its check taken: it may not buy hashes for free.
+        return self._settle(token, live, address)
+
+    def _admit(self, token: str, address: str | None) -> tuple[str, str]:
+        """The (id, secret) of a token worth a read, before anything is read: raises
+        :class:`Unauthorized` for one refused within the last few seconds (free, and not
+        counted: a retry is no new guess) or of no known form (counted),
+        :class:`RateLimited` while ``address`` has no refusals left."""
+        digest = _digest(token)
+        refused_until = self._refused.get(digest)
+        if refused_until is not None and refused_until > time.monotonic():
+            raise Unauthorized("the token is not one this service accepts")
+        self.failures.take(address)
+        parts = secrets.split(token)
+        if self.engine is None or parts is None:
+            self._remember_refused(digest)
+            raise Unauthorized("the token is not one this service accepts")
+        return parts
+
+    def _live(self, token_id: str) -> tuple[store.TokenRecord, str] | None:
+        assert self.engine is not None  # _admit checked it
+        try:
+            return store.live_token(self.engine, token_id)
         except sa.exc.OperationalError as exc:
             # The database's trouble, not the caller's: told as every route tells it.
             raise Unavailable(f"the database did not answer: {exc.orig}") from None
+
+    def _settle(
+        self, token: str, live: tuple[store.TokenRecord, str] | None, address: str | None
+    ) -> Principal:
+        """The principal of a token whose secret matched (``live``), cached; or the refusal
+        of one that did not, remembered for a few seconds."""
         digest = _digest(token)
-        if record is None:
-            with self._lock:
-                if len(self._refused) >= _REFUSED_MAX:
-                    self._refused.clear()
-                self._refused[digest] = time.monotonic() + _REFUSED_TTL_S
+        if live is None:
+            self._remember_refused(digest)
             raise Unauthorized("the token is not one this service accepts (unknown or revoked)")
+        self.failures.give_back(address)
+        record = live[0]
         principal = Principal(
             record.id, record.role, record.scope.nodes, record.scope.region, record.name
         )
@@ -210,15 +274,11 @@ class Authenticator:
             self._cache[digest] = principal
         return principal
 
-    def authenticate(self, authorization: str | None) -> Principal:
-        """Blocking form of the two steps, for callers already off the event loop."""
-        return self.cached(authorization) or self.lookup(authorization)
-
-    async def authenticate_async(self, authorization: str | None) -> Principal:
-        found = self.cached(authorization)
-        if found is not None:
-            return found
-        return await off_loop(self.lookup, authorization)
+    def _remember_refused(self, digest: bytes) -> None:
+        with self._lock:
+            if len(self._refused) >= _REFUSED_MAX:
+                self._refused.clear()
+            self._refused[digest] = time.monotonic() + _REFUSED_TTL_S
 
     # -- revocation -----------------------------------------------------------
 
@@ -352,7 +412,10 @@ class RequireToken:
                 _refuse_rebound_host(host, self.check.dev_hosts)
                 if scope["method"] not in SAFE_METHODS:
                     _refuse_another_site(site)
-            principal = await self.check.authenticate_async(header)
+            principal = self.check.cached(header)
+            if principal is None:  # not on the path of a token known (nearly every request)
+                client = scope.get("client")
+                principal = await self.check.verify_async(header, client[0] if client else None)
             receive, route = await self._authorize(principal, scope, path, receive)
         except Unauthorized as error:
             response = error_response(error)

@@ -80,6 +80,28 @@ class Settings(BaseSettings):
     rate_limit_burst: int = Field(
         default=4000, ge=1, description="requests a token may make at once above the rate"
     )
+    auth_failures_per_s: float = Field(
+        default=1.0,
+        ge=0,
+        description="refused tokens a second each client address may present over time;"
+        " past its burst, a token this process has not verified is answered 429 before any"
+        " database read or hash, while tokens verified before keep working; 0: no limit",
+    )
+    auth_failure_burst: int = Field(
+        default=20, ge=1, description="refused tokens an address may present at once"
+    )
+    token_verifications_at_once: int = Field(
+        default=2,
+        ge=1,
+        description="scrypt verifications of first-seen tokens the process runs at once"
+        " (16 MiB and ~40 ms of a core each); more wait",
+    )
+    token_verification_wait_s: float = Field(
+        default=1.0,
+        ge=0,
+        description="how long a first-seen token waits for a verification slot before it"
+        " is answered 429 with Retry-After",
+    )
     max_score_nodes: int = Field(
         default=1000,
         ge=1,

@@ -12,7 +12,9 @@ told to wait.
 The buckets are bounded (:data:`MAX_BUCKETS`): a flood of made-up headers
 evicts the oldest buckets instead of growing the process. REST (here) and
 gRPC (service/grpc/rate_limit.py) share one limiter, so a token's rate is
-its rate over both.
+its rate over both. A client presenting a new made-up token each time gets a
+new bucket each time: guessing is bounded per address by
+failed_token_budget.py, on the same buckets.
 """
 
 from __future__ import annotations
@@ -64,6 +66,20 @@ class RateLimiter:
             if len(self._buckets) > MAX_BUCKETS:
                 del self._buckets[next(iter(self._buckets))]
         return wait
+
+    def give_back(self, key: bytes) -> None:
+        """Put back one request taken from ``key``'s bucket (never above the burst): what
+        it was taken for turned out not to count (service/edge/failed_token_budget.py)."""
+        with self._lock:
+            found = self._buckets.get(key)
+            if found is not None:
+                tokens, at = found
+                self._buckets[key] = (min(float(self.burst), tokens + 1.0), at)
+
+    def tracked(self) -> int:
+        """How many callers have a bucket (not ``__len__``: an empty limiter is no less
+        a limiter, and callers test ``limiter or default``)."""
+        return len(self._buckets)
 
     def check(self, authorization: str | bytes | None, address: str | None) -> None:
         """Raise :class:`RateLimited` when this caller is over its rate."""

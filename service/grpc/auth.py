@@ -7,7 +7,9 @@ UNAUTHENTICATED, one whose role does not allow it with PERMISSION_DENIED,
 before the method runs. An agent's ReportSnapshot and Heartbeat name their
 node in the request, so the scope is checked on the request message, before
 the method's body sees it. The principal is the audit log's actor while a
-unary method runs (service/audit/actor.py), as on REST.
+unary method runs (service/audit/actor.py), as on REST. A token the process
+has not verified yet is checked inside the call instead, where the client's
+address is known, before the method runs (first_sight.py).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from service.auth import (
     snapshot_region,
 )
 from service.grpc import status_map
+from service.grpc.first_sight import verified_in_call
 
 OPEN_PREFIXES = access.GRPC_OPEN_PREFIXES
 if TYPE_CHECKING:  # generic only in the stubs
@@ -58,15 +61,35 @@ class RequireToken(grpc.aio.ServerInterceptor):
             return handler
         header = authorization_of(handler_call_details)
         permission = access.grpc_rule(handler_call_details.method)
+        route = "gRPC " + handler_call_details.method.rsplit("/", 1)[-1]
         try:
-            principal = await self.check.authenticate_async(header)
+            principal = self.check.cached(header)
+            if principal is None:  # not known yet: verified where the peer is known
+                deferred = verified_in_call(
+                    handler,
+                    self.check,
+                    header,
+                    lambda found: self._admitted(handler, found, permission, route),
+                )
+                if deferred is not None:
+                    return deferred
+                principal = await self.check.verify_async(header, None)
+        except Exception as error:  # refused, or the database down while checking
+            return _refusing(handler, status_map.from_exception(error))
+        return self._admitted(handler, principal, permission, route)
+
+    def _admitted(
+        self, handler: Handler, principal: Principal, permission: Permission, route: str
+    ) -> Handler:
+        """``handler`` as ``principal`` may call it: its role and scope checked (a refusing
+        handler when they do not allow it), the audit log's actor set."""
+        try:
             if principal.role is Role.AGENT and permission is Permission.REPORT:
                 handler = self._scoped(handler, principal)
             else:
                 self.check.authorize(principal, permission, None, None)
-        except Exception as error:  # refused, or the database down while checking
+        except Exception as error:  # forbidden
             return _refusing(handler, status_map.from_exception(error))
-        route = "gRPC " + handler_call_details.method.rsplit("/", 1)[-1]
         return _acting(self._revocable(handler, principal), principal.actor(route))
 
     def _revocable(self, handler: Handler, principal: Principal) -> Handler:

@@ -186,17 +186,19 @@ def revoke_in(
     return None if row is None else _record(row)
 
 
-def verified(engine: sa.Engine, token_id: str, secret: str) -> TokenRecord | None:
-    """The live token with this id whose hash matches ``secret``; None otherwise."""
+def live_token(engine: sa.Engine, token_id: str) -> tuple[TokenRecord, str] | None:
+    """The live token with this id and its stored hash (one indexed read); None when there
+    is none. The caller checks the secret against the hash (service/auth.py, under a bound
+    on verifications at once)."""
     with engine.connect() as conn:
         row = conn.execute(
             sa.select(api_tokens).where(
                 api_tokens.c.id == token_id, api_tokens.c.revoked_at.is_(None)
             )
         ).first()
-    if row is None or not secrets.verify_secret(secret, row._mapping["secret_hash"]):
+    if row is None:
         return None
-    return _record(row)
+    return _record(row), row._mapping["secret_hash"]
 
 
 def live_ids(engine: sa.Engine, ids: Iterable[str]) -> set[str]:

@@ -19,7 +19,7 @@ from service.app import NoTokenSource, create_app
 from service.auth import Authenticator, Unauthorized
 from service.db import make_engine
 from service.settings import Settings
-from service.tokens import store
+from service.tokens import secrets, store
 from topoplace_client.api import ApiError, TopoplaceClient
 
 
@@ -151,19 +151,19 @@ def test_a_token_revoked_while_its_hash_is_checked_is_not_kept(
     engine = make_engine(database_url)
     record, secret = store.create(engine, Role.VIEWER, name="dashboard")
     check = Authenticator(engine)
-    real = store.verified
+    real = secrets.verify_secret
 
-    def revoked_meanwhile(on: sa.Engine, token_id: str, presented: str) -> store.TokenRecord | None:
-        found = real(on, token_id, presented)
+    def revoked_meanwhile(presented: str, stored: str) -> bool:
+        matched = real(presented, stored)
         # The read saw it live; DELETE /v1/tokens lands in this process before the cache does.
         store.revoke(engine, record.id)
         check.drop(record.id)
-        return found
+        return matched
 
-    monkeypatch.setattr(auth.store, "verified", revoked_meanwhile)
+    monkeypatch.setattr(auth.secrets, "verify_secret", revoked_meanwhile)
     with pytest.raises(Unauthorized, match="revoked"):
         check.authenticate(f"Bearer {secret}")
-    monkeypatch.setattr(auth.store, "verified", real)
+    monkeypatch.setattr(auth.secrets, "verify_secret", real)
     with pytest.raises(Unauthorized):
         principal = check.authenticate(f"Bearer {secret}")
         pytest.fail(f"the revoked token {principal.token_id} was accepted from the cache")
@@ -291,7 +291,7 @@ def test_a_token_that_cannot_be_looked_up_is_a_503_not_a_fault(
         def unreachable(*_: object) -> None:
             raise sa.exc.OperationalError("SELECT", {}, Exception("connection refused"))
 
-        monkeypatch.setattr(store, "verified", unreachable)
+        monkeypatch.setattr(store, "live_token", unreachable)
         answer = client.get(
             "/v1/nodes", headers={"Authorization": f"Bearer {made.json()['token']}"}
         )

@@ -129,7 +129,7 @@ def test_a_token_that_cannot_be_looked_up_is_unavailable(
     def unreachable(*_: object) -> None:
         raise sa.exc.OperationalError("SELECT secret", {}, Exception("connection refused"))
 
-    monkeypatch.setattr(store, "verified", unreachable)
+    monkeypatch.setattr(store, "live_token", unreachable)
     viewer = (("authorization", f"Bearer {made['token']}"),)
     stub = guarded_on.stub
     for call in (
