@@ -34,7 +34,10 @@ allocation holding exactly its GPUs, is kept by the database itself:
   one content; with ``reported_at`` it does): the commit fails and the
   request is decided again on the stored state. A report, cordon or uncordon
   carries the holds already committed along (ON UPDATE CASCADE), so they stay.
-  A scheduler's truth names neither: what runs on a cordoned node is held.
+  A scheduler's truth names the row through the same key as it mapped its GPU
+  indices or devices on, the cordon as it was (what runs on a cordoned node is
+  held): one mapped on a node deleted and reported again under its old seq, or
+  that missed a cordon, fails and is mapped again on the stored row.
 - A check ties the state to these columns (live states have ``live`` and an
   anchor, ended ones have neither and an end time) and the expiry to the
   state (pending ones expire, active ones never).
@@ -198,11 +201,13 @@ gpu_holds = sa.Table(
     # its commit;
     # a newer snapshot carries the holds already committed along (ON UPDATE CASCADE).
     sa.Column("node_seq", sa.BigInteger, nullable=True),
-    # A reservation's holds: the reported_at of the node's snapshot chosen on, and False:
-    # the node was uncordoned (NULL: none named, a scheduler's truth or a hold written
-    # before migration 0015). Their foreign key to the node row makes a reservation on a
-    # node cordoned, or deleted and reported again, since fail at its commit; a report,
-    # cordon or uncordon carries the holds already committed along (ON UPDATE CASCADE).
+    # The reported_at of the node's snapshot chosen (a reservation) or mapped (a
+    # scheduler's truth) on, and the node's cordon then: False for a reservation, as
+    # memory had it for a truth (NULL: none named, a hold written before migration 0015).
+    # Their foreign key to the node row makes a hold on a node cordoned (a reservation),
+    # deleted and reported again, or whose cordon memory had wrong (a truth), since fail
+    # at its commit; a report, cordon or uncordon carries the holds already committed
+    # along (ON UPDATE CASCADE).
     sa.Column("node_reported_at", sa.DateTime(timezone=True), nullable=True),
     sa.Column("node_cordoned", sa.Boolean(create_constraint=False), nullable=True),
     sa.Index("ix_gpu_holds_allocation", "allocation_id"),

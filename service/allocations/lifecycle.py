@@ -24,6 +24,7 @@ from sqlalchemy.exc import IntegrityError
 from placement.snapshot import NodeSnapshot
 from service.allocations import ended_jobs, queries, repository, views
 from service.allocations.encoding import time_text
+from service.allocations.mapped_on import MappedOn
 from service.allocations.observed_gpus import observed_mig_placement, observed_placement
 from service.allocations.place_flow import checked_ttl
 from service.allocations.results import Allocation, Ended, NotObserved, Observation
@@ -313,10 +314,10 @@ def gpus_truth(
 ) -> ObservedJob:
     """A job's truth for ``observe_all``: ``job_id`` runs on ``gpus`` (node -> indices).
     ``started``: read as the job started (a prolog's), perhaps processed after it ended
-    (``ObservedJob``). ``on``: the snapshots to map indices on (the caller's; this
-    replica's memory otherwise); the truth is recorded only while they are the stored
-    ones (``observe_all``)."""
-    snapshots = _snapshots(state, list(gpus), on)
+    (``ObservedJob``). ``on``: the snapshots to map indices on (the caller's, still
+    those in memory; this replica's memory otherwise); the truth is recorded only while
+    the node rows they were read with are the stored ones (``observe_all``)."""
+    snapshots, rows = _snapshots(state, list(gpus), on)
     for node, indices in gpus.items():
         wrong = [i for i in indices if not 0 <= i < snapshots[node].gpu_count]
         if wrong or not indices:
@@ -327,7 +328,7 @@ def gpus_truth(
     request = PlaceRequest(
         gpus=max(counts), tasks=len(gpus), owner=owner, job_id=job_id
     ).model_dump_json()
-    truth = _Truth(holds, (), placement_text, request, tuple(sorted(gpus)), _seqs(snapshots))
+    truth = _Truth(holds, (), placement_text, request, tuple(sorted(gpus)), _sorted(rows))
     return ObservedJob(job_id, owner, tuple(named), truth, started)
 
 
@@ -345,7 +346,8 @@ def mig_truth(
     Besides the allocations holding one of these instances, one holding a parent GPU
     whole is stale too (a GPU split into instances is not given whole), so neither is
     ever held twice. ``on`` as for ``gpus_truth``."""
-    snapshot = _snapshots(state, [node], on)[node]
+    snapshots, rows = _snapshots(state, [node], on)
+    snapshot = snapshots[node]
     by_uuid = {m.uuid: m for m in snapshot.mig_instances}
     unknown = [u for u in mig_uuids if u not in by_uuid]
     if unknown or not mig_uuids:
@@ -365,7 +367,7 @@ def mig_truth(
     request = PlaceRequest(
         gpus=1, tasks=len(chosen), mig_profile=profiles[0], owner=owner, job_id=job_id
     ).model_dump_json()
-    truth = _Truth(holds, parents, placement_text, request, (node,), _seqs({node: snapshot}))
+    truth = _Truth(holds, parents, placement_text, request, (node,), _sorted(rows))
     return ObservedJob(job_id, owner, tuple(named), truth)
 
 
@@ -382,43 +384,67 @@ def task_truth(
     ``allocation_id`` (a gang member's pod) runs on ``gpus`` of ``node`` rather than on
     the GPUs it holds. Its other tasks, and this task's CPUs, are kept. ``on`` as for
     ``gpus_truth``."""
-    snapshot = _snapshots(state, [node], on)[node]
+    snapshots, rows = _snapshots(state, [node], on)
+    snapshot = snapshots[node]
     wrong = [i for i in gpus if not 0 <= i < snapshot.gpu_count]
     if wrong or not gpus or len(set(gpus)) != len(gpus):
         raise BadRequest(f"{node} has no GPUs {wrong or gpus}", {"node": node})
     moved_task = observed_placement({node: snapshot}, {node: gpus}, reason)["tasks"][0]
     holds = [(node, snapshot.gpus[i].uuid, "gpu") for i in sorted(gpus)]
-    return ObservedTask(allocation_id, task, node, holds, moved_task, snapshot.seq)
+    return ObservedTask(allocation_id, task, node, holds, moved_task, rows[node])
 
 
 def _snapshots(
     state: ServiceState, nodes: list[str], on: Mapping[str, NodeSnapshot] | None = None
-) -> dict[str, NodeSnapshot]:
-    if on is not None and all(n in on for n in nodes):
-        return {n: on[n] for n in nodes}
+) -> tuple[dict[str, NodeSnapshot], dict[str, MappedOn]]:
+    """The snapshots to map on, and the node rows as memory holds them then (one hold of
+    the state lock: a sync between the two would pair a snapshot with another's row).
+    The caller's (``on``) only while memory still holds them: else the row memory knows
+    is another snapshot's, and ``NodeChanged`` has the caller read the node again."""
     with state.lock:
+        if on is not None and all(n in on for n in nodes):
+            moved = [n for n in nodes if not _holds_snapshot(state, on[n])]
+            if moved:
+                raise _changed_nodes(sorted(moved))
+            return {n: on[n] for n in nodes}, {n: _row(state, n) for n in nodes}
         missing = [n for n in nodes if n not in state.cluster]
         if missing:
             raise NotFound(f"node(s) {', '.join(sorted(missing))} unknown to topoplace")
-        return {n: state.cluster.node(n).snapshot for n in nodes}
+        return {n: state.cluster.node(n).snapshot for n in nodes}, {
+            n: _row(state, n) for n in nodes
+        }
 
 
-def _seqs(snapshots: Mapping[str, NodeSnapshot]) -> tuple[tuple[str, int], ...]:
-    return tuple(sorted((n, s.seq) for n, s in snapshots.items()))
+def _holds_snapshot(state: ServiceState, snapshot: NodeSnapshot) -> bool:
+    """Whether memory holds this snapshot of its node still (under the state lock)."""
+    if snapshot.name not in state.cluster:
+        return False
+    held = state.cluster.node(snapshot.name).snapshot
+    return held is snapshot or held == snapshot
+
+
+def _row(state: ServiceState, node: str) -> MappedOn:
+    """A node's row as memory holds it (under the state lock; the node is in memory)."""
+    seq = state.cluster.node(node).snapshot.seq
+    return MappedOn(seq, state.reported.get(node), node in state.cordoned)
+
+
+def _sorted(rows: Mapping[str, MappedOn]) -> tuple[tuple[str, MappedOn], ...]:
+    return tuple(sorted(rows.items(), key=lambda item: item[0]))
 
 
 @dataclass(frozen=True)
 class _Truth:
     """What a job really holds, as rows: its holds, other devices whose holders are stale
-    too, its placement and request JSON, its nodes, and the seq of each node's snapshot
-    its devices were named on (its holds name it: ``gpu_holds.node_seq``)."""
+    too, its placement and request JSON, its nodes, and each node's row as its devices
+    were named on (its holds name it: ``MappedOn``)."""
 
     holds: list[tuple[str, str, str]]
     also_stale: tuple[tuple[str, str], ...]
     placement: str
     request: str
     nodes: tuple[str, ...]
-    seqs: tuple[tuple[str, int], ...]
+    on: tuple[tuple[str, MappedOn], ...]
 
 
 @dataclass(frozen=True)
@@ -443,8 +469,8 @@ class ObservedJob:
         return self.truth.nodes
 
     @property
-    def seqs(self) -> dict[str, int]:
-        return dict(self.truth.seqs)
+    def on(self) -> dict[str, MappedOn]:
+        return dict(self.truth.on)
 
     @property
     def label(self) -> str:
@@ -455,22 +481,22 @@ class ObservedJob:
 class ObservedTask:
     """One task's truth for ``observe_all`` (``task_truth``): its new GPU holds on
     ``node`` and its placement there (CPUs and task number are kept from the old), and the
-    seq of the node's snapshot its GPUs were named on."""
+    node's row as its GPUs were named on."""
 
     allocation_id: str
     task: int
     node: str
     holds: list[tuple[str, str, str]]
     placement: dict[str, Any]
-    seq: int
+    mapped_on: MappedOn
 
     @property
     def nodes(self) -> tuple[str, ...]:
         return (self.node,)
 
     @property
-    def seqs(self) -> dict[str, int]:
-        return {self.node: self.seq}
+    def on(self) -> dict[str, MappedOn]:
+        return {self.node: self.mapped_on}
 
     @property
     def label(self) -> str:
@@ -485,9 +511,18 @@ Truth = ObservedJob | ObservedTask
 
 
 class NodeChanged(Conflict):
-    """A truth's devices were named on a node snapshot the database no longer holds
-    (another replica stored a newer one, or this one did meanwhile): memory has been
-    brought up to the database, and the caller names them again on it."""
+    """A truth's devices were named on a node row the database no longer holds (another
+    replica stored a newer snapshot, deleted the node and stored it again, cordoned or
+    uncordoned it; or this one did meanwhile): memory has been brought up to the
+    database, and the caller names them again on it."""
+
+
+def _changed_nodes(nodes: Sequence[str]) -> NodeChanged:
+    return NodeChanged(
+        f"node(s) {', '.join(nodes)} changed (a snapshot, a cordon) while a truth of them"
+        " was recorded; name its devices again",
+        {"nodes": list(nodes)},
+    )
 
 
 class _Changed(Exception):
@@ -521,9 +556,11 @@ def observe_all(state: ServiceState, truths: Sequence[Truth]) -> list[Observatio
     gang member, the kubelet admitted the other way round) each keep their own
     allocation, and none is released as another's stale holder. A hold taken meanwhile
     by another replica fails the insert; the whole transaction is then tried again.
-    Each hold names the snapshot its truth's devices were named on: one replaced since
-    (a GPU gone, indices renumbered, MIG reconfigured) fails the commit too, and then
-    ``NodeChanged`` asks the caller to name them again on the snapshot now in memory.
+    Each hold names the node row its truth's devices were named on (``MappedOn``): a
+    snapshot replaced since (a GPU gone, indices renumbered, MIG reconfigured, the node
+    deleted and reported again under its old seq), or a cordon or uncordon memory had
+    not heard of, fails the commit too, and then ``NodeChanged`` asks the caller to name
+    them again on the row now in memory.
     """
     if not truths:
         return []
@@ -569,24 +606,21 @@ def observe_all(state: ServiceState, truths: Sequence[Truth]) -> list[Observatio
 
 def _check_mapped_on_stored(state: ServiceState, truths: Sequence[Truth]) -> None:
     """After a failed commit: memory made to match the database on the truths' nodes, and
-    ``NodeChanged`` when a truth's devices were named on a snapshot since replaced (or a
-    node since deleted); else the failure was a hold taken meanwhile, tried again."""
+    ``NodeChanged`` when a truth's devices were named on a row since changed (a snapshot
+    replaced, a node deleted or reported again, a cordon); else the failure was a hold
+    taken meanwhile, tried again."""
     state.sync_nodes(sorted(_nodes(truths)))
     with state.lock:
         changed = sorted(
             {
                 node
                 for truth in truths
-                for node, seq in truth.seqs.items()
-                if node not in state.cluster or state.cluster.node(node).snapshot.seq != seq
+                for node, mapped in truth.on.items()
+                if node not in state.cluster or _row(state, node) != mapped
             }
         )
     if changed:
-        raise NodeChanged(
-            f"the snapshot of node(s) {', '.join(changed)} changed while a truth of them was"
-            " recorded; name its devices again",
-            {"nodes": changed},
-        )
+        raise _changed_nodes(changed)
 
 
 def _kept_changing(truths: Sequence[Truth]) -> Conflict:
@@ -713,7 +747,7 @@ def _take_task(
         job_id=row["job_id"],
         placement=json.dumps({**placement, "tasks": tasks}),
         holds=[*truth.holds, *kept],
-        seqs=truth.seqs,
+        on=truth.on,
     )
     if moved is None:
         raise _Changed(allocation_id)
@@ -773,7 +807,7 @@ def _take_truth(
             job_id=job_id,
             placement=truth.placement,
             holds=truth.holds,
-            seqs=job.seqs,
+            on=job.on,
         )
         freed += given_up
     # Audit rows in the events' order (api.observe): what ended, then the job's own.
@@ -783,7 +817,7 @@ def _take_truth(
         audit.write(conn, [records.allocation_change("moved", now, moved)])
     else:
         row = _observed_row(job_id, owner, truth.request, truth.placement, truth.holds, now)
-        repository.insert(conn, row, truth.holds, job.seqs)
+        repository.insert(conn, row, truth.holds, job.on)
         observation = Observation("created", str(row["id"]), tuple(superseded), tuple(merged))
         placed = records.placed(
             now, str(row["id"]), job_id, truth.nodes, "active", truth.request, truth.placement

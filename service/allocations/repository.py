@@ -19,6 +19,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from service import schema
+from service.allocations.mapped_on import MappedOn
 
 LIVE = schema.LIVE_STATES
 _T = schema.allocations
@@ -257,13 +258,13 @@ def relocate(
     job_id: str | None,
     placement: str,
     holds: Sequence[tuple[str, str, str]],
-    seqs: Mapping[str, int] | None = None,
+    on: Mapping[str, MappedOn] | None = None,
 ) -> tuple[sa.RowMapping | None, list[FreedHold]]:
     """Move a live allocation onto ``holds`` (node, device, kind): the row and the holds
     it gave up, or (None, []) when the guard did not hold. The holds are replaced in the
     caller's transaction; a new hold another allocation has makes the insert fail
     (IntegrityError), so the caller ends those first. The anchor moves to the first new
-    hold; the deferred foreign keys see both at commit (``seqs`` as for ``insert_holds``)."""
+    hold; the deferred foreign keys see both at commit (``on`` as for ``insert_holds``)."""
     node, device, _ = holds[0]
     statement = (
         sa.update(_T)
@@ -282,7 +283,7 @@ def relocate(
     if row is None:
         return None, []
     given_up = drop_holds(conn, [allocation_id])
-    insert_holds(conn, allocation_id, holds, seqs)
+    insert_holds(conn, allocation_id, holds, on)
     return row, given_up
 
 
@@ -322,22 +323,25 @@ def insert(
     conn: Connection,
     row: dict[str, object],
     holds: Sequence[tuple[str, str, str]],
-    seqs: Mapping[str, int] | None = None,
+    on: Mapping[str, MappedOn] | None = None,
 ) -> None:
     """A new live allocation and its holds (outside the group committer: rare writes)."""
     conn.execute(sa.insert(_T), row)
-    insert_holds(conn, str(row["id"]), holds, seqs)
+    insert_holds(conn, str(row["id"]), holds, on)
 
 
 def insert_holds(
     conn: Connection,
     allocation_id: str,
     holds: Sequence[tuple[str, str, str]],
-    seqs: Mapping[str, int] | None = None,
+    on: Mapping[str, MappedOn] | None = None,
 ) -> None:
-    """``seqs``: node -> the seq of the snapshot the devices were named on; a hold then
-    names it (``gpu_holds.node_seq``), and a snapshot replaced since fails the commit."""
-    known = seqs or {}
+    """``on``: node -> its row as the devices were named on; a hold then names it
+    (``gpu_holds.node_seq``, ``node_reported_at``, ``node_cordoned``), and a row that
+    differs at the commit (a snapshot replaced, a cordon changed) fails it."""
+    known = on or {}
+    # Every row names the same columns (one multi-row insert): none for a node not named.
+    unnamed: dict[str, object] = {"node_seq": None, "node_reported_at": None, "node_cordoned": None}
     rows = [
         {
             "node": n,
@@ -345,7 +349,7 @@ def insert_holds(
             "kind": k,
             "allocation_id": allocation_id,
             "live": True,
-            "node_seq": known.get(n),
+            **(known[n].columns() if n in known else unnamed),
         }
         for n, d, k in holds
     ]

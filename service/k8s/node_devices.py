@@ -169,6 +169,12 @@ def _check_devices(snapshot: NodeSnapshot, report: DeviceReport) -> dict[str, in
     return by_uuid
 
 
+def _names_unknown(snapshot: NodeSnapshot, report: DeviceReport) -> bool:
+    """Whether the report names a device that is no GPU or MIG instance of ``snapshot``."""
+    known = {g.uuid for g in snapshot.gpus} | {m.uuid for m in snapshot.mig_instances}
+    return any(d not in known for pod in report.pods for d in pod.devices)
+
+
 def _contested(kube: Callable[[], KubeApi], node: str, report: DeviceReport) -> set[str]:
     """Devices that two unfinished pods of the report both name. The kubelet lists a
     finished pod's devices after it gave them to the next pod (kubernetes#119423), so a
@@ -213,7 +219,12 @@ def report(
 ) -> list[PodOutcome]:
     """The report's truths, its devices named on one snapshot of the node: when the
     database holds a newer one (stored through another replica, or here meanwhile), the
-    report is read again on it (allocations.NodeChanged), as that snapshot says."""
+    report is read again on it (allocations.NodeChanged), as that snapshot says. A
+    device memory does not know has the node read from the database before the report
+    is judged: it may be one of a snapshot another replica stored (a board replaced),
+    which this replica has not heard of yet."""
+    if _names_unknown(_snapshot(state, node), body):
+        state.sync_nodes([node])
     for attempt in range(_ATTEMPTS):
         try:
             return _report_on(state, kube, _snapshot(state, node), body, mismatches)
