@@ -15,57 +15,26 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
 from bench.k8s_objects import pod
 from placement import NodeSnapshot
 from placement.profiles import build_profile
-from service import app as app_module
-from service import schema
-from service.app import create_app
-from service.k8s.settings import ExtenderSettings
 from service.settings import Settings
 from service.state import ServiceState
 from tests.service.conftest import FakeClock
+from tests.service.deaf_replicas import deaf_listener, held, replica  # noqa: F401
 from tests.service.helpers import report
 from tests.service.k8s.fake_kube import FakeKubeApi
 
 NODE = "h0"
 
 
-class _Deaf:
-    """A notification listener that hears nothing: the replica behind stays behind."""
-
-    def __init__(self, *_: object, **__: object) -> None:
-        pass
-
-    def start(self) -> None:
-        pass
-
-    def stop(self) -> None:
-        pass
-
-
-@pytest.fixture(autouse=True)
-def _deaf(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(app_module, "Listener", _Deaf)
-
-
-@contextlib.contextmanager
-def _replica(settings: Settings, clock: FakeClock, kube: FakeKubeApi) -> Iterator[TestClient]:
-    app = create_app(settings, clock=clock, background=False)
-    app.state.k8s_settings = ExtenderSettings(reconcile_interval_s=0)
-    app.state.k8s_api = kube
-    with TestClient(app) as client:
-        yield client
+pytestmark = pytest.mark.usefixtures("deaf_listener")
 
 
 def _held(client: TestClient) -> set[str]:
-    state: ServiceState = client.app.state.service  # type: ignore[attr-defined]
-    with state.engine.connect() as conn:
-        rows = conn.execute(sa.select(schema.gpu_holds.c.device)).all()
-    return {str(device) for (device,) in rows}
+    return {device for _, device in held(client)}
 
 
 def _on_node(p: dict[str, Any]) -> dict[str, Any]:
@@ -84,9 +53,9 @@ def _reported_again(
     old = build_profile("hgx-h100", NODE)
     new = build_profile("hgx-h100", "other").model_copy(update={"name": NODE})
     assert old.seq == new.seq and {g.uuid for g in old.gpus}.isdisjoint(g.uuid for g in new.gpus)
-    with _replica(settings, clock, kube) as first:
+    with replica(settings, clock, kube) as first:
         assert report(first, old).status_code == 200
-        with _replica(settings, clock, kube) as behind:
+        with replica(settings, clock, kube) as behind:
             assert first.delete(f"/v1/nodes/{NODE}").status_code == 204
             clock.advance(1)
             assert report(first, new).status_code == 200

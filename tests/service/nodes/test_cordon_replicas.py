@@ -20,48 +20,18 @@ import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
 from bench.k8s_objects import binding_args, pod
-from service import app as app_module
 from service import schema
-from service.app import create_app
-from service.k8s.settings import ExtenderSettings
 from service.settings import Settings
 from service.state import ServiceState
 from tests.service.conftest import FakeClock
+from tests.service.deaf_replicas import deaf_listener, replica  # noqa: F401
 from tests.service.helpers import add_nodes
 from tests.service.k8s.fake_kube import FakeKubeApi
 
 NO_VAL = 4294967294
 
 
-class _Deaf:
-    """A notification listener that hears nothing (service/notify.py): on Postgres the
-    replica behind would otherwise catch up within milliseconds, sometimes before the
-    request the test sends it."""
-
-    def __init__(self, *_: object, **__: object) -> None:
-        pass
-
-    def start(self) -> None:
-        pass
-
-    def stop(self) -> None:
-        pass
-
-
-@pytest.fixture(autouse=True)
-def _deaf(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(app_module, "Listener", _Deaf)
-
-
-@contextlib.contextmanager
-def _replica(settings: Settings, clock: FakeClock, kube: FakeKubeApi) -> Iterator[TestClient]:
-    """A replica on the same database, deaf and without a background loop: it hears of
-    no other replica's change unless it reads the database itself."""
-    app = create_app(settings, clock=clock, background=False)
-    app.state.k8s_settings = ExtenderSettings(reconcile_interval_s=0)
-    app.state.k8s_api = kube
-    with TestClient(app) as client:
-        yield client
+pytestmark = pytest.mark.usefixtures("deaf_listener")
 
 
 def _state(client: TestClient) -> ServiceState:
@@ -80,9 +50,9 @@ def cordoned_pair(
     settings: Settings, clock: FakeClock, kube: FakeKubeApi
 ) -> Iterator[tuple[TestClient, TestClient]]:
     """(a replica that cordoned h0, a replica behind that has not heard of it); h1 is free."""
-    with _replica(settings, clock, kube) as first:
+    with replica(settings, clock, kube) as first:
         add_nodes(first, ("hgx-h100", "h0"), ("hgx-h100", "h1"))
-        with _replica(settings, clock, kube) as behind:
+        with replica(settings, clock, kube) as behind:
             assert "h0" in _state(behind).cluster
             answer = first.post("/v1/nodes/h0/cordon")
             assert answer.status_code == 200, answer.text

@@ -10,54 +10,17 @@ that GPU stays free and another replica hands it out a second time.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
-
 import pytest
-import sqlalchemy as sa
-from fastapi.testclient import TestClient
 
 from placement.profiles import build_profile
-from service import app as app_module
-from service import schema
-from service.app import create_app
 from service.settings import Settings
 from service.state import ServiceState
 from tests.service.conftest import FakeClock
+from tests.service.deaf_replicas import deaf_listener, held, replica  # noqa: F401
 from tests.service.helpers import report
 from tests.service.slurm.test_truth import show_job, started
 
-
-class _Deaf:
-    """A notification listener that hears nothing: the replica behind stays behind."""
-
-    def __init__(self, *_: object, **__: object) -> None:
-        pass
-
-    def start(self) -> None:
-        pass
-
-    def stop(self) -> None:
-        pass
-
-
-@pytest.fixture(autouse=True)
-def _deaf(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(app_module, "Listener", _Deaf)
-
-
-@contextlib.contextmanager
-def _replica(settings: Settings, clock: FakeClock) -> Iterator[TestClient]:
-    with TestClient(create_app(settings, clock=clock, background=False)) as client:
-        yield client
-
-
-def _held(client: TestClient) -> set[tuple[str, str]]:
-    state: ServiceState = client.app.state.service  # type: ignore[attr-defined]
-    holds = schema.gpu_holds
-    with state.engine.connect() as conn:
-        rows = conn.execute(sa.select(holds.c.node, holds.c.device)).all()
-    return {(str(node), str(device)) for node, device in rows}
+pytestmark = pytest.mark.usefixtures("deaf_listener")
 
 
 @pytest.mark.parametrize("cordon", [False, True], ids=["uncordoned", "cordoned"])
@@ -67,9 +30,9 @@ def test_a_job_started_on_a_replica_behind_holds_the_new_gpu_at_its_index(
     old = build_profile("hgx-h100", "h0")
     new = build_profile("hgx-h100", "other").model_copy(update={"name": "h0"})
     assert old.seq == new.seq and {g.uuid for g in old.gpus}.isdisjoint(g.uuid for g in new.gpus)
-    with _replica(settings, clock) as first:
+    with replica(settings, clock) as first:
         assert report(first, old).status_code == 200
-        with _replica(settings, clock) as behind:
+        with replica(settings, clock) as behind:
             assert first.delete("/v1/nodes/h0").status_code == 204
             clock.advance(1)
             assert report(first, new).status_code == 200
@@ -82,7 +45,7 @@ def test_a_job_started_on_a_replica_behind_holds_the_new_gpu_at_its_index(
             assert observed["action"] == "created", observed
             allocation = behind.get(f"/v1/allocations/{observed['allocation_id']}").json()
             assert [t["gpu_uuids"] for t in allocation["tasks"]] == [[new.gpus[0].uuid]]
-            assert _held(behind) == {("h0", new.gpus[0].uuid)}
+            assert held(behind) == {("h0", new.gpus[0].uuid)}
             if cordon:
                 assert first.post("/v1/nodes/h0/uncordon").status_code == 200
             # GPU 0 is the job's: the first replica finds one GPU of eight taken.
@@ -91,22 +54,22 @@ def test_a_job_started_on_a_replica_behind_holds_the_new_gpu_at_its_index(
 
 
 @pytest.mark.parametrize("cordoned_first", [False, True], ids=["cordon", "uncordon"])
-def test_a_job_started_on_a_replica_behind_a_cordon_or_an_uncordon_is_held(
+def test_a_job_started_on_a_replica_behind_a_cordon_or_an_uncordon_isheld(
     settings: Settings, clock: FakeClock, cordoned_first: bool
 ) -> None:
     """The truth's holds name the cordon as memory had it: the stored one differs, so the
     commit fails, and the truth is taken again on the node read anew, cordoned or not."""
     snap = build_profile("hgx-h100", "h0")
-    with _replica(settings, clock) as first:
+    with replica(settings, clock) as first:
         assert report(first, snap).status_code == 200
         if cordoned_first:
             assert first.post("/v1/nodes/h0/cordon").status_code == 200
-        with _replica(settings, clock) as behind:
+        with replica(settings, clock) as behind:
             flip = "uncordon" if cordoned_first else "cordon"
             assert first.post(f"/v1/nodes/h0/{flip}").status_code == 200
             state: ServiceState = behind.app.state.service  # type: ignore[attr-defined]
             assert ("h0" in state.cordoned) == cordoned_first  # it has not heard of it
             observed = started(behind, show_job(7, "gpu:1(IDX:0)", nodes="h0"))
             assert observed["action"] == "created", observed
-            assert _held(behind) == {("h0", snap.gpus[0].uuid)}
+            assert held(behind) == {("h0", snap.gpus[0].uuid)}
             assert ("h0" in state.cordoned) != cordoned_first  # it read the node again
