@@ -24,17 +24,19 @@ SLOW_CLIENTS = 40
 DRIP_INTERVAL_S = 0.2
 
 
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[tuple[str, int]]:
-    settings = Settings(
-        database_url=f"sqlite:///{tmp_path / 'slow.sqlite3'}",
-        header_timeout_s=DEADLINE_S,
-        body_timeout_s=DEADLINE_S,
+def _serve(settings: Settings) -> Iterator[tuple[str, int]]:
+    settings = settings.model_copy(
+        update={"header_timeout_s": DEADLINE_S, "body_timeout_s": DEADLINE_S}
     )
     app = create_app(settings, background=False)
     with live_server(app, options=uvicorn_options(settings)) as url:
         host, port = url.removeprefix("http://").split(":")
         yield host, int(port)
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[tuple[str, int]]:
+    yield from _serve(Settings(database_url=f"sqlite:///{tmp_path / 'slow.sqlite3'}"))
 
 
 def _open(address: tuple[str, int], first: bytes) -> socket.socket:
@@ -51,22 +53,18 @@ def _answer(received: bytes) -> tuple[int, dict[str, object]]:
     return status, json.loads(body)
 
 
-def test_forty_slow_connections_are_answered_408_and_closed_at_the_deadline(
-    server: tuple[str, int],
-) -> None:
-    half = SLOW_CLIENTS // 2
-    # Half drip their headers; half send headers promptly and drip a body.
-    start = b"POST /v1/place HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-    slow_headers = [_open(server, start) for _ in range(half)]
-    head = b"POST /v1/place HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-    slow_bodies = [_open(server, head + b"Content-Length: 1000\r\n\r\n{") for _ in range(half)]
+def _drip_until_closed(
+    drip: dict[socket.socket, bytes],
+) -> tuple[dict[socket.socket, bytes], dict[socket.socket, float]]:
+    """Each socket sends one byte of its drip a round (never done within the deadline) and
+    reads what comes back, until the server has closed every one or ten deadlines have
+    passed; then all are closed. What each received, and when each was closed (seconds)."""
     started = time.monotonic()
-    received = {sock: b"" for sock in slow_headers + slow_bodies}
+    received = {sock: b"" for sock in drip}
     closed_after: dict[socket.socket, float] = {}
-    drip = {sock: b"X-Slow: 1\r\n" if sock in slow_headers else b" " for sock in received}
-    while len(closed_after) < SLOW_CLIENTS and time.monotonic() - started < 10 * DEADLINE_S:
+    while len(closed_after) < len(drip) and time.monotonic() - started < 10 * DEADLINE_S:
         time.sleep(DRIP_INTERVAL_S)
-        for sock in received:
+        for sock in drip:
             if sock in closed_after:
                 continue
             try:
@@ -80,11 +78,28 @@ def test_forty_slow_connections_are_answered_408_and_closed_at_the_deadline(
                 closed_after[sock] = time.monotonic() - started
                 continue
             try:
-                sock.send(drip[sock][:1])  # one byte per round: never done within the deadline
+                sock.send(drip[sock][:1])
             except OSError:
                 closed_after[sock] = time.monotonic() - started
-    for sock in received:
+    for sock in drip:
         sock.close()
+    return received, closed_after
+
+
+def test_forty_slow_connections_are_answered_408_and_closed_at_the_deadline(
+    server: tuple[str, int],
+) -> None:
+    half = SLOW_CLIENTS // 2
+    # Half drip their headers; half send headers promptly and drip a body.
+    start = b"POST /v1/place HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+    slow_headers = [_open(server, start) for _ in range(half)]
+    head = b"POST /v1/place HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+    slow_bodies = [_open(server, head + b"Content-Length: 1000\r\n\r\n{") for _ in range(half)]
+    drip = {
+        sock: b"X-Slow: 1\r\n" if sock in slow_headers else b" "
+        for sock in [*slow_headers, *slow_bodies]
+    }
+    received, closed_after = _drip_until_closed(drip)
     assert len(closed_after) == SLOW_CLIENTS, "some slow connections stayed open"
     # Cut off at the deadline (plus a drip round and some scheduling), not after 30 s.
     assert max(closed_after.values()) < DEADLINE_S + 1.5
@@ -114,17 +129,13 @@ def test_a_prompt_client_on_a_kept_connection_is_not_cut_off(server: tuple[str, 
 
 @pytest.fixture
 def secured_server(tmp_path: Path) -> Iterator[tuple[str, int]]:
-    settings = Settings(
-        database_url=f"sqlite:///{tmp_path / 'secured.sqlite3'}",
-        insecure_dev=False,
-        api_tokens="s3cret-0123456789abcdef",
-        header_timeout_s=DEADLINE_S,
-        body_timeout_s=DEADLINE_S,
+    yield from _serve(
+        Settings(
+            database_url=f"sqlite:///{tmp_path / 'secured.sqlite3'}",
+            insecure_dev=False,
+            api_tokens="s3cret-0123456789abcdef",
+        )
     )
-    app = create_app(settings, background=False)
-    with live_server(app, options=uvicorn_options(settings)) as url:
-        host, port = url.removeprefix("http://").split(":")
-        yield host, int(port)
 
 
 def test_a_request_refused_before_its_body_is_read_is_closed(
@@ -135,30 +146,7 @@ def test_a_request_refused_before_its_body_is_read_is_closed(
     long as it liked, the body's deadline never running. The answer closes it."""
     head = b"POST /v1/place HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
     socks = [_open(secured_server, head + b"Content-Length: 1000\r\n\r\n{") for _ in range(5)]
-    started = time.monotonic()
-    received = {sock: b"" for sock in socks}
-    closed_after: dict[socket.socket, float] = {}
-    while len(closed_after) < len(socks) and time.monotonic() - started < 10 * DEADLINE_S:
-        time.sleep(DRIP_INTERVAL_S)
-        for sock in socks:
-            if sock in closed_after:
-                continue
-            try:
-                while chunk := sock.recv(65536):
-                    received[sock] += chunk
-                closed_after[sock] = time.monotonic() - started
-                continue
-            except BlockingIOError:
-                pass
-            except ConnectionResetError:
-                closed_after[sock] = time.monotonic() - started
-                continue
-            try:
-                sock.send(b" ")
-            except OSError:
-                closed_after[sock] = time.monotonic() - started
-    for sock in socks:
-        sock.close()
+    received, closed_after = _drip_until_closed({sock: b" " for sock in socks})
     assert len(closed_after) == len(socks), "a refused request's connection stayed open"
     assert max(closed_after.values()) < DEADLINE_S + 1.5
     for answer in received.values():
