@@ -75,7 +75,7 @@ async def _background(state: ServiceState, demo_nodes: list[str]) -> None:
     interval = min(MAINTENANCE_INTERVAL_S, state.settings.heartbeat_ttl_s / 3)
     slurm = Reconciler(state)  # where squeue is present (TOPOPLACE_SLURM_SQUEUE_COMMAND)
     last_maintenance = last_checkpoint = 0.0
-    last_prune = float("-inf")  # the first round prunes what a stopped service left
+    next_prune = float("-inf")  # the first round prunes what a stopped service left
     next_forward_prune = float("-inf")
     loop = asyncio.get_running_loop()
     while True:
@@ -89,9 +89,9 @@ async def _background(state: ServiceState, demo_nodes: list[str]) -> None:
             if loop.time() - last_checkpoint >= CHECKPOINT_INTERVAL_S:
                 last_checkpoint = loop.time()
                 await off_loop(checkpoint, state.engine)
-            if loop.time() - last_prune >= state.settings.audit_prune_interval_s:
-                last_prune = loop.time()
-                await off_loop(audit_retention.prune, state)
+            if loop.time() >= next_prune:
+                pruned = await off_loop(audit_retention.prune, state)
+                next_prune = loop.time() + audit_retention.wait_after(state, pruned)
             if loop.time() >= next_forward_prune:
                 pruned = await off_loop(forward_retention.prune, state)
                 next_forward_prune = loop.time() + forward_retention.wait_after(pruned)

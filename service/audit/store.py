@@ -98,15 +98,11 @@ def page(engine: Engine, filters: Filters, limit: int, before: int | None = None
 
 
 def prune(engine: Engine, before: datetime, batch: int) -> int:
-    """Delete rows older than ``before``, ``batch`` a transaction so that no one delete
-    holds the table long; how many went."""
-    total = 0
-    while True:
-        with engine.begin() as conn:
-            oldest = sa.select(_A.c.id).where(_A.c.at < before).order_by(_A.c.id).limit(batch)
-            ids = list(conn.execute(oldest).scalars())
-            if ids:
-                conn.execute(sa.delete(_A).where(_A.c.id.in_(ids)))
-        total += len(ids)
-        if len(ids) < batch:
-            return total
+    """Delete the oldest ``batch`` rows older than ``before``, in one transaction; how
+    many went (``batch``: more may be due)."""
+    with engine.begin() as conn:
+        oldest = sa.select(_A.c.id).where(_A.c.at < before).order_by(_A.c.id).limit(batch)
+        ids = list(conn.execute(oldest).scalars())
+        if ids:
+            conn.execute(sa.delete(_A).where(_A.c.id.in_(ids)))
+    return len(ids)

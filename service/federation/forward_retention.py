@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+from service import prune_rounds
 from service.federation import store
 from service.state import ServiceState
 
@@ -32,6 +33,5 @@ def prune(state: ServiceState) -> int:
 
 
 def wait_after(pruned: int) -> float:
-    """Seconds to the next round: none after a full batch (more may be past retention,
-    a backlog taken a batch a round of the loop), else an interval."""
-    return 0.0 if pruned >= PRUNE_BATCH else PRUNE_INTERVAL_S
+    """Seconds to the next round (service/prune_rounds.py)."""
+    return prune_rounds.wait_after(pruned, PRUNE_BATCH, PRUNE_INTERVAL_S)

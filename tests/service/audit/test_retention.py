@@ -1,4 +1,4 @@
-"""Retention: rows older than TOPOPLACE_AUDIT_RETENTION_DAYS go, in batches; 0 keeps all."""
+"""Retention: rows older than TOPOPLACE_AUDIT_RETENTION_DAYS go, a batch a round; 0 keeps all."""
 
 from __future__ import annotations
 
@@ -35,15 +35,23 @@ def _actions(state: ServiceState) -> list[str]:
         return list(conn.execute(query).scalars())
 
 
-def test_rows_past_retention_are_pruned_in_batches(
+def test_rows_past_retention_are_pruned_a_batch_a_round(
     settings: Settings, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """A backlog goes one batch per call, the next round at once while batches come out
+    full: a call that deleted the whole backlog held the background loop (its expiry
+    sweep and Slurm reconcile) until the last row was gone."""
     state = _state(settings, clock, days=30)
     try:
         _write(state, [45, 40, 31, 29, 1], clock)
         _write(state, [100] * 7, clock)
-        monkeypatch.setattr(retention, "PRUNE_BATCH", 3)  # several batches: 10 rows go
-        assert retention.prune(state) == 10
+        monkeypatch.setattr(retention, "PRUNE_BATCH", 3)  # 10 rows past retention
+        rounds = []
+        while not rounds or rounds[-1][1] == 0.0:
+            pruned = retention.prune(state)
+            rounds.append((pruned, retention.wait_after(state, pruned)))
+        interval = state.settings.audit_prune_interval_s
+        assert rounds == [(3, 0.0), (3, 0.0), (3, 0.0), (1, interval)]
         assert _actions(state) == ["aged_29", "aged_1"]
         assert retention.prune(state) == 0
         clock.advance(2 * 86_400)  # two days on, the 29-day-old row is past 30
