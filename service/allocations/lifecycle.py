@@ -527,7 +527,8 @@ def _changed_nodes(nodes: Sequence[str]) -> NodeChanged:
 
 class _Changed(Exception):
     """A row read live in this transaction was ended by another one before it was
-    relocated (Postgres): the whole transaction is tried again on what is there now."""
+    relocated, or another task of it moved (the other node's report of a gang): the
+    whole transaction is tried again on what is there now."""
 
 
 @dataclass(frozen=True)
@@ -748,6 +749,7 @@ def _take_task(
         placement=json.dumps({**placement, "tasks": tasks}),
         holds=[*truth.holds, *kept],
         on=truth.on,
+        placed=str(row["placement"]),  # the other tasks' as read: none moved since
     )
     if moved is None:
         raise _Changed(allocation_id)

@@ -259,16 +259,23 @@ def relocate(
     placement: str,
     holds: Sequence[tuple[str, str, str]],
     on: Mapping[str, MappedOn] | None = None,
+    placed: str | None = None,
 ) -> tuple[sa.RowMapping | None, list[FreedHold]]:
     """Move a live allocation onto ``holds`` (node, device, kind): the row and the holds
     it gave up, or (None, []) when the guard did not hold. The holds are replaced in the
     caller's transaction; a new hold another allocation has makes the insert fail
     (IntegrityError), so the caller ends those first. The anchor moves to the first new
-    hold; the deferred foreign keys see both at commit (``on`` as for ``insert_holds``)."""
+    hold; the deferred foreign keys see both at commit (``on`` as for ``insert_holds``).
+    ``placed``: move it only while its placement is still this one, the one ``placement``
+    and ``holds`` were made from (one task of several moved: another transaction that
+    moved another task meanwhile is not written over)."""
     node, device, _ = holds[0]
+    where = [_T.c.id == allocation_id, GUARDS["relocate"](now)]
+    if placed is not None:
+        where.append(_T.c.placement == placed)
     statement = (
         sa.update(_T)
-        .where(_T.c.id == allocation_id, GUARDS["relocate"](now))
+        .where(*where)
         .values(
             job_id=job_id,
             placement=placement,

@@ -3,7 +3,8 @@
 A gang member's truth moves one task of its gang's allocation; a single pod's
 moves the pod's own. Both kinds are taken together: members and pods that the
 kubelet admitted the other way round each keep their allocation, and a report
-that fails part way leaves nothing of it behind.
+that fails part way leaves nothing of it behind; and two nodes' reports moving two
+members of one gang at once both keep their move.
 """
 
 from __future__ import annotations
@@ -16,6 +17,9 @@ from fastapi.testclient import TestClient
 from bench.k8s_objects import binding_args, names_args, pod
 from placement.profiles import build_profile
 from service.allocations import repository
+from service.settings import Settings
+from tests.service.conftest import FakeClock
+from tests.service.deaf_replicas import held, replica
 from tests.service.helpers import add_nodes
 from tests.service.k8s.fake_kube import FakeKubeApi
 
@@ -130,3 +134,81 @@ def test_a_report_that_fails_part_way_leaves_nothing_of_it(
     assert body.status_code == 200, body.text
     assert _task_devices(_allocation(fleet, gang_id), task) == sorted(free)
     assert _task_devices(_allocation(fleet, solo_id), 0) == sorted(_devices(first))
+
+
+NODES = ("h100-a", "h100-b")
+
+
+def _member(client: TestClient, kube: FakeKubeApi, name: str) -> dict[str, Any]:
+    """A 6-GPU member of a gang of two: the gang cannot fit one 8-GPU node, so each
+    member is bound to the node the gang's plan gives it, and 2 GPUs stay free there."""
+    p = kube.add(pod(name, 6, annotations=GANG))
+    (node,) = client.post("/k8s/v1/filter", json=names_args(p, list(NODES))).json()["NodeNames"]
+    assert client.post("/k8s/v1/bind", json=binding_args(p, node)).json() == {"Error": ""}
+    kube.start("ml-team", name)
+    return kube.get_pod("ml-team", name) or {}
+
+
+def _moved_truth(member: dict[str, Any]) -> tuple[str, int, list[str]]:
+    """The member's node, task, and the devices the kubelet gave it: two of those reserved
+    swapped for the node's two free GPUs."""
+    node = str(member["spec"]["nodeName"])
+    task = int(member["metadata"]["annotations"]["topoplace.io/gang-task"])
+    reserved = _devices(member)
+    free = [g.uuid for g in build_profile("hgx-h100", node).gpus if g.uuid not in reserved]
+    return node, task, sorted([*reserved[2:], *free])
+
+
+def test_two_nodes_reports_moving_two_members_of_one_gang_at_once_keep_both_moves(
+    k8s_client: TestClient,
+    kube: FakeKubeApi,
+    settings: Settings,
+    clock: FakeClock,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each node's device plugin reports its own member, to any replica, at any moment.
+    A member's move rewrites the gang allocation's placement and holds from what its
+    transaction read: the report committed in between (the other node's member moved) is
+    not written over, or the gang would hold the GPUs that member left and free those it
+    runs on, for the next pod to be bound onto."""
+    add_nodes(k8s_client, *(("hgx-h100", n) for n in NODES))
+    first, second = _member(k8s_client, kube, "pair-0"), _member(k8s_client, kube, "pair-1")
+    gang_id = first["metadata"]["annotations"]["topoplace.io/allocation"]
+    node_0, task_0, truth_0 = _moved_truth(first)
+    node_1, task_1, truth_1 = _moved_truth(second)
+    assert node_0 != node_1
+
+    def post(client: TestClient, node: str, name: str, devices: list[str]) -> Any:
+        body = {"namespace": "ml-team", "name": name, "devices": devices}
+        return client.post(
+            f"/v1/nodes/{node}/k8s/devices", json={"resource": "nvidia.com/gpu", "pods": [body]}
+        )
+
+    with replica(settings, clock, kube) as other:
+        holders = repository.holders
+        answers: list[Any] = []
+
+        def other_node_reports_meanwhile(conn: Any, devices: Any) -> Any:
+            # pair-1's report has read the gang's row and holds; pair-0's, sent by its
+            # own node to the other replica, commits before pair-1's is written.
+            if not answers:
+                answers.append(None)
+                answers[0] = post(other, node_0, "pair-0", truth_0)
+            return holders(conn, devices)
+
+        monkeypatch.setattr(repository, "holders", other_node_reports_meanwhile)
+        late = post(k8s_client, node_1, "pair-1", truth_1)
+        monkeypatch.undo()
+    (early,) = answers
+    for answer in (early, late):
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["outcomes"][0]["action"] == "moved", answer.text
+    gang = _allocation(k8s_client, gang_id)
+    assert _task_devices(gang, task_0) == truth_0, "pair-0's move was written over"
+    assert _task_devices(gang, task_1) == truth_1
+    assert held(k8s_client) == {(node_0, d) for d in truth_0} | {(node_1, d) for d in truth_1}
+    # The GPUs pair-0 left are the free ones on its node, none of those it runs on.
+    nxt = kube.add(pod("next", 2))
+    assert k8s_client.post("/k8s/v1/bind", json=binding_args(nxt, node_0)).json() == {"Error": ""}
+    given = kube.get_pod("ml-team", "next") or {}
+    assert not set(_devices(given)) & set(truth_0), "two pods on one GPU"
