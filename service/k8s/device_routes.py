@@ -13,7 +13,8 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Request
 
-from service.deps import get_state
+from service.admin_actions import Caller
+from service.deps import get_caller, get_state
 from service.k8s import node_devices
 from service.k8s.device_schemas import (
     DeviceReport,
@@ -26,6 +27,7 @@ from service.state import ServiceState
 
 router = APIRouter(tags=["kubernetes"])
 State = Annotated[ServiceState, Depends(get_state)]
+Who = Annotated[Caller, Depends(get_caller)]
 NodeName = Annotated[str, Path(min_length=1, max_length=253)]
 _CREATE = threading.Lock()
 
@@ -49,14 +51,16 @@ def get_reservations(name: NodeName, state: State) -> NodeReservations:
 
 @router.post("/v1/nodes/{name}/k8s/devices", response_model=DeviceReportResult)
 def post_devices(
-    name: NodeName, body: DeviceReport, state: State, request: Request
+    name: NodeName, body: DeviceReport, state: State, request: Request, caller: Who
 ) -> DeviceReportResult:
     """What the kubelet really allocated to each pod on this node (its PodResources List):
     each pod's allocation is kept, moved onto those GPUs or created; every difference is
     counted (``GET /v1/k8s/mismatches``)."""
     extender: Extender = request.app.state.k8s
     log = _mismatches(request)
-    outcomes = node_devices.report(state, extender.kube, name, body, log)
+    # The caller: a region-scoped agent's report is taken only while the database, not
+    # this replica's memory, holds the node in its region (node_devices.report).
+    outcomes = node_devices.report(state, extender.kube, name, body, log, caller)
     return DeviceReportResult(node=name, outcomes=outcomes, mismatches=log.view().counts)
 
 

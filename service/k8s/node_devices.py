@@ -21,6 +21,7 @@ from datetime import UTC, datetime, timedelta
 
 from placement.request import MAX_TASKS
 from placement.snapshot import NodeSnapshot
+from service.admin_actions import Caller
 from service.allocations import api as allocations
 from service.allocations.results import Allocation, NotObserved, Observation
 from service.errors import BadRequest, NotFound
@@ -39,6 +40,7 @@ from service.k8s.kube_api import KubeApi, KubeApiError, KubeConfigError
 from service.k8s.pod_request import GANG
 from service.k8s.reconcile import POD_OWNER
 from service.k8s.wire import Pod
+from service.nodes import region_scope
 from service.state import ServiceState
 
 log = logging.getLogger("topoplace.k8s")
@@ -216,18 +218,28 @@ def report(
     node: str,
     body: DeviceReport,
     mismatches: MismatchLog,
+    caller: Caller,
 ) -> list[PodOutcome]:
     """The report's truths, its devices named on one snapshot of the node: when the
     database holds a newer one (stored through another replica, or here meanwhile), the
     report is read again on it (allocations.NodeChanged), as that snapshot says. A
     device memory does not know has the node read from the database before the report
     is judged: it may be one of a snapshot another replica stored (a board replaced),
-    which this replica has not heard of yet."""
+    which this replica has not heard of yet.
+
+    A region-scoped agent's report is judged only on a snapshot of its region. The
+    token check read the region from memory, which may not have heard of the node's
+    move to another region; the snapshot the report is judged on is the one its holds
+    name, which the database holds still when they commit (else NodeChanged, and the
+    report is judged again on the stored one), so the region checked is the stored
+    one at the write."""
     if _names_unknown(_snapshot(state, node), body):
         state.sync_nodes([node])
     for attempt in range(_ATTEMPTS):
+        snapshot = _snapshot(state, node)
+        region_scope.check(caller, node, snapshot.region, snapshot.region)
         try:
-            return _report_on(state, kube, _snapshot(state, node), body, mismatches)
+            return _report_on(state, kube, snapshot, body, mismatches)
         except allocations.NodeChanged:
             if attempt == _ATTEMPTS - 1:
                 raise

@@ -1,15 +1,23 @@
-"""The device plugin's routes take its node's agent token, and only for that node."""
+"""The device plugin's routes take its node's agent token, and only for that node (or
+its region, as the database holds it)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
 
+from bench.k8s_objects import pod
 from service.app import create_app
 from service.k8s.settings import ExtenderSettings
+from service.settings import Settings
+from service.state import ServiceState
+from tests.service.conftest import FakeClock, secured
+from tests.service.deaf_replicas import deaf_listener, held, replica  # noqa: F401
+from tests.service.k8s.fake_kube import FakeKubeApi
 from tests.service.test_access_scope import ADMIN, bearer, new_token, snapshot_body, trusting
 
 
@@ -46,3 +54,50 @@ def test_an_agent_token_reads_and_reports_its_own_node_only(client: TestClient) 
     assert client.get("/v1/nodes/node-a/k8s/reservations").status_code == 401
     viewer = bearer(new_token(client, role="viewer"))
     assert client.get("/v1/k8s/mismatches", headers=viewer).status_code == 200
+
+
+@pytest.mark.usefixtures("deaf_listener")
+def test_a_region_agent_reports_no_devices_of_a_node_moved_to_another_region_on_another_replica(
+    settings: Settings, clock: FakeClock, kube: FakeKubeApi
+) -> None:
+    """The token check reads the node's region from the replica's memory: a replica that
+    has not heard of the node's move out of the agent's region would let the agent's device
+    report move the allocations of a node its region no longer holds."""
+    secure = secured(settings)
+    with replica(secure, clock, kube) as first:
+        answer = first.put("/v1/nodes/n1/snapshot", json=snapshot_body("n1", "us"), headers=ADMIN)
+        assert answer.status_code == 200, answer.text
+        us_agent = bearer(new_token(first, role="agent", region="us"))
+        with replica(secure, clock, kube) as behind:
+            state: ServiceState = behind.app.state.service  # type: ignore[attr-defined]
+            empty = {"resource": "nvidia.com/gpu", "pods": []}
+            mine = behind.post("/v1/nodes/n1/k8s/devices", json=empty, headers=us_agent)
+            assert mine.status_code == 200, mine.text  # its region's node, while it is
+            # An admin moves the node to region "eu" through the first replica; its pod
+            # runs on GPU 0 there, as the kubelet says.
+            moved = first.put(
+                "/v1/nodes/n1/snapshot", json=snapshot_body("n1", "eu", seq=2), headers=ADMIN
+            )
+            assert moved.status_code == 200, moved.text
+            gpus = [g.uuid for g in state.cluster.node("n1").snapshot.gpus]
+            assert state.cluster.node("n1").snapshot.region == "us"  # not heard of it yet
+            p = pod("web-0", 1)
+            p["spec"]["nodeName"] = "n1"
+            p["status"]["startTime"] = "2026-11-29T10:21:09Z"
+            kube.add(p)
+            truth = _devices("web-0", gpus[0])
+            answer = first.post("/v1/nodes/n1/k8s/devices", json=truth, headers=ADMIN)
+            assert answer.status_code == 200, answer.text
+            assert held(first) == {("n1", gpus[0])}
+            # The old region's agent, through the replica behind, says the pod is on GPU 1.
+            false = behind.post(
+                "/v1/nodes/n1/k8s/devices", json=_devices("web-0", gpus[1]), headers=us_agent
+            )
+            assert false.status_code == 403, false.text
+            assert false.json()["error"]["code"] == "forbidden"
+            assert held(first) == {("n1", gpus[0])}
+
+
+def _devices(pod_name: str, device: str) -> dict[str, Any]:
+    pods = [{"namespace": "ml-team", "name": pod_name, "devices": [device]}]
+    return {"resource": "nvidia.com/gpu", "pods": pods}
