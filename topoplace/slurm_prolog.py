@@ -21,6 +21,7 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
 from pathlib import Path
 
 DEFAULT_CONFIG = "/etc/slurm/topoplace.conf"
@@ -82,13 +83,26 @@ def report(config: dict[str, str], job: str, name: str) -> str:
     return body.decode(errors="replace")
 
 
+def _own_record(env: Mapping[str, str]) -> str:
+    """The job as scontrol names it alone: an array task as ``ARRAY_TASK``. The task
+    that keeps the array's id (the last one, ``SLURM_JOB_ID`` equal to
+    ``SLURM_ARRAY_JOB_ID``) would otherwise be shown with every other task of the
+    array, and the service reads the first record it is given."""
+    array, task = env.get("SLURM_ARRAY_JOB_ID"), env.get("SLURM_ARRAY_TASK_ID")
+    if array and task and array.isdigit() and task.isdigit():
+        return f"{array}_{task}"
+    return env.get("SLURM_JOB_ID", "")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="topoplace.slurm_prolog", description=__doc__)
     parser.add_argument("--config", default=DEFAULT_CONFIG, metavar="PATH")
-    parser.add_argument("--job", metavar="ID", help="the job (default: $SLURM_JOB_ID)")
+    parser.add_argument(
+        "--job", metavar="ID", help="the job (default: $SLURM_JOB_ID; an array task: ARRAY_TASK)"
+    )
     parser.add_argument("--name", help="the job's name (default: $SLURM_JOB_NAME)")
     args = parser.parse_args(argv)
-    job = args.job or os.environ.get("SLURM_JOB_ID", "")
+    job = args.job or _own_record(os.environ)
     name = args.name if args.name is not None else os.environ.get("SLURM_JOB_NAME", "")
     if not job:
         print("topoplace prolog: no job: set SLURM_JOB_ID or pass --job", file=sys.stderr)

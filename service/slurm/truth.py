@@ -28,9 +28,14 @@ from slurm_formats.admin_comment import allocation_ids
 log = logging.getLogger("topoplace.slurm")
 _IDX = re.compile(r"\(IDX:([0-9,\-]*)\)")
 _NODE_GRES = re.compile(r"\bNodes=(\S+) CPU_IDs=\S+ Mem=\S+ GRES=(\S*)")
-_HEAD = re.compile(r"\s*JobId=(\d+) JobName=")
+# Between the id and the name Slurm prints an array task's array id and index (each
+# task is a job of its own, with its own id), never text a user wrote.
+_HEAD = re.compile(
+    r"\s*JobId=(\d+) (?:ArrayJobId=\d+ ArrayTaskId=\S+ (?:ArrayTaskThrottle=\d+ )?)?JobName="
+)
 _USER = re.compile(r" UserId=([^\s(]+)")
 _STATE = re.compile(r"\bJobState=(\S+)")
+_RESTARTS = re.compile(r"\bRestarts=(\d{1,9})\b")
 # Slurm 22.05 prints this field right after the per-node lines, and no text a user
 # writes between the job's name and it.
 _AFTER_NODES = " MinCPUsNode="
@@ -43,6 +48,7 @@ class JobTruth:
     user_name: str
     named: list[str]  # allocation ids in the job's admin comment
     gpus: dict[str, list[int]]  # node -> GPU indices Slurm gave the job there
+    restarts: int = 0  # how often Slurm requeued the job before this run
 
 
 class TruthError(ValueError):
@@ -127,7 +133,14 @@ def from_show_job(text: str, job_name: str) -> tuple[JobTruth, str]:
     named = list(
         dict.fromkeys(i for c in _ADMIN_COMMENT.findall(text, end) for i in allocation_ids(c))
     )
-    truth = JobTruth(_job_id(head.group(1)), _user(user.group(1)), named, gpus)
+    restarts = _RESTARTS.search(fields)
+    truth = JobTruth(
+        _job_id(head.group(1)),
+        _user(user.group(1)),
+        named,
+        gpus,
+        int(restarts.group(1)) if restarts else 0,
+    )
     return truth, state.group(1) if state else ""
 
 
@@ -164,10 +177,15 @@ def from_squeue_job(job: dict[str, Any]) -> JobTruth:
 def record(state: ServiceState, truth: JobTruth, started: bool = False) -> Observation | None:
     """Make the job's allocation match what Slurm runs; None for a job without GPUs here.
     ``started``: read as the job started (the prolog's), so perhaps processed after the
-    job ended: then nothing is written (action ``ended``, docs/slurm.md)."""
+    job ended: then nothing is written (action ``ended``, docs/slurm.md). A requeued
+    job's later run (``Restarts=`` above 0) is not held to that: its previous run's end
+    is remembered under the same job id, and this run started after it."""
     known = {n: g for n, g in truth.gpus.items() if n in state.cluster}
     if not known:
         return None
+    # The epilog cannot say which run ended (at a requeue Slurm counts the restart
+    # before it runs), so any end remembered may be the previous run's.
+    started = started and truth.restarts == 0
     observation = allocations.observe(
         state,
         truth.job_id,

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
 from tests.integrations.slurm.conftest import INTERVAL_S, NODES
@@ -167,3 +168,40 @@ def test_a_job_name_cannot_speak_for_the_job(
     cluster.wait_state(hostile.id, ("CANCELLED",))
     eventually(lambda: allocation(service, own_id)["state"] == "released", "the epilog's release")
     assert allocation(service, held_id)["state"] == "active", "its epilog ended another job's"
+
+
+def test_each_task_of_a_job_array_is_recorded_and_released_on_its_own(
+    cluster: LoopbackCluster, service: Service, jobs: list[str]
+) -> None:
+    """The filter leaves an array to Slurm; each task is a job of its own
+    (``JobId=N ArrayJobId=A ArrayTaskId=K`` in scontrol), whose prolog records it
+    and whose epilog releases only its GPUs."""
+    array = cluster.sbatch(
+        "--array=0-1",
+        "--gres=gpu:1",
+        "-w",
+        NODES[2],
+        script="sleep $((2 + 5 * SLURM_ARRAY_TASK_ID))",
+    )
+    assert array.returncode == 0, array.stderr
+    jobs.append(array.id)
+
+    def tasks() -> dict[str, str]:
+        out = cluster.run("squeue", "-h", "-r", "-j", array.id, "-o", "%K %A %T").stdout
+        return {k: f"{a} {t}" for k, a, t in (line.split() for line in out.splitlines())}
+
+    eventually(lambda: [s.split()[1] for s in tasks().values()] == ["RUNNING"] * 2, "tasks run")
+    ids = {k: s.split()[0] for k, s in tasks().items()}
+    # `scontrol show job A` shows every task of array A: each task alone is A_K.
+    truth = {k: gres_indices(cluster.show_job(f"{array.id}_{k}")) for k in ids}
+    assert truth["0"] != truth["1"], truth
+
+    def recorded(task: str) -> bool:
+        return held(of_job(service, ids[task])) == truth[task]
+
+    for task in ids:
+        eventually(partial(recorded, task), f"task {task} recorded", 1.0)
+    # Task 0 ends first: its epilog releases its GPU alone.
+    eventually(lambda: of_job(service, ids["0"]) == [], "task 0 released")
+    assert held(of_job(service, ids["1"])) == truth["1"]
+    eventually(lambda: of_job(service, ids["1"]) == [], "task 1 released")

@@ -29,11 +29,16 @@ def show_job(
     user: str = "alice",
     workdir: str = "/home/alice",
     state: str = "RUNNING",
+    restarts: int = 0,
+    head: str = "",
 ) -> str:
-    """A job as `scontrol -d show job -o` prints it (Slurm 22.05's order of fields)."""
+    """A job as `scontrol -d show job -o` prints it (Slurm 22.05's order of fields).
+    ``head``: what Slurm prints between the id and the name (an array task's
+    ``ArrayJobId=N ArrayTaskId=K ``)."""
     text = (
-        f"JobId={job} JobName={name} UserId={user}(1000) GroupId={user}(1000) MCS_label=N/A"
-        f" JobState={state} Reason=None NodeList={nodes} JOB_GRES=gpu:2"
+        f"JobId={job} {head}JobName={name} UserId={user}(1000) GroupId={user}(1000)"
+        f" MCS_label=N/A JobState={state} Reason=None Dependency=(null) Requeue=1"
+        f" Restarts={restarts} BatchFlag=1 NodeList={nodes} JOB_GRES=gpu:2"
         f"   Nodes={nodes} CPU_IDs=0-1 Mem=0 GRES={gres} MinCPUsNode=1 Features=(null)"
         f" Command=(null) WorkDir={workdir}"
     )

@@ -1,0 +1,77 @@
+"""A requeued job runs again under the same job id, and its new run is recorded.
+
+``scontrol requeue``, a node failure or a failed prolog puts a running job back in
+the queue with its job id: the first run's epilog ends it (and the service remembers
+that end), then the job starts again, perhaps on other GPUs, and the prolog reports it
+under the same id with ``Restarts=`` one higher. That report is not one of the ended
+run processed late: turned away, the GPUs the job really runs on would look free, and
+the filter or /place would give them to another job (docs/slurm.md, "Requeued jobs").
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from tests.service.helpers import add_nodes
+from tests.service.slurm.test_late_prolog import _epilog, _ignored
+from tests.service.slurm.test_truth import gpus, of_job, show_job, started, submit
+
+EVERY_GPU = ",".join(f"gpu:g{g}:1(IDX:{g})" for g in range(8))
+
+
+@pytest.fixture
+def dgx1(client: TestClient) -> TestClient:
+    add_nodes(client, ("dgx1-v100", "node1"), ("dgx1-v100", "node2"))
+    return client
+
+
+def _typed(indices: list[int]) -> str:
+    return ",".join(f"gpu:g{g}:1(IDX:{g})" for g in indices)
+
+
+def _whole_node_refused(client: TestClient, node: str) -> None:
+    """No 8-GPU job is pinned on a node where the requeued job runs."""
+    successor: dict[str, Any] = submit(client, tres_per_node="gres:gpu:8", req_nodes=node)
+    assert successor["action"] == "unchanged", successor
+
+
+def test_a_requeued_jobs_next_run_is_recorded_after_the_first_runs_epilog(
+    dgx1: TestClient,
+) -> None:
+    decision = submit(dgx1, tres_per_node="gres:gpu:2", req_nodes="node1")
+    comment = decision["set"]["admin_comment"]
+    pinned = _typed(decision["gpu_indices"])
+    first = started(dgx1, show_job(80, pinned, "node1", comment))
+    assert first["action"] == "attached", first
+    _epilog(dgx1, 80, decision)  # requeued: the first run's epilog
+    # The pinned job starts again on its GPUs, under the same id.
+    again = started(dgx1, show_job(80, pinned, "node1", comment, restarts=1))
+    assert again["action"] == "created", again
+    [allocation] = of_job(dgx1, 80)
+    assert gpus(allocation) == {"node1": decision["gpu_indices"]}
+    _whole_node_refused(dgx1, "node1")
+
+
+def test_a_requeued_job_slurm_placed_elsewhere_is_recorded(dgx1: TestClient) -> None:
+    assert started(dgx1, show_job(81, "gpu:2(IDX:0-1)", "node1"))["action"] == "created"
+    _epilog(dgx1, 81)
+    again = started(dgx1, show_job(81, "gpu:2(IDX:4-5)", "node2", restarts=1))
+    assert again["action"] == "created", again
+    [allocation] = of_job(dgx1, 81)
+    assert gpus(allocation) == {"node2": [4, 5]}
+    _whole_node_refused(dgx1, "node2")
+    # The first run's GPUs are free again.
+    assert submit(dgx1, tres_per_node="gres:gpu:8", req_nodes="node1")["action"] == "modify"
+
+
+def test_a_late_report_of_the_requeued_run_still_records_nothing(dgx1: TestClient) -> None:
+    """The first run's own report, processed after its epilog, is still turned away."""
+    text = show_job(82, EVERY_GPU, "node1")
+    _epilog(dgx1, 82)
+    successor = submit(dgx1, tres_per_node="gres:gpu:8", req_nodes="node1")
+    assert successor["action"] == "modify", successor
+    _ignored(started(dgx1, text))
+    assert of_job(dgx1, 82) == []
