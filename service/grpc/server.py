@@ -32,6 +32,7 @@ from service.grpc.gen import topoplace_pb2 as pb
 from service.grpc.gen import topoplace_pb2_grpc as pb_grpc
 from service.grpc.rate_limit import RateLimit
 from service.grpc.servicer import TopoplaceServicer
+from service.grpc.slow_clients import MessageDeadline
 from service.settings import Settings
 from service.state import ServiceState
 
@@ -130,14 +131,20 @@ class GrpcServer:
         await server.stop(STOP_GRACE_S)
 
     def _build(self) -> tuple[grpc.aio.Server, health.aio.HealthServicer]:
+        settings = self.state.settings
         server = grpc.aio.server(
             interceptors=[
+                MessageDeadline(settings.body_timeout_s),  # first: it wraps what the rest chose
                 RateLimit(self.limiter),
                 RequireToken(self.check, region_checker(self.state)),
             ],
             options=[
-                ("grpc.max_receive_message_length", self.state.settings.max_body_bytes),
+                ("grpc.max_receive_message_length", settings.max_body_bytes),
                 ("grpc.so_reuseport", 0),  # a port in use is an error, not shared
+                # A connection with no call open is closed (GOAWAY) as REST's kept-alive
+                # one is: idle ones were held for good, each a file descriptor of the
+                # process REST shares. Clients reconnect for their next call.
+                ("grpc.max_connection_idle_ms", settings.keep_alive_timeout_s * 1000),
             ],
         )
         pb_grpc.add_TopoplaceServicer_to_server(TopoplaceServicer(self.state, self.check), server)

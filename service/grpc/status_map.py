@@ -19,6 +19,7 @@ of the REST ``detail``), and where they apply:
     unschedulable            RESOURCE_EXHAUSTED     RetryInfo 5 s, PlacementRefusal
     unresolvable             FAILED_PRECONDITION    PlacementRefusal (change the request)
     payload_too_large        RESOURCE_EXHAUSTED
+    request_timeout          DEADLINE_EXCEEDED      (the message did not arrive in time)
     database_unavailable     UNAVAILABLE            RetryInfo 5 s
     idempotent_replay        ALREADY_EXISTS         the Allocation made before
     watch_overflow           RESOURCE_EXHAUSTED     (list again, watch again)
@@ -66,6 +67,7 @@ CODES: dict[str, grpc.StatusCode] = {
     "unschedulable": grpc.StatusCode.RESOURCE_EXHAUSTED,
     "unresolvable": grpc.StatusCode.FAILED_PRECONDITION,
     "payload_too_large": grpc.StatusCode.RESOURCE_EXHAUSTED,
+    "request_timeout": grpc.StatusCode.DEADLINE_EXCEEDED,
     "database_unavailable": grpc.StatusCode.UNAVAILABLE,
     "idempotent_replay": grpc.StatusCode.ALREADY_EXISTS,
     "watch_overflow": grpc.StatusCode.RESOURCE_EXHAUSTED,
