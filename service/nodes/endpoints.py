@@ -28,11 +28,14 @@ router = APIRouter(prefix="/v1/nodes", tags=["nodes"])
 State = Annotated[ServiceState, Depends(get_state)]
 Who = Annotated[Caller, Depends(get_caller)]
 # As long as the database's column; control characters are refused by the request guard.
-NodeName = Annotated[str, Path(min_length=1, max_length=253)]
+# gRPC bounds its node names by the same number (service/grpc/servicer.py).
+MAX_NODE_NAME = 253
+NodeName = Annotated[str, Path(min_length=1, max_length=MAX_NODE_NAME)]
 # A key is registered only for a valid node name (register_key checks it); the document
 # says so, as the snapshot's own name does.
 NewNodeName = Annotated[
-    str, Path(min_length=1, max_length=253, json_schema_extra={"pattern": NODE_NAME_PATTERN})
+    str,
+    Path(min_length=1, max_length=MAX_NODE_NAME, json_schema_extra={"pattern": NODE_NAME_PATTERN}),
 ]
 
 

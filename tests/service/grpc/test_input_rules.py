@@ -4,8 +4,15 @@ from __future__ import annotations
 
 import grpc
 import pytest
+import sqlalchemy as sa
+from google.protobuf.message import Message
+from google.rpc import error_details_pb2
 
+from service import schema
+from service.access import Role
+from service.db import make_engine
 from service.grpc.gen import topoplace_pb2 as pb
+from service.tokens import store
 from tests.service.grpc.conftest import Running, details, reason, snapshot_request
 
 
@@ -106,3 +113,50 @@ def test_a_filter_list_past_its_bound_is_refused_by_name(
     assert details(error)["BadRequest"].field_violations[0].field == field
     assert "64" in error.details()
     assert running.stub.ListAllocations(pb.ListAllocationsRequest()).allocations == []
+
+
+def _violated_field(error: grpc.RpcError) -> str:
+    found = details(error)["BadRequest"]
+    assert isinstance(found, error_details_pb2.BadRequest)
+    return found.field_violations[0].field
+
+
+@pytest.mark.parametrize(
+    ("method", "message", "field"),
+    [
+        ("Heartbeat", pb.HeartbeatRequest(), "node"),
+        ("Heartbeat", pb.HeartbeatRequest(node="n" * 254), "node"),
+        ("GetNode", pb.GetNodeRequest(), "name"),
+        ("GetNode", pb.GetNodeRequest(name="n" * 254), "name"),
+    ],
+)
+def test_node_names_are_bounded_as_rest_bounds_them(
+    running: Running, method: str, message: Message, field: str
+) -> None:
+    """REST's path takes a node name of 1 to 253 characters (nodes/endpoints.py)."""
+    with pytest.raises(grpc.RpcError) as caught:
+        getattr(running.stub, method)(message)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT, caught.value.details()
+    assert reason(caught.value) == "invalid_request"
+    assert _violated_field(caught.value) == field
+
+
+def test_a_region_agent_cannot_write_megabytes_into_the_audit_log(running: Running) -> None:
+    """A region-scoped agent may report a node its replica does not know yet, so the
+    interceptor lets any name through; REST's path bounds the name, gRPC's ``node`` was
+    not: a report refused for naming another node than its snapshot's wrote an audit row
+    carrying the name twice (its nodes and its message), a megabyte each, one a window
+    for every such name."""
+    engine = make_engine(running.state.settings.database_url)
+    _, agent = store.create(engine, Role.AGENT, store.Scope(region="default"), "rack agent")
+    request = snapshot_request("hgx-h100", "h9")
+    request.node = "h" * 1_000_000
+    with pytest.raises(grpc.RpcError) as caught:
+        running.stub.ReportSnapshot(request, metadata=(("authorization", f"Bearer {agent}"),))
+    with engine.connect() as conn:
+        rows = conn.execute(sa.select(schema.audit_log.c.nodes, schema.audit_log.c.detail))
+        largest = max((len(n) + len(d) for n, d in rows), default=0)
+    engine.dispose()
+    assert largest < 10_000
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert _violated_field(caught.value) == "node"
