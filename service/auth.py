@@ -32,7 +32,6 @@ or a load balancer cannot present a token, and the schema is not a secret.
 
 from __future__ import annotations
 
-import hashlib
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -51,22 +50,28 @@ from service.direct_routes import route_path
 from service.edge.dev_hosts import DevHosts
 from service.edge.failed_token_budget import FailedTokenBudget
 from service.edge.guard import replay_body
+from service.edge.rate_limit import TOKEN_IDENTITY
 from service.errors import RateLimited, ServiceError, TooLarge, Unavailable
 from service.event_loop import off_loop
 from service.responses import error_response
 from service.tokens import secrets, store
+from service.tokens.presented import Unauthorized
+from service.tokens.presented import digest as _digest
+from service.tokens.presented import presented as _presented
 from service.tokens.verification_slots import VerificationSlots
 
-__all__ = ["OPEN_PATHS", "Authenticator", "Forbidden", "Principal", "RequireToken"]
+__all__ = [
+    "OPEN_PATHS",
+    "Authenticator",
+    "Forbidden",
+    "Principal",
+    "RequireToken",
+    "Unauthorized",
+]
 
 REVOCATION_POLL_S = 0.25
 _REFUSED_TTL_S = 5.0  # an unknown tpp_ token is not hashed again for this long
 _REFUSED_MAX = 10_000
-
-
-class Unauthorized(ServiceError):
-    status = 401
-    code = "unauthorized"
 
 
 class Forbidden(ServiceError):
@@ -104,22 +109,6 @@ def read_token_file(path: Path) -> list[str]:
     except OSError as exc:
         raise ValueError(f"cannot read the token file {path}: {exc.strerror}") from exc
     return [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")]
-
-
-def _digest(token: str) -> bytes:
-    return hashlib.sha256(token.encode()).digest()
-
-
-def _presented(authorization: str | None) -> str:
-    if not authorization:
-        raise Unauthorized(
-            "this service requires a token: send 'Authorization: Bearer TOKEN'"
-            " (the client reads it from --token-file or TOPOPLACE_TOKEN)"
-        )
-    scheme, _, presented = authorization.partition(" ")
-    if scheme.lower() != "bearer" or not presented.strip():
-        raise Unauthorized("the Authorization header must be 'Bearer TOKEN'")
-    return presented.strip()
 
 
 RegionOf = Callable[[str], "str | None"]
@@ -172,15 +161,17 @@ class Authenticator:
 
     # -- who is calling -------------------------------------------------------
 
-    def cached(self, authorization: str | None) -> Principal | None:
+    def cached(self, authorization: str | None, identity: bytes | None = None) -> Principal | None:
         """The principal, when this process knows the token (static, or verified before);
         None when it must be checked. Raises :class:`Unauthorized` for a missing or
-        malformed header. The path of nearly every request: two dictionary lookups."""
-        if not authorization and self.insecure:
-            return INSECURE
-        token = _presented(authorization)
-        digest = _digest(token)
-        return self._static.get(digest) or self._cache.get(digest)
+        malformed header. The path of nearly every request: two dictionary lookups.
+        ``identity``: the token's digest, when the rate limit read it from this header
+        already (service/tokens/presented.py), so that it is not hashed again."""
+        if identity is None:
+            if not authorization and self.insecure:
+                return INSECURE
+            identity = _digest(_presented(authorization))
+        return self._static.get(identity) or self._cache.get(identity)
 
     def authenticate(self, authorization: str | None, address: str | None = None) -> Principal:
         """Blocking form of the two steps, for callers already off the event loop.
@@ -412,7 +403,8 @@ class RequireToken:
                 _refuse_rebound_host(host, self.check.dev_hosts)
                 if scope["method"] not in SAFE_METHODS:
                     _refuse_another_site(site)
-            principal = self.check.cached(header)
+            # The token's digest as the rate limit read it, so it is not hashed twice.
+            principal = self.check.cached(header, scope.get(TOKEN_IDENTITY))
             if principal is None:  # not on the path of a token known (nearly every request)
                 client = scope.get("client")
                 principal = await self.check.verify_async(header, client[0] if client else None)

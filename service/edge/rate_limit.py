@@ -1,15 +1,20 @@
 """At most so many requests a second per caller: a token bucket per presented token.
 
-The caller is the Authorization header presented (a digest of it, so no
-token is kept in memory in the clear), or the client's address when there
-is none. Each bucket holds ``burst`` requests and refills at ``rate`` a
+The caller is the token the Authorization header presents, as the token
+check reads it (service/tokens/presented.py: the scheme in any case, spaces
+around the token), known by its digest (no token is kept in memory in the
+clear); or the client's address when there is no header or it presents no
+token. Keyed on the header as sent, each spelling of one token was a bucket
+of its own. The digest is left in the scope (:data:`TOKEN_IDENTITY`) for the
+token check, which looks the token up by the same digest: one hash a
+request. Each bucket holds ``burst`` requests and refills at ``rate`` a
 second; a request finding it empty is answered 429 ``rate_limited`` with
 Retry-After (the whole seconds until a request is back), in the one error
 shape, before the token check or any route runs. The probes (/healthz,
 /readyz, /metrics) are never limited: a kubelet polling them must not be
 told to wait.
 
-The buckets are bounded (:data:`MAX_BUCKETS`): a flood of made-up headers
+The buckets are bounded (:data:`MAX_BUCKETS`): a flood of made-up tokens
 evicts the oldest buckets instead of growing the process. REST (here) and
 gRPC (service/grpc/rate_limit.py) share one limiter, so a token's rate is
 its rate over both. A client presenting a new made-up token each time gets a
@@ -19,7 +24,6 @@ failed_token_budget.py, on the same buckets.
 
 from __future__ import annotations
 
-import hashlib
 import math
 import threading
 import time
@@ -29,9 +33,12 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from service.errors import RateLimited
 from service.responses import error_response
+from service.tokens.presented import identity as token_identity
 
 UNLIMITED_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 MAX_BUCKETS = 10_000
+# The scope key the token's digest is left under for the token check (service/auth.py).
+TOKEN_IDENTITY = "topoplace.token_identity"
 
 
 class RateLimiter:
@@ -83,7 +90,11 @@ class RateLimiter:
 
     def check(self, authorization: str | bytes | None, address: str | None) -> None:
         """Raise :class:`RateLimited` when this caller is over its rate."""
-        wait = self.take(caller_key(authorization, address))
+        self.check_key(caller_key(authorization, address))
+
+    def check_key(self, key: bytes) -> None:
+        """:meth:`check` of a key already made (:func:`key_of`)."""
+        wait = self.take(key)
         if wait > 0:
             raise RateLimited(
                 f"over the request rate of {self.rate:g}/s (burst {self.burst}) for this"
@@ -94,9 +105,14 @@ class RateLimiter:
 
 
 def caller_key(authorization: str | bytes | None, address: str | None) -> bytes:
-    if authorization:
-        raw = authorization.encode("latin-1") if isinstance(authorization, str) else authorization
-        return b"t" + hashlib.blake2b(raw, digest_size=16).digest()
+    """The bucket of whoever presents ``authorization`` from ``address``."""
+    return key_of(token_identity(authorization), address)
+
+
+def key_of(identity: bytes | None, address: str | None) -> bytes:
+    """The bucket of the token whose digest is ``identity``; the address's without one."""
+    if identity is not None:
+        return b"t" + identity
     return b"a" + (address or "").encode()
 
 
@@ -118,9 +134,12 @@ class RateLimit:
                 if name == b"authorization":
                     header = value
                     break
+            identity = token_identity(header)
+            if identity is not None:
+                scope[TOKEN_IDENTITY] = identity
             client = scope.get("client")
             try:
-                self.limiter.check(header, client[0] if client else None)
+                self.limiter.check_key(key_of(identity, client[0] if client else None))
             except RateLimited as refused:
                 await error_response(refused)(scope, receive, send)
                 return

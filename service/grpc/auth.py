@@ -15,6 +15,7 @@ address is known, before the method runs (first_sight.py).
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -34,6 +35,12 @@ from service.grpc import status_map
 from service.grpc.first_sight import verified_in_call
 
 OPEN_PREFIXES = access.GRPC_OPEN_PREFIXES
+# The digest of the token a call presents, as the rate limit (rate_limit.py), the
+# interceptor before this one, read it: the check looks it up without hashing it again.
+# Set with the call's details, and taken only for the same details.
+PRESENTED: ContextVar[tuple[grpc.HandlerCallDetails, bytes] | None] = ContextVar(
+    "presented", default=None
+)
 if TYPE_CHECKING:  # generic only in the stubs
     Handler = grpc.RpcMethodHandler[Any, Any]
 
@@ -62,8 +69,10 @@ class RequireToken(grpc.aio.ServerInterceptor):
         header = authorization_of(handler_call_details)
         permission = access.grpc_rule(handler_call_details.method)
         route = "gRPC " + handler_call_details.method.rsplit("/", 1)[-1]
+        read = PRESENTED.get()
+        identity = read[1] if read is not None and read[0] is handler_call_details else None
         try:
-            principal = self.check.cached(header)
+            principal = self.check.cached(header, identity)
             if principal is None:  # not known yet: verified where the peer is known
                 deferred = verified_in_call(
                     handler,

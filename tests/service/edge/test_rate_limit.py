@@ -8,11 +8,13 @@ import grpc
 import pytest
 from fastapi.testclient import TestClient
 
+from service import auth
 from service.app import create_app
 from service.edge.rate_limit import MAX_BUCKETS, RateLimiter, caller_key
 from service.errors import RateLimited
 from service.grpc.gen import topoplace_pb2 as pb
 from service.settings import Settings
+from service.tokens import presented
 from tests.service.conftest import FakeClock
 from tests.service.grpc.conftest import Running, details, reason, start
 
@@ -121,3 +123,71 @@ def test_grpc_shares_the_limit_and_answers_resource_exhausted(running: Running) 
     # The same token over REST has used its bucket up too.
     limited = running.rest.get("/v1/nodes", headers={"Authorization": f"Bearer {TOKEN_A}"})
     assert limited.status_code == 429
+
+
+def spellings(token: str) -> list[str]:
+    """Spellings of one header the token check reads as the same token (as gRPC metadata
+    may carry them too): the scheme in any case, any run of spaces before the token,
+    spaces after it. There is no end to them: one more space is one more."""
+    out = [f"{scheme} {token}" for scheme in ("Bearer", "bearer", "BEARER", "bEaReR")]
+    out += [f"Bearer{' ' * n}{token}" for n in range(2, 8)]
+    out += [f"Bearer {token}{' ' * n}" for n in range(1, 4)]
+    return [*out, f"bearer   {token}  "]
+
+
+def codes(client: TestClient, headers: list[str]) -> list[int]:
+    return [client.get("/v1/nodes", headers={"Authorization": h}).status_code for h in headers]
+
+
+def test_every_spelling_is_one_the_token_check_accepts(limited: Settings) -> None:
+    unlimited = limited.model_copy(update={"rate_limit_per_s": 0})
+    with TestClient(create_app(unlimited, background=False)) as client:
+        ways = [*spellings(TOKEN_A), f"Bearer {TOKEN_A}\t"]
+        assert codes(client, ways) == [200] * len(ways)
+
+
+def test_rest_one_token_spelled_many_ways_shares_one_bucket(limited: Settings) -> None:
+    """A token's rate is its rate, however its header is spelled: a client alternating
+    spellings the token check accepts got a new bucket for each, without end."""
+    with TestClient(create_app(limited, background=False)) as client:
+        ways = [*spellings(TOKEN_A), f"Bearer {TOKEN_A}\t"]
+        assert codes(client, ways[:3]) == [200] * 3  # the burst
+        assert codes(client, ways) == [429] * len(ways)  # over it, however spelled
+        # Another token keeps its own bucket, however spelled too.
+        assert codes(client, [f"bearer  {TOKEN_B}", f"Bearer {TOKEN_B} "]) == [200, 200]
+
+
+def test_rest_a_header_naming_no_token_counts_against_the_address(limited: Settings) -> None:
+    """Headers the token check refuses unread (no Bearer token in them) are the address's,
+    as no header is: a client making up a new one each time gets no new bucket."""
+    with TestClient(create_app(limited, background=False)) as client:
+        assert codes(client, ["Basic abc", "Bearer", "Token x"]) == [401] * 3
+        assert codes(client, ["Basic abcd", "Bearer  "]) == [429] * 2
+        assert client.get("/v1/nodes").status_code == 429  # no header: the same bucket
+        assert codes(client, [f"Bearer {TOKEN_A}"]) == [200]  # a token: its own
+
+
+def count_digests(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every hash of a token by the rate limit or the token check, from now on."""
+    hashed: list[str] = []
+    digest = presented.digest
+
+    def counting(token: str) -> bytes:
+        hashed.append(token)
+        return digest(token)
+
+    # The token check's own name for it, and the one the rate limit's reading calls.
+    monkeypatch.setattr(auth, "_digest", counting)
+    monkeypatch.setattr(presented, "digest", counting)
+    return hashed
+
+
+def test_rest_a_known_token_is_hashed_once_a_request(
+    limited: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rate limit and the token check key on one digest, made once: the limit costs
+    the token check nothing more than it did."""
+    with TestClient(create_app(limited, background=False)) as client:
+        hashed = count_digests(monkeypatch)
+        assert codes(client, [f"bearer  {TOKEN_A} "]) == [200]
+        assert hashed == [TOKEN_A]
