@@ -28,7 +28,7 @@ from slurm_formats.admin_comment import allocation_ids
 from slurm_formats.conf import gres_conf_lines, node_conf_line
 from slurm_formats.hostlist import expand
 from topoplace import client_cmd
-from topoplace.slurm_prolog import read_config  # stdlib-only: the prolog stays quick
+from topoplace.slurm_prolog import own_record, read_config  # stdlib-only: the prolog stays quick
 
 if TYPE_CHECKING:
     from topoplace_client.api import TopoplaceClient
@@ -175,7 +175,10 @@ def run_epilog(args: argparse.Namespace) -> int:
     args.ca_bundle = getattr(args, "ca_bundle", None) or config.get("ca_file")
     user = args.user or os.environ.get("SLURM_JOB_USER")
     try:
-        comments = admin_comments(config.get("scontrol", "scontrol"), job)
+        # Its own record alone: a het job's first component (or an array's last task)
+        # has the id that shows every component (or task), each with its admin comment.
+        record = args.job or own_record(os.environ)
+        comments = admin_comments(config.get("scontrol", "scontrol"), record)
     except (OSError, RuntimeError, subprocess.TimeoutExpired) as exc:
         print(f"error: cannot read job {job}: {exc}", file=sys.stderr)
         return client_cmd.EXIT_UNREACHABLE

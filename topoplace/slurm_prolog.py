@@ -83,14 +83,18 @@ def report(config: dict[str, str], job: str, name: str) -> str:
     return body.decode(errors="replace")
 
 
-def _own_record(env: Mapping[str, str]) -> str:
-    """The job as scontrol names it alone: an array task as ``ARRAY_TASK``. The task
-    that keeps the array's id (the last one, ``SLURM_JOB_ID`` equal to
-    ``SLURM_ARRAY_JOB_ID``) would otherwise be shown with every other task of the
-    array, and the service reads the first record it is given."""
+def own_record(env: Mapping[str, str]) -> str:
+    """The job as scontrol names it alone: an array task as ``ARRAY_TASK``, a het job
+    component as ``HETJOB+OFFSET``. The task that keeps the array's id (the last one,
+    ``SLURM_JOB_ID`` equal to ``SLURM_ARRAY_JOB_ID``), and a het job's first component
+    (whose id is the het job's), would otherwise be shown with every other task or
+    component, and the service reads the first record it is given."""
     array, task = env.get("SLURM_ARRAY_JOB_ID"), env.get("SLURM_ARRAY_TASK_ID")
     if array and task and array.isdigit() and task.isdigit():
         return f"{array}_{task}"
+    het, offset = env.get("SLURM_HET_JOB_ID"), env.get("SLURM_HET_JOB_OFFSET")
+    if het and offset and het.isdigit() and offset.isdigit():
+        return f"{het}+{offset}"
     return env.get("SLURM_JOB_ID", "")
 
 
@@ -98,11 +102,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="topoplace.slurm_prolog", description=__doc__)
     parser.add_argument("--config", default=DEFAULT_CONFIG, metavar="PATH")
     parser.add_argument(
-        "--job", metavar="ID", help="the job (default: $SLURM_JOB_ID; an array task: ARRAY_TASK)"
+        "--job",
+        metavar="ID",
+        help="the job (default: $SLURM_JOB_ID; an array task: ARRAY_TASK; a het job"
+        " component: HETJOB+OFFSET)",
     )
     parser.add_argument("--name", help="the job's name (default: $SLURM_JOB_NAME)")
     args = parser.parse_args(argv)
-    job = args.job or _own_record(os.environ)
+    job = args.job or own_record(os.environ)
     name = args.name if args.name is not None else os.environ.get("SLURM_JOB_NAME", "")
     if not job:
         print("topoplace prolog: no job: set SLURM_JOB_ID or pass --job", file=sys.stderr)

@@ -102,11 +102,23 @@ local function rewrite_step(options, job_id)
   options["gpus-per-node"] = ""
 end
 
-local function pre_submit(options)
+-- A heterogeneous job (salloc A : B, srun A : B) is submitted in one process that
+-- calls pre_submit once per component, in order (offset 0, 1, ...). Slurm refuses
+-- components named onto one node, and salloc excludes each other component's node
+-- list from a component: each proposal must leave out the nodes proposed for the
+-- components before it, or two proposals of one node get the job refused.
+local proposed = {}
+
+local function pre_submit(options, offset)
   -- sbatch jobs are wholly decided by job_submit.lua.
   if options["type"] == "sbatch" then
     return
   end
+  offset = tonumber(offset) or 0
+  if offset == 0 then
+    proposed = {}
+  end
+  proposed[offset] = nil
   local job_id = os.getenv("SLURM_JOB_ID")
   if job_id ~= nil then
     if options["type"] == "srun" then
@@ -129,13 +141,19 @@ local function pre_submit(options)
     -- This runs as the user: its own token, read-only, good for proposals alone.
     topoplace.token = topoplace.read_token(topoplace.config.cli_token_file)
   end
+  local exclude = option(options, "exclude")
+  for earlier = 0, offset - 1 do
+    if proposed[earlier] ~= nil then
+      exclude = exclude and (exclude .. "," .. proposed[earlier]) or proposed[earlier]
+    end
+  end
   local status, decision = topoplace.post("/v1/slurm/job-submit?propose=true", {
     tres_per_job = gpus and ("gres:gpu:" .. gpus) or nil,
     tres_per_node = gres,
     min_nodes = tonumber((option(options, "nodes") or ""):match("^(%d+)")),
     features = option(options, "constraint"),
     req_nodes = option(options, "nodelist"),
-    exc_nodes = option(options, "exclude"),
+    exc_nodes = exclude,
     partition = option(options, "partition"),
     comment = option(options, "comment"),
     batch = false,
@@ -148,6 +166,7 @@ local function pre_submit(options)
   options["gpus-per-node"] = ""
   options["gres"] = decision.gres
   options["nodelist"] = decision.set.req_nodes
+  proposed[offset] = decision.set.req_nodes
 end
 
 function slurm_cli_setup_defaults(options, early_pass)
@@ -155,7 +174,7 @@ function slurm_cli_setup_defaults(options, early_pass)
 end
 
 function slurm_cli_pre_submit(options, pack_offset)
-  pcall(pre_submit, options)
+  pcall(pre_submit, options, pack_offset)
   return slurm.SUCCESS
 end
 

@@ -28,12 +28,15 @@ from slurm_formats.admin_comment import allocation_ids
 log = logging.getLogger("topoplace.slurm")
 _IDX = re.compile(r"\(IDX:([0-9,\-]*)\)")
 _NODE_GRES = re.compile(r"\bNodes=(\S+) CPU_IDs=\S+ Mem=\S+ GRES=(\S*)")
-# Between the id and the name Slurm prints an array task's array id and index (each
-# task is a job of its own, with its own id), never text a user wrote.
+# Between the id and the name Slurm prints an array task's array id and index, or a
+# het job component's het job id and offset (each task or component is a job of its
+# own, with its own id), never text a user wrote.
 _HEAD = re.compile(
-    r"\s*JobId=(\d+) (?:ArrayJobId=\d+ ArrayTaskId=\S+ (?:ArrayTaskThrottle=\d+ )?)?JobName="
+    r"\s*JobId=(\d+) (?:ArrayJobId=\d+ ArrayTaskId=\S+ (?:ArrayTaskThrottle=\d+ )?"
+    r"|HetJobId=\d+ HetJobOffset=\d+ )?JobName="
 )
-_USER = re.compile(r" UserId=([^\s(]+)")
+# A het job component's name is followed by the het job's ids (Slurm's), then the user.
+_USER = re.compile(r"(?: HetJobIdSet=[0-9,\-]+)? UserId=([^\s(]+)")
 _STATE = re.compile(r"\bJobState=(\S+)")
 _RESTARTS = re.compile(r"\bRestarts=(\d{1,9})\b")
 # Slurm 22.05 prints this field right after the per-node lines, and no text a user
@@ -130,9 +133,13 @@ def from_show_job(text: str, job_name: str) -> tuple[JobTruth, str]:
         if indices:
             for node in hostlist.expand(nodes):
                 gpus[node] = indices
-    named = list(
-        dict.fromkeys(i for c in _ADMIN_COMMENT.findall(text, end) for i in allocation_ids(c))
-    )
+    # `scontrol show job` gives each record a line: the admin comments read are this
+    # record's, not the next one's (a het job's leader id, or an array's id, shows every
+    # component or task). A work directory that imitates a next record cuts off only its
+    # own job's admin comment.
+    record_end = text.find("\nJobId=", end)
+    comments = _ADMIN_COMMENT.findall(text, end, len(text) if record_end < 0 else record_end)
+    named = list(dict.fromkeys(i for c in comments for i in allocation_ids(c)))
     restarts = _RESTARTS.search(fields)
     truth = JobTruth(
         _job_id(head.group(1)),

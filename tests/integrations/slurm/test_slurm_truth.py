@@ -205,3 +205,75 @@ def test_each_task_of_a_job_array_is_recorded_and_released_on_its_own(
     eventually(lambda: of_job(service, ids["0"]) == [], "task 0 released")
     assert held(of_job(service, ids["1"])) == truth["1"]
     eventually(lambda: of_job(service, ids["1"]) == [], "task 1 released")
+
+
+def test_each_component_of_a_het_job_is_recorded_and_released_on_its_own(
+    cluster: LoopbackCluster, service: Service, jobs: list[str]
+) -> None:
+    """Each component of a heterogeneous job is a job of its own (``JobId=N HetJobId=H
+    HetJobOffset=K`` in scontrol), whose prolog records it at once, not the reconcile
+    loop an interval later, and whose end (``scancel H+K`` ends it alone) releases only
+    its GPUs."""
+    het = cluster.sbatch(
+        "--gres=gpu:1", "-w", NODES[0], ":", "--gres=gpu:2", "-w", NODES[1], script="sleep 60"
+    )
+    assert het.returncode == 0, het.stderr
+    jobs.append(het.id)
+
+    def components() -> dict[str, list[str]]:
+        out = cluster.run("squeue", "-h", "-j", het.id, "-o", "%i %A %T").stdout
+        return {c.split("+")[1]: [a, t] for c, a, t in (line.split() for line in out.splitlines())}
+
+    # Slurm starts het jobs from its backfill pass alone (bf_interval=1 in loopback.py).
+    eventually(
+        lambda: [s[1] for s in components().values()] == ["RUNNING"] * 2, "components run", 10
+    )
+    ids = {k: s[0] for k, s in components().items()}
+    # `scontrol show job H` shows every component of het job H: each alone is H+K.
+    truth = {k: gres_indices(cluster.show_job(f"{het.id}+{k}")) for k in ids}
+    assert list(truth["0"]) == [NODES[0]] and list(truth["1"]) == [NODES[1]], truth
+
+    def recorded(component: str) -> bool:
+        return held(of_job(service, ids[component])) == truth[component]
+
+    for component in ids:
+        eventually(partial(recorded, component), f"component {component} recorded", 1.0)
+    cluster.run("scancel", f"{het.id}+1")
+    eventually(lambda: of_job(service, ids["1"]) == [], "component 1 released")
+    assert held(of_job(service, ids["0"])) == truth["0"]
+
+
+def test_a_het_job_through_the_client_filter_is_placed_component_by_component(
+    cluster: LoopbackCluster, service: Service
+) -> None:
+    """cli_filter.lua proposes GPUs for each component of ``salloc A : B`` on its own,
+    and salloc excludes each other component's node list from a component (Slurm
+    refuses components named onto one node): two proposals of one node made the
+    service refuse the whole job as one the cluster could never hold."""
+    done = cluster.run(
+        "salloc",
+        "--gres=gpu:1",
+        ":",
+        "--gres=gpu:2",
+        "sh",
+        "-c",
+        "scontrol -d show job -o $SLURM_JOB_ID; sleep 1",
+        timeout_s=60,
+    )
+    assert done.returncode == 0, done.stderr
+    records = [line for line in done.stdout.splitlines() if line.startswith("JobId=")]
+    assert len(records) == 2, done.stdout
+    truth = {line.split()[0].removeprefix("JobId="): gres_indices(line) for line in records}
+    assert len({node for held in truth.values() for node in held}) == 2, truth
+    for record in records:  # each component pinned where topoplace chose
+        assert "TresPerNode=gres:gpu:g" in record, record
+
+    def released(job: str) -> bool:
+        return of_job(service, job) == []
+
+    with service.client() as client:
+        for job, gpus in truth.items():
+            rows = client.allocations(job_id=job)["allocations"]
+            assert held(rows) == gpus, (job, rows)
+            # Released at the job's end by its own epilog.
+            eventually(partial(released, job), f"component {job} released")

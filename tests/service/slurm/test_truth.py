@@ -31,12 +31,14 @@ def show_job(
     state: str = "RUNNING",
     restarts: int = 0,
     head: str = "",
+    after_name: str = "",
 ) -> str:
     """A job as `scontrol -d show job -o` prints it (Slurm 22.05's order of fields).
     ``head``: what Slurm prints between the id and the name (an array task's
-    ``ArrayJobId=N ArrayTaskId=K ``)."""
+    ``ArrayJobId=N ArrayTaskId=K ``, a het job component's ``HetJobId=N HetJobOffset=K ``);
+    ``after_name``: between the name and the user (a het job's ``HetJobIdSet=N-M ``)."""
     text = (
-        f"JobId={job} {head}JobName={name} UserId={user}(1000) GroupId={user}(1000)"
+        f"JobId={job} {head}JobName={name} {after_name}UserId={user}(1000) GroupId={user}(1000)"
         f" MCS_label=N/A JobState={state} Reason=None Dependency=(null) Requeue=1"
         f" Restarts={restarts} BatchFlag=1 NodeList={nodes} JOB_GRES=gpu:2"
         f"   Nodes={nodes} CPU_IDs=0-1 Mem=0 GRES={gres} MinCPUsNode=1 Features=(null)"
