@@ -6,7 +6,8 @@ import asyncio
 import contextlib
 import gc
 import logging
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import sqlalchemy as sa
@@ -22,6 +23,7 @@ from service.audit import retention as audit_retention
 from service.audit.actor import acting, service_task
 from service.auth import REVOCATION_POLL_S, Authenticator, RequireToken, region_checker
 from service.console import endpoints as console_routes
+from service.database_time import MEASURE_INTERVAL_S, DatabaseTime, database_reader
 from service.db import checkpoint, make_engine
 from service.demo import heartbeat_demo_cluster, register_demo_cluster
 from service.direct_routes import DirectRoutes
@@ -69,18 +71,25 @@ SWEEP = service_task("sweep")
 CHECKPOINT_INTERVAL_S = 1.0
 
 
-async def _background(state: ServiceState, demo_nodes: list[str]) -> None:
+async def _background(
+    state: ServiceState, demo_nodes: list[str], database_time: DatabaseTime | None = None
+) -> None:
     """Expire stale reservations; checkpoint SQLite; prune the audit log and the
-    forwarded keys past retention; keep the demo nodes' heartbeats fresh."""
+    forwarded keys past retention; keep the demo nodes' heartbeats fresh; read the
+    database's clock again (service/database_time.py)."""
     interval = min(MAINTENANCE_INTERVAL_S, state.settings.heartbeat_ttl_s / 3)
     slurm = Reconciler(state)  # where squeue is present (TOPOPLACE_SLURM_SQUEUE_COMMAND)
     last_maintenance = last_checkpoint = 0.0
     next_prune = float("-inf")  # the first round prunes what a stopped service left
     next_forward_prune = float("-inf")
     loop = asyncio.get_running_loop()
+    last_measure = loop.time()  # the lifespan measured it before the state loaded
     while True:
         await asyncio.sleep(SWEEP_INTERVAL_S)
         try:
+            if database_time is not None and loop.time() - last_measure >= MEASURE_INTERVAL_S:
+                last_measure = loop.time()
+                await off_loop(database_time.measure)
             with acting(SWEEP):  # the audit log's actor of what expires
                 await off_loop(allocations.sweep, state)  # one `expired` event each
             # Keeps its own clock: it also runs as soon as a fresh Slurm reservation's
@@ -154,16 +163,35 @@ def _settle_heap() -> None:
     gc.set_threshold(50_000, 20, 100)
 
 
+def _ticks_of(clock: Clock) -> Callable[[], float]:
+    return lambda: clock().timestamp()
+
+
 def create_app(
     settings: Settings | None = None,
     *,
     demo: bool = False,
-    clock: Clock = utc_now,
+    clock: Clock | None = None,
+    database_clock: Clock | None = None,
     background: bool = True,
 ) -> FastAPI:
+    """``clock``: this host's clock (None: its wall clock). ``database_clock``: the
+    database's (None: read from a Postgres server when ``clock`` is None; else the one
+    clock given is also the database's, so that a test moving it moves every decision).
+    Every decision is on the database's clock (service/database_time.py)."""
     settings = settings or Settings()
     engine = make_engine(settings.database_url)
-    state = ServiceState(settings, engine, clock)
+    host = clock or utc_now
+    read = database_clock
+    if read is None and clock is None:
+        read = database_reader(engine)
+    database_time = None
+    if read is not None:
+        # In production the time elapsed between two reads is counted on the monotonic
+        # clock, which no NTP step moves; a host clock given (tests) counts it instead.
+        ticks = time.monotonic if clock is None else _ticks_of(host)
+        database_time = DatabaseTime(read, host, ticks)
+    state = ServiceState(settings, engine, database_time or host)
     token_check = Authenticator(
         engine,
         settings.static_tokens(),
@@ -185,6 +213,8 @@ def create_app(
         if settings.migrate_on_start:
             await off_loop(migrate.upgrade, settings.database_url)
         await off_loop(require_token_source, settings, engine, token_check)
+        if database_time is not None:
+            await off_loop(database_time.measure)  # before anything is judged by it
         await off_loop(state.load)
         _settle_heap()
         listener = None
@@ -194,7 +224,11 @@ def create_app(
             listener.start()
         demo_nodes = await off_loop(register_demo_cluster, state) if demo else []
         app.state.grpc = await off_loop(start_grpc, state, token_check, limiter)
-        task = asyncio.create_task(_background(state, demo_nodes)) if background else None
+        task = (
+            asyncio.create_task(_background(state, demo_nodes, database_time))
+            if background
+            else None
+        )
         revocations = asyncio.create_task(_forget_revoked(token_check))
         pushing = asyncio.create_task(pusher.run()) if pusher is not None else None
         following = asyncio.create_task(app.state.federation.follow())
@@ -234,7 +268,7 @@ def create_app(
     )
     app.state.service = state
     app.state.token_check = token_check
-    app.state.federation = Registry(engine, settings.federation_stale_s, clock)
+    app.state.federation = Registry(engine, settings.federation_stale_s, state.clock)
     app.state.federation_client = federation_client
     app.state.summary_refusals = SummaryRefusals(state)
     app.state.pusher = pusher

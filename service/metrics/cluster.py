@@ -8,6 +8,7 @@ resync, a restart); these gauges are the state itself at scrape time:
   a stale or cordoned node, or unhealthy);
 - the largest free NVLink island on any node of a design and region;
 - live allocations by state (one query to the database);
+- this host's clock offset from the database's (service/database_time.py);
 - each node's latest NVLink counters (service/nodes/nvlink.py).
 
 A node's *design* is its GPU count and model (``8x NVIDIA H100 80GB HBM3``):
@@ -31,6 +32,7 @@ from prometheus_client.registry import Collector
 from placement import NodeSnapshot
 from placement.islands import Island
 from service import schema
+from service.database_time import DatabaseTime
 from service.nodes.nvlink import COUNTERS
 from service.state import ServiceState
 
@@ -110,8 +112,21 @@ class ClusterCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         yield from self._nodes()
         yield self._allocations()
+        yield self._clock_offset()
         if self.state.settings.metrics_nvlink:
             yield from self._nvlink()
+
+    def _clock_offset(self) -> Metric:
+        """How far this host's clock is from the database's, the one every decision is
+        judged on (service/database_time.py): 0 where they are one clock (SQLite) and
+        before the first reading."""
+        clock = self.state.clock
+        offset = clock.offset_s if isinstance(clock, DatabaseTime) else None
+        return GaugeMetricFamily(
+            "topoplace_clock_offset_seconds",
+            "This host's clock minus the database's, at the last reading.",
+            value=offset or 0.0,
+        )
 
     def _readings(self) -> list[_Reading]:
         state = self.state
