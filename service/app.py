@@ -98,10 +98,15 @@ async def _background(
             if loop.time() - last_checkpoint >= CHECKPOINT_INTERVAL_S:
                 last_checkpoint = loop.time()
                 await off_loop(checkpoint, state.engine)
+            # Each prune's next round is set an interval on before it runs: one that fails
+            # (a role without DELETE, a statement timeout) is tried again then, not every
+            # round, where it would hold up the work after it in the loop for good.
             if loop.time() >= next_prune:
+                next_prune = loop.time() + audit_retention.wait_after(state, 0)
                 pruned = await off_loop(audit_retention.prune, state)
                 next_prune = loop.time() + audit_retention.wait_after(state, pruned)
             if loop.time() >= next_forward_prune:
+                next_forward_prune = loop.time() + forward_retention.wait_after(0)
                 pruned = await off_loop(forward_retention.prune, state)
                 next_forward_prune = loop.time() + forward_retention.wait_after(pruned)
             if loop.time() - last_maintenance < interval:
