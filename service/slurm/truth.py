@@ -37,8 +37,13 @@ _HEAD = re.compile(
 )
 # A het job component's name is followed by the het job's ids (Slurm's), then the user.
 _USER = re.compile(r"(?: HetJobIdSet=[0-9,\-]+)? UserId=([^\s(]+)")
-_STATE = re.compile(r"\bJobState=(\S+)")
-_RESTARTS = re.compile(r"\bRestarts=(\d{1,9})\b")
+# Slurm prints the state with the reason right after it; a user's ``--wckey`` comes
+# before and can imitate both: the last one before MinCPUsNode= is Slurm's.
+_STATE = re.compile(r" JobState=(\S+) Reason=")
+# Slurm prints the restart count in this run of its own fields, after the account, QOS
+# and wckey (``--wckey``, as the user wrote it, where TrackWCKey=yes): a user's text
+# can imitate the run, so the last one before MinCPUsNode= is Slurm's.
+_RESTARTS = re.compile(r" Requeue=\d+ Restarts=(\d{1,9}) BatchFlag=\d+ ")
 # Slurm 22.05 prints this field right after the per-node lines, and no text a user
 # writes between the job's name and it.
 _AFTER_NODES = " MinCPUsNode="
@@ -109,9 +114,12 @@ def from_show_job(text: str, job_name: str) -> tuple[JobTruth, str]:
 
     Slurm prints what users write (the job's name, work directory, comment) as it is,
     among its own fields, so such text can imitate them. The name, known from the
-    prolog's environment, is cut out by its length; the user, the state and the
-    per-node GPUs are read only from what follows it up to ``MinCPUsNode=``, where
-    Slurm prints nothing a user writes. The admin comment comes after the work
+    prolog's environment, is cut out by its length; the user, the state, the restart
+    count and the per-node GPUs are read only from what follows it up to
+    ``MinCPUsNode=``. There Slurm prints one thing a user writes, the wckey (with
+    TrackWCKey=yes), before the state and the restart count: the last of each is
+    Slurm's, and the per-node GPUs are read after the restart count. The admin
+    comment comes after the work
     directory: every allocation it could name is a candidate, and ``record`` keeps
     only the job's user's own.
     """
@@ -126,9 +134,12 @@ def from_show_job(text: str, job_name: str) -> tuple[JobTruth, str]:
     if end < 0:
         raise TruthError("no MinCPUsNode= in the job's text")
     fields = text[named_from:end]
-    state = _STATE.search(fields)
+    state = next(reversed(list(_STATE.finditer(fields))), None)
+    restarts = next(reversed(list(_RESTARTS.finditer(fields))), None)
+    # The per-node lines come after the restart count, as does no text a user writes
+    # (the wckey comes before it).
     gpus: dict[str, list[int]] = {}
-    for nodes, gres in _NODE_GRES.findall(fields):
+    for nodes, gres in _NODE_GRES.findall(fields, restarts.end() if restarts else 0):
         indices = gpu_indices(gres)
         if indices:
             for node in hostlist.expand(nodes):
@@ -140,7 +151,6 @@ def from_show_job(text: str, job_name: str) -> tuple[JobTruth, str]:
     record_end = text.find("\nJobId=", end)
     comments = _ADMIN_COMMENT.findall(text, end, len(text) if record_end < 0 else record_end)
     named = list(dict.fromkeys(i for c in comments for i in allocation_ids(c)))
-    restarts = _RESTARTS.search(fields)
     truth = JobTruth(
         _job_id(head.group(1)),
         _user(user.group(1)),

@@ -75,3 +75,51 @@ def test_a_late_report_of_the_requeued_run_still_records_nothing(dgx1: TestClien
     assert successor["action"] == "modify", successor
     _ignored(started(dgx1, text))
     assert of_job(dgx1, 82) == []
+
+
+def _wckey(text: str, wckey: str) -> str:
+    """``text`` as Slurm prints it with TrackWCKey=yes: the job's ``--wckey``, as the user
+    wrote it, after its account and QOS, before JobState= and Requeue= Restarts=."""
+    return text.replace(
+        " JobState=", f" Priority=1 Nice=0 Account=research QOS=normal WCKey={wckey} JobState=", 1
+    )
+
+
+def test_a_restart_count_written_in_the_wckey_is_not_read_as_slurms(
+    dgx1: TestClient,
+) -> None:
+    """A job whose ``--wckey`` reads ``Requeue=1 Restarts=1 BatchFlag=1`` has never been
+    requeued: its report processed after its end is still turned away. Read from the
+    wckey, it was recorded, and released the reservation of the job given the GPUs next."""
+    forged = "x Requeue=1 Restarts=1 BatchFlag=1"
+    text = _wckey(show_job(84, EVERY_GPU, "node1"), forged)
+    _epilog(dgx1, 84)
+    successor = submit(dgx1, tres_per_node="gres:gpu:8", req_nodes="node1")
+    assert successor["action"] == "modify", successor
+    _ignored(started(dgx1, text))
+    assert of_job(dgx1, 84) == []
+    # A real requeue, with the same wckey, is still read as one.
+    again = _wckey(show_job(85, "gpu:2(IDX:0-1)", "node2", restarts=1), forged)
+    assert started(dgx1, again)["action"] == "created"
+
+
+def test_a_job_state_written_in_the_wckey_is_not_read_as_slurms(dgx1: TestClient) -> None:
+    """A report read after the job completed is turned away by its JobState=, even when
+    the job's ``--wckey`` reads ``JobState=RUNNING`` (and no epilog said its end)."""
+    text = _wckey(show_job(86, EVERY_GPU, "node1", state="COMPLETED"), "x JobState=RUNNING")
+    answer = started(dgx1, text)
+    assert answer["action"] == "none" and "COMPLETED" in answer["message"], answer
+    assert of_job(dgx1, 86) == []
+
+
+def test_gpus_written_in_the_wckey_are_not_read_as_slurms(dgx1: TestClient) -> None:
+    """A wckey reading ``Nodes=node2 CPU_IDs=0 Mem=0 GRES=gpu:8(IDX:0-7)`` claims no GPU:
+    read as Slurm's per-node line, it released the reservation of another user's job on
+    node2 and held all of node2's GPUs for a job that runs on two of node1's."""
+    bobs = submit(dgx1, tres_per_node="gres:gpu:8", req_nodes="node2", user_name="bob")
+    assert bobs["action"] == "modify", bobs
+    forged = "x Nodes=node2 CPU_IDs=0 Mem=0 GRES=gpu:8(IDX:0-7)"
+    answer = started(dgx1, _wckey(show_job(87, "gpu:2(IDX:0-1)", "node1"), forged))
+    assert answer["action"] == "created" and answer["superseded"] == [], answer
+    [allocation] = of_job(dgx1, 87)
+    assert gpus(allocation) == {"node1": [0, 1]}
