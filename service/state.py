@@ -151,16 +151,15 @@ class ServiceState:
 
         The state lock is held while reading, so a write of this process that
         commits after the read applies itself after the sync, never before
-        it. Snapshots are fetched only for nodes whose seq moved (a seq
-        always names the same content), and nodes are added in name order so
-        that every process breaks ties the same way.
+        it; one committing during the read is judged on one read of the holds
+        and of its row (``_read_holds``). Snapshots are fetched only for nodes
+        whose seq moved (a seq always names the same content), and nodes are
+        added in name order so that every process breaks ties the same way.
         """
         nodes = schema.nodes
         node_query = sa.select(*_NODE_COLUMNS).order_by(nodes.c.name)
-        hold_query = _HOLD_COLUMNS
         if names is not None:
             node_query = node_query.where(nodes.c.name.in_(names))
-            hold_query = hold_query.where(schema.gpu_holds.c.node.in_(names))
         with self.lock, self.engine.connect() as conn:
             rows = conn.execute(node_query).mappings().all()
             moved = [str(r["name"]) for r in rows if not self._has_snapshot(r)]
@@ -174,8 +173,7 @@ class ServiceState:
                 if moved
                 else {}
             )
-            held, pools = _by_node(conn.execute(hold_query).all())
-            committed = self._committed_inflight(conn, names)
+            held, pools, committed = self._read_holds(conn, names)
             present = {str(row["name"]) for row in rows}
             for name in [n for n in (names or self.cluster.names()) if n not in present]:
                 if name in self.cluster:
@@ -197,10 +195,25 @@ class ServiceState:
                     log.exception("node %s: memory refused the database's holds", name)
             self.refresh_availability(names)
 
-    def _committed_inflight(self, conn: sa.Connection, names: list[str] | None) -> set[str]:
-        """Of the allocations this process is committing on these nodes, those whose row
-        the database already has: committed, and perhaps ended already. What they hold is
-        then what the database holds, not what this process chose."""
+    def _read_holds(
+        self, conn: sa.Connection, names: list[str] | None
+    ) -> tuple[dict[str, set[str]], dict[str, dict[str, int]], set[str]]:
+        """The holds and share pools of these nodes (``_by_node``), and of the allocations
+        this process is committing on them, those whose row the database already has:
+        committed, and perhaps ended already. What they hold is then what the database
+        holds, not what this process chose.
+
+        One statement, so one moment for both (Postgres reads each statement of a
+        transaction as of its own start, SQLite each one outside a write): a commit
+        of this process landing between a read of the holds and a later read of its
+        row counted it committed yet left its holds out, and memory freed its devices.
+        Its own notification never comes back to this process, so they stayed free
+        here, under a live reservation, until the next full resync."""
+        gpu_holds, rows = schema.gpu_holds, schema.allocations
+        holds_read = _HOLD_COLUMNS.add_columns(_NO_ID)
+        if names is not None:
+            holds_read = holds_read.where(gpu_holds.c.node.in_(names))
+        query: sa.Select[Any] | sa.CompoundSelect[Any] = holds_read
         ids = sorted(
             {
                 allocation_id
@@ -210,11 +223,20 @@ class ServiceState:
                 for allocation_id in taken
             }
         )
-        if not ids:
-            return set()
-        rows = schema.allocations
-        query = sa.select(rows.c.id).where(rows.c.id.in_(ids))
-        return {str(allocation_id) for (allocation_id,) in conn.execute(query)}
+        if ids:
+            stored = sa.select(
+                *(sa.cast(sa.null(), c.type) for c in _HOLD_COLUMNS.selected_columns), rows.c.id
+            ).where(rows.c.id.in_(ids))
+            query = sa.union_all(holds_read, stored)
+        holds: list[tuple[Any, ...]] = []
+        committed: set[str] = set()
+        for node, device, kind, milli, allocation_id in conn.execute(query):
+            if allocation_id is None:
+                holds.append((node, device, kind, milli))
+            else:
+                committed.add(str(allocation_id))
+        held, pools = _by_node(holds)
+        return held, pools, committed
 
     def _load_snapshot(self, name: str, row: sa.RowMapping, body: str) -> bool:
         """Put a stored snapshot into the engine; False, logged and the node left out,
@@ -458,6 +480,10 @@ _HOLD_COLUMNS = sa.select(
     schema.gpu_holds.c.kind,
     schema.gpu_holds.c.share_milli,
 )
+
+
+# The column that names a committed allocation in ``_read_holds``' rows; none on a hold.
+_NO_ID = sa.cast(sa.null(), schema.allocations.c.id.type).label("committed")
 
 
 def _by_node(

@@ -5,8 +5,9 @@ one on SQLite) with place (whole GPUs and GPU shares), replayed
 Idempotency-Keys, one key sent to every replica at once, confirm, extend,
 release, release by job id, expiry (reservations with a TTL of a fraction of
 a second, swept by the services themselves), snapshots that turn GPUs
-unhealthy and back, and calls that race each other across replicas. After
-every step it checks, in the database and in every replica's view:
+unhealthy and back or swap one for a new board, cordons and uncordons on
+any replica, and calls that race each other across replicas. After every
+step it checks, in the database and in every replica's view:
 
 - a GPU is held by at most one live allocation, whole or in shares that sum
   to its pool and never pass a whole GPU, and every live allocation holds
@@ -16,6 +17,8 @@ every step it checks, in the database and in every replica's view:
   as they arrive);
 - one Idempotency-Key makes at most one allocation, whichever replicas it
   reaches at once;
+- no reservation made after a node's cordon answered holds its GPUs, on
+  whichever replica it was made;
 - no answer is a 5xx, and a confirmed allocation never ends `expired`.
 
 Dropping a state guard in service/allocations/repository.py (confirm or
@@ -120,6 +123,8 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.jobs: set[str] = set()
         self.serial = 0
         self.seq = dict.fromkeys(self.cluster.snapshots, 0)
+        # Nodes whose cordon has answered: no reservation made after it may hold their GPUs.
+        self.cordoned: set[str] = set()
         self._reset()
 
     def _reset(self) -> None:
@@ -131,6 +136,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         for name, snap in list(self.cluster.snapshots.items()):
             if any(g.health is not Health.HEALTHY for g in snap.gpus):
                 self._report_health(0, name, None)
+            self.cluster.call(0, "POST", f"/v1/nodes/{name}/uncordon")
 
     def _report_health(self, replica: int, name: str, sick: int | None) -> None:
         snap = self.cluster.snapshots[name]
@@ -142,8 +148,12 @@ class LifecycleMachine(RuleBasedStateMachine):
 
     def _place(self, replica: int, body: dict[str, Any], key: str | None) -> httpx.Response:
         headers = {"Idempotency-Key": key} if key else {}
+        cordoned = set(self.cordoned)  # as of the call: a cordon racing it may go either way
         response = self.cluster.call(replica, "POST", "/v1/place", json=body, headers=headers)
         assert response.status_code in (200, 201, 409), response.text
+        if response.status_code == 201:
+            on = {task["node"] for task in response.json()["tasks"]} & cordoned
+            assert not on, f"a reservation made after the cordon holds GPUs of {sorted(on)}"
         return response
 
     @rule(
@@ -312,6 +322,28 @@ class LifecycleMachine(RuleBasedStateMachine):
     )
     def health_changes(self, node: int, sick: int | None, replica: int) -> None:
         self._report_health(replica, f"h100-{node}", sick)
+
+    @rule(node=st.integers(0, NODES - 1), replica=st.integers(0, 2), on=st.booleans())
+    def cordon_flips(self, node: int, replica: int, on: bool) -> None:
+        # Another replica may not have heard of it yet when the next place comes: the
+        # reservation's holds name the node row it was chosen on, uncordoned.
+        name = f"h100-{node}"
+        action = "cordon" if on else "uncordon"
+        response = self.cluster.call(replica, "POST", f"/v1/nodes/{name}/{action}")
+        assert response.status_code == 200, response.text
+        if on:
+            self.cordoned.add(name)
+        else:
+            self.cordoned.discard(name)
+
+    @rule(node=st.integers(0, NODES - 1), index=st.integers(0, 7), replica=st.integers(0, 2))
+    def board_replaced(self, node: int, index: int, replica: int) -> None:
+        # A GPU swapped for a new one: the old UUID's holder keeps its hold (degraded), the
+        # new UUID is free, on every replica.
+        snap = self.cluster.snapshots[f"h100-{node}"]
+        new = f"GPU-swapped-{time.monotonic_ns()}"  # never one an earlier example reported
+        gpus = [g.model_copy(update={"uuid": new}) if g.index == index else g for g in snap.gpus]
+        self.cluster.report(replica, snap.model_copy(update={"gpus": gpus, "seq": snap.seq + 1}))
 
     @invariant()
     def one_gpu_one_live_allocation(self) -> None:

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
 from placement.profiles import build_profile
 from service import schema
-from service.allocations import repository
+from service.allocations import api, repository
+from service.allocations.place_flow import Commit, blocking_step
+from service.allocations.schemas import PlaceRequest
 from service.app import create_app
 from service.settings import Settings
+from service.state import ServiceState
 from tests.service.conftest import FakeClock
 from tests.service.helpers import add_nodes, report
 
@@ -112,3 +117,48 @@ def test_a_node_deleted_and_reported_again_under_its_old_seq_is_reloaded(
             assert report(reader, old).status_code == 200
             assert report(writer, old).status_code == 200
             assert writer.app.state.service.cluster.node("h0").snapshot.gpus == old.gpus
+
+
+@pytest.mark.parametrize(
+    "body",
+    [{"gpus": 2, "job_id": "j"}, {"gpu_fraction": 0.5, "job_id": "j"}],
+    ids=["whole", "share"],
+)
+def test_a_sync_that_this_process_commit_lands_in_keeps_its_devices_busy(
+    client: TestClient, body: dict[str, Any]
+) -> None:
+    """A sync (another replica's notification for the node: a cordon, a report, a
+    release) runs while this process commits a reservation there, and the commit lands
+    between the sync's reads. No notification of its own follows (a replica skips its
+    own), so whatever the sync leaves in memory stays until the next full resync."""
+    add_nodes(client, ("hgx-h100", "h0"))
+    state: ServiceState = client.app.state.service  # type: ignore[attr-defined]
+    flow = api.placing(state, PlaceRequest.model_validate(body), None)
+    step = next(flow)
+    while not isinstance(step, Commit):  # chosen and applied in memory, not yet stored
+        step = flow.send(blocking_step(state, False, step))
+    landed: list[bool] = []
+
+    def commit_after_the_holds_read(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        if "gpu_holds" in statement and not landed:
+            landed.append(True)
+            blocking_step(state, False, step)  # the group committer's thread writes it
+
+    sa.event.listen(state.engine, "after_cursor_execute", commit_after_the_holds_read)
+    try:
+        state.sync_nodes(["h0"])
+    finally:
+        sa.event.remove(state.engine, "after_cursor_execute", commit_after_the_holds_read)
+    assert landed
+    with pytest.raises(StopIteration) as done:
+        flow.send(None)  # the commit's outcome: the flow ends its in-flight marks
+    task = done.value.value.allocation.tasks[0]
+    with state.lock:
+        node = state.cluster.node("h0")
+        busy, shares = set(node.held_gpus), dict(node.shares)
+    if "gpus" in body:
+        assert busy == set(task.gpu_uuids), "memory shows the reservation's GPUs free"
+    else:
+        assert shares == {task.gpu_uuids[0]: 500}, "memory shows the reservation's share free"
+    view = client.get("/v1/nodes/h0").json()
+    assert len(view["free_gpus"]) == 8 - (2 if "gpus" in body else 1)
