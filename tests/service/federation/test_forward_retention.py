@@ -3,9 +3,10 @@ retention, or held by a request, keeps its region."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -127,40 +128,67 @@ def test_a_key_taken_while_it_is_pruned_keeps_its_region(
     t = federation_forwards
     now = clock()
     pruned: list[int] = []
-    with engine.begin() as conn:  # the retry's take_key, not committed yet
+    failed: list[BaseException] = []
+
+    def prune() -> None:
+        try:
+            pruned.append(forward_retention.prune(state))
+        except BaseException as exc:  # shown by the test, not lost with the thread
+            failed.append(exc)
+
+    with (
+        _lock_watch(engine) as blocked,
+        engine.begin() as conn,  # the retry's take_key, not committed yet
+    ):
         conn.execute(
             t.update()
             .where(t.c.idempotency_key == "k")
             .values(holder="retry", held_until=now + timedelta(seconds=20))
         )
-        pruning = threading.Thread(target=lambda: pruned.append(forward_retention.prune(state)))
+        pruning = threading.Thread(target=prune)
         pruning.start()
-        _wait_until_blocked(engine, pruning)
-    pruning.join(10)
+        waited = blocked(pruning)
+    pruning.join(30)
+    assert not failed, failed
+    assert waited, "the prune never waited on the held row"
     assert pruned == [0]
     assert _keys(engine) == ["k"]
 
 
-def _wait_until_blocked(engine: sa.Engine, thread: threading.Thread) -> None:
-    """Until the prune waits on the retry's lock (Postgres says so; SQLite a moment)."""
+@contextlib.contextmanager
+def _lock_watch(engine: sa.Engine) -> Iterator[Callable[[threading.Thread], bool]]:
+    """A check, on a connection made beforehand (a loaded machine may take a while to
+    connect), that waits until the thread waits on a row lock: True once Postgres says
+    so, False if the thread ended first or 30 s passed; on SQLite, True after a moment.
+    Each look is a transaction of its own: the first version read pg_stat_activity
+    in one transaction, so a first look before the prune waited was all it ever saw
+    (a flake on a loaded machine)."""
     if engine.dialect.name != "postgresql":
-        time.sleep(0.5)
+        yield lambda _thread: time.sleep(0.5) is None
         return
     query = sa.text(
         "SELECT count(*) FROM pg_stat_activity"
         " WHERE wait_event_type = 'Lock' AND datname = current_database()"
     )
-    deadline = time.monotonic() + 10
     watcher = make_engine(engine.url.render_as_string(hide_password=False))
     try:
         with watcher.connect() as watch:
-            while time.monotonic() < deadline and thread.is_alive():
-                if watch.execute(query).scalar_one():
-                    return
-                time.sleep(0.02)
+
+            def blocked(thread: threading.Thread) -> bool:
+                deadline = time.monotonic() + 30
+                while time.monotonic() < deadline and thread.is_alive():
+                    waiting = watch.execute(query).scalar_one()
+                    # Postgres keeps one snapshot of pg_stat_activity per transaction: a
+                    # first read before the prune waited would be read again and again.
+                    watch.rollback()
+                    if waiting:
+                        return True
+                    time.sleep(0.02)
+                return False
+
+            yield blocked
     finally:
         watcher.dispose()
-    raise AssertionError("the prune never waited on the held row")
 
 
 def test_retention_defaults_to_a_week_and_is_never_under_an_hour() -> None:
