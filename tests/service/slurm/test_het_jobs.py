@@ -9,11 +9,9 @@ component runs on look free until the reconcile loop's next read (docs/slurm.md)
 
 from __future__ import annotations
 
-import pytest
 from fastapi.testclient import TestClient
 
 from service.slurm import truth
-from tests.service.helpers import add_nodes
 from tests.service.slurm.test_late_prolog import _epilog
 from tests.service.slurm.test_truth import gpus, of_job, show_job, started, submit
 
@@ -58,12 +56,6 @@ COMPONENT_1 = (
     " WorkDir=/home/alice StdErr=/home/alice/het-2.out StdIn=/dev/null"
     " StdOut=/home/alice/het-2.out Power= TresPerNode=gres:gpu:2 "
 )
-
-
-@pytest.fixture
-def dgx1(client: TestClient) -> TestClient:
-    add_nodes(client, ("dgx1-v100", "node1"), ("dgx1-v100", "node2"))
-    return client
 
 
 def test_each_component_of_a_het_job_is_read_as_its_own_job() -> None:

@@ -8,11 +8,9 @@ must be read, or the GPUs the task runs on look free (docs/slurm.md).
 
 from __future__ import annotations
 
-import pytest
 from fastapi.testclient import TestClient
 
 from service.slurm import truth
-from tests.service.helpers import add_nodes
 from tests.service.slurm.test_late_prolog import _epilog
 from tests.service.slurm.test_truth import gpus, of_job, show_job, started, submit
 
@@ -38,12 +36,6 @@ TASK_0 = (
     " StdErr=/home/alice/slurm-1_0.out StdIn=/dev/null StdOut=/home/alice/slurm-1_0.out"
     " Power= TresPerNode=gres:gpu:1 "
 )
-
-
-@pytest.fixture
-def dgx1(client: TestClient) -> TestClient:
-    add_nodes(client, ("dgx1-v100", "node1"), ("dgx1-v100", "node2"))
-    return client
 
 
 def test_an_array_task_is_read_as_its_own_job() -> None:

@@ -13,7 +13,6 @@ from service.settings import Settings
 from service.slurm import service as slurm_service
 from service.slurm.settings import SlurmSettings
 from tests.service.conftest import FakeClock
-from tests.service.helpers import add_nodes
 from tests.service.loop_watch import LoopWatch
 
 NO_VAL = 4294967294
@@ -30,12 +29,6 @@ def submit(client: TestClient, **fields: Any) -> dict[str, Any]:
 def live(client: TestClient) -> list[dict[str, Any]]:
     allocations: list[dict[str, Any]] = client.get("/v1/allocations").json()["allocations"]
     return [a for a in allocations if a["state"] in ("pending", "active")]
-
-
-@pytest.fixture
-def dgx1(client: TestClient) -> TestClient:
-    add_nodes(client, ("dgx1-v100", "node1"), ("dgx1-v100", "node2"))
-    return client
 
 
 def test_a_gpu_job_gets_exact_gpus_an_admin_comment_and_an_active_allocation(

@@ -12,22 +12,14 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
 from fastapi.testclient import TestClient
 
 from service.slurm.reconcile import reconcile
 from service.slurm.settings import SlurmSettings
 from tests.service.conftest import FakeClock
-from tests.service.helpers import add_nodes
 from tests.service.slurm.test_truth import of_job, show_job, started, submit
 
 EVERY_GPU = ",".join(f"gpu:g{g}:1(IDX:{g})" for g in range(8))
-
-
-@pytest.fixture
-def dgx1(client: TestClient) -> TestClient:
-    add_nodes(client, ("dgx1-v100", "node1"), ("dgx1-v100", "node2"))
-    return client
 
 
 def _epilog(client: TestClient, job: int, decision: dict[str, Any] | None = None) -> None:

@@ -15,7 +15,6 @@ from service.slurm.fresh import FRESH
 from service.slurm.reconcile import EARLY_GAP_S, Reconciler
 from service.slurm.settings import SlurmSettings
 from service.slurm.truth import TruthError, from_show_job, gpu_indices
-from tests.service.helpers import add_nodes
 
 NO_VAL = 4294967294
 
@@ -68,12 +67,6 @@ def of_job(client: TestClient, job: int) -> list[dict[str, Any]]:
 
 def gpus(allocation: dict[str, Any]) -> dict[str, list[int]]:
     return {t["node"]: t["gpu_indices"] for t in allocation["tasks"]}
-
-
-@pytest.fixture
-def dgx1(client: TestClient) -> TestClient:
-    add_nodes(client, ("dgx1-v100", "node1"), ("dgx1-v100", "node2"))
-    return client
 
 
 @pytest.mark.parametrize(
