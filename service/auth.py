@@ -399,12 +399,14 @@ class RequireToken:
             elif key == b"host" and host is None:
                 host = value.decode("latin-1")
         try:
-            if header is None and self.check.insecure:
+            # The token's digest as the rate limit read it, so it is not hashed twice.
+            principal = self.check.cached(header, scope.get(TOKEN_IDENTITY))
+            if principal is INSECURE:
+                # Judged on the principal, not on the header's absence: an empty
+                # 'Authorization:' (which fetch() may send) presents no token either.
                 _refuse_rebound_host(host, self.check.dev_hosts)
                 if scope["method"] not in SAFE_METHODS:
                     _refuse_another_site(site)
-            # The token's digest as the rate limit read it, so it is not hashed twice.
-            principal = self.check.cached(header, scope.get(TOKEN_IDENTITY))
             if principal is None:  # not on the path of a token known (nearly every request)
                 client = scope.get("client")
                 principal = await self.check.verify_async(header, client[0] if client else None)

@@ -298,3 +298,31 @@ def test_a_token_that_cannot_be_looked_up_is_a_503_not_a_fault(
         assert answer.status_code == 503, answer.text
         assert answer.json()["error"]["code"] == "database_unavailable"
         assert answer.headers["retry-after"] == "5"
+
+
+# fetch() may send a header with an empty value, and a page that rebound its own name to
+# the service makes same-origin calls (no preflight): 'Authorization:' with nothing in it
+# was taken as no token, an admin's call, yet skipped the checks of a call without one.
+def test_an_empty_authorization_header_is_no_token_for_the_insecure_dev_checks(
+    settings: Settings,
+) -> None:
+    empty = ""
+    demo_settings = settings.model_copy(update={"insecure_dev": True})
+    with TestClient(create_app(demo_settings, demo=True, background=False)) as client:
+        rebound = {**REBOUND, "Authorization": empty}
+        cross_site = {**CROSS_SITE, "Authorization": empty}
+        calls = [
+            ("GET", "/v1/tokens", None, rebound),
+            ("POST", "/v1/tokens", b'{"role": "admin", "name": "planted"}', rebound),
+            ("POST", "/v1/nodes/h100-b/cordon", None, rebound),
+            ("POST", "/v1/nodes/h100-b/cordon", None, cross_site),
+        ]
+        for method, path, body, headers in calls:
+            answer = client.request(method, path, content=body, headers=headers)
+            assert answer.status_code == 403, (path, headers, answer.text)
+            assert answer.json()["error"]["code"] == "forbidden"
+        nodes = client.get("/v1/nodes").json()["nodes"]
+        assert not [n["name"] for n in nodes if n["state"] == "cordoned"]
+        assert client.get("/v1/tokens").json()["tokens"] == []
+        # From a loopback host and this origin it is a call without a token, as before.
+        assert client.get("/v1/nodes", headers={"Authorization": empty}).status_code == 200
