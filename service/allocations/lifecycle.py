@@ -379,11 +379,15 @@ def task_truth(
     gpus: list[int],
     reason: str,
     on: Mapping[str, NodeSnapshot] | None = None,
+    *,
+    job_id: str,
 ) -> ObservedTask:
     """A task's truth for ``observe_all``: task number ``task`` of live allocation
     ``allocation_id`` (a gang member's pod) runs on ``gpus`` of ``node`` rather than on
     the GPUs it holds. Its other tasks, and this task's CPUs, are kept. ``on`` as for
-    ``gpus_truth``."""
+    ``gpus_truth``. ``job_id``: the job the allocation must be of (the gang of the pod
+    that names it): the allocation is named by the pod's annotations, which whoever
+    made the pod wrote, so an allocation of another job is not moved."""
     snapshots, rows = _snapshots(state, [node], on)
     snapshot = snapshots[node]
     wrong = [i for i in gpus if not 0 <= i < snapshot.gpu_count]
@@ -391,7 +395,7 @@ def task_truth(
         raise BadRequest(f"{node} has no GPUs {wrong or gpus}", {"node": node})
     moved_task = observed_placement({node: snapshot}, {node: gpus}, reason)["tasks"][0]
     holds = [(node, snapshot.gpus[i].uuid, "gpu") for i in sorted(gpus)]
-    return ObservedTask(allocation_id, task, node, holds, moved_task, rows[node])
+    return ObservedTask(allocation_id, task, node, holds, moved_task, rows[node], job_id)
 
 
 def _snapshots(
@@ -489,6 +493,7 @@ class ObservedTask:
     holds: list[tuple[str, str, str]]
     placement: dict[str, Any]
     mapped_on: MappedOn
+    job_id: str  # the job the allocation must be of
 
     @property
     def nodes(self) -> tuple[str, ...]:
@@ -678,6 +683,13 @@ def _plan_task(conn: Connection, truth: ObservedTask) -> _TaskPlan:
     if row is None or row["state"] not in repository.LIVE:
         refusal: ServiceError = NotFound(
             f"allocation {allocation_id} is not live", {"id": allocation_id}
+        )
+        return _TaskPlan(refusal=refusal)
+    if row["job_id"] != truth.job_id:
+        refusal = Conflict(
+            f"allocation {allocation_id} is not job {truth.job_id!r}'s: a pod moves only a"
+            " task of its own gang's allocation",
+            {"id": allocation_id},
         )
         return _TaskPlan(refusal=refusal)
     placement = json.loads(str(row["placement"]))

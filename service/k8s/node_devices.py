@@ -37,7 +37,7 @@ from service.k8s.device_schemas import (
 )
 from service.k8s.gang import TASK_ANNOTATION, task_number
 from service.k8s.kube_api import KubeApi, KubeApiError, KubeConfigError
-from service.k8s.pod_request import GANG
+from service.k8s.pod_request import GANG, gang_of
 from service.k8s.reconcile import POD_OWNER
 from service.k8s.wire import Pod
 from service.nodes import region_scope
@@ -316,7 +316,7 @@ def _reconcile_pod(
         allocation, reserved = None, []
     annotations = meta.get("annotations") or {}
     if allocation is None and GANG in annotations:
-        return _reconcile_member(state, snapshot, by_uuid, pod, annotations, mismatches, outcome)
+        return _reconcile_member(state, snapshot, by_uuid, pod, found, mismatches, outcome)
     if not job_id:
         outcome.action = "deferred"
         outcome.message = "the pod has no UID yet"
@@ -441,14 +441,18 @@ def _reconcile_member(
     snapshot: NodeSnapshot,
     by_uuid: dict[str, int],
     pod: PodDevices,
-    annotations: dict[str, str],
+    found: Pod,
     mismatches: MismatchLog,
     outcome: PodOutcome,
 ) -> PodOutcome | _Pending:
     """A gang member: its GPUs are one task of the gang's allocation (the bind annotated
     which). When the kubelet gave it others, that task alone moves onto them, with the
-    report's other moves."""
+    report's other moves. The annotations are the pod owner's to write, so the task
+    moves only when the allocation they name is the pod's own gang's (its namespace and
+    gang name): a pod of another namespace naming it moves nothing."""
     node = snapshot.name
+    annotations = (found.get("metadata") or {}).get("annotations") or {}
+    gang = gang_of(found)
     allocation_id = str(annotations.get(ALLOCATION_ANNOTATION, ""))
     was = [g for g in str(annotations.get(GPUS_ANNOTATION, "")).split(",") if g]
     task = task_number(annotations.get(TASK_ANNOTATION, ""), MAX_TASKS)
@@ -458,6 +462,11 @@ def _reconcile_member(
         outcome.message = (
             f"the gang member is not bound by topoplace yet (no {TASK_ANNOTATION} annotation)"
         )
+        return outcome
+    if gang is None:  # never bound as a member: its gang annotations do not read
+        outcome.action = "unmatched"
+        outcome.message = "the pod's gang annotations name no gang of two or more"
+        _record(mismatches, node, pod, outcome, was, ())
         return outcome
     if set(was) == set(pod.devices):
         return outcome
@@ -474,6 +483,7 @@ def _reconcile_member(
         sorted(by_uuid[d] for d in pod.devices),
         f"observed: the kubelet gave gang member {pod.namespace}/{pod.name} these GPUs",
         {node: snapshot},
+        job_id=gang.key,
     )
     return _Pending(pod, outcome, was, truth)
 

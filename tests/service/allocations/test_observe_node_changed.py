@@ -72,12 +72,12 @@ def test_a_task_truth_mapped_on_a_replaced_snapshot_is_not_recorded(
         answer = report(client, _replaced(snap, free, new))  # through the first replica
         assert answer.status_code == 200, answer.text
         reason = "observed: the kubelet"
-        stale = api.task_truth(behind, placed.allocation.id, 0, "h0", [free], reason)
+        stale = api.task_truth(behind, placed.allocation.id, 0, "h0", [free], reason, job_id="gang")
         with pytest.raises(api.NodeChanged):
             api.observe_all(behind, [stale])
         assert _held(behind) == held, "nothing recorded on the replaced snapshot"
         # Named again on the snapshot now in memory: the GPU is the new card.
-        again = api.task_truth(behind, placed.allocation.id, 0, "h0", [free], reason)
+        again = api.task_truth(behind, placed.allocation.id, 0, "h0", [free], reason, job_id="gang")
         (answer_again,) = api.observe_all(behind, [again])
         assert isinstance(answer_again, Observation) and answer_again.action == "moved"
         assert new in _held(behind)
