@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from dataclasses import replace
@@ -123,16 +124,28 @@ def _pinned(region: str, model: str, candidates: list[ranking.Candidate]) -> ran
 HOLD_MARGIN_S = 10.0
 
 
+def request_text(body: FederatedPlaceRequest) -> str:
+    """The request a key is kept for, to tell a retry from another request under the same
+    key. The region sees only the forward (no federation options, the model the key was
+    priced on), so it cannot tell them apart itself. Without ``deadline_s``: the caller's
+    patience, which a retry may well raise. Keys sorted: labels in another order are the
+    same request (a JSON object, or a map in a client's memory, keeps no order)."""
+    fields = body.model_dump(mode="json", exclude={"federation": {"deadline_s"}})
+    return json.dumps(fields, sort_keys=True, separators=(",", ":"))
+
+
 class KeyHold:
     """A keyed request's hold on its Idempotency-Key's row (service/federation/store.py):
     held from the first read to the end of the request, so that a twin request, on this
     replica or another, is told the key is in flight instead of routing it too."""
 
-    def __init__(self, registry: Registry, key: str, deadline_s: float) -> None:
+    def __init__(self, registry: Registry, key: str, body: FederatedPlaceRequest) -> None:
         self.engine = registry.engine
         self.clock = registry.clock
         self.key = key
+        self.request = request_text(body)
         self.holder = uuid.uuid4().hex
+        deadline_s = body.federation.deadline_s
         self.until = self.clock() + timedelta(seconds=deadline_s + HOLD_MARGIN_S)
         self.recorded = False  # the row exists, held by this request
 
@@ -146,8 +159,19 @@ class KeyHold:
         """(region, GPU model) the key went to before, or None for a new key."""
         try:
             found = await off_loop(
-                store.take_key, self.engine, self.key, self.holder, self.clock(), self.until
+                store.take_key,
+                self.engine,
+                self.key,
+                self.holder,
+                self.clock(),
+                self.until,
+                self.request,
             )
+        except store.OtherRequest:
+            raise Conflict(
+                "this Idempotency-Key was used for a different request; use a new key",
+                {"idempotency_key": self.key},
+            ) from None
         except store.KeyHeld:
             raise self._in_flight() from None
         self.recorded = found is not None
@@ -169,6 +193,7 @@ class KeyHold:
                 self.holder,
                 self.clock(),
                 self.until,
+                self.request,
             )
         if not done:
             raise self._in_flight()
@@ -198,7 +223,7 @@ async def place(
         return await _forward_in_turn(
             registry, client, body, None, None, fitting, candidates, started
         )
-    hold = KeyHold(registry, key, body.federation.deadline_s)
+    hold = KeyHold(registry, key, body)
     recorded = await hold.take()
     if recorded is not None:
         # This key went there before: there first, where the allocation (if any) is, and

@@ -199,28 +199,43 @@ class KeyHeld(Exception):
     """Another request holds this Idempotency-Key now (a twin, on this or another replica)."""
 
 
+class OtherRequest(Exception):
+    """The key was sent before for another request (its row names that one)."""
+
+
 def take_key(
-    engine: sa.Engine, key: str, holder: str, now: datetime, until: datetime
+    engine: sa.Engine,
+    key: str,
+    holder: str,
+    now: datetime,
+    until: datetime,
+    request: str | None = None,
 ) -> tuple[str, str] | None:
     """Hold ``key``'s row: (region, GPU model) it went to before; None when it never went
-    anywhere (the row is made by :func:`hold_key`). Raises :class:`KeyHeld` when another
-    request holds it."""
+    anywhere (the row is made by :func:`hold_key`). Raises :class:`OtherRequest` when the
+    row names another request than ``request`` (None: not compared; a row made before
+    requests were kept names none), and :class:`KeyHeld` when another request holds it.
+    A row for another request is never taken, so its own retry finds it free."""
     t = federation_forwards
+    same = sa.true() if request is None else sa.or_(t.c.request.is_(None), t.c.request == request)
     with engine.begin() as conn:
         taken = conn.execute(
             t.update()
             .where(
                 t.c.idempotency_key == key,
                 sa.or_(t.c.held_until.is_(None), t.c.held_until <= now),
+                same,
             )
             .values(holder=holder, held_until=until)
         ).rowcount
         # Read after the update, in its transaction: where the row points now.
         found = conn.execute(
-            sa.select(t.c.region, t.c.gpu_model).where(t.c.idempotency_key == key)
+            sa.select(t.c.region, t.c.gpu_model, t.c.request).where(t.c.idempotency_key == key)
         ).first()
     if found is None:
         return None
+    if request is not None and found[2] is not None and found[2] != request:
+        raise OtherRequest(key)
     if not taken:
         raise KeyHeld(key)
     return str(found[0]), str(found[1])
@@ -234,9 +249,10 @@ def hold_key(
     holder: str,
     now: datetime,
     until: datetime,
+    request: str | None = None,
 ) -> bool:
-    """Record that ``key`` goes to ``region``, held by ``holder``; False when a twin request
-    recorded it first."""
+    """Record that ``key`` goes to ``region`` for ``request``, held by ``holder``; False
+    when a twin request recorded it first."""
     try:
         with engine.begin() as conn:
             conn.execute(
@@ -244,6 +260,7 @@ def hold_key(
                     idempotency_key=key,
                     region=region,
                     gpu_model=gpu_model,
+                    request=request,
                     created_at=now,
                     holder=holder,
                     held_until=until,

@@ -113,6 +113,20 @@ def test_0015_holds_name_the_node_row_chosen_on(database_url: str) -> None:
         engine.dispose()
 
 
+def test_0016_forwarded_keys_remember_their_request(database_url: str) -> None:
+    migrate.upgrade(database_url)
+    config = migrate.alembic_config(database_url)
+    engine = sa.create_engine(database_url)
+    try:
+        command.downgrade(config, "0015")
+        assert "request" not in _columns(engine, "federation_forwards")
+        command.upgrade(config, "0016")
+        assert "request" in _columns(engine, "federation_forwards")
+    finally:
+        migrate.upgrade(database_url)
+        engine.dispose()
+
+
 def _columns(engine: sa.Engine, table: str) -> set[str]:
     return {str(c["name"]) for c in sa.inspect(engine).get_columns(table)}
 

@@ -493,3 +493,40 @@ def test_a_key_retried_on_a_replica_that_has_not_read_its_region_goes_there(
         assert again.status_code == 201, again.text[:300]
         assert again.json()["region"] == "cheapest" and again.json()["replayed"] is True
         assert again.json()["cloud"] == "aws"
+
+
+@pytest.mark.parametrize(
+    "other",
+    [
+        {"gpus": 2, "federation": {"regions": ["mid"]}},  # a region the first went to is out
+        {"gpus": 2, "gpu_models": ["A100"]},  # another model: the key's region sells H100s
+        {"gpus": 2, "federation": {"budget_per_hour": 0.5}},  # under what cheap costs
+    ],
+)
+def test_a_key_sent_again_for_another_request_is_refused(
+    client: TestClient, regions: Regions, other: dict[str, Any]
+) -> None:
+    """The region sees only what is forwarded (no federation options, the model the key
+    was priced on), so it would replay the first allocation for a request it does not
+    meet: the global service itself must tell the requests apart, as /v1/place does."""
+    assert place(client, "k-other").json()["region"] == "cheap"
+    regions.answers["cheap"] = answering("cheap", replayed=True)
+    again = client.post("/v1/federation/place", json=other, headers={"Idempotency-Key": "k-other"})
+    assert again.status_code == 409, again.text
+    assert again.json()["error"]["code"] == "conflict"
+    assert [r for r, key, _ in regions.seen if key == "k-other"] == ["cheap"]
+
+
+def test_a_key_sent_again_with_a_longer_deadline_is_the_same_request(
+    client: TestClient, regions: Regions
+) -> None:
+    """The deadline is the caller's patience, not the job: a retry may wait longer."""
+    assert place(client, "k-patient").json()["region"] == "cheap"
+    regions.answers["cheap"] = answering("cheap", replayed=True)
+    again = client.post(
+        "/v1/federation/place",
+        json={"gpus": 2, "federation": {"deadline_s": 30}},
+        headers={"Idempotency-Key": "k-patient"},
+    )
+    assert again.status_code == 201, again.text
+    assert again.json()["region"] == "cheap" and again.json()["replayed"] is True
