@@ -257,14 +257,19 @@ class GangCoordinator:
 
         A reservation reused is stamped first (``allocations.touch``), before the member's
         Binding: a release decided from a pod list read before this member existed or
-        bound (the reconciler's, another replica's watch) then leaves it. One found ended
-        is forgotten, and the gang reserved anew.
+        bound (the reconciler's, another replica's watch) then leaves it. One not yet
+        confirmed gets its TTL again from now (``ttl_s``), so it cannot expire under the
+        Binding this member writes next (the gang's first Binding was refused, and the
+        member came as its TTL ran out). One found ended, or whose TTL passed, is
+        forgotten, and the gang reserved anew.
         """
         assert pod.gang is not None and pod.request is not None
         gang = pod.gang
         known = self.current(gang)
         if known.allocation is not None:
             touched = allocations.touch(self.state, known.allocation.id)
+            if touched is not None and touched.expires_at is not None:  # not confirmed yet
+                touched = self._extended(touched, ttl_s)
             if touched is None:
                 known.allocation, known.claims = None, {}
             else:
@@ -295,6 +300,14 @@ class GangCoordinator:
             f"{PREFIX}gang {gang.name}'s reservation has no free task on {node}"
             f" (free tasks on: {', '.join(nodes) or 'none'})"
         )
+
+    def _extended(self, allocation: Allocation, ttl_s: float) -> Allocation | None:
+        """The pending reservation with ``ttl_s`` from now; None when its TTL has passed
+        (the extend expires it) or it ended meanwhile."""
+        try:
+            return allocations.extend(self.state, allocation.id, ttl_s)
+        except ServiceError:
+            return None
 
     def unclaim(self, pod: PodRequest, task: int) -> None:
         assert pod.gang is not None

@@ -29,7 +29,8 @@ class ExtenderSettings(BaseSettings):
     gang_ttl_s: float = Field(
         default=600.0,
         gt=0,
-        description="a gang's reservation waits this long for its first member to bind",
+        description="a gang's reservation waits this long for its first member to bind, counted"
+        " again from each member's claim",
     )
     watch: bool = Field(
         default=True,
