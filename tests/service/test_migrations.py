@@ -114,14 +114,35 @@ def test_0015_holds_name_the_node_row_chosen_on(database_url: str) -> None:
 
 
 def test_0016_forwarded_keys_remember_their_request(database_url: str) -> None:
+    """The column comes and goes; a key forwarded before it names no request (unchecked)."""
+    from datetime import UTC, datetime
+
     migrate.upgrade(database_url)
     config = migrate.alembic_config(database_url)
     engine = sa.create_engine(database_url)
+    forwards = sa.table(
+        "federation_forwards",
+        *(sa.column(c) for c in ("idempotency_key", "region", "gpu_model", "created_at")),
+    )
     try:
         command.downgrade(config, "0015")
         assert "request" not in _columns(engine, "federation_forwards")
+        with engine.begin() as conn:
+            conn.execute(forwards.delete())
+            conn.execute(
+                forwards.insert().values(
+                    idempotency_key="k",
+                    region="aws-east",
+                    gpu_model="H100",
+                    created_at=datetime(2026, 12, 5, tzinfo=UTC),
+                )
+            )
         command.upgrade(config, "0016")
         assert "request" in _columns(engine, "federation_forwards")
+        t = schema.federation_forwards
+        with engine.connect() as conn:
+            row = conn.execute(sa.select(t.c.region, t.c.request)).one()
+        assert tuple(row) == ("aws-east", None)
     finally:
         migrate.upgrade(database_url)
         engine.dispose()
@@ -421,8 +442,9 @@ def test_0013_holds_forwarded_keys_and_keeps_the_forwards(database_url: str) -> 
             )
         command.upgrade(config, "0013")
         with engine.connect() as conn:
-            row = conn.execute(sa.select(schema.federation_forwards)).mappings().one()
-        assert (row["region"], row["holder"], row["held_until"]) == ("aws-east", None, None)
+            t = schema.federation_forwards  # the columns 0013 made, not those added since
+            row = conn.execute(sa.select(t.c.region, t.c.holder, t.c.held_until)).one()
+        assert tuple(row) == ("aws-east", None, None)
         command.downgrade(config, "0012")
         columns = {c["name"] for c in sa.inspect(engine).get_columns("federation_forwards")}
         assert "holder" not in columns and "held_until" not in columns
