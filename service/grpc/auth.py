@@ -14,6 +14,9 @@ address is known, before the method runs (first_sight.py).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import contextvars
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
@@ -41,6 +44,10 @@ OPEN_PREFIXES = access.GRPC_OPEN_PREFIXES
 PRESENTED: ContextVar[tuple[grpc.HandlerCallDetails, bytes] | None] = ContextVar(
     "presented", default=None
 )
+# How often a stream with no message to send checks whether its token was revoked: a
+# revocation reaches this process within REVOCATION_POLL_S (service/auth.py), so a quiet
+# stream of a revoked token ends within the two together.
+REVOCATION_RECHECK_S = 1.0
 if TYPE_CHECKING:  # generic only in the stubs
     Handler = grpc.RpcMethodHandler[Any, Any]
 
@@ -102,8 +109,10 @@ class RequireToken(grpc.aio.ServerInterceptor):
         return _acting(self._revocable(handler, principal), principal.actor(route))
 
     def _revocable(self, handler: Handler, principal: Principal) -> Handler:
-        """``handler``, a stream (Watch), ending UNAUTHENTICATED at its first message after
-        its token is revoked: the check at its start does not hold for the stream's life."""
+        """``handler``, a stream (Watch), ending UNAUTHENTICATED once its token is revoked:
+        the check at its start does not hold for the stream's life. Checked before each
+        message, and every ``REVOCATION_RECHECK_S`` while none comes, so that a quiet
+        stream ends too and frees its watch slot (service/events.py)."""
         inner: Any = handler.unary_stream  # the servicer's async generator
         if inner is None:
             return handler
@@ -113,13 +122,34 @@ class RequireToken(grpc.aio.ServerInterceptor):
             request: Any, context: grpc.aio.ServicerContext[Any, Any]
         ) -> AsyncIterator[Any]:
             stream = inner(request, context)
+            # Each message is awaited in a task, so that the wait can be cut short for a
+            # check; the tasks share one context, as one task iterating would.
+            shared = contextvars.copy_context()
+            pending: asyncio.Task[Any] | None = None
             try:
-                async for message in stream:
+                while True:
+                    pending = asyncio.create_task(_next(stream), context=shared)
+                    await asyncio.wait({pending}, timeout=REVOCATION_RECHECK_S)
+                    while not pending.done() and not check.revoked(principal):
+                        await asyncio.wait({pending}, timeout=REVOCATION_RECHECK_S)
+                    if not pending.done():  # revoked while the stream was quiet
+                        pending.cancel()
+                        with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
+                            await pending
+                        await _refuse_revoked(context)
+                    try:
+                        message = pending.result()
+                    except StopAsyncIteration:
+                        return
+                    pending = None
                     if check.revoked(principal):
-                        revoked = Unauthorized("the token was revoked while this stream was open")
-                        await status_map.abort(context, status_map.from_service_error(revoked))
+                        await _refuse_revoked(context)
                     yield message
             finally:
+                if pending is not None and not pending.done():  # the client went away
+                    pending.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
+                        await pending
                 await stream.aclose()
 
         return grpc.unary_stream_rpc_method_handler(
@@ -151,6 +181,15 @@ class RequireToken(grpc.aio.ServerInterceptor):
             request_deserializer=handler.request_deserializer,
             response_serializer=handler.response_serializer,
         )
+
+
+async def _next(stream: AsyncIterator[Any]) -> Any:
+    return await anext(stream)
+
+
+async def _refuse_revoked(context: grpc.aio.ServicerContext[Any, Any]) -> None:
+    revoked = Unauthorized("the token was revoked while this stream was open")
+    await status_map.abort(context, status_map.from_service_error(revoked))
 
 
 def _acting(handler: Handler, actor: audit_actor.Actor) -> Handler:

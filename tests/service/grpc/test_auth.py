@@ -111,6 +111,40 @@ def test_a_watch_ends_at_the_first_event_after_its_token_is_revoked(guarded: Run
     assert "revoked" in caught.value.details()
 
 
+@pytest.mark.parametrize("where", ["this replica", "another replica"])
+def test_a_quiet_watch_ends_soon_after_its_token_is_revoked(guarded: Running, where: str) -> None:
+    """A stream ending only at its next event kept a revoked token's watch (and its slot
+    under TOPOPLACE_MAX_WATCHES) open for as long as nothing happened in the cluster."""
+    admin = "Bearer s3cret-0123456789abcdef"
+    made = guarded.rest.post(
+        "/v1/tokens", json={"role": "viewer", "name": "dashboard"}, headers={"Authorization": admin}
+    ).json()
+    viewer = (("authorization", f"Bearer {made['token']}"),)
+    stream = guarded.stub.Watch(pb.WatchRequest(), metadata=viewer, timeout=15)
+    assert next(stream).type == "started"
+    hub = guarded.state.events
+    assert hub.watched
+    revoked_at = time.monotonic()
+    if where == "this replica":
+        answer = guarded.rest.delete(f"/v1/tokens/{made['id']}", headers={"Authorization": admin})
+        assert answer.status_code == 204
+    else:  # as another replica sharing the database revokes it: this process is not told
+        assert store.revoke(guarded.state.engine, made["id"]) is not None
+    # No event follows: the stream must end on its own, not at its 15 s deadline.
+    with pytest.raises(grpc.RpcError) as caught:
+        event = next(stream)
+        pytest.fail(f"a revoked token's Watch was sent {event.kind}/{event.type}")
+    took = time.monotonic() - revoked_at
+    assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED, caught.value.details()
+    assert reason(caught.value) == "unauthorized"
+    assert "revoked" in caught.value.details()
+    assert took < 5, f"the stream ended {took:.1f} s after its token was revoked"
+    deadline = time.monotonic() + 5
+    while hub.watched and time.monotonic() < deadline:
+        time.sleep(0.02)  # the stream leaves the hub on the server's loop
+    assert not hub.watched, "the revoked token's watch still holds its slot"
+
+
 @pytest.fixture
 def guarded_on(settings: Settings) -> Iterator[Running]:
     """``guarded`` on each test database."""
