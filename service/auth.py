@@ -46,6 +46,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from service import access
 from service.access import OPEN_PATHS, Permission, Role
 from service.audit import actor as audit_actor
+from service.database_unreachable import unavailable
 from service.direct_routes import route_path
 from service.edge.dev_hosts import DevHosts
 from service.edge.failed_token_budget import FailedTokenBudget
@@ -242,8 +243,9 @@ class Authenticator:
         try:
             return store.live_token(self.engine, token_id)
         except sa.exc.OperationalError as exc:
-            # The database's trouble, not the caller's: told as every route tells it.
-            raise Unavailable(f"the database did not answer: {exc.orig}") from None
+            # The database's trouble, not the caller's: told as every route tells it, without
+            # the driver's words (a caller not known yet reads the answer).
+            raise unavailable(exc) from None
 
     def _settle(
         self, token: str, live: tuple[store.TokenRecord, str] | None, address: str | None

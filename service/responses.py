@@ -17,12 +17,12 @@ from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException
 
 from placement.cluster import SharesUnsupported
+from service.database_unreachable import unavailable
 from service.errors import (
     BadRequest,
     MethodNotAllowed,
     NotFound,
     ServiceError,
-    Unavailable,
     Unsupported,
 )
 
@@ -65,7 +65,7 @@ def unsupported(_: SharesUnsupported) -> JSONResponse:
 
 
 def database_down(exc: OperationalError) -> JSONResponse:
-    return error_response(Unavailable(f"the database did not answer: {exc.orig}"))
+    return error_response(unavailable(exc))
 
 
 def http_error(exc: HTTPException) -> JSONResponse:

@@ -57,12 +57,12 @@ from service.allocations.stored_request import same_request
 from service.audit import actor as audit_actor
 from service.audit import records
 from service.audit import store as audit_store
+from service.database_unreachable import unavailable
 from service.errors import (
     BadRequest,
     Conflict,
     KeyInFlight,
     ServiceError,
-    Unavailable,
     Unresolvable,
     Unschedulable,
 )
@@ -295,7 +295,7 @@ def place_flow(
             continue
         except OperationalError as exc:
             _undo(state, placement, devices, shares, allocation_id, idempotency_key)
-            raise Unavailable(f"the database did not answer: {exc.orig}") from None
+            raise unavailable(exc) from None
         except BaseException:
             # Whatever else failed (a value the database refused, a fault), or the flow
             # was dropped at its commit (the request cancelled): this request's tentative

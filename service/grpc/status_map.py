@@ -44,7 +44,8 @@ from google.rpc import error_details_pb2, status_pb2
 from pydantic import ValidationError
 from sqlalchemy.exc import OperationalError
 
-from service.errors import ServiceError, Unavailable
+from service.database_unreachable import unavailable
+from service.errors import ServiceError
 from service.grpc.gen import topoplace_pb2 as pb
 
 log = logging.getLogger("topoplace.grpc")
@@ -185,7 +186,7 @@ def from_exception(exc: BaseException) -> ErrorReply:
     if isinstance(exc, ValidationError):
         return from_validation(exc)
     if isinstance(exc, OperationalError):
-        return from_service_error(Unavailable(f"the database did not answer: {exc.orig}"))
+        return from_service_error(unavailable(exc))
     log.error("unexpected error in a gRPC call", exc_info=exc)
     return ErrorReply("internal_error", f"internal error: {type(exc).__name__}")
 

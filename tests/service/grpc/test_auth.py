@@ -176,6 +176,8 @@ def test_a_token_that_cannot_be_looked_up_is_unavailable(
         assert reason(caught.value) == "database_unavailable"
         assert details(caught.value)["RetryInfo"].retry_delay.seconds == 5
         assert "SELECT" not in caught.value.details()
+        # Nor the driver's words, which name the database's host and user.
+        assert "connection refused" not in caught.value.details()
 
 
 @pytest.fixture
