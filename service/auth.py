@@ -49,6 +49,7 @@ from service.audit import actor as audit_actor
 from service.database_unreachable import unavailable
 from service.direct_routes import route_path
 from service.edge.dev_hosts import DevHosts
+from service.edge.dev_origin import is_own_origin
 from service.edge.failed_token_budget import FailedTokenBudget
 from service.edge.guard import replay_body
 from service.edge.rate_limit import TOKEN_IDENTITY
@@ -393,6 +394,7 @@ class RequireToken:
         header = None
         site = None
         host = None
+        origin = None
         for key, value in scope.get("headers", ()):
             if key == b"authorization" and header is None:
                 header = value.decode("latin-1")
@@ -400,6 +402,8 @@ class RequireToken:
                 site = value.decode("latin-1").strip().lower()
             elif key == b"host" and host is None:
                 host = value.decode("latin-1")
+            elif key == b"origin" and origin is None:
+                origin = value.decode("latin-1")
         try:
             # The token's digest as the rate limit read it, so it is not hashed twice.
             principal = self.check.cached(header, scope.get(TOKEN_IDENTITY))
@@ -409,6 +413,8 @@ class RequireToken:
                 _refuse_rebound_host(host, self.check.dev_hosts)
                 if scope["method"] not in SAFE_METHODS:
                     _refuse_another_site(site)
+                    if site is None:  # a browser that sends it was judged on it
+                        _refuse_another_origin(origin, host, scope.get("scheme", "http"))
             if principal is None:  # not on the path of a token known (nearly every request)
                 client = scope.get("client")
                 principal = await self.check.verify_async(header, client[0] if client else None)
@@ -497,6 +503,22 @@ def _refuse_another_site(site: str | None) -> None:
             " without a token: send 'Authorization: Bearer TOKEN', or call it from its own"
             " pages (/console, /docs)",
             {"sec_fetch_site": site},
+        )
+
+
+def _refuse_another_origin(origin: str | None, host: str | None, scheme: str) -> None:
+    """As :func:`_refuse_another_site`, for a browser that sends no Sec-Fetch-Site: its
+    write still names the page it came from in ``Origin`` (service/edge/dev_origin.py).
+    A call without ``Origin`` is a program's, and stays served. Only where Sec-Fetch-Site
+    is absent: a proxy that serves the service under its own name and sends the
+    upstream's ``Host`` (the console behind a path prefix) makes the service's own pages
+    another origin to this check, while the browser's Sec-Fetch-Site says same-origin."""
+    if origin is not None and not is_own_origin(origin, host, scheme):
+        raise Forbidden(
+            f"a page of another origin ({origin}) may not change an --insecure-dev service"
+            " without a token: send 'Authorization: Bearer TOKEN', or call it from its own"
+            " pages (/console, /docs)",
+            {"origin": origin},
         )
 
 

@@ -215,6 +215,39 @@ def test_insecure_dev_refuses_another_sites_tokenless_writes(settings: Settings,
         assert client.get("/v1/allocations").json()["allocations"] == []
 
 
+@pytest.mark.parametrize(
+    "origin", ["https://elsewhere.example", "null", "http://testserver:3000", "ftp://testserver"]
+)
+def test_insecure_dev_refuses_tokenless_writes_from_another_origin(
+    settings: Settings, origin: str
+) -> None:
+    """A browser that sends no Sec-Fetch-Site (older ones, some embedded ones) still sends
+    Origin with a form post: refused on Sec-Fetch-Site alone, such a page of another
+    site cordoned a node of an --insecure-dev service. ``null`` is a sandboxed frame's."""
+    demo_settings = settings.model_copy(update={"insecure_dev": True})
+    with TestClient(create_app(demo_settings, demo=True, background=False)) as client:
+        headers = {"Origin": origin, "Content-Type": "application/x-www-form-urlencoded"}
+        for method, path in (("POST", "/v1/nodes/h100-b/cordon"), ("DELETE", "/v1/nodes/h100-b")):
+            answer = client.request(method, path, headers=headers)
+            assert answer.status_code == 403, (method, path, answer.text)
+            error = answer.json()["error"]
+            assert error["code"] == "forbidden" and "token" in error["message"], error
+            assert error["detail"]["origin"] == origin
+        nodes = client.get("/v1/nodes").json()["nodes"]
+        assert len(nodes) == 12
+        assert not [n["name"] for n in nodes if n["state"] == "cordoned"]
+        # Its own origin, as the service's pages send it, and no Origin at all (curl, a
+        # script) are served; so is a read from anywhere, which the page cannot see.
+        own = {"Origin": "http://testserver"}
+        assert client.post("/v1/nodes/h100-b/cordon", headers=own).status_code == 200
+        assert client.post("/v1/nodes/h100-b/uncordon").status_code == 200
+        assert client.get("/v1/nodes", headers=headers).status_code == 200
+        # A browser that sends Sec-Fetch-Site is judged on it: behind a proxy that passes
+        # the upstream's Host on, the service's own pages name the proxy's origin.
+        proxied = {"Origin": "http://proxy.localhost:9000", "Sec-Fetch-Site": "same-origin"}
+        assert client.post("/v1/score", json={"gpus": 1}, headers=proxied).status_code == 200
+
+
 def test_insecure_dev_still_serves_its_own_pages_and_programs(settings: Settings) -> None:
     demo_settings = settings.model_copy(update={"insecure_dev": True})
     with TestClient(create_app(demo_settings, demo=True, background=False)) as client:
