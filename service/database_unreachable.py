@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 from sqlalchemy.exc import DBAPIError
 
@@ -26,6 +27,7 @@ log = logging.getLogger("topoplace.service")
 MESSAGE = "the database did not answer; the service's log says why"
 LOG_EVERY_S = 10.0
 
+_clock: Callable[[], float] = time.monotonic  # a test's own clock may stand in
 _lock = threading.Lock()
 _last_logged: dict[str, float] = {}
 
@@ -33,7 +35,7 @@ _last_logged: dict[str, float] = {}
 def unavailable(exc: BaseException) -> Unavailable:
     """The refusal to answer for ``exc`` (a driver's error), its words logged."""
     reason = str(exc.orig if isinstance(exc, DBAPIError) else exc).strip()
-    now = time.monotonic()
+    now = _clock()
     with _lock:
         due = now - _last_logged.get(reason, -LOG_EVERY_S) >= LOG_EVERY_S
         if due:

@@ -9,6 +9,7 @@ import pytest
 import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
+from service import database_unreachable
 from service.app import create_app
 from service.settings import Settings
 from service.tokens import secrets
@@ -68,6 +69,7 @@ def test_an_unauthenticated_caller_is_not_told_where_the_database_is(
     app = create_app(settings, clock=FakeClock(), background=False)
     with TestClient(app) as client:
         monkeypatch.setattr(app.state.service.engine, "connect", _refuses_connections)
+        monkeypatch.setattr(database_unreachable, "_last_logged", {})  # none logged lately
         caplog.set_level(logging.WARNING)
         unknown = secrets.compose(secrets.new_id(), secrets.new_secret())
         answers = {
