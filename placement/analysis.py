@@ -12,6 +12,7 @@ search, one by one.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import repeat
 
@@ -19,11 +20,12 @@ import numpy as np
 from numpy.typing import NDArray
 
 from placement.eligibility import gpu_eligible, labels_ok, model_matches, region_ok
+from placement.host import free_room, stranded_added
 from placement.node_choice import NO_SET, SetQuery
 from placement.outcome import Cause
 from placement.ranking import RankInputs
 from placement.request import PlacementRequest
-from placement.table import NodeTable
+from placement.table import FULL_SHARE, NodeTable
 
 CAUSES: tuple[Cause, ...] = tuple(Cause)
 _CODE = {c: i for i, c in enumerate(CAUSES)}
@@ -55,6 +57,9 @@ class Analysis:
     fragmentation: NDArray[np.float64]
     free_after: I64
     gpu_count: I64
+    # GPUs the choice strands for want of host CPU or memory (placement.host); zeros
+    # for a request without host figures, whose ranking does not read it.
+    stranded: NDArray[np.float64]
 
     def fits(self) -> NDArray[np.bool_]:
         return np.asarray(self.cause == FITS, dtype=np.bool_)
@@ -80,6 +85,7 @@ class Analysis:
             free_after=self.free_after[sel],
             gpu_count=self.gpu_count[sel],
             protected=protected[self.slots[sel]],
+            stranded=self.stranded[sel],
         )
 
     def set_cause(self, index: int, cause: Cause) -> None:
@@ -132,8 +138,11 @@ def analyse(
     k: int,
     slots: I64,
     free_all: I64 | None = None,
+    need: float | None = None,
 ) -> Analysis:
-    """free_all: per-slot free masks to use instead of the live ones (gang planning)."""
+    """free_all: per-slot free masks to use instead of the live ones (gang planning).
+    need: the GPU capacity the task takes, where it is not k whole GPUs (a share opening
+    a whole GPU takes its fraction), for the host term."""
     q = query_for(request, k)
     free_all = table.free if free_all is None else free_all
     # What a request does not constrain is not computed: every GPU is eligible and every
@@ -178,6 +187,9 @@ def analyse(
     chosen = _choose(table, q, cids, free, cause == FITS)
     now = Cause.NO_NVLINK_SET_NOW if q.require_nvlink else Cause.NO_NUMA_SET_NOW
     mark(chosen == NO_SET, now)
+    stranded = np.zeros(slots.size)
+    if request.counts_host:
+        stranded = _host(table, request, k if need is None else need, slots, free_live, mark)
     chosen = np.where(cause == FITS, chosen, NO_SET)
 
     ring, pair, connected, span, ideal_ring, cap_before, cap_after = _metrics(
@@ -199,7 +211,40 @@ def analyse(
         fragmentation=np.clip(fragmentation, 0.0, 1.0),
         free_after=np.bitwise_count(free_live).astype(np.int64) - k,
         gpu_count=np.bitwise_count(potential_all).astype(np.int64),
+        stranded=stranded,
     )
+
+
+def _host(
+    table: NodeTable,
+    request: PlacementRequest,
+    k: float,
+    slots: I64,
+    free_live: I64,
+    mark: Callable[[NDArray[np.bool_], Cause], None],
+) -> NDArray[np.float64]:
+    """Refuse nodes whose known free host CPU or memory is below the task's; return the
+    GPUs each choice would strand. The known use counts only tasks that carried host
+    figures, so it is a lower bound of the true use and the known free room an upper
+    bound of the true room: a node refused here truly lacks the room, and a node that
+    truly fits is never refused."""
+    cpu, memory = request.cpu_milli or 0, request.memory_mib or 0
+    cpu_free = free_room(table.host_cpu_cap[slots], table.host_cpu_used[slots])
+    memory_free = free_room(table.host_memory_cap[slots], table.host_memory_used[slots])
+    mark((cpu_free < cpu) | (memory_free < memory), Cause.HOST)
+    gpus = free_gpus(table, slots, free_live)
+    per_gpu = table.host_mix.per_gpu()
+    added: NDArray[np.float64] = stranded_added(
+        gpus, k, cpu_free, memory_free, cpu, memory, per_gpu
+    )
+    return added
+
+
+def free_gpus(table: NodeTable, slots: I64, free_live: I64) -> NDArray[np.float64]:
+    """Free GPU capacity per node, as the trace and FGD count it: whole free GPUs plus
+    the room left on shared ones."""
+    whole = np.bitwise_count(free_live).astype(np.float64)
+    return whole + table.share_room[slots] / FULL_SHARE
 
 
 def _choose(table: NodeTable, q: SetQuery, cids: I64, masks: I64, active: NDArray[np.bool_]) -> I64:

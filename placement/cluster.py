@@ -33,6 +33,7 @@ from typing import TypeVar
 from placement.bandwidth import DEFAULT_BANDWIDTH, BandwidthTable
 from placement.class_registry import AnyClass
 from placement.decide import decide, verdict_rows, verdicts
+from placement.host import UNKNOWN
 from placement.node_view import NodeView
 from placement.outcome import Cause, NodeVerdict, Outcome, Placement, TaskPlacement
 from placement.request import PlacementRequest
@@ -66,12 +67,15 @@ class ClusterState:
         block_labels: Sequence[str] = DEFAULT_BLOCK_LABELS,
         size_mix: Mapping[int, float] = DEFAULT_SIZE_MIX,
         shares: bool = True,
+        host_mix: tuple[float, float] | None = None,
     ) -> None:
         """``size_mix``: GPUs per request -> how often (any scale), the request mix the
         engine keeps GPUs free for (``placement.what_is_left``). ``shares=False``: refuse
-        ``gpu_fraction`` requests with ``SharesUnsupported`` (a caller that cannot hold them)."""
+        ``gpu_fraction`` requests with ``SharesUnsupported`` (a caller that cannot hold them).
+        ``host_mix``: (milli-CPU, MiB) per GPU of the requests served, for the GPUs a choice
+        strands (``placement.host``); None: observed from the tasks applied with host figures."""
         self._shares = shares
-        self._table = NodeTable(bandwidth, block_labels, size_mix)
+        self._table = NodeTable(bandwidth, block_labels, size_mix, host_mix)
 
     # Membership ----------------------------------------------------------
 
@@ -141,6 +145,27 @@ class ClusterState:
         """The answer tables (or the large-node search) of a node's design."""
         return self._table.registry.classes[self._table.entry(name).cid]
 
+    def set_host_capacity(self, name: str, cpu_milli: int | None, memory_mib: int | None) -> None:
+        """A node's host CPU (milli-CPU) and memory (MiB) as the caller knows them (the
+        sim, from a trace's node list); None keeps the snapshot's figure (its NUMA nodes'
+        CPUs x 1000 and memory; not known, and then unlimited, where it has none)."""
+        self._table.set_host_capacity(name, cpu_milli, memory_mib)
+
+    def host_room(self, name: str) -> tuple[int | None, int | None]:
+        """(milli-CPU, MiB) free on a node's host, as far as known (None: not known)."""
+        table = self._table
+        slot = table.entry(name).slot
+        cpu, memory = int(table.host_cpu_cap[slot]), int(table.host_memory_cap[slot])
+        return (
+            None if cpu == UNKNOWN else cpu - int(table.host_cpu_used[slot]),
+            None if memory == UNKNOWN else memory - int(table.host_memory_used[slot]),
+        )
+
+    def host_used(self, name: str) -> tuple[int, int]:
+        """(milli-CPU, MiB) held on a node by the tasks that carried host figures."""
+        slot = self._table.entry(name).slot
+        return int(self._table.host_cpu_used[slot]), int(self._table.host_memory_used[slot])
+
     # Allocations ---------------------------------------------------------
 
     def allocate(
@@ -149,9 +174,14 @@ class ClusterState:
         gpu_uuids: Iterable[str] = (),
         mig_uuids: Iterable[str] = (),
         cpus: Iterable[int] = (),
+        cpu_milli: int = 0,
+        memory_mib: int = 0,
     ) -> None:
-        """Mark GPUs / MIG instances / CPUs held. All or nothing: conflicts change nothing."""
-        self._table.allocate(node, gpu_uuids, mig_uuids, cpus)
+        """Mark GPUs / MIG instances / CPUs held, and the task's host CPU and memory.
+        All or nothing: conflicts change nothing."""
+        gpus = tuple(gpu_uuids)
+        self._table.allocate(node, gpus, mig_uuids, cpus)
+        self._table.hold_host(node, cpu_milli, memory_mib, len(gpus))
 
     def release(
         self,
@@ -159,21 +189,39 @@ class ClusterState:
         gpu_uuids: Iterable[str] = (),
         mig_uuids: Iterable[str] = (),
         cpus: Iterable[int] = (),
+        cpu_milli: int = 0,
+        memory_mib: int = 0,
     ) -> None:
-        """Free what an allocation held; releasing something not held is a no-op."""
+        """Free what an allocation held; releasing something not held is a no-op (host
+        use never goes below 0)."""
         self._table.release(node, gpu_uuids, mig_uuids, cpus)
+        self._table.drop_host(node, cpu_milli, memory_mib)
 
     def allocate_share(
-        self, node: str, gpu_uuid: str, fraction: float, cpus: Iterable[int] = ()
+        self,
+        node: str,
+        gpu_uuid: str,
+        fraction: float,
+        cpus: Iterable[int] = (),
+        cpu_milli: int = 0,
+        memory_mib: int = 0,
     ) -> None:
         """Hold a share of one GPU: refused on a GPU a whole-GPU job holds and past a full GPU."""
         self._table.allocate_share(node, gpu_uuid, fraction, cpus)
+        self._table.hold_host(node, cpu_milli, memory_mib, fraction)
 
     def release_share(
-        self, node: str, gpu_uuid: str, fraction: float, cpus: Iterable[int] = ()
+        self,
+        node: str,
+        gpu_uuid: str,
+        fraction: float,
+        cpus: Iterable[int] = (),
+        cpu_milli: int = 0,
+        memory_mib: int = 0,
     ) -> None:
         """Give a share back; a GPU whose last share goes is whole and free again."""
         self._table.release_share(node, gpu_uuid, fraction, cpus)
+        self._table.drop_host(node, cpu_milli, memory_mib)
 
     def set_share(self, node: str, gpu_uuid: str, milli: int) -> None:
         """Set a GPU's shares to exactly ``milli`` thousandths in all (0: none, the GPU whole
@@ -190,8 +238,11 @@ class ClusterState:
             for i, task in enumerate(placement.tasks):
                 if task.gpu_fraction is not None:
                     table.allocate_share(task.node, task.gpu_uuids[0], task.gpu_fraction, task.cpus)
+                    gpus = task.gpu_fraction
                 else:
                     table.allocate(task.node, _whole_gpus(task), task.mig_uuids, task.cpus)
+                    gpus = len(task.gpu_indices)
+                table.hold_host(task.node, task.cpu_milli, task.memory_mib, gpus)
                 done.append(i)
         except AllocationError:
             for i in done:
@@ -207,6 +258,7 @@ class ClusterState:
             self._table.release_share(task.node, task.gpu_uuids[0], task.gpu_fraction, task.cpus)
         else:
             self._table.release(task.node, _whole_gpus(task), task.mig_uuids, task.cpus)
+        self._table.drop_host(task.node, task.cpu_milli, task.memory_mib)
 
     # Decisions -----------------------------------------------------------
 

@@ -18,28 +18,37 @@ from placement.ranking import best_of, rank_order, rank_words, scores
 from placement.request import PlacementRequest
 from placement.shape_cache import shape_key
 from placement.shares import on_shared_gpu, opened_for_sharing, whole_gpu
-from placement.table import NodeTable
+from placement.table import FULL_SHARE, NodeTable
 from placement.task_builder import build_task, score_parts
 
 
 def decide(
-    table: NodeTable, request: PlacementRequest, waiting: Sequence[PlacementRequest]
+    table: NodeTable,
+    request: PlacementRequest,
+    waiting: Sequence[PlacementRequest],
+    need: float | None = None,
 ) -> Outcome:
+    """``need``: the GPU capacity the task takes where it is not its whole GPUs (a
+    share opening a whole GPU), for the host term (placement.host)."""
     if request.mig_profile is not None:
         return place_mig(table, request)
     if request.gpu_fraction is not None:
         shared = on_shared_gpu(table, request)
         if shared is not None:
             return shared
-        return opened_for_sharing(request, decide(table, whole_gpu(request), waiting))
-    if request.tasks == 1 and not waiting:
+        need = request.share_milli / FULL_SHARE
+        return opened_for_sharing(request, decide(table, whole_gpu(request), waiting, need))
+    # The hot path caches each node's answer per request shape; host figures make it
+    # depend on every node's host use and the observed mix too, so those take the full path.
+    if request.tasks == 1 and not waiting and not request.counts_host:
         task = fast_place(table, request)
         if task is not None:
             return placed_one(task)
     protected = protected_slots(table, waiting)
     if request.tasks > 1:
         return place_gang(table, request, protected)
-    analysis = analyse(table, request, request.gpus, requested_slots(table, request))
+    slots = requested_slots(table, request)
+    analysis = analyse(table, request, request.gpus, slots, need=need)
     fits = analysis.fits()
     where = np.flatnonzero(fits)
     if where.size:

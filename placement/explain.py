@@ -60,6 +60,10 @@ _MESSAGES: dict[Cause, Callable[[PlacementRequest], str]] = {
     Cause.NO_NUMA_SET_NOW: lambda r: f"no NUMA node with {_gpus(r)} free",
     Cause.NO_FREE_MIG: lambda r: f"no free MIG instance of profile {r.mig_profile or ''}",
     Cause.CPUS: lambda r: f"not enough free CPUs near the GPUs ({r.cpus_per_task} per task)",
+    Cause.HOST: lambda r: (
+        "not enough host CPU or memory free"
+        f" ({r.cpu_milli or 0} milli-CPU, {r.memory_mib or 0} MiB per task)"
+    ),
     Cause.GANG: lambda r: f"cannot hold {r.tasks} tasks of {_gpus(r)} together",
 }
 

@@ -43,6 +43,8 @@ class Cause(StrEnum):
     NO_NUMA_SET_NOW = "no_numa_set_now"
     NO_FREE_MIG = "no_free_mig"
     CPUS = "cpus"
+    # The node's known free host CPU or memory is below the task's (cpu_milli, memory_mib).
+    HOST = "host"
     GANG = "gang"
 
     @property
@@ -61,6 +63,7 @@ _RESOLVABLE = frozenset(
         Cause.NO_NUMA_SET_NOW,
         Cause.NO_FREE_MIG,
         Cause.CPUS,
+        Cause.HOST,
         Cause.GANG,
     }
 )
@@ -97,6 +100,8 @@ class TaskPlacement:
     numa_nodes: tuple[int, ...] = ()
     islands: tuple[str, ...] = ()
     gpu_fraction: float | None = None  # a share of the one GPU; None: whole GPUs
+    cpu_milli: int = 0  # host CPU the task holds on the node (thousandths), 0: not counted
+    memory_mib: int = 0  # host memory the task holds on the node, 0: not counted
 
 
 @dataclass(frozen=True, slots=True)

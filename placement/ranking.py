@@ -35,6 +35,7 @@ QUALITY_STEPS = 1 << 24
 FRAG_STEPS = 1 << 20
 GBPS_STEPS = 64
 _PACK_LIMIT = 1 << 7  # GPUs left free on one node: at most 64
+_STRAND_ZERO = 1 << 7  # whole GPUs stranded by one choice, -64..64, kept non-negative
 _WORD_BITS = 62
 
 
@@ -48,6 +49,7 @@ class RankInputs:
     free_after: NDArray[np.int64]
     gpu_count: NDArray[np.int64]
     protected: NDArray[np.bool_]
+    stranded: NDArray[np.int64] | None = None  # GPUs stranded; None: host not counted
 
 
 def _q(values: Any, steps: int) -> Any:
@@ -69,12 +71,15 @@ def rank_columns(
     free_after: Any,
     protected: Any,
     request: PlacementRequest,
+    stranded: Any = None,
 ) -> list[tuple[Any, int]]:
     """(key, bits) in order of importance, larger is better; insertion order breaks ties.
 
     Works on arrays (many nodes) and on plain numbers (one node): the hot
     path refreshes one or two nodes per decision, where numpy's per-call cost
-    would dominate.
+    would dominate. ``stranded`` (GPUs the choice strands for want of host CPU
+    or memory) is a key only for requests with host figures; without them
+    the columns are exactly those of a GPU-only request.
     """
     quality_q = _q(quality, QUALITY_STEPS)
     pack = _PACK_LIMIT - 1 - free_after if request.policy == "pack" else free_after
@@ -83,16 +88,20 @@ def rank_columns(
         (1 - _int(protected), 1),
         (_int(connected) if request.locality == "prefer" else 0 * pack, 1),
     ]
+    # GPUs stranded cost as GPUs lost to every later request: before packing, which
+    # only chooses among the nodes that lose the fewest (docs/engine.md).
+    host = [] if stranded is None else [(_STRAND_ZERO - _q(stranded, 1), 8)]
     if request.objective == "balanced":
         floor = round((1.0 - request.max_ring_loss) * QUALITY_STEPS)
         columns += [
             (_int(quality_q >= floor), 1),
+            *host,
             (pack, 8),
             (fragmentation_q, 21),
             (quality_q, 25),
         ]
     else:
-        columns += [(quality_q, 25), (pack, 8)]
+        columns += [(quality_q, 25), *host, (pack, 8)]
     columns += [(_q(ring, GBPS_STEPS), 22), (_q(pair, GBPS_STEPS), 30), (fragmentation_q, 21)]
     return columns
 
@@ -125,6 +134,7 @@ def rank_words(inputs: RankInputs, request: PlacementRequest) -> list[NDArray[np
         np.asarray(inputs.free_after, dtype=np.int64),
         inputs.protected,
         request,
+        inputs.stranded if request.counts_host else None,
     )
     return [np.asarray(w, dtype=np.int64) for w in pack_words(columns)]
 

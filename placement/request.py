@@ -35,6 +35,9 @@ MAX_TASKS = 4096  # tasks of one request (a gang's members)
 TaskCount = Annotated[int, Field(strict=True, ge=1, le=MAX_TASKS), WHOLE]
 CpuCount = Annotated[int, Field(strict=True, ge=0, le=4096), WHOLE]
 MemoryMib = Annotated[int, Field(strict=True, ge=0, le=MAX_GPU_MEMORY_MIB), WHOLE]
+# A task's host CPU in thousandths of a CPU, as Kubernetes' "500m": far past any host.
+MAX_CPU_MILLI = 2**31 - 1
+CpuMilli = Annotated[int, Field(strict=True, ge=0, le=MAX_CPU_MILLI), WHOLE]
 Name = Annotated[Text, Field(min_length=1, max_length=253)]
 LabelKey = Annotated[Text, Field(max_length=317)]  # prefix/name, as Kubernetes allows
 LabelValue = Annotated[Text, Field(max_length=63)]
@@ -90,6 +93,16 @@ class PlacementRequest(BaseModel):
     )
     numa: NumaMode = "preferred"
     cpus_per_task: CpuCount = 0
+    cpu_milli: CpuMilli | None = Field(
+        default=None,
+        description="host CPU per task in thousandths of a CPU (a pod's CPU request, 500 ="
+        " half a CPU): counted on the node, which must have it free where its capacity is"
+        " known; absent = not counted",
+    )
+    memory_mib: MemoryMib | None = Field(
+        default=None,
+        description="host memory per task in MiB, counted as cpu_milli is; absent = not counted",
+    )
     gpu_models: tuple[Annotated[Text, Field(min_length=1, max_length=128)], ...] = Field(
         default=(),
         max_length=MAX_FILTER_ENTRIES,
@@ -149,6 +162,11 @@ class PlacementRequest(BaseModel):
     def share_milli(self) -> int:
         """The share in thousandths of a GPU (the trace's ``gpu_milli``); 0 for whole GPUs."""
         return 0 if self.gpu_fraction is None else max(1, round(self.gpu_fraction * 1000))
+
+    @property
+    def counts_host(self) -> bool:
+        """Whether the request carries host figures (CPU or memory per task) to count."""
+        return self.cpu_milli is not None or self.memory_mib is not None
 
     @property
     def total_gpus(self) -> int:

@@ -5,9 +5,11 @@ Rules, in order:
 1. a GPU that already holds shares and has room, before any whole free GPU:
    sharing fills shared GPUs first, so whole GPUs stay whole for whole-GPU
    jobs (the point of FGD's result on the Alibaba trace);
-2. among those, the tightest fit (the least room left afterwards), then the
-   node added first and the lowest GPU: best fit keeps the larger remainders
-   for larger shares;
+2. among those, with host figures (``cpu_milli``, ``memory_mib``), only nodes
+   whose known free host CPU and memory hold the task, the fewest GPUs
+   stranded for want of host room first (``placement.host``); then the
+   tightest fit (the least room left afterwards), then the node added first
+   and the lowest GPU: best fit keeps the larger remainders for larger shares;
 3. otherwise a whole free GPU, chosen exactly as a 1-GPU job's (the node
    ranking, then the GPU whose loss costs the node least: no free NVLink
    pair is broken when another GPU would do); it becomes a shared GPU.
@@ -27,6 +29,7 @@ import numpy as np
 
 from placement.analysis import requested_slots
 from placement.eligibility import gpu_eligible, labels_ok, region_ok
+from placement.host import free_room, stranded_added
 from placement.outcome import Outcome, Placement, ScoreParts, TaskPlacement
 from placement.request import PlacementRequest
 from placement.table import NodeTable
@@ -83,17 +86,41 @@ def _shared_gpu(
     if request.node_labels:
         ok &= labels_ok(table, request.node_labels)
     usable = gpu_eligible(table, request) & table.healthy[: table.slot_count]
+    stranded = _stranded(table, request, ok) if request.counts_host else None
     best: tuple[int, int, int] | None = None
-    best_room = FULL + 1
+    best_key = (0, FULL + 1)
     for slot in sorted(table.shared):
         if not ok[slot]:
             continue
         mask = int(usable[slot])
+        lost = 0 if stranded is None else round(float(stranded[slot]))
         for gpu, held in sorted(table.shared[slot].items()):
             room = FULL - held
-            if milli <= room < best_room and mask >> gpu & 1:
-                best, best_room = (slot, gpu, room), room
+            key = (lost, room)
+            if milli <= room and (best is None or key < best_key) and mask >> gpu & 1:
+                best, best_key = (slot, gpu, room), key
     return best
+
+
+def _stranded(table: NodeTable, request: PlacementRequest, ok: np.ndarray) -> np.ndarray:
+    """Per slot, the GPUs a share strands there (no whole GPU is taken); slots whose
+    known free host room is short are cleared from ``ok`` (see analysis._host)."""
+    n = table.slot_count
+    cpu, memory = request.cpu_milli or 0, request.memory_mib or 0
+    cpu_free = free_room(table.host_cpu_cap[:n], table.host_cpu_used[:n])
+    memory_free = free_room(table.host_memory_cap[:n], table.host_memory_used[:n])
+    ok &= (cpu_free >= cpu) & (memory_free >= memory)
+    gpus = np.bitwise_count(table.free[:n]) + table.share_room[:n] / FULL
+    added: np.ndarray = stranded_added(
+        gpus,
+        request.share_milli / FULL,
+        cpu_free,
+        memory_free,
+        cpu,
+        memory,
+        table.host_mix.per_gpu(),
+    )
+    return added
 
 
 def _share_task(

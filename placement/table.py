@@ -30,6 +30,7 @@ from numpy.typing import NDArray
 
 from placement.bandwidth import BandwidthTable
 from placement.class_registry import ClassRegistry
+from placement.host import HostMix, snapshot_capacity
 from placement.node_entry import NodeEntry
 from placement.outcome import TaskPlacement
 from placement.shape_cache import ShapeCaches
@@ -56,6 +57,11 @@ _ARRAYS = (
     "present",
     "available",
     "slot_version",
+    "host_cpu_cap",
+    "host_memory_cap",
+    "host_cpu_used",
+    "host_memory_used",
+    "share_room",
 )
 
 
@@ -73,6 +79,7 @@ class NodeTable:
         bandwidth: BandwidthTable,
         block_labels: Sequence[str],
         size_mix: Mapping[int, float],
+        host_mix: tuple[float, float] | None = None,
     ) -> None:
         size_weights(size_mix, 1)  # refuse a bad mix here, not at the first node
         self.bandwidth = bandwidth
@@ -100,6 +107,17 @@ class NodeTable:
         # Bumped whenever anything about a slot changes: answer caches keyed
         # per slot (placement.fast_path) recompute exactly the slots that moved.
         self.slot_version = np.zeros(cap, dtype=np.int64)
+        # Host capacity (milli-CPU, MiB; UNKNOWN: unlimited) and the use counted from the
+        # tasks that carry host figures (placement.host).
+        self.host_cpu_cap = np.zeros(cap, dtype=np.int64)
+        self.host_memory_cap = np.zeros(cap, dtype=np.int64)
+        self.host_cpu_used = np.zeros(cap, dtype=np.int64)
+        self.host_memory_used = np.zeros(cap, dtype=np.int64)
+        # Capacities the caller set, by node name: they outlive the node's snapshots.
+        # Thousandths of GPU still free on the node's shared GPUs (their room).
+        self.share_room = np.zeros(cap, dtype=np.int64)
+        self.host_set: dict[str, tuple[int | None, int | None]] = {}
+        self.host_mix = HostMix(host_mix)
         self._clock = 0
         # Slots touched, in clock order: changes[i] was touched at clock
         # changes_base + i + 1. Bounded: old entries are dropped, and a reader
@@ -172,6 +190,7 @@ class NodeTable:
             self._slots[slot] = entry
             self.slot_names[slot] = snapshot.name
             self.slot_of[snapshot.name] = slot
+            self.host_cpu_used[slot] = self.host_memory_used[slot] = 0
         else:
             entry.snapshot = snapshot
             entry.cid = cid
@@ -182,6 +201,7 @@ class NodeTable:
         self.last_candidates = None
         self.every_gpu[entry.slot] = entry.every_gpu
         self.cpu_count[entry.slot] = entry.cpu_count
+        self._set_capacity(entry)
         self._sync(entry)
         self._drop_unused_classes()
 
@@ -303,7 +323,48 @@ class NodeTable:
         self._index_shares(entry)
         self._sync(entry)
 
+    def set_host_capacity(self, node: str, cpu_milli: int | None, memory_mib: int | None) -> None:
+        """A node's host capacity as the caller knows it; None: from the snapshot."""
+        entry = self.entry(node)
+        for value in (cpu_milli, memory_mib):
+            if value is not None and value < 0:
+                raise ValueError(f"a host capacity is >= 0, not {value}")
+        self.host_set[node] = (cpu_milli, memory_mib)
+        self._set_capacity(entry)
+        self._touch(entry.slot)
+
+    def hold_host(self, node: str, cpu_milli: int, memory_mib: int, gpus: float) -> None:
+        """Count a task's host CPU and memory on its node, and observe them in the mix."""
+        if not (cpu_milli or memory_mib):
+            return
+        entry = self.entries.get(node)
+        if entry is None:
+            return  # the node left; its allocations went with it
+        self.host_mix.observe(gpus, cpu_milli, memory_mib)
+        self.host_cpu_used[entry.slot] += cpu_milli
+        self.host_memory_used[entry.slot] += memory_mib
+        self._touch(entry.slot)
+
+    def drop_host(self, node: str, cpu_milli: int, memory_mib: int) -> None:
+        if not (cpu_milli or memory_mib):
+            return
+        entry = self.entries.get(node)
+        if entry is None:
+            return
+        # Never below 0: a release the counts never saw (held before a restart that did
+        # not replay it) must not make room that is not there.
+        s = entry.slot
+        self.host_cpu_used[s] = max(0, int(self.host_cpu_used[s]) - cpu_milli)
+        self.host_memory_used[s] = max(0, int(self.host_memory_used[s]) - memory_mib)
+        self._touch(s)
+
     # Internals -----------------------------------------------------------
+
+    def _set_capacity(self, entry: NodeEntry) -> None:
+        cpu, memory = snapshot_capacity(entry.snapshot)
+        set_cpu, set_memory = self.host_set.get(entry.name, (None, None))
+        self.host_cpu_cap[entry.slot] = cpu if set_cpu is None else set_cpu
+        self.host_memory_cap[entry.slot] = memory if set_memory is None else set_memory
 
     def _drop_unused_classes(self) -> None:
         """Start a registry of the classes in use once the unused ones outnumber them
@@ -354,6 +415,7 @@ class NodeTable:
             self.shared[entry.slot] = shared
         else:
             self.shared.pop(entry.slot, None)
+        self.share_room[entry.slot] = sum(FULL_SHARE - held for held in shared.values())
 
     def _touch(self, slot: int) -> None:
         self._clock += 1

@@ -70,6 +70,8 @@ def build_task(
         nvlink_connected=connected,
         score=parts,
         reason=task_reason(snap.name, indices, island_names, connected, parts, cpus.numa_nodes),
+        cpu_milli=request.cpu_milli or 0,
+        memory_mib=request.memory_mib or 0,
     )
 
 

@@ -11,11 +11,15 @@ their figures compare.
 The engine (``topoplace``) gets, as kube-scheduler's own filter hands the
 extender its candidates, the nodes where the job's CPU and memory fit, and
 chooses the node and the GPUs among them as the service does (packing,
-bandwidth, what is left, its share rules). It knows nothing of CPU and
-memory beyond that filter, as the service does not: in production the pods'
-CPU requests on a node are kube-scheduler's and Slurm's to count. A CPU-only
-job (no GPU to place) goes to the fitting node with the least CPU left, then
-name order. Without any host capacity the engine gets every node, as before.
+bandwidth, what is left, its share rules). Each request carries the job's
+``cpu_milli`` and ``memory_mib`` and the engine's state knows every node's
+host capacity (``ClusterState.set_host_capacity``) and the trace's CPU and
+memory per GPU (``host_mix``, as ``size_mix`` is the trace's sizes): it
+counts host use itself and prefers the choice that strands the fewest GPUs
+for want of host CPU or memory, as a caller of the service that sends the
+pods' requests gets. A CPU-only job (no GPU to place) goes where
+kube-scheduler's default scoring puts it (``_place_host_only``). Without
+any host capacity the engine gets every node, as before.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from bench.fgd import TaskType
 from placement import ClusterState, NodeSnapshot, PlacementRequest
 from placement.bandwidth import DEFAULT_BANDWIDTH
 from placement.node_choice import indices_to_mask
-from placement.outcome import Outcome, Placement
+from placement.outcome import Cause, Outcome, Placement
 from placement.topology_class import EXACT_LIMIT, TopologyClass, build_class, wiring_of
 from topoplace.sim.jobs import FULL, Job
 
@@ -95,24 +99,36 @@ class EnginePolicy:
         size_mix: Mapping[int, float],
         tables: SetTables,
         hosts: Mapping[str, HostCapacity] | None = None,
+        host_mix: tuple[float, float] | None = None,
     ) -> None:
-        self.state = ClusterState(size_mix=size_mix)
+        self.state = ClusterState(size_mix=size_mix, host_mix=host_mix)
         snaps = sorted(snapshots, key=lambda s: s.name)
+        known = hosts or {}
         for snap in snaps:
             self.state.upsert(snap)
+            cpu, memory = known.get(snap.name, (None, None))
+            # 0 in a node list is "not given" (docs/sim.md): not known, so unlimited.
+            self.state.set_host_capacity(snap.name, cpu or None, memory or None)
         self.tables = tables
         self.names = [s.name for s in snaps]
         self.index = {n: i for i, n in enumerate(self.names)}
-        known = hosts or {}
         self.host = HostRooms([known.get(n, (None, None)) for n in self.names])
-        self._requests: dict[tuple[int, int, tuple[str, ...]], PlacementRequest] = {}
+        self._requests: dict[tuple[int, int, tuple[str, ...], int, int], PlacementRequest] = {}
 
     def request(self, job: Job) -> PlacementRequest:
-        key = (job.gpus, job.milli, job.models)
+        key = (job.gpus, job.milli, job.models, job.cpu_milli, job.memory_mib)
         request = self._requests.get(key)
         if request is None:
             fraction = job.milli / FULL if job.milli < FULL else None
-            request = PlacementRequest(gpus=job.gpus, gpu_models=job.models, gpu_fraction=fraction)
+            # A job without CPU and memory asks for neither: sent as a GPU-only request.
+            host = bool(job.cpu_milli or job.memory_mib)
+            request = PlacementRequest(
+                gpus=job.gpus,
+                gpu_models=job.models,
+                gpu_fraction=fraction,
+                cpu_milli=job.cpu_milli if host else None,
+                memory_mib=job.memory_mib if host else None,
+            )
             self._requests[key] = request
         return request
 
@@ -133,7 +149,8 @@ class EnginePolicy:
             anywhere = outcome if fits.all() else self.state.place(request)
             assert anywhere is not None
             # the GPUs fit somewhere, but not where CPU and memory do; else the GPUs' cause
-            return None, HOST_SHORT if anywhere.placement is not None else _cause(anywhere)
+            host = any(r.cause is Cause.HOST for r in anywhere.reasons)
+            return None, HOST_SHORT if host or anywhere.placement is not None else _cause(anywhere)
         self.state.apply(outcome.placement)
         task = outcome.placement.tasks[0]
         self.host.take(self.index[task.node], job.cpu_milli, job.memory_mib)
@@ -240,6 +257,18 @@ def task_mix(jobs: Sequence[Job]) -> dict[TaskType, float]:
     return mix
 
 
+def per_gpu_host(jobs: Sequence[Job]) -> tuple[float, float] | None:
+    """The trace's GPU jobs' milli-CPU and MiB per GPU (a share counts its fraction), the
+    engine's ``host_mix``; None when no GPU job has GPUs to divide by."""
+    gpus = cpu = memory = 0.0
+    for job in jobs:
+        if job.gpus:
+            gpus += job.gpus if job.milli >= FULL else job.milli / FULL
+            cpu += job.cpu_milli
+            memory += job.memory_mib
+    return (cpu / gpus, memory / gpus) if gpus else None
+
+
 def build_policies(
     names: Sequence[str],
     snapshots: Sequence[NodeSnapshot],
@@ -257,7 +286,8 @@ def build_policies(
     out: list[Policy] = []
     for name in names:
         if name == ENGINE:
-            out.append(EnginePolicy(snapshots, sizes or {1: 1.0}, tables, hosts))
+            host_mix = per_gpu_host(jobs)
+            out.append(EnginePolicy(snapshots, sizes or {1: 1.0}, tables, hosts, host_mix))
         else:
             out.append(BaselinePolicy(snapshots, name, gpu_mix, tables, hosts))
     return out
