@@ -147,8 +147,8 @@ class ClusterState:
 
     def set_host_capacity(self, name: str, cpu_milli: int | None, memory_mib: int | None) -> None:
         """A node's host CPU (milli-CPU) and memory (MiB) as the caller knows them (the
-        sim, from a trace's node list); None keeps the snapshot's figure (its NUMA nodes'
-        CPUs x 1000 and memory; not known, and then unlimited, where it has none)."""
+        sim, from a trace's node list), in place of the snapshot's (its NUMA nodes' CPUs
+        x 1000 and their memory, where it reports them); None: not known, so unlimited."""
         self._table.set_host_capacity(name, cpu_milli, memory_mib)
 
     def host_room(self, name: str) -> tuple[int | None, int | None]:

@@ -49,7 +49,7 @@ class RankInputs:
     free_after: NDArray[np.int64]
     gpu_count: NDArray[np.int64]
     protected: NDArray[np.bool_]
-    stranded: NDArray[np.int64] | None = None  # GPUs stranded; None: host not counted
+    stranded: NDArray[np.float64] | None = None  # whole GPUs stranded; None: not counted
 
 
 def _q(values: Any, steps: int) -> Any:

@@ -30,7 +30,7 @@ from numpy.typing import NDArray
 
 from placement.bandwidth import BandwidthTable
 from placement.class_registry import ClassRegistry
-from placement.host import HostMix, snapshot_capacity
+from placement.host import UNKNOWN, HostMix, snapshot_capacity
 from placement.node_entry import NodeEntry
 from placement.outcome import TaskPlacement
 from placement.shape_cache import ShapeCaches
@@ -324,7 +324,8 @@ class NodeTable:
         self._sync(entry)
 
     def set_host_capacity(self, node: str, cpu_milli: int | None, memory_mib: int | None) -> None:
-        """A node's host capacity as the caller knows it; None: from the snapshot."""
+        """A node's host capacity as the caller knows it, in place of the snapshot's;
+        None: not known (unlimited)."""
         entry = self.entry(node)
         for value in (cpu_milli, memory_mib):
             if value is not None and value < 0:
@@ -361,10 +362,13 @@ class NodeTable:
     # Internals -----------------------------------------------------------
 
     def _set_capacity(self, entry: NodeEntry) -> None:
-        cpu, memory = snapshot_capacity(entry.snapshot)
-        set_cpu, set_memory = self.host_set.get(entry.name, (None, None))
-        self.host_cpu_cap[entry.slot] = cpu if set_cpu is None else set_cpu
-        self.host_memory_cap[entry.slot] = memory if set_memory is None else set_memory
+        given = self.host_set.get(entry.name)
+        if given is None:
+            cpu, memory = snapshot_capacity(entry.snapshot)
+        else:
+            cpu, memory = (UNKNOWN if v is None else v for v in given)
+        self.host_cpu_cap[entry.slot] = cpu
+        self.host_memory_cap[entry.slot] = memory
 
     def _drop_unused_classes(self) -> None:
         """Start a registry of the classes in use once the unused ones outnumber them

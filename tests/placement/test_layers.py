@@ -29,6 +29,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # one node design: its answer tables and how sets and nodes are ranked
     (
         "what_is_left",
+        "host",
         "topology_class",
         "node_choice",
         "large_node",

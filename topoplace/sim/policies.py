@@ -106,9 +106,10 @@ class EnginePolicy:
         known = hosts or {}
         for snap in snaps:
             self.state.upsert(snap)
+            # The fleet's figures, as the other policies get them: None (not known) is
+            # unlimited, whatever the snapshot says.
             cpu, memory = known.get(snap.name, (None, None))
-            # 0 in a node list is "not given" (docs/sim.md): not known, so unlimited.
-            self.state.set_host_capacity(snap.name, cpu or None, memory or None)
+            self.state.set_host_capacity(snap.name, cpu, memory)
         self.tables = tables
         self.names = [s.name for s in snaps]
         self.index = {n: i for i, n in enumerate(self.names)}

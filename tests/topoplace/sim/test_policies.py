@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from placement import NodeSnapshot
+from placement import NodeSnapshot, PlacementRequest
 from placement.profiles import build_profile
 from topoplace.sim.jobs import Job
-from topoplace.sim.policies import ALL_POLICIES, Policy, build_policies
+from topoplace.sim.policies import ALL_POLICIES, EnginePolicy, Policy, build_policies
 
 UNKNOWN = (None, None)
 
@@ -87,4 +87,37 @@ def test_the_engine_leaves_a_cpu_only_job_to_the_schedulers_default_spread(
     jobs = [job("cpu", 0, 12000, 1024)]
     (policy,) = build_policies(["topoplace"], snaps, jobs, hosts)
     placed, _ = policy.place(jobs[0])
+    assert placed is not None and placed.node == "b"
+
+
+def test_the_engine_counts_host_use_as_the_sim_does(snaps: list[NodeSnapshot]) -> None:
+    hosts = {"a": (96000, 393216), "b": (96000, 393216)}
+    jobs = [job("j1", 2, 30000, 100000), job("j2", 1, 5000, 2000, milli=500)]
+    (policy,) = build_policies(["topoplace"], snaps, jobs, hosts)
+    assert isinstance(policy, EnginePolicy)
+    held = [policy.place(j)[0] for j in jobs]
+    for name in "ab":
+        cpu, memory = policy.host.of(policy.index[name])
+        assert policy.state.host_room(name) == (cpu, memory)
+    for placed in held:
+        assert placed is not None
+        policy.release(placed)
+    assert policy.state.host_used("a") == policy.state.host_used("b") == (0, 0)
+
+
+def test_the_engine_keeps_gpus_usable(snaps: list[NodeSnapshot]) -> None:
+    # The trace's mix: 80 CPUs over 9 GPUs. a: 4 GPUs free, 40 CPUs; b: 4 GPUs, 70 CPUs
+    # (its jobs took fewer CPUs). A 1-GPU job of 30 CPUs would strand 2 of a's GPUs and
+    # none of b's: the engine takes b, where packing alone takes a (first in order).
+    hosts = {"a": (80000, None), "b": (80000, None)}
+    jobs = [job("a4", 4, 40000), job("b4", 4, 10000), job("new", 1, 30000)]
+    (policy,) = build_policies(["topoplace"], snaps, jobs, hosts)
+    assert isinstance(policy, EnginePolicy)
+    for node, held in (("a", jobs[0]), ("b", jobs[1])):
+        gpus = [g.uuid for g in policy.state.node(node).snapshot.gpus[:4]]
+        policy.state.allocate(node, gpus, cpu_milli=held.cpu_milli)
+        policy.host.take(policy.index[node], held.cpu_milli, 0)
+    gpu_only = policy.state.place(PlacementRequest()).placement
+    assert gpu_only is not None and gpu_only.nodes == ("a",)
+    placed, _ = policy.place(jobs[2])
     assert placed is not None and placed.node == "b"
