@@ -166,6 +166,12 @@ class ClusterState:
         slot = self._table.entry(name).slot
         return int(self._table.host_cpu_used[slot]), int(self._table.host_memory_used[slot])
 
+    def set_host_use(self, name: str, cpu_milli: int, memory_mib: int) -> None:
+        """Put a node's counted host use at exactly these figures, for a caller keeping
+        this state in step with a store that holds the tasks' requests (the service
+        counts its live allocations' ``cpu_milli`` and ``memory_mib``)."""
+        self._table.set_host_use(name, cpu_milli, memory_mib)
+
     # Allocations ---------------------------------------------------------
 
     def allocate(

@@ -359,6 +359,17 @@ class NodeTable:
         self.host_memory_used[s] = max(0, int(self.host_memory_used[s]) - memory_mib)
         self._touch(s)
 
+    def set_host_use(self, node: str, cpu_milli: int, memory_mib: int) -> None:
+        entry = self.entry(node)
+        if cpu_milli < 0 or memory_mib < 0:
+            raise AllocationError(f"host use is >= 0, not ({cpu_milli}, {memory_mib})")
+        s = entry.slot
+        if (self.host_cpu_used[s], self.host_memory_used[s]) == (cpu_milli, memory_mib):
+            return  # nothing changes: the node's answers stay cached
+        self.host_cpu_used[s] = cpu_milli
+        self.host_memory_used[s] = memory_mib
+        self._touch(s)
+
     # Internals -----------------------------------------------------------
 
     def _set_capacity(self, entry: NodeEntry) -> None:

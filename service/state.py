@@ -79,6 +79,9 @@ class ServiceState:
         # shares (a share committed but not yet ended here is in the pool read too; a
         # sum, unlike a set of held GPUs, would count it twice).
         self.inflight_shares: dict[str, dict[str, list[tuple[str, int]]]] = defaultdict(dict)
+        # node -> allocation id -> (milli-CPU, MiB) its tasks there hold (host figures of
+        # the request), while this process commits it.
+        self.inflight_host: dict[str, dict[str, tuple[int, int]]] = defaultdict(dict)
         # Idempotency-Keys of the reservations in flight: a retry of one finds the node
         # full of its own first try's GPUs, and must not be told nothing fits.
         self.inflight_keys: Counter[str] = Counter()
@@ -173,6 +176,11 @@ class ServiceState:
                 if moved
                 else {}
             )
+            # Host use first, then the holds: an allocation committed between the two
+            # reads is counted committed yet missing from the host use, so the node's use
+            # reads low until the next sync, never high (a low count never refuses a node
+            # that fits; placement.analysis).
+            host = host_use(conn, names)
             held, pools, committed = self._read_holds(conn, names)
             present = {str(row["name"]) for row in rows}
             for name in [n for n in (names or self.cluster.names()) if n not in present]:
@@ -189,6 +197,7 @@ class ServiceState:
                 self.reported[name] = _aware(row["reported_at"])
                 try:
                     self._sync_row(row, held.get(name, set()), pools.get(name, {}), committed)
+                    self._sync_host(name, host.get(name, (0, 0)), committed)
                 except AllocationError:
                     # The rules above leave nothing to refuse; if memory still refused the
                     # database, say so and serve the other nodes: one node never stops a sync.
@@ -384,15 +393,28 @@ class ServiceState:
             if shares_now.get(device) != milli and entry.has_gpu(device):
                 self.cluster.set_share(name, device, milli)
 
+    def _sync_host(self, name: str, stored: tuple[int, int], committed: set[str]) -> None:
+        """A node's host use: its live allocations' figures in the database, plus those
+        this process is committing that the database has no row of yet."""
+        cpu, memory = stored
+        for allocation_id, (c, m) in self.inflight_host.get(name, {}).items():
+            if allocation_id not in committed:
+                cpu, memory = cpu + c, memory + m
+        self.cluster.set_host_use(name, cpu, memory)
+
     def begin_inflight(
         self,
         devices: Sequence[tuple[str, str]],
         shares: Sequence[tuple[str, str, int]],
         allocation_id: str,
         key: str | None = None,
+        host: Sequence[tuple[str, int, int]] = (),
     ) -> None:
         """Devices and shares this process is committing for ``allocation_id`` (under
-        Idempotency-Key ``key``)."""
+        Idempotency-Key ``key``), and its tasks' host figures (node, milli-CPU, MiB)."""
+        for node, cpu, memory in host:
+            c, m = self.inflight_host[node].get(allocation_id, (0, 0))
+            self.inflight_host[node][allocation_id] = (c + cpu, m + memory)
         for node, device in devices:
             self.inflight[node].setdefault(allocation_id, []).append(device)
         if key is not None:
@@ -415,6 +437,8 @@ class ServiceState:
                 del self.inflight_keys[key]
         for node, _device, _milli in shares:
             _forget_allocation(self.inflight_shares, node, allocation_id)
+        for node in [n for n, marks in self.inflight_host.items() if allocation_id in marks]:
+            _forget_allocation(self.inflight_host, node, allocation_id)
 
     def is_stale(self, node: str) -> bool:
         seen = self.heartbeats.get(node)
@@ -452,6 +476,37 @@ class ServiceState:
                 if self.cluster.node(name).available != usable:
                     self.cluster.set_available(name, usable)
             self._next_stale_at = next_stale
+
+
+def host_use(conn: sa.Connection, names: list[str] | None) -> dict[str, tuple[int, int]]:
+    """node -> (milli-CPU, MiB) held by its live allocations, from their stored requests
+    (``cpu_milli``, ``memory_mib`` per task) and placements (the tasks on each node).
+
+    Only requests that carry a figure are read: rows without one (every row written
+    before the fields existed, and requests that leave them out) count nothing."""
+    rows, holds, shared = schema.allocations, schema.gpu_holds, schema.gpu_shares
+    carries = sa.or_(
+        *(
+            sa.and_(rows.c.request.contains(f'"{f}":'), ~rows.c.request.contains(f'"{f}":null'))
+            for f in ("cpu_milli", "memory_mib")
+        )
+    )
+    query = sa.select(rows.c.request, rows.c.placement).where(rows.c.live.is_(True), carries)
+    if names is not None:
+        on_nodes = sa.union(
+            sa.select(holds.c.allocation_id).where(holds.c.node.in_(names)),
+            sa.select(shared.c.allocation_id).where(shared.c.node.in_(names)),
+        )
+        query = query.where(rows.c.id.in_(on_nodes))
+    use: dict[str, tuple[int, int]] = {}
+    for request, placement in conn.execute(query):
+        asked = json.loads(request)
+        cpu, memory = int(asked.get("cpu_milli") or 0), int(asked.get("memory_mib") or 0)
+        for task in json.loads(placement).get("tasks", ()):
+            node = str(task["node"])
+            c, m = use.get(node, (0, 0))
+            use[node] = (c + cpu, m + memory)
+    return use
 
 
 def _forget_allocation(marks: dict[str, dict[str, Any]], node: str, allocation_id: str) -> None:

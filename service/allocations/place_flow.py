@@ -224,7 +224,8 @@ def place_flow(
                 state.cluster.apply(placement)  # tentative: concurrent ones here skip these GPUs
                 holds, shares = holds_of(placement), shares_of(placement)
                 devices = [(node, device) for node, device, _ in holds]
-                state.begin_inflight(devices, shares, allocation_id, idempotency_key)
+                host = [(t.node, t.cpu_milli, t.memory_mib) for t in placement.tasks]
+                state.begin_inflight(devices, shares, allocation_id, idempotency_key, host)
                 # The snapshots chosen on: the commit holds only while they are stored,
                 # and the nodes uncordoned.
                 seqs = {n: state.cluster.node(n).snapshot.seq for n in placement.nodes}

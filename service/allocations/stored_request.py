@@ -20,6 +20,9 @@ import json
 
 # Fields earlier versions stored and the request no longer has.
 REMOVED_FIELDS = ("priority",)
+# Fields the request gained, whose default (null) rows written before they existed
+# lack: a retry with the same request now carries them as null.
+ADDED_FIELDS = ("cpu_milli", "memory_mib")
 
 
 def same_request(stored: str, request_json: str) -> bool:
@@ -35,4 +38,8 @@ def same_request(stored: str, request_json: str) -> bool:
     for name in REMOVED_FIELDS:
         old.pop(name, None)
     new: object = json.loads(request_json)
+    if isinstance(new, dict):
+        for name in ADDED_FIELDS:
+            if name not in old and new.get(name, 0) is None:
+                del new[name]
     return old == new  # objects compare by their members, in any order; lists in order

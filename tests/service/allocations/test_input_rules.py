@@ -29,6 +29,12 @@ def cluster(client: TestClient) -> TestClient:
         ({"gpu_models": [""]}, "gpu_models"),
         ({"gpus": 1, "job_id": "j\u0000"}, "job_id"),
         ({"gpus": 1, "owner": "o\u0000"}, "owner"),
+        ({"gpus": 1, "cpu_milli": -1}, "cpu_milli"),
+        ({"gpus": 1, "cpu_milli": 1.5}, "cpu_milli"),
+        ({"gpus": 1, "cpu_milli": "500"}, "cpu_milli"),
+        ({"gpus": 1, "memory_mib": -1}, "memory_mib"),
+        ({"gpus": 1, "memory_mib": 2.5}, "memory_mib"),
+        ({"gpus": 1, "memory_mib": True}, "memory_mib"),
     ],
 )
 def test_malformed_requests_are_refused_and_reserve_nothing(
@@ -112,3 +118,11 @@ def test_a_refusal_names_a_long_list_in_a_few_words(cluster: TestClient) -> None
     refused = cluster.post("/v1/place", json={"gpus": 1, "gpu_models": ["zz"] * 64})
     assert refused.status_code == 422
     assert len(refused.text) < 2000, refused.text
+
+
+@pytest.mark.parametrize("field", ["cpu_milli", "memory_mib"])
+def test_score_refuses_bad_host_figures_by_name(cluster: TestClient, field: str) -> None:
+    response = cluster.post("/v1/score", json={"gpus": 1, field: -5})
+    assert response.status_code == 422, response.text[:300]
+    error = response.json()["error"]
+    assert error["code"] == "invalid_request" and error["detail"]["field"] == field, error

@@ -295,3 +295,32 @@ def test_a_gpu_turning_mig_degrades_its_whole_and_shared_holds(client: TestClien
     for allocation in (whole, share):
         assert client.get(f"/v1/allocations/{allocation['id']}").json()["state"] == "degraded"
     assert client.get(f"/v1/allocations/{bystander['id']}").json()["state"] == "pending"
+
+
+def test_host_use_is_counted_and_rebuilt_from_the_stored_requests(
+    client: TestClient, settings: Settings, clock: FakeClock
+) -> None:
+    add_nodes(client, ("workstation-2x-a6000", "ws0"), ("workstation-2x-a6000", "ws1"))
+    service = client.app.state.service  # type: ignore[attr-defined]
+    cpu, _ = service.cluster.host_room("ws0")
+    assert cpu is not None  # the profile reports its CPUs
+    body = {"gpus": 1, "cpu_milli": cpu - 1000, "memory_mib": 1024}
+    first = client.post("/v1/place", json=body)
+    assert first.status_code == 201, first.text
+    node = first.json()["tasks"][0]["node"]
+    assert service.cluster.host_used(node) == (cpu - 1000, 1024)
+    # The node's last GPU is free, but not its CPU: the next such task goes elsewhere.
+    second = client.post("/v1/place", json=body)
+    assert second.status_code == 201 and second.json()["tasks"][0]["node"] != node
+    third = client.post("/v1/place", json=body)
+    assert third.status_code == 409, third.text
+    assert any(r["cause"] == "host" for r in third.json()["error"]["detail"]["reasons"])
+    # A new process (a restart) counts the same use from the allocations' stored requests.
+    with TestClient(create_app(settings, clock=clock, background=False)) as restarted:
+        state = restarted.app.state.service  # type: ignore[attr-defined]
+        assert state.cluster.host_used(node) == (cpu - 1000, 1024)
+        assert restarted.post("/v1/place", json=body).status_code == 409
+    assert client.post(f"/v1/allocations/{first.json()['id']}/release").status_code == 200
+    service.sync_nodes([node])  # what a notification or resync does
+    assert service.cluster.host_used(node) == (0, 0)
+    assert client.post("/v1/place", json=body).json()["tasks"][0]["node"] == node

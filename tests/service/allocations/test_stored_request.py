@@ -38,3 +38,11 @@ def test_labels_in_another_order_are_the_same_request() -> None:
     assert stored != retried and same_request(stored, retried)
     other = PlaceRequest(gpus=2, node_labels={"rack": "r2", "zone": "a"}).model_dump_json()
     assert not same_request(stored, other)
+
+
+def test_a_retry_naming_the_added_fields_as_null_is_the_same_request() -> None:
+    # A row stored before cpu_milli and memory_mib existed, retried by the same client
+    # after the upgrade: its request now carries them as null.
+    old = '{"gpus":1,"tasks":1}'
+    assert same_request(old, '{"gpus":1,"tasks":1,"cpu_milli":null,"memory_mib":null}')
+    assert not same_request(old, '{"gpus":1,"tasks":1,"cpu_milli":500,"memory_mib":null}')
