@@ -8,10 +8,12 @@ Order, best first (each key breaks the ties of the ones before it):
    best ring this node design can give for k GPUs (so an 8-GPU V100 box
    that can still give its best is not ranked below a busy H100 box that
    cannot); ``balanced``: only whether quality is within ``max_ring_loss``;
-4. policy: ``pack`` takes the node left with the fewest free GPUs (best fit),
+4. with host figures (``cpu_milli``, ``memory_mib``): the fewest GPUs
+   stranded for want of host CPU or memory (``placement.host``);
+5. policy: ``pack`` takes the node left with the fewest free GPUs (best fit),
    ``spread`` the one left with the most;
-5. ``balanced``: fragmentation, then quality;
-6. ring, pair bandwidth, fragmentation (what the node can still serve), and
+6. ``balanced``: fragmentation, then quality;
+7. ring, pair bandwidth, fragmentation (what the node can still serve), and
    finally the order nodes were added in, so equal inputs give equal answers.
 
 All keys are arrays over the candidate nodes; one ``np.lexsort`` orders them.
