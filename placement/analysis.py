@@ -139,8 +139,11 @@ def analyse(
     slots: I64,
     free_all: I64 | None = None,
     need: float | None = None,
+    planned: int = 0,
 ) -> Analysis:
-    """free_all: per-slot free masks to use instead of the live ones (gang planning).
+    """free_all: per-slot free masks to use instead of the live ones (gang planning);
+    planned: tasks of this request already planned on each node (gang planning: their
+    host CPU and memory count as used).
     need: the GPU capacity the task takes, where it is not k whole GPUs (a share opening
     a whole GPU takes its fraction), for the host term."""
     q = query_for(request, k)
@@ -189,7 +192,8 @@ def analyse(
     mark(chosen == NO_SET, now)
     stranded = np.zeros(slots.size)
     if request.counts_host:
-        stranded = _host(table, request, k if need is None else need, slots, free_live, mark)
+        gpus_taken = k if need is None else need
+        stranded = _host(table, request, gpus_taken, slots, free_live, mark, planned)
     chosen = np.where(cause == FITS, chosen, NO_SET)
 
     ring, pair, connected, span, ideal_ring, cap_before, cap_after = _metrics(
@@ -222,6 +226,7 @@ def _host(
     slots: I64,
     free_live: I64,
     mark: Callable[[NDArray[np.bool_], Cause], None],
+    planned: int = 0,
 ) -> NDArray[np.float64]:
     """Refuse nodes whose known free host CPU or memory is below the task's; return the
     GPUs each choice would strand. The known use counts only tasks that carried host
@@ -229,8 +234,10 @@ def _host(
     bound of the true room: a node refused here truly lacks the room, and a node that
     truly fits is never refused."""
     cpu, memory = request.cpu_milli or 0, request.memory_mib or 0
-    cpu_free = free_room(table.host_cpu_cap[slots], table.host_cpu_used[slots])
-    memory_free = free_room(table.host_memory_cap[slots], table.host_memory_used[slots])
+    cpu_free = free_room(table.host_cpu_cap[slots], table.host_cpu_used[slots]) - planned * cpu
+    memory_free = (
+        free_room(table.host_memory_cap[slots], table.host_memory_used[slots]) - planned * memory
+    )
     mark((cpu_free < cpu) | (memory_free < memory), Cause.HOST)
     gpus = free_gpus(table, slots, free_live)
     per_gpu = table.host_mix.per_gpu()

@@ -62,7 +62,8 @@ def _capacity(table: NodeTable, request: PlacementRequest, slots: NDArray[np.int
     for round_no in range(request.tasks):
         if not active.size:
             break
-        analysis = analyse(table, request, request.gpus, active, free)
+        # round r plans each node's (r+1)-th task: the r before it hold their host room
+        analysis = analyse(table, request, request.gpus, active, free, planned=round_no)
         if round_no == 0:
             first_causes = analysis.cause_counts()
         fits = np.flatnonzero(analysis.fits())

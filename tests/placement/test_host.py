@@ -130,3 +130,16 @@ def test_requests_without_figures_ignore_host_use() -> None:
 def test_bad_host_figures_are_refused(field: str, value: object) -> None:
     with pytest.raises(ValidationError):
         PlacementRequest.model_validate({field: value})
+
+
+def test_a_gangs_tasks_on_one_node_are_summed() -> None:
+    state = cluster("a", "b")
+    state.set_host_capacity("a", 20000, None)
+    state.set_host_capacity("b", 20000, None)
+    outcome = state.place(PlacementRequest(gpus=1, tasks=4, cpu_milli=8000))
+    assert outcome.placement is not None
+    per_node = [t.node for t in outcome.placement.tasks]
+    assert sorted(per_node) == ["a", "a", "b", "b"]  # 2 x 8000 fit in 20000, 3 do not
+    state.apply(outcome.placement)
+    assert state.host_used("a") == state.host_used("b") == (16000, 0)
+    assert state.place(PlacementRequest(gpus=1, tasks=3, cpu_milli=8000)).placement is None
