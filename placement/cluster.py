@@ -185,9 +185,9 @@ class ClusterState:
     ) -> None:
         """Mark GPUs / MIG instances / CPUs held, and the task's host CPU and memory.
         All or nothing: conflicts change nothing."""
-        gpus = tuple(gpu_uuids)
-        self._table.allocate(node, gpus, mig_uuids, cpus)
-        self._table.hold_host(node, cpu_milli, memory_mib, len(gpus))
+        gpus, migs = tuple(gpu_uuids), tuple(mig_uuids)
+        self._table.allocate(node, gpus, migs, cpus)
+        self._table.hold_host(node, cpu_milli, memory_mib, len(gpus) + len(migs))
 
     def release(
         self,

@@ -341,7 +341,8 @@ class NodeTable:
         entry = self.entries.get(node)
         if entry is None:
             return  # the node left; its allocations went with it
-        self.host_mix.observe(gpus, cpu_milli, memory_mib)
+        if gpus > 0:  # the mix is per GPU: a task without GPUs is not of it
+            self.host_mix.observe(gpus, cpu_milli, memory_mib)
         self.host_cpu_used[entry.slot] += cpu_milli
         self.host_memory_used[entry.slot] += memory_mib
         self._touch(entry.slot)

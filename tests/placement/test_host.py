@@ -143,3 +143,13 @@ def test_a_gangs_tasks_on_one_node_are_summed() -> None:
     state.apply(outcome.placement)
     assert state.host_used("a") == state.host_used("b") == (16000, 0)
     assert state.place(PlacementRequest(gpus=1, tasks=3, cpu_milli=8000)).placement is None
+
+
+def test_host_use_without_gpus_is_counted_but_not_in_the_mix() -> None:
+    state = ClusterState()
+    state.upsert(build_profile("dgx1-v100", "a"))
+    state.allocate("a", cpu_milli=4000, memory_mib=100)
+    assert state.host_used("a") == (4000, 100)
+    assert state._table.host_mix.per_gpu() == (0.0, 0.0)
+    state.release("a", cpu_milli=4000, memory_mib=100)
+    assert state.host_used("a") == (0, 0)
