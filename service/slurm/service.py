@@ -22,6 +22,7 @@ from service.allocations.schemas import PlaceRequest, ScoreRequest
 from service.errors import ServiceError, Unresolvable, Unschedulable
 from service.slurm import job_options
 from service.slurm.fresh import FRESH
+from service.slurm.host_list_cache import HostListCache
 from service.slurm.schemas import JobDecision, JobSubmit
 from service.slurm.settings import SlurmSettings
 from service.state import ServiceState
@@ -36,10 +37,8 @@ _COMPLEX_CONSTRAINT = set("|[]*()!")
 
 # A cluster's submissions repeat a few shapes (partition, GPU count, user): the request
 # each becomes is validated once and reused (requests are frozen), and a partition's
-# host list is expanded once.
-@functools.lru_cache(maxsize=256)
-def _expand(text: str | None) -> tuple[str, ...]:
-    return tuple(hostlist.expand(text))
+# host list is expanded once, within a budget of names (host_list_cache).
+_expand = HostListCache().expand
 
 
 def _place_request(fields: dict[str, Any]) -> PlaceRequest:
