@@ -14,6 +14,10 @@ effective requests. Annotations shape the request:
 | ``gpu.request.count`` | must equal the ``nvidia.com/gpu`` limit |
 | ``topoplace.io/gang`` + ``topoplace.io/gang-size`` | gang name (per namespace) and member count |
 
+A GPU pod's ``cpu`` and ``memory`` requests go with it as the engine's host
+figures (``cpu_milli``, ``memory_mib`` per task), computed as kube-scheduler
+computes a pod's effective request (:func:`host_requests`).
+
 A value we cannot use raises :class:`BadPodRequest` whose message names the
 annotation or resource, so ``kubectl describe pod`` says what to fix.
 """
@@ -26,11 +30,16 @@ from typing import Any
 from pydantic import ValidationError
 
 from placement import PlacementRequest
+from placement.request import MAX_CPU_MILLI, MAX_GPU_MEMORY_MIB
 from placement.text import forbidden_character
+from service.k8s import quantity
 from service.k8s.wire import Pod
 
 GPU_RESOURCE = "nvidia.com/gpu"
 MIG_PREFIX = "nvidia.com/mig-"
+CPU = "cpu"
+MEMORY = "memory"
+HOST_RESOURCES = (CPU, MEMORY)
 
 LOCALITY = "topoplace.io/locality"
 LOCALITY_ALIAS = "gpu.request.locality"
@@ -140,10 +149,10 @@ def _plain(value: str, where: str) -> str:
     return value
 
 
-def _container_counts(containers: Any) -> list[dict[str, int]]:
+def _container_counts(containers: Any, kind: str) -> list[dict[str, int]]:
     out: list[dict[str, int]] = []
     if containers is not None and not isinstance(containers, list):
-        raise BadPodRequest("spec containers must be a list")
+        raise BadPodRequest(f"spec {kind} must be a list")
     for container in containers or ():
         resources = _object(_object(container, "a container").get("resources"), "resources")
         # Extended resources must be set as limits; requests default to them.
@@ -160,13 +169,102 @@ def _container_counts(containers: Any) -> list[dict[str, int]]:
 def device_counts(spec: dict[str, Any]) -> dict[str, int]:
     """Effective device requests: the sum over containers, or an init container's if larger."""
     total: dict[str, int] = {}
-    for counts in _container_counts(spec.get("containers")):
+    for counts in _container_counts(spec.get("containers"), "containers"):
         for name, n in counts.items():
             total[name] = total.get(name, 0) + n
-    for counts in _container_counts(spec.get("initContainers")):
+    for counts in _container_counts(spec.get("initContainers"), "initContainers"):
         for name, n in counts.items():
             total[name] = max(total.get(name, 0), n)
     return {name: n for name, n in total.items() if n > 0}
+
+
+def _amounts(resources: dict[str, Any], where: str) -> dict[str, int]:
+    """A resources block's CPU and memory requests in milli-units. A resource with a
+    limit and no request is requested at its limit: the API server's defaulting, done
+    here too so that a pod not read from an API server is counted the same."""
+    requests = _object(resources.get("requests"), f"{where} resources requests")
+    limits = _object(resources.get("limits"), f"{where} resources limits")
+    out: dict[str, int] = {}
+    for name in HOST_RESOURCES:
+        value = requests.get(name, limits.get(name))
+        if value is None:
+            continue
+        try:
+            out[name] = quantity.milli_units(value)
+        except quantity.BadQuantity as exc:
+            raise BadPodRequest(f"{where} resource {name}: {_shown(value)} {exc}") from None
+    return out
+
+
+def _named(container: Any, kind: str, index: int) -> tuple[dict[str, Any], str]:
+    body = _object(container, f"a{'n init' if kind == 'initContainers' else ''} container")
+    name = body.get("name")
+    return body, (f"container {_shown(name)}" if isinstance(name, str) else f"{kind}[{index}]")
+
+
+def _add(total: dict[str, int], amounts: dict[str, int]) -> dict[str, int]:
+    for name, n in amounts.items():
+        total[name] = total.get(name, 0) + n
+    return total
+
+
+def host_requests(spec: dict[str, Any]) -> dict[str, int]:
+    """The pod's effective CPU and memory requests in milli-units, as kube-scheduler
+    computes them (k8s.io/component-helpers resource.PodRequests): the containers' sum;
+    each init container's need is its own request plus the sidecars (init containers
+    with ``restartPolicy: Always``) started before it, and the pod needs the largest of
+    those if more than the sum, to which sidecars are added as they keep running; the
+    pod-level ``resources`` (where set) replace the containers' figures; ``overhead``
+    (the RuntimeClass's) is added. Only resources some part names are in the result."""
+    containers, init = spec.get("containers"), spec.get("initContainers")
+    if containers is not None and not isinstance(containers, list):
+        raise BadPodRequest("spec containers must be a list")
+    if init is not None and not isinstance(init, list):
+        raise BadPodRequest("spec initContainers must be a list")
+    total: dict[str, int] = {}
+    for index, container in enumerate(containers or ()):
+        body, where = _named(container, "containers", index)
+        _add(total, _amounts(_object(body.get("resources"), f"{where} resources"), where))
+    sidecars: dict[str, int] = {}
+    init_need: dict[str, int] = {}
+    for index, container in enumerate(init or ()):
+        body, where = _named(container, "initContainers", index)
+        own = _amounts(_object(body.get("resources"), f"{where} resources"), where)
+        if body.get("restartPolicy") == "Always":
+            _add(total, own)
+            need = dict(_add(sidecars, own))
+        else:
+            need = _add(dict(own), sidecars)
+        for name, n in need.items():
+            init_need[name] = max(init_need.get(name, 0), n)
+    for name, n in init_need.items():
+        total[name] = max(total.get(name, 0), n)
+    pod_level = _object(spec.get("resources"), "spec resources")
+    total.update(_amounts(pod_level, "spec"))
+    overhead = _object(spec.get("overhead"), "spec overhead")
+    return _add(total, _amounts({"requests": overhead}, "spec overhead"))
+
+
+def _host_options(spec: dict[str, Any]) -> dict[str, int]:
+    """The engine's ``cpu_milli`` and ``memory_mib`` per task from the pod's requests;
+    a resource no part of the pod requests is left out (not counted)."""
+    amounts = host_requests(spec)
+    out: dict[str, int] = {}
+    if CPU in amounts:
+        out["cpu_milli"] = amounts[CPU]
+        if out["cpu_milli"] > MAX_CPU_MILLI:
+            raise BadPodRequest(
+                f"resource {CPU}: the pod requests {out['cpu_milli']} milli-CPU, more than"
+                f" topoplace counts ({MAX_CPU_MILLI})"
+            )
+    if MEMORY in amounts:
+        out["memory_mib"] = quantity.mib(amounts[MEMORY])
+        if out["memory_mib"] > MAX_GPU_MEMORY_MIB:
+            raise BadPodRequest(
+                f"resource {MEMORY}: the pod requests {out['memory_mib']} MiB, more than"
+                f" topoplace counts ({MAX_GPU_MEMORY_MIB})"
+            )
+    return out
 
 
 def _choice(annotations: dict[str, str], key: str, kind: str, alias: str | None = None) -> str:
@@ -201,7 +299,8 @@ def parse_pod(pod: Pod) -> PodRequest:
     annotations = {
         str(k): str(v) for k, v in _object(meta.get("annotations"), "annotations").items()
     }
-    counts = device_counts(_object(pod.get("spec"), "spec"))
+    spec = _object(pod.get("spec"), "spec")
+    counts = device_counts(spec)
     gpus = counts.pop(GPU_RESOURCE, 0)
     if COUNT_ALIAS in annotations and _positive(annotations, COUNT_ALIAS, MAX_GPUS) != gpus:
         raise BadPodRequest(
@@ -225,6 +324,7 @@ def parse_pod(pod: Pod) -> PodRequest:
     if not gpus and not counts:
         return PodRequest(namespace, name, uid, None, gang)
     _fits_its_reservation(namespace, name, uid, gang)
+    options.update(_host_options(spec))
     if counts:
         ((resource, n),) = counts.items()
         if gang is not None and n != 1:

@@ -429,6 +429,8 @@ class PlaceRequest(_message.Message):
     OWNER_FIELD_NUMBER: _builtins.int
     TTL_S_FIELD_NUMBER: _builtins.int
     GPU_FRACTION_FIELD_NUMBER: _builtins.int
+    CPU_MILLI_FIELD_NUMBER: _builtins.int
+    MEMORY_MIB_FIELD_NUMBER: _builtins.int
     gpus: _builtins.int
     tasks: _builtins.int
     mig_profile: _builtins.str
@@ -448,6 +450,12 @@ class PlaceRequest(_message.Message):
     ttl_s: _builtins.float
     gpu_fraction: _builtins.float
     """a share of one GPU for one task (0 < f < 1; gpus and tasks 1), docs/service.md"""
+    cpu_milli: _builtins.int
+    """Host CPU per task in thousandths of a CPU (a pod's "500m" is 500) and host
+    memory per task in MiB, counted on the node (docs/service.md); unset: not
+    counted. int64 so that a value out of range reaches the same check as REST's.
+    """
+    memory_mib: _builtins.int
     @_builtins.property
     def gpu_models(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -480,11 +488,15 @@ class PlaceRequest(_message.Message):
         owner: _builtins.str | None = ...,
         ttl_s: _builtins.float | None = ...,
         gpu_fraction: _builtins.float | None = ...,
+        cpu_milli: _builtins.int | None = ...,
+        memory_mib: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_cpus_per_task", b"_cpus_per_task", "_gpu_fraction", b"_gpu_fraction", "_gpus", b"_gpus", "_job_id", b"_job_id", "_locality", b"_locality", "_max_ring_loss", b"_max_ring_loss", "_mig_profile", b"_mig_profile", "_min_gpu_memory_mib", b"_min_gpu_memory_mib", "_numa", b"_numa", "_objective", b"_objective", "_owner", b"_owner", "_policy", b"_policy", "_tasks", b"_tasks", "_ttl_s", b"_ttl_s", "cpus_per_task", b"cpus_per_task", "gpu_fraction", b"gpu_fraction", "gpus", b"gpus", "job_id", b"job_id", "locality", b"locality", "max_ring_loss", b"max_ring_loss", "mig_profile", b"mig_profile", "min_gpu_memory_mib", b"min_gpu_memory_mib", "nodes", b"nodes", "numa", b"numa", "objective", b"objective", "owner", b"owner", "policy", b"policy", "tasks", b"tasks", "ttl_s", b"ttl_s"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_cpu_milli", b"_cpu_milli", "_cpus_per_task", b"_cpus_per_task", "_gpu_fraction", b"_gpu_fraction", "_gpus", b"_gpus", "_job_id", b"_job_id", "_locality", b"_locality", "_max_ring_loss", b"_max_ring_loss", "_memory_mib", b"_memory_mib", "_mig_profile", b"_mig_profile", "_min_gpu_memory_mib", b"_min_gpu_memory_mib", "_numa", b"_numa", "_objective", b"_objective", "_owner", b"_owner", "_policy", b"_policy", "_tasks", b"_tasks", "_ttl_s", b"_ttl_s", "cpu_milli", b"cpu_milli", "cpus_per_task", b"cpus_per_task", "gpu_fraction", b"gpu_fraction", "gpus", b"gpus", "job_id", b"job_id", "locality", b"locality", "max_ring_loss", b"max_ring_loss", "memory_mib", b"memory_mib", "mig_profile", b"mig_profile", "min_gpu_memory_mib", b"min_gpu_memory_mib", "nodes", b"nodes", "numa", b"numa", "objective", b"objective", "owner", b"owner", "policy", b"policy", "tasks", b"tasks", "ttl_s", b"ttl_s"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_cpus_per_task", b"_cpus_per_task", "_gpu_fraction", b"_gpu_fraction", "_gpus", b"_gpus", "_job_id", b"_job_id", "_locality", b"_locality", "_max_ring_loss", b"_max_ring_loss", "_mig_profile", b"_mig_profile", "_min_gpu_memory_mib", b"_min_gpu_memory_mib", "_numa", b"_numa", "_objective", b"_objective", "_owner", b"_owner", "_policy", b"_policy", "_tasks", b"_tasks", "_ttl_s", b"_ttl_s", "cpus_per_task", b"cpus_per_task", "exclude_nodes", b"exclude_nodes", "gpu_fraction", b"gpu_fraction", "gpu_models", b"gpu_models", "gpus", b"gpus", "job_id", b"job_id", "locality", b"locality", "max_ring_loss", b"max_ring_loss", "mig_profile", b"mig_profile", "min_gpu_memory_mib", b"min_gpu_memory_mib", "node_labels", b"node_labels", "nodes", b"nodes", "numa", b"numa", "objective", b"objective", "owner", b"owner", "policy", b"policy", "regions", b"regions", "tasks", b"tasks", "ttl_s", b"ttl_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_cpu_milli", b"_cpu_milli", "_cpus_per_task", b"_cpus_per_task", "_gpu_fraction", b"_gpu_fraction", "_gpus", b"_gpus", "_job_id", b"_job_id", "_locality", b"_locality", "_max_ring_loss", b"_max_ring_loss", "_memory_mib", b"_memory_mib", "_mig_profile", b"_mig_profile", "_min_gpu_memory_mib", b"_min_gpu_memory_mib", "_numa", b"_numa", "_objective", b"_objective", "_owner", b"_owner", "_policy", b"_policy", "_tasks", b"_tasks", "_ttl_s", b"_ttl_s", "cpu_milli", b"cpu_milli", "cpus_per_task", b"cpus_per_task", "exclude_nodes", b"exclude_nodes", "gpu_fraction", b"gpu_fraction", "gpu_models", b"gpu_models", "gpus", b"gpus", "job_id", b"job_id", "locality", b"locality", "max_ring_loss", b"max_ring_loss", "memory_mib", b"memory_mib", "mig_profile", b"mig_profile", "min_gpu_memory_mib", b"min_gpu_memory_mib", "node_labels", b"node_labels", "nodes", b"nodes", "numa", b"numa", "objective", b"objective", "owner", b"owner", "policy", b"policy", "regions", b"regions", "tasks", b"tasks", "ttl_s", b"ttl_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__cpu_milli: _TypeAlias = _typing.Literal["cpu_milli"]  # noqa: Y015
+    _WhichOneofArgType__cpu_milli: _TypeAlias = _typing.Literal["_cpu_milli", b"_cpu_milli"]  # noqa: Y015
     _WhichOneofReturnType__cpus_per_task: _TypeAlias = _typing.Literal["cpus_per_task"]  # noqa: Y015
     _WhichOneofArgType__cpus_per_task: _TypeAlias = _typing.Literal["_cpus_per_task", b"_cpus_per_task"]  # noqa: Y015
     _WhichOneofReturnType__gpu_fraction: _TypeAlias = _typing.Literal["gpu_fraction"]  # noqa: Y015
@@ -497,6 +509,8 @@ class PlaceRequest(_message.Message):
     _WhichOneofArgType__locality: _TypeAlias = _typing.Literal["_locality", b"_locality"]  # noqa: Y015
     _WhichOneofReturnType__max_ring_loss: _TypeAlias = _typing.Literal["max_ring_loss"]  # noqa: Y015
     _WhichOneofArgType__max_ring_loss: _TypeAlias = _typing.Literal["_max_ring_loss", b"_max_ring_loss"]  # noqa: Y015
+    _WhichOneofReturnType__memory_mib: _TypeAlias = _typing.Literal["memory_mib"]  # noqa: Y015
+    _WhichOneofArgType__memory_mib: _TypeAlias = _typing.Literal["_memory_mib", b"_memory_mib"]  # noqa: Y015
     _WhichOneofReturnType__mig_profile: _TypeAlias = _typing.Literal["mig_profile"]  # noqa: Y015
     _WhichOneofArgType__mig_profile: _TypeAlias = _typing.Literal["_mig_profile", b"_mig_profile"]  # noqa: Y015
     _WhichOneofReturnType__min_gpu_memory_mib: _TypeAlias = _typing.Literal["min_gpu_memory_mib"]  # noqa: Y015
@@ -514,6 +528,8 @@ class PlaceRequest(_message.Message):
     _WhichOneofReturnType__ttl_s: _TypeAlias = _typing.Literal["ttl_s"]  # noqa: Y015
     _WhichOneofArgType__ttl_s: _TypeAlias = _typing.Literal["_ttl_s", b"_ttl_s"]  # noqa: Y015
     @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__cpu_milli) -> _WhichOneofReturnType__cpu_milli | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__cpus_per_task) -> _WhichOneofReturnType__cpus_per_task | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__gpu_fraction) -> _WhichOneofReturnType__gpu_fraction | None: ...
@@ -525,6 +541,8 @@ class PlaceRequest(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__locality) -> _WhichOneofReturnType__locality | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__max_ring_loss) -> _WhichOneofReturnType__max_ring_loss | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__memory_mib) -> _WhichOneofReturnType__memory_mib | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__mig_profile) -> _WhichOneofReturnType__mig_profile | None: ...
     @_typing.overload
@@ -588,6 +606,8 @@ class ScoreRequest(_message.Message):
     JOB_ID_FIELD_NUMBER: _builtins.int
     LIMIT_FIELD_NUMBER: _builtins.int
     OFFSET_FIELD_NUMBER: _builtins.int
+    CPU_MILLI_FIELD_NUMBER: _builtins.int
+    MEMORY_MIB_FIELD_NUMBER: _builtins.int
     gpus: _builtins.int
     tasks: _builtins.int
     mig_profile: _builtins.str
@@ -605,6 +625,9 @@ class ScoreRequest(_message.Message):
     unless limit is set; offset skips that many nodes of the one ranking.
     """
     offset: _builtins.int
+    cpu_milli: _builtins.int
+    """as PlaceRequest's cpu_milli and memory_mib"""
+    memory_mib: _builtins.int
     @_builtins.property
     def gpu_models(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -636,11 +659,15 @@ class ScoreRequest(_message.Message):
         job_id: _builtins.str | None = ...,
         limit: _builtins.int | None = ...,
         offset: _builtins.int | None = ...,
+        cpu_milli: _builtins.int | None = ...,
+        memory_mib: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_cpus_per_task", b"_cpus_per_task", "_gpus", b"_gpus", "_job_id", b"_job_id", "_limit", b"_limit", "_locality", b"_locality", "_max_ring_loss", b"_max_ring_loss", "_mig_profile", b"_mig_profile", "_min_gpu_memory_mib", b"_min_gpu_memory_mib", "_numa", b"_numa", "_objective", b"_objective", "_offset", b"_offset", "_policy", b"_policy", "_tasks", b"_tasks", "cpus_per_task", b"cpus_per_task", "gpus", b"gpus", "job_id", b"job_id", "limit", b"limit", "locality", b"locality", "max_ring_loss", b"max_ring_loss", "mig_profile", b"mig_profile", "min_gpu_memory_mib", b"min_gpu_memory_mib", "nodes", b"nodes", "numa", b"numa", "objective", b"objective", "offset", b"offset", "policy", b"policy", "tasks", b"tasks"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_cpu_milli", b"_cpu_milli", "_cpus_per_task", b"_cpus_per_task", "_gpus", b"_gpus", "_job_id", b"_job_id", "_limit", b"_limit", "_locality", b"_locality", "_max_ring_loss", b"_max_ring_loss", "_memory_mib", b"_memory_mib", "_mig_profile", b"_mig_profile", "_min_gpu_memory_mib", b"_min_gpu_memory_mib", "_numa", b"_numa", "_objective", b"_objective", "_offset", b"_offset", "_policy", b"_policy", "_tasks", b"_tasks", "cpu_milli", b"cpu_milli", "cpus_per_task", b"cpus_per_task", "gpus", b"gpus", "job_id", b"job_id", "limit", b"limit", "locality", b"locality", "max_ring_loss", b"max_ring_loss", "memory_mib", b"memory_mib", "mig_profile", b"mig_profile", "min_gpu_memory_mib", b"min_gpu_memory_mib", "nodes", b"nodes", "numa", b"numa", "objective", b"objective", "offset", b"offset", "policy", b"policy", "tasks", b"tasks"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_cpus_per_task", b"_cpus_per_task", "_gpus", b"_gpus", "_job_id", b"_job_id", "_limit", b"_limit", "_locality", b"_locality", "_max_ring_loss", b"_max_ring_loss", "_mig_profile", b"_mig_profile", "_min_gpu_memory_mib", b"_min_gpu_memory_mib", "_numa", b"_numa", "_objective", b"_objective", "_offset", b"_offset", "_policy", b"_policy", "_tasks", b"_tasks", "cpus_per_task", b"cpus_per_task", "exclude_nodes", b"exclude_nodes", "gpu_models", b"gpu_models", "gpus", b"gpus", "job_id", b"job_id", "limit", b"limit", "locality", b"locality", "max_ring_loss", b"max_ring_loss", "mig_profile", b"mig_profile", "min_gpu_memory_mib", b"min_gpu_memory_mib", "node_labels", b"node_labels", "nodes", b"nodes", "numa", b"numa", "objective", b"objective", "offset", b"offset", "policy", b"policy", "regions", b"regions", "tasks", b"tasks"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_cpu_milli", b"_cpu_milli", "_cpus_per_task", b"_cpus_per_task", "_gpus", b"_gpus", "_job_id", b"_job_id", "_limit", b"_limit", "_locality", b"_locality", "_max_ring_loss", b"_max_ring_loss", "_memory_mib", b"_memory_mib", "_mig_profile", b"_mig_profile", "_min_gpu_memory_mib", b"_min_gpu_memory_mib", "_numa", b"_numa", "_objective", b"_objective", "_offset", b"_offset", "_policy", b"_policy", "_tasks", b"_tasks", "cpu_milli", b"cpu_milli", "cpus_per_task", b"cpus_per_task", "exclude_nodes", b"exclude_nodes", "gpu_models", b"gpu_models", "gpus", b"gpus", "job_id", b"job_id", "limit", b"limit", "locality", b"locality", "max_ring_loss", b"max_ring_loss", "memory_mib", b"memory_mib", "mig_profile", b"mig_profile", "min_gpu_memory_mib", b"min_gpu_memory_mib", "node_labels", b"node_labels", "nodes", b"nodes", "numa", b"numa", "objective", b"objective", "offset", b"offset", "policy", b"policy", "regions", b"regions", "tasks", b"tasks"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__cpu_milli: _TypeAlias = _typing.Literal["cpu_milli"]  # noqa: Y015
+    _WhichOneofArgType__cpu_milli: _TypeAlias = _typing.Literal["_cpu_milli", b"_cpu_milli"]  # noqa: Y015
     _WhichOneofReturnType__cpus_per_task: _TypeAlias = _typing.Literal["cpus_per_task"]  # noqa: Y015
     _WhichOneofArgType__cpus_per_task: _TypeAlias = _typing.Literal["_cpus_per_task", b"_cpus_per_task"]  # noqa: Y015
     _WhichOneofReturnType__gpus: _TypeAlias = _typing.Literal["gpus"]  # noqa: Y015
@@ -653,6 +680,8 @@ class ScoreRequest(_message.Message):
     _WhichOneofArgType__locality: _TypeAlias = _typing.Literal["_locality", b"_locality"]  # noqa: Y015
     _WhichOneofReturnType__max_ring_loss: _TypeAlias = _typing.Literal["max_ring_loss"]  # noqa: Y015
     _WhichOneofArgType__max_ring_loss: _TypeAlias = _typing.Literal["_max_ring_loss", b"_max_ring_loss"]  # noqa: Y015
+    _WhichOneofReturnType__memory_mib: _TypeAlias = _typing.Literal["memory_mib"]  # noqa: Y015
+    _WhichOneofArgType__memory_mib: _TypeAlias = _typing.Literal["_memory_mib", b"_memory_mib"]  # noqa: Y015
     _WhichOneofReturnType__mig_profile: _TypeAlias = _typing.Literal["mig_profile"]  # noqa: Y015
     _WhichOneofArgType__mig_profile: _TypeAlias = _typing.Literal["_mig_profile", b"_mig_profile"]  # noqa: Y015
     _WhichOneofReturnType__min_gpu_memory_mib: _TypeAlias = _typing.Literal["min_gpu_memory_mib"]  # noqa: Y015
@@ -668,6 +697,8 @@ class ScoreRequest(_message.Message):
     _WhichOneofReturnType__tasks: _TypeAlias = _typing.Literal["tasks"]  # noqa: Y015
     _WhichOneofArgType__tasks: _TypeAlias = _typing.Literal["_tasks", b"_tasks"]  # noqa: Y015
     @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__cpu_milli) -> _WhichOneofReturnType__cpu_milli | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__cpus_per_task) -> _WhichOneofReturnType__cpus_per_task | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__gpus) -> _WhichOneofReturnType__gpus | None: ...
@@ -679,6 +710,8 @@ class ScoreRequest(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__locality) -> _WhichOneofReturnType__locality | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__max_ring_loss) -> _WhichOneofReturnType__max_ring_loss | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__memory_mib) -> _WhichOneofReturnType__memory_mib | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__mig_profile) -> _WhichOneofReturnType__mig_profile | None: ...
     @_typing.overload
