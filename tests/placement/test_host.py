@@ -8,21 +8,8 @@ from pydantic import ValidationError
 from placement import ClusterState, PlacementRequest
 from placement.outcome import Cause
 from placement.profiles import build_profile
-
-
-def cluster(*names: str, host_mix: tuple[float, float] | None = None) -> ClusterState:
-    state = ClusterState(host_mix=host_mix)
-    for name in names:
-        state.upsert(build_profile("dgx1-v100", name))
-    return state
-
-
-def place(state: ClusterState, request: PlacementRequest) -> tuple[str, tuple[int, ...]]:
-    outcome = state.place(request)
-    assert outcome.placement is not None, outcome.summary()
-    state.apply(outcome.placement)
-    task = outcome.placement.tasks[0]
-    return task.node, task.gpu_indices
+from tests.placement.conftest import dgx1_nodes as cluster
+from tests.placement.conftest import place_applied as place
 
 
 def hold(state: ClusterState, node: str, gpus: int, cpu_milli: int) -> None:

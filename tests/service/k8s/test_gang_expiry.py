@@ -39,6 +39,18 @@ def _bind(client: TestClient, p: dict[str, Any], node: str) -> str:
     return error
 
 
+def _first_binding_refused(fleet: TestClient, kube: FakeKubeApi) -> tuple[dict[str, Any], str]:
+    """A gang of two 8-GPU pods whose first member's Binding the API server refuses:
+    the gang's reservation stays pending. The first member and its node."""
+    first = kube.add(pod("ring-0", 8, annotations=RING))
+    kube.add(pod("ring-1", 8, annotations=RING))
+    node = fleet.post("/k8s/v1/filter", json=names_args(first, NODES)).json()["NodeNames"][0]
+    kube.refuse_with = KubeApiError(403, 'pods "ring-0" is forbidden')
+    assert "forbidden" in _bind(fleet, first, node)
+    kube.refuse_with = None
+    return first, node
+
+
 def test_a_member_bound_as_the_gangs_ttl_ran_out_keeps_its_gpus_held(
     fleet: TestClient, kube: FakeKubeApi, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -47,12 +59,7 @@ def test_a_member_bound_as_the_gangs_ttl_ran_out_keeps_its_gpus_held(
     Binding; the sweep must not end the reservation under that pod meanwhile, or its
     GPUs go to the next job while the pod runs on them."""
     state: ServiceState = fleet.app.state.service  # type: ignore[attr-defined]
-    first = kube.add(pod("ring-0", 8, annotations=RING))
-    kube.add(pod("ring-1", 8, annotations=RING))
-    node = fleet.post("/k8s/v1/filter", json=names_args(first, NODES)).json()["NodeNames"][0]
-    kube.refuse_with = KubeApiError(403, 'pods "ring-0" is forbidden')
-    assert "forbidden" in _bind(fleet, first, node)
-    kube.refuse_with = None
+    first, node = _first_binding_refused(fleet, kube)
     clock.advance(GANG_TTL_S - 0.5)  # the member comes back just before the TTL ends
 
     binding = kube.bind
@@ -81,12 +88,7 @@ def test_a_member_coming_after_the_ttl_passed_reserves_the_gang_anew(
     """The sweep has not run yet: the reservation still reads live, but its time is up.
     The member does not bind onto it (it would expire under the pod): it is expired
     and the gang reserved again for this Binding."""
-    first = kube.add(pod("ring-0", 8, annotations=RING))
-    kube.add(pod("ring-1", 8, annotations=RING))
-    node = fleet.post("/k8s/v1/filter", json=names_args(first, NODES)).json()["NodeNames"][0]
-    kube.refuse_with = KubeApiError(403, 'pods "ring-0" is forbidden')
-    assert "forbidden" in _bind(fleet, first, node)
-    kube.refuse_with = None
+    first, node = _first_binding_refused(fleet, kube)
     clock.advance(GANG_TTL_S + 1)
 
     assert _bind(fleet, first, node) == ""

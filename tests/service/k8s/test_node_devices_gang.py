@@ -22,6 +22,7 @@ from tests.service.conftest import FakeClock
 from tests.service.deaf_replicas import held, replica
 from tests.service.helpers import add_nodes
 from tests.service.k8s.fake_kube import FakeKubeApi
+from tests.service.k8s.running_pods import bound_and_started
 
 NODE = "h100-a"
 GANG = {"topoplace.io/gang": "pair", "topoplace.io/gang-size": "2"}
@@ -36,11 +37,7 @@ def fleet(k8s_client: TestClient) -> TestClient:
 def _bound(
     client: TestClient, kube: FakeKubeApi, name: str, gpus: int, **notes: str
 ) -> dict[str, Any]:
-    p = kube.add(pod(name, gpus, annotations=notes or None))
-    assert client.post("/k8s/v1/filter", json=names_args(p, [NODE])).json()["NodeNames"] == [NODE]
-    assert client.post("/k8s/v1/bind", json=binding_args(p, NODE)).json() == {"Error": ""}
-    kube.start("ml-team", name)  # its kubelet admitted it: the report names its devices
-    return kube.get_pod("ml-team", name) or {}
+    return bound_and_started(client, kube, NODE, name, gpus, **notes)
 
 
 def _devices(p: dict[str, Any]) -> list[str]:

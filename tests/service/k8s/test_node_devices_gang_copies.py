@@ -15,10 +15,11 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from bench.k8s_objects import binding_args, names_args, pod
+from bench.k8s_objects import pod
 from placement.profiles import build_profile
 from tests.service.helpers import add_nodes
 from tests.service.k8s.fake_kube import FakeKubeApi
+from tests.service.k8s.running_pods import bound_and_started
 
 NODE = "h100-a"
 GANG = {"topoplace.io/gang": "pair", "topoplace.io/gang-size": "2"}
@@ -31,11 +32,7 @@ def fleet(k8s_client: TestClient) -> TestClient:
 
 
 def _member(client: TestClient, kube: FakeKubeApi, name: str) -> dict[str, Any]:
-    p = kube.add(pod(name, 2, annotations=GANG))
-    assert client.post("/k8s/v1/filter", json=names_args(p, [NODE])).json()["NodeNames"] == [NODE]
-    assert client.post("/k8s/v1/bind", json=binding_args(p, NODE)).json() == {"Error": ""}
-    kube.start("ml-team", name)
-    return kube.get_pod("ml-team", name) or {}
+    return bound_and_started(client, kube, NODE, name, 2, **GANG)
 
 
 def _devices(p: dict[str, Any]) -> list[str]:
