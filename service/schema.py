@@ -153,6 +153,10 @@ allocations = sa.Table(
     # A share allocation's anchor instead: its row in gpu_shares.
     sa.Column("share_node", sa.String(253), nullable=True),
     sa.Column("share_device", sa.String(128), nullable=True),
+    # The request's host figures per task (``cpu_milli``, ``memory_mib``), copied out of
+    # ``request`` so that every sync sums them without reading the JSON; NULL: not asked.
+    sa.Column("cpu_milli", sa.Integer, nullable=True),
+    sa.Column("memory_mib", sa.Integer, nullable=True),
     sa.Index("ix_allocations_job_id", "job_id"),
     sa.Index("ix_allocations_state", "state"),
     sa.UniqueConstraint("id", "live", name="uq_allocations_id_live"),

@@ -479,19 +479,17 @@ class ServiceState:
 
 
 def host_use(conn: sa.Connection, names: list[str] | None) -> dict[str, tuple[int, int]]:
-    """node -> (milli-CPU, MiB) held by its live allocations, from their stored requests
-    (``cpu_milli``, ``memory_mib`` per task) and placements (the tasks on each node).
+    """node -> (milli-CPU, MiB) held by its live allocations, from their host figure
+    columns (``cpu_milli``, ``memory_mib`` per task) and placements (the tasks on each
+    node).
 
-    Only requests that carry a figure are read: rows without one (every row written
-    before the fields existed, and requests that leave them out) count nothing."""
+    Only rows that carry a figure are read: rows without one (requests that leave them
+    out, and rows written before the fields existed) count nothing."""
     rows, holds, shared = schema.allocations, schema.gpu_holds, schema.gpu_shares
-    carries = sa.or_(
-        *(
-            sa.and_(rows.c.request.contains(f'"{f}":'), ~rows.c.request.contains(f'"{f}":null'))
-            for f in ("cpu_milli", "memory_mib")
-        )
+    carries = sa.or_(rows.c.cpu_milli.is_not(None), rows.c.memory_mib.is_not(None))
+    query = sa.select(rows.c.cpu_milli, rows.c.memory_mib, rows.c.placement).where(
+        rows.c.live.is_(True), carries
     )
-    query = sa.select(rows.c.request, rows.c.placement).where(rows.c.live.is_(True), carries)
     if names is not None:
         on_nodes = sa.union(
             sa.select(holds.c.allocation_id).where(holds.c.node.in_(names)),
@@ -499,9 +497,8 @@ def host_use(conn: sa.Connection, names: list[str] | None) -> dict[str, tuple[in
         )
         query = query.where(rows.c.id.in_(on_nodes))
     use: dict[str, tuple[int, int]] = {}
-    for request, placement in conn.execute(query):
-        asked = json.loads(request)
-        cpu, memory = int(asked.get("cpu_milli") or 0), int(asked.get("memory_mib") or 0)
+    for cpu_milli, memory_mib, placement in conn.execute(query):
+        cpu, memory = int(cpu_milli or 0), int(memory_mib or 0)
         for task in json.loads(placement).get("tasks", ()):
             node = str(task["node"])
             c, m = use.get(node, (0, 0))

@@ -29,6 +29,7 @@ from service.allocations.observed_gpus import observed_mig_placement, observed_p
 from service.allocations.place_flow import checked_ttl
 from service.allocations.results import Allocation, Ended, NotObserved, Observation
 from service.allocations.schemas import PlaceRequest
+from service.allocations.stored_request import host_figures
 from service.audit import records
 from service.audit import store as audit
 from service.db import in_transaction
@@ -855,6 +856,7 @@ def _observed_row(
         "owner": owner,
         "idempotency_key": None,
         "request": request,
+        **host_figures(request),
         "placement": placement_text,
         "created_at": now,
         "expires_at": None,

@@ -258,6 +258,9 @@ def place_flow(
             "owner": body.owner,
             "idempotency_key": idempotency_key,
             "request": request_json,
+            # Copied out of the request for the syncs' host use (state.host_use).
+            "cpu_milli": body.cpu_milli,
+            "memory_mib": body.memory_mib,
             "placement": views.placement_text(placement, tasks),
             "created_at": now,
             "expires_at": None if active else now + timedelta(seconds=ttl),

@@ -148,6 +148,67 @@ def test_0016_forwarded_keys_remember_their_request(database_url: str) -> None:
         engine.dispose()
 
 
+def test_0017_copies_the_host_figures_out_of_the_stored_requests(database_url: str) -> None:
+    """Rows written before the columns get the figures their request names, NULL for
+    the rest; the columns come and go."""
+    from datetime import UTC, datetime
+
+    migrate.upgrade(database_url)
+    config = migrate.alembic_config(database_url)
+    engine = sa.create_engine(database_url)
+    old = sa.table(
+        "allocations",
+        *(sa.column(c) for c in ("id", "state", "request", "placement", "created_at", "ended_at")),
+    )
+    requests = {
+        "both": '{"gpus":1,"cpu_milli":1500,"memory_mib":2048,"node_labels":{}}',
+        "cpu": '{"gpus":1,"cpu_milli":250,"memory_mib":null}',
+        "memory": '{"gpus":1,"cpu_milli":null,"memory_mib":512}',
+        "nulls": '{"gpus":1,"cpu_milli":null,"memory_mib":null}',
+        "before": '{"gpus":1,"tasks":1}',  # written before the fields existed
+        "label": '{"gpus":1,"node_labels":{"cpu-milli":"5"}}',
+        "broken": '{"cpu_milli":',
+    }
+    expected = {
+        "both": (1500, 2048),
+        "cpu": (250, None),
+        "memory": (None, 512),
+        "nulls": (None, None),
+        "before": (None, None),
+        "label": (None, None),
+        "broken": (None, None),
+    }
+    now = datetime(2026, 12, 6, tzinfo=UTC)
+    try:
+        command.downgrade(config, "0016")
+        assert "cpu_milli" not in _columns(engine, "allocations")
+        with engine.begin() as conn:
+            conn.execute(
+                sa.insert(old),
+                [
+                    {
+                        "id": name,
+                        "state": "released",
+                        "request": text,
+                        "placement": "{}",
+                        "created_at": now,
+                        "ended_at": now,
+                    }
+                    for name, text in requests.items()
+                ],
+            )
+        command.upgrade(config, "0017")
+        t = schema.allocations
+        with engine.connect() as conn:
+            rows = conn.execute(sa.select(t.c.id, t.c.cpu_milli, t.c.memory_mib)).all()
+        assert {str(i): (c, m) for i, c, m in rows} == expected
+        command.downgrade(config, "0016")
+        assert "memory_mib" not in _columns(engine, "allocations")
+    finally:
+        migrate.upgrade(database_url)
+        engine.dispose()
+
+
 def _columns(engine: sa.Engine, table: str) -> set[str]:
     return {str(c["name"]) for c in sa.inspect(engine).get_columns(table)}
 

@@ -47,6 +47,8 @@ def _row(anchor: str = "GPU-a", **changes: Any) -> dict[str, Any]:
         "anchor_device": anchor,
         "share_node": None,
         "share_device": None,
+        "cpu_milli": None,
+        "memory_mib": None,
     }
     return row | changes
 
@@ -66,7 +68,12 @@ def _hold(allocation: dict[str, Any], device: str, kind: str = "gpu") -> dict[st
 
 
 def test_rows_and_holds_read_back_as_written(engine: sa.Engine) -> None:
-    first = _row(expires_at=datetime(2026, 6, 1, 12, 32, tzinfo=UTC), state="pending")
+    first = _row(
+        expires_at=datetime(2026, 6, 1, 12, 32, tzinfo=UTC),
+        state="pending",
+        cpu_milli=500,
+        memory_mib=1024,
+    )
     second = _row("GPU-b", job_id=None, owner=None, idempotency_key="key-1")
     holds = [_hold(first, "GPU-a"), _hold(first, "cpu:3", "cpu"), _hold(second, "GPU-b")]
 

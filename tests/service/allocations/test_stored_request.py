@@ -46,3 +46,16 @@ def test_a_retry_naming_the_added_fields_as_null_is_the_same_request() -> None:
     old = '{"gpus":1,"tasks":1}'
     assert same_request(old, '{"gpus":1,"tasks":1,"cpu_milli":null,"memory_mib":null}')
     assert not same_request(old, '{"gpus":1,"tasks":1,"cpu_milli":500,"memory_mib":null}')
+
+
+def test_a_field_left_out_at_its_default_is_the_same_request() -> None:
+    # A stored row written before a field with a non-null default existed, retried
+    # with the field at that default: no special case names the field.
+    full = PlaceRequest(gpus=2).model_dump_json()
+    old = json.loads(full)
+    del old["max_ring_loss"]
+    assert same_request(json.dumps(old), full)
+    assert same_request(full, json.dumps(old))  # and the other way round
+    other = PlaceRequest(gpus=2, objective="balanced", max_ring_loss=0.25).model_dump_json()
+    balanced = {**old, "objective": "balanced"}
+    assert not same_request(json.dumps(balanced), other)  # 0.25 is not the default 0.5
