@@ -4,13 +4,13 @@ A job's end (its release by job id, a Slurm epilog's; the Slurm reconcile loop
 releasing a job it saw end) and a report of its start (a Slurm prolog's) are
 made one after the other for one job id, on any replica: each transaction first
 takes ``lock``, and only then reads what the other wrote. On Postgres that is an
-advisory lock on the job id; on SQLite, ``forget_old``'s delete, a write, takes
-the database's one write lock before the transaction reads anything.
+advisory lock on the job id's bucket (service/advisory_locks.py); on SQLite,
+``forget_old``'s delete, a write, takes the database's one write lock before the
+transaction reads anything.
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterable
 from datetime import datetime
 
@@ -18,7 +18,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
-from service import schema
+from service import advisory_locks, schema
 
 _T = schema.ended_jobs
 # Advisory lock namespace (the first key of pg_advisory_xact_lock's pair) for job ids.
@@ -28,23 +28,9 @@ _JOB_LOCKS = 0x746A  # "tj"
 def lock(conn: Connection, job_ids: Iterable[str], forget_before: datetime) -> None:
     """Hold these jobs until the transaction ends, and forget the ends said before
     ``forget_before`` (past the memory's window). Taken first in the transaction."""
-    if conn.dialect.name == "postgresql":
-        keys = sorted({_lock_key(job_id) for job_id in job_ids})  # in one order: no deadlock
-        if keys:
-            conn.execute(
-                sa.text(
-                    "SELECT count(pg_advisory_xact_lock(:ns, k))"
-                    " FROM (SELECT unnest(CAST(:keys AS integer[])) AS k ORDER BY 1) AS sorted_keys"
-                ),
-                {"ns": _JOB_LOCKS, "keys": keys},
-            )
+    advisory_locks.hold(conn, _JOB_LOCKS, job_ids)  # 64 locks at most, in one order
     # On SQLite this write starts the transaction's hold of the write lock.
     conn.execute(sa.delete(_T).where(_T.c.ended_at < forget_before))
-
-
-def _lock_key(job_id: str) -> int:
-    digest = hashlib.blake2b(job_id.encode(), digest_size=4).digest()
-    return int.from_bytes(digest, "big", signed=True)
 
 
 def remember(conn: Connection, job_ids: Iterable[str], now: datetime) -> None:

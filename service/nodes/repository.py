@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -10,7 +9,7 @@ from datetime import UTC, datetime
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from service import schema
+from service import advisory_locks, schema
 
 
 def get(conn: Connection, name: str, *, hold: bool = False) -> sa.RowMapping | None:
@@ -82,29 +81,14 @@ _UUID_LOCKS = 0x7470  # "tp"
 
 
 def lock_device_uuids(conn: Connection, uuids: Iterable[str]) -> None:
-    """Postgres: hold, until the transaction ends, a lock per device UUID, so that two
-    replicas storing snapshots that name one UUID check ownership one after the other.
+    """Postgres: hold, until the transaction ends, the locks of these device UUIDs (64 at
+    most, service/advisory_locks.py), so that two replicas storing snapshots that name
+    one UUID check ownership one after the other.
 
-    Taken in key order, so reports never deadlock on each other. SQLite needs
-    none: its writers are serialized, and the check runs after this
+    SQLite needs none: its writers are serialized, and the check runs after this
     transaction's first write.
     """
-    if conn.dialect.name != "postgresql":
-        return
-    keys = sorted({_lock_key(uuid) for uuid in uuids})
-    if keys:
-        conn.execute(
-            sa.text(
-                "SELECT count(pg_advisory_xact_lock(:ns, k))"
-                " FROM (SELECT unnest(CAST(:keys AS integer[])) AS k ORDER BY 1) AS sorted_keys"
-            ),
-            {"ns": _UUID_LOCKS, "keys": keys},
-        )
-
-
-def _lock_key(uuid: str) -> int:
-    digest = hashlib.blake2b(uuid.encode(), digest_size=4).digest()
-    return int.from_bytes(digest, "big", signed=True)
+    advisory_locks.hold(conn, _UUID_LOCKS, uuids)
 
 
 # A stored snapshot's (seq, reported_at): together they name one content (a seq alone
