@@ -22,7 +22,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from placement.cpuset import CpusetError, format_cpuset, parse_cpuset
+from placement.cpuset import CpusetError, cpuset_spans, format_cpuset, parse_cpuset
 from placement.links import Link, LinkKind, LinkLabelError, parse_link
 from placement.numbers import WHOLE
 from placement.text import Text
@@ -57,11 +57,20 @@ Flag = Annotated[bool, Field(strict=True)]
 # Linux builds for at most 8,192 CPUs (x86 MAXSMP); a cpuset naming CPU ids far past
 # that is not a machine but a request to expand a range of billions of numbers.
 MAX_CPU_ID = 16_383
+# And a node's NUMA nodes together name at most this many CPUs, each in one node only:
+# each cpuset was bounded alone, so 1,024 nodes of "0-16383" (32 KB) made 16.7 million.
+MAX_CPUS = MAX_CPU_ID + 1
+MAX_CPUSET_CHARS = 131_072
 MAX_GPUS = 63
+# Far more NICs than a machine carries; the topology view prints a NIC x NIC matrix,
+# so 3,000 NICs made 35 MB of text.
+MAX_NICS = 1024
+# Node labels, copied into Slurm features and Kubernetes node labels; an operator sets
+# a handful.
+MAX_LABELS = 256
 # Held CPUs are stored beside held GPU and MIG UUIDs, named "cpu:<id>" (the service's
 # gpu_holds.device): a device UUID spelled so would be read back as a CPU.
 CPU_DEVICE_PREFIX = "cpu:"
-_CPU_RANGE_RE = re.compile(r"(\d+)(?:\s*-\s*(\d+))?")
 
 
 class Health(StrEnum):
@@ -75,26 +84,35 @@ class _Frozen(BaseModel):
 
 class NumaNode(_Frozen):
     id: NonNegInt
-    cpus: Text = Field(description="Linux cpuset of the node's CPUs, e.g. '0-47,96-143'")
+    # Room for all 16,384 CPUs listed one by one (87 KB); "0,0,0,..." over 4 MB made two
+    # million ranges to sort.
+    cpus: Text = Field(
+        max_length=MAX_CPUSET_CHARS,
+        description="Linux cpuset of the node's CPUs, e.g. '0-47,96-143'",
+    )
     memory_mib: NonNegInt = 0
 
     @field_validator("cpus")
     @classmethod
     def _valid_cpuset(cls, value: str) -> str:
-        # Bounded before parse_cpuset expands the ranges, which costs their total span.
-        for number in re.findall(r"\d+", value):
+        # Read as ranges, never expanded here: the snapshot counts and compares its
+        # nodes' ranges before anything expands them (_check_numa).
+        for number in re.findall(r"[0-9]+", value):
             if len(number) > 5 or int(number) > MAX_CPU_ID:
                 raise ValueError(
                     f"CPU {number[:12]} is past the highest CPU id Linux uses ({MAX_CPU_ID})"
                 )
-        spans = [(int(lo), int(hi or lo)) for lo, hi in _CPU_RANGE_RE.findall(value)]
-        if sum(max(hi - lo + 1, 1) for lo, hi in spans) > MAX_CPU_ID + 1:
-            raise ValueError(f"the ranges name more than {MAX_CPU_ID + 1} CPUs")
         try:
-            parse_cpuset(value)
+            spans = cpuset_spans(value)
         except CpusetError as exc:
             raise ValueError(str(exc)) from None
+        if spans and spans[-1][1] > MAX_CPU_ID:
+            raise ValueError(f"CPU {spans[-1][1]} is past the highest CPU id Linux uses")
         return value.strip()
+
+    @cached_property
+    def cpu_spans(self) -> tuple[tuple[int, int], ...]:
+        return cpuset_spans(self.cpus)
 
     @cached_property
     def cpu_list(self) -> tuple[int, ...]:
@@ -116,7 +134,9 @@ class Gpu(_Frozen):
 class MigInstance(_Frozen):
     uuid: Text = Field(min_length=1, max_length=128)
     parent_gpu: NonNegInt
-    profile: Text = Field(description="MIG profile name, e.g. '1g.10gb' or '3g.40gb'")
+    profile: Text = Field(
+        max_length=64, description="MIG profile name, e.g. '1g.10gb' or '3g.40gb'"
+    )
     placement_start: SliceStart
     placement_size: SliceCount
     health: Health = Health.HEALTHY
@@ -181,6 +201,7 @@ class NodeSnapshot(_Frozen):
     region: Text = Field(default="default", min_length=1, max_length=63)
     labels: dict[str, str] = Field(
         default_factory=dict,
+        max_length=MAX_LABELS,
         json_schema_extra={
             "propertyNames": {"pattern": _LABEL_KEY_RE.pattern},
             "additionalProperties": {"type": "string", "pattern": _LABEL_VALUE_RE.pattern},
@@ -195,8 +216,9 @@ class NodeSnapshot(_Frozen):
         default_factory=list,
         description="GPU-GPU link labels, row i column j, as nvidia-smi topo -m prints them",
     )
-    cpu_links: list[CpuLink] = Field(default_factory=list)
-    nics: list[Nic] = Field(default_factory=list)
+    # One per GPU.
+    cpu_links: list[CpuLink] = Field(default_factory=list, max_length=MAX_GPUS)
+    nics: list[Nic] = Field(default_factory=list, max_length=MAX_NICS)
     # No more than fit without overlap: one per slice of every GPU.
     mig_instances: list[MigInstance] = Field(
         default_factory=list, max_length=MAX_GPUS * MAX_MIG_SLICES
@@ -239,7 +261,12 @@ class NodeSnapshot(_Frozen):
 
     @model_validator(mode="after")
     def _consistent(self) -> NodeSnapshot:
-        errors = list(_check_gpus(self)) + list(_check_links(self)) + list(_check_devices(self))
+        errors = [
+            *_check_numa(self),
+            *_check_gpus(self),
+            *_check_links(self),
+            *_check_devices(self),
+        ]
         if errors:
             raise ValidationError.from_exception_data("NodeSnapshot", errors)
         return self
@@ -300,6 +327,37 @@ def _error(loc: tuple[str | int, ...], message: str, value: Any) -> InitErrorDet
         "loc": loc,
         "input": value,
     }
+
+
+def _check_numa(snap: NodeSnapshot) -> list[InitErrorDetails]:
+    """At most MAX_CPUS CPUs in all, and no CPU in two NUMA nodes (Linux puts each in one;
+    a CPU in two could be given to two tasks), counted and compared as ranges."""
+    total = 0
+    for pos, node in enumerate(snap.numa_nodes):
+        total += sum(hi - lo + 1 for lo, hi in node.cpu_spans)
+        if total > MAX_CPUS:
+            message = f"the NUMA nodes name more than {MAX_CPUS} CPUs in all"
+            return [_error(("numa_nodes", pos, "cpus"), message, node.cpus)]
+    spans = sorted((lo, hi, pos) for pos, n in enumerate(snap.numa_nodes) for lo, hi in n.cpu_spans)
+    # Sorted by first CPU, a span overlaps an earlier one iff it starts before the
+    # highest CPU seen so far: each node in an overlap is named once, with one partner.
+    shared: dict[int, tuple[int, int]] = {}  # position -> (the other's position, a CPU)
+    reach, owner = -1, -1  # the highest CPU seen so far, and the position of its node
+    for lo, hi, pos in spans:
+        if lo <= reach:
+            shared.setdefault(pos, (owner, lo))
+            shared.setdefault(owner, (pos, lo))
+        if hi > reach:
+            reach, owner = hi, pos
+    errors: list[InitErrorDetails] = []
+    for pos, (other, cpu) in sorted(shared.items()):
+        node = snap.numa_nodes[pos]
+        message = (
+            f"NUMA node {node.id} shares CPU {cpu} with NUMA node"
+            f" {snap.numa_nodes[other].id}; a CPU belongs to one NUMA node"
+        )
+        errors.append(_error(("numa_nodes", pos, "cpus"), message, node.cpus))
+    return errors
 
 
 def _check_gpus(snap: NodeSnapshot) -> Sequence[InitErrorDetails]:

@@ -8,6 +8,7 @@ import pytest
 from pydantic import ValidationError
 
 from placement import Gpu, MigInstance, NodeSnapshot, NumaNode
+from placement.cpuset import parse_cpuset
 from placement.profiles import build_profile
 
 
@@ -199,3 +200,86 @@ def test_numa_helpers() -> None:
     assert node.cpu_list == (4, 5, 8)
     gpu = Gpu(index=0, uuid="u", model="m")
     assert gpu.health.value == "healthy"
+
+
+def test_numa_nodes_name_at_most_16384_cpus_in_all() -> None:
+    """Each node's cpuset was bounded, not their sum: 1,024 nodes of "0-16383" (32 KB)
+    expanded into 16.7 million CPUs, 680 MB, in the engine's state lock."""
+    expanded: list[int] = []
+
+    def counting(text: str) -> tuple[int, ...]:
+        cpus = parse_cpuset(text)
+        expanded.append(len(cpus))
+        return cpus
+
+    hostile = [{"id": i, "cpus": "0-16383"} for i in range(1024)]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("placement.snapshot.parse_cpuset", counting)
+        with pytest.raises(ValidationError) as exc:
+            NodeSnapshot.model_validate(_base(numa_nodes=hostile))
+    assert _locs(exc) == [("numa_nodes", 1, "cpus")]
+    assert "16384" in str(exc.value)
+    assert sum(expanded) <= 16384
+    # int() reads "9_9999" as 99999: a check of \d+ runs let "0-9_9999_9999" through.
+    for cpus in ("0-9_9999", "0-9_9999_9999", "0-\u0661\u0660"):
+        with pytest.raises(ValidationError) as exc:
+            NodeSnapshot.model_validate(_base(numa_nodes=[{"id": 0, "cpus": cpus}]))
+        assert _locs(exc) == [("numa_nodes", 0, "cpus")]
+    halves = [{"id": 0, "cpus": "0-8191"}, {"id": 1, "cpus": "8192-16383"}]
+    snap = NodeSnapshot.model_validate(_base(numa_nodes=halves))
+    assert len(snap.numa_cpus(0) + snap.numa_cpus(1)) == 16384
+
+
+def test_a_cpu_belongs_to_one_numa_node() -> None:
+    """Linux puts each CPU in one NUMA node; a CPU in two could be given to two tasks."""
+    nodes = [{"id": 0, "cpus": "0-7"}, {"id": 1, "cpus": "12-15"}, {"id": 2, "cpus": "6,9-11"}]
+    with pytest.raises(ValidationError) as exc:
+        NodeSnapshot.model_validate(_base(numa_nodes=nodes))
+    assert _locs(exc) == [("numa_nodes", 0, "cpus"), ("numa_nodes", 2, "cpus")]
+    assert "NUMA node 2 shares CPU 6 with NUMA node 0" in str(exc.value)
+    # Every node in an overlap is named, once.
+    nodes = [*nodes, {"id": 3, "cpus": "0-15"}]
+    with pytest.raises(ValidationError) as exc:
+        NodeSnapshot.model_validate(_base(numa_nodes=nodes))
+    assert _locs(exc) == [("numa_nodes", i, "cpus") for i in range(4)]
+    # One cpuset repeating a CPU is still one CPU.
+    snap = NodeSnapshot.model_validate(_base(numa_nodes=[{"id": 0, "cpus": "0-3,2-5,5"}]))
+    assert snap.numa_cpus(0) == (0, 1, 2, 3, 4, 5)
+
+
+@pytest.mark.parametrize(
+    ("field", "items", "bound"),
+    [
+        # GET /topology prints a NIC x NIC matrix: 3,000 NICs made 35 MB of text.
+        ("nics", lambda i: {"name": f"nic{i}", "links": ["PIX", "PIX"]}, 1024),
+        ("cpu_links", lambda i: {"gpu": 0, "kind": "nvlink-c2c"}, 63),
+    ],
+)
+def test_per_snapshot_lists_are_bounded(field: str, items: Any, bound: int) -> None:
+    snap = NodeSnapshot.model_validate(_base(**{field: [items(i) for i in range(bound)]}))
+    assert len(getattr(snap, field)) == bound
+    with pytest.raises(ValidationError) as exc:
+        NodeSnapshot.model_validate(_base(**{field: [items(i) for i in range(bound + 1)]}))
+    assert _locs(exc) == [(field,)]
+    assert f"at most {bound} items" in str(exc.value)
+
+
+def test_labels_and_mig_profile_names_are_bounded() -> None:
+    labels = {f"k{i}": "v" for i in range(256)}
+    assert len(NodeSnapshot.model_validate(_base(labels=labels)).labels) == 256
+    with pytest.raises(ValidationError) as exc:
+        NodeSnapshot.model_validate(_base(labels={**labels, "one-more": "v"}))
+    assert _locs(exc) == [("labels",)]
+    gpus = _base()["gpus"]
+    gpus[0]["mig_enabled"] = True
+    # "0,0,0,..." names one CPU, but 4 MB of it made two million ranges to sort.
+    long_cpuset = ",".join(["0"] * 70_000)
+    with pytest.raises(ValidationError) as exc:
+        NodeSnapshot.model_validate(_base(numa_nodes=[{"id": 0, "cpus": long_cpuset}]))
+    assert _locs(exc) == [("numa_nodes", 0, "cpus")]
+    every_cpu = ",".join(str(cpu) for cpu in range(16384))  # 87 KB, each CPU alone
+    assert NodeSnapshot.model_validate(_base(numa_nodes=[{"id": 0, "cpus": every_cpu}]))
+    long_profile = {**_mig("M", 0), "profile": "1g.10gb+" + "a" * 100_000}
+    with pytest.raises(ValidationError) as exc:
+        NodeSnapshot.model_validate(_base(gpus=gpus, mig_instances=[long_profile]))
+    assert _locs(exc) == [("mig_instances", 0, "profile")]

@@ -460,9 +460,14 @@ def snapshots(draw: st.DrawFn) -> NodeSnapshot:
         for j in range(i + 1, n):
             links[i][j] = links[j][i] = draw(st.sampled_from(GPU_LABELS))
     numa = draw(st.lists(st.none() | st.integers(0, 3), min_size=n, max_size=n))
-    cpusets = st.lists(st.integers(0, 255), max_size=12).map(format_cpuset)
+    ids = sorted({x for x in numa if x is not None})
+    # A CPU belongs to one NUMA node: node k draws CPUs k, k + 4, k + 8, ...
     numa_nodes = [
-        NumaNode(id=node, cpus=draw(cpusets)) for node in sorted({x for x in numa if x is not None})
+        NumaNode(
+            id=node,
+            cpus=format_cpuset(4 * x + k for x in draw(st.lists(st.integers(0, 63), max_size=12))),
+        )
+        for k, node in enumerate(ids)
     ]
     names = st.from_regex(r"[a-z][a-z0-9_]{0,15}", fullmatch=True)
     nics = draw(
