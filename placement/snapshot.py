@@ -73,6 +73,11 @@ MAX_LABELS = 256
 CPU_DEVICE_PREFIX = "cpu:"
 
 
+# A link label ("NVS18", "NODE"): a refusal quotes an unknown one, so a matrix of long
+# ones came back as large as it was sent.
+LinkLabel = Annotated[Text, Field(max_length=16)]
+
+
 class Health(StrEnum):
     HEALTHY = "healthy"
     UNHEALTHY = "unhealthy"
@@ -152,7 +157,9 @@ class MigInstance(_Frozen):
 
 class Nic(_Frozen):
     name: Text = Field(min_length=1, max_length=64)
-    links: list[Text] = Field(description="PCIe relation to each GPU, by GPU index (PIX, PXB, ...)")
+    links: list[LinkLabel] = Field(
+        description="PCIe relation to each GPU, by GPU index (PIX, PXB, ...)"
+    )
 
     @field_validator("links")
     @classmethod
@@ -212,7 +219,7 @@ class NodeSnapshot(_Frozen):
     numa_nodes: list[NumaNode] = Field(default_factory=list, max_length=1024)  # MAX_NUMNODES
     # The engine keeps a node's GPU sets as bit masks in signed 64-bit integers.
     gpus: list[Gpu] = Field(default_factory=list, max_length=MAX_GPUS)
-    links: list[list[Text]] = Field(
+    links: list[list[LinkLabel]] = Field(
         default_factory=list,
         description="GPU-GPU link labels, row i column j, as nvidia-smi topo -m prints them",
     )
