@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 import uuid
+from collections import Counter
 from dataclasses import dataclass
 from typing import TypeAlias
 
@@ -178,12 +179,21 @@ def _placeholder_uuid(node_name: str, index: int) -> str:
 
 
 def _numa_nodes(affinity: list[_Affinity]) -> list[NumaNode]:
-    """One NUMA node per distinct GPU NUMA affinity, with the union of those GPUs' CPUs."""
+    """One NUMA node per distinct GPU NUMA affinity, with the union of those GPUs' CPUs.
+
+    A CPU that the GPUs of two NUMA nodes both list (nvidia-smi prints a CPU affinity
+    wider than the GPU's NUMA node on some machines) belongs to one of them, but the
+    text does not say which: it is given to neither, as overlapping CPU sets without a
+    NUMA column make no node, and a snapshot refuses a CPU in two NUMA nodes."""
     merged: dict[int, set[int]] = {}
     for cpus, node in affinity:
         if node is not None:
             merged.setdefault(node, set()).update(cpus)
-    return [NumaNode(id=node, cpus=format_cpuset(merged[node])) for node in sorted(merged)]
+    claims = Counter(cpu for cpus in merged.values() for cpu in cpus)
+    return [
+        NumaNode(id=node, cpus=format_cpuset(cpu for cpu in merged[node] if claims[cpu] == 1))
+        for node in sorted(merged)
+    ]
 
 
 def _names_no_numa_node(gpu_rows: list[_Row], header: _Header) -> bool:

@@ -213,6 +213,15 @@ def test_cpu_affinity_of_a_multi_node_gpu_makes_no_node() -> None:
     assert snap.numa_nodes == []
 
 
+def test_cpus_two_numa_nodes_list_go_to_neither() -> None:
+    # nvidia-smi printed the whole machine's CPUs as each GPU's affinity: which of them
+    # are NUMA node 1's is not in the text, and none is given twice.
+    text = matrix(uniform(3, "SYS"), cpus=["0-15", "0-15", "8-23"], numa=["0", "1", "1"])
+    snap = parse_topo_matrix(text)
+    assert [gpu.numa_node for gpu in snap.gpus] == [0, 1, 1]
+    assert [(node.id, node.cpus) for node in snap.numa_nodes] == [(0, ""), (1, "16-23")]
+
+
 def test_numa_cpus_are_the_union_over_gpus() -> None:
     text = matrix(uniform(3, "NODE"), cpus=["0-3", "8-11", "N/A"], numa=["0", "0", "0"])
     snap = parse_topo_matrix(text)
