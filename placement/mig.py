@@ -30,14 +30,6 @@ class _Pick:
     free_slices_after: int
 
 
-def _busy_slices(entry: NodeEntry, gpu: int, held: set[str]) -> set[int]:
-    out: set[int] = set()
-    for inst in entry.snapshot.mig_instances:
-        if inst.parent_gpu == gpu and (inst.uuid in held or inst.health is not Health.HEALTHY):
-            out.update(range(inst.placement_start, inst.placement_start + inst.placement_size))
-    return out
-
-
 def _longest_run(free: list[bool]) -> int:
     best = run = 0
     for ok in free:
@@ -46,22 +38,33 @@ def _longest_run(free: list[bool]) -> int:
     return best
 
 
-def _slices(entry: NodeEntry, gpu: int) -> int:
-    ends = [
-        i.placement_start + i.placement_size
-        for i in entry.snapshot.mig_instances
-        if i.parent_gpu == gpu
-    ]
-    return max(ends, default=0)
+def _free_slices(entry: NodeEntry, held: set[str]) -> dict[int, list[bool]]:
+    """Each MIG GPU's slices, True where free (no held or unhealthy instance covers it).
 
-
-def _gpu_free(entry: NodeEntry, gpu: int, held: set[str]) -> list[bool]:
-    busy = _busy_slices(entry, gpu, held)
-    return [s not in busy for s in range(_slices(entry, gpu))]
+    One walk over the node's instances for all its GPUs: walking them again for
+    each candidate instance was quadratic (4,032 instances on one report made a
+    /place take 2.6 s; 0.1 s read once)."""
+    ends: dict[int, int] = {}
+    busy: dict[int, list[tuple[int, int]]] = {}
+    for inst in entry.snapshot.mig_instances:
+        gpu, start, end = (
+            inst.parent_gpu,
+            inst.placement_start,
+            inst.placement_start + inst.placement_size,
+        )
+        ends[gpu] = max(ends.get(gpu, 0), end)
+        if inst.uuid in held or inst.health is not Health.HEALTHY:
+            busy.setdefault(gpu, []).append((start, end))
+    free = {gpu: [True] * end for gpu, end in ends.items()}
+    for gpu, spans in busy.items():
+        for start, end in spans:
+            free[gpu][start:end] = [False] * (end - start)
+    return free
 
 
 def best_instance(entry: NodeEntry, profile: str, held: set[str]) -> _Pick | None:
     snap = entry.snapshot
+    free_by_gpu = _free_slices(entry, held)
     picks: list[_Pick] = []
     for inst in snap.mig_instances:
         gpu = snap.gpus[inst.parent_gpu]
@@ -69,17 +72,19 @@ def best_instance(entry: NodeEntry, profile: str, held: set[str]) -> _Pick | Non
             continue
         if gpu.health is not Health.HEALTHY or _held_whole_or_shared(entry, gpu.uuid):
             continue
-        free = _gpu_free(entry, inst.parent_gpu, held)
+        free = free_by_gpu[inst.parent_gpu]
         after = list(free)
-        for s in range(inst.placement_start, inst.placement_start + inst.placement_size):
-            after[s] = False
+        after[inst.placement_start : inst.placement_start + inst.placement_size] = [
+            False
+        ] * inst.placement_size
         key = (-_longest_run(after), sum(free), inst.parent_gpu, inst.placement_start)
-        picks.append(_Pick(inst, key, 0))
+        picks.append(_Pick(inst, key, sum(after)))  # its GPU's free slices once taken
     if not picks:
         return None
     best = min(picks, key=lambda p: p.key)
+    chosen_gpu = best.instance.parent_gpu
     total_free = sum(
-        sum(_gpu_free(entry, g.index, held | {best.instance.uuid}))
+        best.free_slices_after if g.index == chosen_gpu else sum(free_by_gpu.get(g.index, ()))
         for g in snap.gpus
         if g.mig_enabled and not _held_whole_or_shared(entry, g.uuid)
     )
