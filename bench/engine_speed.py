@@ -9,6 +9,10 @@ Workloads (printed with the machine they ran on):
    whole loop.
 2. Any k on a 16-GPU node (DGX-2 design) with random free masks, cold
    (answer never computed before) and warm.
+3. ``evaluate`` (what /score asks) on one 63-GPU node (NVLink islands of 8,
+   above the exact tables), for random free sets: the first ask of a free
+   set searches (what every ask cost before large-node answers were kept),
+   asking again finds the kept answer.
 
 The baseline, measured in the same run on the same states: a per-node loop
 that asks every node for its best set directly (no cross-node arrays, no
@@ -31,6 +35,8 @@ from bench.machine import describe
 from placement import ClusterState, Placement, PlacementRequest
 from placement.node_choice import NO_SET, SetQuery, best_set, indices_to_mask
 from placement.profiles import build_profile, gb200_nvl72_rack
+from placement.snapshot import NodeSnapshot
+from placement.topo_text import parse_topo_matrix
 from placement.topology_class import TopologyClass
 
 # Mixed fleet: (profile, share). GB200 trays come in racks of 18.
@@ -219,6 +225,62 @@ SIXTEEN_HEADER = (
 )
 
 
+LARGE_HEADER = (
+    "\n| 63-GPU node, k | first ask p50 ms | first ask p99 ms | asked again p50 ms"
+    " | asked again p99 ms |\n|---|---|---|---|---|"
+)
+
+
+def large_node(n: int, name: str) -> NodeSnapshot:
+    """n GPUs in NVLink islands of 8 (NODE within a half, SYS across), two NUMA nodes."""
+
+    def link(i: int, j: int) -> str:
+        if i == j:
+            return "X"
+        if i // 8 == j // 8:
+            return "NV12"
+        return "NODE" if (i < n // 2) == (j < n // 2) else "SYS"
+
+    rows = [
+        "\t".join(
+            [f"GPU{i}", *(link(i, j) for j in range(n)), *(("0", "0"), ("1", "1"))[i >= n // 2]]
+        )
+        for i in range(n)
+    ]
+    header = "\t".join(["", *(f"GPU{i}" for i in range(n)), "CPU Affinity", "NUMA Affinity"])
+    return parse_topo_matrix("\n".join([header, *rows]) + "\n", node_name=name)
+
+
+def large_node_section(samples: int) -> list[str]:
+    rows = []
+    rng = random.Random(63)
+    snap = large_node(63, "big")
+    state = ClusterState()
+    state.upsert(snap)
+    uuids = [g.uuid for g in snap.gpus]
+    for k in (1, 4, 8):
+        first: list[float] = []
+        again: list[float] = []
+        for _ in range(samples):
+            busy = [uuids[i] for i in rng.sample(range(63), rng.randint(0, 63 - k))]
+            state.allocate("big", busy)
+            request = PlacementRequest(gpus=k)
+            t0 = time.perf_counter()
+            answer = state.evaluate(request)
+            first.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            assert state.evaluate(request) == answer
+            again.append(time.perf_counter() - t0)
+            state.release("big", busy)
+        row = (
+            f"| {k} | {percentile(first, 50) * 1e3:.1f} | {percentile(first, 99) * 1e3:.1f} "
+            f"| {percentile(again, 50) * 1e3:.2f} | {percentile(again, 99) * 1e3:.2f} |"
+        )
+        print(row)
+        rows.append(row)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="small run for a smoke test")
@@ -236,11 +298,15 @@ def main() -> None:
     rows = cluster_section(sizes, fills, decisions, args.quick)
     print(SIXTEEN_HEADER)
     rows16 = sixteen_gpu_section(40 if args.quick else 200)
+    print(LARGE_HEADER)
+    rows_large = large_node_section(20 if args.quick else 100)
     print("\n--- markdown ---")
     print(header)
     print("\n".join(rows))
     print(SIXTEEN_HEADER)
     print("\n".join(rows16))
+    print(LARGE_HEADER)
+    print("\n".join(rows_large))
 
 
 if __name__ == "__main__":
