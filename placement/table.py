@@ -29,7 +29,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from placement.bandwidth import BandwidthTable
-from placement.class_registry import ClassRegistry
+from placement.class_registry import ClassRegistry, Design
 from placement.host import UNKNOWN, HostMix, snapshot_capacity
 from placement.node_entry import NodeEntry
 from placement.outcome import TaskPlacement
@@ -176,9 +176,10 @@ class NodeTable:
             self.static_cache.pop(next(iter(self.static_cache)))
         self.static_cache[key] = value
 
-    def upsert(self, snapshot: NodeSnapshot) -> None:
-        """Add a node or replace its snapshot, keeping its allocations (by UUID)."""
-        cid = self.registry.class_for(snapshot)
+    def upsert(self, snapshot: NodeSnapshot, design: Design | None = None) -> None:
+        """Add a node or replace its snapshot, keeping its allocations (by UUID);
+        ``design``: the snapshot's, prepared beforehand (ClassRegistry.prepare)."""
+        cid = self.registry.class_for(snapshot, design)
         entry = self.entries.get(snapshot.name)
         self._class_users[cid] += 1
         if entry is not None:
