@@ -9,7 +9,9 @@ Contract (where the engine meets the service):
 1. ``ClusterState`` is owned by one writer. ``upsert``, ``remove``,
    ``set_available``, ``allocate`` and ``release`` change it and must not
    run concurrently with anything else on the same instance (the service
-   holds one lock around them).
+   holds one lock around them). ``prepare`` changes nothing and may run
+   beside anything: it does the slow part of an ``upsert`` of a new machine
+   design (building its tables) before the caller takes its lock.
 2. ``place`` and ``evaluate`` never change nodes or allocations; they only
    fill answer caches whose entries are pure functions of their keys. They
    may run concurrently with each other, not with a writer.
@@ -85,8 +87,8 @@ class ClusterState:
         A design not seen before needs its tables built (0.6 s for a 16-GPU one);
         ``upsert`` of an unprepared snapshot builds them itself, inside whatever
         serializes the writer (the service's lock), stalling every decision. This
-        may run beside readers and the writer (contract 1's exception): it only
-        reads which designs the state has. Raises what ``upsert`` would raise for a
+        may run beside readers and the writer (see the contract): it only reads
+        which designs the state has. Raises what ``upsert`` would raise for a
         design the engine cannot hold."""
         return self._table.registry.prepare(snapshot)
 

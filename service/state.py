@@ -171,15 +171,17 @@ class ServiceState:
         """
         prepared: dict[_RowKey, _Loaded] = {}
         for attempt in range(PREPARE_TRIES):
-            if self._sync_pass(names, prepared, last=attempt == PREPARE_TRIES - 1):
+            unprepared = self._sync_pass(names, prepared, last=attempt == PREPARE_TRIES - 1)
+            if not unprepared:
                 return
-            self._prepare(names, prepared)
+            self._prepare(unprepared, prepared)
 
     def _sync_pass(
         self, names: list[str] | None, prepared: dict[_RowKey, _Loaded], last: bool
-    ) -> bool:
-        """One sync under the lock; False, with nothing changed, when a moved snapshot is
-        not in ``prepared`` and this is not the ``last`` pass."""
+    ) -> list[str]:
+        """One sync under the lock; unless this is the ``last`` pass, when a moved
+        snapshot is not in ``prepared``, nothing is changed and the nodes of such
+        snapshots are returned instead (none: the sync is done)."""
         nodes = schema.nodes
         node_query = sa.select(*_NODE_COLUMNS).order_by(nodes.c.name)
         if names is not None:
@@ -192,7 +194,7 @@ class ServiceState:
                     prepared.pop(_row_key(row), None)  # or this state lost the design since
             unprepared = [str(r["name"]) for r in moved if _row_key(r) not in prepared]
             if unprepared and not last:
-                return False
+                return unprepared
             snapshots = (
                 {
                     str(name): body
@@ -239,34 +241,22 @@ class ServiceState:
                     # database, say so and serve the other nodes: one node never stops a sync.
                     log.exception("node %s: memory refused the database's holds", name)
             self.refresh_availability(names)
-        return True
+        return []
 
-    def _prepare(self, names: list[str] | None, prepared: dict[_RowKey, _Loaded]) -> None:
-        """Read, parse and prepare (``ClusterState.prepare``) the stored snapshots of these
-        nodes that memory does not hold and ``prepared`` lacks, without the lock. Each
-        is kept under the (name, seq, reported_at) that names it."""
+    def _prepare(self, names: list[str], prepared: dict[_RowKey, _Loaded]) -> None:
+        """Read, parse and prepare (``ClusterState.prepare``) these nodes' stored
+        snapshots, without the lock; each kept under the (name, seq, reported_at) that
+        names it (a snapshot stored again since the pass that named it gets its own)."""
         nodes = schema.nodes
-        query = sa.select(*_NODE_COLUMNS)
-        if names is not None:
-            query = query.where(nodes.c.name.in_(names))
         with self.engine.connect() as conn:
-            rows = conn.execute(query).mappings().all()
-            with self.lock:  # memory only: which snapshots it holds already
-                wanted = [
-                    str(r["name"])
-                    for r in rows
-                    if not self._has_snapshot(r) and _row_key(r) not in prepared
-                ]
             bodies = (
                 conn.execute(
                     sa.select(
                         nodes.c.name, nodes.c.seq, nodes.c.reported_at, nodes.c.snapshot
-                    ).where(nodes.c.name.in_(wanted))
+                    ).where(nodes.c.name.in_(names))
                 )
                 .mappings()
                 .all()
-                if wanted
-                else []
             )
         cluster = self.cluster
         for row in bodies:
