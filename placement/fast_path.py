@@ -232,9 +232,10 @@ def fast_place(table: NodeTable, request: PlacementRequest) -> TaskPlacement | N
         first = np.where(_at(labels_ok(table, request.node_labels), n, slots), first, NONE)
     if request.exclude_nodes and slots is None:  # requested_slots drops them from a list
         first = first.copy()
-        for name in request.exclude_nodes:
-            if name in table.entries:
-                first[table.entries[name].slot] = NONE
+        # The names this table knows, found in C: a loop over the list in Python took
+        # 29 ms for 65,536 names, most of them of no node here.
+        for name in table.entries.keys() & request.exclude_nodes:
+            first[table.entries[name].slot] = NONE
     if not first.size or (top := first.max()) == NONE:
         return None
     tied = np.flatnonzero(first == top).astype(np.int64)

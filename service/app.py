@@ -308,6 +308,7 @@ def create_app(
         RequestGuard,
         max_body_bytes=settings.max_body_bytes,
         body_timeout_s=settings.body_timeout_s,
+        max_placement_body_bytes=settings.max_placement_body_bytes,
     )
     app.add_middleware(
         RequireToken,

@@ -47,6 +47,13 @@ class Settings(BaseSettings):
         default=20, ge=1, description="snapshots kept per node, newest first"
     )
     max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
+    max_placement_body_bytes: int = Field(
+        default=2 * 1024 * 1024,
+        ge=1024,
+        description="bodies of /v1/place and /v1/score (and gRPC Place and Score messages):"
+        " parsed on the event loop while other requests wait; 2 MiB holds 65,536 node names"
+        " of 28 characters",
+    )
     max_watches: int = Field(
         default=256,
         ge=1,

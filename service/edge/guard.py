@@ -6,7 +6,8 @@
   query string or the headers the service reads (422 ``invalid_request``):
   they go to the database as they are, and no route has a use for them.
 - The body is read here, counted as it arrives, and refused with 413 as soon
-  as it passes the limit, whether it came with a Content-Length or chunked,
+  as it passes the limit (``/v1/place`` and ``/v1/score`` have a lower one of their
+  own: :data:`PLACEMENT_PATHS`), whether it came with a Content-Length or chunked,
   and with 408 when it has not all arrived within ``body_timeout_s`` (the
   connection is closed after either: the rest of the body is never read;
   the headers' own deadline is slow_headers.py);
@@ -40,13 +41,34 @@ MAX_URL_BYTES = 8 * 1024
 # service keeps or compares, whatever server runs it.
 _HEADER_CONTROL = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
 _READ_HEADERS = frozenset({b"idempotency-key", b"authorization"})
+# Their bodies are parsed and validated on the event loop, about 35 ms a megabyte of
+# node names, while every other request of the process waits: a 4 MB list stalled them
+# for 600 ms. Other routes keep the general limit (snapshots, extender bodies).
+PLACEMENT_PATHS = frozenset({"/v1/place", "/v1/score"})
+PLACEMENT_LIMIT_SETTING = "TOPOPLACE_MAX_PLACEMENT_BODY_BYTES"
 
 
 class RequestGuard:
-    def __init__(self, app: ASGIApp, max_body_bytes: int, body_timeout_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        max_body_bytes: int,
+        body_timeout_s: float = 30.0,
+        max_placement_body_bytes: int | None = None,
+    ) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
         self.body_timeout_s = body_timeout_s
+        self.max_placement_body_bytes = min(
+            max_body_bytes,
+            max_body_bytes if max_placement_body_bytes is None else max_placement_body_bytes,
+        )
+
+    def _limit(self, scope: Scope) -> tuple[int, str]:
+        """The body limit of this request's route, and the setting that sets it."""
+        if scope["path"] in PLACEMENT_PATHS and self.max_placement_body_bytes < self.max_body_bytes:
+            return self.max_placement_body_bytes, PLACEMENT_LIMIT_SETTING
+        return self.max_body_bytes, "TOPOPLACE_MAX_BODY_BYTES"
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -58,7 +80,7 @@ class RequestGuard:
             return
         try:
             async with asyncio.timeout(self.body_timeout_s):
-                body, end, refusal = await self._read_body(receive)
+                body, end, refusal = await self._read_body(receive, self._limit(scope))
         except TimeoutError:
             body, end = b"", None
             refusal = RequestTimeout(
@@ -95,24 +117,25 @@ class RequestGuard:
                 return InvalidRequest(
                     "query", f"control characters are not allowed (U+{ord(bad):04X})"
                 )
+        limit = self._limit(scope)
         for name, value in scope.get("headers", ()):
             if name == b"content-length":
-                if value.isdigit() and int(value) > self.max_body_bytes:
-                    return self._too_large(f"request body of {value.decode()} bytes")
+                if value.isdigit() and int(value) > limit[0]:
+                    return _too_large(f"request body of {value.decode()} bytes", limit)
             elif name in _READ_HEADERS and _HEADER_CONTROL.search(value):
                 header = name.decode("latin-1")
                 return InvalidRequest(f"header.{header}", "control characters are not allowed")
         return None
 
     async def _read_body(
-        self, receive: Receive
+        self, receive: Receive, limit: tuple[int, str]
     ) -> tuple[bytes, Message | None, ServiceError | None]:
         """The whole body; or the disconnect that ended it; or the refusal of an oversized one."""
         message = await receive()
         if message["type"] == "http.request" and not message.get("more_body", False):
             first: bytes = message.get("body", b"")  # the whole body in one message: usual
-            if len(first) > self.max_body_bytes:
-                return b"", None, self._too_large(f"request body of {len(first)} bytes")
+            if len(first) > limit[0]:
+                return b"", None, _too_large(f"request body of {len(first)} bytes", limit)
             return first, None, None
         chunks: list[bytes] = []
         size = 0
@@ -122,17 +145,16 @@ class RequestGuard:
             chunk: bytes = message.get("body", b"")
             if chunk:
                 size += len(chunk)
-                if size > self.max_body_bytes:
-                    return b"", None, self._too_large(f"request body of at least {size} bytes")
+                if size > limit[0]:
+                    return b"", None, _too_large(f"request body of at least {size} bytes", limit)
                 chunks.append(chunk)
             if not message.get("more_body", False):
                 return b"".join(chunks), None, None
             message = await receive()
 
-    def _too_large(self, what: str) -> TooLarge:
-        return TooLarge(
-            f"{what} is over the limit of {self.max_body_bytes} (TOPOPLACE_MAX_BODY_BYTES)"
-        )
+
+def _too_large(what: str, limit: tuple[int, str]) -> TooLarge:
+    return TooLarge(f"{what} is over the limit of {limit[0]} ({limit[1]})", {"limit": limit[0]})
 
 
 def replay_body(body: bytes, receive: Receive) -> Receive:

@@ -15,13 +15,15 @@ import grpc
 from google.protobuf.message import Message
 from pydantic import BaseModel, ValidationError
 
+from placement.request import node_names_problem
 from placement.text import forbidden_character
 from service.admin_actions import Caller
 from service.allocations import api as allocations
 from service.allocations.schemas import ExtendRequest, PlaceRequest, ScoreRequest
 from service.audit import actor as audit_actor
 from service.auth import Authenticator
-from service.errors import TooManyWatches
+from service.edge.guard import PLACEMENT_LIMIT_SETTING
+from service.errors import TooLarge, TooManyWatches
 from service.event_loop import off_loop
 from service.grpc import convert, status_map
 from service.grpc.gen import topoplace_pb2 as pb
@@ -189,7 +191,27 @@ class TopoplaceServicer(pb_grpc.TopoplaceServicer):
 
     # ---- placement -----------------------------------------------------------
 
+    async def _bounded(self, request: pb.PlaceRequest | pb.ScoreRequest, context: Context) -> None:
+        """REST's bounds on a /place or /score body, before any of its names is read."""
+        limit = self.state.settings.max_placement_body_bytes
+        size = request.ByteSize()
+        if size > limit:
+            refusal = TooLarge(
+                f"request message of {size} bytes is over the limit of {limit}"
+                f" ({PLACEMENT_LIMIT_SETTING})",
+                {"limit": limit},
+            )
+            await status_map.abort(context, status_map.from_exception(refusal))
+        for field_name, count in (
+            ("nodes", len(request.nodes.names)),
+            ("exclude_nodes", len(request.exclude_nodes)),
+        ):
+            problem = node_names_problem(count)
+            if problem is not None:
+                await status_map.abort(context, status_map.invalid_field(field_name, problem))
+
     async def Place(self, request: pb.PlaceRequest, context: Context) -> pb.Allocation:
+        await self._bounded(request, context)
         key = _metadata(context, IDEMPOTENCY_KEY)
 
         def call() -> tuple[pb.Allocation, bool]:
@@ -205,6 +227,8 @@ class TopoplaceServicer(pb_grpc.TopoplaceServicer):
         return allocation
 
     async def Score(self, request: pb.ScoreRequest, context: Context) -> pb.ScoreResponse:
+        await self._bounded(request, context)
+
         def call() -> pb.ScoreResponse:
             fields = convert.request_fields(request)
             limit, offset = fields.pop("limit", None), fields.pop("offset", 0)

@@ -55,7 +55,10 @@ def test_other_numbers_are_strict_and_bounded(body: dict[str, object]) -> None:
         {"gpu_models": ["H100", " "]},
         {"job_id": "job\x00"},
         {"nodes": ["n\x00"]},
+        {"nodes": ["ok", "x" * 254]},
         {"exclude_nodes": [""]},
+        {"exclude_nodes": ["ok", "b\ud800"]},
+        {"exclude_nodes": ["ok", "c\x85"]},
         {"regions": ["eu\n"]},
         {"node_labels": {"zone": "a\x00"}},
         {"node_labels": {"zo\x01ne": "a"}},
@@ -78,3 +81,10 @@ def test_snapshot_strings_refuse_control_characters() -> None:
     with pytest.raises(ValidationError) as caught:
         NodeSnapshot.model_validate({"name": "n0", "hostname": "n0\x00"})
     assert caught.value.errors()[0]["loc"] == ("hostname",)
+
+
+def test_a_node_list_names_the_name_it_refuses() -> None:
+    # A list's characters are checked once over all its names; the refusal still says which.
+    with pytest.raises(ValidationError) as caught:
+        PlacementRequest.model_validate({"exclude_nodes": ["a", "b", "c\x1b[31m"]})
+    assert "name 2" in str(caught.value) and "U+001B" in str(caught.value)

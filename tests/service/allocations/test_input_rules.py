@@ -7,7 +7,11 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from placement.request import MAX_NODE_NAMES
+from service.settings import Settings
 from tests.service.helpers import add_nodes
+
+JSON = {"content-type": "application/json"}
 
 
 @pytest.fixture
@@ -126,3 +130,53 @@ def test_score_refuses_bad_host_figures_by_name(cluster: TestClient, field: str)
     assert response.status_code == 422, response.text[:300]
     error = response.json()["error"]
     assert error["code"] == "invalid_request" and error["detail"]["field"] == field, error
+
+
+def _names(count: int) -> list[str]:
+    return ["h0"] + [f"n{i}" for i in range(count - 1)]
+
+
+@pytest.mark.parametrize("field", ["nodes", "exclude_nodes"])
+@pytest.mark.parametrize("route", ["/v1/place", "/v1/score"])
+def test_a_node_list_past_the_largest_cluster_is_refused(
+    cluster: TestClient, route: str, field: str
+) -> None:
+    response = cluster.post(route, json={"gpus": 1, field: _names(MAX_NODE_NAMES + 1)})
+    assert response.status_code == 422, response.text[:300]
+    error = response.json()["error"]
+    assert error["code"] == "invalid_request" and error["detail"]["field"] == field, error
+    assert str(MAX_NODE_NAMES) in error["message"], error["message"]
+    assert len(response.content) < 2000  # the list is not echoed back
+    assert cluster.get("/v1/allocations").json()["allocations"] == []
+
+
+def test_node_lists_at_the_bound_are_served(cluster: TestClient) -> None:
+    names = _names(MAX_NODE_NAMES)
+    placed = cluster.post("/v1/place", json={"gpus": 1, "nodes": names, "exclude_nodes": names[1:]})
+    assert placed.status_code == 201, placed.text[:300]
+    assert placed.json()["tasks"][0]["node"] == "h0"
+    page = cluster.post("/v1/score?limit=5", json={"gpus": 1, "nodes": names})
+    assert page.status_code == 200, page.text[:300]
+    assert page.json()["total"] == MAX_NODE_NAMES
+
+
+@pytest.mark.parametrize("route", ["/v1/place", "/v1/score"])
+def test_a_placement_body_past_its_limit_is_413(
+    client: TestClient, settings: Settings, route: str
+) -> None:
+    add_nodes(client, ("hgx-h100", "h0"))
+    limit = settings.max_placement_body_bytes
+    assert limit < settings.max_body_bytes  # other routes keep the general limit
+
+    def padded(size: int) -> bytes:
+        head = b'{"gpus": 1'
+        return head + b" " * (size - len(head) - 1) + b"}"
+
+    over = client.post(route, content=padded(limit + 1), headers=JSON)
+    assert over.status_code == 413, over.text[:300]
+    error = over.json()["error"]
+    assert error["code"] == "payload_too_large" and error["detail"]["limit"] == limit
+    assert "TOPOPLACE_MAX_PLACEMENT_BODY_BYTES" in error["message"], error["message"]
+    assert client.get("/v1/allocations").json()["allocations"] == []
+    at = client.post(route, content=padded(limit), headers=JSON)
+    assert at.status_code in (200, 201), at.text[:300]

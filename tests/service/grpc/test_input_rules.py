@@ -8,6 +8,7 @@ import sqlalchemy as sa
 from google.protobuf.message import Message
 from google.rpc import error_details_pb2
 
+from placement.request import MAX_NODE_NAMES
 from service import schema
 from service.access import Role
 from service.db import make_engine
@@ -160,3 +161,49 @@ def test_a_region_agent_cannot_write_megabytes_into_the_audit_log(running: Runni
     assert largest < 10_000
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert _violated_field(caught.value) == "node"
+
+
+def _names(count: int) -> list[str]:
+    return ["h0"] + [f"n{i}" for i in range(count - 1)]
+
+
+@pytest.mark.parametrize("method", ["Place", "Score"])
+def test_node_lists_are_bounded_as_over_rest(running: Running, method: str) -> None:
+    running.stub.ReportSnapshot(snapshot_request("hgx-h100", "h0"))
+    message = pb.PlaceRequest if method == "Place" else pb.ScoreRequest
+    call = getattr(running.stub, method)
+    for field, request in (
+        ("nodes", message(gpus=1, nodes=pb.NodeNames(names=_names(MAX_NODE_NAMES + 1)))),
+        ("exclude_nodes", message(gpus=1, exclude_nodes=_names(MAX_NODE_NAMES + 1))),
+    ):
+        error = _fails(call, request)
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert reason(error) == "invalid_request"
+        assert details(error)["BadRequest"].field_violations[0].field == field
+        assert str(MAX_NODE_NAMES) in (error.details() or "")
+    assert running.stub.ListAllocations(pb.ListAllocationsRequest()).allocations == []
+    names = _names(MAX_NODE_NAMES)
+    if method == "Place":
+        placed = call(message(gpus=1, nodes=pb.NodeNames(names=names), exclude_nodes=names[1:]))
+        assert placed.tasks[0].node == "h0"
+    else:
+        page = call(message(gpus=1, nodes=pb.NodeNames(names=names), limit=5))
+        assert page.total == MAX_NODE_NAMES
+
+
+@pytest.mark.parametrize("method", ["Place", "Score"])
+def test_a_placement_message_past_rests_body_limit_is_refused(
+    running: Running, method: str
+) -> None:
+    running.stub.ReportSnapshot(snapshot_request("hgx-h100", "h0"))
+    settings = running.state.settings
+    limit = settings.max_placement_body_bytes
+    assert limit < settings.max_body_bytes
+    message = pb.PlaceRequest if method == "Place" else pb.ScoreRequest
+    # Few long names: over the byte limit, well within the count.
+    names = [f"{i:04d}" + "x" * 240 for i in range(limit // 240)]
+    error = _fails(getattr(running.stub, method), message(gpus=1, exclude_nodes=names))
+    assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert reason(error) == "payload_too_large"
+    assert "TOPOPLACE_MAX_PLACEMENT_BODY_BYTES" in (error.details() or "")
+    assert running.stub.ListAllocations(pb.ListAllocationsRequest()).allocations == []
