@@ -7,6 +7,7 @@ encodes the same plain data about ten times faster, byte-compatible JSON.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -20,6 +21,7 @@ from placement.cluster import SharesUnsupported
 from service.database_unreachable import unavailable
 from service.errors import (
     BadRequest,
+    InvalidRequest,
     MethodNotAllowed,
     NotFound,
     ServiceError,
@@ -68,8 +70,20 @@ def database_down(exc: OperationalError) -> JSONResponse:
     return error_response(unavailable(exc))
 
 
+_DIGITS = "integer string conversion"  # CPython's words for that ValueError
+
+
 def http_error(exc: HTTPException) -> JSONResponse:
     """Starlette's own refusals (no route, wrong method, a body it cannot parse), in our shape."""
+    cause = exc.__cause__
+    if exc.status_code == 400 and isinstance(cause, ValueError) and _DIGITS in str(cause):
+        # FastAPI's parse of the body failed with something other than a JSON syntax
+        # error: Python reads integers of at most sys.get_int_max_str_digits() digits (its
+        # guard against a quadratic conversion). Malformed JSON, as any other (422).
+        digits = sys.get_int_max_str_digits()
+        return error_response(
+            InvalidRequest("body", f"a number in the body has more than {digits} digits")
+        )
     kind = {404: NotFound, 405: MethodNotAllowed}.get(exc.status_code, BadRequest)
     message = {
         404: "no such route; the API is described at /docs, and GET / lists the links",

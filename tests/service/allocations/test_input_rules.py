@@ -180,3 +180,17 @@ def test_a_placement_body_past_its_limit_is_413(
     assert client.get("/v1/allocations").json()["allocations"] == []
     at = client.post(route, content=padded(limit), headers=JSON)
     assert at.status_code in (200, 201), at.text[:300]
+
+
+@pytest.mark.parametrize("field", ["gpus", "cpu_milli", "memory_mib"])
+def test_a_number_too_long_to_read_is_malformed_json(cluster: TestClient, field: str) -> None:
+    # Python refuses to read an integer of more than 4,300 digits (a quadratic conversion);
+    # the body is then malformed JSON like any other, not a parse failure of unknown kind.
+    body = b'{"gpus": 1, "%s": 1%s}' % (field.encode(), b"0" * 5000)
+    for route in ("/v1/place", "/v1/score"):
+        response = cluster.post(route, content=body, headers=JSON)
+        assert response.status_code == 422, response.text[:300]
+        error = response.json()["error"]
+        assert error["code"] == "invalid_request" and error["detail"]["field"] == "body", error
+        assert "digits" in error["message"], error["message"]
+    assert cluster.get("/v1/allocations").json()["allocations"] == []
