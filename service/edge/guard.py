@@ -31,6 +31,7 @@ from urllib.parse import unquote
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from placement.text import forbidden_character
+from service.direct_routes import route_path
 from service.edge.json_scan import MAX_DEPTH, too_deep
 from service.errors import InvalidRequest, RequestTimeout, ServiceError, TooLarge, UriTooLong
 from service.responses import error_response
@@ -66,7 +67,9 @@ class RequestGuard:
 
     def _limit(self, scope: Scope) -> tuple[int, str]:
         """The body limit of this request's route, and the setting that sets it."""
-        if scope["path"] in PLACEMENT_PATHS and self.max_placement_body_bytes < self.max_body_bytes:
+        # The path as routes see it: behind a proxy's root path, /api/v1/place is /v1/place.
+        placement = route_path(scope) in PLACEMENT_PATHS
+        if placement and self.max_placement_body_bytes < self.max_body_bytes:
             return self.max_placement_body_bytes, PLACEMENT_LIMIT_SETTING
         return self.max_body_bytes, "TOPOPLACE_MAX_BODY_BYTES"
 

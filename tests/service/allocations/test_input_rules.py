@@ -182,6 +182,16 @@ def test_a_placement_body_past_its_limit_is_413(
     assert at.status_code in (200, 201), at.text[:300]
 
 
+def test_the_placement_body_limit_holds_below_a_root_path(client: TestClient) -> None:
+    # Behind a proxy that mounts the service at /api, /api/v1/place is /v1/place.
+    limit = client.app.state.service.settings.max_placement_body_bytes  # type: ignore[attr-defined]
+    body = b'{"gpus": 1' + b" " * limit + b"}"
+    with TestClient(client.app, root_path="/api", headers=dict(client.headers)) as mounted:
+        over = mounted.post("/api/v1/place", content=body, headers=JSON)
+    assert over.status_code == 413, over.text[:300]
+    assert "TOPOPLACE_MAX_PLACEMENT_BODY_BYTES" in over.json()["error"]["message"]
+
+
 @pytest.mark.parametrize("field", ["gpus", "cpu_milli", "memory_mib"])
 def test_a_number_too_long_to_read_is_malformed_json(cluster: TestClient, field: str) -> None:
     # Python refuses to read an integer of more than 4,300 digits (a quadratic conversion);
