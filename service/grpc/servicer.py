@@ -8,6 +8,7 @@ REST's; the event loop only moves bytes. Every refusal goes through status_map.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -25,7 +26,7 @@ from service.auth import Authenticator
 from service.edge.guard import PLACEMENT_LIMIT_SETTING
 from service.errors import TooLarge, TooManyWatches
 from service.event_loop import off_loop
-from service.grpc import convert, status_map
+from service.grpc import abandoned, convert, status_map
 from service.grpc.gen import topoplace_pb2 as pb
 from service.grpc.gen import topoplace_pb2_grpc as pb_grpc
 from service.grpc.status_map import ErrorReply
@@ -213,15 +214,26 @@ class TopoplaceServicer(pb_grpc.TopoplaceServicer):
     async def Place(self, request: pb.PlaceRequest, context: Context) -> pb.Allocation:
         await self._bounded(request, context)
         key = _metadata(context, IDEMPOTENCY_KEY)
+        # Without a key, a reservation whose call ends before its answer is released
+        # (abandoned.py); with one, the retry under the key is answered with it.
+        handover = abandoned.Handover() if key is None else None
 
         def call() -> tuple[pb.Allocation, bool]:
             if key is not None:
                 _check_key(key)
             body = _validate(PlaceRequest, convert.request_fields(request))
             placed = allocations.place(self.state, body, key)
+            if handover is not None and handover.made(placed.allocation.id):
+                abandoned.release(self.state, placed.allocation.id)
             return convert.allocation(placed.allocation), placed.created
 
-        allocation, created = await self._run(request, context, call)
+        try:
+            allocation, created = await self._run(request, context, call)
+        except asyncio.CancelledError:
+            made = handover.abandon() if handover is not None else None
+            if made is not None:
+                abandoned.release_later(self.state, made)
+            raise
         if not created:
             await status_map.abort(context, status_map.replay(allocation))
         return allocation
