@@ -102,6 +102,7 @@ class PlacementRequest(BaseModel):
     )
     gpu_fraction: float | None = Field(
         default=None,
+        allow_inf_nan=False,  # else NaN was refused as "not less than 1"
         gt=0.0,
         lt=1.0,
         description="a share of one GPU for one task (0.25 = a quarter), as HAMi and the"

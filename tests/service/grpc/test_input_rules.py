@@ -207,3 +207,27 @@ def test_a_placement_message_past_rests_body_limit_is_refused(
     assert reason(error) == "payload_too_large"
     assert "TOPOPLACE_MAX_PLACEMENT_BODY_BYTES" in (error.details() or "")
     assert running.stub.ListAllocations(pb.ListAllocationsRequest()).allocations == []
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_a_gpu_fraction_that_is_no_number_is_refused_as_such(
+    running: Running, value: float
+) -> None:
+    """NaN and infinity are not 'not less than 1': the refusal says what is wrong, over
+    gRPC (where a double may carry them) as over REST (whose JSON parser reads NaN)."""
+    running.stub.ReportSnapshot(snapshot_request("hgx-h100", "h0"))
+    error = _fails(running.stub.Place, pb.PlaceRequest(gpu_fraction=value))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error.details()
+    assert reason(error) == "invalid_request"
+    assert details(error)["BadRequest"].field_violations[0].field == "gpu_fraction"
+    assert "finite number" in error.details()
+    token = "NaN" if value != value else "Infinity"
+    for path in ("/v1/place", "/v1/score"):
+        rest = running.rest.post(
+            path,
+            content=f'{{"gpu_fraction": {token}}}',
+            headers={"Content-Type": "application/json"},
+        )
+        assert rest.status_code == 422, rest.text
+        assert "finite number" in rest.text
+    assert running.stub.ListAllocations(pb.ListAllocationsRequest()).allocations == []
