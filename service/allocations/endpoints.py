@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Header, Path, Query, Response, status
+from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response, status
 
 from service.allocations import api, score_pages
 from service.allocations.encoding import allocation_json, allocation_list_json
@@ -46,12 +46,19 @@ def _json(body: bytes) -> Response:
 async def place(
     body: PlaceRequest,
     state: State,
+    request: Request,
     idempotency_key: Annotated[str | None, Header(min_length=1, max_length=256)] = None,
 ) -> Response:
     """Choose node(s) and GPUs and reserve them (pending until confirmed or expired)."""
     # Async: the decision runs on the event loop and the commit is awaited
     # (api.place_async), so no worker thread is taken per request.
     placed = await api.place_async(state, body, idempotency_key)
+    if placed.created and idempotency_key is None and await request.is_disconnected():
+        # The client hung up before its answer: without a key it cannot learn this
+        # reservation, and its retry would reserve again (gRPC does the same:
+        # service/grpc/abandoned.py). The check is one non-blocking receive.
+        await off_loop(api.release, state, placed.allocation.id)
+        return Response(status_code=499)  # nginx's "client closed request"; nobody reads it
     encoded = allocation_json(placed.allocation)
     if placed.created:
         return Response(encoded, status_code=status.HTTP_201_CREATED, media_type=JSON)
