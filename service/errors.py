@@ -155,6 +155,16 @@ class Unsupported(ServiceError):
     code = "unsupported"
 
 
+def share_unsupported() -> Unsupported:
+    """A GPU share asked where nodes are ranked (REST /score, gRPC Score): a share is one
+    GPU that only place chooses (docs/service.md, "GPU shares")."""
+    message = (
+        "a GPU share (gpu_fraction) is placed by POST /v1/place, which chooses its GPU;"
+        " /v1/score ranks nodes for whole GPUs and MIG instances only"
+    )
+    return Unsupported(message, {"field": "gpu_fraction"})
+
+
 class TooManyWatches(ServiceError):
     """A Watch past the bound on open watches (a caller's own, or all callers')."""
 

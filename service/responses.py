@@ -25,7 +25,7 @@ from service.errors import (
     MethodNotAllowed,
     NotFound,
     ServiceError,
-    Unsupported,
+    share_unsupported,
 )
 
 
@@ -57,13 +57,8 @@ def validation_response(exc: RequestValidationError) -> JSONResponse:
 
 
 def unsupported(_: SharesUnsupported) -> JSONResponse:
-    """The engine refused a share where it ranks nodes (/score): a share is one GPU that
-    only /place chooses (docs/service.md, "GPU shares")."""
-    message = (
-        "a GPU share (gpu_fraction) is placed by POST /v1/place, which chooses its GPU;"
-        " /v1/score ranks nodes for whole GPUs and MIG instances only"
-    )
-    return error_response(Unsupported(message, {"field": "gpu_fraction"}))
+    """The engine refused a share where it ranks nodes (/score)."""
+    return error_response(share_unsupported())
 
 
 def database_down(exc: OperationalError) -> JSONResponse:

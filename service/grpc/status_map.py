@@ -24,6 +24,7 @@ of the REST ``detail``), and where they apply:
     idempotent_replay        ALREADY_EXISTS         the Allocation made before
     watch_overflow           RESOURCE_EXHAUSTED     (list again, watch again)
     too_many_watches         RESOURCE_EXHAUSTED     (end a watch, or retry later)
+    unsupported              INVALID_ARGUMENT       BadRequest (a share asked of Score)
     anything else            INTERNAL
 
 Clients switch on ``ErrorInfo.reason`` exactly as REST clients switch on
@@ -44,8 +45,9 @@ from google.rpc import error_details_pb2, status_pb2
 from pydantic import ValidationError
 from sqlalchemy.exc import OperationalError
 
+from placement.cluster import SharesUnsupported
 from service.database_unreachable import unavailable
-from service.errors import ServiceError
+from service.errors import ServiceError, share_unsupported
 from service.grpc.gen import topoplace_pb2 as pb
 
 log = logging.getLogger("topoplace.grpc")
@@ -73,6 +75,8 @@ CODES: dict[str, grpc.StatusCode] = {
     "idempotent_replay": grpc.StatusCode.ALREADY_EXISTS,
     "watch_overflow": grpc.StatusCode.RESOURCE_EXHAUSTED,
     "too_many_watches": grpc.StatusCode.RESOURCE_EXHAUSTED,
+    # a valid request this service does not serve: asking again as it is never helps
+    "unsupported": grpc.StatusCode.INVALID_ARGUMENT,
 }
 
 
@@ -187,6 +191,8 @@ def from_exception(exc: BaseException) -> ErrorReply:
         return from_validation(exc)
     if isinstance(exc, OperationalError):
         return from_service_error(unavailable(exc))
+    if isinstance(exc, SharesUnsupported):
+        return from_service_error(share_unsupported())
     log.error("unexpected error in a gRPC call", exc_info=exc)
     return ErrorReply("internal_error", f"internal error: {type(exc).__name__}")
 

@@ -608,6 +608,7 @@ class ScoreRequest(_message.Message):
     OFFSET_FIELD_NUMBER: _builtins.int
     CPU_MILLI_FIELD_NUMBER: _builtins.int
     MEMORY_MIB_FIELD_NUMBER: _builtins.int
+    GPU_FRACTION_FIELD_NUMBER: _builtins.int
     gpus: _builtins.int
     tasks: _builtins.int
     mig_profile: _builtins.str
@@ -628,6 +629,8 @@ class ScoreRequest(_message.Message):
     cpu_milli: _builtins.int
     """as PlaceRequest's cpu_milli and memory_mib"""
     memory_mib: _builtins.int
+    gpu_fraction: _builtins.float
+    """as PlaceRequest's gpu_fraction (there field 20, taken here by cpu_milli)"""
     @_builtins.property
     def gpu_models(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -661,15 +664,18 @@ class ScoreRequest(_message.Message):
         offset: _builtins.int | None = ...,
         cpu_milli: _builtins.int | None = ...,
         memory_mib: _builtins.int | None = ...,
+        gpu_fraction: _builtins.float | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_cpu_milli", b"_cpu_milli", "_cpus_per_task", b"_cpus_per_task", "_gpus", b"_gpus", "_job_id", b"_job_id", "_limit", b"_limit", "_locality", b"_locality", "_max_ring_loss", b"_max_ring_loss", "_memory_mib", b"_memory_mib", "_mig_profile", b"_mig_profile", "_min_gpu_memory_mib", b"_min_gpu_memory_mib", "_numa", b"_numa", "_objective", b"_objective", "_offset", b"_offset", "_policy", b"_policy", "_tasks", b"_tasks", "cpu_milli", b"cpu_milli", "cpus_per_task", b"cpus_per_task", "gpus", b"gpus", "job_id", b"job_id", "limit", b"limit", "locality", b"locality", "max_ring_loss", b"max_ring_loss", "memory_mib", b"memory_mib", "mig_profile", b"mig_profile", "min_gpu_memory_mib", b"min_gpu_memory_mib", "nodes", b"nodes", "numa", b"numa", "objective", b"objective", "offset", b"offset", "policy", b"policy", "tasks", b"tasks"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_cpu_milli", b"_cpu_milli", "_cpus_per_task", b"_cpus_per_task", "_gpu_fraction", b"_gpu_fraction", "_gpus", b"_gpus", "_job_id", b"_job_id", "_limit", b"_limit", "_locality", b"_locality", "_max_ring_loss", b"_max_ring_loss", "_memory_mib", b"_memory_mib", "_mig_profile", b"_mig_profile", "_min_gpu_memory_mib", b"_min_gpu_memory_mib", "_numa", b"_numa", "_objective", b"_objective", "_offset", b"_offset", "_policy", b"_policy", "_tasks", b"_tasks", "cpu_milli", b"cpu_milli", "cpus_per_task", b"cpus_per_task", "gpu_fraction", b"gpu_fraction", "gpus", b"gpus", "job_id", b"job_id", "limit", b"limit", "locality", b"locality", "max_ring_loss", b"max_ring_loss", "memory_mib", b"memory_mib", "mig_profile", b"mig_profile", "min_gpu_memory_mib", b"min_gpu_memory_mib", "nodes", b"nodes", "numa", b"numa", "objective", b"objective", "offset", b"offset", "policy", b"policy", "tasks", b"tasks"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_cpu_milli", b"_cpu_milli", "_cpus_per_task", b"_cpus_per_task", "_gpus", b"_gpus", "_job_id", b"_job_id", "_limit", b"_limit", "_locality", b"_locality", "_max_ring_loss", b"_max_ring_loss", "_memory_mib", b"_memory_mib", "_mig_profile", b"_mig_profile", "_min_gpu_memory_mib", b"_min_gpu_memory_mib", "_numa", b"_numa", "_objective", b"_objective", "_offset", b"_offset", "_policy", b"_policy", "_tasks", b"_tasks", "cpu_milli", b"cpu_milli", "cpus_per_task", b"cpus_per_task", "exclude_nodes", b"exclude_nodes", "gpu_models", b"gpu_models", "gpus", b"gpus", "job_id", b"job_id", "limit", b"limit", "locality", b"locality", "max_ring_loss", b"max_ring_loss", "memory_mib", b"memory_mib", "mig_profile", b"mig_profile", "min_gpu_memory_mib", b"min_gpu_memory_mib", "node_labels", b"node_labels", "nodes", b"nodes", "numa", b"numa", "objective", b"objective", "offset", b"offset", "policy", b"policy", "regions", b"regions", "tasks", b"tasks"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_cpu_milli", b"_cpu_milli", "_cpus_per_task", b"_cpus_per_task", "_gpu_fraction", b"_gpu_fraction", "_gpus", b"_gpus", "_job_id", b"_job_id", "_limit", b"_limit", "_locality", b"_locality", "_max_ring_loss", b"_max_ring_loss", "_memory_mib", b"_memory_mib", "_mig_profile", b"_mig_profile", "_min_gpu_memory_mib", b"_min_gpu_memory_mib", "_numa", b"_numa", "_objective", b"_objective", "_offset", b"_offset", "_policy", b"_policy", "_tasks", b"_tasks", "cpu_milli", b"cpu_milli", "cpus_per_task", b"cpus_per_task", "exclude_nodes", b"exclude_nodes", "gpu_fraction", b"gpu_fraction", "gpu_models", b"gpu_models", "gpus", b"gpus", "job_id", b"job_id", "limit", b"limit", "locality", b"locality", "max_ring_loss", b"max_ring_loss", "memory_mib", b"memory_mib", "mig_profile", b"mig_profile", "min_gpu_memory_mib", b"min_gpu_memory_mib", "node_labels", b"node_labels", "nodes", b"nodes", "numa", b"numa", "objective", b"objective", "offset", b"offset", "policy", b"policy", "regions", b"regions", "tasks", b"tasks"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__cpu_milli: _TypeAlias = _typing.Literal["cpu_milli"]  # noqa: Y015
     _WhichOneofArgType__cpu_milli: _TypeAlias = _typing.Literal["_cpu_milli", b"_cpu_milli"]  # noqa: Y015
     _WhichOneofReturnType__cpus_per_task: _TypeAlias = _typing.Literal["cpus_per_task"]  # noqa: Y015
     _WhichOneofArgType__cpus_per_task: _TypeAlias = _typing.Literal["_cpus_per_task", b"_cpus_per_task"]  # noqa: Y015
+    _WhichOneofReturnType__gpu_fraction: _TypeAlias = _typing.Literal["gpu_fraction"]  # noqa: Y015
+    _WhichOneofArgType__gpu_fraction: _TypeAlias = _typing.Literal["_gpu_fraction", b"_gpu_fraction"]  # noqa: Y015
     _WhichOneofReturnType__gpus: _TypeAlias = _typing.Literal["gpus"]  # noqa: Y015
     _WhichOneofArgType__gpus: _TypeAlias = _typing.Literal["_gpus", b"_gpus"]  # noqa: Y015
     _WhichOneofReturnType__job_id: _TypeAlias = _typing.Literal["job_id"]  # noqa: Y015
@@ -700,6 +706,8 @@ class ScoreRequest(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__cpu_milli) -> _WhichOneofReturnType__cpu_milli | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__cpus_per_task) -> _WhichOneofReturnType__cpus_per_task | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__gpu_fraction) -> _WhichOneofReturnType__gpu_fraction | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__gpus) -> _WhichOneofReturnType__gpus | None: ...
     @_typing.overload
