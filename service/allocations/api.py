@@ -158,6 +158,8 @@ def placing(
         raise
     if placed.created:
         _publish(state, "placed", placed.allocation)
+    elif placed.expired:
+        _publish(state, "expired", placed.allocation)
     return placed
 
 

@@ -2,7 +2,7 @@
 scheduler's truth (attach, observe). docs/service.md draws the state machine.
 
 Each change is one transaction whose guards live in repository.py; memory
-follows the database afterwards (``_forget``). These functions say what they
+follows the database afterwards (``ending.forget``). These functions say what they
 changed and publish nothing: the allocations API (api.py) turns each change
 into exactly one event, whoever asked for it, and each such change writes
 its one audit row (service/audit/) in its own transaction, so the database
@@ -24,6 +24,9 @@ from sqlalchemy.exc import IntegrityError
 from placement.snapshot import NodeSnapshot
 from service.allocations import ended_jobs, queries, repository, views
 from service.allocations.encoding import time_text
+from service.allocations.ending import end as _end
+from service.allocations.ending import ending as _ending
+from service.allocations.ending import forget as _forget
 from service.allocations.mapped_on import MappedOn
 from service.allocations.observed_gpus import observed_mig_placement, observed_placement
 from service.allocations.place_flow import checked_ttl
@@ -37,7 +40,6 @@ from service.errors import BadRequest, Conflict, NotFound, ServiceError
 from service.notify import publish
 from service.state import ServiceState
 
-RELEASE_CHUNK = 64  # nodes freed per hold of the state lock when many reservations end
 OBSERVE_ATTEMPTS = 3
 GUARD_ATTEMPTS = 3  # a confirm or extend run again on a row another replica just changed
 
@@ -157,36 +159,6 @@ def extend(state: ServiceState, allocation_id: str, ttl_s: float) -> Transition:
     return _transition(state, lambda conn: _guarded(allocation_id, "extend", lambda: attempt(conn)))
 
 
-def _end(
-    state: ServiceState, ids: list[str] | None, transition: str, quiet: datetime | None = None
-) -> Ended:
-    """End what the transition's guard lets through (and, with ``quiet``, only what was
-    neither made nor reused after it); memory follows the database."""
-    now = state.clock()
-    ended, freed = in_transaction(
-        state.engine,
-        lambda conn: _ending(conn, ids, transition, now, quiet),
-        state.metrics.retried,
-    )
-    _forget(state, freed)
-    return Ended(tuple(ended))
-
-
-def _ending(
-    conn: Connection,
-    ids: list[str] | None,
-    transition: str,
-    now: datetime,
-    quiet: datetime | None = None,
-) -> tuple[list[str], list[repository.FreedHold]]:
-    """``_end``'s work, in the caller's transaction."""
-    rows, freed = repository.end_rows(conn, ids, transition, now, quiet)
-    publish(conn, {h.node for h in freed})
-    action = "expired" if transition == "expire" else "released"
-    audit.write(conn, [records.allocation_change(action, now, row) for row in rows])
-    return [str(row["id"]) for row in rows], freed
-
-
 def _job_ended(
     state: ServiceState,
     job_id: str,
@@ -209,19 +181,6 @@ def _job_ended(
     ended, freed = in_transaction(state.engine, ending, state.metrics.retried)
     _forget(state, freed)
     return Ended(tuple(ended))
-
-
-def _forget(state: ServiceState, freed: list[repository.FreedHold]) -> None:
-    """Make memory match the database on the nodes whose holds were deleted.
-
-    Read back, not freed blindly: between the commit and this step another replica
-    may already have taken a freed GPU (and this process synced it as held), so only
-    the database can say what is free now. Chunked: a sweep can end hundreds of
-    reservations, and /place waits for the lock meanwhile.
-    """
-    nodes = sorted({h.node for h in freed})
-    for start in range(0, len(nodes), RELEASE_CHUNK):
-        state.sync_nodes(nodes[start : start + RELEASE_CHUNK])
 
 
 def release(

@@ -50,8 +50,8 @@ from sqlalchemy.exc import IntegrityError, OperationalError, SQLAlchemyError
 
 from placement import Outcome, Placement
 from placement.cluster import share_milli
-from service.allocations import repository, views
-from service.allocations.results import Allocation, Placed
+from service.allocations import ending, repository, views
+from service.allocations.results import Placed
 from service.allocations.schemas import PlaceRequest
 from service.allocations.stored_request import same_request
 from service.audit import actor as audit_actor
@@ -211,8 +211,8 @@ def place_flow(
     request_json = body.model_dump_json()
     if idempotency_key is not None and replay_first:
         replay = yield functools.partial(_replay, state, idempotency_key, request_json)
-        if replay is not None:
-            return Placed(replay, False)
+        if isinstance(replay, Placed):  # None: the key is new
+            return replay
     ttl = checked_ttl(state, body.ttl_s)
     for _ in range(PLACE_ATTEMPTS):
         allocation_id = str(uuid.uuid4())
@@ -237,8 +237,8 @@ def place_flow(
                 # key's reservation is the answer. One still committing here is not
                 # known yet either way: the client is told to retry, not that nothing fits.
                 replay = yield functools.partial(_replay, state, idempotency_key, request_json)
-                if replay is not None:
-                    return Placed(replay, False)
+                if isinstance(replay, Placed):  # None: the key is new
+                    return replay
                 if racing:
                     raise KeyInFlight(
                         "a request with this Idempotency-Key is being committed; retry it"
@@ -294,8 +294,8 @@ def place_flow(
             yield functools.partial(state.sync_nodes, list(placement.nodes))
             if idempotency_key is not None:
                 replay = yield functools.partial(_replay, state, idempotency_key, request_json)
-                if replay is not None:
-                    return Placed(replay, False)
+                if isinstance(replay, Placed):  # None: the key is new
+                    return replay
             continue
         except OperationalError as exc:
             _undo(state, placement, devices, shares, allocation_id, idempotency_key)
@@ -350,7 +350,11 @@ def _write_refused(state: ServiceState, row: dict[str, Any]) -> None:
         log.exception("the audit row of a refused placement was not written")
 
 
-def _replay(state: ServiceState, key: str, request_json: str) -> Allocation | None:
+def _replay(state: ServiceState, key: str, request_json: str) -> Placed | None:
+    """The allocation this key made before, or None. A reservation found past its TTL
+    and not yet swept is expired first, through the sweep's own guarded transition
+    (its holds deleted, the other replicas told, its audit row written): answered
+    pending, it would tell the client it holds GPUs the next sweep gives away."""
     with state.engine.connect() as conn:
         row = repository.by_idempotency_key(conn, key)
     if row is None:
@@ -360,7 +364,18 @@ def _replay(state: ServiceState, key: str, request_json: str) -> Allocation | No
             "this Idempotency-Key was used for a different request; use a new key",
             {"allocation_id": row["id"]},
         )
-    return views.allocation(row)
+    expires_at = row["expires_at"]
+    if row["state"] not in ("pending", "degraded") or expires_at is None:
+        return Placed(views.allocation(row), False)
+    if views.aware(expires_at) > state.clock():
+        return Placed(views.allocation(row), False)
+    # The guard decides: a confirm or extend that committed since this read wins, and
+    # the row is answered as it then is.
+    expired = bool(ending.end(state, [str(row["id"])], "expire").ids)
+    with state.engine.connect() as conn:
+        row = repository.by_idempotency_key(conn, key)
+    assert row is not None  # allocation rows are never deleted
+    return Placed(views.allocation(row), False, expired)
 
 
 def anchors(

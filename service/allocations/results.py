@@ -96,10 +96,12 @@ class Allocation:
 @dataclass(frozen=True, slots=True)
 class Placed:
     """A /place answer: the allocation, and whether this call made it (False: the
-    allocation an ``Idempotency-Key`` made before, replayed)."""
+    allocation an ``Idempotency-Key`` made before, replayed); ``expired``: the replay
+    found that reservation past its TTL, not yet swept, and expired it then and there."""
 
     allocation: Allocation
     created: bool
+    expired: bool = False
 
 
 @dataclass(frozen=True, slots=True)
