@@ -4,32 +4,17 @@ from __future__ import annotations
 
 import pytest
 
+from bench.engine_speed import large_node
 from placement import ClusterState, NodeSnapshot, PlacementRequest
 from placement.large_node import LargeClass
 from placement.node_choice import SetQuery
-from placement.topo_text import parse_topo_matrix
 
 GPUS = 40
 
 
 def _large_node(n: int = GPUS) -> NodeSnapshot:
-    """n GPUs in NVLink islands of 8, two NUMA nodes."""
-
-    def link(i: int, j: int) -> str:
-        if i == j:
-            return "X"
-        if i // 8 == j // 8:
-            return "NV12"
-        return "NODE" if (i < n // 2) == (j < n // 2) else "SYS"
-
-    rows = [
-        "\t".join(
-            [f"GPU{i}", *(link(i, j) for j in range(n)), *(("0", "0"), ("1", "1"))[i >= n // 2]]
-        )
-        for i in range(n)
-    ]
-    header = "\t".join(["", *(f"GPU{i}" for i in range(n)), "CPU Affinity", "NUMA Affinity"])
-    return parse_topo_matrix("\n".join([header, *rows]) + "\n", node_name="big")
+    """n GPUs in NVLink islands of 8, two NUMA nodes (the engine benchmark's large node)."""
+    return large_node(n, "big")
 
 
 class _Searches:
