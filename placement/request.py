@@ -54,7 +54,9 @@ ListedName = Annotated[
     StringConstraints(min_length=1, max_length=253),
     Field(json_schema_extra={"pattern": PLAIN_PATTERN}),
 ]
-LabelKey = Annotated[Text, Field(max_length=317)]  # prefix/name, as Kubernetes allows
+# prefix/name, as Kubernetes allows. An empty key names no label any node can carry: it
+# was read as a filter nothing passes (409 "nothing fits") instead of a bad request.
+LabelKey = Annotated[Text, Field(min_length=1, max_length=317)]
 LabelValue = Annotated[Text, Field(max_length=63)]
 # Entries of each filter list (models, regions, labels). Each model is matched against the
 # GPU models of the fleet and every entry is named in refusals; unbounded, one request of
@@ -142,7 +144,9 @@ class PlacementRequest(BaseModel):
         default_factory=dict,
         max_length=MAX_FILTER_ENTRIES,
         description="required node labels",
-        json_schema_extra={"propertyNames": {"pattern": PLAIN_PATTERN, "maxLength": 317}},
+        json_schema_extra={
+            "propertyNames": {"pattern": PLAIN_PATTERN, "minLength": 1, "maxLength": 317}
+        },
     )
     regions: tuple[Annotated[Text, Field(min_length=1, max_length=63)], ...] = Field(
         default=(), max_length=MAX_FILTER_ENTRIES, description="allowed regions; empty = any"
@@ -153,7 +157,9 @@ class PlacementRequest(BaseModel):
         description="consider only these nodes (e.g. a scheduler's candidates)",
     )
     exclude_nodes: tuple[ListedName, ...] = Field(default=(), max_length=MAX_NODE_NAMES)
-    job_id: Text | None = Field(default=None, max_length=256)
+    # An empty job id was stored and could never be released by job id (the release
+    # route has no empty segment; gRPC ReleaseJob refuses it): refused at placement.
+    job_id: Text | None = Field(default=None, min_length=1, max_length=256)
 
     @field_validator("nodes", "exclude_nodes", mode="before")
     @classmethod

@@ -111,6 +111,24 @@ def test_a_list_past_its_bound_is_refused_by_name(
     assert cluster.get("/v1/allocations").json()["allocations"] == []
 
 
+# An empty label key is a label no node can carry, read before as a filter nothing passes
+# (409 "nothing fits"); an empty job id was stored and could not be released by job id.
+@pytest.mark.parametrize(
+    ("field", "value", "where"),
+    [("node_labels", {"": "x"}, "node_labels"), ("job_id", "", "job_id")],
+)
+@pytest.mark.parametrize("route", ["/v1/place", "/v1/score"])
+def test_an_empty_label_key_or_job_id_is_refused_by_name(
+    cluster: TestClient, route: str, field: str, value: object, where: str
+) -> None:
+    response = cluster.post(route, json={"gpus": 1, field: value})
+    assert response.status_code == 422, response.text[:300]
+    error = response.json()["error"]
+    assert error["code"] == "invalid_request", error
+    assert error["detail"]["field"].startswith(where), error
+    assert cluster.get("/v1/allocations").json()["allocations"] == []
+
+
 def test_a_refusal_names_a_long_list_in_a_few_words(cluster: TestClient) -> None:
     """Within the bounds, each node's message still names at most a few of the entries."""
     body = {"gpus": 1, "regions": [f"region-{i:02d}" for i in range(64)]}

@@ -75,9 +75,12 @@ def test_ids_are_bounded_as_rest_bounds_them(
 ) -> None:
     # REST has no route for an empty job id and refuses one over 256 characters (an
     # allocation id over 64); a message that leaves job_id unset must not release
-    # every allocation placed with job_id "".
+    # anything, nor can an allocation be placed with job_id "" (refused as REST does).
     running.stub.ReportSnapshot(snapshot_request("hgx-h100", "h0"))
-    placed = running.rest.post("/v1/place", json={"gpus": 1, "job_id": ""})
+    empty = _fails(running.stub.Place, pb.PlaceRequest(gpus=1, job_id=""))
+    assert empty.code() == grpc.StatusCode.INVALID_ARGUMENT, empty.details()
+    assert details(empty)["BadRequest"].field_violations[0].field == "job_id"
+    placed = running.rest.post("/v1/place", json={"gpus": 1, "job_id": "j1"})
     assert placed.status_code == 201, placed.text
     assert running.rest.post("/v1/jobs//release").status_code == 404
     error = _fails(getattr(running.stub, method), message)
