@@ -178,6 +178,15 @@ class BatchWriter:
                 self._kept = None
             raise
 
+    def landed(self, ids: Sequence[str]) -> bool:
+        """Whether every one of these allocations is stored, read on a connection of its
+        own. A connection lost at the commit leaves its outcome unknown: the server may
+        have committed and its answer been lost on the way. Raises what the read meets."""
+        column = schema.allocations.c.id
+        with self.engine.connect() as conn:
+            found = conn.execute(sa.select(sa.func.count()).where(column.in_(list(ids))))
+            return int(found.scalar_one()) == len(set(ids))
+
     def close(self) -> None:
         """Close write_now's kept connection (the committer stops)."""
         if self._kept is not None:

@@ -17,7 +17,9 @@ succeed. A deadlock or serialization failure (two replicas' batches) is
 retried here, whole, and nobody hears of it; rows and holds are written in
 one order (by key, by node and device) so that two batches rarely wait on
 each other at all. Only a database that does not answer reaches every
-waiter of the batch. The writes go through the driver with statements
+waiter of the batch; a connection lost at the commit is first asked about
+on a new one (the server may have committed and its answer been lost), and
+a batch found stored is answered as written. The writes go through the driver with statements
 compiled once (batch_writer.py).
 
 A caller that is alone by construction may ask for its reservation to be
@@ -183,9 +185,12 @@ class GroupCommitter:
             try:
                 self.writer.write_now(*self._rows(reservation))
             except DBAPIError as exc:
-                if _locked(exc) or exc.connection_invalidated:
+                if exc.connection_invalidated and self._landed([reservation]):
+                    pass  # committed, its answer lost with the connection
+                elif _locked(exc) or exc.connection_invalidated:
                     return False  # wait in the queue: another writer, or a new connection
-                raise
+                else:
+                    raise
             if self._on_batch is not None:
                 self._on_batch(1)
             self.batches += 1
@@ -194,6 +199,18 @@ class GroupCommitter:
             return True
         finally:
             self._at_once_lock.release()
+
+    def _landed(self, batch: Sequence[_Reservation]) -> bool:
+        """After a connection lost at the commit: whether the batch committed all the same
+        (the server's answer was what was lost). Written again, it would meet its own
+        rows: a second reservation for the one already made (a request without a key),
+        or a 503 while the database holds its GPUs and memory shows them free. False
+        when the database cannot say (the error stands)."""
+        try:
+            return self.writer.landed([str(r.row["id"]) for r in batch])
+        except DBAPIError:
+            log.warning("after a lost connection, whether the reservations committed is unknown")
+            return False
 
     def stop(self) -> None:
         with self._start_lock:
@@ -292,8 +309,9 @@ class GroupCommitter:
         try:
             try:
                 self._insert(batch)
-            except OperationalError:
-                raise  # the database does not answer: every waiter hears it, below
+            except OperationalError as exc:
+                if not (exc.connection_invalidated and self._landed(batch)):
+                    raise  # the database does not answer: every waiter hears it, below
             except Exception:
                 if len(batch) == 1:
                     raise

@@ -1,0 +1,94 @@
+"""A commit whose answer is lost: Postgres committed, the service's connection died before
+it heard so. The reservation exists; the caller and memory must say so too."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import sqlalchemy as sa
+from fastapi.testclient import TestClient
+
+from service import migrate, schema
+from service.allocations.group_commit import GroupCommitter
+from service.app import create_app
+from service.settings import Settings
+from tests.service.allocations.test_group_commit import _holders, _row
+from tests.service.commit_cut import CommitCut
+from tests.service.conftest import FakeClock
+from tests.service.helpers import add_nodes
+
+
+@pytest.fixture
+def cut_app(doomed_database: tuple[str, sa.Engine]) -> Iterator[tuple[TestClient, CommitCut, str]]:
+    url = sa.make_url(doomed_database[0])
+    with CommitCut(url.host or "127.0.0.1", url.port or 5432) as cut:
+        through = url.set(host="127.0.0.1", port=cut.port).render_as_string(hide_password=False)
+        settings = Settings(database_url=through, heartbeat_ttl_s=60, reservation_ttl_s=120)
+        app = create_app(settings, clock=FakeClock(), background=False)
+        with TestClient(app) as client:
+            add_nodes(client, ("hgx-h100", "h0"))
+            yield client, cut, doomed_database[0]
+
+
+def _live(url: str) -> list[tuple[str, int]]:
+    """(allocation id, GPUs it holds) of every live allocation, read past the proxy."""
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(
+                sa.select(schema.gpu_holds.c.allocation_id, sa.func.count())
+                .where(schema.gpu_holds.c.allocation_id.is_not(None))
+                .group_by(schema.gpu_holds.c.allocation_id)
+            ).all()
+    finally:
+        engine.dispose()
+    return sorted((str(a), int(n)) for a, n in rows)
+
+
+def _free(client: TestClient) -> int:
+    return len(client.get("/v1/nodes/h0").json()["free_gpus"])
+
+
+@pytest.mark.parametrize("key", [None, "job-7-try"])
+def test_a_reservation_whose_commit_answer_was_lost_is_answered_as_made(
+    cut_app: tuple[TestClient, CommitCut, str], key: str | None
+) -> None:
+    """Was: 503 database_unavailable while the database held all 8 GPUs for the
+    reservation, and memory showed the 8 free (until the next resync, 30 s); the client's
+    retry without a key reserved again, 2 reservations for one job."""
+    client, cut, url = cut_app
+    cut.arm()
+    headers = {} if key is None else {"Idempotency-Key": key}
+    response = client.post("/v1/place", json={"gpus": 8, "job_id": "j7"}, headers=headers)
+    assert cut.dropped == 1
+    live = _live(url)
+    assert response.status_code == 201, response.text
+    assert live == [(response.json()["id"], 8)]
+    assert _free(client) == 0  # memory says what the database holds
+
+
+def test_a_write_at_once_whose_commit_answer_was_lost_is_not_written_again(
+    doomed_database: tuple[str, sa.Engine],
+) -> None:
+    """The Kubernetes bind's write on its worker thread, through the kept connection. Was:
+    the lost connection sent the reservation to the queue, whose write met its own
+    committed rows and raised IntegrityError for a reservation that was made."""
+    url = sa.make_url(doomed_database[0])
+    migrate.upgrade(doomed_database[0])
+    with CommitCut(url.host or "127.0.0.1", url.port or 5432) as cut:
+        through = url.set(host="127.0.0.1", port=cut.port).render_as_string(hide_password=False)
+        engine = sa.create_engine(through)
+        committer = GroupCommitter(engine)
+        try:
+            committer.commit(_row("g0"), [("n0", "g0", "gpu")], ["n0"], at_once=True)
+            cut.arm()
+            row = _row("g1")
+            committer.commit(row, [("n0", "g1", "gpu")], ["n0"], at_once=True)
+            assert cut.dropped == 1
+            assert committer.at_once == 2 and committer._thread is None  # never queued
+            assert str(row["id"]) in [a for a, _ in _live(doomed_database[0])]
+            assert _holders(engine) == ["g0", "g1"]
+        finally:
+            committer.stop()
+            engine.dispose()
