@@ -17,6 +17,7 @@ from service.allocations.results import Ended
 from service.audit import records
 from service.audit import store as audit
 from service.db import in_transaction
+from service.lost_commit import following
 from service.notify import publish
 from service.state import ServiceState
 
@@ -29,11 +30,12 @@ def end(
     """End what the transition's guard lets through (and, with ``quiet``, only what was
     neither made nor reused after it); memory follows the database."""
     now = state.clock()
-    ended, freed = in_transaction(
-        state.engine,
-        lambda conn: ending(conn, ids, transition, now, quiet),
-        state.metrics.retried,
-    )
+    with following(state):  # a commit answer lost: memory reads what the database says
+        ended, freed = in_transaction(
+            state.engine,
+            lambda conn: ending(conn, ids, transition, now, quiet),
+            state.metrics.retried,
+        )
     forget(state, freed)
     return Ended(tuple(ended))
 

@@ -37,6 +37,7 @@ from service.audit import records
 from service.audit import store as audit
 from service.db import in_transaction
 from service.errors import BadRequest, Conflict, NotFound, ServiceError
+from service.lost_commit import following
 from service.notify import publish
 from service.state import ServiceState
 
@@ -70,7 +71,8 @@ class _Outcome:
 
 
 def _transition(state: ServiceState, work: Callable[[Connection], _Outcome]) -> Transition:
-    outcome = in_transaction(state.engine, work, state.metrics.retried)
+    with following(state):  # a commit answer lost: memory reads what the database says
+        outcome = in_transaction(state.engine, work, state.metrics.retried)
     _forget(state, outcome.freed)
     allocation = None if outcome.row is None else views.allocation(outcome.row)
     return Transition(allocation, outcome.changed, outcome.expired, outcome.refusal)
@@ -178,7 +180,8 @@ def _job_ended(
         ids = work(conn)
         return _ending(conn, ids, "release", now, quiet) if ids else ([], [])
 
-    ended, freed = in_transaction(state.engine, ending, state.metrics.retried)
+    with following(state):
+        ended, freed = in_transaction(state.engine, ending, state.metrics.retried)
     _forget(state, freed)
     return Ended(tuple(ended))
 
@@ -556,7 +559,8 @@ def observe_all(state: ServiceState, truths: Sequence[Truth]) -> list[Observatio
 
     for attempt in range(OBSERVE_ATTEMPTS):
         try:
-            answers, freed = in_transaction(state.engine, work, state.metrics.retried)
+            with following(state):
+                answers, freed = in_transaction(state.engine, work, state.metrics.retried)
             break
         except IntegrityError:
             _check_mapped_on_stored(state, truths)

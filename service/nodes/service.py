@@ -22,6 +22,7 @@ from service.audit import records
 from service.audit import store as audit
 from service.db import in_transaction
 from service.errors import Conflict, NotFound
+from service.lost_commit import following
 from service.nodes import region_scope, repository
 from service.nodes.schemas import (
     IslandView,
@@ -70,7 +71,8 @@ def set_cordoned(state: ServiceState, name: str, cordoned: bool) -> NodeView:
         action = "node_cordoned" if cordoned else "node_uncordoned"
         audit.write(conn, [records.record("admin", action, state.clock(), nodes=[name])])
 
-    in_transaction(state.engine, write)
+    with following(state):  # a commit answer lost: memory reads what the database says
+        in_transaction(state.engine, write)
     # Memory takes the stored row, read under the state lock, not this call's value: a
     # cordon and an uncordon racing here commit in one order and could reach memory in
     # the other, leaving the operator's last word undone in memory.

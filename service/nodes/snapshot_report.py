@@ -29,6 +29,7 @@ from service.admin_actions import INTERNAL, Caller
 from service.audit import records
 from service.audit import store as audit
 from service.errors import BadRequest, Conflict, ReplayedSnapshot, ServiceError
+from service.lost_commit import following
 from service.nodes import device_owners as owners
 from service.nodes import region_scope, repository, signatures
 from service.nodes.loadable import check_loadable
@@ -107,7 +108,8 @@ def _report(
     for _ in range(FIRST_REPORT_TRIES):
         memory = owners.devices_in_memory(state, name, devices)
         try:
-            changed = _store(state, name, report, body, devices, memory, now, key, caller)
+            with following(state):  # a commit answer lost: memory reads the stored snapshot
+                changed = _store(state, name, report, body, devices, memory, now, key, caller)
         except IntegrityError:
             continue  # another first report of this node was inserted meanwhile
         break

@@ -9,6 +9,7 @@ import pytest
 import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
+from placement.profiles import build_profile
 from service import migrate, schema
 from service.allocations.group_commit import GroupCommitter
 from service.app import create_app
@@ -16,7 +17,7 @@ from service.settings import Settings
 from tests.service.allocations.test_group_commit import _holders, _row
 from tests.service.commit_cut import CommitCut
 from tests.service.conftest import FakeClock
-from tests.service.helpers import add_nodes
+from tests.service.helpers import add_nodes, report
 
 
 @pytest.fixture
@@ -92,3 +93,56 @@ def test_a_write_at_once_whose_commit_answer_was_lost_is_not_written_again(
         finally:
             committer.stop()
             engine.dispose()
+
+
+def test_a_release_whose_commit_answer_was_lost_frees_the_gpus_in_memory_too(
+    cut_app: tuple[TestClient, CommitCut, str],
+) -> None:
+    """Was: 503, the database had released all 8 GPUs while memory still held them, and
+    the client's retry (200, nothing more to release) left them so: /place of 8 GPUs
+    answered 409 nothing fits until the next resync (30 s)."""
+    client, cut, url = cut_app
+    placed = client.post("/v1/place", json={"gpus": 8})
+    assert placed.status_code == 201, placed.text
+    allocation = placed.json()["id"]
+    cut.arm()
+    released = client.post(f"/v1/allocations/{allocation}/release")
+    assert cut.dropped == 1
+    assert _live(url) == []
+    assert released.status_code in (200, 503), released.text
+    retried = client.post(f"/v1/allocations/{allocation}/release")
+    assert retried.status_code == 200, retried.text
+    assert _free(client) == 8
+    again = client.post("/v1/place", json={"gpus": 8})
+    assert again.status_code == 201, again.text
+
+
+def test_an_uncordon_whose_commit_answer_was_lost_lets_placements_in(
+    cut_app: tuple[TestClient, CommitCut, str],
+) -> None:
+    """Was: 503, the node stored uncordoned, memory still cordoned: /place answered 409
+    until a retried uncordon or the next resync (30 s)."""
+    client, cut, _ = cut_app
+    assert client.post("/v1/nodes/h0/cordon").status_code == 200
+    cut.arm()
+    uncordoned = client.post("/v1/nodes/h0/uncordon")
+    assert cut.dropped == 1
+    assert uncordoned.status_code in (200, 503), uncordoned.text
+    assert client.get("/v1/nodes/h0").json()["state"] == "ready"
+    placed = client.post("/v1/place", json={"gpus": 8})
+    assert placed.status_code == 201, placed.text
+
+
+def test_a_snapshot_whose_commit_answer_was_lost_is_what_memory_shows(
+    cut_app: tuple[TestClient, CommitCut, str],
+) -> None:
+    """Was: 503, the database stored the new snapshot (GPU 0 unhealthy) while memory kept
+    the old one and listed GPU 0 free until a retried report or the next resync (30 s)."""
+    client, cut, _ = cut_app
+    snap = build_profile("hgx-h100", "h0")
+    gpus = [g.model_copy(update={"health": "unhealthy"}) if g.index == 0 else g for g in snap.gpus]
+    cut.arm()
+    reported = report(client, snap.model_copy(update={"seq": snap.seq + 1, "gpus": gpus}))
+    assert cut.dropped == 1
+    assert reported.status_code in (200, 503), reported.text
+    assert 0 not in client.get("/v1/nodes/h0").json()["free_gpus"]
