@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from sqlalchemy.engine import Engine
-from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 
 from service.allocations.batch_writer import BatchWriter
 from service.db import retry_transient
@@ -77,6 +77,9 @@ class _Reservation:
     # (a node left out: no check of the node's row or cordon guards them)
     reported: Mapping[str, datetime] = field(default_factory=dict)
     error: BaseException | None = None
+    # Written at once, its connection lost at the commit and the database not able to
+    # say whether it landed: the queue's write may meet its own rows.
+    unsure: bool = False
 
 
 class GroupCommitter:
@@ -188,6 +191,7 @@ class GroupCommitter:
                 if exc.connection_invalidated and self._landed([reservation]):
                     pass  # committed, its answer lost with the connection
                 elif _locked(exc) or exc.connection_invalidated:
+                    reservation.unsure = exc.connection_invalidated
                     return False  # wait in the queue: another writer, or a new connection
                 else:
                     raise
@@ -305,13 +309,25 @@ class GroupCommitter:
             lambda: self.writer.write(rows, holds, nodes, audits, shares), retried=self._on_retry
         )
 
+    def _insert_checked(self, batch: Sequence[_Reservation]) -> None:
+        """``_insert``, and where its outcome may have been a commit after all (a connection
+        lost at the commit, or a reservation written before with its outcome unknown
+        meeting rows: its own), the database asked whether the batch is stored."""
+        try:
+            self._insert(batch)
+        except OperationalError as exc:
+            if not (exc.connection_invalidated and self._landed(batch)):
+                raise
+        except IntegrityError:
+            if not (any(r.unsure for r in batch) and self._landed(batch)):
+                raise
+
     def _write(self, batch: list[_Reservation]) -> None:
         try:
             try:
-                self._insert(batch)
-            except OperationalError as exc:
-                if not (exc.connection_invalidated and self._landed(batch)):
-                    raise  # the database does not answer: every waiter hears it, below
+                self._insert_checked(batch)
+            except OperationalError:
+                raise  # the database does not answer: every waiter hears it, below
             except Exception:
                 if len(batch) == 1:
                     raise
@@ -319,7 +335,7 @@ class GroupCommitter:
                 # refuses: find out who, commit the rest.
                 for reservation in batch:
                     try:
-                        self._insert([reservation])
+                        self._insert_checked([reservation])
                     except Exception as exc:
                         reservation.error = exc
                     else:

@@ -146,3 +146,37 @@ def test_a_snapshot_whose_commit_answer_was_lost_is_what_memory_shows(
     assert cut.dropped == 1
     assert reported.status_code in (200, 503), reported.text
     assert 0 not in client.get("/v1/nodes/h0").json()["free_gpus"]
+
+
+def test_a_write_at_once_of_unknown_outcome_meeting_its_own_rows_in_the_queue_is_made(
+    doomed_database: tuple[str, sa.Engine], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The COMMIT answer lost and the database unable to say at once whether the rows
+    landed: the queue writes the reservation again and meets its own rows. Was:
+    IntegrityError, a lost race, for the reservation that was made (a keyless caller
+    then reserved again)."""
+    url = sa.make_url(doomed_database[0])
+    migrate.upgrade(doomed_database[0])
+    with CommitCut(url.host or "127.0.0.1", url.port or 5432) as cut:
+        through = url.set(host="127.0.0.1", port=cut.port).render_as_string(hide_password=False)
+        engine = sa.create_engine(through)
+        committer = GroupCommitter(engine)
+        landed = committer.writer.landed
+        asked: list[int] = []
+
+        def unreachable_once(ids: list[str]) -> bool:
+            asked.append(len(ids))
+            if len(asked) == 1:
+                raise sa.exc.OperationalError("SELECT", {}, Exception("gone a moment"))
+            return landed(ids)
+
+        monkeypatch.setattr(committer.writer, "landed", unreachable_once)
+        try:
+            cut.arm()
+            row = _row("g0")
+            committer.commit(row, [("n0", "g0", "gpu")], ["n0"], at_once=True)
+            assert cut.dropped == 1 and asked == [1, 1]
+            assert [a for a, _ in _live(doomed_database[0])] == [str(row["id"])]
+        finally:
+            committer.stop()
+            engine.dispose()
