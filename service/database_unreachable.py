@@ -20,11 +20,19 @@ from collections.abc import Callable
 
 from sqlalchemy.exc import DBAPIError
 
-from service.errors import Unavailable
+from service.errors import DatabaseFull, ServiceError, Unavailable
 
 log = logging.getLogger("topoplace.service")
 
 MESSAGE = "the database did not answer; the service's log says why"
+FULL_MESSAGE = (
+    "the database has no space left to write (its disk is full, or SQLite's"
+    " max_page_count is reached); nothing was written: free space on the database's"
+    " disk, then retry"
+)
+# SQLite's SQLITE_FULL; Postgres's disk_full (class 53, insufficient resources).
+_SQLITE_FULL = 13
+_PG_DISK_FULL = "53100"
 LOG_EVERY_S = 10.0
 
 _clock: Callable[[], float] = time.monotonic  # a test's own clock may stand in
@@ -32,9 +40,11 @@ _lock = threading.Lock()
 _last_logged: dict[str, float] = {}
 
 
-def unavailable(exc: BaseException) -> Unavailable:
-    """The refusal to answer for ``exc`` (a driver's error), its words logged."""
-    reason = str(exc.orig if isinstance(exc, DBAPIError) else exc).strip()
+def unavailable(exc: BaseException) -> ServiceError:
+    """The refusal to answer for ``exc`` (a driver's error), its words logged: 507
+    ``database_full`` where the database said it has no room, else 503."""
+    orig = exc.orig if isinstance(exc, DBAPIError) else exc
+    reason = str(orig).strip()
     now = _clock()
     with _lock:
         due = now - _last_logged.get(reason, -LOG_EVERY_S) >= LOG_EVERY_S
@@ -42,6 +52,18 @@ def unavailable(exc: BaseException) -> Unavailable:
             if len(_last_logged) >= 100:  # a bound on words remembered, not on outages
                 _last_logged.clear()
             _last_logged[reason] = now
+    if _full(orig):
+        if due:
+            log.warning("the database has no space to write: %s", reason)
+        return DatabaseFull(FULL_MESSAGE)
     if due:
         log.warning("the database did not answer: %s", reason)
     return Unavailable(MESSAGE)
+
+
+def _full(orig: object) -> bool:
+    """Whether the driver's error says the database has no room (not that it is gone)."""
+    code = getattr(orig, "sqlite_errorcode", None)
+    if isinstance(code, int) and code & 0xFF == _SQLITE_FULL:  # primary code of an extended one
+        return True
+    return getattr(orig, "sqlstate", None) == _PG_DISK_FULL

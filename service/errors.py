@@ -25,6 +25,7 @@
     ├── UriTooLong        414    the path and query are over the limit
     ├── (itself)          500    a fault of the service (logged with its traceback)
     ├── Unavailable       503    the database cannot be reached (Retry-After)
+    ├── DatabaseFull      507    the database has no space to write (disk full)
     └── RegionUnavailable 503    a keyed job's region did not answer: retry the same key
 
 Validation errors from pydantic become 422 ``invalid_request`` naming the
@@ -191,6 +192,14 @@ class Unavailable(ServiceError):
     status = 503
     code = "database_unavailable"
     retry_after = 5
+
+
+class DatabaseFull(ServiceError):
+    """The database answered, with no room for the write: retrying as it is will not
+    help until its disk (or SQLite's max_page_count) has room again."""
+
+    status = 507
+    code = "database_full"
 
 
 class RegionUnavailable(ServiceError):

@@ -12,7 +12,8 @@ gets the service's ``Error`` schema for each status it can answer:
 - operations behind the token check: 401, and 403 (role or scope, service/access.py;
   admin actions, service/admin_actions.py; snapshot signatures,
   service/nodes/signatures.py), with the bearer security scheme;
-- operations with path parameters: 404; operations that change state: 409.
+- operations with path parameters: 404; operations that change state: 409, and
+  507 (the database has no space to write: service/database_unreachable.py).
 
 Every string parameter (path, query, header) is declared without control
 characters, as the request guard enforces (request bodies declare it per
@@ -68,6 +69,7 @@ DESCRIPTIONS = {
     429: "over the request rate of this token (Retry-After)",
     500: "a fault of the service",
     503: "the database cannot be reached (Retry-After)",
+    507: "the database has no space to write (disk full); nothing was written",
 }
 _MUTATIONS = frozenset({"post", "put", "patch", "delete"})
 _UNUSED = ("HTTPValidationError", "ValidationError")
@@ -84,7 +86,7 @@ def _statuses(path: str, method: str) -> list[int]:
     if "{" in path:
         statuses.append(404)
     if method in _MUTATIONS:
-        statuses.append(409)
+        statuses += [409, 507]
     return sorted(statuses)
 
 

@@ -21,6 +21,7 @@ of the REST ``detail``), and where they apply:
     payload_too_large        RESOURCE_EXHAUSTED
     request_timeout          DEADLINE_EXCEEDED      (the message did not arrive in time)
     database_unavailable     UNAVAILABLE            RetryInfo 5 s
+    database_full            RESOURCE_EXHAUSTED     (no space to write: free the disk)
     idempotent_replay        ALREADY_EXISTS         the Allocation made before
     watch_overflow           RESOURCE_EXHAUSTED     (list again, watch again)
     too_many_watches         RESOURCE_EXHAUSTED     (end a watch, or retry later)
@@ -72,6 +73,7 @@ CODES: dict[str, grpc.StatusCode] = {
     "payload_too_large": grpc.StatusCode.RESOURCE_EXHAUSTED,
     "request_timeout": grpc.StatusCode.DEADLINE_EXCEEDED,
     "database_unavailable": grpc.StatusCode.UNAVAILABLE,
+    "database_full": grpc.StatusCode.RESOURCE_EXHAUSTED,
     "idempotent_replay": grpc.StatusCode.ALREADY_EXISTS,
     "watch_overflow": grpc.StatusCode.RESOURCE_EXHAUSTED,
     "too_many_watches": grpc.StatusCode.RESOURCE_EXHAUSTED,
