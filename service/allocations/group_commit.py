@@ -55,7 +55,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 
 from service.allocations.batch_writer import BatchWriter
-from service.db import retry_transient
+from service.db import is_transient, retry_transient
 
 log = logging.getLogger("topoplace.group_commit")
 MAX_BATCH = 64
@@ -180,7 +180,8 @@ class GroupCommitter:
         """Write one reservation on the calling thread: True when written (its error
         raised as ``commit`` raises it), False when it must go to the queue instead (on
         the event loop and not SQLite, a batch queued or in progress, the database held
-        by another writer, or the kept connection lost: the queue's retries take it)."""
+        by another writer, the kept connection lost, or a deadlock: the queue's retries
+        take it)."""
         allowed = self._sqlite or not on_loop  # a worker thread may wait on Postgres
         if not allowed or self._busy or not self._at_once_lock.acquire(blocking=False):
             return False
@@ -190,9 +191,11 @@ class GroupCommitter:
             except DBAPIError as exc:
                 if exc.connection_invalidated and self._landed([reservation]):
                     pass  # committed, its answer lost with the connection
-                elif _locked(exc) or exc.connection_invalidated:
+                elif _locked(exc) or exc.connection_invalidated or is_transient(exc):
+                    # Wait in the queue: another writer, a new connection, or a deadlock
+                    # or serialization failure, which the queue's write runs again.
                     reservation.unsure = exc.connection_invalidated
-                    return False  # wait in the queue: another writer, or a new connection
+                    return False
                 else:
                     raise
             if self._on_batch is not None:

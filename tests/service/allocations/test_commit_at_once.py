@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -105,5 +106,36 @@ def test_a_kept_connection_the_server_dropped_sends_the_write_to_the_queue(
         assert committer.at_once == 1 and committer.committed == 2  # g1 through the queue
         committer.commit(_row("g2"), [("n0", "g2", "gpu")], ["n0"], at_once=True)
         assert committer.at_once == 2  # and the next write at once on a new connection
+    finally:
+        committer.stop()
+
+
+def test_a_write_at_once_that_meets_a_deadlock_is_run_again_not_refused(
+    engine: sa.Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Postgres aborts one of two transactions that wait on each other (a bind's write
+    and a cordon's cascade to the node's holds, docs: set_cordoned): the queue's writes
+    run it again unheard. Was: the write at once (the Kubernetes bind) raised it, and
+    the bind answered 503 database_unavailable for a database that was up."""
+    if engine.dialect.name != "postgresql":
+        pytest.skip("deadlock detection: Postgres")
+    import psycopg.errors
+
+    committer = GroupCommitter(engine)
+    write_now = committer.writer.write_now
+    calls: list[int] = []
+
+    def deadlocked_once(*args: Any, **kwargs: Any) -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            orig = psycopg.errors.DeadlockDetected("deadlock detected")
+            raise sa.exc.DBAPIError.instance("INSERT", {}, orig, psycopg.Error)
+        write_now(*args, **kwargs)
+
+    monkeypatch.setattr(committer.writer, "write_now", deadlocked_once)
+    try:
+        committer.commit(_row("g0"), [("n0", "g0", "gpu")], ["n0"], at_once=True)
+        assert _holders(engine) == ["g0"]
+        assert committer.committed == 1
     finally:
         committer.stop()
