@@ -11,6 +11,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from sqlalchemy.engine import Connection
+from sqlalchemy.exc import DBAPIError
 
 from service.allocations import repository
 from service.allocations.results import Ended
@@ -30,14 +31,34 @@ def end(
     """End what the transition's guard lets through (and, with ``quiet``, only what was
     neither made nor reused after it); memory follows the database."""
     now = state.clock()
-    with following(state):  # a commit answer lost: memory reads what the database says
-        ended, freed = in_transaction(
-            state.engine,
-            lambda conn: ending(conn, ids, transition, now, quiet),
-            state.metrics.retried,
-        )
+    try:
+        with following(state):  # a commit answer lost: memory reads what the database says
+            ended, freed = in_transaction(
+                state.engine,
+                lambda conn: ending(conn, ids, transition, now, quiet),
+                state.metrics.retried,
+            )
+    except DBAPIError as exc:
+        landed = _landed(state, ids, transition, now) if exc.connection_invalidated else []
+        if not landed:
+            raise
+        # Committed, its answer lost with the connection: answered (and told to watchers)
+        # as made, not 503 while the retry finds nothing left to end and says nothing.
+        return Ended(tuple(landed))
     forget(state, freed)
     return Ended(tuple(ended))
+
+
+def _landed(
+    state: ServiceState, ids: list[str] | None, transition: str, now: datetime
+) -> list[str]:
+    """What the unanswered transaction ended, read on a new connection; [] when nothing
+    or when the database cannot say (the error stands). Memory was read already."""
+    try:
+        with state.engine.connect() as conn:
+            return repository.ended_by(conn, ids, transition, now)
+    except DBAPIError:
+        return []
 
 
 def ending(

@@ -196,6 +196,19 @@ def end_rows(
     return rows, freed + drop_shares(conn, ended)
 
 
+def ended_by(
+    conn: Connection, allocation_ids: Sequence[str] | None, transition: str, now: datetime
+) -> list[str]:
+    """The allocations (of ``allocation_ids``; None: any) that ``end_rows`` ended with this
+    transition at ``now``, by id: a transaction whose commit went unanswered finds here
+    whether it committed (``now`` is its own moment, to the microsecond)."""
+    final = "expired" if transition == "expire" else "released"
+    where = [_T.c.state == final, _T.c.ended_at == now]
+    if allocation_ids is not None:
+        where.append(_T.c.id.in_(list(allocation_ids)))
+    return sorted(str(i) for i in conn.execute(sa.select(_T.c.id).where(*where)).scalars())
+
+
 def drop_shares(conn: Connection, allocation_ids: Sequence[str]) -> list[FreedHold]:
     """Delete these allocations' shares and give their thousandths back to the pools,
     deleting a pool that reaches 0; the shares deleted.
