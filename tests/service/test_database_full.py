@@ -11,6 +11,7 @@ import pytest
 import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
+from service import database_unreachable
 from service.app import create_app
 from service.settings import Settings
 from tests.service.conftest import FakeClock
@@ -74,3 +75,12 @@ def test_a_full_database_refuses_a_placement_as_full_not_as_unreachable(
         assert holds == conn.execute(sa.text(audited)).scalar_one() == len(placed)
     limit.on = False
     assert client.post("/v1/place", json={"gpus": len(free)}).status_code == 201
+
+
+def test_postgres_disk_full_is_database_full_and_a_lost_server_is_not() -> None:
+    import psycopg.errors
+
+    full = sa.exc.OperationalError("INSERT", {}, psycopg.errors.DiskFull("no space left"))
+    assert database_unreachable.unavailable(full).code == "database_full"
+    gone = sa.exc.OperationalError("INSERT", {}, psycopg.OperationalError("server closed"))
+    assert database_unreachable.unavailable(gone).code == "database_unavailable"
