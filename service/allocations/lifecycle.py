@@ -19,7 +19,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy.engine import Connection
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from placement.snapshot import NodeSnapshot
 from service.allocations import ended_jobs, queries, repository, views
@@ -70,12 +70,53 @@ class _Outcome:
     refusal: ServiceError | None = None
 
 
-def _transition(state: ServiceState, work: Callable[[Connection], _Outcome]) -> Transition:
-    with following(state):  # a commit answer lost: memory reads what the database says
-        outcome = in_transaction(state.engine, work, state.metrics.retried)
+def _transition(
+    state: ServiceState,
+    work: Callable[[Connection], _Outcome],
+    landed: Callable[[Connection], _Outcome | None] | None = None,
+) -> Transition:
+    """``work`` in a transaction, memory following. ``landed``: after a connection lost at
+    the commit, what the transaction did if it committed after all (None: it did not)."""
+    try:
+        with following(state):  # a commit answer lost: memory reads what the database says
+            outcome = in_transaction(state.engine, work, state.metrics.retried)
+    except DBAPIError as exc:
+        found = _looked_up(state, landed) if exc.connection_invalidated else None
+        if found is None:
+            raise
+        # Committed, its answer lost with the connection: answered (and told to watchers)
+        # as made, not 503 while the retry finds it made and says nothing.
+        outcome = found
     _forget(state, outcome.freed)
     allocation = None if outcome.row is None else views.allocation(outcome.row)
     return Transition(allocation, outcome.changed, outcome.expired, outcome.refusal)
+
+
+def _looked_up(
+    state: ServiceState, landed: Callable[[Connection], _Outcome | None] | None
+) -> _Outcome | None:
+    """``landed`` on a new connection; None when there is none or the database cannot say."""
+    if landed is None:
+        return None
+    try:
+        with state.engine.connect() as conn:
+            return landed(conn)
+    except DBAPIError:
+        return None
+
+
+def _made(
+    allocation_id: str, action: str, now: datetime
+) -> Callable[[Connection], _Outcome | None]:
+    """Whether the transition ``action`` of ``now`` committed (its audit row, written in
+    its transaction, is stored), and then the row as it is."""
+
+    def landed(conn: Connection) -> _Outcome | None:
+        if not audit.written(conn, allocation_id, action, now):
+            return None
+        return _Outcome(repository.by_id(conn, allocation_id), True, [])
+
+    return landed
 
 
 def _guarded(allocation_id: str, verb: str, attempt: Callable[[], _Outcome | None]) -> _Outcome:
@@ -143,7 +184,9 @@ def confirm(state: ServiceState, allocation_id: str) -> Transition:
         return _refused(conn, allocation_id, now, "confirm")
 
     return _transition(
-        state, lambda conn: _guarded(allocation_id, "confirm", lambda: attempt(conn))
+        state,
+        lambda conn: _guarded(allocation_id, "confirm", lambda: attempt(conn)),
+        _made(allocation_id, "confirmed", now),
     )
 
 
@@ -158,7 +201,11 @@ def extend(state: ServiceState, allocation_id: str, ttl_s: float) -> Transition:
             return _Outcome(row, True, [])
         return _refused(conn, allocation_id, now, "extend")
 
-    return _transition(state, lambda conn: _guarded(allocation_id, "extend", lambda: attempt(conn)))
+    return _transition(
+        state,
+        lambda conn: _guarded(allocation_id, "extend", lambda: attempt(conn)),
+        _made(allocation_id, "extended", now),
+    )
 
 
 def _job_ended(

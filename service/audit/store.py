@@ -27,6 +27,16 @@ def write(conn: Connection, rows: Sequence[Mapping[str, Any]]) -> None:
         conn.execute(_A.insert(), [dict(r) for r in rows])
 
 
+def written(conn: Connection, allocation_id: str, action: str, at: datetime) -> bool:
+    """Whether a change's audit row, which commits with the change, is stored: the way to
+    tell whether a transaction whose commit went unanswered committed (``at`` is its own
+    moment, to the microsecond)."""
+    query = sa.select(_A.c.id).where(
+        _A.c.allocation_id == allocation_id, _A.c.action == action, _A.c.at == at
+    )
+    return conn.execute(query.limit(1)).first() is not None
+
+
 def write_alone(engine: Engine, row: Mapping[str, Any]) -> None:
     """One row in a transaction of its own: what a refused request leaves."""
     with engine.begin() as conn:

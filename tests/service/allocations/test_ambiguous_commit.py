@@ -183,3 +183,25 @@ def test_a_write_at_once_of_unknown_outcome_meeting_its_own_rows_in_the_queue_is
         finally:
             committer.stop()
             engine.dispose()
+
+
+def test_a_confirm_whose_commit_answer_was_lost_is_answered_as_made(
+    cut_app: tuple[TestClient, CommitCut, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Was: 503 for a confirm that had happened; the retry answered it confirmed before,
+    unchanged, so no `confirmed` event was ever published."""
+    client, cut, _ = cut_app
+    placed = client.post("/v1/place", json={"gpus": 8})
+    assert placed.status_code == 201, placed.text
+    allocation = placed.json()["id"]
+    hub = client.app.state.service.events  # type: ignore[attr-defined]
+    published: list[str] = []
+    monkeypatch.setattr(hub, "publish", lambda kind, type_, **_: published.append(type_))
+    cut.arm()
+    confirmed = client.post(f"/v1/allocations/{allocation}/confirm")
+    assert cut.dropped == 1
+    assert confirmed.status_code == 200, confirmed.text
+    assert confirmed.json()["state"] == "active"
+    again = client.post(f"/v1/allocations/{allocation}/confirm")
+    assert again.status_code == 200 and again.json()["state"] == "active"
+    assert published == ["confirmed"]
