@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import threading
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -33,6 +33,18 @@ KINDS: frozenset[str] = frozenset({"allocation", "node"})
 DEFAULT_BUFFER = 1024
 DEFAULT_MAX_WATCHES = 256
 DEFAULT_MAX_PER_CALLER = 16
+# How far along its life an allocation event's allocation is: an event carrying an
+# earlier stage than one already sent for that allocation is stale (see EventHub.publish).
+STAGES: dict[str, int] = {
+    "pending": 0,
+    "active": 1,
+    "degraded": 1,
+    "released": 2,
+    "expired": 2,
+}
+# Allocations whose latest stage is remembered; the oldest is forgotten past it (a
+# publisher is late by one commit at most, never by thousands of allocations).
+REMEMBERED_ALLOCATIONS = 4096
 # Told of every event as it is published, watched or not: (kind, type, how many).
 Tally = Callable[[str, str, int], None]
 
@@ -107,6 +119,7 @@ class EventHub:
         self._lock = threading.Lock()
         self._subscriptions: list[Subscription] = []
         self._seq = itertools.count(1)
+        self._stages: OrderedDict[str, int] = OrderedDict()
 
     @property
     def watched(self) -> bool:
@@ -174,6 +187,8 @@ class EventHub:
         if self._tally is not None:
             self._tally(kind, type_, 1)
         with self._lock:  # held while handing over, so every watcher sees seq in order
+            if allocation is not None and self._stale(allocation):
+                return
             if not self._subscriptions:
                 return
             event = self._event(kind, type_, allocation, node)
@@ -184,6 +199,25 @@ class EventHub:
                     sub.loop.call_soon_threadsafe(sub._offer, event)
                 except RuntimeError:  # its loop is closed: the watcher is gone
                     self._subscriptions.remove(sub)
+
+    def _stale(self, allocation: Allocation) -> bool:
+        """Whether this allocation event is older than one already published for it;
+        called with the lock held. Each change publishes after its own commit, so two
+        requests on one allocation can publish in the other order (a release answered
+        before the place that made it has published ``placed``): a watcher that saw
+        ``released`` must not then see the allocation pending again. An event at the
+        same stage (extended, moved) still goes out."""
+        stage = STAGES.get(allocation.state)
+        if stage is None:
+            return False
+        sent = self._stages.get(allocation.id)
+        if sent is not None and stage < sent:
+            return True
+        self._stages[allocation.id] = stage if sent is None else max(stage, sent)
+        self._stages.move_to_end(allocation.id)
+        if len(self._stages) > REMEMBERED_ALLOCATIONS:
+            self._stages.popitem(last=False)
+        return False
 
     def unwatched(self, kind: EventKind, type_: str, count: int) -> None:
         """``count`` events that nobody watches, tallied without being built: a publisher

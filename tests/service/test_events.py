@@ -4,10 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from datetime import UTC, datetime
 
 import pytest
 
-from service.events import EventHub
+from service.allocations.results import Allocation
+from service.events import REMEMBERED_ALLOCATIONS, EventHub
+
+
+def _allocation(allocation_id: str, state: str) -> Allocation:
+    now = datetime.now(UTC)
+    ended = now if state in ("released", "expired") else None
+    return Allocation(allocation_id, state, None, None, (), 0.0, None, (), "", now, None, ended)  # type: ignore[arg-type]
 
 
 def test_nothing_is_built_when_nobody_watches() -> None:
@@ -50,7 +58,7 @@ def test_kinds_are_filtered_and_checked() -> None:
         sub = hub.subscribe(["allocation"])
         await sub.next()
         hub.publish("node", "reported", node="a")
-        hub.publish("allocation", "placed", allocation={"id": "x"})
+        hub.publish("allocation", "placed", allocation=_allocation("x", "pending"))
         event = await sub.next()
         assert event is not None and event.type == "placed"
         with pytest.raises(ValueError, match="unknown event kinds"):
@@ -76,3 +84,44 @@ def test_a_reader_that_falls_behind_is_closed_and_its_buffer_freed() -> None:
         assert not hub.watched
 
     asyncio.run(run())
+
+
+def test_an_event_older_than_one_sent_for_its_allocation_is_not_sent() -> None:
+    """A release answered before its place published ``placed``: the watcher sees the
+    release, then nothing that says the allocation is live again."""
+
+    async def run() -> list[tuple[str, str, str]]:
+        hub = EventHub()
+        sub = hub.subscribe(["allocation"])
+        await sub.next()
+        hub.publish("allocation", "released", allocation=_allocation("a", "released"))
+        hub.publish("allocation", "placed", allocation=_allocation("a", "pending"))
+        hub.publish("allocation", "confirmed", allocation=_allocation("a", "active"))
+        hub.publish("allocation", "placed", allocation=_allocation("b", "active"))
+        hub.publish("allocation", "moved", allocation=_allocation("b", "degraded"))
+        hub.publish("allocation", "extended", allocation=_allocation("b", "active"))
+        hub.publish("allocation", "placed", allocation=_allocation("b", "pending"))
+        hub.publish("allocation", "expired", allocation=_allocation("b", "expired"))
+        seen = []
+        for _ in range(5):
+            event = await sub.next()
+            assert event is not None and event.allocation is not None
+            seen.append((event.type, event.allocation.id, event.allocation.state))
+        sub.close()
+        return seen
+
+    assert asyncio.run(run()) == [
+        ("released", "a", "released"),
+        ("placed", "b", "active"),
+        ("moved", "b", "degraded"),
+        ("extended", "b", "active"),
+        ("expired", "b", "expired"),
+    ]
+
+
+def test_the_stages_remembered_are_bounded() -> None:
+    hub = EventHub()
+    for i in range(REMEMBERED_ALLOCATIONS + 10):
+        hub.publish("allocation", "released", allocation=_allocation(f"a{i}", "released"))
+    assert len(hub._stages) == REMEMBERED_ALLOCATIONS
+    assert "a0" not in hub._stages and f"a{REMEMBERED_ALLOCATIONS + 9}" in hub._stages
