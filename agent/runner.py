@@ -22,7 +22,8 @@ logged at most every ``KEY_ERROR_EVERY_S``.
 
 Nothing the service does stops the agent: an unreachable or failing
 service, or a refusal, is logged and retried with exponential backoff and
-jitter; a refused token (401) has the token file read again, so a rotated
+jitter (a 429 or 503 waits its Retry-After instead where that is longer, up
+to ``RETRY_AFTER_MAX_S``); a refused token (401) has the token file read again, so a rotated
 token is picked up without a restart. A round whose discovery fails as a
 whole sends no heartbeat either, so the node turns stale instead of looking
 healthy with outdated facts.
@@ -45,6 +46,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+from agent.retry_after import retry_after_s
 from agent.signing import NodeKey, canonical_json
 from agent.sources import Source
 from placement.snapshot import NodeSnapshot
@@ -53,6 +55,8 @@ from topoplace_client.api import ApiError, JSONObject, ServiceUnreachable
 log = logging.getLogger("topoplace.agent")
 TELEMETRY_INTERVAL_S = 30.0
 
+# Answers that say "overloaded, come back later": their Retry-After is honoured.
+BUSY_STATUSES = frozenset({429, 503})
 # A key the service refuses is logged as an error at most this often (seconds).
 KEY_ERROR_EVERY_S = 300.0
 
@@ -292,11 +296,29 @@ class Agent:
             # an agent that kept the old one would never be heard again until restarted.
             log.warning("the service refused the token; the token file changed, retrying")
             return self.backoff.next()
+        if exc.status in BUSY_STATUSES:
+            return self._busy(exc)
         if exc.status >= 500:
             log.warning("the service failed (%s): %s; retrying", exc.code, exc.message)
         else:
             log.error("the service refused (%s): %s; retrying", exc.code, exc.message)
         return self.backoff.next()
+
+    def _busy(self, exc: ApiError) -> float:
+        """The backoff, or the answer's Retry-After where longer (capped): an overloaded
+        service that thousands of agents retried at their own pace would stay overloaded."""
+        delay = self.backoff.next()
+        asked = retry_after_s(exc.retry_after, self.clock())
+        if asked is not None and asked > delay:
+            delay = asked
+        log.warning(
+            "the service is busy (%d %s): %s; retrying in %.0f s",
+            exc.status,
+            exc.code,
+            exc.message,
+            delay,
+        )
+        return delay
 
     def _at_once(self) -> float:
         """No pause for the first refusal that the next try mends (a key to register again,

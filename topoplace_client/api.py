@@ -36,6 +36,7 @@ class ApiError(Exception):
         status: int,
         detail: Mapping[str, Any] | None = None,
         body: JSONObject | None = None,
+        retry_after: str | None = None,
     ) -> None:
         super().__init__(f"{code}: {message}")
         self.code = code
@@ -44,10 +45,14 @@ class ApiError(Exception):
         self.detail: JSONObject = dict(detail or {})
         # The answer as sent, when it was JSON, so `--json` can pass it on untouched.
         self.body = body
+        # The answer's Retry-After header as sent (seconds or an HTTP-date), if any: a
+        # caller that retries waits at least that long instead of adding to the load.
+        self.retry_after = retry_after
 
     @classmethod
     def from_response(cls, response: httpx.Response) -> ApiError:
         body = _json_or_none(response)
+        retry_after = response.headers.get("Retry-After")
         error = body.get("error") if isinstance(body, dict) else None
         if isinstance(error, dict) and isinstance(error.get("code"), str):
             detail = error.get("detail")
@@ -57,6 +62,7 @@ class ApiError(Exception):
                 response.status_code,
                 detail if isinstance(detail, dict) else None,
                 body if isinstance(body, dict) else None,
+                retry_after,
             )
         # Not the service's shape: a proxy in between, or something other than
         # topoplace listening at that address. Say what came back instead.
@@ -68,6 +74,7 @@ class ApiError(Exception):
             response.status_code,
             None,
             body if isinstance(body, dict) else None,
+            retry_after,
         )
 
 
