@@ -3,7 +3,8 @@
 Exit status (the table in docs/agent.md; ``EXIT_CODES`` below is the one list):
 
 - 0: done (the daemon exits 0 when stopped by SIGTERM or SIGINT);
-- 1: ``--once`` and the service refused the snapshot or the node's key;
+- 1: ``--once`` and the service refused the snapshot or the node's key, or the server
+  URL answered with a redirect (3xx);
 - 2: bad settings: a flag or setting value, an unknown source kind or profile,
   a missing or unreadable topology file, an invalid node name, no key or server;
 - 3: ``--once`` and the service could not be reached or failed (5xx);
@@ -29,7 +30,8 @@ from topoplace_client.arguments import positive_seconds
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_DISCOVERY = 0, 1, 2, 3, 4
 EXIT_CODES: dict[int, str] = {
     EXIT_OK: "done (the daemon: stopped by SIGTERM or SIGINT)",
-    EXIT_REFUSED: "--once: the service refused the snapshot or the node's key",
+    EXIT_REFUSED: "--once: the service refused the snapshot or the node's key, or the server"
+    " URL answered with a redirect (3xx)",
     EXIT_USAGE: "bad settings: a flag or setting value, an unknown source kind or profile,"
     " a missing or unreadable topology file, an invalid node name, no key or server",
     EXIT_UNREACHABLE: "--once: the service could not be reached or failed (5xx)",

@@ -5,7 +5,8 @@ callers see exactly what the API documents. Two kinds of failure are kept
 apart because callers react to them differently:
 
 - ``ApiError``: the service answered and said no (its ``{"error": {...}}``
-  shape: a stable ``code`` to switch on, a ``message`` for people);
+  shape: a stable ``code`` to switch on, a ``message`` for people), or something
+  answered with a redirect (code ``redirected``, the Location in ``detail``);
 - ``ServiceUnreachable`` (a ``ConnectionError``): no answer at all, so
   nothing is known about the request's fate.
 """
@@ -75,6 +76,23 @@ class ApiError(Exception):
             None,
             body if isinstance(body, dict) else None,
             retry_after,
+        )
+
+    @classmethod
+    def redirected(cls, response: httpx.Response) -> ApiError:
+        """A 3xx answer: the request went nowhere (the client follows no redirect, which
+        would resend a signed body or a token to wherever a proxy points)."""
+        location = response.headers.get("Location")
+        request = response.request
+        answer = f"{request.method} {request.url} answered {response.status_code}"
+        answer += f" {response.reason_phrase}"
+        where = f" to {location}" if location else " without a Location"
+        return cls(
+            "redirected",
+            f"{answer}{where}: nothing was delivered; if that is the service, make it the"
+            " server URL",
+            response.status_code,
+            {"location": location} if location else None,
         )
 
 
@@ -189,6 +207,10 @@ class TopoplaceClient:
             raise ServiceUnreachable(self.server, str(exc) or type(exc).__name__) from exc
         if response.is_error:
             raise ApiError.from_response(response)
+        if 300 <= response.status_code < 400:
+            # Not the service's answer: taken as one, a snapshot or heartbeat a proxy
+            # redirected (http to https, say) would count as delivered.
+            raise ApiError.redirected(response)
         return response
 
     def _object(self, response: httpx.Response) -> JSONObject:
