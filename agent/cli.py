@@ -7,7 +7,8 @@ Exit status (the table in docs/agent.md; ``EXIT_CODES`` below is the one list):
   URL answered with a redirect (3xx);
 - 2: bad settings: a flag or setting value, an unknown source kind or profile,
   a missing or unreadable topology file, an invalid node name, no key or server;
-- 3: ``--once`` and the service could not be reached or failed (5xx);
+- 3: ``--once`` and try later: the service could not be reached, failed (5xx) or is
+  rate limiting this node (429; its Retry-After is in the message);
 - 4: discovery cannot start or answer on this machine (NVML or /sys missing,
   or the source failed while reading).
 
@@ -22,10 +23,13 @@ import signal
 import sys
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent import SOURCE_KINDS
 from topoplace_client.arguments import positive_seconds
+
+if TYPE_CHECKING:
+    from topoplace_client.api import ApiError
 
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_DISCOVERY = 0, 1, 2, 3, 4
 EXIT_CODES: dict[int, str] = {
@@ -34,7 +38,8 @@ EXIT_CODES: dict[int, str] = {
     " URL answered with a redirect (3xx)",
     EXIT_USAGE: "bad settings: a flag or setting value, an unknown source kind or profile,"
     " a missing or unreadable topology file, an invalid node name, no key or server",
-    EXIT_UNREACHABLE: "--once: the service could not be reached or failed (5xx)",
+    EXIT_UNREACHABLE: "--once: try later: the service could not be reached, failed (5xx) or is"
+    " rate limiting this node (429)",
     EXIT_DISCOVERY: "discovery cannot start or answer on this machine (NVML or /sys missing,"
     " or the source failed while reading)",
 }
@@ -224,6 +229,17 @@ def run_agent(args: argparse.Namespace) -> int:
     return _serve(args, config, source, name)
 
 
+def _once_failure(exc: ApiError) -> tuple[str, int]:
+    """What ``--once`` says and exits with for an answer that is not a success: a service
+    that failed or is rate limiting (429) is "try later" (3), anything else a refusal (1)."""
+    message = f"{exc.code}: {exc.message}"
+    if exc.status == 429 or exc.status >= 500:
+        if exc.retry_after is not None:
+            message += f"; try again later (Retry-After: {exc.retry_after})"
+        return message, EXIT_UNREACHABLE
+    return message, EXIT_REFUSED
+
+
 def _serve(args: argparse.Namespace, config: Any, source: Any, name: str) -> int:
     from agent.config import ConfigError, TokenFile
     from agent.nvml_discovery import DiscoveryError
@@ -275,8 +291,7 @@ def _serve(args: argparse.Namespace, config: Any, source: Any, name: str) -> int
             except KeyRefused as exc:
                 return _fail(str(exc), EXIT_REFUSED)
             except ApiError as exc:
-                code = EXIT_UNREACHABLE if exc.status >= 500 else EXIT_REFUSED
-                return _fail(f"{exc.code}: {exc.message}", code)
+                return _fail(*_once_failure(exc))
             except ServiceUnreachable as exc:
                 return _fail(str(exc), EXIT_UNREACHABLE)
             print(f"node {answer['node']}: snapshot seq {answer['seq']} accepted")

@@ -104,6 +104,24 @@ def test_3_unreachable(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> No
     assert "cannot reach topoplace" in capsys.readouterr().err
 
 
+def test_3_rate_limited(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    # The service's own limiter: the first --once's two requests, then nothing for 1000 s.
+    settings = Settings(
+        database_url=f"sqlite:///{tmp_path / 'service.db'}",
+        rate_limit_per_s=0.001,
+        rate_limit_burst=2,
+    )
+    args = ["agent", "--source", "sim:hgx-h100", "--node-name", "n1", "--once"]
+    args += ["--key-file", str(key_file(tmp_path))]
+    with live_server(create_app(settings)) as url:
+        assert main([*args, "--server", url]) == 0
+        capsys.readouterr()
+        # Was 1, as for a refusal: a wrapper could not tell "try later" from "fix it".
+        assert main([*args, "--server", url]) == 3
+    err = capsys.readouterr().err
+    assert "rate_limited" in err and "try again later (Retry-After: 1000)" in err
+
+
 def test_4_discovery_cannot_start(capsys: pytest.CaptureFixture[str]) -> None:
     try:
         import pynvml
