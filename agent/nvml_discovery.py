@@ -6,7 +6,10 @@ sees none. Here each link's remote device type is asked; two GPUs that both
 have active links to switches are joined through the switch with the
 smaller of their two active link counts (``NVS<n>``). Drivers that cannot
 say the remote type are handled by the remote PCI address: an address that
-is not one of this node's GPUs is a switch.
+is not one of this node's GPUs but that two or more of them reach is a
+switch. A link to an address that is neither (a GPU hidden from the agent's
+container, a garbled answer) is left out with a warning: taken for a switch,
+two GPUs each linked to a different unknown device would be reported joined.
 
 Errors are contained where they happen, because one GPU falling off the bus
 must not hide the other seven (it once blocked a node's admissions for
@@ -122,6 +125,8 @@ class _Reading:
     notes: list[str] = field(default_factory=list)
     peer_links: Counter[str] = field(default_factory=Counter)  # remote GPU bus id -> links
     switch_links: int = 0
+    # Remote type unknown and no GPU's address: a switch if another GPU reaches it too.
+    untyped_links: Counter[str] = field(default_factory=Counter)
     c2c: bool = False
     fabric: Fabric | None = None
     migs: list[MigInstance] = field(default_factory=list)
@@ -131,8 +136,8 @@ def normalize_bus_id(bus_id: str) -> str:
     """``0000:18:00.0`` and ``00000000:18:00.0`` both as NVML prints it: ``00000000:18:00.0``."""
     text = bus_id.strip().upper()
     domain, sep, rest = text.partition(":")
-    if not sep or not all(c in "0123456789ABCDEF" for c in domain):
-        return text
+    if not sep or not domain or not all(c in "0123456789ABCDEF" for c in domain):
+        return text  # not an address: kept as said, so it matches no GPU's
     return f"{int(domain, 16):08X}:{rest}"
 
 
@@ -162,6 +167,7 @@ def discover(
     for reading in readings:
         if not reading.lost:
             _read_optional(nvml, reading, bus_ids)
+    _count_untyped_links(readings)
     links = _link_matrix(nvml, readings)  # first: it may add notes to the GPUs
     return NvmlReport(
         gpus=[_gpu(r) for r in readings],
@@ -307,14 +313,36 @@ def _read_nvlinks(nvml: Nvml, reading: _Reading, bus_ids: set[str]) -> None:
             remote = normalize_bus_id(field_text(name, pci, "busId", BUS_ID_LIMIT))
             if remote in bus_ids:
                 reading.peer_links[remote] += 1
-            elif remote_type != pynvml.NVML_NVLINK_DEVICE_TYPE_GPU:
-                reading.switch_links += 1  # type unknown and not one of our GPUs: a switch
+            elif remote_type == pynvml.NVML_NVLINK_DEVICE_TYPE_GPU:
+                reading.notes.append(
+                    f"NVLink {link} ends at GPU {remote}, none of this node's: left out"
+                )
+            else:
+                reading.untyped_links[remote] += 1
         except NO_SUCH_LINK:
             continue
         except GpuLost:
             raise
         except (pynvml.NVMLError, Unusable) as exc:
             reading.notes.append(f"NVLink {link} unhealthy: {exc}")
+
+
+def _count_untyped_links(readings: list[_Reading]) -> None:
+    """Links of unknown remote type to an address none of the GPUs has: a switch's when
+    two or more GPUs reach that address (a switch joins GPUs), else an unknown peer's,
+    left out and noted."""
+    reached_by = Counter(a for r in readings if not r.lost for a in r.untyped_links)
+    for reading in readings:
+        for address, count in sorted(reading.untyped_links.items()):
+            if reading.lost:
+                continue
+            if reached_by[address] > 1:
+                reading.switch_links += count
+            else:
+                reading.notes.append(
+                    f"{count} NVLink(s) to {address}, of unknown type and reached by no other"
+                    " GPU of this node (so no switch): left out"
+                )
 
 
 def _remote_type(nvml: Nvml, handle: Any, link: int) -> int | None:

@@ -464,12 +464,15 @@ class FakeNvml:
 
 def _pci_info(bus_id: str) -> Any:
     info = pynvml.nvmlPciInfo_t()
-    domain, bus, rest = bus_id.split(":")
     info.busId = bus_id.encode()
-    info.busIdLegacy = f"{int(domain, 16):04X}:{bus}:{rest}".encode()
-    info.domain = int(domain, 16)
-    info.bus = int(bus, 16)
-    info.device = int(rest.split(".")[0], 16)
+    try:
+        domain, bus, rest = bus_id.split(":")
+        info.busIdLegacy = f"{int(domain, 16):04X}:{bus}:{rest}".encode()
+        info.domain = int(domain, 16)
+        info.bus = int(bus, 16)
+        info.device = int(rest.split(".")[0], 16)
+    except ValueError:
+        pass  # an address a driver garbled: the text as it is, the numbers left at 0
     return info
 
 
