@@ -27,7 +27,8 @@ days):
 - any other error on an optional fact (NUMA affinity, C2C, fabric): the fact
   is left out and noted in ``health_reason``.
 
-Only a failure of NVML as a whole (the GPU count) raises ``DiscoveryError``.
+Only a failure of NVML as a whole (the GPU count), or an answer that cannot
+describe the node (two GPUs with one UUID), raises ``DiscoveryError``.
 """
 
 from __future__ import annotations
@@ -163,6 +164,7 @@ def discover(
     # Before the links are read: a lost GPU's address from the last report is still a GPU's,
     # not (where the driver cannot say a link's remote type) a switch's.
     _fill_unknown(readings, known or {}, node)
+    _refuse_shared_uuids(readings)
     bus_ids = {r.bus_id for r in readings if r.bus_id}
     for reading in readings:
         if not reading.lost:
@@ -419,6 +421,23 @@ def _fill_unknown(readings: list[_Reading], known: Mapping[int, Gpu], node: str)
             r.memory_mib = before.memory_mib
         if r.numa_node is None and before:
             r.numa_node = before.numa_node
+
+
+def _refuse_shared_uuids(readings: list[_Reading]) -> None:
+    """``DiscoveryError`` naming the UUID and GPUs when NVML gives two GPUs one UUID: the
+    service keys devices by UUID, so it would take them for one (and refuse the snapshot
+    with a validation dump); which of them is which is unknown, so nothing is sent."""
+    holders: dict[str, list[int]] = {}
+    for r in readings:
+        holders.setdefault(r.uuid, []).append(r.index)
+    for uuid, indexes in holders.items():
+        if len(indexes) > 1:
+            *rest, last = (str(i) for i in indexes)
+            raise DiscoveryError(
+                f"NVML gives the UUID {uuid} for GPUs {', '.join(rest)} and {last}; a UUID"
+                " names one GPU, so no snapshot is sent until the driver tells them apart"
+                " (compare nvidia-smi -L)"
+            )
 
 
 def unreadable_uuid(node: str, index: int) -> str:
