@@ -5,10 +5,17 @@ and placement (start and size in memory slices), and the GPU's profile table
 maps the id to the name NVML prints (``MIG 1g.10gb``). A GPU instance split
 into several compute instances appears once: the engine places whole GPU
 instances.
+
+Instances whose placements overlap (or run past the GPU's slices) are not
+something a GPU can hold: the driver's answer is wrong, and which instance
+is real is unknown, so the GPU's whole MIG list is refused (left out, the
+error logged and noted) rather than the node's snapshot, which the service
+would refuse, and with it every other GPU.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import pynvml  # type: ignore[import-untyped]
@@ -16,8 +23,10 @@ from pydantic import ValidationError
 
 from agent.nvml_api import Nvml
 from agent.nvml_calls import GpuLost, call
-from placement.snapshot import MigInstance
+from placement.snapshot import MAX_MIG_SLICES, MigInstance
 from placement.text import forbidden_character
+
+log = logging.getLogger("topoplace.agent")
 
 
 def read_migs(nvml: Nvml, parent: Any, gpu_index: int, notes: list[str]) -> list[MigInstance]:
@@ -64,7 +73,38 @@ def read_migs(nvml: Nvml, parent: Any, gpu_index: int, notes: list[str]) -> list
             # ValueError: an answer the instance cannot carry (an odd UUID or profile name,
             # bytes that are not UTF-8); one device left out, not the node's round failed.
             notes.append(f"MIG device {slot}: {_short(exc)}")
-    return sorted(found.values(), key=lambda m: m.placement_start)
+    instances = sorted(found.values(), key=lambda m: m.placement_start)
+    problem = _misplaced(instances)
+    if problem is not None:
+        log.error("GPU %d: %s", gpu_index, problem)
+        notes.append(problem)
+        return []
+    return instances
+
+
+def _slices(mig: MigInstance) -> str:
+    return f"slices {mig.placement_start}..{mig.placement_start + mig.placement_size - 1}"
+
+
+def _misplaced(instances: list[MigInstance]) -> str | None:
+    """Why instances sorted by start cannot all be on one GPU, or None when they can."""
+    widest: MigInstance | None = None  # the instance reaching furthest so far
+    for mig in instances:
+        end = mig.placement_start + mig.placement_size
+        if end > MAX_MIG_SLICES:
+            return (
+                f"MIG instance {mig.uuid} ({_slices(mig)}) runs past slice"
+                f" {MAX_MIG_SLICES - 1}: the GPU's MIG instances are left out"
+            )
+        reached = 0 if widest is None else widest.placement_start + widest.placement_size
+        if widest is not None and mig.placement_start < reached:
+            return (
+                f"MIG instances {widest.uuid} ({_slices(widest)}) and {mig.uuid}"
+                f" ({_slices(mig)}) overlap: the GPU's MIG instances are left out"
+            )
+        if end > reached:
+            widest = mig
+    return None
 
 
 def _short(exc: Exception) -> str:
