@@ -5,6 +5,7 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import engine_from_config, pool
 
+from service.db import postgres_connect_args
 from service.schema import metadata
 from service.settings import Settings
 
@@ -26,8 +27,13 @@ def run_online() -> None:
         with context.begin_transaction():
             context.run_migrations()
         return
+    # The service's connection limits: a database that never answers fails the
+    # upgrade (and `serve`) within connect_timeout instead of holding it silent.
     engine = engine_from_config(
-        {"sqlalchemy.url": url}, prefix="sqlalchemy.", poolclass=pool.NullPool
+        {"sqlalchemy.url": url},
+        prefix="sqlalchemy.",
+        poolclass=pool.NullPool,
+        connect_args={} if url.startswith("sqlite") else postgres_connect_args(url),
     )
     with engine.connect() as connection:
         context.configure(

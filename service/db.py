@@ -46,7 +46,34 @@ def make_engine(database_url: str) -> Engine:
         return engine
     # No pre-ping: it costs a round trip per request on the /place path; a
     # connection that died is recycled on its error and the request answers 503.
-    return sa.create_engine(database_url, pool_size=10, max_overflow=10, pool_recycle=1800)
+    return sa.create_engine(
+        database_url,
+        pool_size=10,
+        max_overflow=10,
+        pool_recycle=1800,
+        connect_args=postgres_connect_args(database_url),
+    )
+
+
+# libpq waits for a connection without limit by default: a database host that
+# accepts and never answers (a frozen server, a half-open proxy, a failover's old
+# address) held `topoplace serve` at start, silent, for good, and each request that
+# needed a new connection with it. Keepalives find a peer that vanished under an
+# open connection (about 30 s + 3 x 10 s) instead of the kernel's two hours.
+POSTGRES_CONNECT_DEFAULTS: dict[str, int] = {
+    "connect_timeout": 10,
+    "keepalives": 1,
+    "keepalives_idle": 30,
+    "keepalives_interval": 10,
+    "keepalives_count": 3,
+}
+
+
+def postgres_connect_args(database_url: str) -> dict[str, int]:
+    """libpq's connection limits, each unless the URL's query sets it
+    (``...?connect_timeout=3``: the operator's word wins)."""
+    given = sa.engine.make_url(database_url).query
+    return {k: v for k, v in POSTGRES_CONNECT_DEFAULTS.items() if k not in given}
 
 
 WAL_SWITCH_ATTEMPTS = 100  # 2 s in all

@@ -26,6 +26,7 @@ import psycopg
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from service.db import postgres_connect_args
 from service.events import EventHub
 
 log = logging.getLogger("topoplace.notify")
@@ -167,6 +168,9 @@ class Listener:
 
 
 def psycopg_dsn(database_url: str) -> str:
-    """The libpq form of a SQLAlchemy URL (drop the +driver)."""
-    url = sa.make_url(database_url).set(drivername="postgresql")
+    """The libpq form of a SQLAlchemy URL (drop the +driver), with the service's
+    connection limits: a LISTEN connection whose peer vanished would otherwise wait
+    for notifications that never come (``service.db.postgres_connect_args``)."""
+    limits = {k: str(v) for k, v in postgres_connect_args(database_url).items()}
+    url = sa.make_url(database_url).set(drivername="postgresql").update_query_dict(limits)
     return url.render_as_string(hide_password=False)

@@ -6,6 +6,8 @@ import argparse
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from sqlalchemy.exc import OperationalError
+
     from service.settings import Settings
 
 DEFAULT_GRPC_PORT = 50051  # gRPC's customary port
@@ -128,10 +130,24 @@ def _settings(args: argparse.Namespace) -> Settings:
     return Settings.model_validate(overrides)
 
 
+def database_unreachable_line(database_url: str, exc: OperationalError) -> str:
+    """One line for the operator: where the database is (no password) and the driver's
+    own words, which on the operator's terminal reveal nothing they do not know."""
+    from sqlalchemy.engine import make_url
+
+    where = make_url(database_url).render_as_string(hide_password=True)
+    words = " ".join(str(exc.orig).split()) if exc.orig is not None else str(exc)
+    return (
+        f"the database at {where} did not answer: {words}; check TOPOPLACE_DATABASE_URL"
+        " and that the database is up, then start again"
+    )
+
+
 def run_serve(args: argparse.Namespace) -> int:
     import sys
 
     import uvicorn
+    from sqlalchemy.exc import OperationalError
 
     from service import migrate
     from service.app import INSECURE_BANNER, NoTokenSource, create_app, require_token_source
@@ -143,16 +159,20 @@ def run_serve(args: argparse.Namespace) -> int:
             print(f"error: {busy}", file=sys.stderr)
             return 2
         app = create_app(settings, demo=args.demo)
+        # Said here, before uvicorn starts, so a refusal or a database that does not
+        # answer is one clear line (the lifespan's own upgrade then finds nothing to do).
+        if settings.migrate_on_start:
+            migrate.upgrade(settings.database_url)
         if settings.insecure_dev:
             print(INSECURE_BANNER, file=sys.stderr)
         else:
-            # Said here, before uvicorn starts, so the refusal is one clear line.
-            if settings.migrate_on_start:
-                migrate.upgrade(settings.database_url)
             require_token_source(settings, app.state.service.engine, app.state.token_check)
     except (NoTokenSource, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except OperationalError as exc:
+        print(f"error: {database_unreachable_line(settings.database_url, exc)}", file=sys.stderr)
+        return 1
     # uvicorn_options carries TLS and the slow-header deadline (docs/security.md).
     uvicorn.run(app, **uvicorn_options(settings))
     return 0
@@ -235,9 +255,17 @@ def _with_grpc_port(settings: Settings) -> Settings:
 
 
 def run_upgrade(args: argparse.Namespace) -> int:
+    import sys
+
+    from sqlalchemy.exc import OperationalError
+
     from service import migrate
 
     settings = _settings(args)
-    migrate.upgrade(settings.database_url, args.revision)
+    try:
+        migrate.upgrade(settings.database_url, args.revision)
+    except OperationalError as exc:
+        print(f"error: {database_unreachable_line(settings.database_url, exc)}", file=sys.stderr)
+        return 1
     print(f"database at {settings.database_url} is at revision {args.revision}")
     return 0

@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
 from service.app import create_app
-from service.db import WAL_BACKSTOP_PAGES, checkpoint, make_engine
+from service.db import WAL_BACKSTOP_PAGES, checkpoint, make_engine, postgres_connect_args
 from service.settings import Settings
 
 
@@ -41,6 +41,20 @@ def test_sqlite_commits_leave_checkpoints_to_the_service(tmp_path: Path) -> None
     with engine.connect() as conn:
         assert conn.exec_driver_sql("SELECT count(*) FROM t").scalar() == 1_500
     engine.dispose()
+
+
+def test_postgres_connections_have_limits_unless_the_url_sets_its_own(postgres_url: str) -> None:
+    assert postgres_connect_args("postgresql+psycopg://u@db/x")["connect_timeout"] == 10
+    mine = postgres_connect_args("postgresql+psycopg://u@db/x?connect_timeout=3&keepalives_idle=5")
+    assert "connect_timeout" not in mine and "keepalives_idle" not in mine
+    assert mine["keepalives_count"] == 3
+    engine = make_engine(postgres_url)  # the limits reach libpq: a real connection has them
+    try:
+        with engine.connect() as conn:
+            params = conn.connection.dbapi_connection.info.get_parameters()  # type: ignore[union-attr]
+            assert params["connect_timeout"] == "10" and params["keepalives_idle"] == "30"
+    finally:
+        engine.dispose()
 
 
 def test_checkpoint_is_a_no_op_on_other_databases(postgres_url: str) -> None:
