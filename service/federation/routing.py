@@ -260,6 +260,10 @@ async def _forward_in_turn(
         left = deadline - time.perf_counter()
         if left <= 0:
             attempts.append(_attempt(chosen.region, None, "skipped", "the deadline passed"))
+            if went_before:
+                # Never asked, the key's region may hold its allocation: the key stays
+                # there (dropped, the next retry would reserve again elsewhere).
+                raise _not_asked(chosen.region, body.federation.deadline_s, attempts)
             continue
         record = await _live_record(registry, chosen.region)
         if record is None:
@@ -353,6 +357,16 @@ def _kept_there(
         " whether it reserved: retry with the same Idempotency-Key (it goes to the same"
         " region)",
         detail,
+    )
+
+
+def _not_asked(region: str, deadline_s: float, attempts: list[dict[str, Any]]) -> RegionUnavailable:
+    """The answer to a keyed retry whose deadline passed before its key's region was asked."""
+    return RegionUnavailable(
+        f"region {region}, where this Idempotency-Key went before, was not asked: the"
+        f" request's deadline_s ({deadline_s:g} s) passed first; it may hold its allocation:"
+        " retry with the same key",
+        {"region": region, "attempts": attempts},
     )
 
 

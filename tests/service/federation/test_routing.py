@@ -530,3 +530,37 @@ def test_a_key_sent_again_with_a_longer_deadline_is_the_same_request(
     )
     assert again.status_code == 201, again.text
     assert again.json()["region"] == "cheap" and again.json()["replayed"] is True
+
+
+def test_a_keyed_retry_whose_deadline_passed_before_its_region_keeps_the_key(
+    client: TestClient, regions: Regions, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A retry whose deadline_s ran out before it reached its key's region (a slow read of
+    the key's row) never asked that region, which may hold the first call's allocation:
+    the key must stay there. It was dropped as if every region had refused it, and the
+    next retry reserved again in another region."""
+    regions.answers["cheap"] = no_answer
+    assert place(client, "k-late").status_code == 503  # cheap may have reserved
+    take_key = store.take_key
+
+    def slow_take_key(*args: Any, **kwargs: Any) -> tuple[str, str] | None:
+        time.sleep(0.3)  # past the retry's deadline
+        return take_key(*args, **kwargs)
+
+    monkeypatch.setattr(store, "take_key", slow_take_key)
+    late = client.post(
+        "/v1/federation/place",
+        json={"gpus": 2, "federation": {"deadline_s": 0.1}},
+        headers={"Idempotency-Key": "k-late"},
+    )
+    assert late.status_code == 503, late.text
+    error = late.json()["error"]
+    assert error["code"] == "region_unavailable" and "same key" in error["message"]
+    assert late.headers["Retry-After"]
+    assert routed(regions, "k-late") == ["cheap"], "the late retry was forwarded"
+    monkeypatch.setattr(store, "take_key", take_key)
+    # The key is still cheap's: an unreachable cheap keeps it, nothing is reserved elsewhere.
+    regions.answers["cheap"] = hang_up
+    kept = place(client, "k-late")
+    assert kept.status_code == 503, kept.text
+    assert routed(regions, "k-late") == ["cheap", "cheap"], "the key was reserved again"
