@@ -99,6 +99,7 @@ class Registry:
         self._generation = 0
         self._fresh_at = -1
         self._lock = threading.Lock()
+        self._bad_urls_told: set[tuple[str, str]] = set()
 
     def invalidate(self) -> None:
         with self._lock:
@@ -171,6 +172,22 @@ class Registry:
             replace(k.region, stale=True) if self.is_stale(k.record, now) else k.region
             for k in known
         ]
+
+    def tell_bad_url(self, record: RegionRecord, problem: str) -> None:
+        """Warn, once per region and URL in this process, that the region's stored URL
+        takes no forwards: each request that ranks it skips it, and says so in its
+        attempts, but a warning a request would flood the log."""
+        with self._lock:
+            told = (record.name, record.url) in self._bad_urls_told
+            self._bad_urls_told.add((record.name, record.url))
+        if not told:
+            log.warning(
+                "region %s is skipped: its stored URL %r takes no forwards (%s); retire it"
+                " and register it again with a good URL",
+                record.name,
+                record.url,
+                problem,
+            )
 
     def record(self, name: str) -> RegionRecord | None:
         with self._lock:

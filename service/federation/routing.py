@@ -20,7 +20,7 @@ from service.errors import (
     ServiceError,
 )
 from service.event_loop import off_loop
-from service.federation import ranking, store
+from service.federation import ranking, region_url, store
 from service.federation.forward import LOOKED_UP, Forwarded, Outcome, answer_limit, forward
 from service.federation.registry import Registry
 from service.federation.schemas import FederatedPlaceRequest
@@ -283,6 +283,13 @@ async def _forward_in_turn(
         if chosen.cloud != record.cloud:  # a key's region this replica has not ranked yet
             chosen = replace(chosen, cloud=record.cloud)
         assert chosen.gpu_model is not None  # a fitting candidate is priced
+        bad_url = region_url.problem(record.url)
+        if bad_url is not None:  # stored before registration checked URLs this strictly
+            registry.tell_bad_url(record, bad_url)
+            attempts.append(_attempt(chosen.region, None, "skipped", bad_url))
+            if went_before:
+                raise _unusable_url(chosen.region, bad_url, attempts)
+            continue
         if hold is not None and not went_before:
             await hold.point(chosen.region, chosen.gpu_model)
         sent_at = time.perf_counter()
@@ -366,6 +373,18 @@ def _not_asked(region: str, deadline_s: float, attempts: list[dict[str, Any]]) -
         f"region {region}, where this Idempotency-Key went before, was not asked: the"
         f" request's deadline_s ({deadline_s:g} s) passed first; it may hold its allocation:"
         " retry with the same key",
+        {"region": region, "attempts": attempts},
+    )
+
+
+def _unusable_url(region: str, problem: str, attempts: list[dict[str, Any]]) -> RegionUnavailable:
+    """The answer to a keyed retry whose key's region has a stored URL that takes no
+    forwards. A URL with credentials in it did take them: the region may hold the
+    allocation, so the key stays there, as for a region down."""
+    return RegionUnavailable(
+        f"region {region}, where this Idempotency-Key went before, cannot be forwarded to:"
+        f" {problem}; it may hold its allocation: retry with the same key once its URL is"
+        " set right",
         {"region": region, "attempts": attempts},
     )
 

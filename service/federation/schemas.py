@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from datetime import datetime
 from typing import Annotated, Any
-from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from agent.signing import decode_public_key
 from placement.text import Text
 from service.allocations.schemas import PlaceRequest
+from service.federation import region_url
 
 REGION_NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
 RegionName = Annotated[str, Field(min_length=1, max_length=63, pattern=REGION_NAME_PATTERN)]
@@ -60,9 +60,9 @@ class RegionRequest(_Strict):
     @field_validator("url")
     @classmethod
     def _http_url(cls, value: str) -> str:
-        parts = urlsplit(value)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError("the region's URL must be http(s)://host[:port]")
+        found = region_url.problem(value)
+        if found is not None:
+            raise ValueError(found)
         return value.rstrip("/")
 
     @field_validator("public_key")

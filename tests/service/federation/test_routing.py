@@ -8,6 +8,7 @@ answers, so each outcome of docs/federation.md's forwarding rules is tried.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -24,6 +25,7 @@ from service.federation import registry as registry_module
 from service.federation import store
 from service.federation.schemas import RegionSummary
 from service.federation.signing import sign_summary
+from service.schema import regions as regions_table
 from service.settings import Settings
 from tests.service.conftest import ADMIN_TOKEN, FakeClock, secured
 
@@ -564,3 +566,57 @@ def test_a_keyed_retry_whose_deadline_passed_before_its_region_keeps_the_key(
     kept = place(client, "k-late")
     assert kept.status_code == 503, kept.text
     assert routed(regions, "k-late") == ["cheap", "cheap"], "the key was reserved again"
+
+
+def store_url(client: TestClient, region: str, url: str) -> None:
+    """A URL stored before registration checked it this strictly, read by the replica."""
+    app: Any = client.app
+    registry = app.state.federation
+    with registry.engine.begin() as conn:
+        conn.execute(regions_table.update().where(regions_table.c.name == region).values(url=url))
+    registry.invalidate()
+
+
+BAD_URLS = [
+    "ftp://cheap.example",
+    "cheap.example:8080",
+    "http://cheap.example\t",
+    "http://cheap.example:99999",
+    "http://ops:secret@cheap.example",
+]
+
+
+@pytest.mark.parametrize("url", BAD_URLS)
+def test_a_region_with_a_bad_stored_url_is_skipped_with_a_warning(
+    client: TestClient, regions: Regions, url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    store_url(client, "cheap", url)
+    with caplog.at_level(logging.WARNING, logger="topoplace.federation"):
+        first = place(client, "k-url")
+        second = place(client)
+    assert first.status_code == 201, first.text
+    assert first.json()["region"] == "mid"
+    assert first.json()["attempts"][0]["outcome"] == "skipped"
+    assert "http(s)://host" in first.json()["attempts"][0]["detail"]
+    assert second.status_code == 201 and second.json()["region"] == "mid", second.text
+    assert [r for r, _, _ in regions.seen] == ["mid", "mid"]
+    told = [r for r in caplog.records if "cheap" in r.getMessage()]
+    assert len(told) == 1 and told[0].levelno == logging.WARNING  # once, not per request
+
+
+def test_a_key_whose_region_has_a_bad_stored_url_stays_there(
+    client: TestClient, regions: Regions
+) -> None:
+    """A URL with credentials took forwards: the region may hold the key's allocation."""
+    store_url(client, "cheap", "http://ops:secret@cheap.example")
+    regions.answers["cheap"] = no_answer
+    # Forwarded there by a replica that predates the check: the key is cheap's.
+    app: Any = client.app
+    now = datetime.now(UTC)
+    assert store.hold_key(app.state.federation.engine, "k-cred", "cheap", "H100", "old", now, now)
+    store.let_go_key(app.state.federation.engine, "k-cred", "old")
+    answer = place(client, "k-cred")
+    assert answer.status_code == 503, answer.text
+    assert answer.json()["error"]["code"] == "region_unavailable"
+    assert "same key" in answer.json()["error"]["message"]
+    assert regions.seen == []
