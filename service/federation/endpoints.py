@@ -75,6 +75,7 @@ def view(record: RegionRecord, registry: Registry) -> dict[str, Any]:
             "free_gpus": sum(d["free_gpus"] for d in record.summary.get("designs", ())),
             "stale_nodes": record.summary.get("stale_nodes", 0),
             "live_allocations": record.summary.get("live_allocations", 0),
+            "cut": record.summary.get("cut"),
         }
     return {
         "name": record.name,

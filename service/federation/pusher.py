@@ -61,6 +61,7 @@ class SummaryPusher:
         self._last_key: tuple[int, int] | None = None
         self._last_push = -1e18
         self._seq = 0
+        self._last_cut: dict[str, int] | None = None
         self.pushed = 0  # summaries the global service took
 
     def _build(self, due: bool) -> tuple[tuple[int, int], dict[str, Any]] | None:
@@ -81,6 +82,7 @@ class SummaryPusher:
         if built is None:
             return
         key, summary = built
+        self._tell_cut(summary.get("cut"))
         content = content_of(summary)
         if content == self._last_content and not due:
             self._last_key = key
@@ -106,6 +108,22 @@ class SummaryPusher:
         self._last_content = content
         self._last_push = time.monotonic()
         self.pushed += 1
+
+    def _tell_cut(self, cut: dict[str, int] | None) -> None:
+        """Warn when the summary is cut to fit the global service's limits, once each
+        time what was cut changes (the summary is built up to twice a second)."""
+        if cut is not None and cut != self._last_cut:
+            log.warning(
+                "region %s's summary is cut to fit the global service's limits: %d designs"
+                " (%d free GPUs) and %d cliques left out, %d names shortened"
+                " (docs/federation.md)",
+                self.region,
+                cut["designs"],
+                cut["free_gpus"],
+                cut["cliques"],
+                cut["names"],
+            )
+        self._last_cut = cut
 
     def _learn_stored_seq(self, response: httpx.Response) -> None:
         """A summary refused as a replay: the global service holds a later seq, sent when

@@ -6,7 +6,15 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from agent.signing import decode_public_key
 from placement.text import Text
@@ -17,6 +25,7 @@ REGION_NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
 RegionName = Annotated[str, Field(min_length=1, max_length=63, pattern=REGION_NAME_PATTERN)]
 Money = Annotated[float, Field(ge=0, le=1e6, allow_inf_nan=False)]
 LabelText = Annotated[Text, Field(min_length=1, max_length=63)]
+Count = Annotated[int, Field(ge=0, le=10_000_000)]
 
 
 class _Strict(BaseModel):
@@ -83,6 +92,15 @@ class RegionRequest(_Strict):
         return value
 
 
+class SummaryCut(_Strict):
+    """What a region left out of its summary to fit the limits."""
+
+    designs: Count = Field(default=0, description="designs left out (the fewest free GPUs)")
+    free_gpus: Count = Field(default=0, description="the free GPUs of those designs")
+    cliques: Count = Field(default=0, description="cliques left out (the fewest free nodes)")
+    names: Count = Field(default=0, description="names shortened (their start and a hash)")
+
+
 class SummaryView(BaseModel):
     """What a region's latest summary says, as the global service shows it."""
 
@@ -92,6 +110,9 @@ class SummaryView(BaseModel):
     free_gpus: int
     stale_nodes: int
     live_allocations: int
+    cut: SummaryCut | None = Field(
+        default=None, description="what the region left out of it to fit the limits"
+    )
 
 
 class RegionView(BaseModel):
@@ -122,12 +143,20 @@ class RegionList(BaseModel):
 # -- the summary a region pushes ----------------------------------------------
 
 
-Count = Annotated[int, Field(ge=0, le=10_000_000)]
+# What one summary may hold (a region cuts its summary to fit: summary_limits.py).
+MAX_DESIGN_NAME = 256
+MAX_GPU_MODEL_NAME = 128
+MAX_CLIQUE_DOMAIN = 160
+MAX_SUMMARY_DESIGNS = 1000
+MAX_SUMMARY_CLIQUES = 10_000
+# The GPU models one summary may name: each is matched against each model a job asks
+# for (up to 64) on every federated request, on the event loop.
+MAX_SUMMARY_MODELS = 64
 
 
 class DesignSummary(_Strict):
-    design: Text = Field(min_length=1, max_length=256)
-    gpu_model: Text = Field(min_length=1, max_length=128)
+    design: Text = Field(min_length=1, max_length=MAX_DESIGN_NAME)
+    gpu_model: Text = Field(min_length=1, max_length=MAX_GPU_MODEL_NAME)
     gpus_per_node: Annotated[int, Field(ge=1, le=64)]
     nodes: Count
     free_gpus: Count
@@ -148,15 +177,10 @@ class DesignSummary(_Strict):
 
 
 class CliqueSummary(_Strict):
-    domain: Text = Field(min_length=1, max_length=160)
-    design: Text = Field(min_length=1, max_length=256)
+    domain: Text = Field(min_length=1, max_length=MAX_CLIQUE_DOMAIN)
+    design: Text = Field(min_length=1, max_length=MAX_DESIGN_NAME)
     nodes: Count
     free_nodes: Count
-
-
-# The GPU models one summary may name: each is matched against each model a job asks
-# for (up to 64) on every federated request, on the event loop.
-MAX_SUMMARY_MODELS = 64
 
 
 class RegionSummary(_Strict):
@@ -165,13 +189,26 @@ class RegionSummary(_Strict):
     sent_at: datetime
     designs: list[DesignSummary] = Field(
         default_factory=list,
-        max_length=1000,
+        max_length=MAX_SUMMARY_DESIGNS,
         description=f"at most {MAX_SUMMARY_MODELS} GPU models among them",
     )
-    cliques: list[CliqueSummary] = Field(default_factory=list, max_length=10_000)
+    cliques: list[CliqueSummary] = Field(default_factory=list, max_length=MAX_SUMMARY_CLIQUES)
     stale_nodes: Count = 0
     live_allocations: Count = 0
     network_gbps: float = Field(default=25.0, gt=0, le=1e6, allow_inf_nan=False)
+    cut: SummaryCut | None = Field(
+        default=None, description="what the region left out to fit the limits; absent: nothing"
+    )
+
+    @model_serializer(mode="wrap")
+    def _without_no_cut(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # Absent rather than null when nothing was cut: a summary is signed as dumped, and
+        # one from a region that predates the field (which it cannot name) must read back
+        # exactly as it was signed.
+        dumped: dict[str, Any] = handler(self)
+        if dumped.get("cut") is None:
+            dumped.pop("cut", None)
+        return dumped
 
     @field_validator("designs")
     @classmethod

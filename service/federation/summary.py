@@ -15,6 +15,7 @@ from typing import Any
 
 from placement.bandwidth import bandwidth_matrix
 from placement.node_view import NodeView
+from service.federation import summary_limits
 from service.state import ServiceState
 
 
@@ -41,7 +42,8 @@ def _largest_free_island(view: NodeView) -> int:
 def summarize(
     state: ServiceState, region: str, seq: int, now: datetime, live: int
 ) -> dict[str, Any]:
-    """The summary's JSON, as the region signs and sends it."""
+    """The summary's JSON, as the region signs and sends it: cut to the global service's
+    limits (summary_limits.py), or it would be refused, and the next one too."""
     designs: dict[str, dict[str, Any]] = {}
     by_island: dict[str, Counter[int]] = defaultdict(Counter)
     cliques: dict[str, dict[str, Any]] = {}
@@ -87,16 +89,18 @@ def summarize(
     for design, entry in designs.items():
         entry["island_gbps"] = gbps_of[design]
         entry["by_island"] = {str(k): v for k, v in sorted(by_island[design].items()) if k > 0}
-    return {
-        "region": region,
-        "seq": seq,
-        "sent_at": now.isoformat(),
-        "designs": sorted(designs.values(), key=lambda d: d["design"]),
-        "cliques": sorted(cliques.values(), key=lambda c: c["domain"]),
-        "stale_nodes": stale,
-        "live_allocations": live,
-        "network_gbps": network,
-    }
+    return summary_limits.fit(
+        {
+            "region": region,
+            "seq": seq,
+            "sent_at": now.isoformat(),
+            "designs": sorted(designs.values(), key=lambda d: d["design"]),
+            "cliques": sorted(cliques.values(), key=lambda c: c["domain"]),
+            "stale_nodes": stale,
+            "live_allocations": live,
+            "network_gbps": network,
+        }
+    )
 
 
 def change_key(state: ServiceState) -> tuple[int, int]:
