@@ -232,12 +232,7 @@ def run_agent(args: argparse.Namespace) -> int:
 def _once_failure(exc: ApiError) -> tuple[str, int]:
     """What ``--once`` says and exits with for an answer that is not a success: a service
     that failed or is rate limiting (429) is "try later" (3), anything else a refusal (1)."""
-    message = f"{exc.code}: {exc.message}"
-    if exc.status == 429 or exc.status >= 500:
-        if exc.retry_after is not None:
-            message += f"; try again later (Retry-After: {exc.retry_after})"
-        return message, EXIT_UNREACHABLE
-    return message, EXIT_REFUSED
+    return exc.line(), EXIT_UNREACHABLE if exc.try_later else EXIT_REFUSED
 
 
 def _serve(args: argparse.Namespace, config: Any, source: Any, name: str) -> int:

@@ -8,8 +8,10 @@ Exit status, for scripts:
 - 0: done;
 - 1: the service refused (unschedulable, unresolvable, conflict, not found);
 - 2: a usage error, whether argparse or the service's own validation saw it;
-- 3: no answer from the service, or it answered that it cannot serve (5xx,
-  e.g. its database is down): either way, trying again later may work.
+- 3: try later: no answer from the service, or it answered that it cannot serve
+  (5xx, e.g. its database is down) or is rate limiting this caller (429 rate_limited;
+  its Retry-After is in the message): ``ApiError.try_later``, the rule
+  `topoplace agent --once` exits 3 by too.
 """
 
 from __future__ import annotations
@@ -48,7 +50,8 @@ TASKS_SHOWN = 3
 
 EXIT_HELP = (
     "exit status: 0 done; 1 the service refused (unschedulable, unresolvable, conflict,"
-    " not found); 2 usage error; 3 the service could not be reached or cannot serve"
+    " not found); 2 usage error; 3 try later: the service could not be reached, cannot"
+    " serve (5xx) or is rate limiting (429)"
 )
 
 Action = Callable[["TopoplaceClient", argparse.Namespace], None]
@@ -266,7 +269,7 @@ def _token(args: argparse.Namespace) -> str | None:
 def _exit_code(error: ApiError) -> int:
     if error.code in USAGE_CODES:
         return EXIT_USAGE
-    if error.status >= 500:
+    if error.try_later:
         return EXIT_UNREACHABLE
     return EXIT_REFUSED
 
@@ -293,7 +296,7 @@ def run(action: Action, args: argparse.Namespace) -> int:
         if args.json and exc.body is not None:
             # Scripts asking for JSON get the structured error (e.g. detail.reasons) too.
             print_json(exc.body)
-        print(f"error: {exc.code}: {exc.message}", file=sys.stderr)
+        print(f"error: {exc.line()}", file=sys.stderr)
         return _exit_code(exc)
     except ServiceUnreachable as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -50,6 +50,21 @@ class ApiError(Exception):
         # caller that retries waits at least that long instead of adding to the load.
         self.retry_after = retry_after
 
+    @property
+    def try_later(self) -> bool:
+        """Whether the same request may succeed later: the service failed (5xx) or is rate
+        limiting the caller (429). Anything else is a refusal a retry cannot mend. The one
+        rule by which `topoplace agent --once` and the client commands exit 3."""
+        return self.status == 429 or self.status >= 500
+
+    def line(self) -> str:
+        """The error in one line for a person: its code and message, and for a try-later
+        answer its Retry-After (how long the service asks to be left alone), if it gave one."""
+        said = f"{self.code}: {self.message}"
+        if self.try_later and self.retry_after is not None:
+            said += f"; try again later (Retry-After: {self.retry_after})"
+        return said
+
     @classmethod
     def from_response(cls, response: httpx.Response) -> ApiError:
         body = _json_or_none(response)

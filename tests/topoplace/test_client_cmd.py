@@ -304,12 +304,34 @@ def test_answers_that_are_not_the_service_s(
     _mock_cli(monkeypatch, handler)
     # The service up but unable to serve exits like an unreachable one: retry later.
     assert main(["cluster", "--server", "http://svc"]) == 3
-    assert capsys.readouterr().err == "error: database_unavailable: down\n"
+    assert capsys.readouterr().err == (
+        "error: database_unavailable: down; try again later (Retry-After: 5)\n"
+    )
     assert main(["nodes", "--server", "http://svc"]) == 1
     assert "error: invalid_response: " in capsys.readouterr().err
     assert main(["node", "x", "--server", "http://svc"]) == 3
     err = capsys.readouterr().err
     assert err.startswith("error: http_502: http://svc/v1/nodes/x answered 502 Bad Gateway")
+
+
+def test_a_rate_limited_answer_exits_3_with_its_retry_after(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """429 is "try later", as for `topoplace agent --once`: a wrapper that retries on 3
+    and gives up on 1 must not give up on a service that asked it to slow down."""
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        body = {"error": {"code": "rate_limited", "message": "too many requests", "detail": {}}}
+        return httpx.Response(429, json=body, headers={"Retry-After": "7"})
+
+    _mock_cli(monkeypatch, handler)
+    assert main(["place", "--gpus", "2", "--server", "http://svc"]) == 3
+    err = capsys.readouterr().err
+    assert err == "error: rate_limited: too many requests; try again later (Retry-After: 7)\n"
+    assert main(["release", "a1", "--server", "http://svc", "--json"]) == 3
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["error"]["code"] == "rate_limited"
+    assert "Retry-After: 7" in captured.err
 
 
 def test_other_commands_do_not_import_httpx() -> None:

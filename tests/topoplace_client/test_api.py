@@ -80,3 +80,14 @@ def test_client_methods_for_the_rest_of_the_api(server: str) -> None:
     assert str(unreachable.value).startswith("cannot reach topoplace at http://127.0.0.1:1: ")
     with pytest.raises(ValueError):
         TopoplaceClient("ftp://example.org")
+
+
+@pytest.mark.parametrize(
+    ("status", "later"),
+    [(429, True), (500, True), (503, True), (502, True), (409, False), (401, False), (422, False)],
+)
+def test_try_later_is_a_rate_limit_or_a_failing_service(status: int, later: bool) -> None:
+    error = ApiError("some_code", "said so", status, retry_after="3")
+    assert error.try_later is later
+    assert error.line() == "some_code: said so" + ("; try again later (Retry-After: 3)" * later)
+    assert ApiError("c", "m", status).line() == "c: m"  # no Retry-After, none named
