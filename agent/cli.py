@@ -4,7 +4,8 @@ Exit status (the table in docs/agent.md; ``EXIT_CODES`` below is the one list):
 
 - 0: done (the daemon exits 0 when stopped by SIGTERM or SIGINT);
 - 1: ``--once`` and the service refused the snapshot or the node's key, or the server
-  URL answered with a redirect (3xx);
+  URL answered with a redirect (3xx) or with a success that names no node and seq (not
+  topoplace, or a proxy);
 - 2: bad settings: a flag or setting value, an unknown source kind or profile,
   a missing or unreadable topology file, an invalid node name, no key or server;
 - 3: ``--once`` and try later: the service could not be reached, failed (5xx) or is
@@ -35,7 +36,8 @@ EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_DISCOVERY = 0, 1, 2, 3
 EXIT_CODES: dict[int, str] = {
     EXIT_OK: "done (the daemon: stopped by SIGTERM or SIGINT)",
     EXIT_REFUSED: "--once: the service refused the snapshot or the node's key, or the server"
-    " URL answered with a redirect (3xx)",
+    " URL answered with a redirect (3xx) or with a success that names no node and seq (not"
+    " topoplace, or a proxy)",
     EXIT_USAGE: "bad settings: a flag or setting value, an unknown source kind or profile,"
     " a missing or unreadable topology file, an invalid node name, no key or server",
     EXIT_UNREACHABLE: "--once: try later: the service could not be reached, failed (5xx) or is"

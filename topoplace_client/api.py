@@ -289,7 +289,20 @@ class TopoplaceClient:
         if signature is not None:
             body["signature"] = signature
         path = f"/v1/nodes/{_segment(name)}/snapshot"
-        return self._object(self._request("PUT", path, json=body))
+        response = self._request("PUT", path, json=body)
+        answer = self._object(response)
+        seq = answer.get("seq")
+        if not isinstance(answer.get("node"), str) or not isinstance(seq, int) or seq is True:
+            # A success without what the service acknowledges a stored snapshot with: a
+            # proxy's or another service's answer, so nothing says the snapshot was kept.
+            raise ApiError(
+                "invalid_response",
+                f"PUT {response.request.url} answered {response.status_code} without the node"
+                " and seq a stored snapshot is acknowledged with; is this a topoplace service"
+                " (or a proxy answering for it)?",
+                response.status_code,
+            )
+        return answer
 
     def heartbeat(self, name: str, nvlink: list[dict[str, int]] | None = None) -> None:
         """POST /v1/nodes/{name}/heartbeat (204); ``nvlink``: the node's NVLink counters."""
