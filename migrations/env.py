@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from alembic import context
-from sqlalchemy import engine_from_config, pool
+from sqlalchemy import Engine, create_engine, event, pool
+from sqlalchemy.engine import Connection
 
 from service.db import postgres_connect_args
 from service.schema import metadata
@@ -27,22 +30,48 @@ def run_online() -> None:
         with context.begin_transaction():
             context.run_migrations()
         return
-    # The service's connection limits: a database that never answers fails the
-    # upgrade (and `serve`) within connect_timeout instead of holding it silent.
-    engine = engine_from_config(
-        {"sqlalchemy.url": url},
-        prefix="sqlalchemy.",
-        poolclass=pool.NullPool,
-        connect_args={} if url.startswith("sqlite") else postgres_connect_args(url),
+    sqlite = url.startswith("sqlite")
+    # The service's connection limits on Postgres: a database that never answers fails
+    # the upgrade (and `serve`) within connect_timeout instead of holding it silent.
+    engine = (
+        _sqlite_engine(url)
+        if sqlite
+        else create_engine(url, poolclass=pool.NullPool, connect_args=postgres_connect_args(url))
     )
     with engine.connect() as connection:
         context.configure(
             connection=connection,
             target_metadata=target_metadata,
-            render_as_batch=url.startswith("sqlite"),
+            render_as_batch=sqlite,
+            # Every pending migration in one transaction, SQLite's too (Alembic would
+            # commit after each there): an upgrade killed half-way leaves the old schema
+            # whole, and the next one starts from it.
+            transactional_ddl=True,
         )
         with context.begin_transaction():
             context.run_migrations()
+
+
+def _sqlite_engine(url: str) -> Engine:
+    """An SQLite engine whose transactions hold DDL too. pysqlite opens a transaction
+    only before INSERT, UPDATE or DELETE, so every CREATE, DROP and ALTER was committed
+    as it ran: an upgrade killed between two statements left tables of a later revision
+    than the one stamped, and the next upgrade failed on them. So the driver's own
+    transactions are turned off and the BEGIN is emitted here (SQLAlchemy's documented
+    recipe, "Serializable isolation / Savepoints / Transactional DDL"). IMMEDIATE takes
+    the write lock at once: a second upgrade starting meanwhile waits for this one
+    (up to the timeout), then reads its revision and finds nothing to do."""
+    engine = create_engine(url, poolclass=pool.NullPool, connect_args={"timeout": 60})
+
+    @event.listens_for(engine, "connect")
+    def _no_driver_transactions(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.isolation_level = None
+
+    @event.listens_for(engine, "begin")
+    def _begin(connection: Connection) -> None:
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+    return engine
 
 
 if context.is_offline_mode():
