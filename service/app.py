@@ -185,7 +185,7 @@ def create_app(
     clock given is also the database's, so that a test moving it moves every decision).
     Every decision is on the database's clock (service/database_time.py)."""
     settings = settings or Settings()
-    engine = make_engine(settings.database_url)
+    engine = make_engine(settings.database_url, settings.database_idle_in_transaction_s)
     host = clock or utc_now
     read = database_clock
     if read is None and clock is None:

@@ -21,7 +21,9 @@ TRANSIENT_ATTEMPTS = 6
 T = TypeVar("T")
 
 
-def make_engine(database_url: str) -> Engine:
+def make_engine(database_url: str, idle_in_transaction_s: float = 0.0) -> Engine:
+    """``idle_in_transaction_s``: Postgres ends a session idle this long inside a
+    transaction (0: never; SQLite has no such sessions, its writers are one process)."""
     if database_url.startswith("sqlite"):
         engine = sa.create_engine(
             database_url, connect_args={"check_same_thread": False, "timeout": 30}
@@ -46,13 +48,40 @@ def make_engine(database_url: str) -> Engine:
         return engine
     # No pre-ping: it costs a round trip per request on the /place path; a
     # connection that died is recycled on its error and the request answers 503.
-    return sa.create_engine(
+    engine = sa.create_engine(
         database_url,
         pool_size=10,
         max_overflow=10,
         pool_recycle=1800,
-        connect_args=postgres_connect_args(database_url),
+        connect_args={
+            **postgres_connect_args(database_url),
+            **_session_options(database_url, idle_in_transaction_s),
+        },
     )
+    # A session Postgres ended for idling in a transaction (SQLSTATE 25P03) is a
+    # connection lost like any other, and answered so (503, gRPC UNAVAILABLE); psycopg
+    # raises it as an InternalError (class 25, invalid transaction state), which every
+    # caller took for a fault (500). Renamed here, the one place that SQLAlchemy and the
+    # batch writer (service/allocations/batch_writer.py) both read.
+    engine.dialect.dbapi_exception_translation_map = {
+        **engine.dialect.dbapi_exception_translation_map,
+        "IdleInTransactionSessionTimeout": "OperationalError",
+    }
+    return engine
+
+
+def _session_options(database_url: str, idle_in_transaction_s: float) -> dict[str, str]:
+    """A process frozen (SIGSTOP, a VM paused, a debugger) inside a transaction holds its
+    row and advisory locks until its session ends, which without this timeout is never:
+    every other replica's write of those rows waits. Postgres ends the session instead;
+    the frozen process, thawed, answers 503 like any connection lost. Options the URL
+    gives (``?options=-c ...``) are kept, before this one."""
+    ms = round(idle_in_transaction_s * 1000)
+    if ms <= 0:
+        return {}
+    given = sa.make_url(database_url).query.get("options", "")
+    given = given if isinstance(given, str) else " ".join(given)
+    return {"options": f"{given} -c idle_in_transaction_session_timeout={ms}".strip()}
 
 
 # libpq waits for a connection without limit by default: a database host that

@@ -6,6 +6,8 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_DATABASE_URL = "sqlite:///./topoplace.sqlite3"
+# Postgres counts idle_in_transaction_session_timeout in milliseconds, in a 32-bit int.
+IDLE_IN_TRANSACTION_MAX_S = 2_147_483
 
 
 class Settings(BaseSettings):
@@ -19,6 +21,15 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=1, le=65535)
     migrate_on_start: bool = True
+    database_idle_in_transaction_s: float = Field(
+        default=30.0,
+        ge=0,
+        le=IDLE_IN_TRANSACTION_MAX_S,
+        description="Postgres ends a session of this service idle this long inside a"
+        " transaction (idle_in_transaction_session_timeout), releasing its locks: a"
+        " replica frozen mid-transaction would hold them, and every other replica's"
+        " writes would wait, forever; 0: off",
+    )
     reservation_ttl_s: float = Field(
         default=300.0, gt=0, description="how long a pending reservation lives unconfirmed"
     )

@@ -7,6 +7,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pytest
 import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
@@ -102,3 +103,29 @@ def test_engines_opening_a_new_file_at_once_all_connect_in_wal_mode(tmp_path: Pa
         for engine in engines:
             engine.dispose()
         assert modes == ["wal"] * len(engines)
+
+
+def test_postgres_sessions_end_when_idle_in_a_transaction(postgres_url: str) -> None:
+    """The timeout is each session's, beside options the URL gives; 0 leaves the server's."""
+    given = sa.make_url(postgres_url).update_query_dict({"options": "-c statement_timeout=5000"})
+    engine = make_engine(given.render_as_string(hide_password=False), 2.5)
+    off = make_engine(postgres_url, 0)
+    try:
+        with engine.connect() as conn:
+            assert conn.exec_driver_sql("SHOW idle_in_transaction_session_timeout").scalar() == (
+                "2500ms"
+            )
+            assert conn.exec_driver_sql("SHOW statement_timeout").scalar() == "5s"
+        with off.connect() as conn:
+            assert conn.exec_driver_sql("SHOW idle_in_transaction_session_timeout").scalar() == "0"
+    finally:
+        engine.dispose()
+        off.dispose()
+
+
+def test_the_idle_in_transaction_timeout_fits_postgres() -> None:
+    """Postgres takes at most 2,147,483,647 ms; a larger value would stop every connection."""
+    assert Settings().database_idle_in_transaction_s == 30
+    assert Settings(database_idle_in_transaction_s=2_147_483).database_idle_in_transaction_s
+    with pytest.raises(ValueError, match="less than or equal"):
+        Settings(database_idle_in_transaction_s=2_147_484)
