@@ -158,6 +158,14 @@ def run_serve(args: argparse.Namespace) -> int:
         if busy is not None:
             print(f"error: {busy}", file=sys.stderr)
             return 2
+        if not settings.migrate_on_start:
+            # Said before anything starts: a service on another schema than its code's
+            # fails on its first query of a missing column, or writes past a rule it
+            # does not know.
+            mismatch = migrate.schema_mismatch(settings.database_url)
+            if mismatch is not None:
+                print(f"error: {mismatch}", file=sys.stderr)
+                return 2
         app = create_app(settings, demo=args.demo)
         # Said here, before uvicorn starts, so a refusal or a database that does not
         # answer is one clear line (the lifespan's own upgrade then finds nothing to do).
