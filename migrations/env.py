@@ -8,6 +8,7 @@ from alembic import context
 from sqlalchemy import Engine, create_engine, event, pool
 from sqlalchemy.engine import Connection
 
+from service import advisory_locks
 from service.db import postgres_connect_args
 from service.schema import metadata
 from service.settings import Settings
@@ -15,6 +16,8 @@ from service.settings import Settings
 config = context.config
 url = config.get_main_option("sqlalchemy.url") or Settings().database_url
 target_metadata = metadata
+# Advisory lock namespace (the first key of pg_advisory_xact_lock's pair) for upgrades.
+UPGRADE_LOCKS = 0x746D  # "tm"
 
 
 def run_offline() -> None:
@@ -49,6 +52,12 @@ def run_online() -> None:
             transactional_ddl=True,
         )
         with context.begin_transaction():
+            # Replicas starting together on one Postgres all upgrade: each created the
+            # same tables, and all but the first failed on them ("relation already
+            # exists"). The lock, held to the commit, makes the others wait; each then
+            # reads the revision the first stamped and finds nothing to do. (SQLite:
+            # nothing here, BEGIN IMMEDIATE does it.)
+            advisory_locks.hold(connection, UPGRADE_LOCKS, ["schema"])
             context.run_migrations()
 
 
