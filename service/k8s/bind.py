@@ -32,7 +32,7 @@ from service.allocations.schemas import PlaceRequest
 from service.errors import Conflict, ServiceError
 from service.event_loop import off_loop
 from service.flows import Flow, drive, drive_async
-from service.k8s.gang import LIVE, TASK_ANNOTATION, BindRefused, GangCoordinator
+from service.k8s.gang import LIVE, TASK_ANNOTATION, BindRefused, GangCoordinator, GangUnread
 from service.k8s.kube_api import KubeApi, KubeApiError
 from service.k8s.pod_request import PodRequest
 from service.k8s.screening import PREFIX
@@ -288,6 +288,8 @@ def bind_gang_member(
             allocation, task = gangs.claim(pod, node, ttl_s)
         except BindRefused as exc:
             return str(exc)
+        except GangUnread as exc:  # kube-scheduler binds again later, and it is read again
+            return PREFIX + str(exc)
         notes = binding_annotations(allocation, [allocation.tasks[task]])
         notes[TASK_ANNOTATION] = str(task)
         refused = create_binding(kube, pod, node, notes)

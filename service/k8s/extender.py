@@ -22,7 +22,7 @@ from service.errors import BadRequest
 from service.event_loop import off_loop, run_here
 from service.flows import Flow, drive, drive_async
 from service.k8s import bind, preempt
-from service.k8s.gang import GangCoordinator
+from service.k8s.gang import GangCoordinator, GangUnread
 from service.k8s.kube_api import KubeApi, KubeApiError, KubeConfigError, from_kubeconfig, in_cluster
 from service.k8s.pod_request import BadPodRequest, PodRequest, parse_pod
 from service.k8s.pod_watch import PodWatcher
@@ -156,7 +156,10 @@ class Extender:
         if pod.request is None:
             return everyone(names)
         if pod.gang is not None:
-            known = yield from self.gangs.seen(pod.gang)
+            try:
+                known = yield from self.gangs.seen(pod.gang)
+            except GangUnread as exc:  # no node passes now; kube-scheduler filters again
+                return no_one(names, str(exc), resolvable=True)
             return self.gangs.judge(pod, names, known)
         state = self.state
         with state.lock:

@@ -63,6 +63,19 @@ class BindRefused(Exception):
     """This bind cannot happen now; the message is the ExtenderBindingResult.Error."""
 
 
+class GangUnread(Exception):
+    """The gang's members could not be listed from the Kubernetes API, so which of its
+    tasks they hold is unknown. Nothing of the gang is remembered: the next member's
+    filter or bind reads it again. The message says so, for a filter's refusal (which
+    kube-scheduler retries) or a bind's error (after PREFIX)."""
+
+    def __init__(self, gang: Gang, reason: str) -> None:
+        super().__init__(
+            f"gang {gang.name}'s members could not be read from the Kubernetes API"
+            f" ({reason}); read again at its next member's filter or bind"
+        )
+
+
 @dataclass(slots=True)
 class GangState:
     allocation: Allocation | None = None  # the live reservation
@@ -146,7 +159,8 @@ class GangCoordinator:
 
     def current(self, gang: Gang) -> GangState:
         """The gang as this process knows it; read from the database and the pods on first
-        sight (blocking: called off the event loop)."""
+        sight (blocking: called off the event loop). GangUnread: the pods could not be
+        read, and nothing is remembered."""
         with self._lock:
             known = self._gangs.get(gang.key)
         if known is not None:
@@ -169,11 +183,15 @@ class GangCoordinator:
         return live[0] if live else None
 
     def _claims_from_pods(self, gang: Gang, allocation: Allocation) -> dict[int, str]:
+        """Which member holds which task, from the members' annotations. An API that does
+        not answer is not a gang with no member holding a task: remembered so, every task
+        looked free until the process restarted, and a new member was filtered and bound
+        onto a task (GPUs) a running member holds."""
         try:
             pods = self.kube().list_pods(gang.namespace)
         except (KubeApiError, KubeConfigError) as exc:
             log.warning("gang %s: cannot read its pods to rebuild claims: %s", gang.key, exc)
-            return {}
+            raise GangUnread(gang, str(exc)) from exc
         claims: dict[int, str] = {}
         for pod in pods:
             task = _claimed_task(pod, allocation)
