@@ -91,6 +91,7 @@ TEXT_LIMIT = 128
 BUS_ID_LIMIT = 64
 VERSION_LIMIT = 64  # the snapshot's driver_version
 MEMORY_MIB_LIMIT = 2**31 - 1  # a snapshot's counts are 32-bit
+MINOR_LIMIT = 2**31 - 1  # and so is a minor number
 
 
 class DiscoveryError(RuntimeError):
@@ -121,6 +122,7 @@ class _Reading:
     memory_mib: int = 0
     bus_id: str = ""
     numa_node: int | None = None
+    minor_number: int | None = None  # the N of /dev/nvidiaN, when NVML says
     mig_enabled: bool = False
     lost: str = ""  # why the GPU is unhealthy, empty when it is not
     notes: list[str] = field(default_factory=list)
@@ -165,6 +167,7 @@ def discover(
     # not (where the driver cannot say a link's remote type) a switch's.
     _fill_unknown(readings, known or {}, node)
     _refuse_shared_uuids(readings)
+    _drop_shared_minors(readings)
     bus_ids = {r.bus_id for r in readings if r.bus_id}
     for reading in readings:
         if not reading.lost:
@@ -205,6 +208,7 @@ def _read_gpu(
         bus_id = field_text("nvmlDeviceGetPciInfo", pci, "busId", BUS_ID_LIMIT)
         reading.bus_id = normalize_bus_id(bus_id)
         reading.mig_enabled = _mig_mode(nvml, handle)
+        reading.minor_number = _minor_number(nvml, reading)
     except GpuLost as exc:
         reading.lost = f"GPU is lost: {exc}"
         return reading
@@ -216,6 +220,21 @@ def _read_gpu(
     except GpuLost as exc:
         reading.lost = f"GPU is lost: {exc}"
     return reading
+
+
+def _minor_number(nvml: Nvml, reading: _Reading) -> int | None:
+    """The N of the GPU's /dev/nvidiaN. Not its index: the driver numbers device files in
+    probe order, NVML orders GPUs by PCI bus id. None (the index stands in) when NVML
+    cannot say, or says a number no device file has."""
+    found = optional(
+        reading.notes, "nvmlDeviceGetMinorNumber", nvml.nvmlDeviceGetMinorNumber, reading.handle
+    )
+    if found is None:
+        return None
+    if not isinstance(found, int) or not 0 <= found <= MINOR_LIMIT:
+        reading.notes.append(f"nvmlDeviceGetMinorNumber answered {found!r}, no device file's")
+        return None
+    return found
 
 
 def _memory_mib(total_bytes: int) -> int:
@@ -421,6 +440,8 @@ def _fill_unknown(readings: list[_Reading], known: Mapping[int, Gpu], node: str)
             r.memory_mib = before.memory_mib
         if r.numa_node is None and before:
             r.numa_node = before.numa_node
+        if r.minor_number is None and before:
+            r.minor_number = before.minor_number
 
 
 def _refuse_shared_uuids(readings: list[_Reading]) -> None:
@@ -438,6 +459,23 @@ def _refuse_shared_uuids(readings: list[_Reading]) -> None:
                 " names one GPU, so no snapshot is sent until the driver tells them apart"
                 " (compare nvidia-smi -L)"
             )
+
+
+def _drop_shared_minors(readings: list[_Reading]) -> None:
+    """Two GPUs NVML gives one minor number: which device file is whose is unknown, so
+    neither is said (each falls back to its index) and each notes why; the node is still
+    reported, unlike with a shared UUID, since placement does not need the number."""
+    holders: dict[int, list[_Reading]] = {}
+    for r in readings:
+        if r.minor_number is not None:
+            holders.setdefault(r.minor_number, []).append(r)
+    for minor, sharing in holders.items():
+        if len(sharing) < 2:
+            continue
+        indexes = ", ".join(str(r.index) for r in sharing)
+        for r in sharing:
+            r.notes.append(f"NVML gives the minor number {minor} for GPUs {indexes}")
+            r.minor_number = None
 
 
 def unreadable_uuid(node: str, index: int) -> str:
@@ -459,6 +497,7 @@ def _gpu(r: _Reading) -> Gpu:
         memory_mib=r.memory_mib,
         pci_bus_id=r.bus_id,
         numa_node=r.numa_node,
+        minor_number=r.minor_number,
         health=Health.UNHEALTHY if r.lost else Health.HEALTHY,
         health_reason=reason[:500],
         mig_enabled=r.mig_enabled,

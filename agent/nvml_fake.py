@@ -11,7 +11,10 @@
   joined by NVLink answer NODE or SYS by NUMA node, as real boxes do;
 - MIG instances as MIG devices with GPU instances, placements and the
   profile ids NVML uses on 80 GB A100/H100; fabric info, C2C mode, NUMA and
-  CPU affinity masks.
+  CPU affinity masks;
+- minor numbers (``/dev/nvidia<N>``): the snapshot's, else the index; set a
+  ``FakeGpu.minor_number`` to number device files otherwise (None: the
+  driver answers NotSupported).
 
 Values come back in pynvml's own ctypes structures (``nvmlPciInfo_t``,
 ``c_nvmlMemory_t``, ...), filled the way the driver fills them, and failures
@@ -107,6 +110,8 @@ class FakeGpu:
     memory_mib: int
     bus_id: str
     numa_node: int | None = None
+    # /dev/nvidia<minor>; None: NotSupported (as drivers without device files answer)
+    minor_number: int | None = None
     cpus: tuple[int, ...] = ()
     mig_enabled: bool = False
     migs: list[FakeMig] = field(default_factory=list)
@@ -170,6 +175,7 @@ class FakeNvml:
                 memory_mib=g.memory_mib,
                 bus_id=g.pci_bus_id,
                 numa_node=g.numa_node,
+                minor_number=g.device_minor,
                 cpus=cpus.get(g.numa_node, ()) if g.numa_node is not None else (),
                 mig_enabled=g.mig_enabled,
                 fabric=snap.fabric,
@@ -302,6 +308,12 @@ class FakeNvml:
     def nvmlDeviceGetPciInfo(self, handle: Any) -> Any:
         gpu = self._gpu(handle, "nvmlDeviceGetPciInfo")
         return _pci_info(gpu.bus_id)
+
+    def nvmlDeviceGetMinorNumber(self, handle: Any) -> int:
+        gpu = self._gpu(handle, "nvmlDeviceGetMinorNumber")
+        if gpu.minor_number is None:
+            raise pynvml.NVMLError_NotSupported()
+        return gpu.minor_number
 
     def nvmlDeviceGetMemoryAffinity(self, handle: Any, nodeSetSize: int, scope: int) -> Any:
         gpu = self._gpu(handle, "nvmlDeviceGetMemoryAffinity")

@@ -171,17 +171,21 @@ class SmiSource:
 
 
 class SimSource:
+    """A built-in profile as it is, its GPUs' device files numbered as their indexes."""
+
     def __init__(self, profile: str, identity: Identity) -> None:
         self.profile = profile
         self.identity = identity
 
     def read(self) -> NodeSnapshot:
-        return build_profile(
+        snap = build_profile(
             self.profile,
             self.identity.name,
             region=self.identity.region,
             labels=self.identity.labels,
-        ).model_copy(update={"timestamp": None})
+        )
+        gpus = [g.model_copy(update={"minor_number": g.index}) for g in snap.gpus]
+        return snap.model_copy(update={"timestamp": None, "gpus": gpus})
 
 
 def open_source(

@@ -134,6 +134,20 @@ class Gpu(_Frozen):
     health: Health = Health.HEALTHY
     health_reason: Text = Field(default="", max_length=1024)
     mig_enabled: Flag = False
+    # The driver numbers /dev/nvidia<N> in probe order, NVML indexes by PCI bus id: the
+    # two differ on some boards, and a device file named by index is another GPU. Left
+    # out of the JSON when unknown, so a snapshot of an agent that never sent it reads
+    # (and verifies against its signature) as it was sent.
+    minor_number: NonNegInt | None = Field(
+        default=None,
+        exclude_if=lambda value: value is None,
+        description="the N of the GPU's /dev/nvidiaN (NVML's minor number); unknown: null",
+    )
+
+    @property
+    def device_minor(self) -> int:
+        """The N of the GPU's /dev/nvidiaN: its minor number, else (unknown) its index."""
+        return self.index if self.minor_number is None else self.minor_number
 
 
 class MigInstance(_Frozen):
@@ -370,6 +384,7 @@ def _check_numa(snap: NodeSnapshot) -> list[InitErrorDetails]:
 def _check_gpus(snap: NodeSnapshot) -> Sequence[InitErrorDetails]:
     errors: list[InitErrorDetails] = []
     seen: dict[str, tuple[str | int, ...]] = {}
+    minors: dict[int, int] = {}  # minor number -> the index of the GPU that has it
     numa_ids = {n.id for n in snap.numa_nodes}
     if len(numa_ids) != len(snap.numa_nodes):
         errors.append(_error(("numa_nodes",), "NUMA node ids must be unique", None))
@@ -384,6 +399,7 @@ def _check_gpus(snap: NodeSnapshot) -> Sequence[InitErrorDetails]:
                 )
             )
         errors.extend(_check_uuid(("gpus", pos, "uuid"), gpu.uuid, seen))
+        errors.extend(_check_minor(("gpus", pos, "minor_number"), gpu, minors))
         if gpu.numa_node is not None and numa_ids and gpu.numa_node not in numa_ids:
             errors.append(
                 _error(
@@ -395,6 +411,19 @@ def _check_gpus(snap: NodeSnapshot) -> Sequence[InitErrorDetails]:
     for pos, mig in enumerate(snap.mig_instances):
         errors.extend(_check_uuid(("mig_instances", pos, "uuid"), mig.uuid, seen))
     return errors
+
+
+def _check_minor(
+    loc: tuple[str | int, ...], gpu: Gpu, minors: dict[int, int]
+) -> list[InitErrorDetails]:
+    """A minor number names one device file: two GPUs with one would share a job's GPU."""
+    if gpu.minor_number is None:
+        return []
+    other = minors.setdefault(gpu.minor_number, gpu.index)
+    if other == gpu.index:
+        return []
+    message = f"GPU {gpu.index} has minor number {gpu.minor_number}, as GPU {other} has"
+    return [_error(loc, message, gpu.minor_number)]
 
 
 def _check_uuid(

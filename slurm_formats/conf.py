@@ -105,7 +105,9 @@ def gres_conf_lines(snap: NodeSnapshot, device_dir: str = "/dev") -> list[str]:
             f"NodeName={snap.name}",
             "Name=gpu",
             f"Type={GPU_TYPE_PREFIX}{gpu.index}",
-            f"File={device_dir.rstrip('/')}/nvidia{gpu.index}",
+            # The device file's number is the minor number: the index names another GPU
+            # where the driver's probe order differs from NVML's PCI order.
+            f"File={device_dir.rstrip('/')}/nvidia{gpu.device_minor}",
         ]
         if gpu.numa_node is not None:
             cores = _cores_of_numa(snap, gpu.numa_node)

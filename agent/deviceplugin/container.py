@@ -10,7 +10,10 @@ Strategies, as NVIDIA's device plugin names them (``--strategy``):
 
 ``--device-specs`` adds ``/dev/nvidiactl``, ``/dev/nvidia-uvm``,
 ``/dev/nvidia-uvm-tools`` and ``/dev/nvidia<N>`` of each GPU, for runtimes
-that need the nodes listed. Besides, unless switched off, the container gets
+that need the nodes listed: N is the GPU's minor number as NVML gives it
+(the driver numbers device files in probe order, NVML orders GPUs by PCI
+bus id, so the index names another GPU on some boards), the index only
+where the agent read no minor number. Besides, unless switched off, the container gets
 ``CUDA_VISIBLE_DEVICES`` with the UUIDs in the reservation's order (CUDA
 accepts UUIDs, so the order survives the runtime's renumbering), and the
 NCCL hints its wiring implies: ``NCCL_P2P_LEVEL=NVL`` when every pair of its
@@ -54,7 +57,7 @@ class ContainerAnswer:
 
 def answer(
     devices: Sequence[str],
-    gpu_index: dict[str, int],
+    minors: dict[str, int],
     wiring: Wiring,
     options: ContainerOptions,
 ) -> ContainerAnswer:
@@ -71,8 +74,8 @@ def answer(
     if options.device_specs:
         for path in ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"):
             out.device_specs.append((path, path, "rw"))
-        for index in sorted({gpu_index[d] for d in devices if d in gpu_index}):
-            path = f"/dev/nvidia{index}"
+        for minor in sorted({minors[d] for d in devices if d in minors}):
+            path = f"/dev/nvidia{minor}"
             out.device_specs.append((path, path, "rw"))
     if options.cuda_env:
         out.envs["CUDA_VISIBLE_DEVICES"] = uuids

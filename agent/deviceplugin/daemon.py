@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -101,10 +101,7 @@ class DevicePluginDaemon:
         except (DiscoveryError, ValueError) as exc:  # ValueError: a snapshot that does not validate
             log.warning("the node cannot be read (%s): every device is Unhealthy", exc)
             for resource in self.resources:
-                sick = [
-                    dev.Device(d.id, False, d.numa_node, d.gpu_index)
-                    for d in self.devices.get(resource)
-                ]
+                sick = [replace(d, healthy=False) for d in self.devices.get(resource)]
                 self.devices.update(resource, sick)
             return
         self.snapshot = snapshot

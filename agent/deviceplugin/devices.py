@@ -2,14 +2,15 @@
 
 Whole GPUs are ``nvidia.com/gpu`` (configurable), one device per GPU UUID;
 MIG instances are ``nvidia.com/mig-<profile>``, one device per MIG UUID. A
-device carries the NUMA node of its GPU. A GPU the source no longer lists
+device carries the NUMA node of its GPU and the number of its GPU's device
+file (``/dev/nvidia<minor>``: NVML's minor number, not its index). A GPU the source no longer lists
 (lost in NVML) is kept as Unhealthy rather than dropped: the kubelet then
 stops giving it out but still counts pods holding it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from placement.snapshot import Health, NodeSnapshot
 
@@ -23,7 +24,9 @@ class Device:
     id: str
     healthy: bool
     numa_node: int | None
-    gpu_index: int  # the whole GPU it is, or the MIG instance's parent
+    # /dev/nvidia<minor> of the whole GPU it is, or of the MIG instance's parent: the
+    # GPU's minor number where the agent read one, else its index.
+    minor: int
 
 
 def mig_profile(resource: str) -> str | None:
@@ -37,7 +40,7 @@ def advertised(snapshot: NodeSnapshot, resource: str) -> list[Device]:
     profile = mig_profile(resource)
     if profile is None:
         return [
-            Device(g.uuid, g.health == Health.HEALTHY, g.numa_node, g.index)
+            Device(g.uuid, g.health == Health.HEALTHY, g.numa_node, g.device_minor)
             for g in snapshot.gpus
             if not g.mig_enabled
         ]
@@ -48,14 +51,16 @@ def advertised(snapshot: NodeSnapshot, resource: str) -> list[Device]:
             continue
         parent = parents.get(m.parent_gpu)
         healthy = m.health == Health.HEALTHY and (parent is None or parent.health == Health.HEALTHY)
-        out.append(Device(m.uuid, healthy, parent.numa_node if parent else None, m.parent_gpu))
+        numa = parent.numa_node if parent else None
+        minor = parent.device_minor if parent else m.parent_gpu
+        out.append(Device(m.uuid, healthy, numa, minor))
     return out
 
 
 def merge(previous: list[Device], now: list[Device]) -> list[Device]:
     """``now``, plus every device of ``previous`` it lost, marked Unhealthy."""
     seen = {d.id for d in now}
-    lost = [Device(d.id, False, d.numa_node, d.gpu_index) for d in previous if d.id not in seen]
+    lost = [replace(d, healthy=False) for d in previous if d.id not in seen]
     return [*now, *lost]
 
 

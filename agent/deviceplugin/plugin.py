@@ -220,8 +220,8 @@ class ResourcePlugin(pb_grpc.DevicePluginServicer):
                 self.resource,
                 ",".join(ids),
             )
-        gpu_index = {d.id: d.gpu_index for d in known.values()}
-        out = container.answer(order, gpu_index, wiring, self.options)
+        minors = {d.id: d.minor for d in known.values()}
+        out = container.answer(order, minors, wiring, self.options)
         return pb.ContainerAllocateResponse(
             envs=out.envs,
             annotations=out.annotations,

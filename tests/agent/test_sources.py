@@ -37,6 +37,11 @@ def test_sim_source_carries_the_identity() -> None:
     assert snap.seq == 0 and snap.timestamp is None and snap.fabric is not None
 
 
+def test_sim_source_numbers_device_files_as_the_indexes() -> None:
+    snap = SimSource("hgx-h100", IDENTITY).read()
+    assert [g.minor_number for g in snap.gpus] == list(range(8))
+
+
 def test_smi_source_rereads_the_file_and_fills_host_facts(tmp_path: Path) -> None:
     path = tmp_path / "topo.txt"
     text = render_topo_matrix(build_profile("dgx1-v100", "x"))

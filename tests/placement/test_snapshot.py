@@ -298,3 +298,31 @@ def test_link_labels_are_short() -> None:
     assert "Q" * 100 not in str(exc.value)
     spaced = NodeSnapshot.model_validate(_base(links=[["X", " NVS18 "], [" NVS18 ", "X"]]))
     assert spaced.links[0][1] == "NVS18"
+
+
+def test_a_minor_number_is_optional_and_left_out_of_the_json_when_unknown() -> None:
+    """An older agent's snapshot (no minor numbers) reads, and dumps, as it was sent: the
+    service verifies its signature over the dump."""
+    old = NodeSnapshot.model_validate(_base())
+    assert [g.minor_number for g in old.gpus] == [None, None]
+    assert [g.device_minor for g in old.gpus] == [0, 1]
+    assert all("minor_number" not in g for g in old.model_dump(mode="json")["gpus"])
+    gpus = _base()["gpus"]
+    gpus[0]["minor_number"], gpus[1]["minor_number"] = 1, 0
+    new = NodeSnapshot.model_validate(_base(gpus=gpus))
+    assert [g.device_minor for g in new.gpus] == [1, 0]
+    assert [g["minor_number"] for g in new.model_dump(mode="json")["gpus"]] == [1, 0]
+
+
+def test_a_minor_number_names_one_gpu() -> None:
+    gpus = _base()["gpus"]
+    gpus[0]["minor_number"] = gpus[1]["minor_number"] = 3
+    with pytest.raises(ValidationError) as exc:
+        NodeSnapshot.model_validate(_base(gpus=gpus))
+    assert _locs(exc) == [("gpus", 1, "minor_number")]
+    assert "GPU 1 has minor number 3, as GPU 0 has" in str(exc.value)
+    for bad in (-1, "2", True):
+        gpus = _base()["gpus"]
+        gpus[0]["minor_number"] = bad
+        with pytest.raises(ValidationError):
+            NodeSnapshot.model_validate(_base(gpus=gpus))

@@ -123,3 +123,19 @@ def test_the_epilog_releases_only_allocations_made_for_the_jobs_user(
         mine = client.allocation(own["allocation_ids"][0])
     assert kept["state"] == "active", "another user's allocation was released"
     assert mine["state"] == "released", capsys.readouterr().out
+
+
+def test_gres_conf_names_device_files_by_the_stored_minor_numbers(
+    server: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    snap = build_profile("dgx1-v100", "gpu9")
+    minors = [7, 6, 5, 4, 3, 2, 1, 0]
+    gpus = [
+        g.model_copy(update={"minor_number": m}) for g, m in zip(snap.gpus, minors, strict=True)
+    ]
+    with TopoplaceClient(server) as client:
+        client.put_snapshot("gpu9", snap.model_copy(update={"gpus": gpus}).model_dump(mode="json"))
+    assert main(["slurm", "gres-conf", "gpu9", "--device-dir", "/fake", "--server", server]) == 0
+    lines = [x for x in capsys.readouterr().out.splitlines() if not x.startswith("#")]
+    # Was: File=/fake/nvidia<index>, another GPU's device file wherever the two differ.
+    assert [line.split()[3] for line in lines] == [f"File=/fake/nvidia{m}" for m in minors]
