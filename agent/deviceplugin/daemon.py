@@ -83,7 +83,10 @@ class DevicePluginDaemon:
         self.claims = Claims()
         self.reservations = ReservationCache(link.reservations)
         self.stop = threading.Event()
+        # Only ever grows: a resource whose devices all went keeps them listed Unhealthy.
         self.resources: list[str] = list(settings.resources)
+        self._endpoints: dict[str, Endpoint] = {}
+        self._endpoints_lock = threading.Lock()
         self.truth = TruthLoop(
             str(settings.pod_resources_socket),
             lambda: set(self.resources),
@@ -105,8 +108,15 @@ class DevicePluginDaemon:
                 self.devices.update(resource, sick)
             return
         self.snapshot = snapshot
-        if not self.resources:
-            self.resources = dev.resources_of(snapshot, self.settings.whole_gpu_resource)
+        if not self.settings.resources:
+            # Resources that appear later (MIG instances created, MIG mode switched) are
+            # served too: the registration watcher registers each new one.
+            found = dev.resources_of(snapshot, self.settings.whole_gpu_resource)
+            new = [r for r in found if r not in self.resources]
+            if new:
+                if self.resources:
+                    log.info("new resource(s) on this node: %s", ", ".join(new))
+                self.resources = [*self.resources, *new]
         for resource in self.resources:
             now = dev.advertised(snapshot, resource)
             self.devices.update(resource, dev.merge(self.devices.get(resource), now))
@@ -125,21 +135,24 @@ class DevicePluginDaemon:
         self.truth.wake.set()
 
     def endpoints(self) -> list[Endpoint]:
-        return [
-            Endpoint(
-                self.settings.kubelet_dir,
-                ResourcePlugin(
-                    resource,
-                    self.devices,
-                    self.claims,
-                    self.reservations,
-                    self.settings.options,
-                    self.truth_soon,
-                    self.stop.is_set,
-                ),
-            )
-            for resource in self.resources
-        ]
+        """One endpoint per resource served so far, made the first time it is asked for
+        (the registration watcher asks every poll, so a new resource is served within it)."""
+        with self._endpoints_lock:
+            for resource in self.resources:
+                if resource not in self._endpoints:
+                    self._endpoints[resource] = Endpoint(
+                        self.settings.kubelet_dir,
+                        ResourcePlugin(
+                            resource,
+                            self.devices,
+                            self.claims,
+                            self.reservations,
+                            self.settings.options,
+                            self.truth_soon,
+                            self.stop.is_set,
+                        ),
+                    )
+            return list(self._endpoints.values())
 
     def run(self) -> None:
         self.read_devices()
@@ -151,11 +164,10 @@ class DevicePluginDaemon:
             return
         # After a restart: learn from PodResources what was given before serving anything.
         self.truth.once()
-        endpoints = self.endpoints()
         threads = [
             threading.Thread(
                 target=keep_registered,
-                args=(endpoints, self.stop, self.settings.register_poll_s),
+                args=(self.endpoints, self.stop, self.settings.register_poll_s),
                 name="register",
                 daemon=True,
             ),

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Callable
 from concurrent import futures
 from pathlib import Path
 
@@ -87,10 +88,13 @@ class Endpoint:
             self.server = None
 
 
-def keep_registered(endpoints: list[Endpoint], stop: threading.Event, poll_s: float) -> None:
-    """Serve and register every endpoint; do it again whenever the kubelet restarts."""
+def keep_registered(
+    endpoints: Callable[[], list[Endpoint]], stop: threading.Event, poll_s: float
+) -> None:
+    """Serve and register every endpoint (asked for again each poll: a resource that
+    appeared since is registered then); do it again whenever the kubelet restarts."""
     while not stop.is_set():
-        for ep in endpoints:
+        for ep in endpoints():
             if ep.server is None or ep.needs_renewal():
                 try:
                     if ep.server is None or not ep.path.exists() or ep.registered_with is not None:
@@ -104,6 +108,6 @@ def keep_registered(endpoints: list[Endpoint], stop: threading.Event, poll_s: fl
                     ep.stop()
                     ep.registered_with = None
         stop.wait(poll_s)
-    for ep in endpoints:
+    for ep in endpoints():
         ep.stop()
         ep.path.unlink(missing_ok=True)
