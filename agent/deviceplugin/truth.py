@@ -141,5 +141,11 @@ class TruthLoop:
     def run(self, stop: threading.Event) -> None:
         while not stop.is_set():
             self.wake.clear()
-            self.once()
+            try:
+                self.once()
+            except Exception:
+                # One bad round (an answer nothing here expected) must not end the loop:
+                # the thread would die with the plugin still serving, and from then on the
+                # service would never learn what the kubelet gave, nor the claims be rebuilt.
+                log.exception("the truth round failed; trying again in %.0f s", self.interval_s)
             self.wake.wait(self.interval_s)
