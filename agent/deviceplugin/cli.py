@@ -46,7 +46,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         type=Path,
         metavar="PATH",
         default=_env("TOKEN_FILE"),
-        help="the node's agent token (the agent's own)",
+        help="the node's agent token (the agent's own; read again when the service refuses it)",
     )
     p.add_argument("--ca-bundle", type=Path, metavar="PEM", default=_env("CA_BUNDLE"))
     p.add_argument("--node-name", metavar="NAME", default=_env("NODE_NAME"))
@@ -122,6 +122,7 @@ def _fail(message: str, code: int) -> int:
 
 def run_plugin(args: argparse.Namespace) -> int:
     from agent.deviceplugin.daemon import DevicePluginDaemon, PluginSettings, ServiceLink
+    from agent.deviceplugin.token_file import TokenFile, read_token
     from agent.sources import DiscoveryUnavailable, Identity, SourceError, open_source
     from topoplace_client.api import TopoplaceClient
 
@@ -139,7 +140,7 @@ def run_plugin(args: argparse.Namespace) -> int:
     token = None
     if args.token_file is not None:
         try:
-            token = args.token_file.read_text(encoding="utf-8").strip()
+            token = read_token(args.token_file)
         except OSError as exc:
             return _fail(f"cannot read --token-file {args.token_file}: {exc.strerror}", EXIT_USAGE)
     node = args.node_name or socket.gethostname()
@@ -181,7 +182,9 @@ def run_plugin(args: argparse.Namespace) -> int:
             publisher = TopologyPublisher.in_cluster()
         except PublishError as exc:
             return _fail(str(exc), EXIT_USAGE)
-    daemon = DevicePluginDaemon(settings, source, ServiceLink(node, *clients), publisher)
+    tokens = None if args.token_file is None else TokenFile(args.token_file, clients, token)
+    link = ServiceLink(node, clients[0], clients[1], tokens)
+    daemon = DevicePluginDaemon(settings, source, link, publisher)
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: daemon.stop.set())

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from agent.deviceplugin import devices as dev
 from agent.deviceplugin.container import ContainerOptions
@@ -21,14 +22,16 @@ from agent.deviceplugin.kubelet import Endpoint, keep_registered
 from agent.deviceplugin.matching import Reservation
 from agent.deviceplugin.plugin import ResourcePlugin
 from agent.deviceplugin.state import Claims, Devices, ReservationCache
+from agent.deviceplugin.token_file import TokenFile
 from agent.deviceplugin.topology_object import node_resource_topology
 from agent.deviceplugin.truth import TruthLoop
 from agent.nvml_discovery import DiscoveryError
 from agent.sources import Source
 from placement.snapshot import NodeSnapshot
-from topoplace_client.api import TopoplaceClient
+from topoplace_client.api import ApiError, TopoplaceClient
 
 log = logging.getLogger("topoplace.deviceplugin")
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -46,24 +49,43 @@ class PluginSettings:
 
 
 class ServiceLink:
-    """The service, through two clients: admissions never wait behind a truth report."""
+    """The service, through two clients: admissions never wait behind a truth report. A
+    call refused for its token (401) is made once more when the token file holds another
+    token by then (a rotation)."""
 
-    def __init__(self, node: str, admissions: TopoplaceClient, reports: TopoplaceClient) -> None:
+    def __init__(
+        self,
+        node: str,
+        admissions: TopoplaceClient,
+        reports: TopoplaceClient,
+        tokens: TokenFile | None = None,
+    ) -> None:
         self.node = node
         self.admissions = admissions
         self.reports = reports
+        self.tokens = tokens
+
+    def _call(self, call: Callable[[], T]) -> T:
+        try:
+            return call()
+        except ApiError as exc:
+            if exc.status != 401 or self.tokens is None or not self.tokens.reload():
+                raise
+        return call()
 
     def _parse(self, answer: dict[str, Any]) -> list[Reservation]:
         return [Reservation.from_json(r) for r in answer.get("reservations", [])]
 
     def reservations(self) -> list[Reservation]:
-        return self._parse(self.admissions.k8s_reservations(self.node))
+        return self._parse(self._call(lambda: self.admissions.k8s_reservations(self.node)))
 
     def reservations_for_report(self) -> list[Reservation]:
-        return self._parse(self.reports.k8s_reservations(self.node))
+        return self._parse(self._call(lambda: self.reports.k8s_reservations(self.node)))
 
     def report(self, resource: str, pods: list[dict[str, Any]], listed_at: datetime) -> Any:
-        return self.reports.k8s_report_devices(self.node, resource, pods, listed_at)
+        return self._call(
+            lambda: self.reports.k8s_report_devices(self.node, resource, pods, listed_at)
+        )
 
 
 class DevicePluginDaemon:
