@@ -22,6 +22,7 @@ from agent.deviceplugin.gen.podresources.v1 import api_pb2 as pr
 from agent.deviceplugin.gen.podresources.v1 import api_pb2_grpc as pr_grpc
 from agent.deviceplugin.matching import Reservation
 from agent.deviceplugin.state import Claims
+from topoplace_client.api import ApiError
 
 log = logging.getLogger("topoplace.deviceplugin")
 PodKey = tuple[str, str]
@@ -71,6 +72,17 @@ def claimed_from(
         elif mine:
             given.add(r.allocation_id)
     return given, parts
+
+
+def _unknown_device(exc: ApiError) -> str | None:
+    """The device a refused report names as none of the node's, or None. The service's
+    other 400 with a device (one named twice for a pod) cannot come from a PodResources
+    List read here: each pod's devices are listed once."""
+    device = exc.detail.get("device")
+    field = str(exc.detail.get("field", ""))
+    if exc.status == 400 and isinstance(device, str) and field.endswith(".devices"):
+        return device
+    return None
 
 
 class TruthLoop:
@@ -131,12 +143,39 @@ class TruthLoop:
             if not body:
                 continue
             try:
-                self.report(resource, body, listed_at)
+                self._report_known(resource, body, listed_at)
             except Exception as exc:
                 log.warning("cannot report %s allocations to the service: %s", resource, exc)
                 ok = False
         self.rounds += 1
         return ok
+
+    def _report_known(self, resource: str, body: list[dict[str, Any]], listed_at: datetime) -> None:
+        """Report ``body``; a pod holding a device the node no longer has (a GPU lost or
+        replaced: the service refuses the whole report for it) is left out with a warning
+        and the rest sent again, so one dead GPU does not hide every other pod's truth."""
+        while body:
+            try:
+                self.report(resource, body, listed_at)
+                return
+            except ApiError as exc:
+                gone = _unknown_device(exc)
+                if gone is None:
+                    raise
+                kept = [pod for pod in body if gone not in pod["devices"]]
+                if len(kept) == len(body):
+                    raise
+                for pod in body:
+                    if gone in pod["devices"]:
+                        log.warning(
+                            "%s: pod %s/%s holds %s, which the node no longer has (a GPU"
+                            " lost or replaced); left out of the report",
+                            resource,
+                            pod["namespace"],
+                            pod["name"],
+                            gone,
+                        )
+                body = kept
 
     def run(self, stop: threading.Event) -> None:
         while not stop.is_set():
