@@ -92,7 +92,10 @@ class Claims:
         self._offered[reservation.allocation_id] = (self._clock() + OFFER_TTL_S, reservation)
 
     def offered(self, resource: str, devices: set[str]) -> Reservation | None:
-        """Under ``lock``: the offered reservation of exactly these devices."""
+        """Under ``lock``: the offered reservation of exactly these devices, while its offer
+        stands. One past its time is not this Allocate's: its reservation may have ended
+        meanwhile, and the pod now admitted on these devices is another."""
+        self.taken()  # drops the offers past their time
         for _, r in self._offered.values():
             if r.resource == resource and set(r.devices) == devices:
                 return r
@@ -127,14 +130,29 @@ class Claims:
         else:
             self.parts[key] = got
 
+    def now(self) -> float:
+        return self._clock()
+
     def rebuild(
-        self, given: set[str], live: set[str], parts: dict[str, frozenset[str]] | None = None
+        self,
+        given: set[str],
+        live: set[str],
+        parts: dict[str, frozenset[str]] | None = None,
+        read_at: float | None = None,
     ) -> None:
         """From the truth: ``given`` ids are held by admitted pods, ``parts`` part-held by
         the containers admitted so far; ids no longer ``live`` (their allocation ended)
-        are forgotten."""
+        are forgotten, and so are offers of them made before ``read_at`` (``now()`` when
+        the list ``live`` comes from was asked for: an offer made since may be of a
+        reservation that list predates)."""
         with self.lock:
             self.given = (self.given & live) | given
+            if read_at is not None:
+                self._offered = {
+                    k: (expires, r)
+                    for k, (expires, r) in self._offered.items()
+                    if k in live or expires - OFFER_TTL_S >= read_at
+                }
             merged = {k: v | (parts or {}).get(k, frozenset()) for k, v in self.parts.items()}
             merged.update({k: v for k, v in (parts or {}).items() if k not in merged})
             self.parts = {k: v for k, v in merged.items() if k in live and k not in self.given}

@@ -121,6 +121,7 @@ class TruthLoop:
             return False
         if self.on_round is not None:
             self.on_round({d for pods in held.values() for ids in pods.values() for d in ids})
+        read_at = self.claims.now()
         try:
             reservations = self.fetch()
         except Exception as exc:  # the service is down: claims stay, reported next round
@@ -128,7 +129,7 @@ class TruthLoop:
             return False
         live = {r.allocation_id for r in reservations}
         given, parts = claimed_from(reservations, held)
-        self.claims.rebuild(given, live, parts)
+        self.claims.rebuild(given, live, parts, read_at)
         # A pod with only some containers admitted holds part of its reservation: reported
         # once all are, or the service would move its allocation onto that part. Meanwhile
         # its allocation holds every device of it, so none a container holds looks free.

@@ -101,3 +101,36 @@ def test_an_init_containers_devices_handed_on_at_once_are_its_reservations():
         claims.allocated(GPU, a)
         claims.allocated(GPU, None)  # another admission came between: the kubelet's choice
         assert claims.reused(GPU, {"g0"}) is None
+
+
+def test_an_expired_offer_is_not_matched_to_an_allocate():
+    clock = Clock()
+    claims = Claims(clock)
+    a = _r("a", "pa", "g0")
+    with claims.lock:
+        claims.offer(a)
+    clock.now += OFFER_TTL_S + 1
+    with claims.lock:
+        # Was: matched (only taken() dropped expired offers), so the Allocate of another
+        # pod on g0 got a's allocation and a was marked given.
+        assert claims.offered(GPU, {"g0"}) is None
+
+
+def test_an_offer_of_an_ended_reservation_is_forgotten():
+    clock = Clock()
+    claims = Claims(clock)
+    a, b, c = _r("a", "pa", "g0"), _r("b", "pb", "g1"), _r("c", "pc", "g2")
+    with claims.lock:
+        claims.offer(a)
+        claims.offer(b)
+    clock.now += 1
+    read_at = claims.now()  # the truth asks for the reservations...
+    clock.now += 1
+    with claims.lock:
+        claims.offer(c)  # ...an admission offers one bound since...
+    # ...and the list, read before c was bound, no longer has a (expired at the service).
+    claims.rebuild(set(), live={"b"}, read_at=read_at)
+    with claims.lock:
+        assert claims.offered(GPU, {"g0"}) is None
+        assert claims.offered(GPU, {"g1"}) == b
+        assert claims.offered(GPU, {"g2"}) == c
