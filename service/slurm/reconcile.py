@@ -27,6 +27,7 @@ from service.errors import BadRequest, Conflict
 from service.event_loop import off_loop
 from service.slurm import truth
 from service.slurm.fresh import FRESH
+from service.slurm.parked import parked_reason
 from service.slurm.schemas import ReconcileResult
 from service.slurm.service import OWNER_PREFIX
 from service.slurm.settings import SlurmSettings
@@ -85,12 +86,23 @@ def _errors_text(errors: Any) -> str:
     )[:300]
 
 
+def parked(job: dict[str, Any]) -> str | None:
+    """Why a pending job will not start without a change (service/slurm/parked.py)."""
+    return parked_reason(job) if "PENDING" in _states(job) else None
+
+
+def _holds_nothing(job: dict[str, Any]) -> bool:
+    """A finished job, or a pending one that will not start as it stands: neither
+    keeps a reservation."""
+    return bool(_states(job) & FINISHED) or parked(job) is not None
+
+
 def live_allocations(squeue: Any) -> tuple[set[str], int]:
-    """(allocation ids named by unfinished jobs, how many such jobs)."""
+    """(allocation ids named by unfinished jobs that may start or run, how many such jobs)."""
     live: set[str] = set()
     jobs = 0
     for job in _jobs(squeue):
-        if _states(job) & FINISHED:
+        if _holds_nothing(job):
             continue
         ids = allocation_ids(str(job.get("admin_comment") or ""))
         if ids:
@@ -151,6 +163,8 @@ def reconcile(
     - A filter's allocation (owner ``slurm:<user>``) is live while an unfinished job
       names it in its admin comment or carries its job id; a job that is finished
       (cancelled while pending included) releases it at once.
+    - A pending job that will not start as it stands (held, or blocked: parked.py)
+      gives its reservations back at once; its start is recorded when it comes.
     - One that no unfinished job names or carries is released once older than squeue's
       answer by the grace period (the filter reserves a moment before slurmctld
       creates the job).
@@ -163,7 +177,16 @@ def reconcile(
     cutoff = taken_at - timedelta(seconds=settings.reconcile_grace_s)
     jobs = _jobs(squeue)
     live_named, jobs_named = live_allocations(squeue)
-    unfinished = {str(j.get("job_id")) for j in jobs if not _states(j) & FINISHED}
+    unfinished = {str(j.get("job_id")) for j in jobs if not _holds_nothing(j)}
+    # Held or blocked (parked.py): their reservations go back to the others now; the
+    # job is not over, so nothing is remembered of it and its start is recorded.
+    parked_jobs = {str(j.get("job_id")): why for j in jobs if (why := parked(j)) is not None}
+    named_by_parked = {
+        i: str(j.get("job_id"))
+        for j in jobs
+        if str(j.get("job_id")) in parked_jobs
+        for i in allocation_ids(str(j.get("admin_comment") or ""))
+    }
     finished = [j for j in jobs if _states(j) & FINISHED]
     finished_named = {
         i for j in finished for i in allocation_ids(str(j.get("admin_comment") or ""))
@@ -187,7 +210,7 @@ def reconcile(
     observed: list[str] = []
     attached: list[str] = []
     for job in jobs:
-        if _states(job) & FINISHED:
+        if _holds_nothing(job):
             continue
         try:
             _take_in(state, job, taken_at, held_by_job, without_job, observed, attached)
@@ -199,12 +222,20 @@ def reconcile(
     if observed:
         current = allocations.live(state)
     released: list[str] = []
+    parked_released: dict[str, list[str]] = {}  # job id -> its allocations released
     for allocation in current:
         if not (allocation.owner or "").startswith(OWNER_PREFIX):
             continue
         allocation_id = allocation.id
         job_id = allocation.job_id
         if allocation_id in live_named or (job_id is not None and job_id in unfinished):
+            continue
+        parked_job = named_by_parked.get(allocation_id) or (
+            job_id if job_id in parked_jobs else None
+        )
+        if parked_job is not None:
+            gone = allocations.release(state, allocation_id).ids
+            parked_released.setdefault(parked_job, []).extend(gone)
             continue
         # A job squeue shows finished ends its allocations now; any other allocation
         # no live job holds may belong to a job newer than squeue's answer (its job id
@@ -218,6 +249,15 @@ def reconcile(
             released += allocations.release(state, allocation_id, ended_job=ended_job).ids
     if released:
         log.info("reconcile: released %d allocation(s) of jobs Slurm no longer has", len(released))
+    for parked_job, ids in parked_released.items():
+        log.info(
+            "reconcile: job %s is pending and will not start as it stands (%s): its"
+            " allocation(s) %s released; its start will be recorded",
+            parked_job,
+            parked_jobs[parked_job],
+            ",".join(ids),
+        )
+        released += ids
     return ReconcileResult(
         released=released, live_jobs=jobs_named, observed=observed, attached=attached
     )

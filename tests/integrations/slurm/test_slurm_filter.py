@@ -267,7 +267,8 @@ def test_a_connection_the_service_closed_while_idle_is_replaced_reserving_once(
     """job_submit.lua keeps its connection between jobs; after the service closes it
     (uvicorn drops connections idle for 5 s) the next job is sent again on a new one,
     and reserved exactly once."""
-    first = cluster.sbatch("--hold", "--gpus=1", script="true")
+    # Running jobs: a held one gives its reservation back (test_parked_jobs.py).
+    first = cluster.sbatch("--gpus=1", script="sleep 60")
     jobs.append(first.id)
     assert first.returncode == 0, first.stderr
     port = int(service.url.rsplit(":", 1)[1])
@@ -277,7 +278,7 @@ def test_a_connection_the_service_closed_while_idle_is_replaced_reserving_once(
     eventually(lambda: not cluster.connections("slurmctld", port), "the idle one closed", 30)
     with service.client() as client:
         before = {a["id"] for a in client.allocations(state="active")["allocations"]}
-    second = cluster.sbatch("--hold", "--gpus=1", script="true")
+    second = cluster.sbatch("--gpus=1", script="sleep 60")
     jobs.append(second.id)
     assert second.returncode == 0, second.stderr
     placed = allocation_ids(cluster.show_job(second.id))

@@ -3,6 +3,7 @@ jobs cancelled while pending, reservations no job took, and Slurm job ids."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
@@ -83,12 +84,23 @@ def test_a_job_slurm_started_by_itself_is_known_and_never_pinned_over(
 
 
 def test_a_job_cancelled_while_pending_is_released_within_one_interval(
-    cluster: LoopbackCluster, service: Service
+    cluster: LoopbackCluster, service: Service, jobs: list[str]
 ) -> None:
-    """A pending job runs no prolog and no epilog when cancelled."""
-    job = cluster.sbatch("--gpus=1", "-w", NODES[2], "--hold")
+    """A pending job runs no prolog and no epilog when cancelled. It waits for
+    Resources (a job without GPUs has every CPU of the node), so it keeps its reservation
+    until then: a held one would give it back at once (test_parked_jobs.py)."""
+    shown = cluster.run("scontrol", "show", "node", NODES[2]).stdout
+    cpus = re.search(r"CPUTot=(\d+)", shown)
+    assert cpus is not None, shown
+    # Every CPU, no GPU (--exclusive would take the GPUs too).
+    whole = cluster.sbatch(f"--cpus-per-task={cpus.group(1)}", "-w", NODES[2], script="sleep 60")
+    jobs.append(whole.id)
+    cluster.wait_state(whole.id, ("RUNNING",))
+    job = cluster.sbatch("--gpus=1", "-w", NODES[2])
     assert job.returncode == 0, job.stderr
     [allocation_id] = allocation_ids(cluster.show_job(job.id))
+    eventually(lambda: "Reason=Resources" in cluster.show_job(job.id), "the job waits", 5)
+    assert allocation(service, allocation_id)["state"] == "active"
     cluster.run("scancel", job.id)
     cluster.wait_state(job.id, ("CANCELLED",))
     eventually(

@@ -1,0 +1,48 @@
+"""A held job gives its GPUs back to the others, and is recorded where it runs once
+released (a real slurmctld: `sbatch --hold`, `scontrol release`)."""
+
+from __future__ import annotations
+
+from tests.integrations.slurm.conftest import INTERVAL_S, NODES
+from tests.integrations.slurm.loopback import LoopbackCluster, Service
+from tests.integrations.slurm.test_slurm_filter import (
+    allocation,
+    allocation_ids,
+    eventually,
+    gres_indices,
+)
+from tests.integrations.slurm.test_slurm_truth import held, of_job
+
+
+def test_a_held_job_frees_its_gpus_and_is_recorded_when_it_starts(
+    cluster: LoopbackCluster, service: Service, jobs: list[str]
+) -> None:
+    node = NODES[2]
+    parked = cluster.sbatch("--gpus=8", "-w", node, "--hold", script="sleep 60")
+    jobs.append(parked.id)
+    assert parked.returncode == 0, parked.stderr
+    [reserved] = allocation_ids(cluster.show_job(parked.id))  # the filter placed it
+    assert "Reason=JobHeldUser" in cluster.show_job(parked.id)
+    eventually(
+        lambda: allocation(service, reserved)["state"] == "released",
+        "the held job's reservation released",
+        INTERVAL_S,
+    )
+    # Its GPUs are the others': another job is placed on the node at once.
+    other = cluster.sbatch("--gpus=2", "-w", node, script="sleep 60")
+    jobs.append(other.id)
+    assert other.returncode == 0, other.stderr
+    assert allocation_ids(cluster.show_job(other.id)), "the node's GPUs were still held"
+    cluster.wait_state(other.id, ("RUNNING",))
+    assert of_job(service, parked.id) == []
+
+    cluster.run("scancel", other.id)
+    cluster.wait_state(other.id, ("CANCELLED", "COMPLETED"))
+    released = cluster.run("scontrol", "release", parked.id)
+    assert released.returncode == 0, released.stderr
+    cluster.wait_state(parked.id, ("RUNNING",), timeout_s=30)
+    truth = gres_indices(cluster.show_job(parked.id))
+    assert truth == {node: list(range(8))}
+    eventually(lambda: held(of_job(service, parked.id)) == truth, "the job's GPUs recorded", 2)
+    [recorded] = of_job(service, parked.id)
+    assert recorded["id"] != reserved and recorded["owner"] == "slurm:root"

@@ -1,0 +1,106 @@
+"""Pending jobs that will not start as they stand give their reservations back."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from service.slurm.parked import parked_reason
+from tests.service.slurm.test_truth import gpus, of_job, show_job, started, submit
+
+
+def pending(job: int, comment: str, reason: str, description: str = "") -> dict[str, Any]:
+    """A pending job as Slurm 22.05.8's `squeue --json` prints it (fields read here)."""
+    return {
+        "job_id": job,
+        "job_state": "PENDING",
+        "state_reason": reason,
+        "state_description": description,
+        "admin_comment": comment,
+    }
+
+
+def live(client: TestClient) -> list[str]:
+    rows = client.get("/v1/allocations").json()["allocations"]
+    return [a["id"] for a in rows if a["state"] in ("pending", "active")]
+
+
+@pytest.mark.parametrize(
+    ("reason", "description"),
+    [
+        ("JobHeldUser", ""),  # sbatch --hold, scontrol uhold
+        ("JobHeldAdmin", ""),  # scontrol hold by an administrator
+        ("PartitionNodeLimit", ""),
+        ("PartitionConfig", ""),
+        ("BadConstraints", ""),
+        ("AssocMaxJobsLimit", ""),
+        ("QOSMaxGRESPerUser", ""),
+        ("ReqNodeNotAvail", "ReqNodeNotAvail, UnavailableNodes:node2"),  # as 22.05.8 prints it
+    ],
+)
+def test_a_held_or_blocked_job_gives_its_gpus_back(
+    dgx1: TestClient, reason: str, description: str
+) -> None:
+    decision = submit(dgx1, tres_per_node="gres:gpu:8", req_nodes="node1")
+    comment = decision["set"]["admin_comment"]
+    assert live(dgx1) == decision["allocation_ids"]
+    squeue = {"jobs": [pending(31, comment, reason, description)]}
+    result = dgx1.post("/v1/slurm/reconcile", json=squeue).json()
+    assert result["released"] == decision["allocation_ids"] and result["live_jobs"] == 0
+    assert live(dgx1) == []
+    # Its GPUs are the next job's.
+    assert submit(dgx1, tres_per_node="gres:gpu:8", req_nodes="node1")["action"] == "modify"
+
+
+@pytest.mark.parametrize(
+    ("reason", "description"),
+    [
+        ("Resources", ""),
+        ("Priority", ""),
+        ("None", ""),
+        ("SchedDefer", ""),
+        # Its nodes are kept for a job of higher priority: a wait for its turn.
+        ("ReqNodeNotAvail", "ReqNodeNotAvail, May be reserved for other job"),
+    ],
+)
+def test_a_job_waiting_for_gpus_or_its_turn_keeps_its_reservation(
+    dgx1: TestClient, reason: str, description: str
+) -> None:
+    decision = submit(dgx1, tres_per_node="gres:gpu:2")
+    squeue = {"jobs": [pending(32, decision["set"]["admin_comment"], reason, description)]}
+    result = dgx1.post("/v1/slurm/reconcile", json=squeue).json()
+    assert result["released"] == [] and live(dgx1) == decision["allocation_ids"]
+
+
+def test_a_released_job_that_starts_later_is_recorded_where_it_runs(dgx1: TestClient) -> None:
+    """Released from its hold, the job starts on GPUs Slurm gives it: the prolog's
+    report creates its allocation again (the release was no end of the job)."""
+    decision = submit(dgx1, tres_per_node="gres:gpu:2", req_nodes="node1")
+    comment = decision["set"]["admin_comment"]
+    squeue = {"jobs": [pending(33, comment, "JobHeldUser")]}
+    assert dgx1.post("/v1/slurm/reconcile", json=squeue).json()["released"]
+    answer = started(dgx1, show_job(33, "gpu:g5:1(IDX:5),gpu:g6:1(IDX:6)", "node1", comment))
+    assert answer["action"] == "created", answer
+    [allocation] = of_job(dgx1, 33)
+    assert gpus(allocation) == {"node1": [5, 6]}
+    running = {
+        "job_id": 33,
+        "job_state": "RUNNING",
+        "user_name": "alice",
+        "nodes": "node1",
+        "gres_detail": ["gpu:g5:1(IDX:5)", "gpu:g6:1(IDX:6)"],
+        "admin_comment": comment,
+    }
+    assert dgx1.post("/v1/slurm/reconcile", json={"jobs": [running]}).json()["released"] == []
+    assert [a["id"] for a in of_job(dgx1, 33)] == [allocation["id"]]
+
+
+def test_reasons_slurm_does_not_name_park_nothing() -> None:
+    assert parked_reason({"state_reason": "JobHeldUser"}) == "JobHeldUser"
+    assert parked_reason({"state_reason": "Resources"}) is None
+    assert parked_reason({"state_reason": ""}) is None
+    assert parked_reason({}) is None
+    unavailable = {"state_reason": "ReqNodeNotAvail", "state_description": "ReqNodeNotAvail"}
+    assert parked_reason(unavailable) is None
