@@ -52,6 +52,7 @@ from service.openapi_errors import declare_errors
 from service.responses import HANDLED_ERRORS, database_down, handled_error
 from service.settings import Settings
 from service.slurm import endpoints as slurm_routes
+from service.slurm.node_states import NodeStatesWatcher
 from service.slurm.reconcile import Reconciler
 from service.state import Clock, ServiceState, utc_now
 from service.tokens import endpoints as token_routes
@@ -79,6 +80,7 @@ async def _background(
     database's clock again (service/database_time.py)."""
     interval = min(MAINTENANCE_INTERVAL_S, state.settings.heartbeat_ttl_s / 3)
     slurm = Reconciler(state)  # where squeue is present (TOPOPLACE_SLURM_SQUEUE_COMMAND)
+    slurm_nodes = NodeStatesWatcher(state)  # where sinfo is (TOPOPLACE_SLURM_SINFO_COMMAND)
     last_maintenance = last_checkpoint = 0.0
     next_prune = float("-inf")  # the first round prunes what a stopped service left
     next_forward_prune = float("-inf")
@@ -95,6 +97,7 @@ async def _background(
             # Keeps its own clock: it also runs as soon as a fresh Slurm reservation's
             # grace period ends (service/slurm/fresh.py).
             await slurm.tick()
+            await slurm_nodes.tick()  # every TOPOPLACE_SLURM_NODES_INTERVAL_S
             if loop.time() - last_checkpoint >= CHECKPOINT_INTERVAL_S:
                 last_checkpoint = loop.time()
                 await off_loop(checkpoint, state.engine)

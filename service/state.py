@@ -30,6 +30,7 @@ from service.events import EventHub
 from service.metrics.registry import Metrics
 from service.nodes.nvlink import NvlinkStore
 from service.settings import Settings
+from service.slurm.node_states import SlurmNodeStates
 
 Clock = Callable[[], datetime]
 log = logging.getLogger("topoplace.state")
@@ -97,6 +98,8 @@ class ServiceState:
         )
         self.nvlink = NvlinkStore(settings.nvlink_min_interval_s)  # the agents' latest readings
         self.score_cache = ScoreCache()  # /score rows per engine task (score_cache.py)
+        # Nodes Slurm starts no job on (sinfo), read by the Slurm filter alone.
+        self.slurm_nodes = SlurmNodeStates()
 
     def load(self) -> None:
         """Build the in-memory state from the database (start-up)."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections import defaultdict
+from collections.abc import Mapping
 from typing import Any
 
 from service.allocations import api as allocations
@@ -102,8 +103,9 @@ def _decide_flow(state: ServiceState, settings: SlurmSettings, job: JobSubmit) -
         return _unchanged(
             "srun/salloc without cli_filter.lua: its steps could not use pinned GPUs; left to Slurm"
         )
+    down = state.slurm_nodes.unavailable()  # sinfo's latest read (node_states.py)
     try:
-        node_count, candidates, excluded = _nodes(state, job)
+        node_count, candidates, excluded = _nodes(state, job, down)
         if per_job and node_count > 1:
             raise _LeaveAlone("--gpus over several nodes is left to Slurm; use --gpus-per-node")
         base: dict[str, Any] = {
@@ -128,6 +130,9 @@ def _decide_flow(state: ServiceState, settings: SlurmSettings, job: JobSubmit) -
     except Unschedulable as exc:
         return _unchanged(f"nothing fits now, Slurm queues the job as asked ({exc.message})")
     except Unresolvable as exc:
+        if down and not down.keys().isdisjoint(excluded):
+            # Judged without the nodes Slurm has down or drained: they come back.
+            return _unchanged(f"not on the nodes Slurm has up now; left to Slurm ({exc.message})")
         if per_job and job.min_nodes is None and options.locality != "nvlink":
             # --gpus=N without -N may span nodes under Slurm; only one node is out of reach.
             return _unchanged(f"no single node can hold it; left to Slurm ({exc.message})")
@@ -154,9 +159,10 @@ def _gpu_request(job: JobSubmit) -> tuple[GpuAsk, bool]:
 
 
 def _nodes(
-    state: ServiceState, job: JobSubmit
+    state: ServiceState, job: JobSubmit, down: Mapping[str, str]
 ) -> tuple[int, tuple[str, ...] | None, tuple[str, ...]]:
-    """(node count, candidate nodes or None for all, excluded nodes)."""
+    """(node count, candidate nodes or None for all, excluded nodes). ``down``: the
+    nodes Slurm starts no job on now, with why; they are excluded."""
     try:
         required = _expand(job.req_nodes)
         partition = _expand(job.partition_nodes)
@@ -179,7 +185,25 @@ def _nodes(
     if required and len(pool) < len(required):
         raise _LeaveAlone("some nodes in --nodelist are unknown to topoplace; left to Slurm")
     everything = not required and not job.features and len(pool) == known
+    if down:
+        # A job pinned there would wait (ReqNodeNotAvail) holding its reservation.
+        unavailable = [n for n in pool if n in down and n not in excluded]
+        if named := [n for n in required if n in down]:
+            raise _LeaveAlone(
+                f"--nodelist names {_why_down(named, down)}; left to Slurm, which waits for it"
+            )
+        if unavailable and len(unavailable) == len(pool):
+            raise _LeaveAlone(
+                f"every node the job may use is {_why_down(pool, down)}; left to Slurm"
+            )
+        excluded = (*excluded, *unavailable)
     return node_count, None if everything else tuple(pool), excluded
+
+
+def _why_down(nodes: list[str], down: Mapping[str, str]) -> str:
+    shown = ", ".join(f"{n} ({down[n]})" for n in nodes[:3] if n in down)
+    more = f" and {len(nodes) - 3} more" if len(nodes) > 3 else ""
+    return f"out of service in Slurm: {shown}{more}"
 
 
 def _with_features(state: ServiceState, pool: list[str], expression: str) -> list[str]:

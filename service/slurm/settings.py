@@ -46,9 +46,25 @@ class SlurmSettings(BaseSettings):
         " for an answer (its timeout_ms, per step)",
     )
     squeue_timeout_s: float = Field(default=20.0, gt=0)
+    sinfo_command: str = Field(
+        default="auto",
+        description="command printing `sinfo --json`, read for the nodes Slurm starts no job on"
+        " (down, drained or draining, failed, maintenance, not responding), which the filter"
+        " then leaves out; 'auto': 'sinfo --json' where sinfo is on PATH; empty or 'off': none",
+    )
+    nodes_interval_s: float = Field(
+        default=1.0, gt=0, description="how often the node states are read (sinfo_command)"
+    )
+    sinfo_timeout_s: float = Field(default=5.0, gt=0)
 
     def command(self) -> str:
         """The squeue command the loop runs, or '' for none."""
         if self.squeue_command == "auto":
             return "squeue --json" if shutil.which("squeue") else ""
         return "" if self.squeue_command == "off" else self.squeue_command
+
+    def sinfo(self) -> str:
+        """The sinfo command the node states are read with, or '' for none."""
+        if self.sinfo_command == "auto":
+            return "sinfo --json" if shutil.which("sinfo") else ""
+        return "" if self.sinfo_command == "off" else self.sinfo_command

@@ -47,6 +47,8 @@ def service(root: Path) -> Iterator[Service]:
             "TOPOPLACE_SLURM_SQUEUE_COMMAND": "squeue --json",
             "TOPOPLACE_SLURM_RECONCILE_INTERVAL_S": str(INTERVAL_S),
             "TOPOPLACE_SLURM_RECONCILE_GRACE_S": str(GRACE_S),
+            # ... and its sinfo, for the nodes Slurm starts no job on (every second).
+            "TOPOPLACE_SLURM_SINFO_COMMAND": "sinfo --json",
         },
     )
     try:

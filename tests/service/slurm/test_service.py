@@ -95,7 +95,7 @@ def locked_state(tmp_path: Path) -> ServiceState:
 def test_the_candidates_are_read_under_the_state_lock(
     locked_state: ServiceState, fields: dict[str, Any], expected: tuple[Any, ...]
 ) -> None:
-    assert service._nodes(locked_state, JobSubmit(**fields)) == expected
+    assert service._nodes(locked_state, JobSubmit(**fields), {}) == expected
 
 
 def test_the_check_refuses_a_read_without_the_lock(locked_state: ServiceState) -> None:
