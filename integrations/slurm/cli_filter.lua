@@ -102,6 +102,22 @@ local function rewrite_step(options, job_id)
   options["gpus-per-node"] = ""
 end
 
+-- Seconds from now to --begin: srun and salloc give it here as local time,
+-- "2026-12-07T16:00:00" ("now+1hour", "16:00" and the like resolved), or
+-- "Unknown" when it is not set (nil). false: a form this cannot read.
+local function begin_in_s(value)
+  if value == nil or value == "" or value == "Unknown" then
+    return nil
+  end
+  local y, mo, d, h, mi, s = value:match("^(%d+)-(%d+)-(%d+)T(%d+):(%d+):(%d+)$")
+  if y == nil then
+    return false
+  end
+  local at = os.time({ year = tonumber(y), month = tonumber(mo), day = tonumber(d),
+    hour = tonumber(h), min = tonumber(mi), sec = tonumber(s) })
+  return at - os.time()
+end
+
 -- A heterogeneous job (salloc A : B, srun A : B) is submitted in one process that
 -- calls pre_submit once per component, in order (offset 0, 1, ...). Slurm refuses
 -- components named onto one node, and salloc excludes each other component's node
@@ -135,6 +151,10 @@ local function pre_submit(options, offset)
   if gpus == nil and (gres == nil or not gres:find("gpu", 1, true)) then
     return
   end
+  local begin = begin_in_s(option(options, "begin"))
+  if begin == false then
+    return -- a --begin this cannot read: job_submit.lua, which sees the time, decides
+  end
   if topoplace == nil then
     package.path = here .. "?.lua;" .. package.path
     topoplace = require("topoplace_client")
@@ -156,6 +176,8 @@ local function pre_submit(options, offset)
     exc_nodes = exclude,
     partition = option(options, "partition"),
     comment = option(options, "comment"),
+    dependency = option(options, "dependency"),
+    begin_in_s = begin,
     batch = false,
     reserve = false,
   })

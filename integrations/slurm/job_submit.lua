@@ -46,6 +46,15 @@ local function partition_nodes(job_desc, part_list)
   return table.concat(lists, ",")
 end
 
+-- Seconds from now to the job's --begin, nil when it has none (0). A job that may
+-- start only later, like one with a --dependency, is left to Slurm unreserved.
+local function begin_in_s(begin_time)
+  if begin_time == nil or begin_time == 0 or begin_time >= topoplace.NO_VAL then
+    return nil
+  end
+  return begin_time - os.time()
+end
+
 local function submit(job_desc, part_list)
   if not topoplace.asks_gpus(job_desc.tres_per_job, job_desc.tres_per_node,
       job_desc.tres_per_task, job_desc.tres_per_socket) then
@@ -66,6 +75,8 @@ local function submit(job_desc, part_list)
     partition = job_desc.partition,
     partition_nodes = partition_nodes(job_desc, part_list),
     array_inx = job_desc.array_inx,
+    dependency = job_desc.dependency,
+    begin_in_s = begin_in_s(job_desc.begin_time),
     user_name = job_desc.user_name,
     name = job_desc.name,
     comment = job_desc.comment,

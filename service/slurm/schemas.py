@@ -44,6 +44,17 @@ class JobSubmit(BaseModel):
         " only these nodes are considered",
     )
     array_inx: Text | None = Field(default=None, description="--array: a job array")
+    dependency: Text | None = Field(
+        default=None,
+        description="--dependency: the job waits for other jobs, so it is left to Slurm"
+        " with nothing reserved",
+    )
+    begin_in_s: float | None = Field(
+        default=None,
+        allow_inf_nan=False,
+        description="--begin, in seconds from now (0 or less: it may start now); a job that"
+        " may start only later is left to Slurm with nothing reserved",
+    )
     user_name: Text | None = Field(default=None, max_length=MAX_USER_NAME)
     name: Text | None = Field(default=None, description="job name")
     comment: Text | None = Field(default=None, description="may carry 'topoplace:' options")
@@ -78,6 +89,7 @@ class JobSubmit(BaseModel):
         "partition",
         "partition_nodes",
         "array_inx",
+        "dependency",
         "comment",
         mode="before",
     )

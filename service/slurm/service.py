@@ -96,6 +96,8 @@ def _decide_flow(state: ServiceState, settings: SlurmSettings, job: JobSubmit) -
             action="refuse",
             message="topoplace: this cluster does not allow topoplace:off; remove it",
         )
+    if (deferred := _deferred(job)) is not None:
+        return _unchanged(deferred)
     if job.reserve and not job.batch and ask.per_gpu_indices is None:
         # cli_filter.lua names the GPUs of every srun/salloc it saw. Without it, the
         # job's steps keep a plain count (--gres=gpu:N), which Slurm 22.05 refuses
@@ -138,6 +140,26 @@ def _decide_flow(state: ServiceState, settings: SlurmSettings, job: JobSubmit) -
             return _unchanged(f"no single node can hold it; left to Slurm ({exc.message})")
         return JobDecision(action="refuse", message=f"topoplace: {exc.message}")
     return _modify(state, job, placed, per_job)
+
+
+def _deferred(job: JobSubmit) -> str | None:
+    """Why the job cannot start now whatever GPUs are free, or None.
+
+    A job waiting for other jobs (--dependency) or for a time (--begin later than now)
+    may wait for hours: GPUs reserved for it would be kept from every other job all
+    that time. Slurm starts it when it may, on GPUs it chooses, and the prolog records
+    them (docs/slurm.md, "Truth wins")."""
+    if job.dependency is not None:
+        return (
+            f"the job waits for --dependency={job.dependency[:100]}; left to Slurm, nothing"
+            " reserved"
+        )
+    if job.begin_in_s is not None and job.begin_in_s > 0:
+        return (
+            f"the job may start only in {job.begin_in_s:.0f} s (--begin); left to Slurm,"
+            " nothing reserved"
+        )
+    return None
 
 
 def _gpu_request(job: JobSubmit) -> tuple[GpuAsk, bool]:
