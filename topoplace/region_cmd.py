@@ -173,22 +173,43 @@ def _summary_text(region: dict[str, Any]) -> tuple[str, str, str]:
     return str(summary["free_gpus"]), str(summary["live_allocations"]), state
 
 
+def _cut_text(region: dict[str, Any]) -> str | None:
+    """What the region left out of its summary to fit the global service's limits
+    (summary_limits.py), the non-zero counts alone; None when nothing was."""
+    cut = (region.get("summary") or {}).get("cut") or {}
+    parts = []
+    if cut.get("designs"):
+        parts.append(f"{cut['designs']} designs ({cut.get('free_gpus', 0)} free GPUs) left out")
+    if cut.get("cliques"):
+        parts.append(f"{cut['cliques']} cliques left out")
+    if cut.get("names"):
+        parts.append(f"{cut['names']} names shortened")
+    return ", ".join(parts) or None
+
+
 def show_regions(client: TopoplaceClient, args: argparse.Namespace) -> None:
     answer = client.regions(include_retired=args.retired)
     if args.json:
         client_cmd.print_json(answer)
         return
+    regions = answer["regions"]
     rows = [
-        (
+        [
             r["name"],
             r["cloud"],
             r["location"] or "-",
             *_summary_text(r),
             "retired" if r["retired_at"] else "live",
-        )
-        for r in answer["regions"]
+        ]
+        for r in regions
     ]
-    header = ("NAME", "CLOUD", "LOCATION", "FREE GPUS", "LIVE ALLOCS", "SUMMARY", "STATE")
+    header = ["NAME", "CLOUD", "LOCATION", "FREE GPUS", "LIVE ALLOCS", "SUMMARY", "STATE"]
+    cuts = [_cut_text(r) for r in regions]
+    if any(cuts):
+        # A region that cut its summary may have GPUs free that no job is routed to.
+        header.append("CUT TO FIT")
+        for row, cut in zip(rows, cuts, strict=True):
+            row.append(cut or "-")
     print(client_cmd._table(header, rows))
 
 
@@ -200,6 +221,9 @@ def show_region(client: TopoplaceClient, args: argparse.Namespace) -> None:
     free, live, state = _summary_text(region)
     print(f"region {region['name']}: {region['cloud']} {region['location']} at {region['url']}")
     print(f"  summary: {state}; free GPUs {free}; live allocations {live}")
+    cut = _cut_text(region)
+    if cut:
+        print(f"  summary cut to fit the global service's limits: {cut}")
     for price in region["prices"]:
         spot = f", spot {price['spot']:g}" if price.get("spot") is not None else ""
         print(f"  {price['gpu_model']}: {price['on_demand']:g}/GPU-hour on demand{spot}")

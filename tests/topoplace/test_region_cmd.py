@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import httpx
 import pytest
 
 from agent.signing import NodeKey
@@ -12,6 +13,7 @@ from service.app import create_app
 from service.settings import Settings
 from tests.live_server import live_server
 from tests.service.conftest import ADMIN_TOKEN, secured
+from tests.service.federation.test_regions_api import signed, summary
 from topoplace.cli import main
 
 
@@ -109,3 +111,49 @@ def test_serve_refuses_an_incomplete_federation_setting(
         "--region-key", str(tmp_path / "missing.pem"),
     )  # fmt: skip
     assert code == 2 and "cannot read the key file" in err
+
+
+def test_a_summary_cut_to_fit_is_shown_with_its_region(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A region past a summary limit pushes a cut summary: the GPUs it left out are free
+    but routed to by no job, so `list` and `show` say so, and say nothing where none went."""
+    keys = {name: NodeKey.generate() for name in ("big", "small")}
+    settings = secured(Settings(database_url=f"sqlite:///{tmp_path / 'global.sqlite3'}"))
+    with live_server(create_app(settings, background=False)) as server:
+        monkeypatch.setenv("TOPOPLACE_SERVER", server)
+        monkeypatch.setenv("TOPOPLACE_TOKEN", ADMIN_TOKEN)
+        for name, key in keys.items():
+            public = key.save(tmp_path / f"{name}.pem")
+            code, token, err = run(
+                capsys, "region", "register", name, "--cloud", "aws", "--url",
+                f"https://{name}.example", "--public-key-file", str(public),
+                "--price", "H100=2", "--egress-region", "0", "--egress-internet", "0",
+            )  # fmt: skip
+            assert code == 0, err
+            cut = {"designs": 8, "free_gpus": 12, "cliques": 0, "names": 1}
+            body = summary(name, **({"cut": cut} if name == "big" else {}))
+            pushed = httpx.put(
+                f"{server}/v1/regions/{name}/summary",
+                json=signed(body, key),
+                headers={"Authorization": f"Bearer {token.strip()}"},
+                trust_env=False,
+            )
+            assert pushed.status_code == 200, pushed.text
+
+        code, out, err = run(capsys, "region", "list")
+        assert code == 0, err
+        header, *rows = out.splitlines()
+        assert header.split("  ")[-1] == "CUT TO FIT"
+        [big] = [r for r in rows if r.startswith("big ")]
+        [small] = [r for r in rows if r.startswith("small ")]
+        assert big.endswith("8 designs (12 free GPUs) left out, 1 names shortened"), big
+        assert small.endswith(" -"), small
+        code, out, _ = run(capsys, "region", "show", "big")
+        assert "summary cut to fit the global service's limits: 8 designs" in out
+        code, out, _ = run(capsys, "region", "show", "small")
+        assert code == 0 and "cut" not in out
+
+        run(capsys, "region", "retire", "big")
+        code, out, _ = run(capsys, "region", "list")
+        assert "CUT TO FIT" not in out, "a column shown though no listed region cut"
