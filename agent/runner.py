@@ -46,11 +46,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from agent.retry_after import retry_after_s
 from agent.signing import NodeKey, canonical_json
 from agent.sources import Source
 from placement.snapshot import NodeSnapshot
 from topoplace_client.api import ApiError, JSONObject, ServiceUnreachable
+from topoplace_client.retry_after import retry_after_s
 
 log = logging.getLogger("topoplace.agent")
 TELEMETRY_INTERVAL_S = 30.0

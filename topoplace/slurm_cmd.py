@@ -11,7 +11,8 @@
   that were made for the job's user, and those carrying the job id.
 
 NODE arguments may be Slurm host lists (``node[1-4]``). Exit status as the
-other client commands: 0 done, 1 refused, 2 usage, 3 service unreachable.
+other client commands: 0 done, 1 refused, 2 usage, 3 try later (the epilog's
+after retrying for ``--retry-for`` seconds, naming what it left held).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import os
 import re
 import subprocess
 import sys
+from functools import partial
 from typing import TYPE_CHECKING
 
 from placement import NodeSnapshot
@@ -29,11 +31,17 @@ from slurm_formats.conf import gres_conf_lines, node_conf_line
 from slurm_formats.hostlist import expand
 from topoplace import client_cmd
 from topoplace.slurm_prolog import own_record, read_config  # stdlib-only: the prolog stays quick
+from topoplace_client.arguments import positive_seconds
 
 if TYPE_CHECKING:
-    from topoplace_client.api import TopoplaceClient
+    from topoplace.service_retry import OutOfTime
+    from topoplace_client.api import ApiError, TopoplaceClient
 
 DEFAULT_CONFIG = "/etc/slurm/topoplace.conf"
+# How long the epilog retries a service that asks to be asked later. The job stays
+# completing while EpilogSlurmctld runs, so it must end on its own; what it leaves held
+# the reconcile loop releases once Slurm no longer has the job.
+EPILOG_RETRY_S = 5.0
 _ADMIN_COMMENT = re.compile(r"\bAdminComment=(.*?)(?=\s+[A-Z][A-Za-z/:]*=|$)")
 
 
@@ -99,6 +107,15 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="the job's user (default: $SLURM_JOB_USER): the allocations its admin comment"
         " names are released only if made for this user",
     )
+    p.add_argument(
+        "--retry-for",
+        type=positive_seconds,
+        default=EPILOG_RETRY_S,
+        metavar="SECONDS",
+        help="retry a service that answers 429 or 5xx, or none, for this long in all"
+        f" (default {EPILOG_RETRY_S:g}; each request waits at most this long too), then"
+        " exit 3 naming what is left held",
+    )
     p.set_defaults(func=run_epilog)
 
 
@@ -157,9 +174,33 @@ def _releasable(client: TopoplaceClient, allocation_id: str, job: str, user: str
         return False
     try:
         found = client.allocation(allocation_id)
-    except ApiError:
-        return False  # an id that names nothing
+    except ApiError as exc:
+        if exc.status == 404 and exc.code == "not_found":
+            return False  # an id that names nothing, as the service says
+        raise  # the service could not tell (429, 5xx) or refused: not a fact about the id
     return found.get("owner") == f"slurm:{user}" and found.get("job_id") in (None, job)
+
+
+def _left_held(job: str, what: str, exc: ApiError | OutOfTime) -> int:
+    """Say on stderr (slurmctld's log) what the epilog could not release and why; the
+    exit status it calls for: 3 where the service asked to be asked later."""
+    from topoplace.service_retry import OutOfTime
+
+    if isinstance(exc, OutOfTime):
+        why, code = f"try later: {exc}", client_cmd.EXIT_UNREACHABLE
+    else:
+        why, code = exc.line(), client_cmd._exit_code(exc)
+    print(
+        f"error: job {job}: {what} left held ({why}); the service's reconcile loop releases"
+        " it once Slurm no longer has the job",
+        file=sys.stderr,
+    )
+    return code
+
+
+def _worse(a: int, b: int) -> int:
+    # A try-later failure wins: running the epilog again may mend it.
+    return client_cmd.EXIT_UNREACHABLE if client_cmd.EXIT_UNREACHABLE in (a, b) else max(a, b)
 
 
 def run_epilog(args: argparse.Namespace) -> int:
@@ -183,16 +224,33 @@ def run_epilog(args: argparse.Namespace) -> int:
         print(f"error: cannot read job {job}: {exc}", file=sys.stderr)
         return client_cmd.EXIT_UNREACHABLE
     ids = list(dict.fromkeys(i for c in comments for i in allocation_ids(c)))
+    args.timeout = min(args.timeout, args.retry_for)
+    outcome = client_cmd.EXIT_OK
 
     def release(client: TopoplaceClient, _: argparse.Namespace) -> None:
+        from topoplace.service_retry import OutOfTime, Patience
+        from topoplace_client.api import ApiError
+
+        nonlocal outcome
+        patience = Patience(args.retry_for)
         for allocation in ids:
-            if not _releasable(client, allocation, job, user):
-                print(f"job {job}: allocation {allocation} is not the job's: left alone")
+            try:
+                if not patience.call(partial(_releasable, client, allocation, job, user)):
+                    print(f"job {job}: allocation {allocation} is not the job's: left alone")
+                    continue
+                released = patience.call(partial(client.release, allocation))
+            except (ApiError, OutOfTime) as exc:
+                outcome = _worse(outcome, _left_held(job, f"allocation {allocation}", exc))
                 continue
-            released = client.release(allocation).get("released", [])
-            print(f"job {job}: allocation {allocation} released: {bool(released)}")
+            print(f"job {job}: allocation {allocation} released: {bool(released.get('released'))}")
         # Allocations recorded from what Slurm ran (the prolog) carry the job id instead.
-        for allocation in client.release_job(job).get("released", []):
+        try:
+            carried = patience.call(partial(client.release_job, job)).get("released", [])
+        except (ApiError, OutOfTime) as exc:
+            held = f"the allocations carrying job {job}"
+            outcome = _worse(outcome, _left_held(job, held, exc))
+            return
+        for allocation in carried:
             print(f"job {job}: allocation {allocation} released: True")
 
-    return client_cmd.run(release, args)
+    return client_cmd.run(release, args) or outcome

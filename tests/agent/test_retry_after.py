@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from agent.retry_after import RETRY_AFTER_MAX_S, retry_after_s
 from agent.runner import Agent, Backoff
 from agent.signing import NodeKey
 from agent.sources import Identity, SimSource
@@ -21,6 +20,7 @@ from tests.agent.scripted_front import ScriptedFront
 from tests.live_server import live_server
 from tests.topoplace.test_client_cmd import PROXY_VARIABLES
 from topoplace_client.api import TopoplaceClient
+from topoplace_client.retry_after import RETRY_AFTER_MAX_S, retry_after_s
 
 NOW = 1_800_000_000.0
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ from placement.profiles import build_profile
 from service.app import create_app
 from service.settings import Settings
 from slurm_formats.conf import gres_conf_lines, node_conf_line
+from tests.agent.scripted_front import ScriptedFront
 from tests.live_server import live_server
 from topoplace.cli import main
 from topoplace_client.api import TopoplaceClient
@@ -139,3 +141,92 @@ def test_gres_conf_names_device_files_by_the_stored_minor_numbers(
     lines = [x for x in capsys.readouterr().out.splitlines() if not x.startswith("#")]
     # Was: File=/fake/nvidia<index>, another GPU's device file wherever the two differ.
     assert [line.split()[3] for line in lines] == [f"File=/fake/nvidia{m}" for m in minors]
+
+
+@pytest.fixture(scope="module")
+def fronted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, ScriptedFront]]:
+    """A real service behind a front that answers some requests itself (429, 503)."""
+    db = tmp_path_factory.mktemp("slurm-front") / "t.sqlite3"
+    # No background loops: the reconcile loop's squeue must not release what a test holds.
+    settings = Settings(database_url=f"sqlite:///{db}", heartbeat_ttl_s=3600)
+    app = create_app(settings, background=False)
+    front = ScriptedFront(app)
+    with live_server(app) as url:
+        with TopoplaceClient(url) as client:
+            client.put_snapshot("gpu1", build_profile("dgx1-v100", "gpu1").model_dump(mode="json"))
+        yield url, front
+        front.answers.clear()
+
+
+def _reserve(server: str, user: str) -> tuple[str, str]:
+    """A job's reservation by the submit filter: its allocation id and admin comment."""
+    body = {"tres_per_node": "gres:gpu:1", "user_name": user}
+    decision = httpx.post(f"{server}/v1/slurm/job-submit", json=body, trust_env=False).json()
+    [allocation_id] = decision["allocation_ids"]
+    return allocation_id, decision["set"]["admin_comment"]
+
+
+BUSY = {"error": {"code": "rate_limited", "message": "slow down"}}
+DOWN = {"error": {"code": "database_unavailable", "message": "the database is unavailable"}}
+
+
+def test_the_epilog_retries_a_service_that_asks_to_be_asked_later(
+    fronted: tuple[str, ScriptedFront], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A 429 and a 503 before the allocation is read: it is retried, after the 429's
+    Retry-After, and released. It used to be taken for an id naming nothing: left alone."""
+    server, front = fronted
+    allocation_id, comment = _reserve(server, "alice")
+    front.seen.clear()
+    front.answer(429, {"Retry-After": "1"}, BUSY)
+    front.answer(503, None, DOWN)
+    config = _config(tmp_path, server, comment)
+    started = time.monotonic()
+    argv = ["slurm", "epilog", "--config", str(config), "--job", "7", "--user", "alice"]
+    assert main(argv) == 0, capsys.readouterr().err
+    took = time.monotonic() - started
+    assert f"allocation {allocation_id} released: True" in capsys.readouterr().out
+    reads = [seen for seen in front.seen if seen[0] == "GET"]
+    assert len(reads) == 3 and took >= 1.0, (front.seen, took)  # the Retry-After waited
+    with TopoplaceClient(server) as client:
+        assert client.allocation(allocation_id)["state"] == "released"
+
+
+@pytest.mark.parametrize("answer", [(429, {"Retry-After": "1"}, BUSY), (503, None, DOWN)])
+def test_the_epilog_gives_up_in_time_and_says_what_is_left_held(
+    fronted: tuple[str, ScriptedFront],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    answer: tuple[int, dict[str, str] | None, dict[str, Any]],
+) -> None:
+    """A service that keeps answering 429 or 503: exit 3, try later, within the limit, with
+    a line per thing left held. It used to exit 0 with the allocation 'left alone'."""
+    server, front = fronted
+    allocation_id, comment = _reserve(server, "alice")
+    for _ in range(20):
+        front.answer(*answer)
+    config = _config(tmp_path, server, comment)
+    argv = ["slurm", "epilog", "--config", str(config), "--job", "7", "--user", "alice"]
+    started = time.monotonic()
+    code = main([*argv, "--retry-for", "1.5"])
+    took = time.monotonic() - started
+    front.answers.clear()
+    out, err = capsys.readouterr()
+    assert code == 3, (out, err)
+    assert took < 1.5 + 0.5, took
+    assert f"allocation {allocation_id} left held (try later: " in err
+    assert str(answer[2]["error"]["code"]) in err
+    assert "the allocations carrying job 7 left held" in err and "left alone" not in out
+    with TopoplaceClient(server) as client:
+        assert client.allocation(allocation_id)["state"] == "active"
+
+
+def test_the_epilog_leaves_an_id_the_service_does_not_know_alone(
+    fronted: tuple[str, ScriptedFront], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """404 not_found, the service's own answer, is a fact about the id: left alone, exit 0."""
+    server, _ = fronted
+    config = _config(tmp_path, server, "topoplace alloc=no-such-allocation ring=1GB/s")
+    argv = ["slurm", "epilog", "--config", str(config), "--job", "7", "--user", "alice"]
+    assert main(argv) == 0
+    assert "allocation no-such-allocation is not the job's: left alone" in capsys.readouterr().out

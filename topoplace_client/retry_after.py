@@ -5,8 +5,9 @@ from __future__ import annotations
 from datetime import UTC
 from email.utils import parsedate_to_datetime
 
-# The longest a Retry-After holds the agent back: a misconfigured or hostile answer
-# (a day, a year) must not keep the node silent, and so stale, for that long.
+# The longest a Retry-After holds a caller back (the node agent, the Slurm epilog): a
+# misconfigured or hostile answer (a day, a year) must not keep a node silent, and so
+# stale, for that long.
 RETRY_AFTER_MAX_S = 300.0
 
 
