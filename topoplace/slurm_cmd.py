@@ -215,17 +215,22 @@ def run_epilog(args: argparse.Namespace) -> int:
     args.token_file = args.token_file or config.get("token_file")
     args.ca_bundle = getattr(args, "ca_bundle", None) or config.get("ca_file")
     user = args.user or os.environ.get("SLURM_JOB_USER")
+    outcome = client_cmd.EXIT_OK
     try:
         # Its own record alone: a het job's first component (or an array's last task)
         # has the id that shows every component (or task), each with its admin comment.
         record = args.job or own_record(os.environ)
         comments = admin_comments(config.get("scontrol", "scontrol"), record)
     except (OSError, RuntimeError, subprocess.TimeoutExpired) as exc:
-        print(f"error: cannot read job {job}: {exc}", file=sys.stderr)
-        return client_cmd.EXIT_UNREACHABLE
+        # What carries the job id is released all the same: it needs no admin comment.
+        print(
+            f"error: cannot read job {job}: {exc}; the allocations its admin comment names"
+            " are left held, for the service's reconcile loop",
+            file=sys.stderr,
+        )
+        comments, outcome = [], client_cmd.EXIT_UNREACHABLE
     ids = list(dict.fromkeys(i for c in comments for i in allocation_ids(c)))
     args.timeout = min(args.timeout, args.retry_for)
-    outcome = client_cmd.EXIT_OK
 
     def release(client: TopoplaceClient, _: argparse.Namespace) -> None:
         from topoplace.service_retry import OutOfTime, Patience

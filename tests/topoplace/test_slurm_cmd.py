@@ -230,3 +230,21 @@ def test_the_epilog_leaves_an_id_the_service_does_not_know_alone(
     argv = ["slurm", "epilog", "--config", str(config), "--job", "7", "--user", "alice"]
     assert main(argv) == 0
     assert "allocation no-such-allocation is not the job's: left alone" in capsys.readouterr().out
+
+
+def test_an_unreadable_job_still_has_what_carries_its_id_released(
+    fronted: tuple[str, ScriptedFront], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """scontrol failing (slurmctld busy) says nothing of the allocations carrying the job
+    id: they are released, and the epilog exits 3 for what its admin comment may name.
+    It used to exit 3 at once, leaving the job's GPUs held."""
+    server, _ = fronted
+    with TopoplaceClient(server) as client:
+        carried = client.place({"gpus": 1, "job_id": "8"})["id"]
+    config = _config(tmp_path, server, "", exit_code=1)
+    assert main(["slurm", "epilog", "--config", str(config), "--job", "8"]) == 3
+    out, err = capsys.readouterr()
+    assert f"allocation {carried} released: True" in out
+    assert "cannot read job 8" in err and "left held" in err
+    with TopoplaceClient(server) as client:
+        assert client.allocation(carried)["state"] == "released"
