@@ -14,6 +14,7 @@ slurmctld requeue the job, and a placement service must never stop a job.
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
 import ssl
@@ -116,7 +117,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         print(f"job {job}: {report(read_config(args.config), job, name)}")
-    except (OSError, ValueError, subprocess.SubprocessError, urllib.error.URLError) as exc:
+    except (
+        OSError,
+        ValueError,
+        subprocess.SubprocessError,
+        urllib.error.URLError,
+        http.client.HTTPException,  # no HTTP at that address (BadStatusLine), a cut answer
+    ) as exc:
         # The reconcile loop records the job at its next read instead.
         print(f"topoplace prolog: job {job} not reported: {exc}", file=sys.stderr)
     return 0

@@ -1,8 +1,20 @@
-"""The prolog asks scontrol for its own job's record alone."""
+"""The prolog asks scontrol for its own job's record alone, and reports it to a real service
+on loopback, which a proxy or another program may stand in front of."""
 
 from __future__ import annotations
 
-from topoplace.slurm_prolog import own_record
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from service.app import create_app
+from service.settings import Settings
+from tests.agent.scripted_front import ScriptedFront
+from tests.live_server import live_server
+from topoplace.slurm_prolog import main, own_record
 
 
 def test_an_array_task_is_asked_for_by_array_and_index() -> None:
@@ -18,3 +30,51 @@ def test_a_het_job_component_is_asked_for_by_het_job_and_offset() -> None:
     assert own_record(leader) == "1+0"
     other = {"SLURM_JOB_ID": "2", "SLURM_HET_JOB_ID": "1", "SLURM_HET_JOB_OFFSET": "1"}
     assert own_record(other) == "1+1"
+
+
+@pytest.fixture(scope="module")
+def fronted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, ScriptedFront]]:
+    """A real service behind a front that answers some requests itself."""
+    db = tmp_path_factory.mktemp("slurm-prolog") / "t.sqlite3"
+    settings = Settings(database_url=f"sqlite:///{db}", heartbeat_ttl_s=3600)
+    app = create_app(settings, background=False)
+    front = ScriptedFront(app)
+    with live_server(app) as url:
+        yield url, front
+
+
+def _config(tmp_path: Path, server: str) -> Path:
+    """topoplace.conf naming the service, a token and a stand-in scontrol."""
+    script = tmp_path / "scontrol"
+    script.write_text("#!/bin/sh\necho 'JobId=7 JobName=x UserId=alice(1000) JobState=RUNNING'\n")
+    script.chmod(0o755)
+    token = tmp_path / "token"
+    token.write_text("tpp_0123456789ab_secret\n")
+    config = tmp_path / "topoplace.conf"
+    config.write_text(f"server = {server}\nscontrol = {script}\ntoken_file = {token}\n")
+    return config
+
+
+def test_a_listener_that_does_not_speak_http_is_reported_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A status line that is no HTTP (http.client.BadStatusLine, not an OSError) must not
+    end the prolog in a traceback and exit 1, which would have slurmctld requeue the job."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def answer_garbage() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(65536)
+            conn.sendall(b"SSH-2.0-OpenSSH_9.2\r\n\r\n")
+
+    thread = threading.Thread(target=answer_garbage, daemon=True)
+    thread.start()
+    server = f"http://127.0.0.1:{listener.getsockname()[1]}"
+    try:
+        assert main(["--config", str(_config(tmp_path, server)), "--job", "7"]) == 0
+    finally:
+        thread.join(5)
+        listener.close()
+    out, err = capsys.readouterr()
+    assert out == "" and "job 7 not reported" in err and "Traceback" not in err, err
