@@ -23,7 +23,9 @@ import sys
 import urllib.error
 import urllib.request
 from collections.abc import Mapping
+from email.message import Message
 from pathlib import Path
+from typing import IO
 
 DEFAULT_CONFIG = "/etc/slurm/topoplace.conf"
 TIMEOUT_S = 2.0
@@ -76,12 +78,40 @@ def report(config: dict[str, str], job: str, name: str) -> str:
     if token:
         request.add_header("Authorization", f"Bearer {token}")
     # https: the CA bundle of topoplace.conf's ca_file, else the system's.
-    context = None
+    handlers: list[urllib.request.BaseHandler] = [_NoRedirect()]
     if server.startswith("https://"):
         context = ssl.create_default_context(cafile=config.get("ca_file") or None)
-    with urllib.request.urlopen(request, timeout=TIMEOUT_S, context=context) as answer:
-        body: bytes = answer.read()
-    return body.decode(errors="replace")
+        handlers.append(urllib.request.HTTPSHandler(context=context))
+    opener = urllib.request.build_opener(*handlers)
+    with opener.open(request, timeout=TIMEOUT_S) as answer:
+        text: str = answer.read().decode(errors="replace")
+    try:
+        said = json.loads(text)
+    except ValueError:
+        said = None
+    if not isinstance(said, dict):
+        # A proxy's page or another program at that address: nothing was recorded.
+        raise ValueError(f"{server} answered with no JSON object: {' '.join(text.split())[:200]}")
+    return text
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """A 3xx is an error, as for the client library: followed, the report would be
+    resent as a GET, with the token, to wherever the Location points, and its page
+    taken for the service's answer."""
+
+    def redirect_request(
+        self,
+        req: urllib.request.Request,
+        fp: IO[bytes],
+        code: int,
+        msg: str,
+        headers: Message,
+        newurl: str,
+    ) -> urllib.request.Request | None:
+        raise urllib.error.HTTPError(
+            req.full_url, code, f"{msg}, redirected to {newurl}: nothing delivered", headers, fp
+        )
 
 
 def own_record(env: Mapping[str, str]) -> str:

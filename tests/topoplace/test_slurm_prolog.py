@@ -9,11 +9,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from fastapi import Response
 
 from service.app import create_app
 from service.settings import Settings
 from tests.agent.scripted_front import ScriptedFront
 from tests.live_server import live_server
+from tests.service.conftest import ADMIN_TOKEN, secured
+from tests.service.slurm.test_het_jobs import COMPONENT_0
+from tests.tls_ca import make_pki
 from topoplace.slurm_prolog import main, own_record
 
 
@@ -43,16 +47,42 @@ def fronted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Scr
         yield url, front
 
 
-def _config(tmp_path: Path, server: str) -> Path:
+def _config(tmp_path: Path, server: str, token: str = "tpp_0123456789ab_secret") -> Path:
     """topoplace.conf naming the service, a token and a stand-in scontrol."""
+    (tmp_path / "job.txt").write_text(COMPONENT_0)  # as Slurm 22.05 printed a job
     script = tmp_path / "scontrol"
-    script.write_text("#!/bin/sh\necho 'JobId=7 JobName=x UserId=alice(1000) JobState=RUNNING'\n")
+    script.write_text(f"#!/bin/sh\ncat {tmp_path / 'job.txt'}\n")
     script.chmod(0o755)
-    token = tmp_path / "token"
-    token.write_text("tpp_0123456789ab_secret\n")
+    token_file = tmp_path / "token"
+    token_file.write_text(f"{token}\n")
     config = tmp_path / "topoplace.conf"
-    config.write_text(f"server = {server}\nscontrol = {script}\ntoken_file = {token}\n")
+    config.write_text(f"server = {server}\nscontrol = {script}\ntoken_file = {token_file}\n")
     return config
+
+
+def test_a_redirect_is_not_followed_nor_taken_for_the_services_answer(
+    fronted: tuple[str, ScriptedFront], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A proxy's 302: the report is not resent as a GET, with the token, to the Location,
+    and the page there is not printed as the service's answer. Was: both."""
+    server, front = fronted
+    front.seen.clear()
+    front.answer(302, {"Location": f"{server}/v1/elsewhere"})
+    assert main(["--config", str(_config(tmp_path, server)), "--job", "7"]) == 0
+    out, err = capsys.readouterr()
+    assert front.seen == [("POST", "/v1/slurm/job-started")], front.seen
+    assert out == "" and "job 7 not reported" in err and "/v1/elsewhere" in err, err
+
+
+def test_an_answer_that_is_not_the_services_is_not_taken_for_a_report(
+    fronted: tuple[str, ScriptedFront], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A 200 without a JSON object (a captive portal, another program) records nothing."""
+    server, front = fronted
+    front.answers.append(Response("<html>welcome</html>", 200, media_type="text/html"))
+    assert main(["--config", str(_config(tmp_path, server)), "--job", "7"]) == 0
+    out, err = capsys.readouterr()
+    assert out == "" and "job 7 not reported" in err and "<html>welcome" in err, err
 
 
 def test_a_listener_that_does_not_speak_http_is_reported_in_one_line(
@@ -78,3 +108,23 @@ def test_a_listener_that_does_not_speak_http_is_reported_in_one_line(
         listener.close()
     out, err = capsys.readouterr()
     assert out == "" and "job 7 not reported" in err and "Traceback" not in err, err
+
+
+def test_an_https_service_is_reported_to_only_with_the_configured_ca(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """ca_file is the only CA the prolog trusts: the service's certificate chains to it."""
+    pki = make_pki(tmp_path)
+    settings = secured(Settings(database_url=f"sqlite:///{tmp_path / 't.sqlite3'}"))
+    tls = {"ssl_certfile": str(pki.cert), "ssl_keyfile": str(pki.key)}
+    with live_server(
+        create_app(settings, background=False), options=tls, ca_bundle=str(pki.ca)
+    ) as server:
+        config = _config(tmp_path, server, ADMIN_TOKEN)
+        for ca, reported in ((pki.ca, True), (pki.other_ca, False)):
+            with config.open("a") as text:
+                text.write(f"ca_file = {ca}\n")
+            assert main(["--config", str(config), "--job", "7", "--name", "wrap"]) == 0
+            out, err = capsys.readouterr()
+            assert out.startswith("job 7: {") is reported, (out, err)
+            assert ("CERTIFICATE_VERIFY_FAILED" in err) is not reported, err
