@@ -46,13 +46,20 @@ def read_config(path: str) -> dict[str, str]:
 
 
 def _token(config: dict[str, str]) -> str | None:
+    """The token of topoplace.conf's token_file, else $TOPOPLACE_TOKEN, else none. A
+    token_file that cannot be read, or holds no token, is an error (OSError naming it):
+    sent without its token the report is refused (401) for a reason no log names."""
     path = config.get("token_file")
     if not path:
         return os.environ.get("TOPOPLACE_TOKEN")
     try:
-        return Path(path).read_text(encoding="utf-8").splitlines()[0].strip()
-    except (OSError, IndexError):
-        return None
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, ValueError) as exc:
+        raise OSError(f"cannot read the token_file {path}: {exc}") from None
+    token = lines[0].strip() if lines else ""
+    if not token:
+        raise OSError(f"the token_file {path} holds no token on its first line")
+    return token
 
 
 def report(config: dict[str, str], job: str, name: str) -> str:

@@ -128,3 +128,26 @@ def test_an_https_service_is_reported_to_only_with_the_configured_ca(
             out, err = capsys.readouterr()
             assert out.startswith("job 7: {") is reported, (out, err)
             assert ("CERTIFICATE_VERIFY_FAILED" in err) is not reported, err
+
+
+@pytest.mark.parametrize("content", [None, "", "\n"], ids=["missing", "empty", "blank"])
+def test_a_token_file_that_gives_no_token_is_named_and_nothing_is_sent(
+    fronted: tuple[str, ScriptedFront],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    content: str | None,
+) -> None:
+    """Sent without its token the report is refused (401) for a reason no log names.
+    Was: an unreadable or empty token_file was taken for 'no token' and the report sent."""
+    server, front = fronted
+    config = _config(tmp_path, server)
+    token_file = tmp_path / "token"
+    if content is None:
+        token_file.unlink()
+    else:
+        token_file.write_text(content)
+    front.seen.clear()
+    assert main(["--config", str(config), "--job", "7"]) == 0
+    err = capsys.readouterr().err
+    assert "job 7 not reported: " in err and f"token_file {token_file}" in err, err
+    assert front.seen == []
