@@ -191,8 +191,8 @@ def _left_held(job: str, what: str, exc: ApiError | OutOfTime) -> int:
     else:
         why, code = exc.line(), client_cmd._exit_code(exc)
     print(
-        f"error: job {job}: {what} left held ({why}); the service's reconcile loop releases"
-        " it once Slurm no longer has the job",
+        f"error: job {job}: {what} left held ({why}), for the service's reconcile loop to"
+        " release once Slurm no longer has the job",
         file=sys.stderr,
     )
     return code
@@ -204,7 +204,11 @@ def _worse(a: int, b: int) -> int:
 
 
 def run_epilog(args: argparse.Namespace) -> int:
-    config = read_config(args.config)
+    try:
+        config = read_config(args.config)
+    except (OSError, ValueError) as exc:  # not the file's absence: that is no settings
+        print(f"error: cannot read --config {args.config}: {exc}", file=sys.stderr)
+        return client_cmd.EXIT_USAGE
     job = args.job or os.environ.get("SLURM_JOB_ID", "")
     if not job:
         print("error: no job: set SLURM_JOB_ID or pass --job", file=sys.stderr)

@@ -248,3 +248,14 @@ def test_an_unreadable_job_still_has_what_carries_its_id_released(
     assert "cannot read job 8" in err and "left held" in err
     with TopoplaceClient(server) as client:
         assert client.allocation(carried)["state"] == "released"
+
+
+def test_an_unreadable_config_is_named_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A config that is there but cannot be read (a directory, not UTF-8) says so and
+    exits 2. Was: a traceback and exit 1."""
+    (tmp_path / "binary.conf").write_bytes(b"server = \xff\xfe\n")
+    for config in (tmp_path, tmp_path / "binary.conf"):
+        assert main(["slurm", "epilog", "--config", str(config), "--job", "7"]) == 2
+        assert f"cannot read --config {config}: " in capsys.readouterr().err
