@@ -120,11 +120,25 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def _snapshots(client: TopoplaceClient, names: list[str]) -> list[NodeSnapshot]:
+    from pydantic import ValidationError
+
+    from topoplace_client.api import ApiError
+
     found = []
     for pattern in names:
         for name in expand(pattern):
-            newest = client.snapshots(name)[0]
-            found.append(NodeSnapshot.model_validate(newest["snapshot"]))
+            history = client.snapshots(name)
+            try:
+                found.append(NodeSnapshot.model_validate(history[0]["snapshot"]))
+            except (IndexError, KeyError, TypeError, ValidationError) as exc:
+                # An empty history or a snapshot this engine cannot read (a proxy's answer,
+                # one stored by another version): no configuration is better than a wrong one.
+                why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                raise ApiError(
+                    "invalid_response",
+                    f"node {name}: no snapshot this version can read ({why})",
+                    200,
+                ) from exc
     return found
 
 

@@ -259,3 +259,21 @@ def test_an_unreadable_config_is_named_in_one_line(
     for config in (tmp_path, tmp_path / "binary.conf"):
         assert main(["slurm", "epilog", "--config", str(config), "--job", "7"]) == 2
         assert f"cannot read --config {config}: " in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "history",
+    [[], [{"seq": 1}], [{"snapshot": {"name": "gpu1", "gpus": "eight"}}], ["gpu1"]],
+    ids=["empty", "no-snapshot", "unreadable-snapshot", "not-an-object"],
+)
+def test_a_history_without_a_readable_snapshot_is_a_refusal_in_one_line(
+    fronted: tuple[str, ScriptedFront], capsys: pytest.CaptureFixture[str], history: list[Any]
+) -> None:
+    """No configuration rather than a traceback (and exit 1) from an answer naming no
+    snapshot this version can read."""
+    server, front = fronted
+    front.answer(200, None, history)
+    assert main(["slurm", "node-conf", "gpu1", "--server", server]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and "invalid_response: node gpu1: no snapshot this version can read" in err
+    assert "Traceback" not in err
