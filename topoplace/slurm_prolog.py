@@ -67,13 +67,13 @@ def report(config: dict[str, str], job: str, name: str) -> str:
     tells the text the user wrote from Slurm's fields); the answer's text."""
     if config.get("slurm_conf"):
         os.environ["SLURM_CONF"] = config["slurm_conf"]
-    shown = subprocess.run(
-        [config.get("scontrol", "scontrol"), "-d", "show", "job", "-o", job],
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S * 5,
-        check=True,
-    ).stdout
+    command = [config.get("scontrol", "scontrol"), "-d", "show", "job", "-o", job]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S * 5)
+    if done.returncode != 0:
+        # scontrol's own words (slurmctld busy, no such job) are what the log needs.
+        why = " ".join(done.stderr.split())[:300] or f"exit status {done.returncode}"
+        raise subprocess.SubprocessError(f"{' '.join(command)}: {why}")
+    shown = done.stdout
     server = config.get("server", "http://127.0.0.1:8080").rstrip("/")
     request = urllib.request.Request(
         f"{server}/v1/slurm/job-started",
@@ -90,8 +90,11 @@ def report(config: dict[str, str], job: str, name: str) -> str:
         context = ssl.create_default_context(cafile=config.get("ca_file") or None)
         handlers.append(urllib.request.HTTPSHandler(context=context))
     opener = urllib.request.build_opener(*handlers)
-    with opener.open(request, timeout=TIMEOUT_S) as answer:
-        text: str = answer.read().decode(errors="replace")
+    try:
+        with opener.open(request, timeout=TIMEOUT_S) as answer:
+            text: str = answer.read().decode(errors="replace")
+    except urllib.error.HTTPError as exc:
+        raise ValueError(_refusal(exc)) from None
     try:
         said = json.loads(text)
     except ValueError:
@@ -100,6 +103,20 @@ def report(config: dict[str, str], job: str, name: str) -> str:
         # A proxy's page or another program at that address: nothing was recorded.
         raise ValueError(f"{server} answered with no JSON object: {' '.join(text.split())[:200]}")
     return text
+
+
+def _refusal(exc: urllib.error.HTTPError) -> str:
+    """An error answer in one line: its status, and the service's code and message where
+    it sent its error shape (why a report was turned away), with any Retry-After."""
+    line = f"HTTP {exc.code} {exc.reason}"
+    try:
+        error = json.loads(exc.read()).get("error")
+        line += f": {error['code']}: {error['message']}"
+    except (OSError, ValueError, AttributeError, TypeError, KeyError, http.client.HTTPException):
+        pass  # not the service's shape (a proxy's page): the status says what there is
+    if exc.headers.get("Retry-After"):
+        line += f" (Retry-After: {exc.headers['Retry-After']})"
+    return line
 
 
 class _NoRedirect(urllib.request.HTTPRedirectHandler):

@@ -47,16 +47,20 @@ def fronted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Scr
         yield url, front
 
 
-def _config(tmp_path: Path, server: str, token: str = "tpp_0123456789ab_secret") -> Path:
-    """topoplace.conf naming the service, a token and a stand-in scontrol."""
+def _config(tmp_path: Path, server: str, token: str | None = "tpp_0123456789ab_secret") -> Path:
+    """topoplace.conf naming the service, a token file (unless None) and a stand-in
+    scontrol."""
     (tmp_path / "job.txt").write_text(COMPONENT_0)  # as Slurm 22.05 printed a job
     script = tmp_path / "scontrol"
     script.write_text(f"#!/bin/sh\ncat {tmp_path / 'job.txt'}\n")
     script.chmod(0o755)
-    token_file = tmp_path / "token"
-    token_file.write_text(f"{token}\n")
     config = tmp_path / "topoplace.conf"
-    config.write_text(f"server = {server}\nscontrol = {script}\ntoken_file = {token_file}\n")
+    config.write_text(f"server = {server}\nscontrol = {script}\n")
+    if token is not None:
+        token_file = tmp_path / "token"
+        token_file.write_text(f"{token}\n")
+        with config.open("a") as text:
+            text.write(f"token_file = {token_file}\n")
     return config
 
 
@@ -151,3 +155,27 @@ def test_a_token_file_that_gives_no_token_is_named_and_nothing_is_sent(
     err = capsys.readouterr().err
     assert "job 7 not reported: " in err and f"token_file {token_file}" in err, err
     assert front.seen == []
+
+
+def test_a_refused_report_says_why_and_so_does_a_failed_scontrol(
+    fronted: tuple[str, ScriptedFront], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The log line names the service's code and message (and a Retry-After), and
+    scontrol's own words. Was: 'HTTP Error 400: Bad Request', and 'Command [...]
+    returned non-zero exit status 1.', which say nothing of why."""
+    server, front = fronted
+    config = _config(tmp_path, server, None)  # the fronted service takes no token
+    assert main(["--config", str(config), "--job", "7", "--name", "not-wrap"]) == 0
+    err = capsys.readouterr().err
+    assert "HTTP 400 Bad Request: bad_request: the job's text does not carry the job_name" in err
+    front.answer(429, {"Retry-After": "7"}, {"error": {"code": "rate_limited", "message": "slow"}})
+    assert main(["--config", str(config), "--job", "7", "--name", "wrap"]) == 0
+    assert "HTTP 429 Too Many Requests: rate_limited: slow (Retry-After: 7)" in (
+        capsys.readouterr().err
+    )
+    (tmp_path / "scontrol").write_text(
+        "#!/bin/sh\necho 'slurm_load_jobs error: Socket timed out on send/recv' >&2\nexit 1\n"
+    )
+    assert main(["--config", str(config), "--job", "7"]) == 0
+    err = capsys.readouterr().err
+    assert "job 7 not reported: " in err and "Socket timed out on send/recv" in err, err
