@@ -19,7 +19,13 @@ from itertools import repeat
 import numpy as np
 from numpy.typing import NDArray
 
-from placement.eligibility import gpu_eligible, labels_ok, model_matches, region_ok
+from placement.eligibility import (
+    gpu_eligible,
+    labels_ok,
+    model_matches,
+    model_pressure,
+    region_ok,
+)
 from placement.host import free_room, stranded_added
 from placement.node_choice import NO_SET, SetQuery
 from placement.outcome import Cause
@@ -76,6 +82,7 @@ class Analysis:
     def rank_inputs(
         self, sel: NDArray[np.bool_], table: NodeTable, protected: NDArray[np.bool_]
     ) -> RankInputs:
+        pressed = model_pressure(table)
         return RankInputs(
             ring=self.ring[sel],
             pair=self.pair[sel],
@@ -86,6 +93,7 @@ class Analysis:
             gpu_count=self.gpu_count[sel],
             protected=protected[self.slots[sel]],
             stranded=self.stranded[sel],
+            pressure=None if pressed is None else pressed[self.slots[sel]],
         )
 
     def set_cause(self, index: int, cause: Cause) -> None:

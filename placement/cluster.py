@@ -297,6 +297,9 @@ class ClusterState:
         """Choose node(s) and GPUs for a request; reserves nothing (see contract)."""
         if request.gpu_fraction is not None:
             self._refuse_shares(request)
+        if request.mig_profile is None:  # MIG profiles name their model already
+            gpus = request.gpu_fraction if request.gpu_fraction is not None else request.total_gpus
+            self._table.model_demand.observe(request.gpu_models, gpus)
         return decide(self._table, request, waiting)
 
     def evaluate(self, request: PlacementRequest) -> list[NodeVerdict]:

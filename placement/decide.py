@@ -39,8 +39,10 @@ def decide(
         need = request.share_milli / FULL_SHARE
         return opened_for_sharing(request, decide(table, whole_gpu(request), waiting, need))
     # The hot path caches each node's answer per request shape; host figures make it
-    # depend on every node's host use and the observed mix too, so those take the full path.
-    if request.tasks == 1 and not waiting and not request.counts_host:
+    # depend on every node's host use and the observed mix too, and model pressure on the
+    # demand seen (placement.model_demand), so those take the full path.
+    fast = not request.counts_host and not table.model_demand.active
+    if request.tasks == 1 and not waiting and fast:
         task = fast_place(table, request)
         if task is not None:
             return placed_one(task)

@@ -12,6 +12,7 @@ import re
 import numpy as np
 from numpy.typing import NDArray
 
+from placement.model_demand import pressure
 from placement.request import PlacementRequest
 from placement.table import NodeTable
 
@@ -47,8 +48,17 @@ def gpu_eligible(table: NodeTable, request: PlacementRequest) -> NDArray[np.int6
     """Per slot, the mask of GPUs whose model and memory the request accepts."""
     if not request.gpu_models and request.min_gpu_memory_mib == 0:
         return np.full(table.slot_count, ALL_GPUS, dtype=np.int64)
-    models = tuple(m.upper() for m in request.gpu_models)
-    key = ("gpus", models, request.min_gpu_memory_mib, table.version)
+    return models_eligible(
+        table, tuple(m.upper() for m in request.gpu_models), request.min_gpu_memory_mib
+    )
+
+
+def models_eligible(
+    table: NodeTable, models: tuple[str, ...], min_memory_mib: int = 0
+) -> NDArray[np.int64]:
+    """Per slot, the mask of GPUs of these models (upper case; () = any) with at least
+    this much memory."""
+    key = ("gpus", models, min_memory_mib, table.version)
     cached = table.static_cache.get(key)
     if cached is None:
         cached = np.zeros(table.slot_count, dtype=np.int64)
@@ -62,7 +72,7 @@ def gpu_eligible(table: NodeTable, request: PlacementRequest) -> NDArray[np.int6
                     model_ok = accepted[gpu.model] = not models or any(
                         model_matches_name(m, gpu.model) for m in models
                     )
-                if model_ok and gpu.memory_mib >= request.min_gpu_memory_mib:
+                if model_ok and gpu.memory_mib >= min_memory_mib:
                     mask |= 1 << gpu.index
             cached[entry.slot] = mask
         table.keep_filter(key, cached)
@@ -85,3 +95,24 @@ def model_matches(table: NodeTable, request: PlacementRequest) -> NDArray[np.int
     if not request.gpu_models:
         return np.full(table.slot_count, ALL_GPUS, dtype=np.int64)
     return gpu_eligible(table, request.model_copy(update={"min_gpu_memory_mib": 0}))
+
+
+def model_pressure(table: NodeTable) -> NDArray[np.float64] | None:
+    """Per slot, the pressure on its GPUs' models (placement.model_demand); None while no
+    request has named a model, so that the ranking is exactly as without it."""
+    demand = table.model_demand
+    if not demand.active:
+        return None
+    key = (table.version, demand.epoch())
+    if table.pressure_cache is not None and table.pressure_cache[0] == key:
+        return table.pressure_cache[1]
+    n = table.slot_count
+    every = np.where(table.present[:n], table.every_gpu[:n], 0)
+    count = np.bitwise_count(every).astype(np.int64)
+    matching = [
+        (asked, np.bitwise_count(models_eligible(table, models)[:n] & every).astype(np.int64))
+        for models, asked in demand.by_list.items()
+    ]
+    values = pressure(demand, matching, count)
+    table.pressure_cache = (key, values)
+    return values

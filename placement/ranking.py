@@ -8,12 +8,14 @@ Order, best first (each key breaks the ties of the ones before it):
    best ring this node design can give for k GPUs (so an 8-GPU V100 box
    that can still give its best is not ranked below a busy H100 box that
    cannot); ``balanced``: only whether quality is within ``max_ring_loss``;
-4. with host figures (``cpu_milli``, ``memory_mib``): the fewest GPUs
+4. once a request has named GPU models: the least pressure on the node's
+   models (``placement.model_demand``);
+5. with host figures (``cpu_milli``, ``memory_mib``): the fewest GPUs
    stranded for want of host CPU or memory (``placement.host``);
-5. policy: ``pack`` takes the node left with the fewest free GPUs (best fit),
+6. policy: ``pack`` takes the node left with the fewest free GPUs (best fit),
    ``spread`` the one left with the most;
-6. ``balanced``: fragmentation, then quality;
-7. ring, pair bandwidth, fragmentation (what the node can still serve), and
+7. ``balanced``: fragmentation, then quality;
+8. ring, pair bandwidth, fragmentation (what the node can still serve), and
    finally the order nodes were added in, so equal inputs give equal answers.
 
 All keys are arrays over the candidate nodes; one ``np.lexsort`` orders them.
@@ -38,6 +40,11 @@ FRAG_STEPS = 1 << 20
 GBPS_STEPS = 64
 _PACK_LIMIT = 1 << 7  # GPUs left free on one node: at most 64
 _STRAND_ZERO = 1 << 7  # whole GPUs stranded by one choice, -64..64, kept non-negative
+# Model pressure 0..4 in whole quarters, rounded down: below a quarter a model's demand
+# is a small part of its supply (measured: ranking by it then broke the NVLink sets that
+# multi-GPU jobs need for no gain; docs/engine.md).
+PRESSURE_STEPS = 4
+_PRESSURE_TOP = 1 << 7
 _WORD_BITS = 62
 
 
@@ -52,6 +59,8 @@ class RankInputs:
     gpu_count: NDArray[np.int64]
     protected: NDArray[np.bool_]
     stranded: NDArray[np.float64] | None = None  # whole GPUs stranded; None: not counted
+    # Pressure on the node's GPU models (placement.model_demand); None: no request named one.
+    pressure: NDArray[np.float64] | None = None
 
 
 def _q(values: Any, steps: int) -> Any:
@@ -74,6 +83,7 @@ def rank_columns(
     protected: Any,
     request: PlacementRequest,
     stranded: Any = None,
+    pressure: Any = None,
 ) -> list[tuple[Any, int]]:
     """(key, bits) in order of importance, larger is better; insertion order breaks ties.
 
@@ -93,6 +103,12 @@ def rank_columns(
     # GPUs stranded cost as GPUs lost to every later request: before packing, which
     # only chooses among the nodes that lose the fewest (docs/engine.md).
     host = [] if stranded is None else [(_STRAND_ZERO - _q(stranded, 1), 8)]
+    # Of equally good nodes, the one whose GPU models fewer requests insist on: what can
+    # run anywhere leaves the pressed models to what cannot (placement.model_demand).
+    # Before the host term and packing, which only choose among the least pressed.
+    if pressure is not None:
+        pressed = np.floor(np.asarray(pressure) * PRESSURE_STEPS).astype(np.int64)
+        host = [(_PRESSURE_TOP - pressed, 8), *host]
     if request.objective == "balanced":
         floor = round((1.0 - request.max_ring_loss) * QUALITY_STEPS)
         columns += [
@@ -137,6 +153,7 @@ def rank_words(inputs: RankInputs, request: PlacementRequest) -> list[NDArray[np
         inputs.protected,
         request,
         inputs.stranded if request.counts_host else None,
+        inputs.pressure,
     )
     return [np.asarray(w, dtype=np.int64) for w in pack_words(columns)]
 

@@ -31,6 +31,7 @@ from numpy.typing import NDArray
 from placement.bandwidth import BandwidthTable
 from placement.class_registry import ClassRegistry, Design
 from placement.host import UNKNOWN, HostMix, snapshot_capacity
+from placement.model_demand import ModelDemand
 from placement.node_entry import NodeEntry
 from placement.outcome import TaskPlacement
 from placement.shape_cache import ShapeCaches
@@ -118,6 +119,10 @@ class NodeTable:
         self.share_room = np.zeros(cap, dtype=np.int64)
         self.host_set: dict[str, tuple[int | None, int | None]] = {}
         self.host_mix = HostMix(host_mix)
+        # The models requests insist on (placement.model_demand), and the per-slot
+        # pressure last computed from it: (membership version, demand epoch), values.
+        self.model_demand = ModelDemand()
+        self.pressure_cache: tuple[tuple[int, int], NDArray[np.float64]] | None = None
         self._clock = 0
         # Slots touched, in clock order: changes[i] was touched at clock
         # changes_base + i + 1. Bounded: old entries are dropped, and a reader
