@@ -57,7 +57,7 @@ from agent.nvml_calls import (
     optional,
     text,
 )
-from agent.nvml_mig import read_migs
+from agent.nvml_mig import MigIds, read_migs
 from placement.cpuset import parse_cpuset
 from placement.snapshot import CpuLink, Fabric, FabricState, Gpu, Health, MigInstance, NumaNode
 
@@ -109,6 +109,8 @@ class NvmlReport:
     fabric: Fabric | None
     driver_version: str | None
     cuda_version: str | None
+    # MIG instance UUID -> its GPU and compute instance ids (for the device plugin).
+    mig_ids: dict[str, MigIds] = field(default_factory=dict)
 
 
 @dataclass
@@ -133,6 +135,7 @@ class _Reading:
     c2c: bool = False
     fabric: Fabric | None = None
     migs: list[MigInstance] = field(default_factory=list)
+    mig_ids: dict[str, MigIds] = field(default_factory=dict)
 
 
 def normalize_bus_id(bus_id: str) -> str:
@@ -188,6 +191,7 @@ def discover(
         fabric=_node_fabric(readings),
         driver_version=_driver_version(nvml),
         cuda_version=_cuda_version(_system(nvml.nvmlSystemGetCudaDriverVersion)),
+        mig_ids={k: v for r in readings if not r.lost for k, v in r.mig_ids.items()},
     )
 
 
@@ -306,7 +310,9 @@ def _read_optional(nvml: Nvml, reading: _Reading, bus_ids: set[str]) -> None:
         reading.c2c = bool(info is not None and info.isC2cEnabled)
         reading.fabric = _fabric(nvml, reading)
         if reading.mig_enabled:
-            reading.migs = read_migs(nvml, reading.handle, reading.index, reading.notes)
+            reading.migs = read_migs(
+                nvml, reading.handle, reading.index, reading.notes, reading.mig_ids
+            )
     except GpuLost as exc:
         reading.lost = f"GPU is lost: {exc}"
 

@@ -101,6 +101,7 @@ class FakeMig:
     profile: str
     start: int
     size: int
+    compute_instance_id: int = 0
 
 
 @dataclass
@@ -440,6 +441,12 @@ class FakeNvml:
             self._gpu(device, "nvmlDeviceGetGpuInstanceId")
             raise pynvml.NVMLError_InvalidArgument()  # only MIG devices belong to an instance
         return self._mig(device, "nvmlDeviceGetGpuInstanceId").gpu_instance_id
+
+    def nvmlDeviceGetComputeInstanceId(self, device: Any) -> int:
+        if not isinstance(device, _MigDevice):
+            self._gpu(device, "nvmlDeviceGetComputeInstanceId")
+            raise pynvml.NVMLError_InvalidArgument()
+        return self._mig(device, "nvmlDeviceGetComputeInstanceId").compute_instance_id
 
     def nvmlDeviceGetGpuInstanceById(self, device: Any, gpuInstanceId: int) -> Any:
         gpu = self._gpu(device, "nvmlDeviceGetGpuInstanceById")

@@ -6,6 +6,11 @@ maps the id to the name NVML prints (``MIG 1g.10gb``). A GPU instance split
 into several compute instances appears once: the engine places whole GPU
 instances.
 
+Each instance also keeps the GPU instance and compute instance ids of the MIG
+device read (``MigIds``): the device plugin finds the instance's capability
+device files (``/dev/nvidia-caps/nvidia-cap<N>``) by them. They stay in the
+agent, not in the snapshot: nothing the service decides depends on them.
+
 Instances whose placements overlap (or run past the GPU's slices) are not
 something a GPU can hold: the driver's answer is wrong, and which instance
 is real is unknown, so the GPU's whole MIG list is refused (left out, the
@@ -16,6 +21,7 @@ would refuse, and with it every other GPU.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 import pynvml  # type: ignore[import-untyped]
@@ -29,8 +35,23 @@ from placement.text import forbidden_character
 log = logging.getLogger("topoplace.agent")
 
 
-def read_migs(nvml: Nvml, parent: Any, gpu_index: int, notes: list[str]) -> list[MigInstance]:
-    """The GPU's instances by placement; a device that cannot be read is left out and noted."""
+@dataclass(frozen=True)
+class MigIds:
+    """Which GPU instance and compute instance of its GPU a MIG device is (NVML's ids)."""
+
+    gpu_instance: int
+    compute_instance: int
+
+
+def read_migs(
+    nvml: Nvml,
+    parent: Any,
+    gpu_index: int,
+    notes: list[str],
+    ids: dict[str, MigIds] | None = None,
+) -> list[MigInstance]:
+    """The GPU's instances by placement; a device that cannot be read is left out and noted.
+    ``ids`` gets each instance's ``MigIds`` by UUID, where NVML gives the compute instance's."""
     names = _profile_names(nvml, parent)
     try:
         count = call("nvmlDeviceGetMaxMigDeviceCount", nvml.nvmlDeviceGetMaxMigDeviceCount, parent)
@@ -67,6 +88,9 @@ def read_migs(nvml: Nvml, parent: Any, gpu_index: int, notes: list[str]) -> list
                 placement_start=int(info.placement.start),
                 placement_size=int(info.placement.size),
             )
+            compute = _compute_instance(nvml, mig, notes, slot)
+            if ids is not None and compute is not None:
+                ids[found[instance_id].uuid] = MigIds(int(instance_id), compute)
         except pynvml.NVMLError_GpuIsLost as exc:
             raise GpuLost("MIG device", exc) from None
         except (pynvml.NVMLError, ValueError) as exc:
@@ -78,8 +102,23 @@ def read_migs(nvml: Nvml, parent: Any, gpu_index: int, notes: list[str]) -> list
     if problem is not None:
         log.error("GPU %d: %s", gpu_index, problem)
         notes.append(problem)
+        if ids is not None:
+            for m in instances:
+                ids.pop(m.uuid, None)
         return []
     return instances
+
+
+def _compute_instance(nvml: Nvml, mig: Any, notes: list[str], slot: int) -> int | None:
+    """The MIG device's compute instance id; None (noted) when NVML cannot say: the
+    instance is still placed, only its capability files cannot be found."""
+    try:
+        return int(nvml.nvmlDeviceGetComputeInstanceId(mig))
+    except pynvml.NVMLError_GpuIsLost:
+        raise
+    except pynvml.NVMLError as exc:
+        notes.append(f"MIG device {slot}: compute instance id unreadable: {exc}")
+        return None
 
 
 def _slices(mig: MigInstance) -> str:

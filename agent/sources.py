@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from pydantic import ValidationError
 
@@ -27,6 +27,7 @@ from agent.host import Host, HostError, HostFacts, SysfsHost
 from agent.nvml_api import Nvml, NvmlUnavailable, load_nvml
 from agent.nvml_discovery import DiscoveryError, discover
 from agent.nvml_fake import FakeNvml, fake_host
+from agent.nvml_mig import MigIds
 from agent.nvml_telemetry import read_nvlink
 from placement.profiles import UnknownProfileError, build_profile
 from placement.snapshot import Gpu, NodeSnapshot
@@ -88,12 +89,22 @@ class Source(Protocol):
         ...
 
 
+@runtime_checkable
+class MigIdSource(Protocol):
+    """A source that knows each MIG instance's GPU and compute instance ids (NVML's)."""
+
+    def mig_ids(self) -> dict[str, MigIds]:
+        """MIG instance UUID -> its ids, as of the last ``read``."""
+        ...
+
+
 class NvmlSource:
     def __init__(self, nvml: Nvml, host: Host, identity: Identity) -> None:
         self.nvml = nvml
         self.host = host
         self.identity = identity
         self._known: dict[int, Gpu] = {}
+        self._mig_ids: dict[str, MigIds] = {}
 
     def read(self) -> NodeSnapshot:
         try:
@@ -121,7 +132,11 @@ class NvmlSource:
         except ValidationError as exc:
             raise DiscoveryError(f"NVML reported an inconsistent node: {exc}") from None
         self._known = {g.index: g for g in snap.gpus}
+        self._mig_ids = dict(report.mig_ids)
         return snap
+
+    def mig_ids(self) -> dict[str, MigIds]:
+        return dict(self._mig_ids)
 
     def nvlink(self) -> list[dict[str, int]]:
         """Each active NVLink's counters, for a heartbeat (agent/nvml_telemetry.py)."""

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from agent import SOURCE_KINDS
 from agent.deviceplugin.container import STRATEGIES, ContainerOptions
+from agent.deviceplugin.mig_caps import MIG_MINORS
 from topoplace_client.arguments import positive_seconds
 
 EXIT_OK, EXIT_USAGE, EXIT_DISCOVERY = 0, 2, 4
@@ -83,6 +84,13 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="how the runtime is told the devices (repeatable; default envvar)",
     )
     p.add_argument("--device-specs", action="store_true", help="also list /dev/nvidia* nodes")
+    p.add_argument(
+        "--mig-minors",
+        type=Path,
+        metavar="PATH",
+        default=Path(_env("MIG_MINORS", str(MIG_MINORS)) or ""),
+        help="the driver's MIG capability list, for --device-specs (default %(default)s)",
+    )
     p.add_argument("--no-cuda-env", action="store_true", help="no CUDA_VISIBLE_DEVICES")
     p.add_argument("--no-nccl-hints", action="store_true", help="no NCCL_P2P_LEVEL")
     p.add_argument(
@@ -173,6 +181,7 @@ def run_plugin(args: argparse.Namespace) -> int:
         options=options,
         interval_s=args.interval_s,
         truth_interval_s=args.truth_interval_s,
+        mig_minors=args.mig_minors,
     )
     publisher = None
     if args.publish_topology:

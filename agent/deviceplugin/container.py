@@ -13,7 +13,10 @@ Strategies, as NVIDIA's device plugin names them (``--strategy``):
 that need the nodes listed: N is the GPU's minor number as NVML gives it
 (the driver numbers device files in probe order, NVML orders GPUs by PCI
 bus id, so the index names another GPU on some boards), the index only
-where the agent read no minor number. Besides, unless switched off, the container gets
+where the agent read no minor number. A MIG instance adds its parent's
+``/dev/nvidia<N>`` and its two capability files,
+``/dev/nvidia-caps/nvidia-cap<M>`` (mig_caps.py), all ``rw`` as NVIDIA's
+device plugin lists them. Besides, unless switched off, the container gets
 ``CUDA_VISIBLE_DEVICES`` with the UUIDs in the reservation's order (CUDA
 accepts UUIDs, so the order survives the runtime's renumbering), and the
 NCCL hints its wiring implies: ``NCCL_P2P_LEVEL=NVL`` when every pair of its
@@ -23,8 +26,10 @@ GPUs is on NVLink.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+
+from agent.deviceplugin.mig_caps import MigCaps, cap_path
 
 STRATEGIES = ("envvar", "cdi-cri", "cdi-annotations")
 CDI_KIND = "nvidia.com/gpu"
@@ -60,7 +65,10 @@ def answer(
     minors: dict[str, int],
     wiring: Wiring,
     options: ContainerOptions,
+    caps: Mapping[str, MigCaps] | None = None,
 ) -> ContainerAnswer:
+    """``minors``: each device's GPU device file number; ``caps``: each MIG instance's
+    capability files (the caller refuses a MIG instance without them)."""
     out = ContainerAnswer()
     uuids = ",".join(devices)
     names = [f"{CDI_KIND}={d}" for d in devices]
@@ -76,6 +84,10 @@ def answer(
             out.device_specs.append((path, path, "rw"))
         for minor in sorted({minors[d] for d in devices if d in minors}):
             path = f"/dev/nvidia{minor}"
+            out.device_specs.append((path, path, "rw"))
+        found = [c for d in devices if (c := (caps or {}).get(d)) is not None]
+        for minor in sorted({n for c in found for n in (c.gpu_instance, c.compute_instance)}):
+            path = cap_path(minor)
             out.device_specs.append((path, path, "rw"))
     if options.cuda_env:
         out.envs["CUDA_VISIBLE_DEVICES"] = uuids

@@ -20,13 +20,14 @@ from agent.deviceplugin.container import ContainerOptions
 from agent.deviceplugin.kube_publish import PublishError, TopologyPublisher
 from agent.deviceplugin.kubelet import Endpoint, keep_registered
 from agent.deviceplugin.matching import Reservation
+from agent.deviceplugin.mig_caps import MIG_MINORS, MigCaps, mig_caps, read_mig_minors
 from agent.deviceplugin.plugin import ResourcePlugin
 from agent.deviceplugin.state import Claims, Devices, ReservationCache
 from agent.deviceplugin.token_file import TokenFile
 from agent.deviceplugin.topology_object import node_resource_topology
 from agent.deviceplugin.truth import TruthLoop
 from agent.nvml_discovery import DiscoveryError
-from agent.sources import Source
+from agent.sources import MigIdSource, Source
 from placement.snapshot import NodeSnapshot
 from topoplace_client.api import ApiError, TopoplaceClient
 
@@ -46,6 +47,7 @@ class PluginSettings:
     truth_interval_s: float = 10.0
     register_poll_s: float = 1.0
     publish_topology: bool = False  # keep the node's NodeResourceTopology object
+    mig_minors: Path = MIG_MINORS  # the driver's list of MIG capability files (mig_caps.py)
 
 
 class ServiceLink:
@@ -139,9 +141,19 @@ class DevicePluginDaemon:
                 if self.resources:
                     log.info("new resource(s) on this node: %s", ", ".join(new))
                 self.resources = [*self.resources, *new]
+        caps = self._mig_caps(snapshot)
         for resource in self.resources:
-            now = dev.advertised(snapshot, resource)
+            now = dev.advertised(snapshot, resource, caps)
             self.devices.update(resource, dev.merge(self.devices.get(resource), now))
+
+    def _mig_caps(self, snapshot: NodeSnapshot) -> dict[str, MigCaps | str]:
+        """Each MIG instance's capability files, looked for only where they are listed
+        (--device-specs) and re-read each time: instances are created and destroyed."""
+        if not self.settings.options.device_specs or not snapshot.mig_instances:
+            return {}
+        ids = self.source.mig_ids() if isinstance(self.source, MigIdSource) else {}
+        minors = read_mig_minors(self.settings.mig_minors)
+        return mig_caps(snapshot, ids, minors, self.settings.mig_minors)
 
     def publish_topology(self, held: set[str]) -> None:
         if self.publisher is None or self.snapshot is None:

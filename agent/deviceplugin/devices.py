@@ -5,13 +5,17 @@ MIG instances are ``nvidia.com/mig-<profile>``, one device per MIG UUID. A
 device carries the NUMA node of its GPU and the number of its GPU's device
 file (``/dev/nvidia<minor>``: NVML's minor number, not its index). A GPU the source no longer lists
 (lost in NVML) is kept as Unhealthy rather than dropped: the kubelet then
-stops giving it out but still counts pods holding it.
+stops giving it out but still counts pods holding it. With ``--device-specs``
+a MIG instance also carries its capability files (mig_caps.py), or why they
+are not known.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
+from agent.deviceplugin.mig_caps import MigCaps
 from placement.snapshot import Health, NodeSnapshot
 
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
@@ -27,6 +31,10 @@ class Device:
     # /dev/nvidia<minor> of the whole GPU it is, or of the MIG instance's parent: the
     # GPU's minor number where the agent read one, else its index.
     minor: int
+    # A MIG instance's /dev/nvidia-caps files where found; else why not (empty for whole
+    # GPUs, and where they were not looked for).
+    caps: MigCaps | None = None
+    caps_missing: str = ""
 
 
 def mig_profile(resource: str) -> str | None:
@@ -35,8 +43,11 @@ def mig_profile(resource: str) -> str | None:
     return None
 
 
-def advertised(snapshot: NodeSnapshot, resource: str) -> list[Device]:
-    """The devices of ``resource`` on the node as the snapshot describes it, in index order."""
+def advertised(
+    snapshot: NodeSnapshot, resource: str, caps: Mapping[str, MigCaps | str] | None = None
+) -> list[Device]:
+    """The devices of ``resource`` on the node as the snapshot describes it, in index order;
+    ``caps``: each MIG instance's capability files, or why they are not known."""
     profile = mig_profile(resource)
     if profile is None:
         return [
@@ -53,7 +64,11 @@ def advertised(snapshot: NodeSnapshot, resource: str) -> list[Device]:
         healthy = m.health == Health.HEALTHY and (parent is None or parent.health == Health.HEALTHY)
         numa = parent.numa_node if parent else None
         minor = parent.device_minor if parent else m.parent_gpu
-        out.append(Device(m.uuid, healthy, numa, minor))
+        found = (caps or {}).get(m.uuid)
+        if isinstance(found, MigCaps):
+            out.append(Device(m.uuid, healthy, numa, minor, caps=found))
+        else:
+            out.append(Device(m.uuid, healthy, numa, minor, caps_missing=found or ""))
     return out
 
 

@@ -175,9 +175,26 @@ class ResourcePlugin(pb_grpc.DevicePluginServicer):
                 self._refuse(context, f"container_requests[{i}]: unknown device(s) {unknown}")
             if len(set(ids)) != len(ids):
                 self._refuse(context, f"container_requests[{i}]: a device is named twice")
+            if self.options.device_specs:
+                self._refuse_without_caps(ids, known, context)
             responses.append(self._allocate_one(ids, known))
         self.on_allocated()
         return pb.AllocateResponse(container_responses=responses)
+
+    def _refuse_without_caps(
+        self, ids: list[str], known: dict[str, Device], context: grpc.ServicerContext
+    ) -> None:
+        """A MIG instance whose capability files are unknown would reach the container
+        without them, where CUDA cannot open it: the kubelet is told why instead (the
+        pod fails admission with this message)."""
+        blind = [f"{i} ({known[i].caps_missing})" for i in ids if known[i].caps_missing]
+        if blind:
+            context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                "--device-specs: the /dev/nvidia-caps files of MIG device(s) "
+                + ", ".join(blind)
+                + " are not known, and without them the container cannot open the instance",
+            )
 
     def _allocate_one(
         self, ids: list[str], known: dict[str, Device]
@@ -221,7 +238,8 @@ class ResourcePlugin(pb_grpc.DevicePluginServicer):
                 ",".join(ids),
             )
         minors = {d.id: d.minor for d in known.values()}
-        out = container.answer(order, minors, wiring, self.options)
+        caps = {d.id: d.caps for d in known.values() if d.caps is not None}
+        out = container.answer(order, minors, wiring, self.options, caps)
         return pb.ContainerAllocateResponse(
             envs=out.envs,
             annotations=out.annotations,

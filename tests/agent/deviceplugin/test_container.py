@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from agent.deviceplugin.container import CDI_ANNOTATION_PREFIX, ContainerOptions, Wiring, answer
+from agent.deviceplugin.mig_caps import MigCaps
 
 DEVICES = ["GPU-b", "GPU-a"]
 INDEX = {"GPU-a": 0, "GPU-b": 3}
@@ -46,4 +47,19 @@ def test_device_specs_name_the_control_nodes_and_each_gpu():
         "/dev/nvidia-uvm-tools",
         "/dev/nvidia0",
         "/dev/nvidia3",
+    ]
+
+
+def test_device_specs_of_a_mig_instance_add_its_capability_files():
+    caps = {"MIG-a": MigCaps(12, 13), "MIG-b": MigCaps(21, 22)}
+    out = answer(
+        ["MIG-b", "MIG-a"],
+        {"MIG-a": 0, "MIG-b": 0},
+        Wiring(),
+        ContainerOptions(device_specs=True),
+        caps,
+    )
+    assert out.device_specs[3:] == [
+        ("/dev/nvidia0", "/dev/nvidia0", "rw"),
+        *[(f"/dev/nvidia-caps/nvidia-cap{n}",) * 2 + ("rw",) for n in (12, 13, 21, 22)],
     ]
