@@ -73,6 +73,9 @@ class Claims:
         # Reservations of pods split over containers, part given: id -> the devices given.
         self.parts: dict[str, frozenset[str]] = {}
         self._offered: dict[str, tuple[float, Reservation]] = {}
+        # id -> when a container last got it (or a part of it): what rebuild must keep
+        # whatever a list asked for before then says.
+        self._given_at: dict[str, float] = {}
         # Per resource: when the latest Allocate was, and the reservation it gave (None:
         # the kubelet's own choice).
         self._last: dict[str, tuple[float, Reservation | None]] = {}
@@ -123,6 +126,7 @@ class Claims:
         given once every part is."""
         key = reservation.allocation_id
         self._offered.pop(key, None)
+        self._given_at[key] = self._clock()
         got = self.parts.get(key, frozenset()) | set(reservation.devices)
         if got >= set(reservation.all_devices):
             self.parts.pop(key, None)
@@ -142,11 +146,15 @@ class Claims:
     ) -> None:
         """From the truth: ``given`` ids are held by admitted pods, ``parts`` part-held by
         the containers admitted so far; ids no longer ``live`` (their allocation ended)
-        are forgotten, and so are offers of them made before ``read_at`` (``now()`` when
-        the list ``live`` comes from was asked for: an offer made since may be of a
-        reservation that list predates)."""
+        are forgotten, and so are offers of them, unless given or offered at or after
+        ``read_at`` (``now()`` when the list ``live`` comes from was asked for: what was
+        handed out since may be of a reservation that list predates, and forgetting it
+        would let the next admission be offered it again until the next round)."""
         with self.lock:
-            self.given = (self.given & live) | given
+            kept = set(live)
+            if read_at is not None:
+                kept |= {k for k, at in self._given_at.items() if at >= read_at}
+            self.given = (self.given & kept) | given
             if read_at is not None:
                 self._offered = {
                     k: (expires, r)
@@ -155,7 +163,10 @@ class Claims:
                 }
             merged = {k: v | (parts or {}).get(k, frozenset()) for k, v in self.parts.items()}
             merged.update({k: v for k, v in (parts or {}).items() if k not in merged})
-            self.parts = {k: v for k, v in merged.items() if k in live and k not in self.given}
+            self.parts = {k: v for k, v in merged.items() if k in kept and k not in self.given}
+            self._given_at = {
+                k: at for k, at in self._given_at.items() if k in self.given or k in self.parts
+            }
 
 
 class ReservationCache:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from agent.deviceplugin.kubelet import socket_name
 from agent.deviceplugin.matching import Reservation
 from agent.deviceplugin.state import OFFER_TTL_S, REUSE_S, Claims
@@ -58,7 +60,6 @@ def test_socket_names_are_one_per_resource():
 
 
 def test_a_reservation_is_given_once_all_its_parts_are():
-    from dataclasses import replace
 
     whole = Reservation("a", "ns", "p", GPU, ("g0", "g1"), True, (0,))
     claims = Claims()
@@ -134,3 +135,28 @@ def test_an_offer_of_an_ended_reservation_is_forgotten():
         assert claims.offered(GPU, {"g0"}) is None
         assert claims.offered(GPU, {"g1"}) == b
         assert claims.offered(GPU, {"g2"}) == c
+
+
+def test_a_reservation_given_after_the_list_was_asked_for_is_kept():
+    clock = Clock()
+    claims = Claims(clock)
+    old, a, b = _r("old", "po", "g3"), _r("a", "pa", "g0"), _r("b", "pb", "g1", "g2")
+    with claims.lock:
+        claims.give(old)
+    clock.now += 1
+    read_at = claims.now()  # the truth asks for the reservations...
+    clock.now += 1
+    with claims.lock:
+        claims.offer(a)
+        claims.give(a)  # ...an admission hands out one bound since...
+        claims.give(replace(b, devices=("g1",), whole=("g1", "g2")))  # ...and part of another
+    # ...and the list, read before a and b were bound, has neither (nor old, which ended).
+    claims.rebuild(set(), live=set(), read_at=read_at)
+    with claims.lock:
+        # Was: a forgotten until the next round, so it could be offered to another pod.
+        assert claims.taken() == {"a"}
+        assert claims.parts == {"b": frozenset({"g1"})}
+    clock.now += 1
+    claims.rebuild(set(), live=set(), read_at=claims.now())  # a list asked for since: they ended
+    with claims.lock:
+        assert claims.taken() == set() and claims.parts == {}
