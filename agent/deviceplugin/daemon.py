@@ -131,6 +131,8 @@ class DevicePluginDaemon:
                 sick = [replace(d, healthy=False) for d in self.devices.get(resource)]
                 self.devices.update(resource, sick)
             return
+        if self.snapshot is None:
+            self._warn_index_device_files(snapshot)
         self.snapshot = snapshot
         if not self.settings.resources:
             # Resources that appear later (MIG instances created, MIG mode switched) are
@@ -145,6 +147,23 @@ class DevicePluginDaemon:
         for resource in self.resources:
             now = dev.advertised(snapshot, resource, caps)
             self.devices.update(resource, dev.merge(self.devices.get(resource), now))
+
+    def _warn_index_device_files(self, snapshot: NodeSnapshot) -> None:
+        """Once, at the first read: GPUs without a minor number (a ``nvidia-smi topo -m``
+        source names GPUs by index only) get /dev/nvidia<index> in the device specs,
+        which is another GPU's file where the driver numbered them otherwise."""
+        if not self.settings.options.device_specs:
+            return
+        blind = [g.index for g in snapshot.gpus if g.minor_number is None]
+        if blind:
+            log.warning(
+                "--device-specs: the source gives no minor number for GPU(s) %s, so their"
+                " device files are taken to be /dev/nvidia<index>; where the driver numbered"
+                " them otherwise (`nvidia-smi -q` shows each GPU's Minor Number) a container"
+                " gets another GPU's file: use --source nvml, or a snapshot JSON with"
+                " minor_number (docs/agent.md)",
+                ", ".join(str(i) for i in blind),
+            )
 
     def _mig_caps(self, snapshot: NodeSnapshot) -> dict[str, MigCaps | str]:
         """Each MIG instance's capability files, looked for only where they are listed
