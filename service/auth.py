@@ -48,6 +48,7 @@ from service.access import OPEN_PATHS, Permission, Role
 from service.audit import actor as audit_actor
 from service.database_unreachable import unavailable
 from service.direct_routes import route_path
+from service.edge import revoked_meanwhile
 from service.edge.dev_hosts import DevHosts
 from service.edge.dev_origin import is_own_origin
 from service.edge.failed_token_budget import FailedTokenBudget
@@ -141,6 +142,9 @@ class Authenticator:
         # Ids this process knows were revoked: a principal authenticated before (an open
         # gRPC Watch, a hash in flight) is checked against them, not only the cache.
         self._revoked: set[str] = set()
+        # Bumped each time ids join ``_revoked``: a request let in at one count and about
+        # to write at the same one lost no token meanwhile (service/edge/revoked_meanwhile.py).
+        self._generation = 0
         self._refused: dict[bytes, float] = {}
         self._lock = threading.Lock()
         # What a token not known yet may cost (shared by REST and gRPC: one instance).
@@ -280,6 +284,7 @@ class Authenticator:
         """Forget a token at once (this process revoked it)."""
         with self._lock:
             self._revoked.add(token_id)
+            self._generation += 1
             for digest in [d for d, p in self._cache.items() if p.token_id == token_id]:
                 del self._cache[digest]
 
@@ -294,13 +299,22 @@ class Authenticator:
         if gone:
             with self._lock:
                 self._revoked |= gone
+                self._generation += 1
                 for digest in [d for d, p in self._cache.items() if p.token_id in gone]:
                     del self._cache[digest]
 
     def revoked(self, principal: Principal) -> bool:
         """Whether the token ``principal`` stands for was revoked since it was authenticated
         (as far as this process knows: at once where it was revoked, else within a poll)."""
-        return principal.token_id in self._revoked
+        return self.revoked_id(principal.token_id)
+
+    def revoked_id(self, token_id: str) -> bool:
+        return token_id in self._revoked
+
+    @property
+    def generation(self) -> int:
+        """How many times this process has heard of revoked tokens (only grows)."""
+        return self._generation
 
     # -- may they -------------------------------------------------------------
 
@@ -391,6 +405,9 @@ class RequireToken:
             with audit_actor.acting(anonymous):
                 await self.app(scope, receive, send)
             return
+        # Read before the token is looked up: a revocation from now on is one made while
+        # this request is in flight, checked again before it writes (revoked_meanwhile.py).
+        generation = self.check.generation
         header = None
         site = None
         host = None
@@ -428,7 +445,12 @@ class RequireToken:
             await error_response(refusal)(scope, receive, send)
             return
         scope.setdefault("state", {})["principal"] = principal
-        with audit_actor.acting(principal.actor(route)):
+        with (
+            audit_actor.acting(principal.actor(route)),
+            revoked_meanwhile.admitted(
+                revoked_meanwhile.Admission(self.check, principal.token_id, generation)
+            ),
+        ):
             await self.app(scope, receive, send)
 
     async def _authorize(

@@ -36,6 +36,7 @@ from service.allocations.stored_request import host_figures
 from service.audit import records
 from service.audit import store as audit
 from service.db import in_transaction
+from service.edge import revoked_meanwhile
 from service.errors import BadRequest, Conflict, NotFound, ServiceError
 from service.lost_commit import following
 from service.notify import publish
@@ -77,6 +78,8 @@ def _transition(
 ) -> Transition:
     """``work`` in a transaction, memory following. ``landed``: after a connection lost at
     the commit, what the transaction did if it committed after all (None: it did not)."""
+    # A caller's token revoked while it waited (its body, the lock) writes nothing.
+    revoked_meanwhile.refuse_if_revoked()
     try:
         with following(state):  # a commit answer lost: memory reads what the database says
             outcome = in_transaction(state.engine, work, state.metrics.retried)
@@ -227,6 +230,7 @@ def _job_ended(
         ids = work(conn)
         return _ending(conn, ids, "release", now, quiet) if ids else ([], [])
 
+    revoked_meanwhile.refuse_if_revoked()
     with following(state):
         ended, freed = in_transaction(state.engine, ending, state.metrics.retried)
     _forget(state, freed)
@@ -309,6 +313,7 @@ def attach(state: ServiceState, allocation_ids: list[str], job_id: str) -> tuple
         audit.write_allocations(conn, "attached", attached, now)
         return attached
 
+    revoked_meanwhile.refuse_if_revoked()
     return tuple(in_transaction(state.engine, work, state.metrics.retried))
 
 
@@ -604,6 +609,7 @@ def observe_all(state: ServiceState, truths: Sequence[Truth]) -> list[Observatio
             publish(conn, {h.node for h in freed} | _nodes(taken.values()))
         return answers, freed
 
+    revoked_meanwhile.refuse_if_revoked()
     for attempt in range(OBSERVE_ATTEMPTS):
         try:
             with following(state):

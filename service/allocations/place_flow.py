@@ -58,6 +58,7 @@ from service.audit import actor as audit_actor
 from service.audit import records
 from service.audit import store as audit_store
 from service.database_unreachable import unavailable
+from service.edge import revoked_meanwhile
 from service.errors import (
     BadRequest,
     Conflict,
@@ -217,6 +218,9 @@ def place_flow(
     for _ in range(PLACE_ATTEMPTS):
         allocation_id = str(uuid.uuid4())
         with state.lock:
+            # After the wait for the lock, before anything is chosen: a caller's token
+            # revoked meanwhile reserves nothing (service/edge/revoked_meanwhile.py).
+            revoked_meanwhile.refuse_if_revoked()
             state.refresh_if_due()
             outcome = state.cluster.place(body)  # a PlacementRequest; owner and TTL stay here
             placement = outcome.placement

@@ -12,7 +12,8 @@
   connection is closed after either: the rest of the body is never read;
   the headers' own deadline is slow_headers.py);
   it is then checked for nesting depth (json_scan) and handed on, whole, to
-  the application, which reads it as usual. Control characters in the body
+  the application, which reads it as usual; unless the caller's token was
+  revoked while it arrived (401, revoked_meanwhile.py). Control characters in the body
   are refused field by field (``placement.text.Text``): free-form bodies
   (Kubernetes pods, squeue output) carry newlines legitimately.
 
@@ -32,6 +33,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from placement.text import forbidden_character
 from service.direct_routes import route_path
+from service.edge import revoked_meanwhile
 from service.edge.json_scan import MAX_DEPTH, too_deep
 from service.errors import InvalidRequest, RequestTimeout, ServiceError, TooLarge, UriTooLong
 from service.responses import error_response
@@ -103,6 +105,12 @@ class RequestGuard:
         if body and too_deep(body):
             refusal = InvalidRequest("body", f"JSON nested deeper than {MAX_DEPTH} levels")
             await error_response(refusal)(scope, receive, send)
+            return
+        revoked = revoked_meanwhile.refusal()  # while the body arrived (seconds, for a slow one)
+        if revoked is not None:
+            response = error_response(revoked)
+            response.headers["WWW-Authenticate"] = "Bearer"
+            await response(scope, receive, send)
             return
         await self.app(scope, replay_body(body, receive), send)
 

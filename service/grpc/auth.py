@@ -34,6 +34,7 @@ from service.auth import (
     Unauthorized,
     snapshot_region,
 )
+from service.edge import revoked_meanwhile
 from service.grpc import status_map
 from service.grpc.first_sight import verified_in_call
 
@@ -73,6 +74,9 @@ class RequireToken(grpc.aio.ServerInterceptor):
         handler = await continuation(handler_call_details)
         if handler is None or handler_call_details.method.startswith(OPEN_PREFIXES):
             return handler
+        # Read before the token is looked up: a revocation from now on is one made while
+        # the call is in flight, checked again before it writes (revoked_meanwhile.py).
+        generation = self.check.generation
         header = authorization_of(handler_call_details)
         permission = access.grpc_rule(handler_call_details.method)
         route = "gRPC " + handler_call_details.method.rsplit("/", 1)[-1]
@@ -85,17 +89,22 @@ class RequireToken(grpc.aio.ServerInterceptor):
                     handler,
                     self.check,
                     header,
-                    lambda found: self._admitted(handler, found, permission, route),
+                    lambda found: self._admitted(handler, found, permission, route, generation),
                 )
                 if deferred is not None:
                     return deferred
                 principal = await self.check.verify_async(header, None)
         except Exception as error:  # refused, or the database down while checking
             return _refusing(handler, status_map.from_exception(error))
-        return self._admitted(handler, principal, permission, route)
+        return self._admitted(handler, principal, permission, route, generation)
 
     def _admitted(
-        self, handler: Handler, principal: Principal, permission: Permission, route: str
+        self,
+        handler: Handler,
+        principal: Principal,
+        permission: Permission,
+        route: str,
+        generation: int,
     ) -> Handler:
         """``handler`` as ``principal`` may call it: its role and scope checked (a refusing
         handler when they do not allow it), the audit log's actor set."""
@@ -106,7 +115,8 @@ class RequireToken(grpc.aio.ServerInterceptor):
                 self.check.authorize(principal, permission, None, None)
         except Exception as error:  # forbidden
             return _refusing(handler, status_map.from_exception(error))
-        return _acting(self._revocable(handler, principal), principal.actor(route))
+        admission = revoked_meanwhile.Admission(self.check, principal.token_id, generation)
+        return _acting(self._revocable(handler, principal), principal.actor(route), admission)
 
     def _revocable(self, handler: Handler, principal: Principal) -> Handler:
         """``handler``, a stream (Watch), ending UNAUTHENTICATED once its token is revoked:
@@ -192,15 +202,26 @@ async def _refuse_revoked(context: grpc.aio.ServicerContext[Any, Any]) -> None:
     await status_map.abort(context, status_map.from_service_error(revoked))
 
 
-def _acting(handler: Handler, actor: audit_actor.Actor) -> Handler:
+def _acting(
+    handler: Handler, actor: audit_actor.Actor, admission: revoked_meanwhile.Admission
+) -> Handler:
     """``handler`` run with ``actor`` as the audit log's, and as the caller a Watch stream
-    is counted against (service/events.py bounds the watches each token holds)."""
+    is counted against (service/events.py bounds the watches each token holds). A unary
+    call runs under its ``admission``: its token, revoked while its request message
+    arrived, ends it UNAUTHENTICATED before the method runs, and its writes check again
+    (service/edge/revoked_meanwhile.py)."""
     inner: Any = handler.unary_unary
     if inner is None:
         return _acting_stream(handler, actor)
 
     async def unary(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-        with audit_actor.acting(actor):
+        with (
+            audit_actor.acting(actor),
+            revoked_meanwhile.admitted(admission),
+        ):
+            revoked = revoked_meanwhile.refusal()
+            if revoked is not None:
+                await status_map.abort(context, status_map.from_service_error(revoked))
             return await inner(request, context)
 
     return grpc.unary_unary_rpc_method_handler(

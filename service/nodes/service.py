@@ -21,6 +21,7 @@ from service.admin_actions import INTERNAL, Caller, require_admin
 from service.audit import records
 from service.audit import store as audit
 from service.db import in_transaction
+from service.edge import revoked_meanwhile
 from service.errors import Conflict, NotFound
 from service.lost_commit import following
 from service.nodes import region_scope, repository
@@ -45,6 +46,7 @@ def heartbeat(state: ServiceState, name: str, caller: Caller = INTERNAL) -> None
     memory says: the update is conditional on it, so a move that committed first wins."""
     now = state.clock()
     region = region_scope.required_region(caller, name)
+    revoked_meanwhile.refuse_if_revoked()
     with state.engine.begin() as conn:
         if not repository.touch_heartbeat(conn, name, now, region=region):
             row = repository.get(conn, name)
@@ -71,6 +73,7 @@ def set_cordoned(state: ServiceState, name: str, cordoned: bool) -> NodeView:
         action = "node_cordoned" if cordoned else "node_uncordoned"
         audit.write(conn, [records.record("admin", action, state.clock(), nodes=[name])])
 
+    revoked_meanwhile.refuse_if_revoked()
     with following(state):  # a commit answer lost: memory reads what the database says
         in_transaction(state.engine, write)
     # Memory takes the stored row, read under the state lock, not this call's value: a
@@ -81,6 +84,7 @@ def set_cordoned(state: ServiceState, name: str, cordoned: bool) -> NodeView:
 
 
 def remove_node(state: ServiceState, name: str) -> None:
+    revoked_meanwhile.refuse_if_revoked()
     try:
         with state.engine.begin() as conn:
             held = conn.execute(
@@ -277,6 +281,7 @@ def register_key(
         ) from None
     if replace:
         require_admin(caller, "replacing a node's key")
+    revoked_meanwhile.refuse_if_revoked()
     for _ in range(2):  # a concurrent first registration may win the insert
         try:
             with state.engine.begin() as conn:
@@ -342,6 +347,7 @@ def get_key(state: ServiceState, name: str) -> NodeKeyView:
 
 def delete_key(state: ServiceState, name: str, caller: Caller = INTERNAL) -> None:
     require_admin(caller, "deleting a node's key")
+    revoked_meanwhile.refuse_if_revoked()
     with state.engine.begin() as conn:
         if not repository.delete_key(conn, name):
             raise NotFound(f"no public key is registered for node {name!r}")

@@ -28,6 +28,7 @@ from service import schema
 from service.admin_actions import INTERNAL, Caller
 from service.audit import records
 from service.audit import store as audit
+from service.edge import revoked_meanwhile
 from service.errors import BadRequest, Conflict, ReplayedSnapshot, ServiceError
 from service.lost_commit import following
 from service.nodes import device_owners as owners
@@ -107,6 +108,7 @@ def _report(
     now = state.clock()
     for _ in range(FIRST_REPORT_TRIES):
         memory = owners.devices_in_memory(state, name, devices)
+        revoked_meanwhile.refuse_if_revoked()  # the token revoked while the report waited
         try:
             with following(state):  # a commit answer lost: memory reads the stored snapshot
                 changed = _store(state, name, report, body, devices, memory, now, key, caller)
