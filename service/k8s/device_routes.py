@@ -61,7 +61,7 @@ def post_devices(
     # The caller: a region-scoped agent's report is taken only while the database, not
     # this replica's memory, holds the node in its region (node_devices.report).
     outcomes = node_devices.report(state, extender.kube, name, body, log, caller)
-    return DeviceReportResult(node=name, outcomes=outcomes, mismatches=log.view().counts)
+    return DeviceReportResult(node=name, outcomes=outcomes, mismatches=log.counts_of(name))
 
 
 @router.get("/v1/k8s/mismatches", response_model=Mismatches)

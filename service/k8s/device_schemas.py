@@ -107,7 +107,9 @@ class MismatchCounts(BaseModel):
 class DeviceReportResult(BaseModel):
     node: str
     outcomes: list[PodOutcome]
-    mismatches: MismatchCounts = Field(description="since the service started, every node")
+    mismatches: MismatchCounts = Field(
+        description="this node's, since the service started (every node's: GET /v1/k8s/mismatches)"
+    )
 
 
 class Mismatches(BaseModel):

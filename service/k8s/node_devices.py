@@ -122,6 +122,9 @@ class MismatchLog:
         self._lock = threading.Lock()
         self.counts = MismatchCounts()
         self.recent: deque[Mismatch] = deque(maxlen=_RECENT)
+        # Each node's own, for its agent's answer: the totals are the whole cluster's,
+        # which a node's agent token may not read (GET /v1/k8s/mismatches is a reader's).
+        self._by_node: dict[str, MismatchCounts] = {}
         # A difference that is not moved (MIG, gangs) is reported every round: count it once.
         self._unmoved: set[tuple[str, str, str, tuple[str, ...]]] = set()
 
@@ -133,14 +136,21 @@ class MismatchLog:
                     return
                 self._unmoved.add(key)
             self.recent.append(mismatch)
-            if mismatch.action in ("moved", "created", "unmatched"):
-                name = mismatch.action
-                setattr(self.counts, name, getattr(self.counts, name) + 1)
-            self.counts.superseded += len(mismatch.superseded)
+            node = self._by_node.setdefault(mismatch.node, MismatchCounts())
+            for counts in (self.counts, node):
+                if mismatch.action in ("moved", "created", "unmatched"):
+                    name = mismatch.action
+                    setattr(counts, name, getattr(counts, name) + 1)
+                counts.superseded += len(mismatch.superseded)
 
     def view(self) -> Mismatches:
         with self._lock:
             return Mismatches(counts=self.counts.model_copy(), recent=list(self.recent))
+
+    def counts_of(self, node: str) -> MismatchCounts:
+        """The counts of ``node``'s differences alone."""
+        with self._lock:
+            return self._by_node.get(node, MismatchCounts()).model_copy()
 
 
 def _check_devices(snapshot: NodeSnapshot, report: DeviceReport) -> dict[str, int]:
@@ -368,8 +378,13 @@ def _pod_here(
     try:
         found = kube().get_pod(pod.namespace, pod.name)
     except (KubeApiError, KubeConfigError) as exc:
+        # The API's words stay in the service's log: they may name the API server, the
+        # service's account and what it may not read, none of the node's own facts.
+        log.warning(
+            "device report of %s: cannot read pod %s/%s: %s", node, pod.namespace, pod.name, exc
+        )
         outcome.action = "deferred"
-        outcome.message = f"cannot read the pod from the Kubernetes API: {exc}"
+        outcome.message = "cannot read the pod from the Kubernetes API now (the service logs why)"
         return None
     if found is None:
         outcome.action = "deferred"
@@ -388,9 +403,11 @@ def _not_running_here(found: Pod, node: str, listed_at: datetime | None) -> str 
     or not the one the report's List showed under its name; None when it is."""
     bound_to = (found.get("spec") or {}).get("nodeName")
     if bound_to != node:
+        # Which other node it is bound to is not this node's to learn: a node's agent
+        # token would map where any pod name runs.
         return (
-            f"the pod of this name is bound to {bound_to or 'no node'}, not {node}:"
-            " the report is of an earlier pod of that name"
+            f"the pod of this name is {'bound to another node' if bound_to else 'not bound'},"
+            f" not to {node}: the report is of an earlier pod of that name"
         )
     phase = (found.get("status") or {}).get("phase")
     if phase in _FINISHED:

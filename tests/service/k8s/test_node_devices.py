@@ -144,7 +144,9 @@ def test_a_pod_bound_to_another_node_is_not_moved_onto_this_one(
     assert body.status_code == 200, body.text
     (outcome,) = body.json()["outcomes"]
     assert outcome["action"] == "deferred", outcome
-    assert "h100-c" in outcome["message"]
+    # Where the pod runs is another node's fact: the message names only this node.
+    assert "bound to another node, not to h100-a" in outcome["message"]
+    assert "h100-c" not in body.text
     after = fleet.get(f"/v1/allocations/{before['id']}").json()
     assert (after["state"], after["tasks"]) == (before["state"], before["tasks"])
     assert fleet.get(f"/v1/nodes/{NODE}").json()["free_gpus"] == list(range(8))
@@ -156,7 +158,28 @@ def test_an_unbound_pod_is_deferred(fleet: TestClient, kube: FakeKubeApi):
     body = _report(fleet, [{"namespace": "ml-team", "name": "unbound", "devices": _uuids()[:1]}])
     (outcome,) = body.json()["outcomes"]
     assert outcome["action"] == "deferred", outcome
+    assert "not bound, not to h100-a" in outcome["message"]
     assert fleet.get("/v1/allocations", params={"node": NODE}).json()["allocations"] == []
+
+
+def test_a_report_answers_this_nodes_mismatch_counts_not_the_clusters(
+    fleet: TestClient, kube: FakeKubeApi
+):
+    """The totals (GET /v1/k8s/mismatches) are every node's: a node's agent learns its own."""
+    add_nodes(fleet, ("hgx-h100", "h100-c"))
+    elsewhere = kube.add(_on_node(pod("elsewhere", 1), "h100-c"))
+    uuids = [g.uuid for g in build_profile("hgx-h100", "h100-c").gpus]
+    report = {"resource": "nvidia.com/gpu", "pods": [_named(elsewhere, uuids[-1:])]}
+    other = fleet.post("/v1/nodes/h100-c/k8s/devices", json=report)
+    assert other.json()["mismatches"]["created"] == 1, other.text
+    body = _report(fleet, [])
+    assert body.status_code == 200, body.text
+    assert body.json()["mismatches"] == {"moved": 0, "created": 0, "unmatched": 0, "superseded": 0}
+    assert fleet.get("/v1/k8s/mismatches").json()["counts"]["created"] == 1
+
+
+def _named(p: dict[str, Any], devices: list[str]) -> dict[str, Any]:
+    return {"namespace": "ml-team", "name": p["metadata"]["name"], "devices": devices}
 
 
 def _on_node(p: dict[str, Any], node: str) -> dict[str, Any]:
@@ -214,7 +237,8 @@ def test_a_report_of_a_pod_whose_name_is_now_bound_elsewhere_moves_nothing(
     )
     (outcome,) = body.json()["outcomes"]
     assert outcome["action"] == "deferred", outcome
-    assert "h100-b" in outcome["message"]
+    assert "bound to another node, not to h100-a" in outcome["message"]
+    assert "h100-b" not in body.text
     kept = fleet.get(f"/v1/allocations/{elsewhere['id']}").json()
     assert [t["node"] for t in kept["tasks"]] == ["h100-b"], "its reservation stays where it runs"
     here = fleet.get("/v1/allocations", params={"node": NODE}).json()["allocations"]
@@ -229,11 +253,13 @@ def test_an_unreadable_pod_is_deferred_not_guessed(fleet: TestClient, kube: Fake
     (outcome,) = body["outcomes"]
     assert outcome["action"] == "deferred"
     assert "Kubernetes API" in outcome["message"]
+    # The API's own words (its address, the service's account) go to the log only.
+    assert "10.96.0.1" not in outcome["message"]
     assert fleet.get("/v1/allocations", params={"node": NODE}).json()["allocations"] == []
 
 
 def _refuse(namespace: str, name: str) -> dict[str, Any] | None:
-    raise KubeApiError(0, "connection refused")
+    raise KubeApiError(0, "https://10.96.0.1:443 did not answer: connection refused")
 
 
 def test_an_unknown_device_is_refused_before_anything_changes(fleet: TestClient, kube: FakeKubeApi):
