@@ -17,18 +17,22 @@ from dataclasses import dataclass
 
 from service import access
 from service.access import Permission
-from service.auth import Authenticator, Forbidden, Principal
+from service.auth import REST_FIELDS, Authenticator, Forbidden, NodeFields, Principal
 
 
 @dataclass(frozen=True)
 class Caller:
     principal: Principal | None  # None: the process itself, trusted
+    # How its transport names the node and the snapshot's region: a refusal names them.
+    fields: NodeFields = REST_FIELDS
 
     @classmethod
-    def authenticated(cls, check: Authenticator, authorization: str | None) -> Caller:
+    def authenticated(
+        cls, check: Authenticator, authorization: str | None, fields: NodeFields = REST_FIELDS
+    ) -> Caller:
         """The caller an Authorization header stands for (blocking on a first sight of a
         database token; raises ``Unauthorized`` for an unknown one)."""
-        return cls(check.authenticate(authorization))
+        return cls(check.authenticate(authorization), fields)
 
 
 INTERNAL = Caller(principal=None)

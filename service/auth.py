@@ -64,12 +64,16 @@ from service.tokens.presented import presented as _presented
 from service.tokens.verification_slots import VerificationSlots
 
 __all__ = [
+    "GRPC_FIELDS",
     "OPEN_PATHS",
+    "REST_FIELDS",
     "Authenticator",
     "Forbidden",
+    "NodeFields",
     "Principal",
     "RequireToken",
     "Unauthorized",
+    "out_of_scope_by",
 ]
 
 REVOCATION_POLL_S = 0.25
@@ -104,6 +108,20 @@ class Principal:
 
 
 INSECURE = Principal("insecure-dev", Role.ADMIN, name="--insecure-dev: no token")
+
+
+@dataclass(frozen=True)
+class NodeFields:
+    """Where a transport's call names the node it acts for, and the region its snapshot
+    claims: the field (``detail.field``) a refusal for a node outside the token's scope
+    names, so the caller is told which part of its request was out of bounds."""
+
+    node: str
+    region: str
+
+
+REST_FIELDS = NodeFields("path.name", "snapshot.region")
+GRPC_FIELDS = NodeFields("node", "snapshot_json.region")
 
 
 def read_token_file(path: Path) -> list[str]:
@@ -325,9 +343,12 @@ class Authenticator:
         node: str | None,
         node_region: str | None,
         path_region: str | None = None,
+        *,
+        field: str = REST_FIELDS.node,
     ) -> None:
         """Raise :class:`Forbidden` unless ``principal`` may do this to ``node`` (or, for a
-        region's summary, to the region its path names)."""
+        region's summary, to the region its path names). ``field``: where the request
+        named what put it out of scope (the node, or the region its snapshot claims)."""
         if permission not in access.GRANTS[principal.role]:
             roles = " or ".join(r.value for r in access.roles_with(permission))
             raise Forbidden(
@@ -350,7 +371,7 @@ class Authenticator:
             return
         raise Forbidden(
             f"this agent token may not act for node {node!r} (its scope: {principal.scope_text()})",
-            {"node": node},
+            {"node": node, "field": field},
         )
 
 
@@ -487,10 +508,20 @@ class RequireToken:
         # and stay in it, so the body is read here (bounded) and handed on unchanged.
         body, replay = await _buffer(receive, self.max_body_bytes)
         claimed = snapshot_region(body)
+        field = out_of_scope_by(principal, region, REST_FIELDS)
         if region is not None and claimed != region:
             claimed = None
-        self.check.authorize(principal, match.permission, node, claimed)
+        self.check.authorize(principal, match.permission, node, claimed, field=field)
         return replay, route
+
+
+def out_of_scope_by(principal: Principal, region: str | None, fields: NodeFields) -> str:
+    """Which field put a region-scoped agent's snapshot out of its scope: the node (the
+    path, the request's ``node``) when it is known here in another region; else the region
+    the snapshot claims (the node is new, or in the token's region and claimed out of it)."""
+    if region is not None and region != principal.region:
+        return fields.node
+    return fields.region
 
 
 # What a browser sends for a page of another site (Sec-Fetch-Site, which no page can set):

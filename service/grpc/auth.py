@@ -27,11 +27,13 @@ from service import access
 from service.access import Permission, Role
 from service.audit import actor as audit_actor
 from service.auth import (
+    GRPC_FIELDS,
     Authenticator,
     Forbidden,
     Principal,
     RegionOf,
     Unauthorized,
+    out_of_scope_by,
     snapshot_region,
 )
 from service.edge import revoked_meanwhile
@@ -176,12 +178,14 @@ class RequireToken(grpc.aio.ServerInterceptor):
         async def unary(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
             node = request.node
             region = self.region_of(node)
+            field = GRPC_FIELDS.node
             snapshot_json = getattr(request, "snapshot_json", None)
             if principal.region is not None and node not in principal.nodes and snapshot_json:
                 claimed = snapshot_region(snapshot_json.encode(), wrapped=False)
+                field = out_of_scope_by(principal, region, GRPC_FIELDS)
                 region = claimed if region is None or region == claimed else None
             try:
-                self.check.authorize(principal, Permission.REPORT, node, region)
+                self.check.authorize(principal, Permission.REPORT, node, region, field=field)
             except Forbidden as error:
                 await status_map.abort(context, status_map.from_service_error(error))
             return await inner(request, context)

@@ -22,7 +22,7 @@ from service.admin_actions import Caller
 from service.allocations import api as allocations
 from service.allocations.schemas import ExtendRequest, PlaceRequest, ScoreRequest
 from service.audit import actor as audit_actor
-from service.auth import Authenticator
+from service.auth import GRPC_FIELDS, Authenticator
 from service.edge.guard import PLACEMENT_LIMIT_SETTING
 from service.errors import TooLarge, TooManyWatches
 from service.event_loop import off_loop
@@ -144,7 +144,7 @@ class TopoplaceServicer(pb_grpc.TopoplaceServicer):
             from placement import NodeSnapshot
 
             # The interceptor authenticated this header already: a cache hit here.
-            caller = Caller.authenticated(self.check, authorization)
+            caller = Caller.authenticated(self.check, authorization, GRPC_FIELDS)
 
             name = _node("node", request.node)
             snapshot = _validate_json(NodeSnapshot, request.snapshot_json, "snapshot_json")
@@ -164,7 +164,7 @@ class TopoplaceServicer(pb_grpc.TopoplaceServicer):
 
         def call() -> pb.HeartbeatResponse:
             # The interceptor authenticated this header already: a cache hit here.
-            caller = Caller.authenticated(self.check, authorization)
+            caller = Caller.authenticated(self.check, authorization, GRPC_FIELDS)
             name = _node("node", request.node)
             report = None
             if request.HasField("report_json"):

@@ -40,8 +40,10 @@ def check(caller: Caller, name: str, claimed: str, stored: str | None) -> None:
     if region is not None and claimed == region and stored in (None, region):
         return
     where = "" if stored is None else f"; the node is in region {stored!r}"
+    # Out of scope by the region its snapshot claims, or by where the node is stored.
+    by_claim = region is not None and claimed != region and stored in (None, region)
     raise Forbidden(
         f"this agent token may not act for node {name!r} (its scope:"
         f" {principal.scope_text()}){where}",
-        {"node": name},
+        {"node": name, "field": caller.fields.region if by_claim else caller.fields.node},
     )

@@ -24,7 +24,7 @@ def create_token(body: TokenRequest, state: State) -> dict[str, Any]:
     try:
         record, secret = store.create(state.engine, body.role, scope, body.name, state.clock())
     except store.ScopeError as exc:
-        raise InvalidRequest("nodes", str(exc)) from None
+        raise InvalidRequest(exc.field, str(exc)) from None
     return {**record.view(), "token": secret}
 
 

@@ -68,17 +68,26 @@ class TokenRecord:
 
 
 class ScopeError(ValueError):
-    """The scope does not fit the role."""
+    """The scope does not fit the role; ``field`` is the part of the request that does not
+    (``nodes`` or ``region``)."""
+
+    def __init__(self, message: str, field: str) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 def check_scope(role: Role, scope: Scope) -> None:
     if role is Role.AGENT and scope.empty:
-        raise ScopeError("an agent token needs a scope: at least one node or a region")
+        raise ScopeError("an agent token needs a scope: at least one node or a region", "nodes")
     if role is Role.REGION and (scope.region is None or scope.nodes):
-        raise ScopeError("a region token names one region (its own) and no nodes")
+        raise ScopeError(
+            "a region token names one region (its own) and no nodes",
+            "nodes" if scope.nodes else "region",
+        )
     if role not in (Role.AGENT, Role.REGION) and not scope.empty:
         raise ScopeError(
-            f"a {role.value} token has no scope; only agent and region tokens have one"
+            f"a {role.value} token has no scope; only agent and region tokens have one",
+            "nodes" if scope.nodes else "region",
         )
 
 

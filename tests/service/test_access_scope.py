@@ -23,7 +23,7 @@ from service.app import create_app
 from service.grpc.gen import topoplace_pb2 as pb
 from service.settings import Settings
 from tests.service.conftest import ADMIN_TOKEN, secured
-from tests.service.grpc.conftest import Running, reason, snapshot_request, start
+from tests.service.grpc.conftest import Running, details, reason, snapshot_request, start
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 
@@ -238,3 +238,93 @@ def test_verification_is_cached(client: TestClient) -> None:
     per_request = (time.perf_counter() - started) / 50
     # One scrypt is ~40 ms; a cached token costs a hash and a lookup.
     assert per_request < 0.02, per_request
+
+
+def _refused_field(answer: Any) -> str:
+    assert answer.status_code == 403, answer.text
+    assert answer.json()["error"]["code"] == "forbidden"
+    field: str = answer.json()["error"]["detail"]["field"]
+    return field
+
+
+def test_a_scope_refusal_names_the_path_when_the_path_named_the_node(client: TestClient) -> None:
+    """Before, no field was named: a client could not tell the path's node from the
+    snapshot's region."""
+    assert client.put("/v1/nodes/node-b/snapshot", json=snapshot_body("node-b"), headers=ADMIN)
+    agent = bearer(new_token(client, role="agent", nodes=["node-a"]))
+    devices = {"resource": "nvidia.com/gpu", "pods": []}
+    for answer in (
+        client.put("/v1/nodes/node-b/snapshot", json=snapshot_body("node-b"), headers=agent),
+        client.post("/v1/nodes/node-b/heartbeat", headers=agent),
+        client.put("/v1/nodes/node-b/key", json={"public_key": public_key()}, headers=agent),
+        client.post("/v1/nodes/node-b/k8s/devices", json=devices, headers=agent),
+        client.get("/v1/nodes/node-b/k8s/reservations", headers=agent),
+    ):
+        assert _refused_field(answer) == "path.name"
+        assert answer.json()["error"]["detail"]["node"] == "node-b"
+
+
+def test_a_region_agents_refusal_names_the_snapshots_region_when_that_was_out_of_scope(
+    client: TestClient,
+) -> None:
+    for name, region in (("far-1", "eu"), ("near-1", "us")):
+        stored = client.put(
+            f"/v1/nodes/{name}/snapshot", json=snapshot_body(name, region), headers=ADMIN
+        )
+        assert stored.status_code == 200, stored.text
+    agent = bearer(new_token(client, role="agent", region="us"))
+    cases = {
+        ("far-2", "eu"): "snapshot.region",  # a new node, claimed into another region
+        ("near-1", "eu"): "snapshot.region",  # ours, claimed out of the region
+        ("far-1", "us"): "path.name",  # another region's node, claimed into ours
+    }
+    for (name, region), field in cases.items():
+        answer = client.put(
+            f"/v1/nodes/{name}/snapshot", json=snapshot_body(name, region, seq=5), headers=agent
+        )
+        assert _refused_field(answer) == field, (name, region)
+    assert _refused_field(client.post("/v1/nodes/far-1/heartbeat", headers=agent)) == "path.name"
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"role": "agent"}, "nodes"),
+        ({"role": "viewer", "nodes": ["n1"]}, "nodes"),
+        ({"role": "viewer", "region": "us"}, "region"),
+        ({"role": "region"}, "region"),
+        ({"role": "region", "region": "us", "nodes": ["n1"]}, "nodes"),
+    ],
+)
+def test_a_token_whose_scope_does_not_fit_its_role_names_the_field(
+    client: TestClient, body: dict[str, Any], field: str
+) -> None:
+    """Before, every such refusal named ``nodes``, a region's too."""
+    answer = client.post("/v1/tokens", json=body, headers=ADMIN)
+    assert answer.status_code == 422, answer.text
+    assert answer.json()["error"]["detail"]["field"] == field
+
+
+def test_grpc_scope_refusals_name_the_request_field(grpc_running: Running) -> None:
+    rest = grpc_running.rest
+    stored = rest.put(
+        "/v1/nodes/far-1/snapshot", json=snapshot_body("far-1", region="eu"), headers=ADMIN
+    )
+    assert stored.status_code == 200, stored.text
+    scoped = (("authorization", f"Bearer {new_token(rest, role='agent', nodes=['node-a'])}"),)
+    regional = (("authorization", f"Bearer {new_token(rest, role='agent', region='us')}"),)
+    far_2 = snapshot_request("hgx-h100", "far-2")  # region "default": not ours
+    stub = grpc_running.stub
+    cases: list[tuple[Any, str]] = [
+        (lambda: stub.ReportSnapshot(far_2, metadata=scoped), "node"),
+        (lambda: stub.Heartbeat(pb.HeartbeatRequest(node="far-1"), metadata=scoped), "node"),
+        (lambda: stub.ReportSnapshot(far_2, metadata=regional), "snapshot_json.region"),
+        (lambda: stub.Heartbeat(pb.HeartbeatRequest(node="far-1"), metadata=regional), "node"),
+    ]
+    for call, field in cases:
+        with pytest.raises(grpc.RpcError) as caught:
+            call()
+        assert caught.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert reason(caught.value) == "forbidden"
+        violations = details(caught.value)["BadRequest"].field_violations  # type: ignore[attr-defined]
+        assert [v.field for v in violations] == [field]

@@ -21,7 +21,7 @@ from service.grpc.gen import topoplace_pb2 as pb
 from service.settings import Settings
 from service.state import ServiceState
 from tests.service.conftest import ADMIN_TOKEN, FakeClock, secured
-from tests.service.grpc.conftest import reason, start
+from tests.service.grpc.conftest import details, reason, start
 from tests.service.nodes.test_region_agent_replicas import _signed
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
@@ -50,6 +50,9 @@ def test_a_grpc_heartbeat_for_a_node_moved_out_of_the_agents_region_is_refused(
                 second.stub.Heartbeat(pb.HeartbeatRequest(node="n7"), metadata=metadata)
             assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
             assert reason(refused.value) == "forbidden"
+            # The request's field, not REST's path: the node named in the call.
+            [violation] = details(refused.value)["BadRequest"].field_violations  # type: ignore[attr-defined]
+            assert violation.field == "node"
             assert _heartbeat_at(second.state) == before
 
 

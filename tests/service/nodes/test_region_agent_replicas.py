@@ -63,6 +63,8 @@ def test_a_node_moved_out_of_a_region_on_one_replica_is_refused_to_its_agent_on_
             )
             assert back.status_code == 403, back.text
             assert back.json()["error"]["code"] == "forbidden"
+            # Refused by where the database holds the node, which the path named.
+            assert back.json()["error"]["detail"]["field"] == "path.name"
         stored = first.get("/v1/nodes/n1").json()
         assert (stored["region"], stored["seq"]) == ("eu", 2)
 
@@ -83,6 +85,7 @@ def test_a_node_another_replica_stored_elsewhere_is_not_claimed_as_new(
                 "/v1/nodes/n2/snapshot", json=_signed("n2", "us", 2, key), headers=agent
             )
             assert claimed.status_code == 403, claimed.text
+            assert claimed.json()["error"]["detail"]["field"] == "path.name"
         stored = first.get("/v1/nodes/n2").json()
         assert (stored["region"], stored["seq"]) == ("eu", 1)
 
@@ -137,6 +140,7 @@ def test_a_node_another_replica_stored_elsewhere_has_no_first_key_claimed_for_it
                 "/v1/nodes/n4/key", json={"public_key": key.public_key}, headers=agent
             )
             assert claimed.status_code == 403, claimed.text
+            assert claimed.json()["error"]["detail"]["field"] == "path.name"
             assert claimed.json()["error"]["code"] == "forbidden"
         assert first.get("/v1/nodes/n4/key").status_code == 404
 
@@ -163,4 +167,5 @@ def test_a_node_moved_out_of_a_region_has_no_first_key_claimed_by_its_old_agent(
                 "/v1/nodes/n5/key", json={"public_key": key.public_key}, headers=agent
             )
             assert claimed.status_code == 403, claimed.text
+            assert claimed.json()["error"]["detail"]["field"] == "path.name"
         assert first.get("/v1/nodes/n5/key").status_code == 404
