@@ -211,6 +211,7 @@ GRPC_OPEN_PREFIXES = (
 _BY_METHOD: dict[str, list[tuple[re.Pattern[str], Rule]]] = {}
 for _rule in REST_RULES:
     _BY_METHOD.setdefault(_rule.method, []).append((_rule.pattern, _rule))
+_ALL = [pair for pairs in _BY_METHOD.values() for pair in pairs]
 
 
 @dataclass(frozen=True)
@@ -232,6 +233,12 @@ def rest_rule(method: str, path: str, query_string: str = "") -> Match:
             params = found.groupdict()
             return Match(rule.permission, params.get("name"), rule, params.get("region"))
     return Match(Permission.ADMIN, None, None)
+
+
+def methods_of(path: str) -> set[str]:
+    """The methods the table has a rule for at ``path`` (every route has one: a request no
+    rule matches whose path is here was sent with another method)."""
+    return {rule.method for pattern, rule in _ALL if pattern.match(path)}
 
 
 def grpc_rule(full_method: str) -> Permission:

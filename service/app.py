@@ -273,6 +273,9 @@ def create_app(
         # Served from the package by service/console/, not from a CDN: see docs/console.md.
         docs_url=None,
         redoc_url=None,
+        # A path with a trailing slash is no route (404, service/edge/no_route.py), not a
+        # 307 to the path without it: a write's body is not sent on to another URL.
+        redirect_slashes=False,
     )
     app.state.service = state
     app.state.token_check = token_check
@@ -318,6 +321,7 @@ def create_app(
         check=token_check,
         region_of=region_checker(state),
         max_body_bytes=settings.max_body_bytes,
+        routes=app.router.routes,
     )
     # Outside the token check: a flood of bad tokens is throttled before it costs a hash.
     app.add_middleware(RateLimit, limiter=limiter)

@@ -34,13 +34,14 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import orjson
 import sqlalchemy as sa
+from starlette.routing import BaseRoute
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from service import access
@@ -48,7 +49,7 @@ from service.access import OPEN_PATHS, Permission, Role
 from service.audit import actor as audit_actor
 from service.database_unreachable import unavailable
 from service.direct_routes import route_path
-from service.edge import revoked_meanwhile
+from service.edge import no_route, revoked_meanwhile
 from service.edge.dev_hosts import DevHosts
 from service.edge.dev_origin import is_own_origin
 from service.edge.failed_token_budget import FailedTokenBudget
@@ -408,12 +409,20 @@ class RequireToken:
     is the audit log's actor while the request runs (service/audit/actor.py)."""
 
     def __init__(
-        self, app: ASGIApp, check: Authenticator, region_of: RegionOf, max_body_bytes: int
+        self,
+        app: ASGIApp,
+        check: Authenticator,
+        region_of: RegionOf,
+        max_body_bytes: int,
+        routes: Sequence[BaseRoute] = (),
     ) -> None:
         self.app = app
         self.check = check
         self.region_of = region_of
         self.max_body_bytes = max_body_bytes
+        # The application's routes: a request no rule matches and that names none of them
+        # is answered 404 or 405, not "needs the admin role" (service/edge/no_route.py).
+        self.routes = routes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -463,7 +472,10 @@ class RequireToken:
             await response(scope, receive, send)
             return
         except ServiceError as refusal:  # forbidden, too large, the database down
-            await error_response(refusal)(scope, receive, send)
+            response = error_response(refusal)
+            if isinstance(refusal, no_route.MethodNotTaken):
+                response.headers["Allow"] = ", ".join(refusal.allow)
+            await response(scope, receive, send)
             return
         scope.setdefault("state", {})["principal"] = principal
         with (
@@ -481,6 +493,8 @@ class RequireToken:
         log names it, the rule's template (``POST /v1/allocations/{allocation_id}/confirm``)."""
         query = scope.get("query_string", b"").decode("latin-1")
         match = access.rest_rule(scope["method"], path, query)
+        if match.rule is None and self.routes:
+            no_route.check(self.routes, scope, path)  # then a route with no rule: admin's
         route = f"{scope['method']} {match.rule.path if match.rule else path}"
         node = match.node
         region = self.region_of(node) if node is not None else None
