@@ -47,7 +47,8 @@ local function partition_nodes(job_desc, part_list)
 end
 
 -- Seconds from now to the job's --begin, nil when it has none (0). A job that may
--- start only later, like one with a --dependency, is left to Slurm unreserved.
+-- start only later, like one with a --dependency or one held, is left to Slurm
+-- unreserved.
 local function begin_in_s(begin_time)
   if begin_time == nil or begin_time == 0 or begin_time >= topoplace.NO_VAL then
     return nil
@@ -77,6 +78,8 @@ local function submit(job_desc, part_list)
     array_inx = job_desc.array_inx,
     dependency = job_desc.dependency,
     begin_in_s = begin_in_s(job_desc.begin_time),
+    -- --hold (sbatch -H) arrives as priority 0: the job waits for scontrol release.
+    held = job_desc.priority == 0,
     user_name = job_desc.user_name,
     name = job_desc.name,
     comment = job_desc.comment,

@@ -55,6 +55,12 @@ class JobSubmit(BaseModel):
         description="--begin, in seconds from now (0 or less: it may start now); a job that"
         " may start only later is left to Slurm with nothing reserved",
     )
+    held: bool = Field(
+        default=False,
+        strict=True,
+        description="--hold (priority 0): the job waits for scontrol release, so it is left"
+        " to Slurm with nothing reserved",
+    )
     user_name: Text | None = Field(default=None, max_length=MAX_USER_NAME)
     name: Text | None = Field(default=None, description="job name")
     comment: Text | None = Field(default=None, description="may carry 'topoplace:' options")

@@ -145,15 +145,17 @@ def _decide_flow(state: ServiceState, settings: SlurmSettings, job: JobSubmit) -
 def _deferred(job: JobSubmit) -> str | None:
     """Why the job cannot start now whatever GPUs are free, or None.
 
-    A job waiting for other jobs (--dependency) or for a time (--begin later than now)
-    may wait for hours: GPUs reserved for it would be kept from every other job all
-    that time. Slurm starts it when it may, on GPUs it chooses, and the prolog records
-    them (docs/slurm.md, "Truth wins")."""
+    A job waiting for other jobs (--dependency), for a time (--begin later than now) or
+    for someone to release it (--hold) may wait for hours: GPUs reserved for it would be
+    kept from every other job all that time. Slurm starts it when it may, on GPUs it
+    chooses, and the prolog records them (docs/slurm.md, "Truth wins")."""
     if job.dependency is not None:
         return (
             f"the job waits for --dependency={job.dependency[:100]}; left to Slurm, nothing"
             " reserved"
         )
+    if job.held:
+        return "the job is held (--hold); left to Slurm, nothing reserved"
     if job.begin_in_s is not None and job.begin_in_s > 0:
         return (
             f"the job may start only in {job.begin_in_s:.0f} s (--begin); left to Slurm,"

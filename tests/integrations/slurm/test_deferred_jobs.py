@@ -4,6 +4,7 @@ slurmctld, job_submit.lua and cli_filter.lua)."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from tests.integrations.slurm.conftest import NODES
@@ -76,3 +77,22 @@ def test_a_job_with_a_dependency_is_recorded_where_slurm_starts_it(
     assert recorded["owner"] == "slurm:root"
     [task] = recorded["tasks"]
     assert [str(g) for g in task["gpu_indices"]] == env_value(done.stdout, "CVD").split(",")
+
+
+def test_a_held_job_holds_nothing_and_is_recorded_where_slurm_starts_it_once_released(
+    cluster: LoopbackCluster, service: Service, jobs: list[str]
+) -> None:
+    held_job = cluster.sbatch("--hold", "--gpus-per-node=2", "-w", NODES[1], script="sleep 60")
+    jobs.append(held_job.id)
+    assert held_job.returncode == 0, held_job.stderr
+    shown = cluster.show_job(held_job.id)
+    assert "Priority=0" in shown and not allocation_ids(shown), shown
+    time.sleep(2)  # past the reconcile loop's next read: still nothing, not a release
+    assert every_row(service, held_job.id) == []
+
+    released = cluster.run("scontrol", "release", held_job.id)
+    assert released.returncode == 0, released.stderr
+    cluster.wait_state(held_job.id, ("RUNNING",), timeout_s=40)
+    truth = gres_indices(cluster.show_job(held_job.id))
+    assert list(truth) == [NODES[1]] and len(truth[NODES[1]]) == 2, truth
+    eventually(lambda: held(of_job(service, held_job.id)) == truth, "the job's GPUs recorded", 2)

@@ -20,6 +20,7 @@ def live(client: TestClient) -> list[str]:
         ({"dependency": "singleton"}, "--dependency=singleton"),
         ({"begin_in_s": 3600}, "only in 3600 s (--begin)"),
         ({"begin_in_s": 0.5}, "(--begin)"),
+        ({"held": True}, "held (--hold)"),
     ],
 )
 @pytest.mark.parametrize("propose", [False, True], ids=["job_submit", "cli_filter"])
@@ -36,7 +37,13 @@ def test_a_deferred_job_is_left_to_slurm_holding_nothing(
 
 @pytest.mark.parametrize(
     "fields",
-    [{"begin_in_s": 0}, {"begin_in_s": -2}, {"dependency": ""}, {"begin_in_s": None}],
+    [
+        {"begin_in_s": 0},
+        {"begin_in_s": -2},
+        {"dependency": ""},
+        {"begin_in_s": None},
+        {"held": False},
+    ],
 )
 def test_a_job_that_may_start_now_is_placed(dgx1: TestClient, fields: dict[str, object]) -> None:
     """`--begin=now` reaches the script a second or two in the past; an empty
@@ -69,3 +76,27 @@ def test_a_deferred_job_that_starts_is_recorded_on_the_gpus_slurm_gave_it(
     assert answer["action"] == "created", answer
     [allocation] = of_job(dgx1, 8)
     assert gpus(allocation) == {"node2": [0, 1]} and allocation["owner"] == "slurm:alice"
+
+
+def test_a_held_job_released_later_is_recorded_on_the_gpus_slurm_gave_it(
+    dgx1: TestClient,
+) -> None:
+    """sbatch --hold reserves nothing; after scontrol release Slurm starts it where it
+    chooses and the prolog's report records it."""
+    decision = submit(dgx1, tres_per_node="gres:gpu:4", held=True)
+    assert decision["action"] == "unchanged" and live(dgx1) == [], decision
+    answer = started(dgx1, show_job(9, "gpu:4(IDX:4-7)", "node1"))
+    assert answer["action"] == "created", answer
+    [allocation] = of_job(dgx1, 9)
+    assert gpus(allocation) == {"node1": [4, 5, 6, 7]}
+
+
+@pytest.mark.parametrize("held", ['"yes"', "1", "null"])
+def test_a_hold_that_is_no_boolean_is_refused(dgx1: TestClient, held: str) -> None:
+    answer = dgx1.post(
+        "/v1/slurm/job-submit",
+        content='{"tres_per_node": "gres:gpu:1", "held": ' + held + "}",
+        headers={"Content-Type": "application/json"},
+    )
+    assert answer.status_code == 422, answer.text
+    assert answer.json()["error"]["code"] == "invalid_request"
