@@ -52,6 +52,7 @@ from service.openapi_errors import declare_errors
 from service.responses import HANDLED_ERRORS, database_down, handled_error
 from service.settings import Settings
 from service.slurm import endpoints as slurm_routes
+from service.slurm import watchers
 from service.slurm.node_states import NodeStatesWatcher
 from service.slurm.reconcile import Reconciler
 from service.state import Clock, ServiceState, utc_now
@@ -78,9 +79,27 @@ async def _background(
     """Expire stale reservations; checkpoint SQLite; prune the audit log and the
     forwarded keys past retention; keep the demo nodes' heartbeats fresh; read the
     database's clock again (service/database_time.py)."""
+    # Each in its own task (service/slurm/watchers.py): a slow squeue holds up neither
+    # sinfo's reads nor the sweep. The reconciler keeps its own clock: it also runs as
+    # soon as a fresh Slurm reservation's grace period ends (service/slurm/fresh.py).
+    slurm = watchers.start(
+        {
+            # where squeue is present (TOPOPLACE_SLURM_SQUEUE_COMMAND)
+            "reconcile": Reconciler(state).tick,
+            # every TOPOPLACE_SLURM_NODES_INTERVAL_S where sinfo is (..._SINFO_COMMAND)
+            "Slurm node states": NodeStatesWatcher(state).tick,
+        }
+    )
+    try:
+        await _sweep_forever(state, demo_nodes, database_time)
+    finally:
+        await watchers.stop(slurm)
+
+
+async def _sweep_forever(
+    state: ServiceState, demo_nodes: list[str], database_time: DatabaseTime | None
+) -> None:
     interval = min(MAINTENANCE_INTERVAL_S, state.settings.heartbeat_ttl_s / 3)
-    slurm = Reconciler(state)  # where squeue is present (TOPOPLACE_SLURM_SQUEUE_COMMAND)
-    slurm_nodes = NodeStatesWatcher(state)  # where sinfo is (TOPOPLACE_SLURM_SINFO_COMMAND)
     last_maintenance = last_checkpoint = 0.0
     next_prune = float("-inf")  # the first round prunes what a stopped service left
     next_forward_prune = float("-inf")
@@ -94,10 +113,6 @@ async def _background(
                 await off_loop(database_time.measure)
             with acting(SWEEP):  # the audit log's actor of what expires
                 await off_loop(allocations.sweep, state)  # one `expired` event each
-            # Keeps its own clock: it also runs as soon as a fresh Slurm reservation's
-            # grace period ends (service/slurm/fresh.py).
-            await slurm.tick()
-            await slurm_nodes.tick()  # every TOPOPLACE_SLURM_NODES_INTERVAL_S
             if loop.time() - last_checkpoint >= CHECKPOINT_INTERVAL_S:
                 last_checkpoint = loop.time()
                 await off_loop(checkpoint, state.engine)
