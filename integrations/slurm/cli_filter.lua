@@ -178,6 +178,7 @@ local function pre_submit(options, offset)
     comment = option(options, "comment"),
     dependency = option(options, "dependency"),
     begin_in_s = begin,
+    held = options["hold"] == "set", -- --hold: "set" or "unset"
     batch = false,
     reserve = false,
   })

@@ -4,6 +4,7 @@ slurmctld, job_submit.lua and cli_filter.lua)."""
 
 from __future__ import annotations
 
+import subprocess
 import time
 from typing import Any
 
@@ -96,3 +97,40 @@ def test_a_held_job_holds_nothing_and_is_recorded_where_slurm_starts_it_once_rel
     truth = gres_indices(cluster.show_job(held_job.id))
     assert list(truth) == [NODES[1]] and len(truth[NODES[1]]) == 2, truth
     eventually(lambda: held(of_job(service, held_job.id)) == truth, "the job's GPUs recorded", 2)
+
+
+def test_srun_held_is_not_pinned_and_is_recorded_where_slurm_starts_it(
+    cluster: LoopbackCluster, service: Service, jobs: list[str]
+) -> None:
+    """srun --hold through cli_filter.lua: nothing is named for it (it would run on GPUs
+    no reservation holds); released, Slurm chooses and the start is recorded."""
+    step = subprocess.Popen(
+        ["srun", "--hold", "--gpus=1", "bash", "-c", "echo CVD=$CUDA_VISIBLE_DEVICES"],
+        env=cluster.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        pending: list[str] = []
+
+        def submitted() -> bool:
+            pending[:] = cluster.run("squeue", "-h", "-o", "%i", "-t", "PD").stdout.split()
+            return len(pending) == 1
+
+        eventually(submitted, "the held srun job in the queue", 10)
+        [job] = pending
+        jobs.append(job)
+        shown = cluster.show_job(job)
+        assert "Priority=0" in shown and "TresPerJob=gres:gpu:1" in shown, shown
+        assert not allocation_ids(shown) and every_row(service, job) == []
+        assert cluster.run("scontrol", "release", job).returncode == 0
+        out, err = step.communicate(timeout=40)
+    finally:
+        if step.poll() is None:
+            step.kill()
+            step.communicate()
+    assert step.returncode == 0, err
+    [recorded] = every_row(service, job)
+    [task] = recorded["tasks"]
+    assert [str(g) for g in task["gpu_indices"]] == env_value(out, "CVD").split(",")
