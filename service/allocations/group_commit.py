@@ -56,6 +56,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 
 from service.allocations.batch_writer import BatchWriter
 from service.db import is_transient, retry_transient
+from service.edge import revoked_meanwhile
 
 log = logging.getLogger("topoplace.group_commit")
 MAX_BATCH = 64
@@ -80,6 +81,10 @@ class _Reservation:
     # Written at once, its connection lost at the commit and the database not able to
     # say whether it landed: the queue's write may meet its own rows.
     unsure: bool = False
+    # How the caller's token was let in (None: no token check let it in). A reservation
+    # may wait here for other batches after its choice was made; its token revoked
+    # meanwhile, it is refused just before its rows are written.
+    admission: revoked_meanwhile.Admission | None = None
 
 
 class GroupCommitter:
@@ -129,7 +134,15 @@ class GroupCommitter:
         ``reported``: the node snapshots chosen on; a node whose stored snapshot differs,
         or that is cordoned, fails the commit (IntegrityError, as a GPU held already)."""
         reservation = _Reservation(
-            row, holds, nodes, audit, _nothing, shares, seqs or {}, reported or {}
+            row,
+            holds,
+            nodes,
+            audit,
+            _nothing,
+            shares,
+            seqs or {},
+            reported or {},
+            admission=revoked_meanwhile.current(),
         )
         if at_once and self._write_at_once(reservation, on_loop=False):
             return
@@ -156,7 +169,15 @@ class GroupCommitter:
         ``at_once``: the caller has no batch to share (the Slurm filter); on SQLite, with
         the database free, the reservation is written here, now (see the module's text)."""
         reservation = _Reservation(
-            row, holds, nodes, audit, _nothing, shares, seqs or {}, reported or {}
+            row,
+            holds,
+            nodes,
+            audit,
+            _nothing,
+            shares,
+            seqs or {},
+            reported or {},
+            admission=revoked_meanwhile.current(),
         )
         if at_once and self._write_at_once(reservation, on_loop=True):
             return
@@ -186,6 +207,9 @@ class GroupCommitter:
         if not allowed or self._busy or not self._at_once_lock.acquire(blocking=False):
             return False
         try:
+            refused = revoked_meanwhile.refusal_of(reservation.admission)
+            if refused is not None:
+                raise refused
             try:
                 self.writer.write_now(*self._rows(reservation))
             except DBAPIError as exc:
@@ -325,8 +349,11 @@ class GroupCommitter:
             if not (any(r.unsure for r in batch) and self._landed(batch)):
                 raise
 
-    def _write(self, batch: list[_Reservation]) -> None:
+    def _write(self, queued: list[_Reservation]) -> None:
+        batch = [r for r in queued if not _refused(r)]
         try:
+            if not batch:
+                return
             try:
                 self._insert_checked(batch)
             except OperationalError:
@@ -337,6 +364,8 @@ class GroupCommitter:
                 # Someone in the batch lost a race or carries a value the database
                 # refuses: find out who, commit the rest.
                 for reservation in batch:
+                    if _refused(reservation):  # revoked while the batch was tried
+                        continue
                     try:
                         self._insert_checked([reservation])
                     except Exception as exc:
@@ -352,9 +381,18 @@ class GroupCommitter:
                 reservation.error = exc
         finally:
             with self._busy_lock:
-                self._busy -= len(batch)
-            for reservation in batch:
+                self._busy -= len(queued)
+            for reservation in queued:
                 reservation.finished()
+
+
+def _refused(reservation: _Reservation) -> bool:
+    """Whether the reservation's token was revoked since its request was let in: then its
+    error is the refusal (401), and none of its rows is written."""
+    refused = revoked_meanwhile.refusal_of(reservation.admission)
+    if refused is not None:
+        reservation.error = refused
+    return refused is not None
 
 
 def _node_state(reservation: _Reservation, node: str) -> dict[str, object]:

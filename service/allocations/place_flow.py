@@ -285,6 +285,8 @@ def place_flow(
             str(row["placement"]),
         )
         try:
+            # The committer checks the token once more just before the rows are written
+            # (group_commit.py): revoked while this waited for it, Unauthorized, undone below.
             yield Commit(row, holds, placement.nodes, audit, shares, seqs, reported)
         except IntegrityError:
             _undo(state, placement, devices, shares, allocation_id, idempotency_key)

@@ -16,7 +16,10 @@ that writes), with the revocation count the check saw, and is checked again:
   UNAUTHENTICATED;
 - where a write is about to be made, after the waits that come before it (the
   state lock): a reservation's choice, an allocation's transition, a node's
-  snapshot, heartbeat, cordon or key.
+  snapshot, heartbeat, cordon or key;
+- a reservation once more on the group committer's thread, just before its rows
+  are written (service/allocations/group_commit.py): it may wait there for
+  other batches after its choice was made.
 
 Cheap on purpose: the token check counts the revocations this process has heard
 of (``Revocations.generation``). While the count is the one seen when the
@@ -70,9 +73,20 @@ def admitted(admission: Admission) -> Iterator[None]:
         _admitted.reset(reset)
 
 
+def current() -> Admission | None:
+    """This request's admission, for a write made on another thread (the group
+    committer's) to be checked with :func:`refusal_of` just before it lands."""
+    return _admitted.get()
+
+
 def refusal() -> Unauthorized | None:
     """The refusal of this request when its token was revoked since it was let in."""
-    admission = _admitted.get()
+    return refusal_of(_admitted.get())
+
+
+def refusal_of(admission: Admission | None) -> Unauthorized | None:
+    """The refusal of the request let in as ``admission`` when its token was revoked
+    since; None for one no token check let in."""
     if admission is None or admission.revocations.generation == admission.generation:
         return None  # nearly every request: nothing was revoked meanwhile
     if not admission.revocations.revoked_id(admission.token_id):

@@ -257,3 +257,54 @@ def _wait_for(condition: Callable[[], bool], timeout_s: float = 5.0) -> bool:
         if condition():
             return True
     return False
+
+
+def test_a_place_that_waits_on_the_group_commit_while_its_token_is_revoked_reserves_nothing(
+    replica: Replica, http: httpx.Client
+) -> None:
+    """Its choice made, the reservation waits in the group committer's queue behind a
+    batch being written (held here); the token revoked meanwhile, it is refused just
+    before its rows are written, and its GPUs are free again."""
+    _report(http, replica.url)
+    token_id, scheduler = _token(http, replica.url, "scheduler")
+    committer = replica.app.state.service.committer
+    writing, release = threading.Event(), threading.Event()
+    write = committer.writer.write
+
+    def held_write(*rows: Any) -> None:
+        writing.set()
+        assert release.wait(10)
+        write(*rows)
+
+    committer.writer.write = held_write
+    answers: dict[str, httpx.Response] = {}
+
+    def place(name: str, headers: dict[str, str], job_id: str) -> threading.Thread:
+        body = {"gpus": 4, "job_id": job_id, "owner": name}
+        thread = threading.Thread(
+            target=lambda: answers.__setitem__(
+                name, http.post(f"{replica.url}/v1/place", json=body, headers=headers)
+            )
+        )
+        thread.start()
+        return thread
+
+    first = place("admin", ADMIN, "first-job")
+    assert writing.wait(5), "the first reservation never reached its write"
+    waiting = place("scheduler", scheduler, "slow-job")
+    # Chosen and queued: the GPUs it chose are held in memory, waiting for the commit.
+    state = replica.app.state.service
+    assert _wait_for(lambda: len(state.inflight.get(NODE, {})) == 2)
+    _revoke_through(http, replica.url, token_id)
+    release.set()
+    first.join(timeout=10)
+    waiting.join(timeout=10)
+    assert answers["admin"].status_code == 201, answers["admin"].text
+    refused = answers["scheduler"]
+    assert refused.status_code == 401, refused.text
+    assert refused.json()["error"]["code"] == "unauthorized"
+    assert "revoked while this request was in flight" in refused.json()["error"]["message"]
+    assert [a["job_id"] for a in _allocations(http, replica.url)] == ["first-job"]
+    # Its tentative choice was undone: the other four GPUs can be reserved.
+    again = http.post(f"{replica.url}/v1/place", json={"gpus": 4}, headers=ADMIN)
+    assert again.status_code == 201, again.text
