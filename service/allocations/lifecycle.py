@@ -697,24 +697,18 @@ def _plan_task(conn: Connection, truth: ObservedTask) -> _TaskPlan:
     """Read what a task's truth moves, and whether it may: before anything is written."""
     allocation_id, node = truth.allocation_id, truth.node
     row = repository.by_id(conn, allocation_id)
-    if row is None or row["state"] not in repository.LIVE:
-        refusal: ServiceError = NotFound(
-            f"allocation {allocation_id} is not live", {"id": allocation_id}
-        )
-        return _TaskPlan(refusal=refusal)
-    if row["job_id"] != truth.job_id:
-        refusal = Conflict(
-            f"allocation {allocation_id} is not job {truth.job_id!r}'s: a pod moves only a"
-            " task of its own gang's allocation",
-            {"id": allocation_id},
-        )
-        return _TaskPlan(refusal=refusal)
-    placement = json.loads(str(row["placement"]))
-    tasks = placement["tasks"]
+    tasks: list[dict[str, Any]] = []
+    if row is not None and row["state"] in repository.LIVE and row["job_id"] == truth.job_id:
+        tasks = json.loads(str(row["placement"]))["tasks"]
     found = [i for i, t in enumerate(tasks) if t["task"] == truth.task and t["node"] == node]
     if not found:
-        refusal = Conflict(
-            f"allocation {allocation_id} has no task {truth.task} on {node}",
+        # One answer whether the allocation does not exist, has ended, is another job's or
+        # has no such task on this node: the id is the pod's annotation, which whoever made
+        # the pod wrote, and the node's agent hears the refusal; told apart, they would let
+        # it probe which allocation ids exist and are live.
+        refusal: ServiceError = NotFound(
+            f"the allocation named is no live allocation of the pod's own gang with task"
+            f" {truth.task} on {node}: nothing moved",
             {"id": allocation_id},
         )
         return _TaskPlan(refusal=refusal)

@@ -76,3 +76,39 @@ def test_a_pod_of_another_namespace_naming_a_gangs_task_does_not_move_it(
     # The member's GPUs stay held: none of them can be placed again.
     still_free = set(fleet.get(f"/v1/nodes/{NODE}").json()["free_gpus"])
     assert not still_free & {i for t in before for i in t["gpu_indices"]}
+
+
+def _released(client: TestClient) -> str:
+    placed = client.post("/v1/place", json={"gpus": 1, "job_id": "gone"})
+    assert placed.status_code == 201, placed.text
+    allocation_id = str(placed.json()["id"])
+    assert client.post(f"/v1/allocations/{allocation_id}/release", json={}).status_code == 200
+    return allocation_id
+
+
+def test_a_pod_naming_an_allocation_learns_nothing_of_whether_it_exists(
+    fleet: TestClient, kube: FakeKubeApi
+) -> None:
+    """The refusal is one for an id no allocation has, an ended allocation and another
+    gang's live one: told apart, the node's agent could probe which ids are live."""
+    first = _member(fleet, kube, "pair-0")
+    named = {
+        "another gang's": str(first["metadata"]["annotations"]["topoplace.io/allocation"]),
+        "no such": "00000000-0000-4000-8000-000000000000",
+        "ended": _released(fleet),
+    }
+    free = [g.uuid for g in build_profile("hgx-h100", NODE).gpus if g.uuid not in _devices(first)]
+    answers: dict[str, dict[str, Any]] = {}
+    for kind, allocation_id in named.items():
+        notes = {**first["metadata"]["annotations"], "topoplace.io/allocation": allocation_id}
+        _copy(kube, {"metadata": {"annotations": notes}}, "other-team")
+        pods = [{"namespace": "other-team", "name": "copy", "devices": free[:2]}]
+        answer = fleet.post(
+            f"/v1/nodes/{NODE}/k8s/devices", json={"resource": "nvidia.com/gpu", "pods": pods}
+        )
+        assert answer.status_code == 200, answer.text
+        [outcome] = answer.json()["outcomes"]
+        assert outcome.pop("allocation_id") == allocation_id  # the pod's own annotation
+        answers[kind] = outcome
+    assert answers["no such"]["action"] == "unmatched", answers
+    assert answers["another gang's"] == answers["no such"] == answers["ended"], answers
