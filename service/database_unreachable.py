@@ -14,13 +14,11 @@ most once per ``LOG_EVERY_S``: during an outage every request meets them.
 from __future__ import annotations
 
 import logging
-import threading
-import time
-from collections.abc import Callable
 
 from sqlalchemy.exc import DBAPIError
 
 from service.errors import DatabaseFull, ServiceError, Unavailable
+from service.log_gate import LOG_EVERY_S, LogGate
 
 log = logging.getLogger("topoplace.service")
 
@@ -33,11 +31,8 @@ FULL_MESSAGE = (
 # SQLite's SQLITE_FULL; Postgres's disk_full (class 53, insufficient resources).
 _SQLITE_FULL = 13
 _PG_DISK_FULL = "53100"
-LOG_EVERY_S = 10.0
 
-_clock: Callable[[], float] = time.monotonic  # a test's own clock may stand in
-_lock = threading.Lock()
-_last_logged: dict[str, float] = {}
+_logged = LogGate(LOG_EVERY_S)  # a test's own gate (and clock) may stand in
 
 
 def unavailable(exc: BaseException) -> ServiceError:
@@ -45,13 +40,7 @@ def unavailable(exc: BaseException) -> ServiceError:
     ``database_full`` where the database said it has no room, else 503."""
     orig = exc.orig if isinstance(exc, DBAPIError) else exc
     reason = str(orig).strip()
-    now = _clock()
-    with _lock:
-        due = now - _last_logged.get(reason, -LOG_EVERY_S) >= LOG_EVERY_S
-        if due:
-            if len(_last_logged) >= 100:  # a bound on words remembered, not on outages
-                _last_logged.clear()
-            _last_logged[reason] = now
+    due = _logged.due(reason) is not None
     if _full(orig):
         if due:
             log.warning("the database has no space to write: %s", reason)

@@ -40,10 +40,13 @@ from service.k8s.kube_api import KubeApi, KubeApiError, KubeConfigError
 from service.k8s.pod_request import GANG, gang_of
 from service.k8s.reconcile import POD_OWNER
 from service.k8s.wire import Pod
+from service.log_gate import LogGate
 from service.nodes import region_scope
 from service.state import ServiceState
 
 log = logging.getLogger("topoplace.k8s")
+# Pods the Kubernetes API could not read, logged a while apart (_pod_here).
+_unreadable_logged = LogGate()
 WHOLE_GPU = "nvidia.com/gpu"
 MIG_PREFIX = "nvidia.com/mig-"
 _LIVE = ("pending", "active", "degraded")
@@ -379,10 +382,21 @@ def _pod_here(
         found = kube().get_pod(pod.namespace, pod.name)
     except (KubeApiError, KubeConfigError) as exc:
         # The API's words stay in the service's log: they may name the API server, the
-        # service's account and what it may not read, none of the node's own facts.
-        log.warning(
-            "device report of %s: cannot read pod %s/%s: %s", node, pod.namespace, pod.name, exc
-        )
+        # service's account and what it may not read, none of the node's own facts. Met
+        # for every such pod of every node's report (each 10 s) while it lasts, so one
+        # line per kind of failure a while, with the count held back since: the API's
+        # words name the pod, and keyed on them a pod's line would repeat every report.
+        held = _unreadable_logged.due((type(exc).__name__, getattr(exc, "status", None)))
+        if held is not None:
+            log.warning(
+                "device report of %s: cannot read pod %s/%s: %s (%d such reads failed"
+                " unlogged since the last line)",
+                node,
+                pod.namespace,
+                pod.name,
+                exc,
+                held,
+            )
         outcome.action = "deferred"
         outcome.message = "cannot read the pod from the Kubernetes API now (the service logs why)"
         return None

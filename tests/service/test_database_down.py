@@ -11,6 +11,7 @@ from fastapi.testclient import TestClient
 
 from service import database_unreachable
 from service.app import create_app
+from service.log_gate import LogGate
 from service.settings import Settings
 from service.tokens import secrets
 from tests.service.conftest import FakeClock
@@ -69,7 +70,7 @@ def test_an_unauthenticated_caller_is_not_told_where_the_database_is(
     app = create_app(settings, clock=FakeClock(), background=False)
     with TestClient(app) as client:
         monkeypatch.setattr(app.state.service.engine, "connect", _refuses_connections)
-        monkeypatch.setattr(database_unreachable, "_last_logged", {})  # none logged lately
+        monkeypatch.setattr(database_unreachable, "_logged", LogGate())  # none logged lately
         caplog.set_level(logging.WARNING)
         unknown = secrets.compose(secrets.new_id(), secrets.new_secret())
         answers = {

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -10,7 +11,9 @@ from fastapi.testclient import TestClient
 
 from bench.k8s_objects import binding_args, names_args, pod
 from placement.profiles import build_profile
+from service.k8s import node_devices
 from service.k8s.kube_api import KubeApiError
+from service.log_gate import LOG_EVERY_S, LogGate
 from tests.service.conftest import FakeClock
 from tests.service.helpers import add_nodes
 from tests.service.k8s.fake_kube import FakeKubeApi
@@ -260,6 +263,35 @@ def test_an_unreadable_pod_is_deferred_not_guessed(fleet: TestClient, kube: Fake
 
 def _refuse(namespace: str, name: str) -> dict[str, Any] | None:
     raise KubeApiError(0, "https://10.96.0.1:443 did not answer: connection refused")
+
+
+def test_unreadable_pods_are_logged_once_a_while_not_each_report(
+    fleet: TestClient,
+    kube: FakeKubeApi,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+):
+    """While the API cannot be read, every pod of every report (each 10 s per node) meets
+    it: one line a while, saying how many were held back, not one per pod per report."""
+    now = [1000.0]
+    monkeypatch.setattr(node_devices, "_unreadable_logged", LogGate(clock=lambda: now[0]))
+    uuids = _uuids()
+    pods = [{"namespace": "ml-team", "name": f"p{i}", "devices": [uuids[i]]} for i in range(3)]
+    for p in pods:
+        kube.add(pod(str(p["name"]), 1))
+    kube.get_pod = _refuse  # type: ignore[method-assign]
+    caplog.set_level(logging.WARNING, logger="topoplace.k8s")
+    for _ in range(3):
+        outcomes = _report(fleet, pods).json()["outcomes"]
+        assert [o["action"] for o in outcomes] == ["deferred"] * 3
+    lines = [r.getMessage() for r in caplog.records if "cannot read pod" in r.getMessage()]
+    assert len(lines) == 1, lines
+    assert "10.96.0.1" in lines[0]  # the API's words are the operator's to read
+    now[0] += LOG_EVERY_S
+    _report(fleet, pods)
+    lines = [r.getMessage() for r in caplog.records if "cannot read pod" in r.getMessage()]
+    assert len(lines) == 2, lines
+    assert "(8 such reads failed unlogged since the last line)" in lines[1]
 
 
 def test_an_unknown_device_is_refused_before_anything_changes(fleet: TestClient, kube: FakeKubeApi):
