@@ -20,16 +20,14 @@ the service's own cordon is the way to keep them off a node.
 
 from __future__ import annotations
 
-import json
 import logging
-import shlex
-import subprocess
 import threading
 import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from service.event_loop import off_loop
+from service.slurm.json_command import run_json_command
 from service.slurm.settings import SlurmSettings
 
 if TYPE_CHECKING:
@@ -81,18 +79,10 @@ def _words(value: Any) -> list[str]:
 
 def read_sinfo(command: str, timeout_s: float) -> dict[str, str]:
     """Run the configured command; raises RuntimeError saying what failed."""
+    sinfo = run_json_command(command, timeout_s)
     try:
-        done = subprocess.run(
-            shlex.split(command), capture_output=True, timeout=timeout_s, check=False
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise RuntimeError(f"{command!r} failed: {exc}") from exc
-    if done.returncode != 0:
-        err = done.stderr.decode(errors="replace").strip()[:300]
-        raise RuntimeError(f"{command!r} exited {done.returncode}: {err}")
-    try:
-        return unavailable_nodes(json.loads(done.stdout))
-    except ValueError as exc:  # SinfoError and JSON errors alike
+        return unavailable_nodes(sinfo)
+    except ValueError as exc:  # SinfoError
         raise RuntimeError(f"{command!r}: {exc}") from exc
 
 

@@ -12,10 +12,7 @@ reserves before slurmctld creates the job, and squeue may print slowly).
 
 from __future__ import annotations
 
-import json
 import logging
-import shlex
-import subprocess
 import time
 from datetime import datetime, timedelta
 from typing import Any
@@ -27,6 +24,7 @@ from service.errors import BadRequest, Conflict
 from service.event_loop import off_loop
 from service.slurm import truth
 from service.slurm.fresh import FRESH
+from service.slurm.json_command import run_json_command
 from service.slurm.parked import parked_reason
 from service.slurm.schemas import ReconcileResult
 from service.slurm.service import OWNER_PREFIX
@@ -265,19 +263,7 @@ def reconcile(
 
 def read_squeue(command: str, timeout_s: float) -> Any:
     """Run the configured command and parse its JSON; raises RuntimeError saying what failed."""
-    try:
-        done = subprocess.run(
-            shlex.split(command), capture_output=True, timeout=timeout_s, check=False
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise RuntimeError(f"{command!r} failed: {exc}") from exc
-    if done.returncode != 0:
-        err = done.stderr.decode(errors="replace").strip()[:300]
-        raise RuntimeError(f"{command!r} exited {done.returncode}: {err}")
-    try:
-        squeue = json.loads(done.stdout)
-    except ValueError as exc:
-        raise RuntimeError(f"{command!r} printed no JSON: {exc}") from exc
+    squeue = run_json_command(command, timeout_s)
     try:
         _jobs(squeue)
     except BadRequest as exc:
