@@ -31,7 +31,7 @@ from slurm_formats.conf import gres_conf_lines, node_conf_line
 from slurm_formats.hostlist import expand
 from topoplace import client_cmd
 from topoplace.slurm_prolog import own_record, read_config  # stdlib-only: the prolog stays quick
-from topoplace_client.arguments import positive_seconds
+from topoplace_client.arguments import seconds_up_to
 
 if TYPE_CHECKING:
     from topoplace.service_retry import OutOfTime
@@ -42,6 +42,10 @@ DEFAULT_CONFIG = "/etc/slurm/topoplace.conf"
 # completing while EpilogSlurmctld runs, so it must end on its own; what it leaves held
 # the reconcile loop releases once Slurm no longer has the job.
 EPILOG_RETRY_S = 5.0
+# The most --retry-for may ask. Slurm bounds EpilogSlurmctld only by PrologEpilogTimeout,
+# which is unlimited by default, and the job's nodes stay COMPLETING meanwhile; its
+# requests end within twice --retry-for, so 60 s keeps the epilog within two minutes.
+EPILOG_RETRY_MAX_S = 60.0
 _ADMIN_COMMENT = re.compile(r"\bAdminComment=(.*?)(?=\s+[A-Z][A-Za-z/:]*=|$)")
 
 
@@ -109,12 +113,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     p.add_argument(
         "--retry-for",
-        type=positive_seconds,
+        type=seconds_up_to(EPILOG_RETRY_MAX_S),
         default=EPILOG_RETRY_S,
         metavar="SECONDS",
         help="retry a service that answers 429 or 5xx, or none, for this long in all"
-        f" (default {EPILOG_RETRY_S:g}; each request waits at most this long too), then"
-        " exit 3 naming what is left held",
+        f" (default {EPILOG_RETRY_S:g}, at most {EPILOG_RETRY_MAX_S:g}; each request waits"
+        " at most this long too), then exit 3 naming what is left held",
     )
     p.set_defaults(func=run_epilog)
 

@@ -7,6 +7,7 @@ wrong, so argparse reports ``--flag: <message>`` and exits 2.
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Callable
 
 
@@ -26,11 +27,25 @@ def int_at_least(minimum: int) -> Callable[[str], int]:
 
 
 def positive_seconds(text: str) -> float:
-    """A duration in seconds, more than zero."""
+    """A duration in seconds, more than zero and finite: an ``inf`` wait never ends."""
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
     if not value > 0:  # also refuses nan
         raise argparse.ArgumentTypeError(f"must be more than 0 seconds, got {text}")
+    if math.isinf(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds, got {text}")
     return value
+
+
+def seconds_up_to(maximum: float) -> Callable[[str], float]:
+    """A duration in seconds, more than zero and no more than ``maximum``."""
+
+    def parse(text: str) -> float:
+        value = positive_seconds(text)
+        if value > maximum:
+            raise argparse.ArgumentTypeError(f"must be at most {maximum:g} seconds, got {text}")
+        return value
+
+    return parse

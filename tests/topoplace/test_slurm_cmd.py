@@ -277,3 +277,23 @@ def test_a_history_without_a_readable_snapshot_is_a_refusal_in_one_line(
     out, err = capsys.readouterr()
     assert out == "" and "invalid_response: node gpu1: no snapshot this version can read" in err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("given", "words"),
+    [
+        ("inf", "must be a finite number of seconds, got inf"),
+        ("nan", "must be more than 0 seconds, got nan"),
+        ("-1", "must be more than 0 seconds, got -1"),
+        ("61", "must be at most 60 seconds, got 61"),
+    ],
+)
+def test_epilog_retry_for_must_end(
+    given: str, words: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An epilog that never ends keeps the job's nodes completing: --retry-for is finite,
+    positive and at most 60 s. 'inf' used to be accepted, and the epilog retried forever."""
+    with pytest.raises(SystemExit) as exited:
+        main(["slurm", "epilog", "--job", "7", "--user", "alice", "--retry-for", given])
+    assert exited.value.code == 2
+    assert f"--retry-for: {words}" in capsys.readouterr().err

@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from topoplace_client.arguments import int_at_least, positive_seconds
+from topoplace_client.arguments import int_at_least, positive_seconds, seconds_up_to
 
 
 def test_positive_seconds() -> None:
@@ -38,3 +38,24 @@ def test_a_bad_duration_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> 
         parser.parse_args(["--timeout", "0"])
     assert exited.value.code == 2
     assert "--timeout: must be more than 0 seconds, got 0" in capsys.readouterr().err
+
+
+def test_an_endless_duration_is_refused() -> None:
+    """``inf`` used to pass as a duration, so an epilog asked to retry for it never ended."""
+    for text in ["inf", "Infinity", "-inf"]:
+        with pytest.raises(argparse.ArgumentTypeError, match="seconds, got"):
+            positive_seconds(text)
+
+
+def test_seconds_up_to() -> None:
+    up_to_60 = seconds_up_to(60)
+    assert up_to_60("60") == 60.0
+    assert up_to_60("0.5") == 0.5
+    for text, words in [
+        ("60.5", "at most 60 seconds, got 60.5"),
+        ("inf", "finite number of seconds, got inf"),
+        ("nan", "more than 0 seconds"),
+        ("-5", "more than 0 seconds"),
+    ]:
+        with pytest.raises(argparse.ArgumentTypeError, match=words):
+            up_to_60(text)
