@@ -256,13 +256,24 @@ def _server(args: argparse.Namespace) -> tuple[str, str]:
 
 
 def _token(args: argparse.Namespace) -> str | None:
-    """The API token: the first line of --token-file, else $TOPOPLACE_TOKEN, else none."""
+    """The API token: the first line of --token-file, else $TOPOPLACE_TOKEN, else none.
+
+    A token file that cannot be read, or whose first line is blank, is an error
+    (ValueError naming it): taken for "no token", the command would go on
+    unauthenticated and be refused (401) for a reason that names no file.
+    """
     if args.token_file:
+        path = args.token_file
         try:
-            with open(args.token_file, encoding="utf-8") as handle:
-                return handle.readline().strip() or None
+            with open(path, encoding="utf-8") as handle:
+                token = handle.readline().strip()
         except OSError as exc:
-            raise ValueError(f"cannot read {args.token_file}: {exc.strerror}") from exc
+            raise ValueError(f"cannot read {path}: {exc.strerror}") from exc
+        except UnicodeDecodeError:
+            raise ValueError(f"cannot read {path}: not UTF-8 text") from None
+        if not token:
+            raise ValueError(f"{path} holds no token on its first line")
+        return token
     return os.environ.get(TOKEN_ENV, "").strip() or None
 
 
