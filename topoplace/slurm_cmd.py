@@ -100,9 +100,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     p.add_argument(
         "--config",
-        default=DEFAULT_CONFIG,
         metavar="PATH",
-        help=f"topoplace.conf shared with job_submit.lua (default {DEFAULT_CONFIG}):"
+        help=f"topoplace.conf shared with job_submit.lua (default {DEFAULT_CONFIG}, whose"
+        " absence means the defaults; a PATH given that does not exist is an error):"
         " server, token_file, ca_file, scontrol, slurm_conf",
     )
     p.add_argument("--job", metavar="ID", help="the job (default: $SLURM_JOB_ID)")
@@ -224,8 +224,9 @@ def _worse(a: int, b: int) -> int:
 def run_epilog(args: argparse.Namespace) -> int:
     try:
         config = read_config(args.config)
-    except (OSError, ValueError) as exc:  # not the file's absence: that is no settings
-        print(f"error: cannot read --config {args.config}: {exc}", file=sys.stderr)
+    except (OSError, ValueError) as exc:  # the default file's absence is no settings
+        named = f"--config {args.config}" if args.config else DEFAULT_CONFIG
+        print(f"error: cannot read {named}: {exc}", file=sys.stderr)
         return client_cmd.EXIT_USAGE
     job = args.job or os.environ.get("SLURM_JOB_ID", "")
     if not job:

@@ -7,8 +7,10 @@ reads the job as ``scontrol -d show job -o`` prints it (per node:
 ``GRES=gpu:g1:1(IDX:1),...``) and posts that to ``POST
 /v1/slurm/job-started``. The job's launch waits for this program, so it uses
 only the standard library (about 0.1 s, where the ``topoplace`` command takes
-0.6 s to import the engine), and it always exits 0: a prolog that fails makes
-slurmctld requeue the job, and a placement service must never stop a job.
+0.6 s to import the engine), and it exits 0 whatever the service or scontrol
+did: a prolog that fails makes slurmctld requeue the job, and a placement
+service must never stop a job. Only a usage error (argparse's, or a --config
+that cannot be read) exits 2; the shipped script exits 0 regardless.
 """
 
 from __future__ import annotations
@@ -31,13 +33,21 @@ DEFAULT_CONFIG = "/etc/slurm/topoplace.conf"
 TIMEOUT_S = 2.0
 
 
-def read_config(path: str) -> dict[str, str]:
-    """``key = value`` lines, ``#`` comments: the file job_submit.lua reads too."""
+def read_config(path: str | None) -> dict[str, str]:
+    """``key = value`` lines, ``#`` comments: the file job_submit.lua reads too.
+
+    ``path`` None means the default file, whose absence means the defaults (a node
+    set up by environment alone). A path the caller named that does not exist is an
+    error (FileNotFoundError saying so): a misspelt --config would otherwise send to
+    the default server, without the token it names.
+    """
     values: dict[str, str] = {}
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = Path(path or DEFAULT_CONFIG).read_text(encoding="utf-8")
     except FileNotFoundError:
-        return values
+        if path is None:
+            return values
+        raise FileNotFoundError("no such file") from None
     for line in text.splitlines():
         key, sep, value = line.partition("=")
         if sep and not line.lstrip().startswith("#"):
@@ -155,7 +165,12 @@ def own_record(env: Mapping[str, str]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="topoplace.slurm_prolog", description=__doc__)
-    parser.add_argument("--config", default=DEFAULT_CONFIG, metavar="PATH")
+    parser.add_argument(
+        "--config",
+        metavar="PATH",
+        help=f"topoplace.conf (default {DEFAULT_CONFIG}, whose absence means the defaults;"
+        " a PATH given that does not exist is an error, exit 2)",
+    )
     parser.add_argument(
         "--job",
         metavar="ID",
@@ -170,7 +185,14 @@ def main(argv: list[str] | None = None) -> int:
         print("topoplace prolog: no job: set SLURM_JOB_ID or pass --job", file=sys.stderr)
         return 0
     try:
-        print(f"job {job}: {report(read_config(args.config), job, name)}")
+        config = read_config(args.config)
+    except (OSError, ValueError) as exc:
+        # A usage error, as argparse's own: the shipped topoplace-prolog exits 0 all the same.
+        named = f"--config {args.config}" if args.config else DEFAULT_CONFIG
+        print(f"topoplace prolog: cannot read {named}: {exc}", file=sys.stderr)
+        return 2
+    try:
+        print(f"job {job}: {report(config, job, name)}")
     except (
         OSError,
         ValueError,

@@ -297,3 +297,15 @@ def test_epilog_retry_for_must_end(
         main(["slurm", "epilog", "--job", "7", "--user", "alice", "--retry-for", given])
     assert exited.value.code == 2
     assert f"--retry-for: {words}" in capsys.readouterr().err
+
+
+def test_epilog_config_given_that_does_not_exist_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Was: a --config that did not exist was read as no settings, and the epilog went on
+    against the default server."""
+    missing = tmp_path / "topoplace.conf"
+    assert main(["slurm", "epilog", "--config", str(missing), "--job", "7"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == f"error: cannot read --config {missing}: no such file\n"

@@ -179,3 +179,30 @@ def test_a_refused_report_says_why_and_so_does_a_failed_scontrol(
     assert main(["--config", str(config), "--job", "7"]) == 0
     err = capsys.readouterr().err
     assert "job 7 not reported: " in err and "Socket timed out on send/recv" in err, err
+
+
+def test_a_config_given_that_does_not_exist_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Was: a --config that did not exist was read as no settings, and the job reported
+    to the default server with $TOPOPLACE_TOKEN."""
+    missing = tmp_path / "topoplace.conf"
+    sent: list[object] = []
+    monkeypatch.setattr("topoplace.slurm_prolog.report", lambda *a: sent.append(a) or "")
+    assert main(["--config", str(missing), "--job", "7"]) == 2
+    assert sent == []
+    err = capsys.readouterr().err
+    assert err == f"topoplace prolog: cannot read --config {missing}: no such file\n"
+
+
+def test_the_default_config_missing_means_the_defaults(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("topoplace.slurm_prolog.DEFAULT_CONFIG", str(tmp_path / "absent"))
+    sent: list[dict[str, str]] = []
+    monkeypatch.setattr(
+        "topoplace.slurm_prolog.report", lambda config, *_: sent.append(config) or "matched"
+    )
+    assert main(["--job", "7"]) == 0
+    assert sent == [{}]
+    assert capsys.readouterr().out == "job 7: matched\n"
