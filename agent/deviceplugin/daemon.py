@@ -111,6 +111,8 @@ class DevicePluginDaemon:
         self.resources: list[str] = list(settings.resources)
         self._endpoints: dict[str, Endpoint] = {}
         self._endpoints_lock = threading.Lock()
+        # MIG UUID -> why its capability files are not known, as last logged.
+        self._caps_missing_logged: dict[str, str] = {}
         self.truth = TruthLoop(
             str(settings.pod_resources_socket),
             lambda: set(self.resources),
@@ -172,7 +174,22 @@ class DevicePluginDaemon:
             return {}
         ids = self.source.mig_ids() if isinstance(self.source, MigIdSource) else {}
         minors = read_mig_minors(self.settings.mig_minors)
-        return mig_caps(snapshot, ids, minors, self.settings.mig_minors)
+        caps = mig_caps(snapshot, ids, minors, self.settings.mig_minors)
+        self._log_caps_missing(caps)
+        return caps
+
+    def _log_caps_missing(self, caps: dict[str, MigCaps | str]) -> None:
+        """Why a MIG instance is Unhealthy, once per instance and reason: the devices are
+        read every few seconds, and a line each time would bury everything else."""
+        for uuid, found in caps.items():
+            if isinstance(found, str) and self._caps_missing_logged.get(uuid) != found:
+                log.warning(
+                    "--device-specs: MIG device %s is advertised Unhealthy: its"
+                    " /dev/nvidia-caps files are not known (%s)",
+                    uuid,
+                    found,
+                )
+        self._caps_missing_logged = {u: f for u, f in caps.items() if isinstance(f, str)}
 
     def publish_topology(self, held: set[str]) -> None:
         if self.publisher is None or self.snapshot is None:

@@ -7,7 +7,7 @@ file (``/dev/nvidia<minor>``: NVML's minor number, not its index). A GPU the sou
 (lost in NVML) is kept as Unhealthy rather than dropped: the kubelet then
 stops giving it out but still counts pods holding it. With ``--device-specs``
 a MIG instance also carries its capability files (mig_caps.py), or why they
-are not known.
+are not known; then it is Unhealthy, as no container could open it.
 """
 
 from __future__ import annotations
@@ -68,7 +68,10 @@ def advertised(
         if isinstance(found, MigCaps):
             out.append(Device(m.uuid, healthy, numa, minor, caps=found))
         else:
-            out.append(Device(m.uuid, healthy, numa, minor, caps_missing=found or ""))
+            # Without its capability files every admission of it fails (Allocate refuses
+            # it): Unhealthy, so the kubelet stops choosing it, but still counts its pods.
+            missing = found or ""
+            out.append(Device(m.uuid, healthy and not missing, numa, minor, caps_missing=missing))
     return out
 
 

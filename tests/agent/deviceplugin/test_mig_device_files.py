@@ -9,6 +9,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from agent.deviceplugin.gen.deviceplugin.v1beta1 import api_pb2 as pb
 from agent.deviceplugin.mig_caps import MigCaps, mig_caps, read_mig_minors
 from agent.nvml_mig import MigIds
 from placement.profiles import build_profile
@@ -103,7 +104,17 @@ def test_a_mig_instance_whose_capability_files_are_unknown_is_refused(
         cluster, NODE, "--source", f"fake:{PROFILE}", "--device-specs", "--mig-minors", str(minors)
     ).start()
     plugins.append(plugin)
+    # Advertised Unhealthy, so the kubelet does not choose it (was: Healthy, chosen and
+    # refused at every admission); one that chooses it all the same is refused.
+    [device] = kubelet.plugin(RESOURCE).devices
+    assert kubelet.health(RESOURCE) == {device: "Unhealthy"}
+    assert kubelet.free(RESOURCE) == []
     with pytest.raises(grpc.RpcError) as refused:
-        _admit_4g(cluster, kubelet)
+        kubelet.plugin(RESOURCE).stub.Allocate(
+            pb.AllocateRequest(
+                container_requests=[pb.ContainerAllocateRequest(devices_ids=[device])]
+            ),
+            timeout=5,
+        )
     assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert f"{minors} has no line gpu3/gi14/access" in str(refused.value.details())
