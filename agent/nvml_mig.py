@@ -3,13 +3,14 @@
 Each MIG device names its GPU instance; the instance gives its profile id
 and placement (start and size in memory slices), and the GPU's profile table
 maps the id to the name NVML prints (``MIG 1g.10gb``). A GPU instance split
-into several compute instances appears once: the engine places whole GPU
-instances.
+into several compute instances appears once, as the first of its MIG devices
+read: the engine places whole GPU instances.
 
-Each instance also keeps the GPU instance and compute instance ids of the MIG
-device read (``MigIds``): the device plugin finds the instance's capability
-device files (``/dev/nvidia-caps/nvidia-cap<N>``) by them. They stay in the
-agent, not in the snapshot: nothing the service decides depends on them.
+Each instance also keeps its GPU instance id and the compute instance id of
+each of its MIG devices (``MigIds``), its own first: the device plugin finds
+the capability device files (``/dev/nvidia-caps/nvidia-cap<N>``) a container
+given the whole GPU instance needs by them. They stay in the agent, not in
+the snapshot: nothing the service decides depends on them.
 
 Instances whose placements overlap (or run past the GPU's slices) are not
 something a GPU can hold: the driver's answer is wrong, and which instance
@@ -37,10 +38,11 @@ log = logging.getLogger("topoplace.agent")
 
 @dataclass(frozen=True)
 class MigIds:
-    """Which GPU instance and compute instance of its GPU a MIG device is (NVML's ids)."""
+    """Which GPU instance of its GPU a MIG instance is, and the compute instances it is
+    split into (NVML's ids): the instance's own MIG device's first, then the others'."""
 
     gpu_instance: int
-    compute_instance: int
+    compute_instances: tuple[int, ...]
 
 
 def read_migs(
@@ -61,6 +63,9 @@ def read_migs(
         notes.append(f"MIG devices unreadable: {exc}")
         return []
     found: dict[int, MigInstance] = {}
+    # GPU instance id -> the compute instance ids of its MIG devices, in the order read;
+    # None where the instance's own (the first read) is unknown: then no ids at all.
+    computes: dict[int, list[int] | None] = {}
     for slot in range(count):
         try:
             mig = call(
@@ -77,7 +82,13 @@ def read_migs(
         try:
             instance_id = nvml.nvmlDeviceGetGpuInstanceId(mig)
             if instance_id in found:
-                continue  # another compute instance of a GPU instance already read
+                # Another compute instance of a GPU instance already read: not placed
+                # alone, but a container given the instance needs its capability file.
+                compute = _compute_instance(nvml, mig, notes, slot)
+                known = computes.get(instance_id)
+                if known is not None and compute is not None and compute not in known:
+                    known.append(compute)
+                continue
             info = nvml.nvmlGpuInstanceGetInfo(
                 nvml.nvmlDeviceGetGpuInstanceById(parent, instance_id)
             )
@@ -89,8 +100,7 @@ def read_migs(
                 placement_size=int(info.placement.size),
             )
             compute = _compute_instance(nvml, mig, notes, slot)
-            if ids is not None and compute is not None:
-                ids[found[instance_id].uuid] = MigIds(int(instance_id), compute)
+            computes[instance_id] = None if compute is None else [compute]
         except pynvml.NVMLError_GpuIsLost as exc:
             raise GpuLost("MIG device", exc) from None
         except (pynvml.NVMLError, ValueError) as exc:
@@ -102,10 +112,12 @@ def read_migs(
     if problem is not None:
         log.error("GPU %d: %s", gpu_index, problem)
         notes.append(problem)
-        if ids is not None:
-            for m in instances:
-                ids.pop(m.uuid, None)
         return []
+    if ids is not None:
+        for instance_id, mig in found.items():
+            own = computes.get(instance_id)
+            if own is not None:
+                ids[mig.uuid] = MigIds(int(instance_id), tuple(own))
     return instances
 
 

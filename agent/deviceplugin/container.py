@@ -86,7 +86,7 @@ def answer(
             path = f"/dev/nvidia{minor}"
             out.device_specs.append((path, path, "rw"))
         found = [c for d in devices if (c := (caps or {}).get(d)) is not None]
-        for minor in sorted({n for c in found for n in (c.gpu_instance, c.compute_instance)}):
+        for minor in sorted({n for c in found for n in (c.gpu_instance, *c.compute_instances)}):
             path = cap_path(minor)
             out.device_specs.append((path, path, "rw"))
     if options.cuda_env:

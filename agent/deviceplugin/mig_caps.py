@@ -9,6 +9,9 @@ container finds no device. The driver lists each file's M in
     gpu0/gi1/access 12
     gpu0/gi1/ci0/access 13
 
+A GPU instance split into several compute instances has a line for each; a
+container given the instance gets all of them.
+
 ``gpu<N>`` is the parent GPU's minor number (not its index), ``gi``/``ci``
 NVML's GPU and compute instance ids, which only the NVML source reads
 (``agent/nvml_mig.py``). NVIDIA's device plugin lists the same three files.
@@ -32,10 +35,11 @@ CAPS_DIR = "/dev/nvidia-caps"
 
 @dataclass(frozen=True)
 class MigCaps:
-    """The minors of a MIG instance's two capability files."""
+    """The minors of a MIG instance's capability files: its GPU instance's, and each of
+    its compute instances' (one unless the GPU instance is split), its own first."""
 
     gpu_instance: int
-    compute_instance: int
+    compute_instances: tuple[int, ...]
 
 
 def cap_path(minor: int) -> str:
@@ -78,10 +82,11 @@ def mig_caps(
             out[m.uuid] = "its GPU and compute instance ids are unknown (only NVML gives them)"
             continue
         gi = f"gpu{parent.minor_number}/gi{found.gpu_instance}"
-        gi_name, ci_name = f"{gi}/access", f"{gi}/ci{found.compute_instance}/access"
-        missing = [n for n in (gi_name, ci_name) if n not in minors]
+        gi_name = f"{gi}/access"
+        ci_names = [f"{gi}/ci{ci}/access" for ci in found.compute_instances]
+        missing = [n for n in (gi_name, *ci_names) if n not in minors]
         if missing:
             out[m.uuid] = f"{source} has no line {' or '.join(missing)}"
             continue
-        out[m.uuid] = MigCaps(minors[gi_name], minors[ci_name])
+        out[m.uuid] = MigCaps(minors[gi_name], tuple(minors[n] for n in ci_names))
     return out

@@ -51,7 +51,8 @@ def test_device_specs_name_the_control_nodes_and_each_gpu():
 
 
 def test_device_specs_of_a_mig_instance_add_its_capability_files():
-    caps = {"MIG-a": MigCaps(12, 13), "MIG-b": MigCaps(21, 22)}
+    # MIG-b's GPU instance is split into two compute instances: the container gets both.
+    caps = {"MIG-a": MigCaps(12, (13,)), "MIG-b": MigCaps(21, (22, 24))}
     out = answer(
         ["MIG-b", "MIG-a"],
         {"MIG-a": 0, "MIG-b": 0},
@@ -61,5 +62,5 @@ def test_device_specs_of_a_mig_instance_add_its_capability_files():
     )
     assert out.device_specs[3:] == [
         ("/dev/nvidia0", "/dev/nvidia0", "rw"),
-        *[(f"/dev/nvidia-caps/nvidia-cap{n}",) * 2 + ("rw",) for n in (12, 13, 21, 22)],
+        *[(f"/dev/nvidia-caps/nvidia-cap{n}",) * 2 + ("rw",) for n in (12, 13, 21, 22, 24)],
     ]

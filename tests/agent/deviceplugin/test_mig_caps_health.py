@@ -25,7 +25,7 @@ RESOURCE = "nvidia.com/mig-4g.40gb"
 def test_an_instance_without_capability_files_is_unhealthy() -> None:
     snap = build_profile(PROFILE, NODE)
     first, second = [m for m in snap.mig_instances if m.profile == "3g.40gb"]
-    caps: dict[str, MigCaps | str] = {first.uuid: MigCaps(12, 13), second.uuid: "no line"}
+    caps: dict[str, MigCaps | str] = {first.uuid: MigCaps(12, (13,)), second.uuid: "no line"}
     health = {d.id: d.healthy for d in advertised(snap, "nvidia.com/mig-3g.40gb", caps)}
     # Was: True for the second too, so the kubelet kept choosing it and its pods failed.
     assert (health[first.uuid], health[second.uuid]) == (True, False)

@@ -51,10 +51,10 @@ def test_an_instance_without_ids_or_lines_says_why():
         update={"gpus": [g.model_copy(update={"minor_number": g.index}) for g in snap.gpus]}
     )
     first, second, third = snap.mig_instances[:3]
-    ids = {first.uuid: MigIds(1, 0), second.uuid: MigIds(2, 0)}
+    ids = {first.uuid: MigIds(1, (0,)), second.uuid: MigIds(2, (0,))}
     minors = {"gpu0/gi1/access": 12, "gpu0/gi1/ci0/access": 13, "gpu0/gi2/access": 21}
     found = mig_caps(snap, ids, minors, Path("/proc/driver/nvidia-caps/mig-minors"))
-    assert found[first.uuid] == MigCaps(12, 13)
+    assert found[first.uuid] == MigCaps(12, (13,))
     assert found[second.uuid] == (
         "/proc/driver/nvidia-caps/mig-minors has no line gpu0/gi2/ci0/access"
     )
