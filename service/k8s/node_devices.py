@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -52,6 +53,13 @@ MIG_PREFIX = "nvidia.com/mig-"
 _LIVE = ("pending", "active", "degraded")
 _FINISHED = ("Succeeded", "Failed")
 _RECENT = 200
+# The same difference is reported every 10 s per node while the pod runs: its line is
+# logged when it first appears (or changes), then at most once per this, with the count
+# held back in between.
+MISMATCH_LOG_EVERY_S = 600.0
+# Unmoved differences remembered so a repeat is counted once; one forgotten (the oldest
+# first) is counted and kept once more, which costs one entry.
+_UNMOVED_KEPT = 10_000
 # Reads of one report, each on the snapshot the one before found replaced.
 _ATTEMPTS = 3
 
@@ -118,26 +126,50 @@ def reservations(state: ServiceState, node: str) -> list[PodReservation]:
     return out
 
 
+MismatchKey = tuple[str, str, str, str, tuple[str, ...]]
+
+
+def mismatch_key(mismatch: Mismatch) -> MismatchKey:
+    """What makes a difference the same one when it is reported again."""
+    return (
+        mismatch.node,
+        mismatch.namespace,
+        mismatch.pod,
+        mismatch.action,
+        tuple(mismatch.allocated),
+    )
+
+
 class MismatchLog:
     """How often the kubelet's truth differed from the service's view, since start."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        log_every_s: float = MISMATCH_LOG_EVERY_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._lock = threading.Lock()
         self.counts = MismatchCounts()
         self.recent: deque[Mismatch] = deque(maxlen=_RECENT)
         # Each node's own, for its agent's answer: the totals are the whole cluster's,
         # which a node's agent token may not read (GET /v1/k8s/mismatches is a reader's).
         self._by_node: dict[str, MismatchCounts] = {}
-        # A difference that is not moved (MIG, gangs) is reported every round: count it once.
-        self._unmoved: set[tuple[str, str, str, tuple[str, ...]]] = set()
+        # A difference that is not moved (MIG, gangs) is reported every round: count and
+        # keep it once, so its repeats do not push the others out of ``recent``. A dict for
+        # its order: the oldest is forgotten first.
+        self._unmoved: dict[MismatchKey, None] = {}
+        # Its warning: once when it appears, then once a while (``_record``).
+        self.logged = LogGate(every_s=log_every_s, clock=clock)
 
     def add(self, mismatch: Mismatch) -> None:
-        key = (mismatch.node, mismatch.namespace, mismatch.pod, tuple(mismatch.allocated))
+        key = mismatch_key(mismatch)
         with self._lock:
             if mismatch.action == "unmatched":
                 if key in self._unmoved:
                     return
-                self._unmoved.add(key)
+                if len(self._unmoved) >= _UNMOVED_KEPT:
+                    del self._unmoved[next(iter(self._unmoved))]
+                self._unmoved[key] = None
             self.recent.append(mismatch)
             node = self._by_node.setdefault(mismatch.node, MismatchCounts())
             for counts in (self.counts, node):
@@ -527,25 +559,28 @@ def _record(
     reserved: list[str],
     superseded: tuple[str, ...],
 ) -> None:
-    mismatches.add(
-        Mismatch(
-            at=datetime.now().astimezone(),
-            node=node,
-            namespace=pod.namespace,
-            pod=pod.name,
-            action=outcome.action,
-            allocation_id=outcome.allocation_id,
-            reserved=reserved,
-            allocated=list(pod.devices),
-            superseded=list(superseded),
-        )
+    mismatch = Mismatch(
+        at=datetime.now().astimezone(),
+        node=node,
+        namespace=pod.namespace,
+        pod=pod.name,
+        action=outcome.action,
+        allocation_id=outcome.allocation_id,
+        reserved=reserved,
+        allocated=list(pod.devices),
+        superseded=list(superseded),
     )
+    mismatches.add(mismatch)
+    held = mismatches.logged.due(mismatch_key(mismatch))
+    if held is None:
+        return
     log.warning(
-        "pod %s/%s on %s got %s, reserved %s: %s",
+        "pod %s/%s on %s got %s, reserved %s: %s%s",
         pod.namespace,
         pod.name,
         node,
         ",".join(pod.devices),
         ",".join(reserved) or "nothing",
         outcome.action,
+        f" (reported {held} more times since it was last logged)" if held else "",
     )
