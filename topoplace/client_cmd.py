@@ -292,7 +292,9 @@ def run(action: Action, args: argparse.Namespace) -> int:
     try:
         token = _token(args)
     except ValueError as exc:
-        print(f"error: --token-file: {exc}", file=sys.stderr)
+        # Where the file was named: the option, or a config file's key (the epilog's).
+        named = getattr(args, "token_source", None) or "--token-file"
+        print(f"error: {named}: {exc}", file=sys.stderr)
         return EXIT_USAGE
     try:
         ca_bundle = args.ca_bundle or os.environ.get(CA_BUNDLE_ENV, "").strip() or None

@@ -235,7 +235,10 @@ def run_epilog(args: argparse.Namespace) -> int:
     if config.get("slurm_conf"):
         os.environ["SLURM_CONF"] = config["slurm_conf"]
     args.server = args.server or config.get("server")
-    args.token_file = args.token_file or config.get("token_file")
+    if not args.token_file and config.get("token_file"):
+        # An unreadable token file is named where it was set, not as an option not given.
+        args.token_file = config["token_file"]
+        args.token_source = f"token_file in {args.config or DEFAULT_CONFIG}"
     args.ca_bundle = getattr(args, "ca_bundle", None) or config.get("ca_file")
     user = args.user or os.environ.get("SLURM_JOB_USER")
     outcome = client_cmd.EXIT_OK

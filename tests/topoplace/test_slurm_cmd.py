@@ -309,3 +309,19 @@ def test_epilog_config_given_that_does_not_exist_is_a_usage_error(
     captured = capsys.readouterr()
     assert captured.out == ""
     assert captured.err == f"error: cannot read --config {missing}: no such file\n"
+
+
+@pytest.mark.parametrize("content", [None, b"\n"], ids=["missing", "blank"])
+def test_an_epilog_token_file_from_the_config_is_named_by_the_configs_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: bytes | None
+) -> None:
+    """Was: 'error: --token-file: ...', an option the epilog was not given."""
+    token = tmp_path / "token"
+    if content is not None:
+        token.write_bytes(content)
+    config = _config(tmp_path, "http://127.0.0.1:9", "topoplace_allocation=a-1")
+    config.write_text(config.read_text() + f"token_file = {token}\n")
+    assert main(["slurm", "epilog", "--config", str(config), "--job", "7"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: token_file in {config}: "), err
+    assert "--token-file" not in err
