@@ -26,19 +26,41 @@ local function script_dir()
   return source:match("^@(.*/)") or "./"
 end
 
+-- slurmctld's log inside slurmctld (the slurm table its plugins give Lua), else stderr.
+local function log_error(format, ...)
+  if type(slurm) == "table" and type(slurm.log_error) == "function" then
+    slurm.log_error(format, ...)
+  else
+    io.stderr:write(string.format(format, ...) .. "\n")
+  end
+end
+
+-- A topoplace.conf that is missing or cannot be read means the defaults, said once
+-- (the module is read once per load of the script): failing inside slurmctld would
+-- fail every submission, which is worse than a filter using the default service.
 local function read_config(path)
   local config = { server = "http://127.0.0.1:8080", timeout_ms = "100" }
-  local file = io.open(path, "r")
-  if file == nil then
+  local file, err = io.open(path, "r")
+  local text
+  if file ~= nil then
+    text, err = file:read("*a")
+    file:close()
+  end
+  if text == nil then
+    err = tostring(err)
+    if err:sub(1, #path) ~= path then -- io.open's names the file, a read's does not
+      err = path .. ": " .. err
+    end
+    log_error("topoplace: cannot read %s; using the defaults (server %s, timeout_ms %s)",
+      err, config.server, config.timeout_ms)
     return config
   end
-  for line in file:lines() do
+  for line in (text .. "\n"):gmatch("([^\n]*)\n") do
     local key, value = line:match("^%s*([%w_]+)%s*=%s*(.-)%s*$")
     if key ~= nil and not line:match("^%s*#") then
       config[key] = value
     end
   end
-  file:close()
   return config
 end
 
