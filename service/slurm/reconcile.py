@@ -228,6 +228,10 @@ def reconcile(
         job_id = allocation.job_id
         if allocation_id in live_named or (job_id is not None and job_id in unfinished):
             continue
+        if allocation.created_at > taken_at:
+            # Recorded after squeue answered (a prolog's report of a job released from
+            # its hold, or of a requeued job's next run): the answer cannot speak for it.
+            continue
         parked_job = named_by_parked.get(allocation_id) or (
             job_id if job_id in parked_jobs else None
         )

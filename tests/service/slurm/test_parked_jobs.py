@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
 
+from service.slurm import reconcile as reconcile_module
 from service.slurm.parked import parked_reason
+from service.slurm.reconcile import Reconciler
+from service.slurm.settings import SlurmSettings
+from tests.service.conftest import FakeClock
 from tests.service.slurm.test_truth import gpus, of_job, show_job, started, submit
 
 
@@ -95,6 +100,33 @@ def test_a_released_job_that_starts_later_is_recorded_where_it_runs(dgx1: TestCl
     }
     assert dgx1.post("/v1/slurm/reconcile", json={"jobs": [running]}).json()["released"] == []
     assert [a["id"] for a in of_job(dgx1, 33)] == [allocation["id"]]
+
+
+def test_a_job_released_from_its_hold_while_squeue_was_read_keeps_its_record(
+    dgx1: TestClient, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """squeue saw the job held; before its answer was used the job was released and
+    started, and its prolog recorded it. The old answer must not release that record as
+    a parked job's reservation: the job runs on those GPUs."""
+    decision = submit(dgx1, tres_per_node="gres:gpu:2", req_nodes="node1")
+    comment = decision["set"]["admin_comment"]
+    held = {"jobs": [pending(34, comment, "JobHeldUser")]}
+    assert dgx1.post("/v1/slurm/reconcile", json=held).json()["released"]
+    recorded: list[str] = []
+
+    def slow_squeue(command: str, timeout_s: float) -> dict[str, Any]:
+        clock.advance(1)  # slurmctld answered (the job held), then the job was released
+        answer = started(dgx1, show_job(34, "gpu:g5:1(IDX:5),gpu:g6:1(IDX:6)", "node1", comment))
+        assert answer["action"] == "created", answer
+        recorded.append(answer["allocation_id"])
+        clock.advance(1)
+        return held
+
+    monkeypatch.setattr(reconcile_module, "read_squeue", slow_squeue)
+    app: Any = dgx1.app
+    settings = SlurmSettings(squeue_command="squeue --json", reconcile_grace_s=0.5)
+    asyncio.run(Reconciler(app.state.service, settings).tick())
+    assert recorded and live(dgx1) == recorded, "a started job's record was released"
 
 
 def test_reasons_slurm_does_not_name_park_nothing() -> None:
