@@ -193,3 +193,36 @@ def test_every_live_allocation_is_reconciled_however_many(
     result = reconcile_module.reconcile(app.state.service, SlurmSettings(), {"jobs": []})
     assert sorted(result.released) == sorted(orphans)
     assert _live(client) == []
+
+
+def test_a_job_requeued_and_restarted_while_squeue_was_read_keeps_its_record(
+    client: TestClient, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """squeue saw the job's first run end (preempted); before its answer was used Slurm
+    requeued the job and started it again, and the next run's prolog recorded it. The
+    old answer must not end that record: the job runs on those GPUs."""
+    add_nodes(client, ("dgx1-v100", "node1"))
+    body = {"tres_per_node": "gres:gpu:2", "user_name": "alice"}
+    decision = client.post("/v1/slurm/job-submit", json=body).json()
+    comment = decision["set"]["admin_comment"]
+    first = ",".join(f"gpu:g{g}:1(IDX:{g})" for g in decision["gpu_indices"])
+    report = {"show_job": show_job(7, first, "node1", comment), "job_name": "train"}
+    assert client.post("/v1/slurm/job-started", json=report).json()["action"] == "attached"
+    preempted = {"job_id": 7, "job_state": "PREEMPTED", "admin_comment": comment}
+    recorded: list[str] = []
+
+    def slow_squeue(command: str, timeout_s: float) -> dict[str, Any]:
+        clock.advance(1)
+        assert client.post("/v1/jobs/7/release").json()["released"]  # the first run's epilog
+        again = show_job(7, "gpu:g6:1(IDX:6),gpu:g7:1(IDX:7)", "node1", comment, restarts=1)
+        answer = client.post("/v1/slurm/job-started", json={"show_job": again, "job_name": "train"})
+        assert answer.json()["action"] == "created", answer.text
+        recorded.append(answer.json()["allocation_id"])
+        clock.advance(1)
+        return {"jobs": [preempted]}
+
+    monkeypatch.setattr(reconcile_module, "read_squeue", slow_squeue)
+    app: Any = client.app
+    settings = SlurmSettings(squeue_command="squeue --json", reconcile_grace_s=0.5)
+    asyncio.run(Reconciler(app.state.service, settings).tick())
+    assert recorded and _live(client) == recorded, "the restarted run's record was ended"
