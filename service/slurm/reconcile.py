@@ -109,6 +109,19 @@ def live_allocations(squeue: Any) -> tuple[set[str], int]:
     return live, jobs
 
 
+Stamp = tuple[str | None, str, datetime | None, dict[str, tuple[int, ...]]]
+
+
+def stamp(allocation: Allocation) -> Stamp:
+    """What a job's start changes in an allocation (its job id, state, expiry, GPUs)."""
+    return (allocation.job_id, allocation.state, allocation.expires_at, allocation.gpus_by_node())
+
+
+def stamps(state: ServiceState) -> dict[str, Stamp]:
+    """Live allocations as they stand now, to compare with after squeue answers."""
+    return {a.id: stamp(a) for a in allocations.live(state)}
+
+
 def _held(allocation: Allocation) -> dict[str, list[int]]:
     return {node: list(gpus) for node, gpus in allocation.gpus_by_node().items()}
 
@@ -152,7 +165,11 @@ def _take_in(
 
 
 def reconcile(
-    state: ServiceState, settings: SlurmSettings, squeue: Any, taken_at: datetime | None = None
+    state: ServiceState,
+    settings: SlurmSettings,
+    squeue: Any,
+    taken_at: datetime | None = None,
+    before: dict[str, Stamp] | None = None,
 ) -> ReconcileResult:
     """Make the service say what Slurm runs, and release what no job holds.
 
@@ -170,6 +187,8 @@ def reconcile(
     ``taken_at``: when squeue was asked (now, by default). Its answer is that old: a job
     created after it is missing from it, so only allocations older than it by the
     grace period can be orphans, whatever job id they have learned since.
+    ``before``: the live allocations' stamps when squeue was asked (None: as now); one
+    changed since (a prolog gave it its job id) is not released as a parked job's.
     """
     taken_at = taken_at or state.clock()
     cutoff = taken_at - timedelta(seconds=settings.reconcile_grace_s)
@@ -236,6 +255,8 @@ def reconcile(
             job_id if job_id in parked_jobs else None
         )
         if parked_job is not None:
+            if before is not None and before.get(allocation_id) != stamp(allocation):
+                continue  # the job started after the answer (its prolog's report)
             gone = allocations.release(state, allocation_id).ids
             parked_released.setdefault(parked_job, []).extend(gone)
             continue
@@ -299,6 +320,7 @@ class Reconciler:
         self._last = now
         self._next = now + self.settings.reconcile_interval_s
         taken_at = self.state.clock()  # squeue's answer is no newer than this
+        before = await off_loop(stamps, self.state)
         started = time.perf_counter()
         try:
             squeue = await off_loop(read_squeue, command, self.settings.squeue_timeout_s)
@@ -309,4 +331,4 @@ class Reconciler:
             return
         self.state.metrics.squeue.labels("ok").observe(time.perf_counter() - started)
         with acting(RECONCILER):  # the audit log's actor of what it changes
-            await off_loop(reconcile, self.state, self.settings, squeue, taken_at)
+            await off_loop(reconcile, self.state, self.settings, squeue, taken_at, before)

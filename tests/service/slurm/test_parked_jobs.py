@@ -129,6 +129,30 @@ def test_a_job_released_from_its_hold_while_squeue_was_read_keeps_its_record(
     assert recorded and live(dgx1) == recorded, "a started job's record was released"
 
 
+def test_a_held_job_that_started_on_its_reservation_while_squeue_was_read_keeps_it(
+    dgx1: TestClient, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """squeue saw the job held while its reservation still stood; before its answer was
+    used the job was released and started on the reserved GPUs, and its prolog gave the
+    reservation its job id. The old answer must not release it as a parked job's."""
+    decision = submit(dgx1, tres_per_node="gres:gpu:2", req_nodes="node1")
+    comment = decision["set"]["admin_comment"]
+    gres = ",".join(f"gpu:g{g}:1(IDX:{g})" for g in decision["gpu_indices"])
+
+    def slow_squeue(command: str, timeout_s: float) -> dict[str, Any]:
+        clock.advance(1)
+        answer = started(dgx1, show_job(35, gres, "node1", comment))
+        assert answer["action"] == "attached", answer
+        clock.advance(1)
+        return {"jobs": [pending(35, comment, "JobHeldUser")]}
+
+    monkeypatch.setattr(reconcile_module, "read_squeue", slow_squeue)
+    app: Any = dgx1.app
+    settings = SlurmSettings(squeue_command="squeue --json", reconcile_grace_s=0.5)
+    asyncio.run(Reconciler(app.state.service, settings).tick())
+    assert live(dgx1) == decision["allocation_ids"], "a started job's reservation was released"
+
+
 def test_reasons_slurm_does_not_name_park_nothing() -> None:
     assert parked_reason({"state_reason": "JobHeldUser"}) == "JobHeldUser"
     assert parked_reason({"state_reason": "Resources"}) is None
