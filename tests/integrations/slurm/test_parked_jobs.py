@@ -1,5 +1,5 @@
 """A held job gives its GPUs back to the others, and is recorded where it runs once
-released (a real slurmctld: `sbatch --hold`, `scontrol release`)."""
+released (a real slurmctld: `scontrol hold`, `scontrol release`)."""
 
 from __future__ import annotations
 
@@ -11,23 +11,31 @@ from tests.integrations.slurm.test_slurm_filter import (
     eventually,
     gres_indices,
 )
-from tests.integrations.slurm.test_slurm_truth import held, of_job
+from tests.integrations.slurm.test_slurm_truth import every_cpu, held, of_job
 
 
 def test_a_held_job_frees_its_gpus_and_is_recorded_when_it_starts(
     cluster: LoopbackCluster, service: Service, jobs: list[str]
 ) -> None:
+    """Held after the filter reserved for it: a job submitted held (`--hold`) is left to
+    Slurm unreserved from the start (test_deferred_jobs.py), so this one waits for
+    Resources behind a job that has every CPU of the node, then `scontrol hold`."""
     node = NODES[2]
-    parked = cluster.sbatch("--gpus=8", "-w", node, "--hold", script="sleep 60")
+    whole = every_cpu(cluster, node, jobs)
+    parked = cluster.sbatch("--gpus=8", "-w", node, script="sleep 60")
     jobs.append(parked.id)
     assert parked.returncode == 0, parked.stderr
     [reserved] = allocation_ids(cluster.show_job(parked.id))  # the filter placed it
-    assert "Reason=JobHeldUser" in cluster.show_job(parked.id)
+    held_now = cluster.run("scontrol", "hold", parked.id)
+    assert held_now.returncode == 0, held_now.stderr
+    assert "Reason=JobHeld" in cluster.show_job(parked.id)  # User, or Admin for root
     eventually(
         lambda: allocation(service, reserved)["state"] == "released",
         "the held job's reservation released",
-        INTERVAL_S,
+        INTERVAL_S + 0.5,
     )
+    cluster.run("scancel", whole)
+    cluster.wait_state(whole, ("CANCELLED", "COMPLETED"))
     # Its GPUs are the others': another job is placed on the node at once.
     other = cluster.sbatch("--gpus=2", "-w", node, script="sleep 60")
     jobs.append(other.id)

@@ -83,19 +83,25 @@ def test_a_job_slurm_started_by_itself_is_known_and_never_pinned_over(
     assert placed["id"] in shown and NODES[1] in shown
 
 
+def every_cpu(cluster: LoopbackCluster, node: str, jobs: list[str]) -> str:
+    """A running job with every CPU of the node and no GPU (--exclusive would take the
+    GPUs too): a GPU job sent there waits for Resources, its reservation kept. Its id."""
+    shown = cluster.run("scontrol", "show", "node", node).stdout
+    cpus = re.search(r"CPUTot=(\d+)", shown)
+    assert cpus is not None, shown
+    whole = cluster.sbatch(f"--cpus-per-task={cpus.group(1)}", "-w", node, script="sleep 60")
+    jobs.append(whole.id)
+    cluster.wait_state(whole.id, ("RUNNING",))
+    return whole.id
+
+
 def test_a_job_cancelled_while_pending_is_released_within_one_interval(
     cluster: LoopbackCluster, service: Service, jobs: list[str]
 ) -> None:
     """A pending job runs no prolog and no epilog when cancelled. It waits for
     Resources (a job without GPUs has every CPU of the node), so it keeps its reservation
     until then: a held one would give it back at once (test_parked_jobs.py)."""
-    shown = cluster.run("scontrol", "show", "node", NODES[2]).stdout
-    cpus = re.search(r"CPUTot=(\d+)", shown)
-    assert cpus is not None, shown
-    # Every CPU, no GPU (--exclusive would take the GPUs too).
-    whole = cluster.sbatch(f"--cpus-per-task={cpus.group(1)}", "-w", NODES[2], script="sleep 60")
-    jobs.append(whole.id)
-    cluster.wait_state(whole.id, ("RUNNING",))
+    every_cpu(cluster, NODES[2], jobs)
     job = cluster.sbatch("--gpus=1", "-w", NODES[2])
     assert job.returncode == 0, job.stderr
     [allocation_id] = allocation_ids(cluster.show_job(job.id))
@@ -114,12 +120,14 @@ def test_a_reservation_no_job_took_is_released_soon_after_the_filter_timeout(
     cluster: LoopbackCluster, service: Service, jobs: list[str]
 ) -> None:
     """The service answered after job_submit.lua's 100 ms timeout: the job went on
-    unchanged, and the reservation made for it must not hold its GPUs for long."""
+    unchanged, and the reservation made for it must not hold its GPUs for long. The
+    job waits for Resources meanwhile (a held one is never reserved for at all)."""
+    every_cpu(cluster, NODES[2], jobs)
     since = datetime.now(UTC)
     try:
         with SlowProxy(service.url, delay_s=0.3) as proxy:
             cluster.write_filter_config(proxy.url)
-            job = cluster.sbatch("--gpus=1", "-w", NODES[2], "--hold", script="true")
+            job = cluster.sbatch("--gpus=1", "-w", NODES[2], script="true")
             jobs.append(job.id)
             assert proxy.forwarded == 1
     finally:
