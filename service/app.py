@@ -53,7 +53,7 @@ from service.responses import HANDLED_ERRORS, database_down, handled_error
 from service.settings import Settings
 from service.slurm import endpoints as slurm_routes
 from service.slurm import watchers
-from service.slurm.node_states import NodeStatesWatcher
+from service.slurm.node_states_watcher import NodeStatesWatcher
 from service.slurm.reconcile import Reconciler
 from service.state import Clock, ServiceState, utc_now
 from service.tokens import endpoints as token_routes

@@ -12,12 +12,12 @@ from fastapi.testclient import TestClient
 
 from service.slurm import node_states
 from service.slurm.node_states import (
-    NodeStatesWatcher,
     SinfoError,
     SlurmNodeStates,
     read_sinfo,
     unavailable_nodes,
 )
+from service.slurm.node_states_watcher import NodeStatesWatcher
 from service.slurm.settings import SlurmSettings
 from tests.service.slurm.test_truth import submit
 
