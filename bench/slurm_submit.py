@@ -9,8 +9,12 @@ same service (DGX-1 nodes, 8 fake GPUs each, gres.conf and node lines from
 filter), one with cli_filter.lua in sbatch as well, one without either.
 Measured, one submission on each in turn so drift hits all three:
 
-1. sbatch of a held 1-GPU job (`--hold`: submission only, nothing runs):
-   the sbatch process's wall time, and the filter's own time, as
+1. sbatch of a 1-GPU job that waits: a job without GPUs holds every CPU of
+   each cluster's nodes, so nothing submitted runs and the filter reserves for
+   every submission, as for a job waiting for Resources (a job submitted
+   `--hold` is left to Slurm unreserved, docs/slurm.md, so timing one would
+   time the filter's cheapest answer, not a reservation).
+   Timed: the sbatch process's wall time, and the filter's own time, as
    job_submit.lua measures its call and logs it (`[1.3 ms]` in slurmctld's
    log; not the submit RPC's `usec=`, which slurmctld counts otherwise and
    which came out smaller than the filter's own time for the same job);
@@ -23,7 +27,7 @@ Measured, one submission on each in turn so drift hits all three:
    A fifth cluster runs the filter against a server that answers every call
    at once with a decision the service gave before the run: the filter's
    cost with no service behind it, the most any service could reach.
-2. Throughput with several submitters: blocks of 20 held submissions from
+2. Throughput with several submitters: blocks of 20 waiting submissions from
    4 client threads at once, alternating between the clusters (cancelled and
    released between blocks, untimed): submissions per second over the blocks.
 3. GPU choice: on a node where some jobs already hold GPUs, a `--gpus=4`
@@ -95,13 +99,29 @@ def clear_allocations(service: Service) -> None:
 
 
 def fixed_decision(service: Service, node: str) -> str:
-    """What the service answers a held --gpus=1 batch job on ``node`` (released after)."""
+    """What the service answers a --gpus=1 batch job on ``node`` (released after)."""
     ask = {"tres_per_job": "gres/gpu:1", "partition_nodes": node, "batch": True}
     answer = httpx.post(f"{service.url}/v1/slurm/job-submit", json=ask, timeout=10)
     answer.raise_for_status()
     assert answer.json()["action"] == "modify", answer.text
     clear_allocations(service)
     return answer.text
+
+
+def every_cpu(cluster: LoopbackCluster, nodes: list[str]) -> list[str]:
+    """On each node a running job with every CPU and no GPU: jobs submitted after it
+    wait for Resources, reserved for by the filter and never run. Their ids."""
+    blockers = []
+    for node in nodes:
+        shown = cluster.run("scontrol", "show", "node", node).stdout
+        cpus = re.search(r"CPUTot=(\d+)", shown)
+        assert cpus is not None, shown
+        job = cluster.sbatch(f"--cpus-per-task={cpus.group(1)}", "-w", node, script="sleep 3600")
+        assert job.returncode == 0, job.stderr
+        blockers.append(job.id)
+    for job_id in blockers:
+        cluster.wait_state(job_id, ("RUNNING",))
+    return blockers
 
 
 def clear(cluster: LoopbackCluster, service: Service, jobs: list[str]) -> None:
@@ -112,7 +132,7 @@ def clear(cluster: LoopbackCluster, service: Service, jobs: list[str]) -> None:
 
 
 def as_the_filter_sets_it(node: str) -> list[str]:
-    """A held 1-GPU job asking, without the filter, for what the filter would write
+    """A 1-GPU job asking, without the filter, for what the filter would write
     into it: one node, one typed GPU, a comment and environment variables."""
     return [
         "-w",
@@ -134,7 +154,7 @@ def submissions(
     pending: dict[str, list[str]] = {label: [] for label in runs}
     for i in range(count):
         for label, (cluster, ask) in runs.items():
-            job = cluster.sbatch("--hold", *ask, script="true")
+            job = cluster.sbatch(*ask, script="true")
             assert job.returncode == 0, job.stderr
             seconds[label].append(job.seconds)
             pending[label].append(job.id)
@@ -156,7 +176,7 @@ def concurrent_rates(
             for label, cluster in clusters.items():
 
                 def submit(_: int, cluster: LoopbackCluster = cluster) -> Job:
-                    return cluster.sbatch("--hold", "--gpus=1", script="true")
+                    return cluster.sbatch("--gpus=1", script="true")
 
                 started = time.perf_counter()
                 jobs = list(pool.map(submit, range(ROUND)))
@@ -275,9 +295,14 @@ def main() -> None:
             cluster.start()
         fixed_server = fixed_answer(fixed_decision(service, fixed_node))
         no_service.write_filter_config(stack.enter_context(fixed_server))
+        layout = {"without": solos, "with filter": nodes, "with filter + cli_filter": both}
+        blockers = {
+            label: every_cpu(cluster, layout.get(label, [fixed_node]))
+            for label, cluster in clusters.items()
+        }
         seconds = submissions(clusters, service, count, solos[1])
         inside = filter_ms(filtered)
-        print(f"\n{count} held 1-GPU sbatch submissions per cluster, in turn, one client")
+        print(f"\n{count} waiting 1-GPU sbatch submissions per cluster, in turn, one client")
         print("| | sbatch p50 ms | sbatch p99 ms | submissions/s | added p50 ms | added p99 ms |")
         print("|---|---|---|---|---|---|")
         rate = {}
@@ -304,6 +329,8 @@ def main() -> None:
             + ", ".join(f"{label} {rate:.0f}" for label, rate in rates.items())
             + f"; with filter / without: {rates['with filter'] / rates['without']:.2f}x"
         )
+        for label, cluster in clusters.items():
+            clear(cluster, service, blockers[label])
         direct = service_calls(service)
         print(
             "the same service over HTTP from Python, p50 ms: "
