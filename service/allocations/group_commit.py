@@ -133,17 +133,7 @@ class GroupCommitter:
         the database is free, on SQLite or Postgres (the Kubernetes bind). ``seqs`` and
         ``reported``: the node snapshots chosen on; a node whose stored snapshot differs,
         or that is cordoned, fails the commit (IntegrityError, as a GPU held already)."""
-        reservation = _Reservation(
-            row,
-            holds,
-            nodes,
-            audit,
-            _nothing,
-            shares,
-            seqs or {},
-            reported or {},
-            admission=revoked_meanwhile.current(),
-        )
+        reservation = _new_reservation(row, holds, nodes, audit, shares, seqs, reported)
         if at_once and self._write_at_once(reservation, on_loop=False):
             return
         done = threading.Event()
@@ -168,17 +158,7 @@ class GroupCommitter:
         """``commit`` for the event loop: awaits the batch instead of blocking a thread.
         ``at_once``: the caller has no batch to share (the Slurm filter); on SQLite, with
         the database free, the reservation is written here, now (see the module's text)."""
-        reservation = _Reservation(
-            row,
-            holds,
-            nodes,
-            audit,
-            _nothing,
-            shares,
-            seqs or {},
-            reported or {},
-            admission=revoked_meanwhile.current(),
-        )
+        reservation = _new_reservation(row, holds, nodes, audit, shares, seqs, reported)
         if at_once and self._write_at_once(reservation, on_loop=True):
             return
         loop = asyncio.get_running_loop()
@@ -430,3 +410,27 @@ def _settle(future: asyncio.Future[None], reservation: _Reservation) -> None:
         future.set_exception(reservation.error)
     else:
         future.set_result(None)
+
+
+def _new_reservation(
+    row: Mapping[str, object],
+    holds: Sequence[tuple[str, str, str]],
+    nodes: Sequence[str],
+    audit: Mapping[str, object] | None,
+    shares: Sequence[tuple[str, str, int]],
+    seqs: Mapping[str, int] | None,
+    reported: Mapping[str, datetime] | None,
+) -> _Reservation:
+    """A reservation to write, carrying the token check's admission of its request so
+    the write can refuse one whose token was revoked meanwhile (revoked_meanwhile)."""
+    return _Reservation(
+        row,
+        holds,
+        nodes,
+        audit,
+        _nothing,
+        shares,
+        seqs or {},
+        reported or {},
+        admission=revoked_meanwhile.current(),
+    )
