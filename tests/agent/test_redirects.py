@@ -5,7 +5,6 @@ agent tries again; nothing is taken as acknowledged."""
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -13,10 +12,7 @@ import pytest
 from agent.runner import Agent, Backoff
 from agent.signing import NodeKey
 from agent.sources import Identity, SimSource
-from service.app import create_app
-from service.settings import Settings
 from tests.agent.scripted_front import ScriptedFront
-from tests.live_server import live_server
 from tests.topoplace.test_client_cmd import PROXY_VARIABLES
 from topoplace.cli import main
 from topoplace_client.api import ApiError, TopoplaceClient
@@ -32,14 +28,6 @@ def _no_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(name, raising=False)
     for name in ("TOPOPLACE_AGENT_SERVER", "TOPOPLACE_AGENT_KEY_FILE", "TOPOPLACE_AGENT_CONFIG"):
         monkeypatch.delenv(name, raising=False)
-
-
-@pytest.fixture
-def front(tmp_path: Path) -> Iterator[tuple[str, ScriptedFront]]:
-    app = create_app(Settings(database_url=f"sqlite:///{tmp_path / 'service.db'}"))
-    scripted = ScriptedFront(app)
-    with live_server(app) as url:
-        yield url, scripted
 
 
 def _agent(client: TopoplaceClient) -> Agent:

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from email.utils import format_datetime
 from pathlib import Path
@@ -41,14 +40,6 @@ def _agent(client: TopoplaceClient) -> Agent:
         backoff=Backoff(1.0, 8.0, random.Random(7)),
         clock=lambda: NOW,
     )
-
-
-@pytest.fixture
-def front(tmp_path: Path) -> Iterator[tuple[str, ScriptedFront]]:
-    app = create_app(Settings(database_url=f"sqlite:///{tmp_path / 'service.db'}"))
-    scripted = ScriptedFront(app)
-    with live_server(app) as url:
-        yield url, scripted
 
 
 def test_a_rate_limited_agent_waits_the_services_retry_after(tmp_path: Path) -> None:
