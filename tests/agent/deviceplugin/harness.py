@@ -23,6 +23,10 @@ from typing import Any
 import httpx
 import pytest
 
+from agent.deviceplugin.container import ContainerOptions
+from agent.deviceplugin.daemon import DevicePluginDaemon, PluginSettings, ServiceLink
+from agent.deviceplugin.mig_caps import MIG_MINORS
+from agent.sources import Source
 from bench.k8s_objects import binding_args, names_args, pod
 from placement import NodeSnapshot
 from placement.profiles import build_profile
@@ -32,6 +36,7 @@ from service.settings import Settings
 from tests.agent.deviceplugin.fake_kubelet import FakeKubelet
 from tests.live_server import live_server
 from tests.service.k8s.fake_kube import FakeKubeApi
+from topoplace_client.api import TopoplaceClient
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -165,3 +170,21 @@ def plugins(cluster: Cluster) -> Iterator[list[PluginProcess]]:
     yield started
     for p in started:
         p.stop()
+
+
+def offline_daemon(
+    node: str, source: Source, device_specs: bool, mig_minors: Path = MIG_MINORS
+) -> DevicePluginDaemon:
+    """The plugin's daemon in process, for its device reads only: no kubelet, and a
+    service address nothing listens on (no truth round runs)."""
+    client = TopoplaceClient("http://127.0.0.1:9")
+    settings = PluginSettings(
+        node=node,
+        resources=(),
+        whole_gpu_resource="nvidia.com/gpu",
+        kubelet_dir=Path("/nonexistent"),
+        pod_resources_socket=Path("/nonexistent.sock"),
+        options=ContainerOptions(device_specs=device_specs),
+        mig_minors=mig_minors,
+    )
+    return DevicePluginDaemon(settings, source, ServiceLink(node, client, client))

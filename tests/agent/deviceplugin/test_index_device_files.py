@@ -8,26 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from agent.deviceplugin.container import ContainerOptions
-from agent.deviceplugin.daemon import DevicePluginDaemon, PluginSettings, ServiceLink
+from agent.deviceplugin.daemon import DevicePluginDaemon
 from agent.sources import Identity, SimSource, SmiSource
-from topoplace_client.api import TopoplaceClient
+from tests.agent.deviceplugin.harness import offline_daemon
 
 NODE = "k8s-smi"
 SAMPLE = Path(__file__).resolve().parents[3] / "topoplace_client" / "samples" / "hgx-h100.txt"
 
 
 def _daemon(source: SmiSource | SimSource, device_specs: bool) -> DevicePluginDaemon:
-    client = TopoplaceClient("http://127.0.0.1:9")  # never called: no truth round runs
-    settings = PluginSettings(
-        node=NODE,
-        resources=(),
-        whole_gpu_resource="nvidia.com/gpu",
-        kubelet_dir=Path("/nonexistent"),
-        pod_resources_socket=Path("/nonexistent.sock"),
-        options=ContainerOptions(device_specs=device_specs),
-    )
-    return DevicePluginDaemon(settings, source, ServiceLink(NODE, client, client))
+    return offline_daemon(NODE, source, device_specs)
 
 
 def test_device_files_by_index_are_warned_of_once(caplog: pytest.LogCaptureFixture):

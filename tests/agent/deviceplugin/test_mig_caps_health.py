@@ -8,14 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from agent.deviceplugin.container import ContainerOptions
-from agent.deviceplugin.daemon import DevicePluginDaemon, PluginSettings, ServiceLink
+from agent.deviceplugin.daemon import DevicePluginDaemon
 from agent.deviceplugin.devices import advertised
 from agent.deviceplugin.mig_caps import MigCaps
 from agent.sources import Identity, open_source
 from placement.profiles import build_profile
+from tests.agent.deviceplugin.harness import offline_daemon
 from tests.agent.deviceplugin.test_mig_device_files import mig_minors
-from topoplace_client.api import TopoplaceClient
 
 NODE = "k8s-mig"
 PROFILE = "dgx-a100-mig"  # GPU 3 holds the one 4g.40gb instance
@@ -34,18 +33,7 @@ def test_an_instance_without_capability_files_is_unhealthy() -> None:
 
 
 def _daemon(minors: Path) -> DevicePluginDaemon:
-    client = TopoplaceClient("http://127.0.0.1:9")  # never called: no truth round runs
-    settings = PluginSettings(
-        node=NODE,
-        resources=(),
-        whole_gpu_resource="nvidia.com/gpu",
-        kubelet_dir=Path("/nonexistent"),
-        pod_resources_socket=Path("/nonexistent.sock"),
-        options=ContainerOptions(device_specs=True),
-        mig_minors=minors,
-    )
-    source = open_source(f"fake:{PROFILE}", Identity(NODE))
-    return DevicePluginDaemon(settings, source, ServiceLink(NODE, client, client))
+    return offline_daemon(NODE, open_source(f"fake:{PROFILE}", Identity(NODE)), True, minors)
 
 
 def test_the_reason_is_logged_once(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
