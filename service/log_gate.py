@@ -16,9 +16,13 @@ import time
 from collections.abc import Callable, Hashable
 
 LOG_EVERY_S = 10.0
-# A bound on the keys remembered (not on how long anything lasts): a key forgotten is
-# logged once more than it would have been, which costs one line.
-MAX_KEYS = 100
+# A bound on the keys remembered, so that memory stays bounded whatever the keys. Only a
+# key whose window has passed is forgotten while there are any (it would be let through
+# anyway, so nothing is logged early); only past this many keys each inside its window is
+# the oldest forgotten, which costs it one line early. As many as the mismatch log keeps
+# unmoved differences (service/k8s/node_devices.py), each one a key of its gate; an entry
+# is a key, a float and maybe a count, so a full gate is a few MB.
+MAX_KEYS = 10_000
 
 
 class LogGate:
@@ -30,6 +34,8 @@ class LogGate:
         self.every_s = every_s
         self._clock = clock
         self._lock = threading.Lock()
+        # Key -> when its line was last let through, in that order (oldest first): the
+        # clock only moves forward, so the expired are always at the front.
         self._last: dict[Hashable, float] = {}
         self._held: dict[Hashable, int] = {}
 
@@ -44,7 +50,22 @@ class LogGate:
                 self._held[key] = self._held.get(key, 0) + 1
                 return None
             if last is None and len(self._last) >= MAX_KEYS:
-                self._last.clear()
-                self._held.clear()
+                self._make_room(now)
+            # Moved to the end: the order stays that of the lines let through.
+            self._last.pop(key, None)
             self._last[key] = now
             return self._held.pop(key, 0)
+
+    def _make_room(self, now: float) -> None:
+        """Make room for one key: every key whose window has passed (each amortised once,
+        as each was added once), else the oldest one. A forgotten key's count of lines
+        held back goes with it, so its next line says 0: bounded memory's price."""
+        while self._last:
+            oldest, last = next(iter(self._last.items()))
+            expired = now - last >= self.every_s
+            if not expired and len(self._last) < MAX_KEYS:
+                return  # the expired are gone, and that made room
+            del self._last[oldest]
+            self._held.pop(oldest, None)
+            if not expired:
+                return  # the oldest still inside its window: forgotten for one room only
