@@ -12,7 +12,7 @@ needs. A role is a set of permissions:
     summary      a region's signed summary to a global          region (its own region only),
                  service (docs/federation.md)                  admin
     admin        tokens, node keys (replace, delete), cordon,   admin
-                 delete, regions (register, retire)
+                 delete, regions (register, update, retire)
 
 An ``agent`` token carries a scope: node names and/or one region. A
 ``report`` call names its node (the ``{name}`` of the path, the ``node``
@@ -158,6 +158,7 @@ REST_RULES: tuple[Rule, ...] = (
     Rule("POST", "/v1/regions", A),
     Rule("GET", "/v1/regions", V),
     Rule("GET", "/v1/regions/{region}", V),
+    Rule("PATCH", "/v1/regions/{region}", A),
     Rule("POST", "/v1/regions/{region}/retire", A),
     Rule("PUT", "/v1/regions/{region}/summary", F),
     Rule("POST", "/v1/federation/place", S),

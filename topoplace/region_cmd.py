@@ -1,7 +1,7 @@
-"""`topoplace region register|list|show|retire`: the regions of a global service (admin).
+"""`topoplace region register|list|show|update|retire`: a global service's regions.
 
 Through the global service's API, as every other client command (an admin
-token in --token-file or $TOPOPLACE_TOKEN for register and retire). The
+token in --token-file or $TOPOPLACE_TOKEN for register, update and retire). The
 region's signing key is an Ed25519 key pair in the node agent's format
 (`topoplace agent keygen --key-file region.pem` writes one, and
 ``region.pem.pub`` beside it); registration takes the public half
@@ -47,7 +47,7 @@ def _label(text: str) -> tuple[str, str]:
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     common = client_cmd._service_options()
-    region = sub.add_parser("region", help="register, list and retire federated regions")
+    region = sub.add_parser("region", help="register, list, update and retire federated regions")
     region_sub = region.add_subparsers(dest="region_command", required=True)
 
     register = region_sub.add_parser(
@@ -113,6 +113,26 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     show.add_argument("name")
     show.set_defaults(func=lambda args: client_cmd.run(show_region, args))
 
+    update = region_sub.add_parser(
+        "update",
+        parents=[common],
+        help="set a region's URL or forward token again (checked as at registration)",
+        epilog=client_cmd.EXIT_HELP,
+    )
+    update.add_argument("name")
+    update.add_argument("--url", help="the region's own topoplace service")
+    token = update.add_mutually_exclusive_group()
+    token.add_argument(
+        "--forward-token-file",
+        type=Path,
+        metavar="FILE",
+        help="a scheduler token of the region's service, sent with forwarded placements",
+    )
+    token.add_argument(
+        "--no-forward-token", action="store_true", help="send no token with forwards any more"
+    )
+    update.set_defaults(func=run_update)
+
     retire = region_sub.add_parser(
         "retire", parents=[common], help="stop routing to a region and revoke its token"
     )
@@ -163,6 +183,37 @@ def do_register(client: TopoplaceClient, args: argparse.Namespace) -> None:
         file=sys.stderr,
     )
     print(created["token"])
+
+
+def run_update(args: argparse.Namespace) -> int:
+    changes: dict[str, Any] = {}
+    if args.url is not None:
+        changes["url"] = args.url
+    if args.no_forward_token:
+        changes["forward_token"] = None
+    elif args.forward_token_file is not None:
+        try:
+            changes["forward_token"] = _read(args.forward_token_file, "forward token file")
+        except SystemExit as exc:
+            print(exc, file=sys.stderr)
+            return client_cmd.EXIT_USAGE
+    if not changes:
+        print("error: give --url, --forward-token-file or --no-forward-token", file=sys.stderr)
+        return client_cmd.EXIT_USAGE
+    args.region_changes = changes
+    return client_cmd.run(do_update, args)
+
+
+def do_update(client: TopoplaceClient, args: argparse.Namespace) -> None:
+    updated = client.update_region(args.name, args.region_changes)
+    if args.json:
+        client_cmd.print_json(updated)
+        return
+    what = " and ".join(
+        "its forward token" if name == "forward_token" else f"url {updated['url']}"
+        for name in sorted(args.region_changes)
+    )
+    print(f"region {updated['name']} updated: {what}")
 
 
 def _summary_text(region: dict[str, Any]) -> tuple[str, str, str]:

@@ -457,6 +457,12 @@ class TopoplaceClient:
     def region(self, name: str) -> JSONObject:
         return self._get(f"/v1/regions/{_segment(name)}")
 
+    def update_region(self, name: str, changes: Mapping[str, Any]) -> JSONObject:
+        """PATCH /v1/regions/{name}: set its ``url`` and/or ``forward_token`` again (a
+        ``forward_token`` of None stops sending one); the region as it is now."""
+        path = f"/v1/regions/{_segment(name)}"
+        return self._object(self._request("PATCH", path, json=dict(changes)))
+
     def retire_region(self, name: str, *, force: bool = False) -> JSONObject:
         """POST /v1/regions/{name}/retire: refused (409 region_busy) with live allocations
         unless ``force``."""

@@ -24,7 +24,7 @@ class AuditEntry(BaseModel):
         description="allocation: placed, refused, confirmed, extended, released, expired, attached,"
         " moved; admin: token_created, token_revoked, key_registered, key_replaced,"
         " key_deleted, node_cordoned, node_uncordoned, node_deleted, region_registered,"
-        " region_retired; summary and snapshot: the"
+        " region_updated, region_retired; summary and snapshot: the"
         " refusal's error code (bad_signature, replayed_snapshot, node_key_required,"
         " conflict, ...)"
     )

@@ -1,7 +1,7 @@
 """HTTP routes of the federation: regions register and push; jobs are routed.
 
-On a global service: ``/v1/regions`` (admin registers and retires, readers
-list), ``PUT /v1/regions/{region}/summary`` (a region token of that region),
+On a global service: ``/v1/regions`` (admin registers, updates and retires,
+readers list), ``PUT /v1/regions/{region}/summary`` (a region token of that region),
 ``/v1/federation/place`` and ``/score`` (schedulers). A region's own
 ``/v1/place`` is unchanged: the Kubernetes extender and the Slurm filter
 keep calling their region's service.
@@ -40,6 +40,7 @@ from service.federation.schemas import (
     RegionCreated,
     RegionList,
     RegionRequest,
+    RegionUpdate,
     RegionView,
     SummaryAccepted,
     SummaryReport,
@@ -132,6 +133,24 @@ def _found(registry: Registry, name: str) -> RegionRecord:
 def show_region(region: RegionPath, request: Request) -> dict[str, Any]:
     registry = _registry(request)
     return view(_found(registry, region), registry)
+
+
+@router.patch("/v1/regions/{region}", response_model=RegionView)
+def update_region(region: RegionPath, body: RegionUpdate, request: Request) -> dict[str, Any]:
+    """Set a live region's ``url`` or ``forward_token`` again, checked as registration
+    checks them: a key whose region's URL was wrong goes to the new one on its retry,
+    from every replica (each reads the URL before it forwards)."""
+    registry = _registry(request)
+    try:
+        record = store.update(registry.engine, region, body.changes(), registry.clock())
+    except store.Retired:
+        raise RegionRetired(
+            f"region {region!r} is retired: nothing is forwarded to it to change"
+        ) from None
+    if record is None:
+        raise NotFound(f"no region {region!r} (GET /v1/regions lists them)")
+    registry.invalidate()
+    return view(record, registry)
 
 
 @router.post("/v1/regions/{region}/retire", response_model=RegionView)

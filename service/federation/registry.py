@@ -4,13 +4,14 @@ Routing reads the regions on every request, so they are kept in memory as
 the ranking's values (``ranking.Region``, whose per-design capacities and
 prices are counted when it is made) and judged stale against the clock at
 each call. A summary this process takes replaces its region's entry at
-once; a registration or a retirement here makes the next request read the
-table again; and every second a background task (``follow``) reads each
+once; a registration, update or retirement here makes the next request read
+the table again (an update on another replica is read before each forward:
+routing._live_record); and every second a background task (``follow``) reads each
 live region's summary seq alone and rereads only the regions whose seq
 moved, for what other replicas took. Reading every summary each second held
 the interpreter 3-6 ms at 50 regions, a stall on whichever request was
 running; the seqs alone take about 0.5 ms. No request waits for a read but
-the first one after a registration or a retirement.
+the first one after a registration, update or retirement.
 """
 
 from __future__ import annotations
@@ -182,11 +183,13 @@ class Registry:
             self._bad_urls_told.add((record.name, record.url))
         if not told:
             log.warning(
-                "region %s is skipped: its stored URL %r takes no forwards (%s); retire it"
-                " and register it again with a good URL",
+                "region %s is skipped: its stored URL %r takes no forwards (%s); set a"
+                " good one (PATCH /v1/regions/%s, topoplace region update %s --url URL)",
                 record.name,
                 record.url,
                 problem,
+                record.name,
+                record.name,
             )
 
     def record(self, name: str) -> RegionRecord | None:

@@ -390,10 +390,11 @@ def _unusable_url(region: str, problem: str, attempts: list[dict[str, Any]]) -> 
 
 
 async def _live_record(registry: Registry, region: str) -> RegionRecord | None:
-    """The region's record when it is live now. The registry learns another replica's
-    registration or retirement only when it next reads the table; the database is asked
-    before each forward, so a retired region is never forwarded to, whichever replica
-    retired it, and a key goes back to its region whichever replica registered it."""
+    """The region's record when it is live now, with its URL and forward token as stored
+    now. The registry learns another replica's registration, retirement or update only
+    when it next reads the table; the database is asked before each forward, so a
+    retired region is never forwarded to, whichever replica retired it, a key goes back
+    to its region whichever replica registered it, and to the URL last set."""
     record = registry.record(region)
     if record is None:
         # Registered on another replica since this one last read the table (a key sent
@@ -403,9 +404,16 @@ async def _live_record(registry: Registry, region: str) -> RegionRecord | None:
             return None
         registry.invalidate()  # the next request reads the table before it ranks
         return found
-    if not await off_loop(store.is_live, registry.engine, region):
+    target = await off_loop(store.forward_target, registry.engine, region)
+    if target is None:
         registry.invalidate()  # the next request reads the table before it ranks
         return None
+    if (record.url, record.forward_token) != target:
+        # Set again on another replica (PATCH /v1/regions/{region}): this registry hears
+        # of it only when the region's summary moves, and a forward to the old URL is
+        # what the update was made to stop.
+        registry.invalidate()
+        return replace(record, url=target[0], forward_token=target[1])
     return record
 
 

@@ -45,23 +45,35 @@ class EgressPrices(_Strict):
     internet_gb: Money = Field(description="per GB to another cloud or the internet")
 
 
+def _forwardable(value: str) -> str:
+    """A region's URL as it is stored: one that takes forwards (region_url.py), no
+    trailing slash. Registration and an update check it alike."""
+    found = region_url.problem(value)
+    if found is not None:
+        raise ValueError(found)
+    return value.rstrip("/")
+
+
+RegionUrl = Annotated[Text, Field(min_length=1, max_length=2048)]
+ForwardToken = Annotated[Text, Field(min_length=1, max_length=512)]
+URL_SAYS = "the region's own topoplace"
+FORWARD_TOKEN_SAYS = (
+    "a scheduler token of the region's service, sent when forwarding a placement there"
+    " (stored; never shown)"
+)
+
+
 class RegionRequest(_Strict):
     name: RegionName
     cloud: Annotated[str, Field(min_length=1, max_length=63, pattern=REGION_NAME_PATTERN)]
     location: Text = Field(default="", max_length=128, description="e.g. us-east-1, a site")
-    url: Text = Field(min_length=1, max_length=2048, description="the region's own topoplace")
+    url: RegionUrl = Field(description=URL_SAYS)
     public_key: Text = Field(
         min_length=1,
         max_length=128,
         description="base64 Ed25519 public key the region signs its summaries with",
     )
-    forward_token: Text | None = Field(
-        default=None,
-        min_length=1,
-        max_length=512,
-        description="a scheduler token of the region's service, sent when forwarding a"
-        " placement there (stored; never shown)",
-    )
+    forward_token: ForwardToken | None = Field(default=None, description=FORWARD_TOKEN_SAYS)
     prices: list[GpuPrice] = Field(min_length=1, max_length=64)
     egress: EgressPrices
     labels: dict[LabelText, LabelText] = Field(default_factory=dict, max_length=64)
@@ -69,10 +81,7 @@ class RegionRequest(_Strict):
     @field_validator("url")
     @classmethod
     def _http_url(cls, value: str) -> str:
-        found = region_url.problem(value)
-        if found is not None:
-            raise ValueError(found)
-        return value.rstrip("/")
+        return _forwardable(value)
 
     @field_validator("public_key")
     @classmethod
@@ -90,6 +99,32 @@ class RegionRequest(_Strict):
         if len(set(models)) != len(models):
             raise ValueError("each GPU model is priced once")
         return value
+
+
+class RegionUpdate(_Strict):
+    """What an admin may set again on a registered region: where its forwards go and
+    what they carry. A field left out stays as it is; ``forward_token: null`` stops
+    sending one."""
+
+    url: RegionUrl | None = Field(default=None, description=URL_SAYS)
+    forward_token: ForwardToken | None = Field(default=None, description=FORWARD_TOKEN_SAYS)
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str:
+        if value is None:  # only a URL may be stored: a region without one takes nothing
+            raise ValueError("the region's URL cannot be removed; give a new one")
+        return _forwardable(value)
+
+    @model_validator(mode="after")
+    def _something(self) -> RegionUpdate:
+        if not self.model_fields_set:
+            raise ValueError("give url, forward_token or both")
+        return self
+
+    def changes(self) -> dict[str, str | None]:
+        """The columns to set: the fields given, a null forward_token included."""
+        return {name: getattr(self, name) for name in sorted(self.model_fields_set)}
 
 
 class SummaryCut(_Strict):

@@ -134,13 +134,6 @@ def named(engine: sa.Engine, names: Collection[str]) -> list[RegionRecord]:
         return [_record(row) for row in conn.execute(query)]
 
 
-def is_live(engine: sa.Engine, name: str) -> bool:
-    """The region is registered and not retired, as the database says now."""
-    query = sa.select(regions.c.name).where(regions.c.name == name, regions.c.retired_at.is_(None))
-    with engine.connect() as conn:
-        return conn.execute(query).first() is not None
-
-
 def get(engine: sa.Engine, name: str) -> RegionRecord | None:
     with engine.connect() as conn:
         row = conn.execute(sa.select(regions).where(regions.c.name == name)).first()
@@ -160,6 +153,45 @@ def retire(engine: sa.Engine, name: str, now: datetime) -> RegionRecord | None:
             audit.write(conn, [records.record("admin", "region_retired", now, detail=detail)])
         row = conn.execute(sa.select(regions).where(regions.c.name == name)).one()
     return _record(row)
+
+
+class Retired(ValueError):
+    """The region is retired: nothing is forwarded to it, so nothing of it is changed."""
+
+
+def update(
+    engine: sa.Engine, name: str, changes: dict[str, str | None], now: datetime
+) -> RegionRecord | None:
+    """Set a live region's forward target (``url``, ``forward_token``) and write its audit
+    row, together; None if there is no such region, :class:`Retired` if it is retired. A
+    change to nothing writes nothing."""
+    with engine.begin() as conn:
+        row = conn.execute(sa.select(regions).where(regions.c.name == name)).first()
+        if row is None:
+            return None
+        if row._mapping["retired_at"] is not None:
+            raise Retired(name)
+        changed = {k: v for k, v in changes.items() if row._mapping[k] != v}
+        if changed:
+            conn.execute(regions.update().where(regions.c.name == name).values(**changed))
+            # The token is a secret: the row says it changed, never what it is.
+            detail: dict[str, Any] = {"region": name, "changed": sorted(changed)}
+            if "url" in changed:
+                detail |= {"url": changed["url"], "previous_url": row._mapping["url"]}
+            audit.write(conn, [records.record("admin", "region_updated", now, detail=detail)])
+            row = conn.execute(sa.select(regions).where(regions.c.name == name)).one()
+    return _record(row)
+
+
+def forward_target(engine: sa.Engine, name: str) -> tuple[str, str | None] | None:
+    """The live region's ``url`` and ``forward_token`` as the database holds them now;
+    None when it is not registered or is retired."""
+    query = sa.select(regions.c.url, regions.c.forward_token).where(
+        regions.c.name == name, regions.c.retired_at.is_(None)
+    )
+    with engine.connect() as conn:
+        found = conn.execute(query).first()
+    return None if found is None else (str(found[0]), found[1])
 
 
 def store_summary(

@@ -1,4 +1,4 @@
-"""`topoplace region register|list|show|retire` against a live global service."""
+"""`topoplace region register|list|show|update|retire` against a live global service."""
 
 from __future__ import annotations
 
@@ -57,6 +57,21 @@ def test_register_list_show_and_retire(
         shown = json.loads(out)
         assert shown["prices"][0] == {"gpu_model": "H100", "on_demand": 4.1, "spot": 1.6}
         assert "forward_token" not in shown
+
+        code, out, err = run(
+            capsys, "region", "update", "aws-east", "--url", "https://tp.use1.example:8443/",
+            "--forward-token-file", str(forward),
+        )  # fmt: skip
+        assert code == 0 and "url https://tp.use1.example:8443" in out, err
+        assert "its forward token" in out
+        code, out, err = run(capsys, "region", "update", "aws-east", "--url", "ftp://x")
+        assert code == 2 and "invalid_request" in err and "url" in err  # 422: usage
+        code, out, err = run(capsys, "region", "update", "aws-east")
+        assert code == 2 and "--url" in err  # nothing to set: not sent
+        code, out, err = run(capsys, "region", "update", "nowhere", "--no-forward-token")
+        assert code == 1 and "not_found" in err
+        code, out, _ = run(capsys, "region", "show", "aws-east")
+        assert "at https://tp.use1.example:8443" in out
 
         code, out, err = run(capsys, "region", "retire", "aws-east")
         assert code == 0 and "retired" in out, err

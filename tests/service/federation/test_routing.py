@@ -620,3 +620,61 @@ def test_a_key_whose_region_has_a_bad_stored_url_stays_there(
     assert answer.json()["error"]["code"] == "region_unavailable"
     assert "same key" in answer.json()["error"]["message"]
     assert regions.seen == []
+
+
+def _seen_urls(regions: Regions, name: str) -> list[str]:
+    urls: list[str] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        urls.append(str(request.url))
+        return allocation(name)
+
+    regions.answers[name] = answer
+    return urls
+
+
+def test_a_key_held_by_a_bad_url_goes_to_the_url_set_right(
+    client: TestClient, regions: Regions
+) -> None:
+    store_url(client, "cheap", "http://ops:secret@cheap.example")
+    regions.answers["cheap"] = no_answer
+    app: Any = client.app
+    engine = app.state.federation.engine
+    now = datetime.now(UTC)
+    assert store.hold_key(engine, "k-fix", "cheap", "H100", "old", now, now)
+    store.let_go_key(engine, "k-fix", "old")
+    assert place(client, "k-fix").status_code == 503
+
+    urls = _seen_urls(regions, "cheap")
+    fixed = client.patch("/v1/regions/cheap", json={"url": "http://cheap.example:8080/tp"})
+    assert fixed.status_code == 200, fixed.text
+    answer = place(client, "k-fix")
+    assert answer.status_code == 201, answer.text
+    assert answer.json()["region"] == "cheap"
+    assert urls == ["http://cheap.example:8080/tp/v1/place"]
+
+
+def test_an_update_made_on_another_replica_is_forwarded_to(
+    client: TestClient, regions: Regions
+) -> None:
+    """Another replica's update: this registry keeps its read of the table (the region's
+    summary has not moved), and the forward still goes to the URL stored now."""
+    assert place(client, "k-before").json()["region"] == "cheap"
+    app: Any = client.app
+    registry = app.state.federation
+    urls = _seen_urls(regions, "cheap")
+    changes = {"url": "http://cheap.example:9000", "forward_token": "tpp_other_replica"}
+    assert store.update(registry.engine, "cheap", changes, datetime.now(UTC)) is not None
+    assert registry.record("cheap").url == "http://cheap.example"  # this replica's read
+    tokens: list[str | None] = []
+    answer = regions.answers["cheap"]
+
+    def with_token(request: httpx.Request) -> httpx.Response:
+        tokens.append(request.headers.get("authorization"))
+        return answer(request)
+
+    regions.answers["cheap"] = with_token
+    placed = place(client, "k-after")
+    assert placed.status_code == 201 and placed.json()["region"] == "cheap", placed.text
+    assert urls == ["http://cheap.example:9000/v1/place"]
+    assert tokens == ["Bearer tpp_other_replica"]
