@@ -24,6 +24,7 @@ from topoplace_client.arguments import positive_seconds
 
 EXIT_OK, EXIT_USAGE, EXIT_DISCOVERY = 0, 2, 4
 ENV = "TOPOPLACE_DEVICE_PLUGIN_"
+log = logging.getLogger("topoplace.deviceplugin")
 
 
 def _env(name: str, default: str | None = None) -> str | None:
@@ -85,6 +86,14 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     p.add_argument("--device-specs", action="store_true", help="also list /dev/nvidia* nodes")
     p.add_argument(
+        "--driver-root",
+        metavar="PATH",
+        default=_env("DRIVER_ROOT", "/"),
+        help="where the driver's /dev is on the host, for --device-specs: their host paths"
+        " are under it, the container's stay /dev/... (NVIDIA's GPU operator:"
+        " /run/nvidia/driver; default %(default)s)",
+    )
+    p.add_argument(
         "--mig-minors",
         type=Path,
         metavar="PATH",
@@ -139,6 +148,16 @@ def run_plugin(args: argparse.Namespace) -> int:
     )
     if not args.server:
         return _fail(f"no service: set --server or {ENV}SERVER", EXIT_USAGE)
+    if not args.driver_root.startswith("/"):
+        # The kubelet takes a device spec's host path as it is: a relative one would be
+        # read against whatever folder the runtime happens to run in.
+        return _fail(f"--driver-root {args.driver_root!r} is not an absolute path", EXIT_USAGE)
+    if args.driver_root.rstrip("/") and not args.device_specs:
+        log.warning(
+            "--driver-root %s changes only the host paths of --device-specs, which is off:"
+            " the runtime finds the devices itself",
+            args.driver_root,
+        )
     if not args.kubelet_dir.is_dir():
         return _fail(
             f"--kubelet-dir {args.kubelet_dir} is not a folder (mount the kubelet's"
@@ -171,6 +190,7 @@ def run_plugin(args: argparse.Namespace) -> int:
         device_specs=args.device_specs,
         cuda_env=not args.no_cuda_env,
         nccl_hints=not args.no_nccl_hints,
+        driver_root=args.driver_root,
     )
     settings = PluginSettings(
         node=node,

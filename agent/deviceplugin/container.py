@@ -16,7 +16,11 @@ bus id, so the index names another GPU on some boards), the index only
 where the agent read no minor number. A MIG instance adds its parent's
 ``/dev/nvidia<N>`` and its two capability files,
 ``/dev/nvidia-caps/nvidia-cap<M>`` (mig_caps.py), all ``rw`` as NVIDIA's
-device plugin lists them. Besides, unless switched off, the container gets
+device plugin lists them. ``--driver-root`` prefixes the host side of each
+of these paths, never the container's: with NVIDIA's GPU operator the
+driver container's device nodes are on the host under its root
+(``/run/nvidia/driver/dev/nvidia0``) and the container must still see
+``/dev/nvidia0``. Besides, unless switched off, the container gets
 ``CUDA_VISIBLE_DEVICES`` with the UUIDs in the reservation's order (CUDA
 accepts UUIDs, so the order survives the runtime's renumbering), and the
 NCCL hints its wiring implies: ``NCCL_P2P_LEVEL=NVL`` when every pair of its
@@ -50,6 +54,16 @@ class ContainerOptions:
     device_specs: bool = False
     cuda_env: bool = True
     nccl_hints: bool = True
+    # Where the driver's /dev is on the host, as an absolute host path: "/" for the host's
+    # own driver, /run/nvidia/driver for the GPU operator's driver container.
+    driver_root: str = "/"
+
+
+def host_path(driver_root: str, path: str) -> str:
+    """``path`` (a device file as the container sees it, absolute) on the host, under the
+    driver root."""
+    root = driver_root.rstrip("/")
+    return f"{root}{path}"
 
 
 @dataclass
@@ -80,15 +94,13 @@ def answer(
         key = hashlib.sha256(uuids.encode()).hexdigest()[:16]
         out.annotations[CDI_ANNOTATION_PREFIX + key] = ",".join(names)
     if options.device_specs:
-        for path in ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"):
-            out.device_specs.append((path, path, "rw"))
-        for minor in sorted({minors[d] for d in devices if d in minors}):
-            path = f"/dev/nvidia{minor}"
-            out.device_specs.append((path, path, "rw"))
+        paths = ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
+        paths += [f"/dev/nvidia{m}" for m in sorted({minors[d] for d in devices if d in minors})]
         found = [c for d in devices if (c := (caps or {}).get(d)) is not None]
-        for minor in sorted({n for c in found for n in (c.gpu_instance, *c.compute_instances)}):
-            path = cap_path(minor)
-            out.device_specs.append((path, path, "rw"))
+        cap_minors = {n for c in found for n in (c.gpu_instance, *c.compute_instances)}
+        paths += [cap_path(m) for m in sorted(cap_minors)]
+        for path in paths:
+            out.device_specs.append((path, host_path(options.driver_root, path), "rw"))
     if options.cuda_env:
         out.envs["CUDA_VISIBLE_DEVICES"] = uuids
         out.envs["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"

@@ -143,3 +143,13 @@ def test_2_bad_source_for_the_device_plugin_too(
     args += ["--server", "http://127.0.0.1:9", "--kubelet-dir", str(tmp_path)]
     assert main(args) == 2
     assert "--source" in capsys.readouterr().err
+
+
+def test_2_a_relative_driver_root_for_the_device_plugin(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # The kubelet takes a device spec's host path as given: a relative one names nothing.
+    args = ["device-plugin", "--source", "sim:hgx-h100", "--node-name", "n1"]
+    args += ["--server", "http://127.0.0.1:9", "--kubelet-dir", str(tmp_path)]
+    assert main([*args, "--driver-root", "run/nvidia/driver"]) == 2
+    assert "--driver-root 'run/nvidia/driver' is not an absolute path" in capsys.readouterr().err

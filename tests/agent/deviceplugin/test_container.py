@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from agent.deviceplugin.container import CDI_ANNOTATION_PREFIX, ContainerOptions, Wiring, answer
 from agent.deviceplugin.mig_caps import MigCaps
 
@@ -64,3 +66,31 @@ def test_device_specs_of_a_mig_instance_add_its_capability_files():
         ("/dev/nvidia0", "/dev/nvidia0", "rw"),
         *[(f"/dev/nvidia-caps/nvidia-cap{n}",) * 2 + ("rw",) for n in (12, 13, 21, 22, 24)],
     ]
+
+
+def test_a_driver_root_moves_the_host_paths_only(tmp_path: Path):
+    """NVIDIA's GPU operator: the driver container's device nodes are on the host under
+    its root; the container must still see /dev/nvidia<N> (was: host path = container
+    path, so the kubelet found no /dev/nvidia0 on such a host)."""
+    root = tmp_path / "run" / "nvidia" / "driver"
+    caps = {"MIG-a": MigCaps(12, (13,))}
+    for driver_root in (str(root), f"{root}/"):
+        options = ContainerOptions(device_specs=True, driver_root=driver_root)
+        out = answer(["MIG-a", "GPU-b"], {"MIG-a": 0, "GPU-b": 3}, Wiring(), options, caps)
+        containers = [
+            "/dev/nvidiactl",
+            "/dev/nvidia-uvm",
+            "/dev/nvidia-uvm-tools",
+            "/dev/nvidia0",
+            "/dev/nvidia3",
+            "/dev/nvidia-caps/nvidia-cap12",
+            "/dev/nvidia-caps/nvidia-cap13",
+        ]
+        assert out.device_specs == [(c, f"{root}{c}", "rw") for c in containers]
+
+
+def test_the_root_driver_root_is_the_host_itself():
+    default = answer(DEVICES, INDEX, Wiring(), ContainerOptions(device_specs=True))
+    rooted = answer(DEVICES, INDEX, Wiring(), ContainerOptions(device_specs=True, driver_root="/"))
+    assert rooted.device_specs == default.device_specs
+    assert all(host == path for path, host, _ in default.device_specs)

@@ -94,6 +94,39 @@ def test_a_mig_instance_gets_its_gpu_and_both_capability_files(
     ]
 
 
+def test_a_driver_root_prefixes_the_host_paths_and_not_the_containers(
+    cluster: Cluster,
+    kubelet: FakeKubelet,
+    plugins: list[PluginProcess],
+    monkeypatch: pytest.MonkeyPatch,
+):
+    """The GPU operator's driver root, set as the plugin's other options are (its
+    environment variable): the kubelet is told the host's files under it, the container
+    still sees /dev/... (was: both /dev/..., which on such a host do not exist)."""
+    cluster.add_node(PROFILE, NODE)
+    minors = cluster.folder / "mig-minors"
+    minors.write_text(mig_minors(range(8)))
+    root = cluster.folder / "driver"
+    monkeypatch.setenv("TOPOPLACE_DEVICE_PLUGIN_DRIVER_ROOT", str(root))
+    plugin = PluginProcess(
+        cluster, NODE, "--source", f"fake:{PROFILE}", "--device-specs", "--mig-minors", str(minors)
+    ).start()
+    plugins.append(plugin)
+    p = cluster.schedule("mig-0", 1, NODE, resource=RESOURCE)
+    assert p["metadata"]["annotations"]["topoplace.io/gpus"]
+    admitted = kubelet.admit("ml-team", "mig-0", RESOURCE, 1)
+    specs = [(d.container_path, d.host_path) for d in admitted.response.devices]
+    containers = [
+        "/dev/nvidiactl",
+        "/dev/nvidia-uvm",
+        "/dev/nvidia-uvm-tools",
+        "/dev/nvidia3",
+        "/dev/nvidia-caps/nvidia-cap588",
+        "/dev/nvidia-caps/nvidia-cap589",
+    ]
+    assert specs == [(c, f"{root}{c}") for c in containers]
+
+
 def test_a_mig_instance_whose_capability_files_are_unknown_is_refused(
     cluster: Cluster, kubelet: FakeKubelet, plugins: list[PluginProcess]
 ):
