@@ -165,8 +165,12 @@ def update(
     """Set a live region's forward target (``url``, ``forward_token``) and write its audit
     row, together; None if there is no such region, :class:`Retired` if it is retired. A
     change to nothing writes nothing."""
+    # The row locked (on Postgres) from the read on: a retirement committed in between
+    # would get a URL set on a retired region, another update the audit row a previous
+    # URL no longer stored.
+    locked = sa.select(regions).where(regions.c.name == name).with_for_update()
     with engine.begin() as conn:
-        row = conn.execute(sa.select(regions).where(regions.c.name == name)).first()
+        row = conn.execute(locked).first()
         if row is None:
             return None
         if row._mapping["retired_at"] is not None:

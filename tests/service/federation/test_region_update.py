@@ -7,12 +7,15 @@ was retired; an admin now sets the URL right, checked as registration checks it
 
 from __future__ import annotations
 
+import threading
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
 
 from service.federation import store
+from service.schema import regions
 from tests.service.federation.test_regions_api import bearer, register
 from tests.service.federation.test_routing import BAD_URLS
 
@@ -114,4 +117,32 @@ def test_an_unknown_or_retired_region_is_refused(client: TestClient) -> None:
     assert client.post("/v1/regions/aws-east/retire").status_code == 200
     retired = client.patch("/v1/regions/aws-east", json={"url": "https://x.example"})
     assert retired.status_code == 409 and retired.json()["error"]["code"] == "region_retired"
+    assert _region(client, "aws-east")["url"] == "https://topoplace.aws-east.example:8443"
+
+
+def test_an_update_waits_for_a_retirement_under_way_and_is_refused(client: TestClient) -> None:
+    """The row is locked from the update's read: a retirement committing meanwhile is
+    seen (409), not written over (was: the URL set on a retired region, answered 200)."""
+    register(client)
+    app: Any = client.app
+    engine = app.state.federation.engine
+    if engine.dialect.name != "postgresql":
+        pytest.skip("SQLite has no row locks: one writer at a time")
+    answers: list[int] = []
+    with engine.begin() as conn:  # a retirement on another replica, not yet committed
+        conn.execute(
+            regions.update()
+            .where(regions.c.name == "aws-east")
+            .values(retired_at=datetime.now(UTC))
+        )
+        worker = threading.Thread(
+            target=lambda: answers.append(
+                client.patch("/v1/regions/aws-east", json={"url": "https://x.example"}).status_code
+            )
+        )
+        worker.start()
+        worker.join(1.0)
+        assert worker.is_alive(), "the update did not wait for the retirement's row lock"
+    worker.join(10)
+    assert answers == [409]
     assert _region(client, "aws-east")["url"] == "https://topoplace.aws-east.example:8443"
