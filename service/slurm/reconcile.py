@@ -286,9 +286,10 @@ def reconcile(
     )
 
 
-def read_squeue(command: str, timeout_s: float) -> Any:
-    """Run the configured command and parse its JSON; raises RuntimeError saying what failed."""
-    squeue = run_json_command(command, timeout_s)
+async def read_squeue(command: str, timeout_s: float) -> Any:
+    """Run the configured command and parse its JSON; raises RuntimeError saying what failed.
+    Cancelled (the service shutting down), it kills the command (json_command.py)."""
+    squeue = await run_json_command(command, timeout_s)
     try:
         _jobs(squeue)
     except BadRequest as exc:
@@ -323,7 +324,7 @@ class Reconciler:
         before = await off_loop(stamps, self.state)
         started = time.perf_counter()
         try:
-            squeue = await off_loop(read_squeue, command, self.settings.squeue_timeout_s)
+            squeue = await read_squeue(command, self.settings.squeue_timeout_s)
         except RuntimeError as exc:
             # Never release on a failed read: an empty answer would free every GPU.
             self.state.metrics.squeue.labels("failed").observe(time.perf_counter() - started)

@@ -114,7 +114,7 @@ def test_a_job_released_from_its_hold_while_squeue_was_read_keeps_its_record(
     assert dgx1.post("/v1/slurm/reconcile", json=held).json()["released"]
     recorded: list[str] = []
 
-    def slow_squeue(command: str, timeout_s: float) -> dict[str, Any]:
+    async def slow_squeue(command: str, timeout_s: float) -> dict[str, Any]:
         clock.advance(1)  # slurmctld answered (the job held), then the job was released
         answer = started(dgx1, show_job(34, "gpu:g5:1(IDX:5),gpu:g6:1(IDX:6)", "node1", comment))
         assert answer["action"] == "created", answer
@@ -139,7 +139,7 @@ def test_a_held_job_that_started_on_its_reservation_while_squeue_was_read_keeps_
     comment = decision["set"]["admin_comment"]
     gres = ",".join(f"gpu:g{g}:1(IDX:{g})" for g in decision["gpu_indices"])
 
-    def slow_squeue(command: str, timeout_s: float) -> dict[str, Any]:
+    async def slow_squeue(command: str, timeout_s: float) -> dict[str, Any]:
         clock.advance(1)
         answer = started(dgx1, show_job(35, gres, "node1", comment))
         assert answer["action"] == "attached", answer

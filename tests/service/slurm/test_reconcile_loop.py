@@ -76,7 +76,7 @@ def test_a_job_that_came_while_squeue_was_read_keeps_its_gpus(
     add_nodes(client, ("dgx1-v100", "node1"))
     made: list[str] = []
 
-    def slow_squeue(command: str, timeout_s: float) -> dict[str, Any]:
+    async def slow_squeue(command: str, timeout_s: float) -> dict[str, Any]:
         clock.advance(2)  # slurmctld took its snapshot, then was slow to print it
         decision = client.post(
             "/v1/slurm/job-submit", json={"tres_per_node": "gres:gpu:2", "user_name": "alice"}
@@ -163,7 +163,7 @@ def test_a_job_that_ended_while_squeue_was_read_is_not_recorded_again(
     }
     made: list[str] = []
 
-    def slow_squeue(command: str, timeout_s: float) -> dict[str, Any]:
+    async def slow_squeue(command: str, timeout_s: float) -> dict[str, Any]:
         clock.advance(1)
         assert client.post("/v1/jobs/5/release").json()["released"]  # the epilog
         made.extend(client.post("/v1/slurm/job-submit", json=body).json()["allocation_ids"])
@@ -211,7 +211,7 @@ def test_a_job_requeued_and_restarted_while_squeue_was_read_keeps_its_record(
     preempted = {"job_id": 7, "job_state": "PREEMPTED", "admin_comment": comment}
     recorded: list[str] = []
 
-    def slow_squeue(command: str, timeout_s: float) -> dict[str, Any]:
+    async def slow_squeue(command: str, timeout_s: float) -> dict[str, Any]:
         clock.advance(1)
         assert client.post("/v1/jobs/7/release").json()["released"]  # the first run's epilog
         again = show_job(7, "gpu:g6:1(IDX:6),gpu:g7:1(IDX:7)", "node1", comment, restarts=1)
