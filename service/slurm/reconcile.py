@@ -188,7 +188,8 @@ def reconcile(
     created after it is missing from it, so only allocations older than it by the
     grace period can be orphans, whatever job id they have learned since.
     ``before``: the live allocations' stamps when squeue was asked (None: as now); one
-    changed since (a prolog gave it its job id) is not released as a parked job's.
+    changed since (a prolog gave it its job id) is not released as a parked job's, nor
+    is one a prolog's report matched since (``touch``: ``quiet``).
     """
     taken_at = taken_at or state.clock()
     cutoff = taken_at - timedelta(seconds=settings.reconcile_grace_s)
@@ -257,8 +258,11 @@ def reconcile(
         if parked_job is not None:
             if before is not None and before.get(allocation_id) != stamp(allocation):
                 continue  # the job started after the answer (its prolog's report)
-            gone = allocations.release(state, allocation_id).ids
-            parked_released.setdefault(parked_job, []).extend(gone)
+            # quiet: nor where a report of the job's start matched the allocation after
+            # the answer was taken, changing nothing the stamp shows (lifecycle's touch).
+            gone = allocations.release(state, allocation_id, quiet=taken_at).ids
+            if gone:
+                parked_released.setdefault(parked_job, []).extend(gone)
             continue
         # A job squeue shows finished ends its allocations now; any other allocation
         # no live job holds may belong to a job newer than squeue's answer (its job id
