@@ -10,7 +10,9 @@ Kubernetes extender, the Slurm filter, gRPC):
   (service/allocations/endpoints.py), parsing and encoding, publishing an
   event; and awaiting.
 * **Off the loop**: anything that reads or writes the database, calls the
-  Kubernetes API, runs a subprocess, or costs more than that: through
+  Kubernetes API, runs a subprocess (but Slurm's JSON commands, awaited on
+  the loop as asyncio subprocesses so that a shutdown kills them:
+  service/slurm/json_command.py), or costs more than that: through
   :func:`off_loop` (a worker thread), or, for a reservation's commit,
   through the group committer (``commit_async``: the loop awaits, the
   committer's thread writes). A flow written as a generator of blocking

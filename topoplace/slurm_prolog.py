@@ -6,11 +6,19 @@ allocated, before the job is launched, with ``SLURM_JOB_ID`` and no PATH; it
 reads the job as ``scontrol -d show job -o`` prints it (per node:
 ``GRES=gpu:g1:1(IDX:1),...``) and posts that to ``POST
 /v1/slurm/job-started``. The job's launch waits for this program, so it uses
-only the standard library (about 0.1 s, where the ``topoplace`` command takes
-0.6 s to import the engine), and it exits 0 whatever the service or scontrol
-did: a prolog that fails makes slurmctld requeue the job, and a placement
-service must never stop a job. Only a usage error (argparse's, or a --config
-that cannot be read) exits 2; the shipped script exits 0 regardless.
+only the standard library and the project's modules that do too (about 0.1
+s, where the ``topoplace`` command takes 0.6 s to import the engine), and it
+exits 0 whatever the service or scontrol did: a prolog that fails makes
+slurmctld requeue the job, and a placement service must never stop a job.
+Only a usage error (argparse's, or a --config that cannot be read) exits 2;
+the shipped script exits 0 regardless.
+
+A service that asks to be asked later (429 with its Retry-After, a 5xx, no
+answer) is asked again as the epilog asks it (topoplace/service_retry.py),
+for ``--retry-for`` seconds in all: the report of the GPUs the job really got
+survives a brief overload, and the launch it holds back is bounded. Then the
+prolog gives up, saying so, and the reconcile loop records the job at its
+next read.
 """
 
 from __future__ import annotations
@@ -29,8 +37,20 @@ from email.message import Message
 from pathlib import Path
 from typing import IO
 
+from topoplace.service_retry import OutOfTime, Patience
+from topoplace_client.arguments import seconds_up_to
+
 DEFAULT_CONFIG = "/etc/slurm/topoplace.conf"
-TIMEOUT_S = 2.0
+TIMEOUT_S = 2.0  # one request's; a retry's timeout is no longer than --retry-for either
+# How long the prolog asks again a service that asks to be asked later. slurmctld
+# launches the job only once the prolog has ended, so this is time the job waits, and
+# the reconcile loop records the job within an interval (10 s) anyway: a brief overload
+# is all it outlasts.
+RETRY_S = 5.0
+# The most --retry-for may ask: with scontrol's 10 s and one request's 2 s past the
+# limit, the prolog ends within a minute and a quarter. Where PrologEpilogTimeout is set,
+# keep the whole well under it: a prolog Slurm kills has failed.
+RETRY_MAX_S = 60.0
 
 
 def read_config(path: str | None) -> dict[str, str]:
@@ -72,9 +92,11 @@ def _token(config: dict[str, str]) -> str | None:
     return token
 
 
-def report(config: dict[str, str], job: str, name: str) -> str:
+def report(config: dict[str, str], job: str, name: str, retry_for: float = RETRY_S) -> str:
     """Post the job's `scontrol -d show job -o` to the service, with its name (which
-    tells the text the user wrote from Slurm's fields); the answer's text."""
+    tells the text the user wrote from Slurm's fields); the answer's text. A try-later
+    answer (``try_later``) is posted again for ``retry_for`` seconds in all, then
+    OutOfTime."""
     if config.get("slurm_conf"):
         os.environ["SLURM_CONF"] = config["slurm_conf"]
     command = [config.get("scontrol", "scontrol"), "-d", "show", "job", "-o", job]
@@ -100,9 +122,16 @@ def report(config: dict[str, str], job: str, name: str) -> str:
         context = ssl.create_default_context(cafile=config.get("ca_file") or None)
         handlers.append(urllib.request.HTTPSHandler(context=context))
     opener = urllib.request.build_opener(*handlers)
+    timeout = min(TIMEOUT_S, retry_for)
+
+    def post() -> str:
+        with opener.open(request, timeout=timeout) as answer:
+            return str(answer.read().decode(errors="replace"))
+
     try:
-        with opener.open(request, timeout=TIMEOUT_S) as answer:
-            text: str = answer.read().decode(errors="replace")
+        # scontrol's text is posted again as it was read: the job waits for this prolog
+        # to launch, so what it holds has not changed since.
+        text = Patience(retry_for, try_later=try_later).call(post)
     except urllib.error.HTTPError as exc:
         raise ValueError(_refusal(exc)) from None
     try:
@@ -113,6 +142,23 @@ def report(config: dict[str, str], job: str, name: str) -> str:
         # A proxy's page or another program at that address: nothing was recorded.
         raise ValueError(f"{server} answered with no JSON object: {' '.join(text.split())[:200]}")
     return text
+
+
+def try_later(exc: Exception) -> tuple[str, str | None] | None:
+    """urllib's failures that the same report may outlast, as the epilog's client reads
+    them (service_retry.client_try_later): a 429 or 5xx answer, with its Retry-After, and
+    no answer (refused, reset, timed out). A certificate that does not verify is a
+    refusal: asking again only holds the job's launch back."""
+    if isinstance(exc, urllib.error.HTTPError):
+        later = exc.code == 429 or exc.code >= 500
+        return (_refusal(exc), exc.headers.get("Retry-After")) if later else None
+    if isinstance(exc, urllib.error.URLError):
+        if isinstance(exc.reason, ssl.SSLCertVerificationError):
+            return None
+        return f"no answer: {exc.reason}", None
+    if isinstance(exc, (ConnectionError, TimeoutError)):
+        return f"no answer: {exc or type(exc).__name__}", None
+    return None
 
 
 def _refusal(exc: urllib.error.HTTPError) -> str:
@@ -178,6 +224,15 @@ def main(argv: list[str] | None = None) -> int:
         " component: HETJOB+OFFSET)",
     )
     parser.add_argument("--name", help="the job's name (default: $SLURM_JOB_NAME)")
+    parser.add_argument(
+        "--retry-for",
+        type=seconds_up_to(RETRY_MAX_S),
+        default=RETRY_S,
+        metavar="SECONDS",
+        help="ask again a service that answers 429 or 5xx, or none, for this long in all"
+        f" (default {RETRY_S:g}, at most {RETRY_MAX_S:g}; the job's launch waits), then"
+        " give up, saying so, and exit 0: the reconcile loop records the job",
+    )
     args = parser.parse_args(argv)
     job = args.job or own_record(os.environ)
     name = args.name if args.name is not None else os.environ.get("SLURM_JOB_NAME", "")
@@ -192,7 +247,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"topoplace prolog: cannot read {named}: {exc}", file=sys.stderr)
         return 2
     try:
-        print(f"job {job}: {report(config, job, name)}")
+        print(f"job {job}: {report(config, job, name, args.retry_for)}")
+    except OutOfTime as exc:
+        print(f"topoplace prolog: job {job} not reported: try later: {exc}", file=sys.stderr)
     except (
         OSError,
         ValueError,

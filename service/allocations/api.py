@@ -277,16 +277,19 @@ def observe(
     named: list[str],
     reason: str,
     started: bool = False,
+    touch: bool = False,
 ) -> Observation:
     """The scheduler runs ``job_id`` on ``gpus`` (node -> indices): make it so here
     (lifecycle.gpus_truth, taken alone by ``observe_all``). Events: the allocations it
     released first, then the one that now holds the job (attached, moved, or placed
     when created). ``started``: read as the job started (a Slurm prolog), so perhaps
     processed after the job ended: then nothing is written (action ``ended``,
-    lifecycle.ObservedJob). Indices are named again on the node's snapshot when the
-    one they were mapped on was replaced meanwhile (lifecycle.NodeChanged)."""
+    lifecycle.ObservedJob). ``touch``: a report that the job has just started (any run),
+    which stamps the job's allocations as used where it matches them (ObservedJob).
+    Indices are named again on the node's snapshot when the one they were mapped on was
+    replaced meanwhile (lifecycle.NodeChanged)."""
     for attempt in range(lifecycle.OBSERVE_ATTEMPTS):
-        truth = gpus_truth(state, job_id, owner, gpus, named, reason, started)
+        truth = gpus_truth(state, job_id, owner, gpus, named, reason, started, touch=touch)
         try:
             (observation,) = observe_all(state, [truth])
         except NodeChanged:

@@ -326,10 +326,12 @@ def gpus_truth(
     reason: str,
     started: bool = False,
     on: Mapping[str, NodeSnapshot] | None = None,
+    touch: bool = False,
 ) -> ObservedJob:
     """A job's truth for ``observe_all``: ``job_id`` runs on ``gpus`` (node -> indices).
-    ``started``: read as the job started (a prolog's), perhaps processed after it ended
-    (``ObservedJob``). ``on``: the snapshots to map indices on (the caller's, still
+    ``started``: read as the job started (a prolog's), perhaps processed after it ended;
+    ``touch``: its allocations stamped as used even where it matches them (``ObservedJob``).
+    ``on``: the snapshots to map indices on (the caller's, still
     those in memory; this replica's memory otherwise); the truth is recorded only while
     the node rows they were read with are the stored ones (``observe_all``)."""
     snapshots, rows = _snapshots(state, list(gpus), on)
@@ -344,7 +346,7 @@ def gpus_truth(
         gpus=max(counts), tasks=len(gpus), owner=owner, job_id=job_id
     ).model_dump_json()
     truth = _Truth(holds, (), placement_text, request, tuple(sorted(gpus)), _sorted(rows))
-    return ObservedJob(job_id, owner, tuple(named), truth, started)
+    return ObservedJob(job_id, owner, tuple(named), truth, started, touch)
 
 
 def mig_truth(
@@ -475,13 +477,20 @@ class ObservedJob:
     only if the job's end was not said within TOPOPLACE_ENDED_JOB_MEMORY_S
     (``release_job(ended=True)``, ``release(ended_job=...)``) or one of the job's
     allocations is live (a job id given again: a new job's); else nothing is written
-    and the job's observation is ``ended``."""
+    and the job's observation is ``ended``.
+
+    ``touch``: the job's allocations are stamped as used now (``touch``) where the truth
+    changes nothing in them (``matched``): a scheduler's report that the job has just
+    started on them (a Slurm prolog's, of any run), which a release decided from an
+    older view of the job (a reconcile's squeue answer that saw it held) must leave
+    (``quiet``). Not for periodic reports (a node's devices): a write each time."""
 
     job_id: str
     owner: str
     named: tuple[str, ...]
     truth: _Truth
     started: bool = False
+    touch: bool = False
 
     @property
     def nodes(self) -> tuple[str, ...]:
@@ -817,6 +826,12 @@ def _take_truth(
         if attached:
             audit.write_allocations(conn, "attached", attached, now)
             return Observation("attached", ids[0], attached=attached), []
+        if job.touch:
+            # Nothing changes, yet the scheduler has just said the job started on these:
+            # stamped, so that a release decided from an older view of the job (a Slurm
+            # reconcile's squeue answer that saw it held) leaves them (``quiet``).
+            for allocation_id in ids:
+                repository.touch(conn, allocation_id, now)
         return Observation("matched", ids[0]), []
     contested = sorted(wanted | set(truth.also_stale))
     stale = sorted(a for a in repository.holders(conn, contested) if a not in ids)

@@ -69,9 +69,10 @@ def _words(value: Any) -> list[str]:
     return []
 
 
-def read_sinfo(command: str, timeout_s: float) -> dict[str, str]:
-    """Run the configured command; raises RuntimeError saying what failed."""
-    sinfo = run_json_command(command, timeout_s)
+async def read_sinfo(command: str, timeout_s: float) -> dict[str, str]:
+    """Run the configured command; raises RuntimeError saying what failed. Cancelled (the
+    service shutting down), it kills the command (json_command.py)."""
+    sinfo = await run_json_command(command, timeout_s)
     try:
         return unavailable_nodes(sinfo)
     except ValueError as exc:  # SinfoError

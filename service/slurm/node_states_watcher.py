@@ -10,7 +10,6 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from service.event_loop import off_loop
 from service.slurm.node_states import STALE_AFTER_S, read_sinfo
 from service.slurm.settings import SlurmSettings
 
@@ -37,7 +36,7 @@ class NodeStatesWatcher:
             return
         self._next = now + self.settings.nodes_interval_s
         try:
-            unavailable = await off_loop(read_sinfo, command, self.settings.sinfo_timeout_s)
+            unavailable = await read_sinfo(command, self.settings.sinfo_timeout_s)
         except RuntimeError as exc:
             if str(exc) != self._last_error:  # once per kind of failure, not every second
                 log.warning(

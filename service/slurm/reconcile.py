@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from datetime import datetime, timedelta
+from functools import partial
 from typing import Any
 
 from service.allocations import api as allocations
@@ -137,6 +139,22 @@ def _ended_since(state: ServiceState, found: truth.JobTruth, taken_at: datetime)
     return any(a.ended_at is not None and a.ended_at >= taken_at for a in mine)
 
 
+def _changed_since(
+    current: list[Allocation],
+    found: truth.JobTruth,
+    taken_at: datetime,
+    before: dict[str, Stamp] | None,
+) -> bool:
+    """Whether an allocation of the job (carrying its id, or named by it) was made or
+    changed after squeue's answer was taken (a prolog's report of a later run moved it
+    there): the answer is older than what the service knows of the job."""
+    mine = [a for a in current if a.job_id == found.job_id or a.id in found.named]
+    return any(
+        a.created_at > taken_at or (before is not None and before.get(a.id) != stamp(a))
+        for a in mine
+    )
+
+
 def _take_in(
     state: ServiceState,
     job: dict[str, Any],
@@ -145,16 +163,20 @@ def _take_in(
     without_job: set[str],
     observed: list[str],
     attached: list[str],
+    changed: Callable[[truth.JobTruth], bool],
 ) -> None:
     """One unfinished job: record the GPUs it runs on where the service says otherwise,
-    or give its job id to the reservations it names."""
+    or give its job id to the reservations it names. ``changed``: whether the job's
+    allocations changed after the answer was taken (``_changed_since``)."""
     found = truth.from_squeue_job(job)
     running = bool(_states(job) & RUNNING) and found.gpus
     if running and held_by_job.get(found.job_id) != {
         n: g for n, g in found.gpus.items() if n in state.cluster
     }:
-        if _ended_since(state, found, taken_at):
-            return  # recorded, if it still runs, from the next answer
+        if _ended_since(state, found, taken_at) or changed(found):
+            # Recorded, if it still runs so, from the next answer: recorded from this one
+            # it would move the job back over GPUs since given to another.
+            return
         observation = truth.record(state, found)
         if observation is not None and observation.action != "matched":
             (attached if observation.action == "attached" else observed).append(
@@ -188,7 +210,9 @@ def reconcile(
     created after it is missing from it, so only allocations older than it by the
     grace period can be orphans, whatever job id they have learned since.
     ``before``: the live allocations' stamps when squeue was asked (None: as now); one
-    changed since (a prolog gave it its job id) is not released as a parked job's.
+    changed since (a prolog gave it its job id) is not released as a parked job's, nor
+    is one a prolog's report matched since (``touch``: ``quiet``), and a job whose
+    allocations changed since is not recorded from this answer (``_changed_since``).
     """
     taken_at = taken_at or state.clock()
     cutoff = taken_at - timedelta(seconds=settings.reconcile_grace_s)
@@ -230,7 +254,16 @@ def reconcile(
         if _holds_nothing(job):
             continue
         try:
-            _take_in(state, job, taken_at, held_by_job, without_job, observed, attached)
+            _take_in(
+                state,
+                job,
+                taken_at,
+                held_by_job,
+                without_job,
+                observed,
+                attached,
+                partial(_changed_since, current, taken_at=taken_at, before=before),
+            )
         except (ValueError, BadRequest, Conflict) as exc:
             # One job Slurm shows in terms the service cannot record (a GPU its node's
             # snapshot lacks, text it cannot read) is left as it is, its allocations
@@ -257,8 +290,11 @@ def reconcile(
         if parked_job is not None:
             if before is not None and before.get(allocation_id) != stamp(allocation):
                 continue  # the job started after the answer (its prolog's report)
-            gone = allocations.release(state, allocation_id).ids
-            parked_released.setdefault(parked_job, []).extend(gone)
+            # quiet: nor where a report of the job's start matched the allocation after
+            # the answer was taken, changing nothing the stamp shows (lifecycle's touch).
+            gone = allocations.release(state, allocation_id, quiet=taken_at).ids
+            if gone:
+                parked_released.setdefault(parked_job, []).extend(gone)
             continue
         # A job squeue shows finished ends its allocations now; any other allocation
         # no live job holds may belong to a job newer than squeue's answer (its job id
@@ -286,9 +322,10 @@ def reconcile(
     )
 
 
-def read_squeue(command: str, timeout_s: float) -> Any:
-    """Run the configured command and parse its JSON; raises RuntimeError saying what failed."""
-    squeue = run_json_command(command, timeout_s)
+async def read_squeue(command: str, timeout_s: float) -> Any:
+    """Run the configured command and parse its JSON; raises RuntimeError saying what failed.
+    Cancelled (the service shutting down), it kills the command (json_command.py)."""
+    squeue = await run_json_command(command, timeout_s)
     try:
         _jobs(squeue)
     except BadRequest as exc:
@@ -323,7 +360,7 @@ class Reconciler:
         before = await off_loop(stamps, self.state)
         started = time.perf_counter()
         try:
-            squeue = await off_loop(read_squeue, command, self.settings.squeue_timeout_s)
+            squeue = await read_squeue(command, self.settings.squeue_timeout_s)
         except RuntimeError as exc:
             # Never release on a failed read: an empty answer would free every GPU.
             self.state.metrics.squeue.labels("failed").observe(time.perf_counter() - started)

@@ -196,13 +196,14 @@ def record(state: ServiceState, truth: JobTruth, started: bool = False) -> Obser
     ``started``: read as the job started (the prolog's), so perhaps processed after the
     job ended: then nothing is written (action ``ended``, docs/slurm.md). A requeued
     job's later run (``Restarts=`` above 0) is not held to that: its previous run's end
-    is remembered under the same job id, and this run started after it."""
+    is remembered under the same job id, and this run started after it. A report of
+    any run's start stamps the allocations it matches (``touch``): a reconcile's answer
+    read before it, that saw the job held, leaves them."""
     known = {n: g for n, g in truth.gpus.items() if n in state.cluster}
     if not known:
         return None
     # The epilog cannot say which run ended (at a requeue Slurm counts the restart
     # before it runs), so any end remembered may be the previous run's.
-    started = started and truth.restarts == 0
     observation = allocations.observe(
         state,
         truth.job_id,
@@ -210,7 +211,8 @@ def record(state: ServiceState, truth: JobTruth, started: bool = False) -> Obser
         known,
         truth.named,
         f"observed: Slurm runs job {truth.job_id} on these GPUs",
-        started,
+        started and truth.restarts == 0,
+        touch=started,
     )
     if observation.action == "ended":
         log.info("job %s: a report of its start came after its end; nothing recorded", truth.job_id)

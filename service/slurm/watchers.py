@@ -5,7 +5,8 @@ slurmctld, and sinfo (node_states.py) up to its own: read one after the other,
 a slow squeue held up the node states, and a node Slurm had drained kept being
 chosen until squeue answered. Each reader here awaits its own read before its
 next tick, so one command is never read twice at once, and neither reader
-(nor the expiry sweep) waits for the other.
+(nor the expiry sweep) waits for the other. ``stop`` cancels them, which kills
+a command under way (json_command.py): the service's stop does not wait for it.
 """
 
 from __future__ import annotations

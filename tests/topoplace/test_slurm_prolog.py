@@ -4,9 +4,13 @@ on loopback, which a proxy or another program may stand in front of."""
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fastapi import Response
@@ -206,3 +210,89 @@ def test_the_default_config_missing_means_the_defaults(
     assert main(["--job", "7"]) == 0
     assert sent == [{}]
     assert capsys.readouterr().out == "job 7: matched\n"
+
+
+BUSY = {"error": {"code": "rate_limited", "message": "slow down"}}
+DOWN = {"error": {"code": "database_unavailable", "message": "the database is unavailable"}}
+
+
+def test_a_service_that_asks_to_be_asked_later_is_asked_again(
+    fronted: tuple[str, ScriptedFront], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A 429 and a 503: the report is posted again, after the 429's Retry-After, and the
+    job's GPUs are recorded. Was: the first 429 or 503 ended the prolog, the job unknown
+    to the service until the reconcile loop's next read."""
+    server, front = fronted
+    front.seen.clear()
+    front.answer(429, {"Retry-After": "1"}, BUSY)
+    front.answer(503, None, DOWN)
+    config = _config(tmp_path, server, None)  # the fronted service takes no token
+    started = time.monotonic()
+    assert main(["--config", str(config), "--job", "7", "--name", "wrap"]) == 0
+    took = time.monotonic() - started
+    out, err = capsys.readouterr()
+    assert out.startswith("job 7: {") and err == "", (out, err)
+    assert front.seen == [("POST", "/v1/slurm/job-started")] * 3, front.seen
+    assert took >= 1.0, took  # the Retry-After waited
+
+
+@pytest.mark.parametrize("answer", [(429, {"Retry-After": "1"}, BUSY), (503, None, DOWN)])
+def test_the_prolog_gives_up_in_time_and_exits_0(
+    fronted: tuple[str, ScriptedFront],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    answer: tuple[int, dict[str, str] | None, dict[str, Any]],
+) -> None:
+    """A service that keeps asking to be asked later holds the job's launch back no longer
+    than --retry-for (and one request), and the prolog still exits 0 (a failed prolog
+    would requeue the job), saying what it gave up on."""
+    server, front = fronted
+    for _ in range(20):
+        front.answer(*answer)
+    config = _config(tmp_path, server, None)
+    started = time.monotonic()
+    code = main(["--config", str(config), "--job", "7", "--name", "wrap", "--retry-for", "1.5"])
+    took = time.monotonic() - started
+    asked = len(front.answers)
+    front.answers.clear()
+    out, err = capsys.readouterr()
+    assert code == 0 and out == "", (out, err)
+    assert took < 1.5 + 0.5, took
+    assert 20 - asked >= 2, asked  # asked again before giving up
+    assert "job 7 not reported: try later: HTTP " in err and answer[2]["error"]["code"] in err
+
+
+def test_a_service_that_never_answers_is_given_up_on_within_the_limit(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A listener that accepts and never answers: each try waits no longer than
+    --retry-for, and no try starts past it."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    server = f"http://127.0.0.1:{listener.getsockname()[1]}"
+    try:
+        started = time.monotonic()
+        code = main(["--config", str(_config(tmp_path, server)), "--job", "7", "--retry-for", "1"])
+        took = time.monotonic() - started
+    finally:
+        listener.close()
+    err = capsys.readouterr().err
+    assert code == 0 and "job 7 not reported: try later: no answer" in err, err
+    assert took < 2 * 1 + 0.5, took
+
+
+def test_the_prolog_loads_no_http_client_library() -> None:
+    """The job's launch waits for the prolog: it must not pay httpx's (or the engine's)
+    import time, which sharing the epilog's retry could bring in."""
+    loaded = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys, topoplace.slurm_prolog;"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in"
+            " {'httpx', 'pydantic', 'placement', 'service'}))",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert loaded.stdout.strip() == "[]", loaded.stdout

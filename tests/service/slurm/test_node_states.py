@@ -71,10 +71,10 @@ def test_what_is_not_a_sinfo_answer_is_refused(sinfo: Any) -> None:
 
 
 def test_the_command_is_run_and_its_failures_said(tmp_path: Path) -> None:
-    assert set(read_sinfo(f"cat {DOWN}", 5)) == {"node1", "node2"}
-    for command in ("false", "/nonexistent/sinfo --json", "echo not-json"):
-        with pytest.raises(RuntimeError, match=r"sinfo|false|echo"):
-            read_sinfo(command, 5)
+    assert set(asyncio.run(read_sinfo(f"cat {DOWN}", 5))) == {"node1", "node2"}
+    for command in ("false", "/nonexistent/sinfo --json", "echo not-json", "sleep 5"):
+        with pytest.raises(RuntimeError, match=r"sinfo|false|echo|sleep 5.*timed out"):
+            asyncio.run(read_sinfo(command, 0.5))
 
 
 def test_the_setting_picks_the_command(monkeypatch: pytest.MonkeyPatch) -> None:

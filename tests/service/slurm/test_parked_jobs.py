@@ -8,6 +8,8 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from service.allocations import api as allocations
+from service.allocations import repository
 from service.slurm import reconcile as reconcile_module
 from service.slurm.parked import parked_reason
 from service.slurm.reconcile import Reconciler
@@ -114,7 +116,7 @@ def test_a_job_released_from_its_hold_while_squeue_was_read_keeps_its_record(
     assert dgx1.post("/v1/slurm/reconcile", json=held).json()["released"]
     recorded: list[str] = []
 
-    def slow_squeue(command: str, timeout_s: float) -> dict[str, Any]:
+    async def slow_squeue(command: str, timeout_s: float) -> dict[str, Any]:
         clock.advance(1)  # slurmctld answered (the job held), then the job was released
         answer = started(dgx1, show_job(34, "gpu:g5:1(IDX:5),gpu:g6:1(IDX:6)", "node1", comment))
         assert answer["action"] == "created", answer
@@ -139,7 +141,7 @@ def test_a_held_job_that_started_on_its_reservation_while_squeue_was_read_keeps_
     comment = decision["set"]["admin_comment"]
     gres = ",".join(f"gpu:g{g}:1(IDX:{g})" for g in decision["gpu_indices"])
 
-    def slow_squeue(command: str, timeout_s: float) -> dict[str, Any]:
+    async def slow_squeue(command: str, timeout_s: float) -> dict[str, Any]:
         clock.advance(1)
         answer = started(dgx1, show_job(35, gres, "node1", comment))
         assert answer["action"] == "attached", answer
@@ -151,6 +153,61 @@ def test_a_held_job_that_started_on_its_reservation_while_squeue_was_read_keeps_
     settings = SlurmSettings(squeue_command="squeue --json", reconcile_grace_s=0.5)
     asyncio.run(Reconciler(app.state.service, settings).tick())
     assert live(dgx1) == decision["allocation_ids"], "a started job's reservation was released"
+
+
+def test_a_held_job_that_already_had_its_job_id_and_started_while_squeue_was_read_keeps_it(
+    dgx1: TestClient, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reservation carries the job id before squeue is asked (an earlier read gave it,
+    the job pending for its turn). squeue saw the job held; before its answer was used the
+    job was released and started on the reserved GPUs, and its prolog's report matched
+    the reservation, changing nothing in it. The old answer must not release it as a
+    parked job's. Was: released (the report left no trace the answer could be checked
+    against), the running job's GPUs free until the next read recorded it again."""
+    decision = submit(dgx1, tres_per_node="gres:gpu:2", req_nodes="node1")
+    comment = decision["set"]["admin_comment"]
+    waiting = {"jobs": [pending(36, comment, "Priority")]}
+    assert dgx1.post("/v1/slurm/reconcile", json=waiting).json()["attached"]
+    gres = ",".join(f"gpu:g{g}:1(IDX:{g})" for g in decision["gpu_indices"])
+
+    async def slow_squeue(command: str, timeout_s: float) -> dict[str, Any]:
+        clock.advance(1)
+        answer = started(dgx1, show_job(36, gres, "node1", comment))
+        assert answer["action"] == "matched", answer
+        clock.advance(1)
+        return {"jobs": [pending(36, comment, "JobHeldUser")]}
+
+    monkeypatch.setattr(reconcile_module, "read_squeue", slow_squeue)
+    app: Any = dgx1.app
+    settings = SlurmSettings(squeue_command="squeue --json", reconcile_grace_s=0.5)
+    asyncio.run(Reconciler(app.state.service, settings).tick())
+    assert live(dgx1) == decision["allocation_ids"], "a started job's reservation was released"
+
+
+def test_only_a_report_of_a_start_stamps_the_allocation_it_matches(dgx1: TestClient) -> None:
+    """A truth that matches changes nothing; only a report that the job has just started
+    (the prolog's) is worth a write: a periodic one (a node's devices) would write each
+    time."""
+    decision = submit(dgx1, tres_per_node="gres:gpu:2", req_nodes="node1")
+    [allocation_id] = decision["allocation_ids"]
+    gres = ",".join(f"gpu:g{g}:1(IDX:{g})" for g in decision["gpu_indices"])
+    comment = decision["set"]["admin_comment"]
+    assert started(dgx1, show_job(37, gres, "node1", comment))["action"] == "attached"
+    app: Any = dgx1.app
+    state = app.state.service
+    indices = {"node1": list(decision["gpu_indices"])}
+
+    def touched_at() -> object:
+        with state.engine.connect() as conn:
+            row = repository.by_id(conn, allocation_id)
+        assert row is not None
+        return row["touched_at"]
+
+    args = (state, "37", "slurm:alice", indices, [allocation_id], "observed")
+    assert allocations.observe(*args).action == "matched"
+    assert touched_at() is None
+    assert allocations.observe(*args, touch=True).action == "matched"
+    assert touched_at() is not None
 
 
 def test_reasons_slurm_does_not_name_park_nothing() -> None:

@@ -76,7 +76,7 @@ def test_a_job_that_came_while_squeue_was_read_keeps_its_gpus(
     add_nodes(client, ("dgx1-v100", "node1"))
     made: list[str] = []
 
-    def slow_squeue(command: str, timeout_s: float) -> dict[str, Any]:
+    async def slow_squeue(command: str, timeout_s: float) -> dict[str, Any]:
         clock.advance(2)  # slurmctld took its snapshot, then was slow to print it
         decision = client.post(
             "/v1/slurm/job-submit", json={"tres_per_node": "gres:gpu:2", "user_name": "alice"}
@@ -163,7 +163,7 @@ def test_a_job_that_ended_while_squeue_was_read_is_not_recorded_again(
     }
     made: list[str] = []
 
-    def slow_squeue(command: str, timeout_s: float) -> dict[str, Any]:
+    async def slow_squeue(command: str, timeout_s: float) -> dict[str, Any]:
         clock.advance(1)
         assert client.post("/v1/jobs/5/release").json()["released"]  # the epilog
         made.extend(client.post("/v1/slurm/job-submit", json=body).json()["allocation_ids"])
@@ -211,7 +211,7 @@ def test_a_job_requeued_and_restarted_while_squeue_was_read_keeps_its_record(
     preempted = {"job_id": 7, "job_state": "PREEMPTED", "admin_comment": comment}
     recorded: list[str] = []
 
-    def slow_squeue(command: str, timeout_s: float) -> dict[str, Any]:
+    async def slow_squeue(command: str, timeout_s: float) -> dict[str, Any]:
         clock.advance(1)
         assert client.post("/v1/jobs/7/release").json()["released"]  # the first run's epilog
         again = show_job(7, "gpu:g6:1(IDX:6),gpu:g7:1(IDX:7)", "node1", comment, restarts=1)
@@ -226,3 +226,52 @@ def test_a_job_requeued_and_restarted_while_squeue_was_read_keeps_its_record(
     settings = SlurmSettings(squeue_command="squeue --json", reconcile_grace_s=0.5)
     asyncio.run(Reconciler(app.state.service, settings).tick())
     assert recorded and _live(client) == recorded, "the restarted run's record was ended"
+
+
+def test_a_job_moved_by_a_newer_report_while_squeue_was_read_is_not_moved_back(
+    client: TestClient, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """squeue saw the job's first run on its reserved GPUs; before its answer was used
+    Slurm requeued the job (its epilog missed) and ran it on two others, whose prolog
+    moved the job's allocation there, and the next job was given the GPUs it left. The
+    old answer must not move the job back onto them, over the next job's reservation.
+    Was: moved back, and the next job's reservation released as stale."""
+    add_nodes(client, ("dgx1-v100", "node1"))
+    body = {"tres_per_node": "gres:gpu:2", "user_name": "alice"}
+    decision = client.post("/v1/slurm/job-submit", json=body).json()
+    [allocation_id] = decision["allocation_ids"]
+    comment = decision["set"]["admin_comment"]
+    first = ",".join(f"gpu:g{g}:1(IDX:{g})" for g in decision["gpu_indices"])
+    report = {"show_job": show_job(8, first, "node1", comment), "job_name": "train"}
+    assert client.post("/v1/slurm/job-started", json=report).json()["action"] == "attached"
+    elsewhere = [g for g in range(8) if g not in decision["gpu_indices"]][-2:]
+    running_first = {
+        "job_id": 8,
+        "job_state": "RUNNING",
+        "user_name": "alice",
+        "nodes": "node1",
+        "gres_detail": [first],
+        "admin_comment": comment,
+    }
+    made: list[str] = []
+
+    async def slow_squeue(command: str, timeout_s: float) -> dict[str, Any]:
+        clock.advance(1)
+        again = ",".join(f"gpu:g{g}:1(IDX:{g})" for g in elsewhere)
+        text = show_job(8, again, "node1", comment, restarts=1)
+        answer = client.post("/v1/slurm/job-started", json={"show_job": text, "job_name": "train"})
+        assert answer.json()["action"] == "moved", answer.text
+        pinned = {**body, "tres_per_node": "gres:gpu:6"}  # the six GPUs left: the first run's too
+        made.extend(client.post("/v1/slurm/job-submit", json=pinned).json()["allocation_ids"])
+        clock.advance(1)
+        return {"jobs": [running_first]}
+
+    monkeypatch.setattr(reconcile_module, "read_squeue", slow_squeue)
+    app: Any = client.app
+    settings = SlurmSettings(squeue_command="squeue --json", reconcile_grace_s=0.5)
+    asyncio.run(Reconciler(app.state.service, settings).tick())
+    held = client.get(f"/v1/allocations/{allocation_id}").json()
+    assert sorted(g for t in held["tasks"] for g in t["gpu_indices"]) == elsewhere, held
+    assert made and sorted(_live(client)) == sorted([allocation_id, *made]), (
+        "the next job's reservation was released for a stale answer"
+    )
