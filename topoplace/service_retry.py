@@ -20,10 +20,12 @@ library when it is first asked, by which time the epilog has loaded it).
 
 from __future__ import annotations
 
+import argparse
 import time
 from collections.abc import Callable
 from typing import TypeVar
 
+from topoplace_client.arguments import seconds_up_to
 from topoplace_client.retry_after import retry_after_s
 
 T = TypeVar("T")
@@ -33,6 +35,22 @@ FIRST_WAIT_S = 0.25
 # A failure's (reason in one line, its Retry-After header or None) where the same
 # request may succeed later; None where it is a refusal, raised at once.
 TryLater = Callable[[Exception], tuple[str, str | None] | None]
+
+
+def add_retry_for(
+    parser: argparse.ArgumentParser, default_s: float, max_s: float, *, waits: str, then: str
+) -> None:
+    """The program's ``--retry-for SECONDS``, its ``Patience``'s limit: more than 0 and at
+    most ``max_s`` (the program must end on its own). ``waits``: what the wait holds up;
+    ``then``: what the program does once the time is spent."""
+    parser.add_argument(
+        "--retry-for",
+        type=seconds_up_to(max_s),
+        default=default_s,
+        metavar="SECONDS",
+        help="ask again a service that answers 429 or 5xx, or none, for this long in all"
+        f" (default {default_s:g}, at most {max_s:g}; {waits}), then {then}",
+    )
 
 
 class OutOfTime(Exception):

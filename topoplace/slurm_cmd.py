@@ -30,11 +30,10 @@ from slurm_formats.admin_comment import allocation_ids
 from slurm_formats.conf import gres_conf_lines, node_conf_line
 from slurm_formats.hostlist import expand
 from topoplace import client_cmd
+from topoplace.service_retry import OutOfTime, Patience, add_retry_for
 from topoplace.slurm_prolog import own_record, read_config  # stdlib-only: the prolog stays quick
-from topoplace_client.arguments import seconds_up_to
 
 if TYPE_CHECKING:
-    from topoplace.service_retry import OutOfTime
     from topoplace_client.api import ApiError, TopoplaceClient
 
 DEFAULT_CONFIG = "/etc/slurm/topoplace.conf"
@@ -111,14 +110,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="the job's user (default: $SLURM_JOB_USER): the allocations its admin comment"
         " names are released only if made for this user",
     )
-    p.add_argument(
-        "--retry-for",
-        type=seconds_up_to(EPILOG_RETRY_MAX_S),
-        default=EPILOG_RETRY_S,
-        metavar="SECONDS",
-        help="retry a service that answers 429 or 5xx, or none, for this long in all"
-        f" (default {EPILOG_RETRY_S:g}, at most {EPILOG_RETRY_MAX_S:g}; each request waits"
-        " at most this long too), then exit 3 naming what is left held",
+    add_retry_for(
+        p,
+        EPILOG_RETRY_S,
+        EPILOG_RETRY_MAX_S,
+        waits="each request waits at most this long too",
+        then="exit 3 naming what is left held",
     )
     p.set_defaults(func=run_epilog)
 
@@ -202,8 +199,6 @@ def _releasable(client: TopoplaceClient, allocation_id: str, job: str, user: str
 def _left_held(job: str, what: str, exc: ApiError | OutOfTime) -> int:
     """Say on stderr (slurmctld's log) what the epilog could not release and why; the
     exit status it calls for: 3 where the service asked to be asked later."""
-    from topoplace.service_retry import OutOfTime
-
     if isinstance(exc, OutOfTime):
         why, code = f"try later: {exc}", client_cmd.EXIT_UNREACHABLE
     else:
@@ -259,7 +254,6 @@ def run_epilog(args: argparse.Namespace) -> int:
     args.timeout = min(args.timeout, args.retry_for)
 
     def release(client: TopoplaceClient, _: argparse.Namespace) -> None:
-        from topoplace.service_retry import OutOfTime, Patience
         from topoplace_client.api import ApiError
 
         nonlocal outcome

@@ -37,8 +37,7 @@ from email.message import Message
 from pathlib import Path
 from typing import IO
 
-from topoplace.service_retry import OutOfTime, Patience
-from topoplace_client.arguments import seconds_up_to
+from topoplace.service_retry import OutOfTime, Patience, add_retry_for
 
 DEFAULT_CONFIG = "/etc/slurm/topoplace.conf"
 TIMEOUT_S = 2.0  # one request's; a retry's timeout is no longer than --retry-for either
@@ -224,14 +223,12 @@ def main(argv: list[str] | None = None) -> int:
         " component: HETJOB+OFFSET)",
     )
     parser.add_argument("--name", help="the job's name (default: $SLURM_JOB_NAME)")
-    parser.add_argument(
-        "--retry-for",
-        type=seconds_up_to(RETRY_MAX_S),
-        default=RETRY_S,
-        metavar="SECONDS",
-        help="ask again a service that answers 429 or 5xx, or none, for this long in all"
-        f" (default {RETRY_S:g}, at most {RETRY_MAX_S:g}; the job's launch waits), then"
-        " give up, saying so, and exit 0: the reconcile loop records the job",
+    add_retry_for(
+        parser,
+        RETRY_S,
+        RETRY_MAX_S,
+        waits="the job's launch waits",
+        then="give up, saying so, and exit 0: the reconcile loop records the job",
     )
     args = parser.parse_args(argv)
     job = args.job or own_record(os.environ)
