@@ -45,21 +45,45 @@ def _label(text: str) -> tuple[str, str]:
     return key, value
 
 
+def _region_command(
+    region_sub: argparse._SubParsersAction[argparse.ArgumentParser],
+    common: argparse.ArgumentParser,
+    command: str,
+    help: str,
+) -> argparse.ArgumentParser:
+    """A command that writes a region named by its first argument (register, update)."""
+    parser = region_sub.add_parser(
+        command, parents=[common], help=help, epilog=client_cmd.EXIT_HELP
+    )
+    parser.add_argument("name")
+    return parser
+
+
+# The settings that register sets and update sets again, checked the same at both.
+def _add_url(parser: argparse.ArgumentParser, *, required: bool) -> None:
+    parser.add_argument("--url", required=required, help="the region's own topoplace service")
+
+
+def _add_forward_token_file(options: argparse._ActionsContainer) -> None:
+    options.add_argument(
+        "--forward-token-file",
+        type=Path,
+        metavar="FILE",
+        help="a scheduler token of the region's service, sent with forwarded placements",
+    )
+
+
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     common = client_cmd._service_options()
     region = sub.add_parser("region", help="register, list, update and retire federated regions")
     region_sub = region.add_subparsers(dest="region_command", required=True)
 
-    register = region_sub.add_parser(
-        "register",
-        parents=[common],
-        help="register a region; prints its region token once",
-        epilog=client_cmd.EXIT_HELP,
+    register = _region_command(
+        region_sub, common, "register", "register a region; prints its region token once"
     )
-    register.add_argument("name")
     register.add_argument("--cloud", required=True, help="aws, gcp, onprem, ...")
     register.add_argument("--location", default="", help="e.g. us-east-1, or a site")
-    register.add_argument("--url", required=True, help="the region's own topoplace service")
+    _add_url(register, required=True)
     register.add_argument(
         "--public-key-file",
         required=True,
@@ -67,12 +91,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         metavar="FILE",
         help="the region's signing public key (KEY.pem.pub of `topoplace agent keygen`)",
     )
-    register.add_argument(
-        "--forward-token-file",
-        type=Path,
-        metavar="FILE",
-        help="a scheduler token of the region's service, sent with forwarded placements",
-    )
+    _add_forward_token_file(register)
     register.add_argument(
         "--price",
         action="append",
@@ -113,21 +132,15 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     show.add_argument("name")
     show.set_defaults(func=lambda args: client_cmd.run(show_region, args))
 
-    update = region_sub.add_parser(
+    update = _region_command(
+        region_sub,
+        common,
         "update",
-        parents=[common],
-        help="set a region's URL or forward token again (checked as at registration)",
-        epilog=client_cmd.EXIT_HELP,
+        "set a region's URL or forward token again (checked as at registration)",
     )
-    update.add_argument("name")
-    update.add_argument("--url", help="the region's own topoplace service")
+    _add_url(update, required=False)
     token = update.add_mutually_exclusive_group()
-    token.add_argument(
-        "--forward-token-file",
-        type=Path,
-        metavar="FILE",
-        help="a scheduler token of the region's service, sent with forwarded placements",
-    )
+    _add_forward_token_file(token)
     token.add_argument(
         "--no-forward-token", action="store_true", help="send no token with forwards any more"
     )
