@@ -604,17 +604,23 @@ def test_a_region_with_a_bad_stored_url_is_skipped_with_a_warning(
     assert len(told) == 1 and told[0].levelno == logging.WARNING  # once, not per request
 
 
+def held_at_a_bad_stored_url(client: TestClient, regions: Regions, key: str) -> None:
+    """cheap has a URL with credentials stored, and does not answer; ``key`` was forwarded
+    there by a replica that predates the check: the key is cheap's."""
+    store_url(client, "cheap", "http://ops:secret@cheap.example")
+    regions.answers["cheap"] = no_answer
+    app: Any = client.app
+    engine = app.state.federation.engine
+    now = datetime.now(UTC)
+    assert store.hold_key(engine, key, "cheap", "H100", "old", now, now)
+    store.let_go_key(engine, key, "old")
+
+
 def test_a_key_whose_region_has_a_bad_stored_url_stays_there(
     client: TestClient, regions: Regions
 ) -> None:
     """A URL with credentials took forwards: the region may hold the key's allocation."""
-    store_url(client, "cheap", "http://ops:secret@cheap.example")
-    regions.answers["cheap"] = no_answer
-    # Forwarded there by a replica that predates the check: the key is cheap's.
-    app: Any = client.app
-    now = datetime.now(UTC)
-    assert store.hold_key(app.state.federation.engine, "k-cred", "cheap", "H100", "old", now, now)
-    store.let_go_key(app.state.federation.engine, "k-cred", "old")
+    held_at_a_bad_stored_url(client, regions, "k-cred")
     answer = place(client, "k-cred")
     assert answer.status_code == 503, answer.text
     assert answer.json()["error"]["code"] == "region_unavailable"
@@ -636,13 +642,7 @@ def _seen_urls(regions: Regions, name: str) -> list[str]:
 def test_a_key_held_by_a_bad_url_goes_to_the_url_set_right(
     client: TestClient, regions: Regions
 ) -> None:
-    store_url(client, "cheap", "http://ops:secret@cheap.example")
-    regions.answers["cheap"] = no_answer
-    app: Any = client.app
-    engine = app.state.federation.engine
-    now = datetime.now(UTC)
-    assert store.hold_key(engine, "k-fix", "cheap", "H100", "old", now, now)
-    store.let_go_key(engine, "k-fix", "old")
+    held_at_a_bad_stored_url(client, regions, "k-fix")
     assert place(client, "k-fix").status_code == 503
 
     urls = _seen_urls(regions, "cheap")
