@@ -61,37 +61,49 @@ def test_an_instance_without_ids_or_lines_says_why():
     assert "ids are unknown" in str(found[third.uuid])
 
 
-def _admit_4g(cluster: Cluster, kubelet: FakeKubelet) -> list[str]:
+# What a container is given for GPU 3's 4g.40gb instance. NVML (the fake built from the
+# profile) numbers its GPU instances 1.. over the node: the 4g.40gb one, the 14th, is
+# gpu3/gi14, compute instance 0; gpu3/gi14/access: 3 + 3 GPUs of 17 * 9 lines + 14 * 9.
+FILES_4G = [
+    "/dev/nvidiactl",
+    "/dev/nvidia-uvm",
+    "/dev/nvidia-uvm-tools",
+    "/dev/nvidia3",
+    "/dev/nvidia-caps/nvidia-cap588",
+    "/dev/nvidia-caps/nvidia-cap589",
+]
+
+
+def _start(cluster: Cluster, plugins: list[PluginProcess], listed: range) -> Path:
+    """NODE and its plugin with --device-specs, whose mig-minors lists the GPUs ``listed``;
+    the mig-minors file."""
+    cluster.add_node(PROFILE, NODE)
+    minors = cluster.folder / "mig-minors"
+    minors.write_text(mig_minors(listed))
+    plugin = PluginProcess(
+        cluster, NODE, "--source", f"fake:{PROFILE}", "--device-specs", "--mig-minors", str(minors)
+    ).start()
+    plugins.append(plugin)
+    return minors
+
+
+def _admit_4g(cluster: Cluster, kubelet: FakeKubelet) -> list[tuple[str, str]]:
+    """The 4g.40gb instance scheduled and admitted: its device files, each as (container
+    path, host path)."""
     p = cluster.schedule("mig-0", 1, NODE, resource=RESOURCE)
     reserved = str(p["metadata"]["annotations"]["topoplace.io/gpus"]).split(",")
     admitted = kubelet.admit("ml-team", "mig-0", RESOURCE, 1)
     assert admitted.devices == reserved
-    return [d.host_path for d in admitted.response.devices]
+    return [(d.container_path, d.host_path) for d in admitted.response.devices]
 
 
 def test_a_mig_instance_gets_its_gpu_and_both_capability_files(
     cluster: Cluster, kubelet: FakeKubelet, plugins: list[PluginProcess]
 ):
-    cluster.add_node(PROFILE, NODE)
-    minors = cluster.folder / "mig-minors"
-    minors.write_text(mig_minors(range(8)))
-    # NVML (the fake built from the profile) numbers its GPU instances 1.. over the node:
-    # the 4g.40gb one, the 14th, is gpu3/gi14, compute instance 0.
-    plugin = PluginProcess(
-        cluster, NODE, "--source", f"fake:{PROFILE}", "--device-specs", "--mig-minors", str(minors)
-    ).start()
-    plugins.append(plugin)
-    paths = _admit_4g(cluster, kubelet)
-    # gpu3/gi14/access: 3 + 3 GPUs of 17 * 9 lines + 14 * 9.
+    _start(cluster, plugins, range(8))
+    specs = _admit_4g(cluster, kubelet)
     # Was: /dev/nvidia3 alone (and the control files): CUDA found no device.
-    assert paths == [
-        "/dev/nvidiactl",
-        "/dev/nvidia-uvm",
-        "/dev/nvidia-uvm-tools",
-        "/dev/nvidia3",
-        "/dev/nvidia-caps/nvidia-cap588",
-        "/dev/nvidia-caps/nvidia-cap589",
-    ]
+    assert [host for _, host in specs] == FILES_4G
 
 
 def test_a_driver_root_prefixes_the_host_paths_and_not_the_containers(
@@ -103,40 +115,17 @@ def test_a_driver_root_prefixes_the_host_paths_and_not_the_containers(
     """The GPU operator's driver root, set as the plugin's other options are (its
     environment variable): the kubelet is told the host's files under it, the container
     still sees /dev/... (was: both /dev/..., which on such a host do not exist)."""
-    cluster.add_node(PROFILE, NODE)
-    minors = cluster.folder / "mig-minors"
-    minors.write_text(mig_minors(range(8)))
     root = cluster.folder / "driver"
     monkeypatch.setenv("TOPOPLACE_DEVICE_PLUGIN_DRIVER_ROOT", str(root))
-    plugin = PluginProcess(
-        cluster, NODE, "--source", f"fake:{PROFILE}", "--device-specs", "--mig-minors", str(minors)
-    ).start()
-    plugins.append(plugin)
-    p = cluster.schedule("mig-0", 1, NODE, resource=RESOURCE)
-    assert p["metadata"]["annotations"]["topoplace.io/gpus"]
-    admitted = kubelet.admit("ml-team", "mig-0", RESOURCE, 1)
-    specs = [(d.container_path, d.host_path) for d in admitted.response.devices]
-    containers = [
-        "/dev/nvidiactl",
-        "/dev/nvidia-uvm",
-        "/dev/nvidia-uvm-tools",
-        "/dev/nvidia3",
-        "/dev/nvidia-caps/nvidia-cap588",
-        "/dev/nvidia-caps/nvidia-cap589",
-    ]
-    assert specs == [(c, f"{root}{c}") for c in containers]
+    _start(cluster, plugins, range(8))
+    specs = _admit_4g(cluster, kubelet)
+    assert specs == [(c, f"{root}{c}") for c in FILES_4G]
 
 
 def test_a_mig_instance_whose_capability_files_are_unknown_is_refused(
     cluster: Cluster, kubelet: FakeKubelet, plugins: list[PluginProcess]
 ):
-    cluster.add_node(PROFILE, NODE)
-    minors = cluster.folder / "mig-minors"
-    minors.write_text(mig_minors(range(3)))  # GPU 3's instances are not listed
-    plugin = PluginProcess(
-        cluster, NODE, "--source", f"fake:{PROFILE}", "--device-specs", "--mig-minors", str(minors)
-    ).start()
-    plugins.append(plugin)
+    minors = _start(cluster, plugins, range(3))  # GPU 3's instances are not listed
     # Advertised Unhealthy, so the kubelet does not choose it (was: Healthy, chosen and
     # refused at every admission); one that chooses it all the same is refused.
     [device] = kubelet.plugin(RESOURCE).devices
