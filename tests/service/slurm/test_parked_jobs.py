@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import pytest
@@ -10,28 +9,10 @@ from fastapi.testclient import TestClient
 
 from service.allocations import api as allocations
 from service.allocations import repository
-from service.slurm import reconcile as reconcile_module
 from service.slurm.parked import parked_reason
-from service.slurm.reconcile import Reconciler
-from service.slurm.settings import SlurmSettings
 from tests.service.conftest import FakeClock
+from tests.service.slurm.squeue import live, pending, running, tick_reading
 from tests.service.slurm.test_truth import gpus, of_job, show_job, started, submit
-
-
-def pending(job: int, comment: str, reason: str, description: str = "") -> dict[str, Any]:
-    """A pending job as Slurm 22.05.8's `squeue --json` prints it (fields read here)."""
-    return {
-        "job_id": job,
-        "job_state": "PENDING",
-        "state_reason": reason,
-        "state_description": description,
-        "admin_comment": comment,
-    }
-
-
-def live(client: TestClient) -> list[str]:
-    rows = client.get("/v1/allocations").json()["allocations"]
-    return [a["id"] for a in rows if a["state"] in ("pending", "active")]
 
 
 @pytest.mark.parametrize(
@@ -92,15 +73,8 @@ def test_a_released_job_that_starts_later_is_recorded_where_it_runs(dgx1: TestCl
     assert answer["action"] == "created", answer
     [allocation] = of_job(dgx1, 33)
     assert gpus(allocation) == {"node1": [5, 6]}
-    running = {
-        "job_id": 33,
-        "job_state": "RUNNING",
-        "user_name": "alice",
-        "nodes": "node1",
-        "gres_detail": ["gpu:g5:1(IDX:5)", "gpu:g6:1(IDX:6)"],
-        "admin_comment": comment,
-    }
-    assert dgx1.post("/v1/slurm/reconcile", json={"jobs": [running]}).json()["released"] == []
+    now = running(33, comment, ["gpu:g5:1(IDX:5)", "gpu:g6:1(IDX:6)"])
+    assert dgx1.post("/v1/slurm/reconcile", json={"jobs": [now]}).json()["released"] == []
     assert [a["id"] for a in of_job(dgx1, 33)] == [allocation["id"]]
 
 
@@ -124,63 +98,38 @@ def test_a_job_released_from_its_hold_while_squeue_was_read_keeps_its_record(
         clock.advance(1)
         return held
 
-    monkeypatch.setattr(reconcile_module, "read_squeue", slow_squeue)
-    app: Any = dgx1.app
-    settings = SlurmSettings(squeue_command="squeue --json", reconcile_grace_s=0.5)
-    asyncio.run(Reconciler(app.state.service, settings).tick())
+    tick_reading(dgx1, monkeypatch, slow_squeue)
     assert recorded and live(dgx1) == recorded, "a started job's record was released"
 
 
+@pytest.mark.parametrize(
+    ("known", "action"), [(False, "attached"), (True, "matched")], ids=["new-id", "known-id"]
+)
 def test_a_held_job_that_started_on_its_reservation_while_squeue_was_read_keeps_it(
-    dgx1: TestClient, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+    dgx1: TestClient, clock: FakeClock, monkeypatch: pytest.MonkeyPatch, known: bool, action: str
 ) -> None:
     """squeue saw the job held while its reservation still stood; before its answer was
-    used the job was released and started on the reserved GPUs, and its prolog gave the
-    reservation its job id. The old answer must not release it as a parked job's."""
+    used the job was released and started on the reserved GPUs, and its prolog's report
+    gave the reservation its job id or, ``known`` (the reservation carried the id before
+    squeue was asked: an earlier read gave it, the job pending for its turn), matched it,
+    changing nothing in it. The old answer must not release it as a parked job's. Was,
+    where known: released (the report left no trace the answer could be checked
+    against), the running job's GPUs free until the next read recorded it again."""
     decision = submit(dgx1, tres_per_node="gres:gpu:2", req_nodes="node1")
     comment = decision["set"]["admin_comment"]
+    if known:
+        waiting = {"jobs": [pending(35, comment, "Priority")]}
+        assert dgx1.post("/v1/slurm/reconcile", json=waiting).json()["attached"]
     gres = ",".join(f"gpu:g{g}:1(IDX:{g})" for g in decision["gpu_indices"])
 
     async def slow_squeue(command: str, timeout_s: float) -> dict[str, Any]:
         clock.advance(1)
         answer = started(dgx1, show_job(35, gres, "node1", comment))
-        assert answer["action"] == "attached", answer
+        assert answer["action"] == action, answer
         clock.advance(1)
         return {"jobs": [pending(35, comment, "JobHeldUser")]}
 
-    monkeypatch.setattr(reconcile_module, "read_squeue", slow_squeue)
-    app: Any = dgx1.app
-    settings = SlurmSettings(squeue_command="squeue --json", reconcile_grace_s=0.5)
-    asyncio.run(Reconciler(app.state.service, settings).tick())
-    assert live(dgx1) == decision["allocation_ids"], "a started job's reservation was released"
-
-
-def test_a_held_job_that_already_had_its_job_id_and_started_while_squeue_was_read_keeps_it(
-    dgx1: TestClient, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The reservation carries the job id before squeue is asked (an earlier read gave it,
-    the job pending for its turn). squeue saw the job held; before its answer was used the
-    job was released and started on the reserved GPUs, and its prolog's report matched
-    the reservation, changing nothing in it. The old answer must not release it as a
-    parked job's. Was: released (the report left no trace the answer could be checked
-    against), the running job's GPUs free until the next read recorded it again."""
-    decision = submit(dgx1, tres_per_node="gres:gpu:2", req_nodes="node1")
-    comment = decision["set"]["admin_comment"]
-    waiting = {"jobs": [pending(36, comment, "Priority")]}
-    assert dgx1.post("/v1/slurm/reconcile", json=waiting).json()["attached"]
-    gres = ",".join(f"gpu:g{g}:1(IDX:{g})" for g in decision["gpu_indices"])
-
-    async def slow_squeue(command: str, timeout_s: float) -> dict[str, Any]:
-        clock.advance(1)
-        answer = started(dgx1, show_job(36, gres, "node1", comment))
-        assert answer["action"] == "matched", answer
-        clock.advance(1)
-        return {"jobs": [pending(36, comment, "JobHeldUser")]}
-
-    monkeypatch.setattr(reconcile_module, "read_squeue", slow_squeue)
-    app: Any = dgx1.app
-    settings = SlurmSettings(squeue_command="squeue --json", reconcile_grace_s=0.5)
-    asyncio.run(Reconciler(app.state.service, settings).tick())
+    tick_reading(dgx1, monkeypatch, slow_squeue)
     assert live(dgx1) == decision["allocation_ids"], "a started job's reservation was released"
 
 

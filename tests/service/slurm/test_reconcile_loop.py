@@ -15,12 +15,8 @@ from service.slurm.reconcile import Reconciler
 from service.slurm.settings import SlurmSettings
 from tests.service.conftest import FakeClock
 from tests.service.helpers import add_nodes
+from tests.service.slurm.squeue import live, running, tick_reading
 from tests.service.slurm.test_truth import show_job
-
-
-def _live(client: TestClient) -> list[str]:
-    rows = client.get("/v1/allocations").json()["allocations"]
-    return [a["id"] for a in rows if a["state"] in ("pending", "active")]
 
 
 def _reconciler(client: TestClient, command: str) -> Reconciler:
@@ -39,10 +35,10 @@ def _squeue(tmp_path: Path, jobs: list[dict[str, Any]]) -> str:
 def test_a_failed_or_empty_read_releases_nothing(client: TestClient) -> None:
     add_nodes(client, ("dgx1-v100", "node1"))
     client.post("/v1/slurm/job-submit", json={"tres_per_node": "gres:gpu:1"})
-    held = _live(client)
+    held = live(client)
     for command in ("false", "/nonexistent/squeue --json", "echo not-json"):
         asyncio.run(_reconciler(client, command).tick())
-        assert _live(client) == held
+        assert live(client) == held
 
 
 def test_the_configured_command_is_read_and_gone_jobs_are_released(
@@ -51,10 +47,10 @@ def test_the_configured_command_is_read_and_gone_jobs_are_released(
     add_nodes(client, ("dgx1-v100", "node1"))
     kept = client.post("/v1/slurm/job-submit", json={"tres_per_node": "gres:gpu:1"}).json()
     gone = client.post("/v1/slurm/job-submit", json={"tres_per_node": "gres:gpu:1"}).json()
-    running = {"job_id": 1, "job_state": "RUNNING", "admin_comment": kept["set"]["admin_comment"]}
-    asyncio.run(_reconciler(client, _squeue(tmp_path, [running])).tick())
-    assert _live(client) == kept["allocation_ids"]
-    assert gone["allocation_ids"][0] not in _live(client)
+    alive = {"job_id": 1, "job_state": "RUNNING", "admin_comment": kept["set"]["admin_comment"]}
+    asyncio.run(_reconciler(client, _squeue(tmp_path, [alive])).tick())
+    assert live(client) == kept["allocation_ids"]
+    assert gone["allocation_ids"][0] not in live(client)
 
 
 def test_squeue_runs_are_timed_by_outcome(client: TestClient, tmp_path: Path) -> None:
@@ -95,11 +91,8 @@ def test_a_job_that_came_while_squeue_was_read_keeps_its_gpus(
         clock.advance(2)
         return {"jobs": []}
 
-    monkeypatch.setattr(reconcile_module, "read_squeue", slow_squeue)
-    app: Any = client.app
-    settings = SlurmSettings(squeue_command="squeue --json", reconcile_grace_s=0.5)
-    asyncio.run(Reconciler(app.state.service, settings).tick())
-    assert made and _live(client) == made, (
+    tick_reading(client, monkeypatch, slow_squeue)
+    assert made and live(client) == made, (
         "the reservation of a job newer than squeue's read was released"
     )
 
@@ -126,16 +119,16 @@ def test_a_squeue_that_reports_errors_releases_nothing(
     that is a failed read, not a cluster with no jobs."""
     add_nodes(client, ("dgx1-v100", "node1"))
     client.post("/v1/slurm/job-submit", json={"tres_per_node": "gres:gpu:1"})
-    held = _live(client)
+    held = live(client)
     clock.advance(60)
     output = tmp_path / "squeue.json"
     output.write_text(json.dumps(UNREACHABLE))
     asyncio.run(_reconciler(client, f"cat {output}").tick())
-    assert _live(client) == held, "a squeue that could not reach slurmctld released GPUs"
+    assert live(client) == held, "a squeue that could not reach slurmctld released GPUs"
     pushed = client.post("/v1/slurm/reconcile", json=UNREACHABLE)
     assert pushed.status_code == 400, pushed.text
     assert "slurm_load_jobs" in pushed.json()["error"]["message"]
-    assert _live(client) == held
+    assert live(client) == held
     metrics = client.get("/metrics").text
     assert 'topoplace_squeue_duration_seconds_count{outcome="failed"} 1.0' in metrics
 
@@ -153,14 +146,7 @@ def test_a_job_that_ended_while_squeue_was_read_is_not_recorded_again(
     comment = first["set"]["admin_comment"]
     report = {"show_job": show_job(5, gres, "node1", comment), "job_name": "train"}
     assert client.post("/v1/slurm/job-started", json=report).json()["action"] == "attached"
-    running = {
-        "job_id": 5,
-        "job_state": "RUNNING",
-        "user_name": "alice",
-        "nodes": "node1",
-        "gres_detail": [gres],
-        "admin_comment": comment,
-    }
+    was_running = running(5, comment, [gres])
     made: list[str] = []
 
     async def slow_squeue(command: str, timeout_s: float) -> dict[str, Any]:
@@ -168,13 +154,10 @@ def test_a_job_that_ended_while_squeue_was_read_is_not_recorded_again(
         assert client.post("/v1/jobs/5/release").json()["released"]  # the epilog
         made.extend(client.post("/v1/slurm/job-submit", json=body).json()["allocation_ids"])
         clock.advance(1)
-        return {"jobs": [running]}
+        return {"jobs": [was_running]}
 
-    monkeypatch.setattr(reconcile_module, "read_squeue", slow_squeue)
-    app: Any = client.app
-    settings = SlurmSettings(squeue_command="squeue --json", reconcile_grace_s=0.5)
-    asyncio.run(Reconciler(app.state.service, settings).tick())
-    assert made and _live(client) == made, "an ended job was recorded over the next job's GPUs"
+    tick_reading(client, monkeypatch, slow_squeue)
+    assert made and live(client) == made, "an ended job was recorded over the next job's GPUs"
 
 
 def test_every_live_allocation_is_reconciled_however_many(
@@ -192,7 +175,7 @@ def test_every_live_allocation_is_reconciled_however_many(
     app: Any = client.app
     result = reconcile_module.reconcile(app.state.service, SlurmSettings(), {"jobs": []})
     assert sorted(result.released) == sorted(orphans)
-    assert _live(client) == []
+    assert live(client) == []
 
 
 def test_a_job_requeued_and_restarted_while_squeue_was_read_keeps_its_record(
@@ -221,11 +204,8 @@ def test_a_job_requeued_and_restarted_while_squeue_was_read_keeps_its_record(
         clock.advance(1)
         return {"jobs": [preempted]}
 
-    monkeypatch.setattr(reconcile_module, "read_squeue", slow_squeue)
-    app: Any = client.app
-    settings = SlurmSettings(squeue_command="squeue --json", reconcile_grace_s=0.5)
-    asyncio.run(Reconciler(app.state.service, settings).tick())
-    assert recorded and _live(client) == recorded, "the restarted run's record was ended"
+    tick_reading(client, monkeypatch, slow_squeue)
+    assert recorded and live(client) == recorded, "the restarted run's record was ended"
 
 
 def test_a_job_moved_by_a_newer_report_while_squeue_was_read_is_not_moved_back(
@@ -245,14 +225,7 @@ def test_a_job_moved_by_a_newer_report_while_squeue_was_read_is_not_moved_back(
     report = {"show_job": show_job(8, first, "node1", comment), "job_name": "train"}
     assert client.post("/v1/slurm/job-started", json=report).json()["action"] == "attached"
     elsewhere = [g for g in range(8) if g not in decision["gpu_indices"]][-2:]
-    running_first = {
-        "job_id": 8,
-        "job_state": "RUNNING",
-        "user_name": "alice",
-        "nodes": "node1",
-        "gres_detail": [first],
-        "admin_comment": comment,
-    }
+    running_first = running(8, comment, [first])
     made: list[str] = []
 
     async def slow_squeue(command: str, timeout_s: float) -> dict[str, Any]:
@@ -266,12 +239,9 @@ def test_a_job_moved_by_a_newer_report_while_squeue_was_read_is_not_moved_back(
         clock.advance(1)
         return {"jobs": [running_first]}
 
-    monkeypatch.setattr(reconcile_module, "read_squeue", slow_squeue)
-    app: Any = client.app
-    settings = SlurmSettings(squeue_command="squeue --json", reconcile_grace_s=0.5)
-    asyncio.run(Reconciler(app.state.service, settings).tick())
+    tick_reading(client, monkeypatch, slow_squeue)
     held = client.get(f"/v1/allocations/{allocation_id}").json()
     assert sorted(g for t in held["tasks"] for g in t["gpu_indices"]) == elsewhere, held
-    assert made and sorted(_live(client)) == sorted([allocation_id, *made]), (
+    assert made and sorted(live(client)) == sorted([allocation_id, *made]), (
         "the next job's reservation was released for a stale answer"
     )
