@@ -9,6 +9,14 @@ from typing import Any
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 
+# A scripted answer: its status, headers and JSON body.
+Answer = tuple[int, dict[str, str] | None, dict[str, Any]]
+
+BUSY = {"error": {"code": "rate_limited", "message": "slow down"}}
+DOWN = {"error": {"code": "database_unavailable", "message": "the database is unavailable"}}
+# The service asking to be asked later: a 429 with its Retry-After, a 503 without.
+TRY_LATER: list[Answer] = [(429, {"Retry-After": "1"}, BUSY), (503, None, DOWN)]
+
 
 class ScriptedFront:
     """``answer(status, headers, json)`` queues an answer for the next request to

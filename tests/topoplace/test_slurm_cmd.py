@@ -14,7 +14,7 @@ from placement.profiles import build_profile
 from service.app import create_app
 from service.settings import Settings
 from slurm_formats.conf import gres_conf_lines, node_conf_line
-from tests.agent.scripted_front import ScriptedFront
+from tests.agent.scripted_front import BUSY, DOWN, TRY_LATER, Answer, ScriptedFront
 from tests.live_server import live_server
 from topoplace.cli import main
 from topoplace_client.api import TopoplaceClient
@@ -166,10 +166,6 @@ def _reserve(server: str, user: str) -> tuple[str, str]:
     return allocation_id, decision["set"]["admin_comment"]
 
 
-BUSY = {"error": {"code": "rate_limited", "message": "slow down"}}
-DOWN = {"error": {"code": "database_unavailable", "message": "the database is unavailable"}}
-
-
 def test_the_epilog_retries_a_service_that_asks_to_be_asked_later(
     fronted: tuple[str, ScriptedFront], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -192,12 +188,12 @@ def test_the_epilog_retries_a_service_that_asks_to_be_asked_later(
         assert client.allocation(allocation_id)["state"] == "released"
 
 
-@pytest.mark.parametrize("answer", [(429, {"Retry-After": "1"}, BUSY), (503, None, DOWN)])
+@pytest.mark.parametrize("answer", TRY_LATER)
 def test_the_epilog_gives_up_in_time_and_says_what_is_left_held(
     fronted: tuple[str, ScriptedFront],
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
-    answer: tuple[int, dict[str, str] | None, dict[str, Any]],
+    answer: Answer,
 ) -> None:
     """A service that keeps answering 429 or 503: exit 3, try later, within the limit, with
     a line per thing left held. It used to exit 0 with the allocation 'left alone'."""

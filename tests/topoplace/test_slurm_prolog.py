@@ -10,14 +10,13 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from fastapi import Response
 
 from service.app import create_app
 from service.settings import Settings
-from tests.agent.scripted_front import ScriptedFront
+from tests.agent.scripted_front import BUSY, DOWN, TRY_LATER, Answer, ScriptedFront
 from tests.live_server import live_server
 from tests.service.conftest import ADMIN_TOKEN, secured
 from tests.service.slurm.test_het_jobs import COMPONENT_0
@@ -212,10 +211,6 @@ def test_the_default_config_missing_means_the_defaults(
     assert capsys.readouterr().out == "job 7: matched\n"
 
 
-BUSY = {"error": {"code": "rate_limited", "message": "slow down"}}
-DOWN = {"error": {"code": "database_unavailable", "message": "the database is unavailable"}}
-
-
 def test_a_service_that_asks_to_be_asked_later_is_asked_again(
     fronted: tuple[str, ScriptedFront], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -236,12 +231,12 @@ def test_a_service_that_asks_to_be_asked_later_is_asked_again(
     assert took >= 1.0, took  # the Retry-After waited
 
 
-@pytest.mark.parametrize("answer", [(429, {"Retry-After": "1"}, BUSY), (503, None, DOWN)])
+@pytest.mark.parametrize("answer", TRY_LATER)
 def test_the_prolog_gives_up_in_time_and_exits_0(
     fronted: tuple[str, ScriptedFront],
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
-    answer: tuple[int, dict[str, str] | None, dict[str, Any]],
+    answer: Answer,
 ) -> None:
     """A service that keeps asking to be asked later holds the job's launch back no longer
     than --retry-for (and one request), and the prolog still exits 0 (a failed prolog
