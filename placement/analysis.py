@@ -311,18 +311,23 @@ def _room_stats(
     share sizes change): a decision touches one node, and every decision reads them all."""
     n = table.slot_count
     key = tuple(sizes.tolist())
-    if table.room_sizes != key or table.room_stamp.size < n:
+    cache = table.room_cache
+    if cache is None or cache[0] != key or cache[3].size < n:
         cap = max(n, table.slot_version.size)
-        table.room_sizes = key
-        table.room_below = np.zeros((cap, sizes.size))
-        table.room_largest = np.zeros(cap, dtype=np.int64)
-        table.room_stamp = np.full(cap, -1, dtype=np.int64)
+        cache = (
+            key,
+            np.zeros((cap, sizes.size)),
+            np.zeros(cap, dtype=np.int64),
+            np.full(cap, -1, dtype=np.int64),
+        )
+        table.room_cache = cache
+    _, below, largest, stamp = cache
     version = table.slot_version[slots]
-    for slot in slots[table.room_stamp[slots] != version].tolist():
+    for slot in slots[stamp[slots] != version].tolist():
         rooms = [FULL_SHARE - held for held in table.shared.get(slot, {}).values()]
-        table.room_below[slot], table.room_largest[slot] = room_stats(rooms, sizes)
-        table.room_stamp[slot] = table.slot_version[slot]
-    return table.room_below[slots], table.room_largest[slots]
+        below[slot], largest[slot] = room_stats(rooms, sizes)
+        stamp[slot] = table.slot_version[slot]  # after the row: a reader sees both or neither
+    return below[slots], largest[slots]
 
 
 def free_gpus(table: NodeTable, slots: I64, free_live: I64) -> NDArray[np.float64]:

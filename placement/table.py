@@ -39,6 +39,9 @@ from placement.snapshot import NodeSnapshot
 from placement.task_mix import TaskMix, TaskType
 from placement.what_is_left import size_weights
 
+# (share sizes, room below each size per slot, largest room per slot, slot version)
+RoomCache = tuple[tuple[int, ...], NDArray[np.float64], NDArray[np.int64], NDArray[np.int64]]
+
 _CHANGE_LOG = 32_768
 # Classes no node uses are kept (a node may come back with that wiring) until they
 # outnumber this and the classes in use: each costs its subset tables, about 5 MB at
@@ -122,14 +125,12 @@ class NodeTable:
         self.host_set: dict[str, tuple[int | None, int | None]] = {}
         self.host_mix = HostMix(host_mix)
         # The task types served (placement.task_mix), and per slot the statistics of its
-        # shared GPUs' rooms for the mix's share sizes (``room_sizes``): the room below
-        # each size, the largest room, and the slot version they were computed at (-1:
-        # not yet). Filled by the search for the slots that changed (placement.analysis).
+        # shared GPUs' rooms for the mix's share sizes: (the sizes, the room below each
+        # size, the largest room, the slot version they were computed at (-1: not yet)).
+        # Filled by the search for the slots that changed (placement.analysis); replaced
+        # whole, so decisions running side by side never mix two generations of it.
         self.task_mix = TaskMix(task_mix)
-        self.room_sizes: tuple[int, ...] = ()
-        self.room_below = np.zeros((0, 0))
-        self.room_largest = np.zeros(0, dtype=np.int64)
-        self.room_stamp = np.zeros(0, dtype=np.int64)
+        self.room_cache: RoomCache | None = None
         # The models requests insist on (placement.model_demand), and the per-slot
         # pressure last computed from it: (membership version, demand epoch), values.
         self.model_demand = ModelDemand()

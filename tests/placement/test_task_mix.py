@@ -210,3 +210,30 @@ def test_a_choices_cost_is_the_figure_after_less_before() -> None:
             weights, rooms, cpu, memory
         )
         assert float(got[0]) == pytest.approx(want, abs=1e-9)
+
+
+def test_room_statistics_follow_the_shares_as_they_change() -> None:
+    # Kept per node between decisions and recomputed only where a node changed: after
+    # every change each node's row is what its shared GPUs' rooms give now.
+    state = ClusterState(task_mix={(1, 250, 1000, 0): 1.0, (1, 600, 1000, 0): 1.0})
+    for name in ("a", "b"):
+        state.upsert(build_profile("dgx1-v100", name))
+    uuid = state.node("a").snapshot.gpus[0].uuid
+    request = PlacementRequest(cpu_milli=1000)
+    table = state._table
+    for change in (
+        lambda: state.allocate_share("a", uuid, 0.5),
+        lambda: state.allocate_share("a", uuid, 0.3),
+        lambda: state.release_share("a", uuid, 0.5),
+        lambda: state.release_share("a", uuid, 0.3),
+    ):
+        change()
+        assert state.place(request).placement is not None  # fills the statistics
+        assert table.room_cache is not None
+        sizes, below, largest, _ = table.room_cache
+        for name in ("a", "b"):
+            slot = table.slot_of[name]
+            rooms = [FULL - held for held in table.shared.get(slot, {}).values()]
+            want_below, want_largest = room_stats(rooms, np.asarray(sizes, dtype=np.int64))
+            assert below[slot].tolist() == want_below.tolist()
+            assert largest[slot] == want_largest
