@@ -32,6 +32,7 @@ from placement.outcome import Cause
 from placement.ranking import RankInputs
 from placement.request import PlacementRequest
 from placement.table import FULL_SHARE, NodeTable
+from placement.task_mix import expected_added, room_stats
 
 CAUSES: tuple[Cause, ...] = tuple(Cause)
 _CODE = {c: i for i, c in enumerate(CAUSES)}
@@ -66,6 +67,9 @@ class Analysis:
     # GPUs the choice strands for want of host CPU or memory (placement.host); zeros
     # for a request without host figures, whose ranking does not read it.
     stranded: NDArray[np.float64]
+    # GPUs of expected fragmentation the choice adds under the task mix
+    # (placement.task_mix); None without host figures or while the mix is empty.
+    expected: NDArray[np.float64] | None = None
 
     def fits(self) -> NDArray[np.bool_]:
         return np.asarray(self.cause == FITS, dtype=np.bool_)
@@ -93,6 +97,7 @@ class Analysis:
             gpu_count=self.gpu_count[sel],
             protected=protected[self.slots[sel]],
             stranded=self.stranded[sel],
+            expected=None if self.expected is None else self.expected[sel],
             pressure=None if pressed is None else pressed[self.slots[sel]],
         )
 
@@ -199,9 +204,17 @@ def analyse(
     now = Cause.NO_NVLINK_SET_NOW if q.require_nvlink else Cause.NO_NUMA_SET_NOW
     mark(chosen == NO_SET, now)
     stranded = np.zeros(slots.size)
+    expected: NDArray[np.float64] | None = None
     if request.counts_host:
         gpus_taken = k if need is None else need
         stranded = _host(table, request, gpus_taken, slots, free_live, mark, planned)
+        fits = cause == FITS
+        # A share opening a whole GPU leaves the rest of it free, shared.
+        left = 0 if need is None else round((k - need) * FULL_SHARE)
+        expected = _expected(table, request, k, left, slots[fits], free_live[fits], planned)
+        if expected is not None:
+            # Only the nodes that fit are ranked: the others need no figure.
+            expected = _spread(expected, fits)
     chosen = np.where(cause == FITS, chosen, NO_SET)
 
     ring, pair, connected, span, ideal_ring, cap_before, cap_after = _metrics(
@@ -224,6 +237,7 @@ def analyse(
         free_after=np.bitwise_count(free_live).astype(np.int64) - k,
         gpu_count=np.bitwise_count(potential_all).astype(np.int64),
         stranded=stranded,
+        expected=expected,
     )
 
 
@@ -253,6 +267,67 @@ def _host(
         gpus, k, cpu_free, memory_free, cpu, memory, per_gpu
     )
     return added
+
+
+def _expected(
+    table: NodeTable,
+    request: PlacementRequest,
+    k: int,
+    left: int,
+    slots: I64,
+    free_live: I64,
+    planned: int = 0,
+) -> NDArray[np.float64] | None:
+    """The expected fragmentation each node's choice adds (placement.task_mix), in GPUs;
+    None while the mix has no type. Nodes that do not fit get a figure the ranking never
+    reads."""
+    mix = table.task_mix.arrays()
+    if mix is None:
+        return None
+    cpu, memory = request.cpu_milli or 0, request.memory_mib or 0
+    cpu_free = free_room(table.host_cpu_cap[slots], table.host_cpu_used[slots]) - planned * cpu
+    memory_free = (
+        free_room(table.host_memory_cap[slots], table.host_memory_used[slots]) - planned * memory
+    )
+    below, largest = _room_stats(table, slots, mix.sizes)
+    whole = np.bitwise_count(free_live).astype(np.int64)
+    room = table.share_room[slots].astype(np.float64)
+    return expected_added(
+        mix, whole, k, room, largest, below, cpu_free, memory_free, cpu, memory, left
+    )
+
+
+def _spread(values: NDArray[np.float64], at: NDArray[np.bool_]) -> NDArray[np.float64]:
+    out = np.zeros(at.size)
+    out[at] = values
+    return out
+
+
+def _room_stats(
+    table: NodeTable, slots: I64, sizes: NDArray[np.int64]
+) -> tuple[NDArray[np.float64], I64]:
+    """Per slot, its shared GPUs' room below each share size and their largest room,
+    recomputed only for the slots that changed since (or for every slot when the mix's
+    share sizes change): a decision touches one node, and every decision reads them all."""
+    n = table.slot_count
+    key = tuple(sizes.tolist())
+    cache = table.room_cache
+    if cache is None or cache[0] != key or cache[3].size < n:
+        cap = max(n, table.slot_version.size)
+        cache = (
+            key,
+            np.zeros((cap, sizes.size)),
+            np.zeros(cap, dtype=np.int64),
+            np.full(cap, -1, dtype=np.int64),
+        )
+        table.room_cache = cache
+    _, below, largest, stamp = cache
+    version = table.slot_version[slots]
+    for slot in slots[stamp[slots] != version].tolist():
+        rooms = [FULL_SHARE - held for held in table.shared.get(slot, {}).values()]
+        below[slot], largest[slot] = room_stats(rooms, sizes)
+        stamp[slot] = table.slot_version[slot]  # after the row: a reader sees both or neither
+    return below[slots], largest[slots]
 
 
 def free_gpus(table: NodeTable, slots: I64, free_live: I64) -> NDArray[np.float64]:

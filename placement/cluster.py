@@ -42,6 +42,7 @@ from placement.request import PlacementRequest
 from placement.screen import NodeScreen, screen
 from placement.snapshot import NodeSnapshot
 from placement.table import FULL_SHARE, AllocationError, NodeTable, UnknownNodeError, share_milli
+from placement.task_mix import TaskType
 from placement.what_is_left import DEFAULT_SIZE_MIX
 
 # Node labels naming the network block a node sits in, most specific first.
@@ -70,14 +71,18 @@ class ClusterState:
         size_mix: Mapping[int, float] = DEFAULT_SIZE_MIX,
         shares: bool = True,
         host_mix: tuple[float, float] | None = None,
+        task_mix: Mapping[TaskType, float] | None = None,
     ) -> None:
         """``size_mix``: GPUs per request -> how often (any scale), the request mix the
         engine keeps GPUs free for (``placement.what_is_left``). ``shares=False``: refuse
         ``gpu_fraction`` requests with ``SharesUnsupported`` (a caller that cannot hold them).
         ``host_mix``: (milli-CPU, MiB) per GPU of the requests served, for the GPUs a choice
-        strands (``placement.host``); None: observed from the tasks applied with host figures."""
+        strands (``placement.host``); None: observed from the tasks applied with host figures.
+        ``task_mix``: (GPUs, thousandths per GPU, milli-CPU, MiB) -> how often (any scale),
+        the task types whose expected fragmentation the ranking weighs
+        (``placement.task_mix``); None: observed as ``host_mix`` is."""
         self._shares = shares
-        self._table = NodeTable(bandwidth, block_labels, size_mix, host_mix)
+        self._table = NodeTable(bandwidth, block_labels, size_mix, host_mix, task_mix)
 
     # Membership ----------------------------------------------------------
 

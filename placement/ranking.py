@@ -11,7 +11,9 @@ Order, best first (each key breaks the ties of the ones before it):
 4. once a request has named GPU models: the least pressure on the node's
    models (``placement.model_demand``);
 5. with host figures (``cpu_milli``, ``memory_mib``): the fewest GPUs
-   stranded for want of host CPU or memory (``placement.host``);
+   stranded for want of host CPU or memory (``placement.host``), then the
+   least expected fragmentation added under the task mix
+   (``placement.task_mix``);
 6. policy: ``pack`` takes the node left with the fewest free GPUs (best fit),
    ``spread`` the one left with the most;
 7. ``balanced``: fragmentation, then quality;
@@ -40,6 +42,10 @@ FRAG_STEPS = 1 << 20
 GBPS_STEPS = 64
 _PACK_LIMIT = 1 << 7  # GPUs left free on one node: at most 64
 _STRAND_ZERO = 1 << 7  # whole GPUs stranded by one choice, -64..64, kept non-negative
+# Expected fragmentation added, in GPUs at 1/1024 (finer than the mix's thousandths of a
+# GPU), within +-8192 GPUs: kept non-negative.
+EXPECTED_STEPS = 1 << 10
+_EXPECTED_ZERO = 1 << 23
 # Model pressure 0..4 in whole quarters, rounded down: below a quarter a model's demand
 # is a small part of its supply (measured: ranking by it then broke the NVLink sets that
 # multi-GPU jobs need for no gain; docs/engine.md).
@@ -61,6 +67,8 @@ class RankInputs:
     stranded: NDArray[np.float64] | None = None  # whole GPUs stranded; None: not counted
     # Pressure on the node's GPU models (placement.model_demand); None: no request named one.
     pressure: NDArray[np.float64] | None = None
+    # Expected fragmentation added, GPUs (placement.task_mix); None: not counted.
+    expected: NDArray[np.float64] | None = None
 
 
 def _q(values: Any, steps: int) -> Any:
@@ -84,6 +92,7 @@ def rank_columns(
     request: PlacementRequest,
     stranded: Any = None,
     pressure: Any = None,
+    expected: Any = None,
 ) -> list[tuple[Any, int]]:
     """(key, bits) in order of importance, larger is better; insertion order breaks ties.
 
@@ -103,6 +112,13 @@ def rank_columns(
     # GPUs stranded cost as GPUs lost to every later request: before packing, which
     # only chooses among the nodes that lose the fewest (docs/engine.md).
     host = [] if stranded is None else [(_STRAND_ZERO - _q(stranded, 1), 8)]
+    # Among the nodes that strand as few whole GPUs, the one whose choice leaves the least
+    # of its free capacity unusable by the task mix (FGD's gradient, host included): the
+    # mean figures per GPU above miss a node whose CPU the mix's larger tasks need, and
+    # packing alone cannot tell a node left usable from one left stranded
+    # (docs/engine.md, "What the task mix can still use").
+    if expected is not None:
+        host.append((_EXPECTED_ZERO - _q(expected, EXPECTED_STEPS), 24))
     # Of equally good nodes, the one whose GPU models fewer requests insist on: what can
     # run anywhere leaves the pressed models to what cannot (placement.model_demand).
     # Before the host term and packing, which only choose among the least pressed.
@@ -154,6 +170,7 @@ def rank_words(inputs: RankInputs, request: PlacementRequest) -> list[NDArray[np
         request,
         inputs.stranded if request.counts_host else None,
         inputs.pressure,
+        inputs.expected if request.counts_host else None,
     )
     return [np.asarray(w, dtype=np.int64) for w in pack_words(columns)]
 

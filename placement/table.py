@@ -36,7 +36,11 @@ from placement.node_entry import NodeEntry
 from placement.outcome import TaskPlacement
 from placement.shape_cache import ShapeCaches
 from placement.snapshot import NodeSnapshot
+from placement.task_mix import TaskMix, TaskType
 from placement.what_is_left import size_weights
+
+# (share sizes, room below each size per slot, largest room per slot, slot version)
+RoomCache = tuple[tuple[int, ...], NDArray[np.float64], NDArray[np.int64], NDArray[np.int64]]
 
 _CHANGE_LOG = 32_768
 # Classes no node uses are kept (a node may come back with that wiring) until they
@@ -81,6 +85,7 @@ class NodeTable:
         block_labels: Sequence[str],
         size_mix: Mapping[int, float],
         host_mix: tuple[float, float] | None = None,
+        task_mix: Mapping[TaskType, float] | None = None,
     ) -> None:
         size_weights(size_mix, 1)  # refuse a bad mix here, not at the first node
         self.bandwidth = bandwidth
@@ -119,6 +124,13 @@ class NodeTable:
         self.share_room = np.zeros(cap, dtype=np.int64)
         self.host_set: dict[str, tuple[int | None, int | None]] = {}
         self.host_mix = HostMix(host_mix)
+        # The task types served (placement.task_mix), and per slot the statistics of its
+        # shared GPUs' rooms for the mix's share sizes: (the sizes, the room below each
+        # size, the largest room, the slot version they were computed at (-1: not yet)).
+        # Filled by the search for the slots that changed (placement.analysis); replaced
+        # whole, so decisions running side by side never mix two generations of it.
+        self.task_mix = TaskMix(task_mix)
+        self.room_cache: RoomCache | None = None
         # The models requests insist on (placement.model_demand), and the per-slot
         # pressure last computed from it: (membership version, demand epoch), values.
         self.model_demand = ModelDemand()
@@ -349,6 +361,7 @@ class NodeTable:
             return  # the node left; its allocations went with it
         if gpus > 0:  # the mix is per GPU: a task without GPUs is not of it
             self.host_mix.observe(gpus, cpu_milli, memory_mib)
+            self.task_mix.observe(gpus, cpu_milli, memory_mib)
         self.host_cpu_used[entry.slot] += cpu_milli
         self.host_memory_used[entry.slot] += memory_mib
         self._touch(entry.slot)

@@ -30,6 +30,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     (
         "what_is_left",
         "host",
+        "task_mix",
         "model_demand",
         "topology_class",
         "node_choice",

@@ -37,6 +37,7 @@ from placement import ClusterState, NodeSnapshot, PlacementRequest
 from placement.bandwidth import DEFAULT_BANDWIDTH
 from placement.node_choice import indices_to_mask
 from placement.outcome import Cause, Outcome, Placement
+from placement.task_mix import TaskType as EngineType
 from placement.topology_class import EXACT_LIMIT, TopologyClass, build_class, wiring_of
 from topoplace.sim.jobs import FULL, Job
 
@@ -100,8 +101,9 @@ class EnginePolicy:
         tables: SetTables,
         hosts: Mapping[str, HostCapacity] | None = None,
         host_mix: tuple[float, float] | None = None,
+        types: Mapping[EngineType, float] | None = None,
     ) -> None:
-        self.state = ClusterState(size_mix=size_mix, host_mix=host_mix)
+        self.state = ClusterState(size_mix=size_mix, host_mix=host_mix, task_mix=types)
         snaps = sorted(snapshots, key=lambda s: s.name)
         known = hosts or {}
         for snap in snaps:
@@ -258,6 +260,18 @@ def task_mix(jobs: Sequence[Job]) -> dict[TaskType, float]:
     return mix
 
 
+def engine_types(jobs: Sequence[Job]) -> dict[EngineType, float] | None:
+    """The trace's GPU jobs with CPU or memory as the engine's task mix: (GPUs, thousandths
+    per GPU, milli-CPU, MiB) -> count, as FGD gets the trace's task mix; None (observed)
+    when no GPU job carries host figures."""
+    mix: dict[EngineType, float] = {}
+    for job in jobs:
+        if job.gpus and (job.cpu_milli or job.memory_mib):
+            t = (job.gpus, job.milli, job.cpu_milli, job.memory_mib)
+            mix[t] = mix.get(t, 0.0) + 1.0
+    return mix or None
+
+
 def per_gpu_host(jobs: Sequence[Job]) -> tuple[float, float] | None:
     """The trace's GPU jobs' milli-CPU and MiB per GPU (a share counts its fraction), the
     engine's ``host_mix``; None when no GPU job has GPUs to divide by."""
@@ -288,7 +302,8 @@ def build_policies(
     for name in names:
         if name == ENGINE:
             host_mix = per_gpu_host(jobs)
-            out.append(EnginePolicy(snapshots, sizes or {1: 1.0}, tables, hosts, host_mix))
+            types = engine_types(jobs)
+            out.append(EnginePolicy(snapshots, sizes or {1: 1.0}, tables, hosts, host_mix, types))
         else:
             out.append(BaselinePolicy(snapshots, name, gpu_mix, tables, hosts))
     return out

@@ -121,3 +121,22 @@ def test_the_engine_keeps_gpus_usable(snaps: list[NodeSnapshot]) -> None:
     assert gpu_only is not None and gpu_only.nodes == ("a",)
     placed, _ = policy.place(jobs[2])
     assert placed is not None and placed.node == "b"
+
+
+def test_the_engine_gets_the_traces_task_types(snaps: list[NodeSnapshot]) -> None:
+    # As FGD gets the trace's task mix: GPU jobs with CPU or memory, counted per type.
+    jobs = [
+        job("a", 1, 4000, 100),
+        job("b", 1, 4000, 100),
+        job("c", 1, 2000, milli=250),
+        job("d", 2, 0),  # no host figures: not of the engine's mix
+        job("e", 0, 1000),  # no GPU
+    ]
+    engine = build_policies(["topoplace"], snaps, jobs, {"a": UNKNOWN, "b": UNKNOWN})[0]
+    assert isinstance(engine, EnginePolicy)
+    mix = engine.state._table.task_mix
+    assert mix.configured
+    assert mix._weights == {(1, 1000, 4000, 100): 2.0, (1, 250, 2000, 0): 1.0}
+    without = build_policies(["topoplace"], snaps, jobs[3:], {"a": UNKNOWN, "b": UNKNOWN})[0]
+    assert isinstance(without, EnginePolicy)
+    assert not without.state._table.task_mix.configured  # observed, as the service's
