@@ -72,6 +72,7 @@ class ClusterState:
         shares: bool = True,
         host_mix: tuple[float, float] | None = None,
         task_mix: Mapping[TaskType, float] | None = None,
+        model_demand: Mapping[tuple[str, ...], float] | None = None,
     ) -> None:
         """``size_mix``: GPUs per request -> how often (any scale), the request mix the
         engine keeps GPUs free for (``placement.what_is_left``). ``shares=False``: refuse
@@ -80,9 +81,12 @@ class ClusterState:
         strands (``placement.host``); None: observed from the tasks applied with host figures.
         ``task_mix``: (GPUs, thousandths per GPU, milli-CPU, MiB) -> how often (any scale),
         the task types whose expected fragmentation the ranking weighs
-        (``placement.task_mix``); None: observed as ``host_mix`` is."""
+        (``placement.task_mix``); None: observed as ``host_mix`` is.
+        ``model_demand``: GPU model list (() for any model) -> GPUs asked (any scale), the
+        demand whose pressure on each model the ranking weighs (``placement.model_demand``);
+        None: observed from the requests decided."""
         self._shares = shares
-        self._table = NodeTable(bandwidth, block_labels, size_mix, host_mix, task_mix)
+        self._table = NodeTable(bandwidth, block_labels, size_mix, host_mix, task_mix, model_demand)
 
     # Membership ----------------------------------------------------------
 

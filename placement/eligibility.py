@@ -12,7 +12,7 @@ import re
 import numpy as np
 from numpy.typing import NDArray
 
-from placement.model_demand import pressure
+from placement.model_demand import ListColumns, pressure
 from placement.request import PlacementRequest
 from placement.table import NodeTable
 
@@ -99,20 +99,52 @@ def model_matches(table: NodeTable, request: PlacementRequest) -> NDArray[np.int
 
 def model_pressure(table: NodeTable) -> NDArray[np.float64] | None:
     """Per slot, the pressure on its GPUs' models (placement.model_demand); None while no
-    request has named a model, so that the ranking is exactly as without it."""
+    request has named a model and none is configured, so that the ranking is exactly as
+    without it."""
     demand = table.model_demand
     if not demand.active:
         return None
-    key = (table.version, demand.epoch())
+    key = (table.version, demand.epoch(), table.clock)
     if table.pressure_cache is not None and table.pressure_cache[0] == key:
         return table.pressure_cache[1]
     n = table.slot_count
-    every = np.where(table.present[:n], table.every_gpu[:n], 0)
-    count = np.bitwise_count(every).astype(np.int64)
-    matching = [
-        (asked, np.bitwise_count(models_eligible(table, models)[:n] & every).astype(np.int64))
-        for models, asked in demand.by_list.items()
-    ]
-    values = pressure(demand, matching, count)
+    columns = _list_columns(table, n)
+    free = np.where(table.present[:n], table.free[:n], 0)
+    # A shared GPU's room counts as free capacity of the lists that match the node's GPUs,
+    # in proportion: what a share that insists on the model can still use.
+    room = table.share_room[:n] / 1000.0
+    free_matched = np.bitwise_count(columns.masks & free).sum(axis=1) + columns.share @ room
+    free_all = float(np.bitwise_count(free).sum() + room.sum())
+    values = pressure(demand.total, columns, free_matched.astype(np.float64), free_all)
     table.pressure_cache = (key, values)
     return values
+
+
+def _list_columns(table: NodeTable, n: int) -> ListColumns:
+    """The demand's lists against the fleet: computed again only when the membership or
+    the demand's epoch moves, so a decision pays for the free counts alone."""
+    demand = table.model_demand
+    key = (table.version, demand.epoch())
+    cached = table.pressure_lists
+    if cached is not None and cached[0] == key and cached[1].masks.shape[1] == n:
+        return cached[1]
+    every = np.where(table.present[:n], table.every_gpu[:n], 0)
+    count = np.bitwise_count(every)
+    per_gpu = np.where(count > 0, 1.0 / np.maximum(count, 1), 0.0)
+    # A list no GPU here matches presses nothing: left out, so that invented model names
+    # cost a decision nothing.
+    lists = []
+    rows = []
+    for models, asked in demand.by_list.items():
+        mask = models_eligible(table, models)[:n] & every
+        if mask.any():
+            lists.append((models, asked))
+            rows.append(mask)
+    masks = np.asarray(rows, dtype=np.int64).reshape(len(rows), n)
+    columns = ListColumns(
+        asked=np.asarray([asked for _, asked in lists], dtype=np.float64),
+        masks=masks,
+        share=np.bitwise_count(masks) * per_gpu[None, :],
+    )
+    table.pressure_lists = (key, columns)
+    return columns

@@ -31,7 +31,7 @@ from numpy.typing import NDArray
 from placement.bandwidth import BandwidthTable
 from placement.class_registry import ClassRegistry, Design
 from placement.host import UNKNOWN, HostMix, snapshot_capacity
-from placement.model_demand import ModelDemand
+from placement.model_demand import ListColumns, ModelDemand
 from placement.node_entry import NodeEntry
 from placement.outcome import TaskPlacement
 from placement.shape_cache import ShapeCaches
@@ -86,6 +86,7 @@ class NodeTable:
         size_mix: Mapping[int, float],
         host_mix: tuple[float, float] | None = None,
         task_mix: Mapping[TaskType, float] | None = None,
+        model_demand: Mapping[tuple[str, ...], float] | None = None,
     ) -> None:
         size_weights(size_mix, 1)  # refuse a bad mix here, not at the first node
         self.bandwidth = bandwidth
@@ -131,10 +132,13 @@ class NodeTable:
         # whole, so decisions running side by side never mix two generations of it.
         self.task_mix = TaskMix(task_mix)
         self.room_cache: RoomCache | None = None
-        # The models requests insist on (placement.model_demand), and the per-slot
-        # pressure last computed from it: (membership version, demand epoch), values.
-        self.model_demand = ModelDemand()
-        self.pressure_cache: tuple[tuple[int, int], NDArray[np.float64]] | None = None
+        # The models requests insist on (placement.model_demand; configured or observed),
+        # its lists against the fleet: (membership version, demand epoch), columns; and the
+        # per-slot pressure last computed: (version, epoch, clock), values. The pressure
+        # reads the free GPUs, so it moves with every allocation; the lists do not.
+        self.model_demand = ModelDemand(model_demand)
+        self.pressure_lists: tuple[tuple[int, int], ListColumns] | None = None
+        self.pressure_cache: tuple[tuple[int, int, int], NDArray[np.float64]] | None = None
         self._clock = 0
         # Slots touched, in clock order: changes[i] was touched at clock
         # changes_base + i + 1. Bounded: old entries are dropped, and a reader

@@ -7,7 +7,14 @@ import pytest
 
 from placement import ClusterState, PlacementRequest
 from placement.eligibility import model_pressure
-from placement.model_demand import MAX_LISTS, PRESSURE_CAP, ModelDemand, model_list, pressure
+from placement.model_demand import (
+    MAX_LISTS,
+    PRESSURE_CAP,
+    ListColumns,
+    ModelDemand,
+    model_list,
+    pressure,
+)
 from placement.profiles import build_profile
 from tests.placement.conftest import place_applied as place
 from tests.placement.conftest import uuids
@@ -51,21 +58,74 @@ def test_every_path_ranks_by_pressure_alike() -> None:
     assert {t.node for t in gang.placement.tasks} == {"l40s"}
 
 
-def test_pressure_is_the_demand_share_against_the_fleet_share() -> None:
-    demand = ModelDemand()
-    demand.observe((), 8.0)  # asked without a model
-    demand.observe(("t4",), 2.0)  # a fifth of the demand insists on T4...
-    gpu_count = np.array([8, 2, 0])
-    t4 = np.array([0, 2, 0])  # ...which is a fifth of the fleet's 10 GPUs
-    values = pressure(demand, [(2.0, t4)], gpu_count)
+def columns(asked: list[float], matched: list[list[int]], gpu_count: list[int]) -> ListColumns:
+    share = np.asarray(matched, dtype=np.float64) / np.maximum(np.asarray(gpu_count), 1)
+    return ListColumns(
+        asked=np.asarray(asked, dtype=np.float64),
+        masks=np.zeros(share.shape, dtype=np.int64),  # read by the caller, not here
+        share=share,
+    )
+
+
+def test_pressure_is_the_demand_share_against_the_free_share() -> None:
+    # 10 GPUs free: 8 on a node without T4, 2 on a T4 node.
+    t4 = columns([2.0], [[0, 2, 0]], [8, 2, 0])
+    # A fifth of the demand insists on T4, a fifth of the free GPUs are T4s.
+    values = pressure(10.0, t4, np.array([2.0]), 10.0)
     assert values.tolist() == pytest.approx([0.0, 1.0, 0.0])
-    scarce = pressure(demand, [(2.0, np.array([0, 1, 0]))], gpu_count)  # a tenth: 2x
-    assert scarce.tolist() == pytest.approx([0.0, 1.0, 0.0])  # half of the node's GPUs
-    nobody = pressure(demand, [(2.0, np.zeros(3, dtype=np.int64))], gpu_count)
-    assert nobody.tolist() == [0.0, 0.0, 0.0]  # a list no GPU matches presses nothing
-    flood = ModelDemand()
-    flood.observe(("t4",), 1000.0)
-    assert pressure(flood, [(1000.0, np.array([0, 1, 0]))], gpu_count).max() == PRESSURE_CAP
+    # Half as many T4s free: twice as pressed, whatever the fleet's share of T4s.
+    assert pressure(10.0, t4, np.array([1.0]), 10.0).tolist() == pytest.approx([0, 2.0, 0])
+    half = columns([2.0], [[0, 1, 0]], [8, 2, 0])  # T4 is half of the node's GPUs
+    assert pressure(10.0, half, np.array([1.0]), 10.0).tolist() == pytest.approx([0, 1.0, 0])
+    nobody = columns([2.0], [[0, 0, 0]], [8, 2, 0])
+    assert pressure(10.0, nobody, np.array([0.0]), 10.0).tolist() == [0.0, 0.0, 0.0]
+    # Every T4 taken: the list is pressed to the cap, as is a flood of demand.
+    assert pressure(10.0, t4, np.array([0.0]), 10.0).max() == PRESSURE_CAP
+    assert (
+        pressure(1000.0, columns([1000.0], [[0, 2, 0]], [8, 2, 0]), np.array([1.0]), 10.0).max()
+        == PRESSURE_CAP
+    )
+
+
+def test_a_model_few_insist_on_is_pressed_once_the_rest_took_most_of_it() -> None:
+    # V100s are half of the fleet and a sixteenth of the demand insists on them: against
+    # the fleet that is no pressure, so packing used to give the last free V100s to
+    # requests that run anywhere, and the next V100-only request found none.
+    state = two_models()
+    state.allocate("v100", uuids(state, "v100", [6]))  # 1 V100 free, 8 L40S
+    for _ in range(15):  # the demand seen: 15 GPUs asked without a model...
+        state._table.model_demand.observe((), 1.0)
+    state.place(PlacementRequest(gpu_models=("V100",)))  # ...then 1 of V100 (not applied)
+    # A sixteenth of the demand against a ninth of the free GPUs: pressed.
+    assert place(state, PlacementRequest())[0] == "l40s"
+    assert place(state, PlacementRequest(gpu_models=("V100",)))[0] == "v100"
+
+
+def test_a_configured_demand_presses_before_any_request_names_a_model() -> None:
+    state = ClusterState(model_demand={(): 15.0, ("v100",): 1.0})
+    state.upsert(build_profile("dgx1-v100", "v100"))
+    state.upsert(build_profile("pcie-8x-l40s", "l40s"))
+    state.allocate("v100", uuids(state, "v100", [0, 1, 2, 3, 4, 5, 6]))
+    assert place(state, PlacementRequest())[0] == "l40s"
+    # Configured, it is the mix: decisions do not change it.
+    state.place(PlacementRequest(gpu_models=("L40S",)))
+    assert state._table.model_demand.by_list == {("V100",): 1.0}
+    assert state._table.model_demand.total == 16.0
+    with pytest.raises(ValueError, match="GPUs asked"):
+        ClusterState(model_demand={("T4",): -1.0})
+    with pytest.raises(ValueError, match="model lists"):
+        ClusterState(model_demand={(f"m{i}",): 1.0 for i in range(MAX_LISTS + 1)})
+
+
+def test_model_names_no_gpu_matches_cost_nothing() -> None:
+    state = two_models()
+    state.place(PlacementRequest(gpu_models=("V100",)))
+    for i in range(MAX_LISTS - 1):  # invented names: kept in the demand, matching no GPU
+        state.place(PlacementRequest(gpu_models=(f"junk{i}",)))
+    assert len(state._table.model_demand.by_list) == MAX_LISTS
+    assert model_pressure(state._table) is not None
+    lists = state._table.pressure_lists
+    assert lists is not None and lists[1].masks.shape[0] == 1  # V100's alone is read
 
 
 def test_model_lists_are_one_key_however_spelled_and_bounded() -> None:

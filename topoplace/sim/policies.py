@@ -102,8 +102,11 @@ class EnginePolicy:
         hosts: Mapping[str, HostCapacity] | None = None,
         host_mix: tuple[float, float] | None = None,
         types: Mapping[EngineType, float] | None = None,
+        demand: Mapping[tuple[str, ...], float] | None = None,
     ) -> None:
-        self.state = ClusterState(size_mix=size_mix, host_mix=host_mix, task_mix=types)
+        self.state = ClusterState(
+            size_mix=size_mix, host_mix=host_mix, task_mix=types, model_demand=demand
+        )
         snaps = sorted(snapshots, key=lambda s: s.name)
         known = hosts or {}
         for snap in snaps:
@@ -272,6 +275,17 @@ def engine_types(jobs: Sequence[Job]) -> dict[EngineType, float] | None:
     return mix or None
 
 
+def model_demand(jobs: Sequence[Job]) -> dict[tuple[str, ...], float] | None:
+    """The trace's GPUs asked per model list (() for any model), the engine's
+    ``model_demand``, as FGD gets the trace's task mix with each type's models; None
+    (observed) when no job names a model."""
+    demand: dict[tuple[str, ...], float] = {}
+    for job in jobs:
+        if job.gpus:
+            demand[job.models] = demand.get(job.models, 0.0) + job.gpu_demand
+    return demand if any(models for models in demand) else None
+
+
 def per_gpu_host(jobs: Sequence[Job]) -> tuple[float, float] | None:
     """The trace's GPU jobs' milli-CPU and MiB per GPU (a share counts its fraction), the
     engine's ``host_mix``; None when no GPU job has GPUs to divide by."""
@@ -303,7 +317,10 @@ def build_policies(
         if name == ENGINE:
             host_mix = per_gpu_host(jobs)
             types = engine_types(jobs)
-            out.append(EnginePolicy(snapshots, sizes or {1: 1.0}, tables, hosts, host_mix, types))
+            demand = model_demand(jobs)
+            out.append(
+                EnginePolicy(snapshots, sizes or {1: 1.0}, tables, hosts, host_mix, types, demand)
+            )
         else:
             out.append(BaselinePolicy(snapshots, name, gpu_mix, tables, hosts))
     return out

@@ -140,3 +140,21 @@ def test_the_engine_gets_the_traces_task_types(snaps: list[NodeSnapshot]) -> Non
     without = build_policies(["topoplace"], snaps, jobs[3:], {"a": UNKNOWN, "b": UNKNOWN})[0]
     assert isinstance(without, EnginePolicy)
     assert not without.state._table.task_mix.configured  # observed, as the service's
+
+
+def test_the_engine_gets_the_traces_model_demand(snaps: list[NodeSnapshot]) -> None:
+    # As FGD's task types carry each job's models: GPUs asked per model list, () for any.
+    jobs = [
+        Job("a", 1, 1000, ("T4",), 0.0, None),
+        Job("b", 1, 500, ("T4",), 0.0, None),
+        Job("c", 2, 1000, (), 0.0, None),
+        Job("e", 0, 1000, ("T4",), 0.0, None, cpu_milli=1000),  # no GPU: asks no model's
+    ]
+    engine = build_policies(["topoplace"], snaps, jobs, {"a": UNKNOWN, "b": UNKNOWN})[0]
+    assert isinstance(engine, EnginePolicy)
+    demand = engine.state._table.model_demand
+    assert demand.configured
+    assert demand.by_list == {("T4",): 1.5} and demand.total == 3.5
+    without = build_policies(["topoplace"], snaps, jobs[2:], {"a": UNKNOWN, "b": UNKNOWN})[0]
+    assert isinstance(without, EnginePolicy)
+    assert not without.state._table.model_demand.configured  # no model named: observed
