@@ -19,6 +19,7 @@ from tests.live_server import live_server
 from tests.service.conftest import ADMIN_TOKEN, FakeClock
 from tests.service.slurm.squeue import live, running
 from tests.service.slurm.test_truth import show_job
+from tests.slurm_cron import documented_cron_command
 
 
 def _reserve(client: TestClient) -> list[str]:
@@ -188,8 +189,6 @@ def test_a_job_that_ended_while_a_pushed_squeue_ran_is_not_recorded_again(
     )
 
 
-DOCS = Path(__file__).resolve().parents[3] / "docs" / "slurm.md"
-CRON_FIELDS = "* * * * * root "
 # The fake squeue: says it started, waits for the test's go (the job submitted while
 # it ran), then prints an answer without that job, as a slurmctld read before it would,
 # a second later (a busy controller: longer than the grace period).
@@ -200,19 +199,6 @@ while [ ! -e "$PUSH_DIR/go" ] && [ "$i" -lt 300 ]; do sleep 0.1; i=$((i + 1)); d
 sleep 1
 echo '{"jobs": []}'
 """
-
-
-def _documented_cron_command(url: str, headers: Path) -> str:
-    """docs/slurm.md's crontab line, as cron hands it to /bin/sh (``\\%`` read as ``%``),
-    sent to ``url`` with the headers file ``headers``."""
-    [line] = [
-        line
-        for line in DOCS.read_text().splitlines()
-        if line.startswith(CRON_FIELDS) and "read_at" in line
-    ]
-    command = line.removeprefix(CRON_FIELDS).replace("\\%", "%")
-    command = command.replace("http://topoplace.example:8080", url)
-    return command.replace("/etc/slurm/topoplace-reconcile.headers", str(headers))
 
 
 @pytest.mark.skipif(shutil.which("curl") is None, reason="the documented line runs curl")
@@ -252,7 +238,7 @@ def test_the_documented_cron_line_keeps_a_reservation_made_while_squeue_ran(
         environment = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
         environment["PUSH_DIR"] = str(tmp_path)
         cron = subprocess.Popen(
-            ["/bin/sh", "-c", _documented_cron_command(url, headers)],
+            ["/bin/sh", "-c", documented_cron_command(url, headers)],
             env=environment,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
