@@ -13,7 +13,7 @@ from service.access import flagged
 from service.deps import get_state
 from service.errors import BadRequest
 from service.responses import FastJSON
-from service.slurm import reconcile, service, truth
+from service.slurm import pushed, reconcile, service, truth
 from service.slurm.schemas import (
     JobDecision,
     JobStarted,
@@ -128,9 +128,25 @@ def post_reconcile(
     squeue: Annotated[dict[str, Any], Body(description="the output of `squeue --json`")],
     state: State,
     settings: Settings,
+    read_at: Annotated[
+        float | None,
+        Query(
+            ge=0,
+            allow_inf_nan=False,
+            description="Unix seconds (a fraction allowed) when this squeue started, by the"
+            " pusher's clock (`date +%s.%N` before squeue): the answer counts as taken then,"
+            f" or at its arrival if that is earlier; more than {pushed.AHEAD_S:g} s ahead of"
+            f" the service's clock or {pushed.OLDEST_S:g} s behind it is refused (422)."
+            " Without it the answer counts as taken TOPOPLACE_SLURM_SQUEUE_TIMEOUT_S (20 s by"
+            " default) before its arrival, so an allocation made since then is not released"
+            " on it",
+        ),
+    ] = None,
 ) -> ReconcileResult:
     """Release allocations made for Slurm jobs that `squeue --json` no longer lists as live."""
-    return reconcile.reconcile(state, settings, squeue)
+    # The moment the answer was taken: a pushed one arrives after squeue has finished.
+    taken_at = pushed.taken_at(state.clock(), read_at, settings)
+    return reconcile.reconcile(state, settings, squeue, taken_at)
 
 
 @router.post("/job-started", response_model=JobStartedResult)

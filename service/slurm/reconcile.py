@@ -7,7 +7,9 @@ An allocation made by the filter (owner ``slurm:<user>``) is live while a
 job that is not finished names it in its admin comment. Allocations younger
 than squeue's answer (the moment it was asked) by the grace period are left
 alone: the job they were made for may not be in that answer (the filter
-reserves before slurmctld creates the job, and squeue may print slowly).
+reserves before slurmctld creates the job, and squeue may print slowly). A
+pushed answer arrives after squeue has finished: pushed.py says when it counts
+as taken.
 """
 
 from __future__ import annotations

@@ -8,13 +8,11 @@ service on loopback, job_submit.lua, cli_filter.lua and the epilog.
 from __future__ import annotations
 
 import itertools
-import json
 import re
 import socket
 from collections.abc import Callable
 from typing import Any
 
-import httpx
 import pytest
 
 from placement import bandwidth_matrix
@@ -22,6 +20,7 @@ from placement.profiles import build_profile
 from slurm_formats.hostlist import expand
 from tests.integrations.slurm.conftest import NODES, PROFILE
 from tests.integrations.slurm.loopback import LoopbackCluster, Service, free_port
+from tests.slurm_cron import documented_cron_command
 from tests.waiting import wait_until
 from topoplace_client.api import ApiError
 
@@ -207,10 +206,12 @@ def test_a_job_whose_epilog_never_ran_is_reconciled(
         [allocation_id] = allocation_ids(cluster.show_job(job.id))
         cluster.wait_state(job.id, ("RUNNING",))
         # A reconcile round on what squeue says while the job runs, pushed now rather
-        # than awaited from the loop's clock: the job's allocation must stay held.
-        squeue = json.loads(cluster.run("squeue", "--json").stdout)
-        round_ = httpx.post(f"{service.url}/v1/slurm/reconcile", json=squeue, timeout=30)
-        assert round_.status_code == 200 and allocation_id not in round_.json()["released"]
+        # than awaited from the loop's clock, by docs/slurm.md's crontab line (real
+        # squeue, date, curl and /bin/sh): the job's allocation must stay held.
+        headers = cluster.root / "reconcile.headers"
+        headers.write_text("X-Pushed-By: cron\n")  # this service takes no token
+        push = cluster.run("/bin/sh", "-c", documented_cron_command(service.url, headers))
+        assert push.returncode == 0, push.stderr
         assert allocation(service, allocation_id)["state"] == "active"
         cluster.run("scancel", job.id)
         cluster.wait_state(job.id, ("CANCELLED",))

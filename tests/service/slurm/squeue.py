@@ -13,6 +13,7 @@ from fastapi.testclient import TestClient
 from service.slurm import reconcile as reconcile_module
 from service.slurm.reconcile import Reconciler
 from service.slurm.settings import SlurmSettings
+from tests.service.conftest import FakeClock
 
 ReadSqueue = Callable[[str, float], Awaitable[dict[str, Any]]]
 
@@ -39,6 +40,12 @@ def running(job: int, comment: str, gres_detail: list[str]) -> dict[str, Any]:
         "gres_detail": gres_detail,
         "admin_comment": comment,
     }
+
+
+def read_now(clock: FakeClock) -> dict[str, float]:
+    """POST /v1/slurm/reconcile's parameters for an answer whose squeue started at the
+    clock's now (without them a pushed answer counts as taken 20 s before it came)."""
+    return {"read_at": clock.now.timestamp()}
 
 
 def live(client: TestClient) -> list[str]:

@@ -14,6 +14,7 @@ from service.slurm import service as slurm_service
 from service.slurm.settings import SlurmSettings
 from tests.service.conftest import FakeClock
 from tests.service.loop_watch import LoopWatch
+from tests.service.slurm.squeue import read_now
 
 NO_VAL = 4294967294
 
@@ -238,7 +239,7 @@ def test_reconcile_releases_what_slurm_no_longer_has_after_the_grace_period(
             {"job_id": 3, "job_state": "PENDING", "admin_comment": ""},
         ]
     }
-    early = dgx1.post("/v1/slurm/reconcile", json=squeue).json()
+    early = dgx1.post("/v1/slurm/reconcile", params=read_now(clock), json=squeue).json()
     # A finished job's allocation goes at once; one no job names waits for the grace
     # period (its job may not exist yet); a live job's learns the job id.
     assert early == {
@@ -248,7 +249,7 @@ def test_reconcile_releases_what_slurm_no_longer_has_after_the_grace_period(
         "attached": kept["allocation_ids"],
     }
     clock.advance(SlurmSettings().reconcile_grace_s + 1)
-    result = dgx1.post("/v1/slurm/reconcile", json=squeue).json()
+    result = dgx1.post("/v1/slurm/reconcile", params=read_now(clock), json=squeue).json()
     assert result["released"] == lost["allocation_ids"]
     assert (
         dgx1.get("/v1/allocations", params={"job_id": "1"}).json()["allocations"][0]["id"]

@@ -11,7 +11,7 @@ from service.allocations import api as allocations
 from service.allocations import repository
 from service.slurm.parked import parked_reason
 from tests.service.conftest import FakeClock
-from tests.service.slurm.squeue import live, pending, running, tick_reading
+from tests.service.slurm.squeue import live, pending, read_now, running, tick_reading
 from tests.service.slurm.test_truth import gpus, of_job, show_job, started, submit
 
 
@@ -29,13 +29,13 @@ from tests.service.slurm.test_truth import gpus, of_job, show_job, started, subm
     ],
 )
 def test_a_held_or_blocked_job_gives_its_gpus_back(
-    dgx1: TestClient, reason: str, description: str
+    dgx1: TestClient, clock: FakeClock, reason: str, description: str
 ) -> None:
     decision = submit(dgx1, tres_per_node="gres:gpu:8", req_nodes="node1")
     comment = decision["set"]["admin_comment"]
     assert live(dgx1) == decision["allocation_ids"]
     squeue = {"jobs": [pending(31, comment, reason, description)]}
-    result = dgx1.post("/v1/slurm/reconcile", json=squeue).json()
+    result = dgx1.post("/v1/slurm/reconcile", params=read_now(clock), json=squeue).json()
     assert result["released"] == decision["allocation_ids"] and result["live_jobs"] == 0
     assert live(dgx1) == []
     # Its GPUs are the next job's.
@@ -54,27 +54,34 @@ def test_a_held_or_blocked_job_gives_its_gpus_back(
     ],
 )
 def test_a_job_waiting_for_gpus_or_its_turn_keeps_its_reservation(
-    dgx1: TestClient, reason: str, description: str
+    dgx1: TestClient, clock: FakeClock, reason: str, description: str
 ) -> None:
     decision = submit(dgx1, tres_per_node="gres:gpu:2")
     squeue = {"jobs": [pending(32, decision["set"]["admin_comment"], reason, description)]}
-    result = dgx1.post("/v1/slurm/reconcile", json=squeue).json()
+    result = dgx1.post("/v1/slurm/reconcile", params=read_now(clock), json=squeue).json()
     assert result["released"] == [] and live(dgx1) == decision["allocation_ids"]
 
 
-def test_a_released_job_that_starts_later_is_recorded_where_it_runs(dgx1: TestClient) -> None:
+def test_a_released_job_that_starts_later_is_recorded_where_it_runs(
+    dgx1: TestClient, clock: FakeClock
+) -> None:
     """Released from its hold, the job starts on GPUs Slurm gives it: the prolog's
     report creates its allocation again (the release was no end of the job)."""
     decision = submit(dgx1, tres_per_node="gres:gpu:2", req_nodes="node1")
     comment = decision["set"]["admin_comment"]
     squeue = {"jobs": [pending(33, comment, "JobHeldUser")]}
-    assert dgx1.post("/v1/slurm/reconcile", json=squeue).json()["released"]
+    assert dgx1.post("/v1/slurm/reconcile", params=read_now(clock), json=squeue).json()["released"]
     answer = started(dgx1, show_job(33, "gpu:g5:1(IDX:5),gpu:g6:1(IDX:6)", "node1", comment))
     assert answer["action"] == "created", answer
     [allocation] = of_job(dgx1, 33)
     assert gpus(allocation) == {"node1": [5, 6]}
     now = running(33, comment, ["gpu:g5:1(IDX:5)", "gpu:g6:1(IDX:6)"])
-    assert dgx1.post("/v1/slurm/reconcile", json={"jobs": [now]}).json()["released"] == []
+    assert (
+        dgx1.post("/v1/slurm/reconcile", params=read_now(clock), json={"jobs": [now]}).json()[
+            "released"
+        ]
+        == []
+    )
     assert [a["id"] for a in of_job(dgx1, 33)] == [allocation["id"]]
 
 
@@ -87,7 +94,7 @@ def test_a_job_released_from_its_hold_while_squeue_was_read_keeps_its_record(
     decision = submit(dgx1, tres_per_node="gres:gpu:2", req_nodes="node1")
     comment = decision["set"]["admin_comment"]
     held = {"jobs": [pending(34, comment, "JobHeldUser")]}
-    assert dgx1.post("/v1/slurm/reconcile", json=held).json()["released"]
+    assert dgx1.post("/v1/slurm/reconcile", params=read_now(clock), json=held).json()["released"]
     recorded: list[str] = []
 
     async def slow_squeue(command: str, timeout_s: float) -> dict[str, Any]:
@@ -119,7 +126,9 @@ def test_a_held_job_that_started_on_its_reservation_while_squeue_was_read_keeps_
     comment = decision["set"]["admin_comment"]
     if known:
         waiting = {"jobs": [pending(35, comment, "Priority")]}
-        assert dgx1.post("/v1/slurm/reconcile", json=waiting).json()["attached"]
+        assert dgx1.post("/v1/slurm/reconcile", params=read_now(clock), json=waiting).json()[
+            "attached"
+        ]
     gres = ",".join(f"gpu:g{g}:1(IDX:{g})" for g in decision["gpu_indices"])
 
     async def slow_squeue(command: str, timeout_s: float) -> dict[str, Any]:

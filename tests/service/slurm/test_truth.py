@@ -15,6 +15,8 @@ from service.slurm.fresh import FRESH
 from service.slurm.reconcile import EARLY_GAP_S, Reconciler
 from service.slurm.settings import SlurmSettings
 from service.slurm.truth import TruthError, from_show_job, gpu_indices
+from tests.service.conftest import FakeClock
+from tests.service.slurm.squeue import read_now
 
 NO_VAL = 4294967294
 
@@ -165,7 +167,7 @@ def test_reconcile_releases_a_job_cancelled_while_pending_at_once(dgx1: TestClie
 
 
 def test_reconcile_records_running_jobs_and_releases_them_when_they_end(
-    dgx1: TestClient,
+    dgx1: TestClient, clock: FakeClock
 ) -> None:
     running = {
         "job_id": 12,
@@ -175,12 +177,19 @@ def test_reconcile_records_running_jobs_and_releases_them_when_they_end(
         "gres_detail": ["gpu:2(IDX:3-4)"],
         "admin_comment": "",
     }
-    result = dgx1.post("/v1/slurm/reconcile", json={"jobs": [running]}).json()
+    result = dgx1.post(
+        "/v1/slurm/reconcile", params=read_now(clock), json={"jobs": [running]}
+    ).json()
     [allocation] = of_job(dgx1, 12)
     assert result["observed"] == [allocation["id"]] and gpus(allocation) == {"node2": [3, 4]}
-    assert dgx1.post("/v1/slurm/reconcile", json={"jobs": [running]}).json()["observed"] == []
+    assert (
+        dgx1.post("/v1/slurm/reconcile", params=read_now(clock), json={"jobs": [running]}).json()[
+            "observed"
+        ]
+        == []
+    )
     ended = {**running, "job_state": "COMPLETED"}
-    result = dgx1.post("/v1/slurm/reconcile", json={"jobs": [ended]}).json()
+    result = dgx1.post("/v1/slurm/reconcile", params=read_now(clock), json={"jobs": [ended]}).json()
     assert result["released"] == [allocation["id"]] and of_job(dgx1, 12) == []
 
 
@@ -213,7 +222,7 @@ def test_the_loop_runs_as_soon_as_a_fresh_reservation_passes_the_grace_period(
     ],
 )
 def test_one_running_job_that_cannot_be_recorded_does_not_stop_the_others(
-    dgx1: TestClient, nodes: str, gres: str
+    dgx1: TestClient, clock: FakeClock, nodes: str, gres: str
 ) -> None:
     """Such a job is skipped (and its allocations kept): the reconcile of every other
     job goes on, or one odd job would stop all releases for as long as it runs."""
@@ -228,7 +237,9 @@ def test_one_running_job_that_cannot_be_recorded_does_not_stop_the_others(
         "nodes": "node2",
         "gres_detail": ["gpu:2(IDX:6-7)"],
     }
-    response = dgx1.post("/v1/slurm/reconcile", json={"jobs": [odd, gone, running]})
+    response = dgx1.post(
+        "/v1/slurm/reconcile", params=read_now(clock), json={"jobs": [odd, gone, running]}
+    )
     assert response.status_code == 200, response.text
     assert response.json()["released"] == cancelled["allocation_ids"]
     [recorded] = of_job(dgx1, 32)
