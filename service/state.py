@@ -31,6 +31,7 @@ from service.metrics.registry import Metrics
 from service.nodes.nvlink import NvlinkStore
 from service.settings import Settings
 from service.slurm.node_states import SlurmNodeStates
+from service.workload_mix import describe as describe_mix
 from service.workload_mix import read_workload_mix
 
 Clock = Callable[[], datetime]
@@ -54,6 +55,14 @@ class ServiceState:
         # Read now, so that `serve` refuses a bad file before it starts (ValueError, one
         # line); every engine state below is built with it.
         self.mix = read_workload_mix(settings.workload_mix_file)
+        if settings.workload_mix_file is not None:
+            # Said once, so an operator sees which parts the file set (and which stay
+            # observed per process) without reading it again.
+            log.info(
+                "ranking by the workload mix in %s (%s)",
+                settings.workload_mix_file,
+                describe_mix(self.mix),
+            )
         self.cluster = ClusterState.from_mix(self.mix)
         self.metrics = Metrics()  # what /metrics counts; the rest it reads from here
         self.committer = GroupCommitter(

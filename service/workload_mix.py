@@ -41,3 +41,14 @@ def read_workload_mix(path: str | None) -> WorkloadMix:
         return parse(text)
     except WorkloadMixError as exc:
         raise WorkloadMixError(f"{where}: {exc}") from None
+
+
+def describe(mix: WorkloadMix) -> str:
+    """Which parts are configured and which observed, for the start's log line."""
+    parts = ("size_mix", "host_mix", "task_mix", "model_demand")
+    given = [p for p in parts if getattr(mix, p) is not None]
+    left = [p for p in parts if getattr(mix, p) is None]
+    return (
+        f"configured: {', '.join(given) or 'none'};"
+        f" left as without a file: {', '.join(left) or 'none'}"
+    )

@@ -147,3 +147,21 @@ def test_a_configured_model_demand_ranks_from_the_first_decision() -> None:
         state.allocate("v100", uuids(state, "v100", [0, 1, 2, 3, 4, 5]))
         chosen[label] = place(state, PlacementRequest())[0]
     assert chosen == {"observed": "v100", "configured": "l40s"}
+
+
+def test_states_given_the_same_file_rank_alike_whatever_each_has_served() -> None:
+    """Two replicas: one has served requests naming V100s, the other none. Observed,
+    they rank a request that runs anywhere differently; configured by one file, alike."""
+    text = _with(model_demand=[{"models": [], "gpus": 100}, {"models": ["V100"], "gpus": 10}])
+    chosen: dict[str, list[str]] = {}
+    for label, mix in (("observed", WorkloadMix()), ("configured", parse(text))):
+        for served in (0, 3):
+            state = ClusterState.from_mix(mix)
+            state.upsert(build_profile("dgx1-v100", "v100"))
+            state.upsert(build_profile("pcie-8x-l40s", "l40s"))
+            state.allocate("v100", uuids(state, "v100", [0, 1, 2, 3]))
+            for _ in range(served):
+                state.place(PlacementRequest(gpu_models=("V100",)))  # decided, not applied
+            chosen.setdefault(label, []).append(place(state, PlacementRequest())[0])
+    assert chosen["observed"] == ["v100", "l40s"]
+    assert chosen["configured"][0] == chosen["configured"][1]

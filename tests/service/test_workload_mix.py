@@ -3,6 +3,7 @@ engine state the service builds ranks by it; a bad one stops `serve` in one line
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -85,9 +86,16 @@ def test_the_service_ranks_by_the_configured_mix_from_the_first_request(
     assert _chosen(configured, clock) == "l40s"
 
 
-def test_every_state_the_service_builds_gets_the_mix(settings: Settings, mix_file: Path) -> None:
+def test_every_state_the_service_builds_gets_the_mix(
+    settings: Settings, mix_file: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     configured = settings.model_copy(update={"workload_mix_file": str(mix_file)})
-    app = create_app(configured, background=False)
+    with caplog.at_level(logging.INFO, logger="topoplace.state"):
+        app = create_app(configured, background=False)
+    assert (
+        f"ranking by the workload mix in {mix_file} (configured: size_mix, host_mix,"
+        " task_mix, model_demand; left as without a file: none)"
+    ) in caplog.messages
     state = app.state.service
     expected = ClusterState.from_mix(read_workload_mix(str(mix_file))).mix
     assert state.cluster.mix == expected
