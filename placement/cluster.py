@@ -44,6 +44,7 @@ from placement.snapshot import NodeSnapshot
 from placement.table import FULL_SHARE, AllocationError, NodeTable, UnknownNodeError, share_milli
 from placement.task_mix import TaskType
 from placement.what_is_left import DEFAULT_SIZE_MIX
+from placement.workload_mix import WorkloadMix
 
 # Node labels naming the network block a node sits in, most specific first.
 DEFAULT_BLOCK_LABELS: tuple[str, ...] = (
@@ -86,7 +87,40 @@ class ClusterState:
         demand whose pressure on each model the ranking weighs (``placement.model_demand``);
         None: observed from the requests decided."""
         self._shares = shares
+        # As configured, so that a state built beside this one (the service's probe of a
+        # snapshot, a rebuild) can be configured the same (``from_mix``).
+        self._mix = WorkloadMix(
+            size_mix=dict(size_mix),
+            host_mix=host_mix,
+            task_mix=None if task_mix is None else dict(task_mix),
+            model_demand=None if model_demand is None else dict(model_demand),
+        )
         self._table = NodeTable(bandwidth, block_labels, size_mix, host_mix, task_mix, model_demand)
+
+    @classmethod
+    def from_mix(
+        cls,
+        mix: WorkloadMix,
+        bandwidth: BandwidthTable = DEFAULT_BANDWIDTH,
+        block_labels: Sequence[str] = DEFAULT_BLOCK_LABELS,
+    ) -> ClusterState:
+        """A state weighing its choices by ``mix`` (``placement.workload_mix``): its
+        parts that are None stay the constructor's defaults (the default size mix; the
+        others observed)."""
+        return cls(
+            bandwidth,
+            block_labels,
+            DEFAULT_SIZE_MIX if mix.size_mix is None else mix.size_mix,
+            host_mix=mix.host_mix,
+            task_mix=mix.task_mix,
+            model_demand=mix.model_demand,
+        )
+
+    @property
+    def mix(self) -> WorkloadMix:
+        """The mix this state was configured with (the size mix always given: the
+        default one if none was); ``from_mix`` of it weighs choices the same."""
+        return self._mix
 
     # Membership ----------------------------------------------------------
 

@@ -37,7 +37,8 @@ NumaMode = Literal["required", "preferred", "ignore"]
 # Counts are strict: JSON true or "4" is a mistake in the caller, not 1 or 4 GPUs.
 # Every bound is far below what a signed 64-bit database column holds.
 MAX_GPU_MEMORY_MIB = 2**31 - 1  # 2 PiB: well above any GPU
-GpuCount = Annotated[int, Field(strict=True, ge=1, le=64), WHOLE]
+MAX_TASK_GPUS = 64  # GPUs one task may ask
+GpuCount = Annotated[int, Field(strict=True, ge=1, le=MAX_TASK_GPUS), WHOLE]
 MAX_TASKS = 4096  # tasks of one request (a gang's members)
 TaskCount = Annotated[int, Field(strict=True, ge=1, le=MAX_TASKS), WHOLE]
 CpuCount = Annotated[int, Field(strict=True, ge=0, le=4096), WHOLE]

@@ -189,6 +189,16 @@ class Settings(BaseSettings):
         " docs/security.md)",
     )
 
+    workload_mix_file: str | None = Field(
+        default=None,
+        description='a workload mix file (docs/engine.md, "Configured or observed"; `topoplace'
+        " sim --write-mix` writes one from a trace): the request sizes, CPU and memory per"
+        " GPU, task types and GPU model demand the engine ranks choices by, read at start."
+        " Parts it leaves out, and all of them without it, are the engine's default size mix"
+        " and, for the rest, observed from the requests this process serves since it"
+        " started",
+    )
+
     tls_cert: str | None = Field(
         default=None,
         description="PEM certificate (chain) the REST and gRPC APIs serve TLS with;"

@@ -31,6 +31,8 @@ from service.metrics.registry import Metrics
 from service.nodes.nvlink import NvlinkStore
 from service.settings import Settings
 from service.slurm.node_states import SlurmNodeStates
+from service.workload_mix import describe as describe_mix
+from service.workload_mix import read_workload_mix
 
 Clock = Callable[[], datetime]
 log = logging.getLogger("topoplace.state")
@@ -50,7 +52,18 @@ class ServiceState:
         self.settings = settings
         self.engine = engine
         self.clock = clock
-        self.cluster = ClusterState()
+        # Read now, so that `serve` refuses a bad file before it starts (ValueError, one
+        # line); every engine state below is built with it.
+        self.mix = read_workload_mix(settings.workload_mix_file)
+        if settings.workload_mix_file is not None:
+            # Said once, so an operator sees which parts the file set (and which stay
+            # observed per process) without reading it again.
+            log.info(
+                "ranking by the workload mix in %s (%s)",
+                settings.workload_mix_file,
+                describe_mix(self.mix),
+            )
+        self.cluster = ClusterState.from_mix(self.mix)
         self.metrics = Metrics()  # what /metrics counts; the rest it reads from here
         self.committer = GroupCommitter(
             engine, on_batch=self.metrics.batch, on_retry=self.metrics.retried
@@ -104,7 +117,7 @@ class ServiceState:
     def load(self) -> None:
         """Build the in-memory state from the database (start-up)."""
         with self.lock:
-            self.cluster = ClusterState()
+            self.cluster = ClusterState.from_mix(self.mix)
             self.heartbeats.clear()
             self.reported.clear()
             self.cordoned.clear()

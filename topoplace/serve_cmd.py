@@ -56,6 +56,12 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         "--tls-key", metavar="PEM", help="the certificate's private key (TOPOPLACE_TLS_KEY)"
     )
     serve.add_argument(
+        "--workload-mix",
+        metavar="FILE",
+        help="rank choices by this workload mix (TOPOPLACE_WORKLOAD_MIX_FILE; `topoplace sim"
+        " --write-mix` writes one from a trace); without it the mix is observed per process",
+    )
+    serve.add_argument(
         "--access-log",
         action="store_true",
         help="log every HTTP request (TOPOPLACE_ACCESS_LOG; off by default)",
@@ -112,6 +118,7 @@ def _settings(args: argparse.Namespace) -> Settings:
             "access_log": True if getattr(args, "access_log", False) else None,
             "tls_cert": getattr(args, "tls_cert", None),
             "tls_key": getattr(args, "tls_key", None),
+            "workload_mix_file": getattr(args, "workload_mix", None),
             "insecure_dev": True
             if getattr(args, "insecure_dev", False) or getattr(args, "demo", False)
             else None,

@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+from placement.workload_mix import WorkloadMixError, to_text
 from topoplace.sim.fleet import (
     FleetError,
     FleetNode,
@@ -23,7 +24,7 @@ from topoplace.sim.fleet import (
     trace_nodes,
 )
 from topoplace.sim.jobs import TraceError, read_trace
-from topoplace.sim.policies import ALL_POLICIES, build_policies
+from topoplace.sim.policies import ALL_POLICIES, build_policies, trace_mix
 from topoplace.sim.report import causes, markdown, plot, text_table
 from topoplace.sim.run import SimResult, simulate
 
@@ -75,6 +76,14 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--max-seconds", type=float, default=300.0, help="bound on the whole run")
     p.add_argument("--limit", type=int, help="only the first N jobs of the trace")
     p.add_argument("--out", type=Path, help="directory for report.md and the plots")
+    p.add_argument(
+        "--write-mix",
+        type=Path,
+        metavar="FILE",
+        help="write the workload mix the engine is given (the trace's sizes, CPU and memory"
+        " per GPU, task types and model demand; after --limit) to FILE, for `topoplace serve"
+        " --workload-mix FILE` (docs/sim.md)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
 
@@ -144,6 +153,20 @@ def run(args: argparse.Namespace) -> int:
     gpu_jobs = len(jobs) - cpu_only
     if not args.cpu_only_jobs:
         jobs = [j for j in jobs if j.gpus]
+    if args.write_mix is not None:
+        # Before the replay, so that a run cut short still leaves the file; the mix is the
+        # trace's alone (every fleet's engine gets the same one).
+        try:
+            args.write_mix.write_text(to_text(trace_mix(jobs)), encoding="utf-8")
+        except WorkloadMixError as exc:
+            print(f"error: --write-mix: the trace's mix: {exc}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        except OSError as exc:
+            print(
+                f"error: --write-mix: cannot write {args.write_mix}: {exc.strerror}",
+                file=sys.stderr,
+            )
+            return EXIT_BAD_INPUT
     header = [
         f"trace: {args.trace.name}: {trace.rows} rows, {gpu_jobs} GPU jobs"
         f" ({shares} GPU shares), {cpu_only} CPU-only jobs"

@@ -50,9 +50,12 @@ class _Probe:
                 cluster is None
                 or cluster.bandwidth != live.bandwidth
                 or cluster.block_labels != live.block_labels
+                or cluster.mix != live.mix
                 or cluster.class_count >= _PROBE_CLASSES
             ):
-                cluster = ClusterState(live.bandwidth, live.block_labels)
+                # Built as the live state is (its size mix shapes the class tables the
+                # upsert builds), so what loads here loads there.
+                cluster = ClusterState.from_mix(live.mix, live.bandwidth, live.block_labels)
             self.cluster = None  # a failure midway leaves nothing half-changed behind
             cluster.upsert(snapshot)
             cluster.remove(snapshot.name)

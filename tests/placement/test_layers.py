@@ -32,6 +32,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "host",
         "task_mix",
         "model_demand",
+        "workload_mix",
         "topology_class",
         "node_choice",
         "large_node",

@@ -163,13 +163,14 @@ def test_snapshots_export_round_trip(
 
 def test_stranded_cliques_on_nvl72_racks() -> None:
     """A rack with free GPUs but no whole tray free is stranded; one whole tray is not."""
+    from placement.workload_mix import WorkloadMix
     from topoplace.sim.jobs import Job
     from topoplace.sim.policies import EnginePolicy, SetTables
     from topoplace.sim.run import _Meter
 
     snaps = [n.snapshot for n in parse_cluster("1xgb200-nvl72")]
     jobs = [Job("j", 1, 1000, (), 0.0, None)]
-    policy = EnginePolicy(snaps, {1: 1.0}, SetTables(snaps[:1]))
+    policy = EnginePolicy(snaps, WorkloadMix(size_mix={1: 1.0}), SetTables(snaps[:1]))
     for snap in snaps[1:]:
         policy.state.allocate(snap.name, [snap.gpus[0].uuid])
     assert _Meter(policy, snaps, jobs).stranded() == (0, 0)  # tray 0 is whole
@@ -189,3 +190,24 @@ def test_cpu_only_jobs_are_skipped_unless_asked_for(
     assert "1 GPU jobs (0 GPU shares), 1 CPU-only jobs" in printed
     (row,) = [line for line in printed.splitlines() if line.split()[:1] == ["topoplace"]]
     assert started in row, row
+
+
+@pytest.mark.parametrize(
+    ("rows", "where", "named"),
+    [
+        ("a,1,,,0,\n", "missing/mix.json", "--write-mix: cannot write"),
+        ("a,65,,,0,\n", "mix.json", "--write-mix: the trace's mix: size_mix['65']"),
+    ],
+)
+def test_a_mix_that_cannot_be_written_is_one_line_and_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], rows: str, where: str, named: str
+) -> None:
+    trace = tmp_path / "jobs.csv"
+    trace.write_text(TRACE.splitlines()[0] + "\n" + rows)
+    code = main(
+        ["sim", "--trace", str(trace), "--cluster", "1xdgx1-v100", "--no-progress",
+         "--write-mix", str(tmp_path / where)]
+    )  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and named in err and len(err.splitlines()) == 1
+    assert not (tmp_path / where).exists()

@@ -39,6 +39,7 @@ from placement.node_choice import indices_to_mask
 from placement.outcome import Cause, Outcome, Placement
 from placement.task_mix import TaskType as EngineType
 from placement.topology_class import EXACT_LIMIT, TopologyClass, build_class, wiring_of
+from placement.workload_mix import WorkloadMix
 from topoplace.sim.jobs import FULL, Job
 
 ENGINE = "topoplace"
@@ -97,16 +98,11 @@ class EnginePolicy:
     def __init__(
         self,
         snapshots: Sequence[NodeSnapshot],
-        size_mix: Mapping[int, float],
+        mix: WorkloadMix,
         tables: SetTables,
         hosts: Mapping[str, HostCapacity] | None = None,
-        host_mix: tuple[float, float] | None = None,
-        types: Mapping[EngineType, float] | None = None,
-        demand: Mapping[tuple[str, ...], float] | None = None,
     ) -> None:
-        self.state = ClusterState(
-            size_mix=size_mix, host_mix=host_mix, task_mix=types, model_demand=demand
-        )
+        self.state = ClusterState.from_mix(mix)
         snaps = sorted(snapshots, key=lambda s: s.name)
         known = hosts or {}
         for snap in snaps:
@@ -298,6 +294,22 @@ def per_gpu_host(jobs: Sequence[Job]) -> tuple[float, float] | None:
     return (cpu / gpus, memory / gpus) if gpus else None
 
 
+def trace_mix(jobs: Sequence[Job]) -> WorkloadMix:
+    """The mix the engine is given for a replay of ``jobs``, as FGD gets the trace's:
+    its sizes, CPU and memory per GPU, task types and model demand (the parts the trace
+    has nothing for stay observed). ``topoplace sim --write-mix`` writes exactly this."""
+    sizes: dict[int, float] = {}
+    for job in jobs:
+        if job.gpus:
+            sizes[job.gpus] = sizes.get(job.gpus, 0.0) + 1.0
+    return WorkloadMix(
+        size_mix=sizes or {1: 1.0},
+        host_mix=per_gpu_host(jobs),
+        task_mix=engine_types(jobs),
+        model_demand=model_demand(jobs),
+    )
+
+
 def build_policies(
     names: Sequence[str],
     snapshots: Sequence[NodeSnapshot],
@@ -306,21 +318,12 @@ def build_policies(
 ) -> list[Policy]:
     """``hosts``: node name -> (milli-CPU, MiB), None where not known (never short)."""
     tables = SetTables(snapshots)
-    sizes: dict[int, float] = {}
-    for job in jobs:
-        if job.gpus:
-            sizes[job.gpus] = sizes.get(job.gpus, 0.0) + 1.0
     mix = task_mix(jobs)
     gpu_mix = {t: w for t, w in mix.items() if t.gpus} or {TaskType(1, FULL): 1.0}
     out: list[Policy] = []
     for name in names:
         if name == ENGINE:
-            host_mix = per_gpu_host(jobs)
-            types = engine_types(jobs)
-            demand = model_demand(jobs)
-            out.append(
-                EnginePolicy(snapshots, sizes or {1: 1.0}, tables, hosts, host_mix, types, demand)
-            )
+            out.append(EnginePolicy(snapshots, trace_mix(jobs), tables, hosts))
         else:
             out.append(BaselinePolicy(snapshots, name, gpu_mix, tables, hosts))
     return out
