@@ -15,6 +15,7 @@ from pydantic import (
     model_serializer,
     model_validator,
 )
+from pydantic.json_schema import SkipJsonSchema
 
 from agent.signing import decode_public_key
 from placement.text import Text
@@ -106,7 +107,11 @@ class RegionUpdate(_Strict):
     what they carry. A field left out stays as it is; ``forward_token: null`` stops
     sending one."""
 
-    url: RegionUrl | None = Field(default=None, description=URL_SAYS)
+    # The document says what is accepted: at least one field, and a URL never null
+    # (schema-driven clients and fuzzers would otherwise send ``{}`` or ``url: null``).
+    model_config = ConfigDict(json_schema_extra={"minProperties": 1})
+
+    url: RegionUrl | SkipJsonSchema[None] = Field(default=None, description=URL_SAYS)
     forward_token: ForwardToken | None = Field(default=None, description=FORWARD_TOKEN_SAYS)
 
     @field_validator("url")

@@ -78,6 +78,7 @@ _CONFIG = {
             for path in (
                 "/v1/tokens",
                 "/v1/regions",
+                "/v1/regions/{region}",
                 "/v1/regions/{region}/summary",
                 "/v1/federation/place",
                 "/v1/federation/score",
