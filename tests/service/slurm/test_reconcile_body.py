@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
 from service.app import create_app
+from service.edge import guard
+from service.edge.json_scan import MAX_DEPTH
 from service.settings import Settings
+from service.slurm import json_command
 from tests.service.conftest import ADMIN_TOKEN, FakeClock, secured
 from tests.service.slurm.squeue import live, pending_queue
 
@@ -81,3 +88,69 @@ def test_the_reconcile_limit_is_refused_outside_its_bounds(value: int) -> None:
 @pytest.mark.parametrize("value", [1024, 1024 * MIB])
 def test_the_reconcile_limit_is_taken_at_its_bounds(value: int) -> None:
     assert Settings(max_reconcile_body_bytes=value).max_reconcile_body_bytes == value
+
+
+def test_other_requests_are_answered_while_a_push_is_decoded(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The push is decoded on a worker thread: held there, it keeps no other request
+    waiting. Decoded on the event loop (as FastAPI decoded it), the request below could
+    not be answered before the decode ended."""
+    decoding, answered = threading.Event(), threading.Event()
+    decode = json_command.parse_json
+
+    def held(raw: bytes) -> Any:
+        decoding.set()
+        answered.wait(timeout=10)
+        return decode(raw)
+
+    monkeypatch.setattr(json_command, "parse_json", held)
+    body, _ = pending_queue(64 * 1024)
+    with ThreadPoolExecutor(1) as pool:
+        push = pool.submit(client.post, "/v1/slurm/reconcile", content=body, headers=JSON)
+        try:
+            assert decoding.wait(timeout=10), "the push was not decoded by json_command"
+            other = client.get("/v1/allocations")
+            assert other.status_code == 200 and not push.done()
+        finally:
+            answered.set()
+        assert push.result(timeout=30).status_code == 200
+
+
+def test_a_thread_decoding_a_queue_gives_the_others_turns_between_its_jobs() -> None:
+    """json.loads holds the GIL for the whole document: from a worker thread a 20 MB
+    answer stalled the event loop as long as on it (125 ms). parse_json decodes a job at a
+    time, so the thread that waits for the GIL gets it at every switch interval (5 ms):
+    counted here in turns, whatever the machine's speed (json.loads gives 1 or 2)."""
+    body, _ = pending_queue(16 * MIB)
+    done = threading.Event()
+    worker = threading.Thread(target=lambda: (json_command.parse_json(body), done.set()))
+    turns = 0
+    worker.start()
+    while not done.is_set():
+        time.sleep(0)  # gives the GIL up; it comes back when the decoding thread lets go
+        turns += 1
+    worker.join()
+    assert turns >= 10, turns
+
+
+def test_a_push_is_checked_for_depth_off_the_loop_and_refused_as_before(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The guard's depth scan of a whole body runs on the loop (20 MB of squeue: 330 ms):
+    this route's decoder checks each job instead, and a push nested too deep is refused in
+    the guard's words (422 invalid_request, `body`)."""
+    scanned: list[bool] = []
+    scan = guard.too_deep
+    monkeypatch.setattr(guard, "too_deep", lambda body: scanned.append(True) or scan(body))
+    body, _ = pending_queue(64 * 1024)
+    assert client.post("/v1/slurm/reconcile", content=body, headers=JSON).status_code == 200
+    assert scanned == [], "the reconcile body was scanned on the loop"
+    deep = b'{"jobs": [' + b"[" * MAX_DEPTH + b"]" * MAX_DEPTH + b"]}"
+    refused = client.post("/v1/slurm/reconcile", content=deep, headers=JSON)
+    assert refused.status_code == 422, refused.text
+    error = refused.json()["error"]
+    assert error["code"] == "invalid_request" and error["detail"]["field"] == "body"
+    assert f"nested deeper than {MAX_DEPTH}" in error["message"], error["message"]
+    client.post("/v1/slurm/job-started", content=deep, headers=JSON)
+    assert scanned, "other routes' bodies are scanned as before"
