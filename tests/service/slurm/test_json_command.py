@@ -8,7 +8,7 @@ import pytest
 
 from service.edge.json_scan import MAX_DEPTH
 from service.slurm.json_command import TooDeep, parse_json
-from tests.service.slurm.squeue import CAPTURED
+from tests.service.slurm.captured import CAPTURED
 
 DOCUMENTS = [
     b'{"jobs": []}',

@@ -18,7 +18,8 @@ from service.edge.json_scan import MAX_DEPTH
 from service.settings import Settings
 from service.slurm import json_command
 from tests.service.conftest import ADMIN_TOKEN, FakeClock, secured
-from tests.service.slurm.squeue import live, pending_queue
+from tests.service.slurm.captured import pending_queue
+from tests.service.slurm.squeue import live
 
 JSON = {"Content-Type": "application/json"}
 MIB = 1024 * 1024
