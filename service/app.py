@@ -330,7 +330,10 @@ def create_app(
         max_body_bytes=settings.max_body_bytes,
         body_timeout_s=settings.body_timeout_s,
         max_placement_body_bytes=settings.max_placement_body_bytes,
+        max_reconcile_body_bytes=settings.max_reconcile_body_bytes,
     )
+    # Outside the guard: a body is read only once the caller's token is allowed its route,
+    # which is what makes the reconcile route's larger limit safe (a scheduler's token).
     app.add_middleware(
         RequireToken,
         check=token_check,

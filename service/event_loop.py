@@ -17,7 +17,9 @@ Kubernetes extender, the Slurm filter, gRPC):
   through the group committer (``commit_async``: the loop awaits, the
   committer's thread writes). A flow written as a generator of blocking
   steps (service/flows.py) yields each such step, and its asyncio driver
-  hands the step to :func:`off_loop`.
+  hands the step to :func:`off_loop`. A pushed squeue answer (megabytes) is
+  decoded off it too, a job per call, since json.loads holds the GIL for a
+  whole document even on a worker thread (service/slurm/json_command.py).
 * **The one exception**: on SQLite, the Slurm filter's reservation is
   written on the loop (``commit_async(..., at_once=True)``), through a
   connection kept for it that never waits for a lock (another writer: it

@@ -65,6 +65,17 @@ class Settings(BaseSettings):
         " parsed on the event loop while other requests wait; 2 MiB holds 65,536 node names"
         " of 28 characters",
     )
+    max_reconcile_body_bytes: int = Field(
+        default=256 * 1024 * 1024,
+        ge=1024,
+        # Past what one slurmctld's queue prints (~250,000 jobs), and decoded it would
+        # hold gigabytes: a value above is a mistake, refused at start.
+        le=1024 * 1024 * 1024,
+        description="bodies of POST /v1/slurm/reconcile (the whole of `squeue --json`,"
+        " pushed by cron), in place of max_body_bytes when higher: Slurm 22.05 prints"
+        " 3.2 KB a pending job and 4 KB a running one, so 256 MiB holds 50,000 jobs of up"
+        " to 5.3 KB; read only once the caller's token is allowed the route",
+    )
     max_watches: int = Field(
         default=256,
         ge=1,

@@ -7,11 +7,13 @@
   they go to the database as they are, and no route has a use for them.
 - The body is read here, counted as it arrives, and refused with 413 as soon
   as it passes the limit (``/v1/place`` and ``/v1/score`` have a lower one of their
-  own: :data:`PLACEMENT_PATHS`), whether it came with a Content-Length or chunked,
+  own: :data:`PLACEMENT_PATHS`; a pushed squeue answer a higher one:
+  :data:`RECONCILE_PATH`), whether it came with a Content-Length or chunked,
   and with 408 when it has not all arrived within ``body_timeout_s`` (the
   connection is closed after either: the rest of the body is never read;
   the headers' own deadline is slow_headers.py);
-  it is then checked for nesting depth (json_scan) and handed on, whole, to
+  it is then checked for nesting depth (json_scan; the reconcile route's own decoder
+  checks its body, piece by piece off the loop) and handed on, whole, to
   the application, which reads it as usual; unless the caller's token was
   revoked while it arrived (401, revoked_meanwhile.py). Control characters in the body
   are refused field by field (``placement.text.Text``): free-form bodies
@@ -49,6 +51,13 @@ _READ_HEADERS = frozenset({b"idempotency-key", b"authorization"})
 # for 600 ms. Other routes keep the general limit (snapshots, extender bodies).
 PLACEMENT_PATHS = frozenset({"/v1/place", "/v1/score"})
 PLACEMENT_LIMIT_SETTING = "TOPOPLACE_MAX_PLACEMENT_BODY_BYTES"
+# cron pushes the whole of `squeue --json` here: Slurm 22.05 prints 3.2 KB a pending job
+# and 3.9-4.1 KB a running one, so 4 MiB held about 1,200 jobs and a production queue's
+# push was refused, its reconcile never run. Safe to raise because RequireToken runs
+# before this guard (service/app.py adds it outside): only a token allowed this route (a
+# scheduler's) gets its body read at all; any other is answered 401/403 first.
+RECONCILE_PATH = "/v1/slurm/reconcile"
+RECONCILE_LIMIT_SETTING = "TOPOPLACE_MAX_RECONCILE_BODY_BYTES"
 
 
 class RequestGuard:
@@ -58,6 +67,7 @@ class RequestGuard:
         max_body_bytes: int,
         body_timeout_s: float = 30.0,
         max_placement_body_bytes: int | None = None,
+        max_reconcile_body_bytes: int | None = None,
     ) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
@@ -66,13 +76,17 @@ class RequestGuard:
             max_body_bytes,
             max_body_bytes if max_placement_body_bytes is None else max_placement_body_bytes,
         )
+        # Never below the general limit: raising that one raises it for every route.
+        self.max_reconcile_body_bytes = max(max_body_bytes, max_reconcile_body_bytes or 0)
 
     def _limit(self, scope: Scope) -> tuple[int, str]:
         """The body limit of this request's route, and the setting that sets it."""
         # The path as routes see it: behind a proxy's root path, /api/v1/place is /v1/place.
-        placement = route_path(scope) in PLACEMENT_PATHS
-        if placement and self.max_placement_body_bytes < self.max_body_bytes:
+        path = route_path(scope)
+        if path in PLACEMENT_PATHS and self.max_placement_body_bytes < self.max_body_bytes:
             return self.max_placement_body_bytes, PLACEMENT_LIMIT_SETTING
+        if path == RECONCILE_PATH and self.max_reconcile_body_bytes > self.max_body_bytes:
+            return self.max_reconcile_body_bytes, RECONCILE_LIMIT_SETTING
         return self.max_body_bytes, "TOPOPLACE_MAX_BODY_BYTES"
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -102,7 +116,9 @@ class RequestGuard:
             return
         if end is not None:  # the client went away while sending
             return
-        if body and too_deep(body):
+        # The reconcile route checks its megabytes piece by piece on a worker thread
+        # (json_command.parse_json): scanned here, on the loop, 20 MB held it 330 ms.
+        if body and route_path(scope) != RECONCILE_PATH and too_deep(body):
             refusal = InvalidRequest("body", f"JSON nested deeper than {MAX_DEPTH} levels")
             await error_response(refusal)(scope, receive, send)
             return
