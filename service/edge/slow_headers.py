@@ -9,6 +9,11 @@ byte arrives, and stops it when the headers are complete; when it fires,
 the client gets 408 in the service's error shape and the connection is
 closed. The body has its own deadline, in the request guard (guard.py).
 Idle kept-alive connections are uvicorn's own ``timeout_keep_alive``.
+
+The same protocol answers a request it cannot parse (a header line with no
+name, an empty Transfer-Encoding) in the service's error shape too: uvicorn's
+own answer is a text/plain "Invalid HTTP request received.", which no client
+of the API's document expects.
 """
 
 from __future__ import annotations
@@ -20,14 +25,19 @@ from typing import Any
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from service.edge.one_segment import hold_heads
-from service.errors import RequestTimeout
+from service.errors import BadRequest, RequestTimeout, ServiceError
+
+_REASONS = {400: b"Bad Request", 408: b"Request Timeout"}
 
 
-def timeout_response(error: RequestTimeout) -> bytes:
+def raw_error_response(error: ServiceError) -> bytes:
+    """The whole HTTP response for ``error``, written by the protocol itself (no
+    application sees these requests); the connection is closed after it."""
     body = json.dumps(error.body()).encode()
     head = (
-        b"HTTP/1.1 408 Request Timeout\r\n"
-        b"content-type: application/json\r\n"
+        b"HTTP/1.1 %d %s\r\n"
+        % (error.status, _REASONS[error.status])
+        + b"content-type: application/json\r\n"
         b"connection: close\r\n"
         b"content-length: " + str(len(body)).encode() + b"\r\n\r\n"
     )
@@ -56,6 +66,13 @@ def with_header_deadline(seconds: float) -> type[HttpToolsProtocol]:
             if self.cycle is not None and self.cycle is not before:
                 hold_heads(self.cycle)
 
+        def send_400_response(self, msg: str) -> None:
+            # uvicorn's answer to what it cannot parse, in the service's shape (JSON, a
+            # stable code); the rest of such a connection cannot be read, so it closes.
+            error = BadRequest(f"not a valid HTTP/1.1 request: {msg}")
+            self.transport.write(raw_error_response(error))
+            self.transport.close()
+
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
             super().connection_lost(exc)
@@ -78,7 +95,7 @@ def with_header_deadline(seconds: float) -> type[HttpToolsProtocol]:
                 " (TOPOPLACE_HEADER_TIMEOUT_S)",
                 {"limit_s": self.header_timeout_s, "part": "headers"},
             )
-            self.transport.write(timeout_response(error))
+            self.transport.write(raw_error_response(error))
             self.transport.close()
 
     return HeaderDeadline

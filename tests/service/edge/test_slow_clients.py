@@ -153,3 +153,29 @@ def test_a_request_refused_before_its_body_is_read_is_closed(
         status, body = _answer(answer)
         error = body["error"]
         assert status == 401 and isinstance(error, dict) and error["code"] == "unauthorized"
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        # What a schema fuzzer sent: a header with an empty Transfer-Encoding.
+        b"POST /v1/regions HTTP/1.1\r\nHost: 127.0.0.1\r\ntransfer-encoding: \r\n"
+        b"Content-Type: application/json\r\nContent-Length: 4\r\n\r\n\xff\x1b\x0c\xff",
+        b"GET /healthz HTTP/1.1\r\nHost 127.0.0.1\r\n\r\n",  # a header line without a colon
+    ],
+)
+def test_a_request_that_is_no_http_is_answered_in_the_service_s_error_shape(
+    server: tuple[str, int], head: bytes
+) -> None:
+    """The HTTP server's own answer to what it cannot parse was text/plain "Invalid HTTP
+    request received.": a client reading the API's errors got no code to act on."""
+    with socket.create_connection(server, timeout=5) as sock:
+        sock.sendall(head)
+        received = b""
+        while chunk := sock.recv(65536):  # the answer closes the connection
+            received += chunk
+    assert b"content-type: application/json" in received.split(b"\r\n\r\n")[0].lower()
+    status, body = _answer(received)
+    error = body["error"]
+    assert status == 400 and isinstance(error, dict) and error["code"] == "bad_request"
+    assert "not a valid HTTP/1.1 request" in str(error["message"])
