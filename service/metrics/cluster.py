@@ -4,8 +4,8 @@ Counters kept beside the state would drift from it (a replica's change, a
 resync, a restart); these gauges are the state itself at scrape time:
 
 - nodes by design, region and condition (ready, stale, cordoned);
-- GPUs by design, region and state (free, held, unavailable: not held but on
-  a stale or cordoned node, or unhealthy);
+- GPUs by design, region and state (free, held whole or in shares,
+  unavailable: not held but on a stale or cordoned node, or unhealthy);
 - the largest free NVLink island on any node of a design and region;
 - live allocations by state (one query to the database);
 - this host's clock offset from the database's (service/database_time.py);
@@ -150,7 +150,9 @@ class ClusterCollector(Collector):
                             entry.snapshot,
                             entry.islands,
                             entry.free_mask,
-                            len(entry.held_gpus),
+                            # A GPU holding shares is in use too: left out, it read as
+                            # unavailable and a cluster of shares as idle.
+                            len(entry.held_gpus) + len(entry.shares_by_index),
                             condition,
                         )
                     )
@@ -185,7 +187,8 @@ class ClusterCollector(Collector):
         gpus = GaugeMetricFamily(
             "topoplace_gpus",
             "Whole GPUs by design, region and state (free: placeable now; held: reserved or"
-            " in use; unavailable: on a stale or cordoned node, or unhealthy).",
+            " in use, whole or in GPU shares; unavailable: on a stale or cordoned node, or"
+            " unhealthy).",
             labels=[*labels, "state"],
         )
         island = GaugeMetricFamily(

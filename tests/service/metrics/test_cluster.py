@@ -49,3 +49,17 @@ def test_a_cordoned_node_offers_no_free_gpus() -> None:
 def test_the_design_is_the_count_and_most_common_model() -> None:
     assert design_of(build_profile("dgx1-v100", "n")) == "8xTesla V100-SXM2-32GB"
     assert design_of(build_profile("dgx1-v100", "n").model_copy(update={"gpus": []})) == "none"
+
+
+def test_a_shared_gpu_is_held_not_unavailable() -> None:
+    # A GPU holding shares is in use: counted unavailable, a cluster full of shares
+    # read as idle in held / total (docs/metrics.md's utilisation query).
+    cluster = ClusterState()
+    snap = build_profile("dgx1-v100", "n1")
+    cluster.upsert(snap)
+    cluster.allocate("n1", [snap.gpus[0].uuid])
+    cluster.allocate_share("n1", snap.gpus[1].uuid, 0.25)
+    cluster.allocate_share("n1", snap.gpus[1].uuid, 0.5)
+    cluster.allocate_share("n1", snap.gpus[2].uuid, 0.25)
+    [group] = ClusterCollector(_state(cluster))._groups().values()
+    assert group.gpus == {"free": 5, "held": 3, "unavailable": 0}
