@@ -105,6 +105,7 @@ class PlacementRequest(BaseModel):
     )
     gpu_fraction: float | None = Field(
         default=None,
+        strict=True,  # as the counts: "0.5" in a string is a mistake, not half a GPU
         allow_inf_nan=False,  # else NaN was refused as "not less than 1"
         gt=0.0,
         lt=1.0,
