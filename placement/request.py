@@ -214,9 +214,14 @@ class PlacementRequest(BaseModel):
     def _consistent(self) -> PlacementRequest:
         if self.mig_profile is not None and self.gpus != 1:
             raise ValueError("gpus must be 1 with mig_profile: each task gets one MIG instance")
-        if self.gpu_fraction is not None and (
-            self.gpus != 1 or self.tasks != 1 or self.mig_profile is not None
-        ):
+        if self.gpu_fraction is not None and self.mig_profile is not None:
+            # Named apart: a caller who sent gpus=1 and tasks=1 with a profile was told
+            # to send gpus=1, tasks=1.
+            raise ValueError(
+                "gpu_fraction is a share of one whole GPU; mig_profile asks for MIG"
+                " instances: send one or the other"
+            )
+        if self.gpu_fraction is not None and (self.gpus != 1 or self.tasks != 1):
             raise ValueError("gpu_fraction is a share of one GPU for one task: gpus=1, tasks=1")
         if self.mig_profile is not None and self.locality == "nvlink":
             raise ValueError("locality 'nvlink' does not apply to MIG instances")

@@ -358,6 +358,30 @@ def test_a_bad_share_is_refused_by_name_and_holds_nothing(
     assert client.get("/v1/cluster").json()["gpus"]["free"] == 8
 
 
+# A share with what it excludes: the message names the field that clashes, as a caller
+# who sent gpus=1 and tasks=1 with a MIG profile was told to send gpus=1, tasks=1.
+@pytest.mark.parametrize(
+    ("extra", "named"),
+    [
+        ({"gpus": 2}, "gpus"),
+        ({"tasks": 3}, "tasks"),
+        ({"mig_profile": "1g.10gb"}, "mig_profile"),
+        ({"tasks": 2, "gpus": 1, "mig_profile": "1g.10gb"}, "mig_profile"),
+    ],
+)
+def test_a_share_with_what_it_excludes_is_refused_naming_it(
+    client: TestClient, extra: dict[str, Any], named: str
+) -> None:
+    add_nodes(client, ("dgx1-v100", "dgx0"))
+    response = client.post("/v1/place", json={"gpu_fraction": 0.5, **extra})
+    assert response.status_code == 422, response.text
+    error = response.json()["error"]
+    assert error["code"] == "invalid_request"
+    assert "gpu_fraction" in error["message"] and named in error["message"], error
+    assert _pools(_engine(client)) == {} and _shares(_engine(client)) == {}
+    assert client.get("/v1/cluster").json()["gpus"]["free"] == 8
+
+
 def test_a_null_share_asks_for_one_whole_gpu(client: TestClient) -> None:
     add_nodes(client, ("dgx1-v100", "dgx0"))
     response = client.post("/v1/place", json={"gpu_fraction": None})
