@@ -24,7 +24,8 @@ class ClusterView(BaseModel):
         " GPUs in MIG mode count as healthy or not like the others), free (whole GPUs free),"
         " mig_enabled (GPUs in MIG mode, given only as MIG instances), shared (GPUs holding"
         " shares of gpu_fraction requests; neither free nor whole), share_free_milli"
-        " (thousandths of a GPU still free on shared GPUs)"
+        " (thousandths of a GPU still free on shared GPUs that can take a share: healthy,"
+        " not in MIG mode)"
     )
     fragmentation: float = Field(
         description="share of free GPUs outside the largest free NVLink island of their node"
@@ -72,7 +73,12 @@ def cluster_view(state: ServiceState) -> ClusterView:
             gpus["free"] += free.bit_count()
             gpus["mig_enabled"] += sum(g.mig_enabled for g in snap.gpus)
             gpus["shared"] += len(entry.shares)
-            gpus["share_free_milli"] += sum(FULL_SHARE - m for m in entry.shares.values())
+            # Room only where a share can go, as "free" counts only whole GPUs a request
+            # can get: an unhealthy (or MIG-mode) shared GPU is given no new share.
+            placeable = entry.healthy_mask
+            gpus["share_free_milli"] += sum(
+                FULL_SHARE - m for g, m in entry.shares_by_index.items() if placeable >> g & 1
+            )
             island_free = [sum(free >> g & 1 for g in i.gpus) for i in entry.islands if i.is_nvlink]
             # A free GPU without NVLink is a job of one by itself.
             largest = max(island_free, default=0) or min(1, free.bit_count())
