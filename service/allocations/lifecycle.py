@@ -808,8 +808,7 @@ def _give_up_moving(
                 freed += repository.drop_devices(conn, truth.allocation_id, devices)
             continue
         ids = [str(r["id"]) for r in repository.live_for_job(conn, truth.job_id, list(truth.named))]
-        wanted = {(n, d) for n, d, _ in truth.truth.holds}
-        if ids and repository.holds_of(conn, ids) != wanted:
+        if ids and repository.holds_of(conn, ids) != set(truth.truth.holds):
             moving.append(ids[0])
     return freed + repository.drop_holds(conn, moving)
 
@@ -821,7 +820,10 @@ def _take_truth(
     wanted = {(n, d) for n, d, _ in truth.holds}
     rows = repository.live_for_job(conn, job_id, list(job.named))
     ids = [str(r["id"]) for r in rows]
-    if ids and repository.holds_of(conn, ids) == wanted:
+    # Kinds compared too: a scheduler's truth is of whole GPUs (or MIG instances), and a
+    # job holding a share of the GPU it runs on was matched, the GPU's other shares kept
+    # and more given on it, where a job without one superseded them.
+    if ids and repository.holds_of(conn, ids) == set(truth.holds):
         attached = tuple(repository.attach(conn, ids, job_id, now))
         if attached:
             audit.write_allocations(conn, "attached", attached, now)

@@ -410,14 +410,17 @@ def holds_with_kind(conn: Connection, allocation_id: str) -> list[tuple[str, str
     return [(str(n), str(d), str(k)) for n, d, k in conn.execute(query).all()]
 
 
-def holds_of(conn: Connection, allocation_ids: Sequence[str]) -> set[tuple[str, str]]:
+def holds_of(conn: Connection, allocation_ids: Sequence[str]) -> set[tuple[str, str, str]]:
+    """(node, device, kind) of everything these allocations hold, shares (kind
+    ``shared``) included: a truth matches them only as the same kind, so a share is
+    never taken for the whole GPU a scheduler says the job runs on."""
     if not allocation_ids:
         return set()
     held = schema.holdings()
-    query = sa.select(held.c.node, held.c.device).where(
+    query = sa.select(held.c.node, held.c.device, held.c.kind).where(
         held.c.allocation_id.in_(list(allocation_ids))
     )
-    return {(str(n), str(d)) for n, d in conn.execute(query).all()}
+    return {(str(n), str(d), str(k)) for n, d, k in conn.execute(query).all()}
 
 
 def live_rows(conn: Connection) -> list[sa.RowMapping]:
