@@ -24,6 +24,7 @@ shares of one GPU sum to at most 1000. What enforces a share on the node
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -45,12 +46,13 @@ def on_shared_gpu(table: NodeTable, request: PlacementRequest) -> Outcome | None
     as any 1-GPU request and hands the outcome to ``opened_for_sharing``.
     """
     milli = request.share_milli
-    found = _shared_gpu(table, request, milli)
-    if found is None:
-        return None
-    slot, gpu, room = found
-    task = _share_task(table, slot, gpu, request, room - milli)
-    return None if task is None else _placed(task)
+    # Best first, on to the next where the CPUs asked are not there: stopping at the
+    # first opened a whole GPU while another shared GPU had room (rule 1 broken).
+    for slot, gpu, room in _shared_gpus(table, request, milli):
+        task = _share_task(table, slot, gpu, request, room - milli)
+        if task is not None:
+            return _placed(task)
+    return None
 
 
 def whole_gpu(request: PlacementRequest) -> PlacementRequest:
@@ -71,12 +73,13 @@ def opened_for_sharing(request: PlacementRequest, outcome: Outcome) -> Outcome:
     return _placed(shared)
 
 
-def _shared_gpu(
+def _shared_gpus(
     table: NodeTable, request: PlacementRequest, milli: int
-) -> tuple[int, int, int] | None:
-    """(slot, GPU index, room before) of the tightest shared GPU with room, or None."""
+) -> Iterator[tuple[int, int, int]]:
+    """(slot, GPU index, room before) of each shared GPU with room, best first: the
+    fewest GPUs stranded, the tightest fit, then the node added first, the lowest GPU."""
     if not table.shared:
-        return None
+        return
     slots = requested_slots(table, request)
     ok = np.zeros(table.slot_count, dtype=np.bool_)
     ok[slots] = True
@@ -87,19 +90,24 @@ def _shared_gpu(
         ok &= labels_ok(table, request.node_labels)
     usable = gpu_eligible(table, request) & table.healthy[: table.slot_count]
     stranded = _stranded(table, request, ok) if request.counts_host else None
-    best: tuple[int, int, int] | None = None
-    best_key = (0, FULL + 1)
+    found: list[tuple[int, int, int, int, int]] = []  # (lost, room): the key; slot, GPU, room
     for slot in sorted(table.shared):
         if not ok[slot]:
             continue
         mask = int(usable[slot])
         lost = 0 if stranded is None else round(float(stranded[slot]))
-        for gpu, held in sorted(table.shared[slot].items()):
+        for gpu, held in table.shared[slot].items():
             room = FULL - held
-            key = (lost, room)
-            if milli <= room and (best is None or key < best_key) and mask >> gpu & 1:
-                best, best_key = (slot, gpu, room), key
-    return best
+            if milli <= room and mask >> gpu & 1:
+                found.append((lost, room, slot, gpu, room))
+    # The first is found in one pass; the rest are sorted only when it cannot be used.
+    if not found:
+        return
+    first = min(found)
+    yield first[2], first[3], first[4]
+    for _, _, slot, gpu, room in sorted(found):
+        if (slot, gpu) != (first[2], first[3]):
+            yield slot, gpu, room
 
 
 def _stranded(table: NodeTable, request: PlacementRequest, ok: np.ndarray) -> np.ndarray:

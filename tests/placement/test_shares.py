@@ -124,3 +124,16 @@ def test_set_share_puts_a_gpu_at_exactly_that_count() -> None:
     state.set_share("a", "GPU-gone", 100)
     assert state.node("a").shares["GPU-gone"] == 100
     assert 100 not in state.node("a").shares_by_index.values()
+
+
+def test_a_shared_gpu_without_the_cpus_asked_passes_to_the_next_shared_one() -> None:
+    """The tightest shared GPU's node has no CPU left: the share goes on the next shared
+    GPU with room (another node's), not on a whole GPU opened while one had room."""
+    state = cluster("a", "b")
+    a, b = state.node("a").snapshot, state.node("b").snapshot
+    state.allocate_share("a", a.gpus[0].uuid, 0.7)  # the tightest fit
+    state.allocate_share("b", b.gpus[0].uuid, 0.5)
+    assert [n.cpus for n in a.numa_nodes] == ["0-19,40-59", "20-39,60-79"]
+    state.allocate("a", cpus=range(80))  # every CPU of node a taken
+    assert place(state, PlacementRequest(gpu_fraction=0.2, cpus_per_task=2)) == ("b", (0,))
+    assert dict(state.node("b").shares_by_index) == {0: 700}
