@@ -9,6 +9,7 @@ are whole numbers, booleans and strings are refused.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from pydantic import BeforeValidator
@@ -27,3 +28,13 @@ Bounds given after the conversion (or on the field) are not applied under it by
 pydantic: it writes them into the JSON schema as unknown keywords instead of
 minimum and maximum.
 """
+
+
+def share_thousandths(fraction: float) -> int:
+    """A share of one GPU in thousandths (the Alibaba trace's ``gpu_milli``), at least one.
+
+    Rounded up, never to the nearest: three shares of 0.3334 counted 333 each fitted on
+    one GPU while each was told it held 0.3334. Rounded to a thousandth of a thousandth
+    first, so that float noise (0.1 + 0.2 is 0.30000000000000004) is not a thousandth.
+    """
+    return max(1, math.ceil(round(fraction * 1000, 3)))

@@ -26,7 +26,7 @@ from pydantic import (
     model_validator,
 )
 
-from placement.numbers import WHOLE
+from placement.numbers import WHOLE, share_thousandths
 from placement.text import PLAIN_PATTERN, Text, forbidden_character
 
 Locality = Literal["nvlink", "prefer", "any"]
@@ -200,6 +200,18 @@ class PlacementRequest(BaseModel):
             raise ValueError("a MIG profile name such as '1g.10gb', or leave it out")
         return profile
 
+    @field_validator("gpu_fraction")
+    @classmethod
+    def _less_than_a_gpu(cls, value: float | None) -> float | None:
+        # Counted rounded up to thousandths: past 0.999 a share would be the whole GPU,
+        # answered as a fraction of it.
+        if value is not None and share_thousandths(value) >= 1000:
+            raise ValueError(
+                f"{value} counts as 1000/1000 of a GPU (shares are counted in thousandths,"
+                " rounded up): ask for a whole GPU with gpus=1"
+            )
+        return value
+
     @field_validator("gpu_models")
     @classmethod
     def _models(cls, value: tuple[str, ...]) -> tuple[str, ...]:
@@ -230,7 +242,7 @@ class PlacementRequest(BaseModel):
     @property
     def share_milli(self) -> int:
         """The share in thousandths of a GPU (the trace's ``gpu_milli``); 0 for whole GPUs."""
-        return 0 if self.gpu_fraction is None else max(1, round(self.gpu_fraction * 1000))
+        return 0 if self.gpu_fraction is None else share_thousandths(self.gpu_fraction)
 
     @property
     def counts_host(self) -> bool:

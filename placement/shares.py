@@ -55,6 +55,12 @@ def on_shared_gpu(table: NodeTable, request: PlacementRequest) -> Outcome | None
     return None
 
 
+def held(request: PlacementRequest) -> float:
+    """The share the task is told it holds: what is counted (thousandths, rounded up),
+    so that the fractions a GPU's shares are told sum to at most one GPU."""
+    return request.share_milli / FULL
+
+
 def whole_gpu(request: PlacementRequest) -> PlacementRequest:
     """The share's request for one whole GPU (rule 3)."""
     return request.model_copy(update={"gpu_fraction": None})
@@ -67,7 +73,7 @@ def opened_for_sharing(request: PlacementRequest, outcome: Outcome) -> Outcome:
     task = outcome.placement.tasks[0]
     shared = dataclasses.replace(
         task,
-        gpu_fraction=request.gpu_fraction,
+        gpu_fraction=held(request),
         reason=f"{request.share_milli}/1000 of {task.reason} (a whole GPU opened for sharing)",
     )
     return _placed(shared)
@@ -148,7 +154,7 @@ def _share_task(
         return None
     return dataclasses.replace(
         task,
-        gpu_fraction=request.gpu_fraction,
+        gpu_fraction=held(request),
         reason=f"{request.share_milli}/1000 of shared GPU {gpu} on {task.node}"
         f" ({room_after}/1000 left on it); {task.score.free_after} whole GPUs left free",
     )

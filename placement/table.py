@@ -33,6 +33,7 @@ from placement.class_registry import ClassRegistry, Design
 from placement.host import UNKNOWN, HostMix, snapshot_capacity
 from placement.model_demand import ListColumns, ModelDemand
 from placement.node_entry import NodeEntry
+from placement.numbers import share_thousandths
 from placement.outcome import TaskPlacement
 from placement.shape_cache import ShapeCaches
 from placement.snapshot import NodeSnapshot
@@ -470,4 +471,4 @@ def share_milli(fraction: float) -> int:
     """A share of one GPU in thousandths, at least one."""
     if not 0.0 < fraction < 1.0:
         raise AllocationError(f"a GPU share is between 0 and 1, not {fraction}")
-    return max(1, round(fraction * FULL_SHARE))
+    return share_thousandths(fraction)

@@ -137,3 +137,13 @@ def test_a_shared_gpu_without_the_cpus_asked_passes_to_the_next_shared_one() -> 
     state.allocate("a", cpus=range(80))  # every CPU of node a taken
     assert place(state, PlacementRequest(gpu_fraction=0.2, cpus_per_task=2)) == ("b", (0,))
     assert dict(state.node("b").shares_by_index) == {0: 700}
+
+
+def test_a_share_is_counted_in_thousandths_rounded_up_and_answered_so() -> None:
+    assert PlacementRequest(gpu_fraction=0.1 + 0.2).share_milli == 300  # float noise
+    assert PlacementRequest(gpu_fraction=0.3334).share_milli == 334
+    assert PlacementRequest(gpu_fraction=5e-324).share_milli == 1
+    with pytest.raises(ValidationError, match="gpus=1"):
+        PlacementRequest(gpu_fraction=0.9991)
+    placed = cluster("a").place(share(0.3334)).placement
+    assert placed is not None and placed.tasks[0].gpu_fraction == 0.334  # what is counted

@@ -234,3 +234,17 @@ def test_a_gpu_fraction_that_is_no_number_is_refused_as_such(
         assert rest.status_code == 422, rest.text
         assert "finite number" in rest.text
     assert running.stub.ListAllocations(pb.ListAllocationsRequest()).allocations == []
+
+
+def test_a_gpu_fraction_counted_as_a_whole_gpu_is_refused_and_a_fine_one_rounded_up(
+    running: Running,
+) -> None:
+    """Shares are counted in thousandths, rounded up: over gRPC as over REST, past 0.999
+    is refused on the field, and the task is told the share counted."""
+    running.stub.ReportSnapshot(snapshot_request("hgx-h100", "h0"))
+    error = _fails(running.stub.Place, pb.PlaceRequest(gpu_fraction=0.9995))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error.details()
+    assert details(error)["BadRequest"].field_violations[0].field == "gpu_fraction"
+    assert running.stub.ListAllocations(pb.ListAllocationsRequest()).allocations == []
+    placed = running.stub.Place(pb.PlaceRequest(gpu_fraction=0.3334))
+    assert placed.tasks[0].gpu_fraction == 0.334
