@@ -215,6 +215,9 @@ def reconcile(
     changed since (a prolog gave it its job id) is not released as a parked job's, nor
     is one a prolog's report matched since (``touch``: ``quiet``), and a job whose
     allocations changed since is not recorded from this answer (``_changed_since``).
+    Every release here is ``quiet`` from ``taken_at``: a finished job's allocation or
+    an orphan that a prolog's report attached, matched or moved since (a requeued
+    job's next run, a job that took the reservation) is left to a later answer.
     """
     taken_at = taken_at or state.clock()
     cutoff = taken_at - timedelta(seconds=settings.reconcile_grace_s)
@@ -307,7 +310,12 @@ def reconcile(
             # ended: remembered with the release, so that a report of its start processed
             # after this (a late prolog) records nothing. An orphan names no job.
             ended_job = job_id if job_id is not None else named_by_finished.get(allocation_id)
-            released += allocations.release(state, allocation_id, ended_job=ended_job).ids
+            # quiet: not one a report of a job's start used after the answer was taken
+            # (a requeued job's next run, a job that took the reservation): the answer
+            # is older than that run, and its GPUs would go to another job.
+            released += allocations.release(
+                state, allocation_id, quiet=taken_at, ended_job=ended_job
+            ).ids
     if released:
         log.info("reconcile: released %d allocation(s) of jobs Slurm no longer has", len(released))
     for parked_job, ids in parked_released.items():
