@@ -142,6 +142,7 @@ def _ended_since(state: ServiceState, found: truth.JobTruth, taken_at: datetime)
 
 
 def _changed_since(
+    state: ServiceState,
     current: list[Allocation],
     found: truth.JobTruth,
     taken_at: datetime,
@@ -149,12 +150,16 @@ def _changed_since(
 ) -> bool:
     """Whether an allocation of the job (carrying its id, or named by it) was made or
     changed after squeue's answer was taken (a prolog's report of a later run moved it
-    there): the answer is older than what the service knows of the job."""
+    there): the answer is older than what the service knows of the job. A pushed answer
+    has no stamps (``before``): a prolog's report stamps what it attaches, moves or
+    matches as used (``used_since``), which tells the same."""
     mine = [a for a in current if a.job_id == found.job_id or a.id in found.named]
-    return any(
+    if any(
         a.created_at > taken_at or (before is not None and before.get(a.id) != stamp(a))
         for a in mine
-    )
+    ):
+        return True
+    return bool(allocations.used_since(state, [a.id for a in mine], taken_at))
 
 
 def _take_in(
@@ -267,7 +272,7 @@ def reconcile(
                 without_job,
                 observed,
                 attached,
-                partial(_changed_since, current, taken_at=taken_at, before=before),
+                partial(_changed_since, state, current, taken_at=taken_at, before=before),
             )
         except (ValueError, BadRequest, Conflict) as exc:
             # One job Slurm shows in terms the service cannot record (a GPU its node's

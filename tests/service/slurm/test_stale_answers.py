@@ -18,7 +18,7 @@ from fastapi.testclient import TestClient
 
 from service.allocations import ended_jobs
 from tests.service.conftest import FakeClock
-from tests.service.slurm.squeue import live, tick_reading
+from tests.service.slurm.squeue import live, running, tick_reading
 from tests.service.slurm.test_truth import gpus, of_job, show_job, started, submit
 
 
@@ -130,3 +130,29 @@ def test_an_answer_older_than_the_job_that_took_a_reservation_releases_nothing(
     app: Any = dgx1.app
     with app.state.service.engine.connect() as conn:
         assert not ended_jobs.ended_since(conn, "93", datetime.fromtimestamp(0, UTC))
+
+
+def test_a_pushed_answer_older_than_a_requeued_runs_move_does_not_move_it_back(
+    dgx1: TestClient, clock: FakeClock
+) -> None:
+    """The push read job 94's first run on its reserved GPUs; before it arrived the job
+    was requeued (its epilog missed) and its next run's prolog moved the allocation onto
+    the GPUs Slurm gave that run. Recorded from the answer, the job was moved back onto
+    GPUs it no longer runs on, and those it runs on looked free to the filter."""
+    decision, pinned = _running_job(dgx1, 94)
+    comment = decision["set"]["admin_comment"]
+    clock.advance(5)
+    read_at = clock.now.timestamp()  # squeue starts: job 94's first run
+    clock.advance(1)
+    other = [g for g in range(8) if g not in decision["gpu_indices"]][:2]
+    again = started(dgx1, show_job(94, _typed(other), "node1", comment, restarts=1))
+    assert again["action"] == "moved", again
+    answer = dgx1.post(
+        "/v1/slurm/reconcile",
+        params={"read_at": read_at},
+        json={"jobs": [running(94, comment, [pinned])]},
+    )
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["observed"] == [] and answer.json()["released"] == [], answer.text
+    [allocation] = of_job(dgx1, 94)
+    assert gpus(allocation) == {"node1": other}, "recorded from an answer older than the move"
