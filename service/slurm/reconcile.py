@@ -55,6 +55,7 @@ FINISHED = frozenset(
 )
 # States in which a job holds its GPUs on its nodes.
 RUNNING = frozenset({"RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "STOPPED"})
+COMPLETING = "COMPLETING"  # running no more: its allocation is kept, never recorded
 _LISTED = 10_000  # allocations of one job id looked at (a job has a few)
 EARLY_GAP_S = 0.1
 
@@ -176,7 +177,12 @@ def _take_in(
     or give its job id to the reservations it names. ``changed``: whether the job's
     allocations changed after the answer was taken (``_changed_since``)."""
     found = truth.from_squeue_job(job)
-    running = bool(_states(job) & RUNNING) and found.gpus
+    # A completing job is leaving its GPUs: slurmctld shows it so, with them, until its
+    # EpilogSlurmctld and every node's epilog are done, seconds after topoplace's epilog
+    # released it. It starts on none: recorded, it would take them back from the
+    # reservation made on them since, and free them again once it is gone.
+    states = _states(job)
+    running = bool(states & RUNNING) and COMPLETING not in states and found.gpus
     if running and held_by_job.get(found.job_id) != {
         n: g for n, g in found.gpus.items() if n in state.cluster
     }:

@@ -18,8 +18,10 @@ from fastapi.testclient import TestClient
 
 from service.allocations import ended_jobs
 from tests.service.conftest import FakeClock
-from tests.service.slurm.squeue import live, running, tick_reading
+from tests.service.slurm.squeue import live, pending, running, tick_reading
 from tests.service.slurm.test_truth import gpus, of_job, show_job, started, submit
+
+EVERY_GPU = ",".join(f"gpu:g{g}:1(IDX:{g})" for g in range(8))
 
 
 def _typed(indices: list[int]) -> str:
@@ -156,3 +158,32 @@ def test_a_pushed_answer_older_than_a_requeued_runs_move_does_not_move_it_back(
     assert answer.json()["observed"] == [] and answer.json()["released"] == [], answer.text
     [allocation] = of_job(dgx1, 94)
     assert gpus(allocation) == {"node1": other}, "recorded from an answer older than the move"
+
+
+def test_a_completing_job_after_its_epilog_is_not_recorded_over_the_next_reservation(
+    dgx1: TestClient, clock: FakeClock
+) -> None:
+    """slurmctld shows a job COMPLETING, with its GPUs, until EpilogSlurmctld has exited
+    and every node's epilog is done: seconds after topoplace's epilog released it. Read
+    then, the job looked like one running unrecorded; recorded, it superseded the
+    reservation the filter had just made on the GPUs it was leaving, and those GPUs
+    looked free again once the job was gone."""
+    first = submit(dgx1, tres_per_node="gres:gpu:8", req_nodes="node1")
+    comment = first["set"]["admin_comment"]
+    text = show_job(95, EVERY_GPU, "node1", comment)
+    assert started(dgx1, text)["action"] == "attached"
+    assert dgx1.post("/v1/jobs/95/release").status_code == 200  # its epilog
+    successor = submit(dgx1, tres_per_node="gres:gpu:8", req_nodes="node1")
+    assert successor["action"] == "modify", successor
+    clock.advance(1)
+    completing = {**running(95, comment, [EVERY_GPU]), "job_state": "COMPLETING"}
+    waiting = pending(96, successor["set"]["admin_comment"], "Resources")
+    answer = dgx1.post(
+        "/v1/slurm/reconcile",
+        params={"read_at": clock.now.timestamp()},
+        json={"jobs": [completing, waiting]},
+    )
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["observed"] == [] and answer.json()["released"] == [], answer.text
+    assert live(dgx1) == successor["allocation_ids"]
+    assert of_job(dgx1, 95) == []
