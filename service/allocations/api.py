@@ -83,6 +83,7 @@ __all__ = [
     "sweep",
     "task_truth",
     "touch",
+    "used_since",
 ]
 
 EventType = Literal["placed", "confirmed", "extended", "released", "expired", "attached", "moved"]
@@ -107,6 +108,7 @@ get = queries.get
 listing = queries.listing
 by_ids = queries.by_ids
 live = queries.live
+used_since = queries.used_since
 # A job's (or a gang task's) truth taken from what its scheduler runs, for ``observe_all``.
 ObservedJob = lifecycle.ObservedJob
 NodeChanged = lifecycle.NodeChanged  # a truth named on a replaced snapshot: name it again

@@ -221,14 +221,18 @@ def _job_ended(
     """End the allocations ``work`` names (None: none; with ``quiet``, only those ``_end``
     would) in a transaction that first holds the job (ended_jobs.lock) and remembers that
     it ended: a report of its start processed after this records nothing
-    (``observe_all``, ``ObservedJob.started``)."""
+    (``observe_all``, ``ObservedJob.started``). Where ``quiet`` kept every allocation
+    named live (a report of the job's start used them since), the end is not
+    remembered: the view that said it is older than that report."""
     forget_before = now - timedelta(seconds=state.settings.ended_job_memory_s)
 
     def ending(conn: Connection) -> tuple[list[str], list[repository.FreedHold]]:
         ended_jobs.lock(conn, [job_id], forget_before)
-        ended_jobs.remember(conn, [job_id], now)
         ids = work(conn)
-        return _ending(conn, ids, "release", now, quiet) if ids else ([], [])
+        ended, freed = _ending(conn, ids, "release", now, quiet) if ids else ([], [])
+        if ended or quiet is None or not any(r["live"] for r in repository.by_ids(conn, ids or [])):
+            ended_jobs.remember(conn, [job_id], now)
+        return ended, freed
 
     revoked_meanwhile.refuse_if_revoked()
     with following(state):
@@ -825,15 +829,16 @@ def _take_truth(
     # and more given on it, where a job without one superseded them.
     if ids and repository.holds_of(conn, ids) == set(truth.holds):
         attached = tuple(repository.attach(conn, ids, job_id, now))
+        if job.touch:
+            # The scheduler has just said the job started on these (attached or not):
+            # stamped, so that a release decided from an older view of the job (a Slurm
+            # reconcile's squeue answer that saw it held, finished or absent) leaves
+            # them (``quiet``).
+            for allocation_id in ids:
+                repository.touch(conn, allocation_id, now)
         if attached:
             audit.write_allocations(conn, "attached", attached, now)
             return Observation("attached", ids[0], attached=attached), []
-        if job.touch:
-            # Nothing changes, yet the scheduler has just said the job started on these:
-            # stamped, so that a release decided from an older view of the job (a Slurm
-            # reconcile's squeue answer that saw it held) leaves them (``quiet``).
-            for allocation_id in ids:
-                repository.touch(conn, allocation_id, now)
         return Observation("matched", ids[0]), []
     contested = sorted(wanted | set(truth.also_stale))
     stale = sorted(a for a in repository.holders(conn, contested) if a not in ids)
@@ -852,6 +857,10 @@ def _take_truth(
             on=job.on,
         )
         freed += given_up
+        if moved is not None and job.touch:
+            # Moved onto the GPUs the job has just started on: as for a match, an older
+            # view of the job (a stale squeue answer) must not end it (``quiet``).
+            moved = repository.touch(conn, ids[0], now) or moved
     # Audit rows in the events' order (api.observe): what ended, then the job's own.
     audit.write_allocations(conn, "released", [*superseded, *merged], now)
     if moved is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
 
 from service.allocations import repository, views
 from service.allocations.results import Allocation
@@ -40,3 +41,18 @@ def live(state: ServiceState) -> list[Allocation]:
     with state.engine.connect() as conn:
         rows = repository.live_rows(conn)
     return [views.allocation(r) for r in rows]
+
+
+def used_since(state: ServiceState, allocation_ids: Sequence[str], since: datetime) -> set[str]:
+    """Those of these allocations made or reused (``touch``: a retried bind, a report of
+    their job's start) after ``since``: a view of them older than that (a reconciler's)
+    cannot speak for them. Not part of an allocation's view, so read on its own."""
+    if not allocation_ids:
+        return set()
+    with state.engine.connect() as conn:
+        rows = repository.by_ids(conn, allocation_ids)
+    return {
+        str(r["id"])
+        for r in rows
+        if any(t is not None and views.aware(t) > since for t in (r["created_at"], r["touched_at"]))
+    }

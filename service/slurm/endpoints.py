@@ -182,8 +182,9 @@ async def post_reconcile(
             ge=0,
             allow_inf_nan=False,
             description="Unix seconds (a fraction allowed) when this squeue started, by the"
-            " pusher's clock (`date +%s.%N` before squeue): the answer counts as taken then,"
-            f" or at its arrival if that is earlier; more than {pushed.AHEAD_S:g} s ahead of"
+            " pusher's clock (`date +%s.%N` before squeue): the answer counts as taken then;"
+            " one after its arrival (a clock ahead) counts as none; more than"
+            f" {pushed.AHEAD_S:g} s ahead of"
             f" the service's clock or {pushed.OLDEST_S:g} s behind it is refused (422)."
             " Without it the answer counts as taken TOPOPLACE_SLURM_SQUEUE_TIMEOUT_S (20 s by"
             " default) before its arrival, so an allocation made since then is not released"

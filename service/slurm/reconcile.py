@@ -55,6 +55,7 @@ FINISHED = frozenset(
 )
 # States in which a job holds its GPUs on its nodes.
 RUNNING = frozenset({"RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "STOPPED"})
+COMPLETING = "COMPLETING"  # running no more: its allocation is kept, never recorded
 _LISTED = 10_000  # allocations of one job id looked at (a job has a few)
 EARLY_GAP_S = 0.1
 
@@ -142,6 +143,7 @@ def _ended_since(state: ServiceState, found: truth.JobTruth, taken_at: datetime)
 
 
 def _changed_since(
+    state: ServiceState,
     current: list[Allocation],
     found: truth.JobTruth,
     taken_at: datetime,
@@ -149,12 +151,16 @@ def _changed_since(
 ) -> bool:
     """Whether an allocation of the job (carrying its id, or named by it) was made or
     changed after squeue's answer was taken (a prolog's report of a later run moved it
-    there): the answer is older than what the service knows of the job."""
+    there): the answer is older than what the service knows of the job. A pushed answer
+    has no stamps (``before``): a prolog's report stamps what it attaches, moves or
+    matches as used (``used_since``), which tells the same."""
     mine = [a for a in current if a.job_id == found.job_id or a.id in found.named]
-    return any(
+    if any(
         a.created_at > taken_at or (before is not None and before.get(a.id) != stamp(a))
         for a in mine
-    )
+    ):
+        return True
+    return bool(allocations.used_since(state, [a.id for a in mine], taken_at))
 
 
 def _take_in(
@@ -171,7 +177,12 @@ def _take_in(
     or give its job id to the reservations it names. ``changed``: whether the job's
     allocations changed after the answer was taken (``_changed_since``)."""
     found = truth.from_squeue_job(job)
-    running = bool(_states(job) & RUNNING) and found.gpus
+    # A completing job is leaving its GPUs: slurmctld shows it so, with them, until its
+    # EpilogSlurmctld and every node's epilog are done, seconds after topoplace's epilog
+    # released it. It starts on none: recorded, it would take them back from the
+    # reservation made on them since, and free them again once it is gone.
+    states = _states(job)
+    running = bool(states & RUNNING) and COMPLETING not in states and found.gpus
     if running and held_by_job.get(found.job_id) != {
         n: g for n, g in found.gpus.items() if n in state.cluster
     }:
@@ -215,6 +226,9 @@ def reconcile(
     changed since (a prolog gave it its job id) is not released as a parked job's, nor
     is one a prolog's report matched since (``touch``: ``quiet``), and a job whose
     allocations changed since is not recorded from this answer (``_changed_since``).
+    Every release here is ``quiet`` from ``taken_at``: a finished job's allocation or
+    an orphan that a prolog's report attached, matched or moved since (a requeued
+    job's next run, a job that took the reservation) is left to a later answer.
     """
     taken_at = taken_at or state.clock()
     cutoff = taken_at - timedelta(seconds=settings.reconcile_grace_s)
@@ -264,7 +278,7 @@ def reconcile(
                 without_job,
                 observed,
                 attached,
-                partial(_changed_since, current, taken_at=taken_at, before=before),
+                partial(_changed_since, state, current, taken_at=taken_at, before=before),
             )
         except (ValueError, BadRequest, Conflict) as exc:
             # One job Slurm shows in terms the service cannot record (a GPU its node's
@@ -307,7 +321,12 @@ def reconcile(
             # ended: remembered with the release, so that a report of its start processed
             # after this (a late prolog) records nothing. An orphan names no job.
             ended_job = job_id if job_id is not None else named_by_finished.get(allocation_id)
-            released += allocations.release(state, allocation_id, ended_job=ended_job).ids
+            # quiet: not one a report of a job's start used after the answer was taken
+            # (a requeued job's next run, a job that took the reservation): the answer
+            # is older than that run, and its GPUs would go to another job.
+            released += allocations.release(
+                state, allocation_id, quiet=taken_at, ended_job=ended_job
+            ).ids
     if released:
         log.info("reconcile: released %d allocation(s) of jobs Slurm no longer has", len(released))
     for parked_job, ids in parked_released.items():

@@ -142,10 +142,12 @@ def test_a_held_job_that_started_on_its_reservation_while_squeue_was_read_keeps_
     assert live(dgx1) == decision["allocation_ids"], "a started job's reservation was released"
 
 
-def test_only_a_report_of_a_start_stamps_the_allocation_it_matches(dgx1: TestClient) -> None:
+def test_only_a_report_of_a_start_stamps_the_allocation_it_matches(
+    dgx1: TestClient, clock: FakeClock
+) -> None:
     """A truth that matches changes nothing; only a report that the job has just started
-    (the prolog's) is worth a write: a periodic one (a node's devices) would write each
-    time."""
+    (the prolog's, which stamped the allocation it attached too) is worth a write: a
+    periodic one (a node's devices) would write each time."""
     decision = submit(dgx1, tres_per_node="gres:gpu:2", req_nodes="node1")
     [allocation_id] = decision["allocation_ids"]
     gres = ",".join(f"gpu:g{g}:1(IDX:{g})" for g in decision["gpu_indices"])
@@ -161,11 +163,14 @@ def test_only_a_report_of_a_start_stamps_the_allocation_it_matches(dgx1: TestCli
         assert row is not None
         return row["touched_at"]
 
+    attached_at = touched_at()
+    assert attached_at is not None
+    clock.advance(1)
     args = (state, "37", "slurm:alice", indices, [allocation_id], "observed")
     assert allocations.observe(*args).action == "matched"
-    assert touched_at() is None
+    assert touched_at() == attached_at
     assert allocations.observe(*args, touch=True).action == "matched"
-    assert touched_at() is not None
+    assert touched_at() != attached_at
 
 
 def test_reasons_slurm_does_not_name_park_nothing() -> None:

@@ -67,18 +67,21 @@ def test_without_read_at_an_answer_counts_as_taken_the_squeue_timeout_before_it_
     assert dgx1.post("/v1/slurm/reconcile", json={"jobs": []}).json()["released"] == made
 
 
-def test_a_read_at_ahead_of_the_service_clock_counts_as_the_arrival(
+def test_a_read_at_ahead_of_the_service_clock_counts_as_none(
     dgx1: TestClient, clock: FakeClock
 ) -> None:
-    """The cron host's clock runs 30 s ahead: its read_at cannot make the answer newer
-    than its arrival, which would take a reservation made just before for an orphan."""
+    """The cron host's clock runs 30 s ahead: its read_at is no moment its squeue could
+    have started, so it says nothing of how long that squeue ran. Counted from the
+    arrival, a reservation made while a squeue slower than the grace period ran (its job
+    missing from the answer) was released as an orphan; the answer counts as taken as
+    without read_at, the squeue timeout (20 s) before it came."""
     made = _reserve(dgx1)
-    clock.advance(0.2)
+    clock.advance(3)  # squeue ran 3 s on a busy controller; the job came during it
     ahead = clock.now.timestamp() + 30
     kept = dgx1.post("/v1/slurm/reconcile", params={"read_at": ahead}, json={"jobs": []})
     assert kept.status_code == 200, kept.text
     assert kept.json()["released"] == [] and live(dgx1) == made
-    clock.advance(0.5)
+    clock.advance(SlurmSettings().squeue_timeout_s)
     ahead = clock.now.timestamp() + 30
     gone = dgx1.post("/v1/slurm/reconcile", params={"read_at": ahead}, json={"jobs": []})
     assert gone.json()["released"] == made
