@@ -28,6 +28,7 @@ from placement.eligibility import (
 )
 from placement.host import free_room, stranded_added
 from placement.node_choice import NO_SET, SetQuery
+from placement.numa import gpus_beside_free_cpus
 from placement.outcome import Cause
 from placement.ranking import RankInputs
 from placement.request import PlacementRequest
@@ -203,6 +204,9 @@ def analyse(
     chosen = _choose(table, q, cids, free, cause == FITS)
     now = Cause.NO_NVLINK_SET_NOW if q.require_nvlink else Cause.NO_NUMA_SET_NOW
     mark(chosen == NO_SET, now)
+    if request.cpus_per_task and q.numa_required:
+        chosen = _with_cpus(table, request, q, cids, slots, free, chosen, cause == FITS)
+        mark(chosen == NO_SET, Cause.CPUS)
     stranded = np.zeros(slots.size)
     expected: NDArray[np.float64] | None = None
     if request.counts_host:
@@ -335,6 +339,32 @@ def free_gpus(table: NodeTable, slots: I64, free_live: I64) -> NDArray[np.float6
     the room left on shared ones."""
     whole = np.bitwise_count(free_live).astype(np.float64)
     return whole + table.share_room[slots] / FULL_SHARE
+
+
+def _with_cpus(
+    table: NodeTable,
+    request: PlacementRequest,
+    q: SetQuery,
+    cids: I64,
+    slots: I64,
+    free: I64,
+    chosen: I64,
+    fits: NDArray[np.bool_],
+) -> I64:
+    """``chosen``, where a node's best set cannot get the CPUs asked under numa="required",
+    replaced by its best set among the GPUs whose NUMA node has them (NO_SET: none).
+
+    Without this the node was refused for CPUs while another of its NUMA nodes had the
+    GPUs and the CPUs free. A set that can get its CPUs is kept as it is, so the choice
+    only changes where it would have been refused."""
+    out = chosen.copy()
+    for i in np.flatnonzero(fits & (chosen != NO_SET)).tolist():
+        entry = table.entry_at(int(slots[i]))
+        near = gpus_beside_free_cpus(entry.snapshot, request.cpus_per_task, entry.used_cpus)
+        if int(chosen[i]) & ~near:
+            masks = np.array([int(free[i]) & near], dtype=np.int64)
+            out[i] = _choose(table, q, cids[i : i + 1], masks, np.ones(1, dtype=np.bool_))[0]
+    return out
 
 
 def _choose(table: NodeTable, q: SetQuery, cids: I64, masks: I64, active: NDArray[np.bool_]) -> I64:

@@ -102,7 +102,9 @@ def task_table(
     """slot -> (slot version, GPU mask, task) remembered for the request's shape
     (see verdict_rows); bounded by the shapes kept, each by the slots."""
     shapes = table.task_cache
-    key = shape_key(request)
+    # The shape leaves the CPUs asked out (they do not change the GPU set chosen), but
+    # the task reserves them: a task built for 4 CPUs is no answer to a request for 0.
+    key = (*shape_key(request), request.cpus_per_task)
     tasks = shapes.get(key)
     if tasks is None:
         if len(shapes) >= MAX_TASK_SHAPES:

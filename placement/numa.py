@@ -32,6 +32,27 @@ def gpu_numa_nodes(snapshot: NodeSnapshot, gpu_indices: Sequence[int]) -> tuple[
     return tuple(sorted(counts, key=lambda numa: (-counts[numa], numa)))
 
 
+def gpus_beside_free_cpus(
+    snapshot: NodeSnapshot, cpus_needed: int, used_cpus: Collection[int]
+) -> int:
+    """Mask of the GPUs whose own NUMA node has ``cpus_needed`` CPUs free.
+
+    Under ``numa="required"`` a task's GPUs share one NUMA node and its CPUs come
+    from that node alone, so a GPU outside this mask is in no set that can get
+    its CPUs. A GPU of unknown NUMA node is outside it (no CPUs can be chosen)."""
+    free: dict[int, int] = {}
+    mask = 0
+    for i, gpu in enumerate(snapshot.gpus):
+        numa = gpu.numa_node
+        if numa is None:
+            continue
+        if numa not in free:
+            free[numa] = sum(1 for c in snapshot.numa_cpus(numa) if c not in used_cpus)
+        if free[numa] >= cpus_needed:
+            mask |= 1 << i
+    return mask
+
+
 def choose_cpus(
     snapshot: NodeSnapshot,
     gpu_indices: Sequence[int],

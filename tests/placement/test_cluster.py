@@ -220,6 +220,41 @@ def test_numa_required_refuses_when_local_cpus_are_gone() -> None:
     assert relaxed.placement is not None and len(relaxed.placement.tasks[0].cpus) == 4
 
 
+def test_numa_required_takes_the_numa_node_that_has_the_cpus() -> None:
+    # A 1-GPU task took every CPU of NUMA node 0 (GPUs 0-3); GPUs 1-3 stay free there.
+    # The best 2-GPU set is then in NUMA node 0, which has no CPU left: the node was
+    # refused for CPUs while NUMA node 1 had four GPUs and 40 CPUs free.
+    state = ClusterState()
+    state.upsert(build_profile("dgx1-v100", "n1"))
+    numa0 = state.node("n1").snapshot.numa_cpus(0)
+    first = state.place(PlacementRequest(gpus=1, cpus_per_task=len(numa0), numa="required"))
+    assert first.placement is not None and first.placement.tasks[0].numa_nodes == (0,)
+    state.apply(first.placement)
+    outcome = state.place(PlacementRequest(gpus=2, cpus_per_task=4, numa="required"))
+    assert outcome.placement is not None, outcome.summary()
+    task = outcome.placement.tasks[0]
+    assert task.numa_nodes == (1,) and set(task.gpu_indices) <= {4, 5, 6, 7}
+    assert len(task.cpus) == 4
+    [verdict] = state.evaluate(PlacementRequest(gpus=2, cpus_per_task=4, numa="required"))
+    assert verdict.fits and verdict.task is not None and verdict.task.numa_nodes == (1,)
+    # Too many CPUs for either NUMA node's free ones: refused for CPUs, nothing else.
+    refused = state.place(PlacementRequest(gpus=2, cpus_per_task=41, numa="required"))
+    assert refused.status == "unschedulable" and refused.reasons[0].cause is Cause.CPUS
+
+
+def test_a_verdict_built_for_one_cpu_count_is_not_the_answer_for_another() -> None:
+    # Verdicts remember the task built per node for a request's shape; the CPUs asked
+    # are not part of the shape, yet the task reserves them.
+    state = ClusterState()
+    state.upsert(build_profile("dgx1-v100", "n1"))
+    cpus = []
+    for asked in (0, 4, 0, 6):
+        [verdict] = state.evaluate(PlacementRequest(gpus=2, cpus_per_task=asked))
+        assert verdict.task is not None
+        cpus.append(len(verdict.task.cpus))
+    assert cpus == [0, 4, 0, 6]
+
+
 def test_balanced_packs_across_nodes_within_the_ring_budget() -> None:
     state = ClusterState()
     state.upsert(build_profile("dgx1-v100", "busy"))
