@@ -257,6 +257,13 @@ class _Pending:
     truth: allocations.ObservedJob | allocations.ObservedTask
 
 
+def check_scope(state: ServiceState, node: str, caller: Caller) -> None:
+    """404 for a node topoplace does not know, 403 for a caller whose region it is not in
+    (as memory has it; ``report`` checks the stored region again)."""
+    snapshot = _snapshot(state, node)
+    region_scope.check(caller, node, snapshot.region, snapshot.region)
+
+
 def report(
     state: ServiceState,
     kube: Callable[[], KubeApi],
