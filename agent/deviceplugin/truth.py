@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -26,6 +27,12 @@ from topoplace_client.api import ApiError
 
 log = logging.getLogger("topoplace.deviceplugin")
 PodKey = tuple[str, str]
+# After an admission, a pod the service deferred (its kubelet's start not yet visible,
+# or the List read within that second) is reported again every QUICK_S for FOLLOW_UP_S,
+# not only at the next interval: until it is taken, devices the kubelet gave other than
+# reserved look free to the service.
+FOLLOW_UP_S = 5.0
+QUICK_S = 1.0
 
 
 def list_pod_devices(
@@ -85,6 +92,14 @@ def _unknown_device(exc: ApiError) -> str | None:
     return None
 
 
+def _any_deferred(answer: object) -> bool:
+    """Whether the service's answer to a report deferred some pod (DeviceReportResult)."""
+    outcomes = answer.get("outcomes") if isinstance(answer, dict) else None
+    if not isinstance(outcomes, list):
+        return False
+    return any(isinstance(o, dict) and o.get("action") == "deferred" for o in outcomes)
+
+
 class TruthLoop:
     def __init__(
         self,
@@ -96,6 +111,7 @@ class TruthLoop:
         interval_s: float,
         timeout_s: float = 5.0,
         on_round: Callable[[set[str]], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.socket = socket
         self.resources = resources
@@ -107,6 +123,8 @@ class TruthLoop:
         self.on_round = on_round  # with every device held by a pod, each round
         self.wake = threading.Event()
         self.rounds = 0
+        self.deferred = False  # the last round's reports had a pod the service deferred
+        self._clock = clock
 
     def once(self) -> bool:
         """One round; False when the kubelet or the service could not be read (tried again)."""
@@ -135,6 +153,7 @@ class TruthLoop:
         # its allocation holds every device of it, so none a container holds looks free.
         partway = {(r.namespace, r.pod) for r in reservations if r.allocation_id in parts}
         ok = True
+        self.deferred = False
         for resource, pods in held.items():
             body = [
                 {"namespace": ns, "name": n, "devices": d}
@@ -157,7 +176,8 @@ class TruthLoop:
         and the rest sent again, so one dead GPU does not hide every other pod's truth."""
         while body:
             try:
-                self.report(resource, body, listed_at)
+                answer = self.report(resource, body, listed_at)
+                self.deferred = self.deferred or _any_deferred(answer)
                 return
             except ApiError as exc:
                 gone = _unknown_device(exc)
@@ -179,7 +199,10 @@ class TruthLoop:
                 body = kept
 
     def run(self, stop: threading.Event) -> None:
+        follow_until = -1.0  # rounds until then retry a deferred pod after QUICK_S
         while not stop.is_set():
+            if self.wake.is_set():  # an admission: its pod is reported as it starts
+                follow_until = self._clock() + FOLLOW_UP_S
             self.wake.clear()
             try:
                 self.once()
@@ -188,4 +211,7 @@ class TruthLoop:
                 # the thread would die with the plugin still serving, and from then on the
                 # service would never learn what the kubelet gave, nor the claims be rebuilt.
                 log.exception("the truth round failed; trying again in %.0f s", self.interval_s)
-            self.wake.wait(self.interval_s)
+            # Only after an admission: a pod deferred for good (a finished pod the kubelet
+            # still lists) would otherwise be reported, and read from the API, each second.
+            quick = self.deferred and self._clock() < follow_until
+            self.wake.wait(min(QUICK_S, self.interval_s) if quick else self.interval_s)

@@ -23,6 +23,7 @@ from service.k8s.device_schemas import (
     NodeReservations,
 )
 from service.k8s.extender import Extender
+from service.k8s.report_order import ReportOrder
 from service.state import ServiceState
 
 router = APIRouter(tags=["kubernetes"])
@@ -39,6 +40,16 @@ def _mismatches(request: Request) -> node_devices.MismatchLog:
         if found is None:
             found = node_devices.MismatchLog()
             request.app.state.k8s_mismatches = found
+        return found
+
+
+def _order(request: Request) -> ReportOrder:
+    """The application's record of the newest List each node's reports were taken from."""
+    with _CREATE:
+        found: ReportOrder | None = getattr(request.app.state, "k8s_report_order", None)
+        if found is None:
+            found = ReportOrder()
+            request.app.state.k8s_report_order = found
         return found
 
 
@@ -60,7 +71,13 @@ def post_devices(
     log = _mismatches(request)
     # The caller: a region-scoped agent's report is taken only while the database, not
     # this replica's memory, holds the node in its region (node_devices.report).
-    outcomes = node_devices.report(state, extender.kube, name, body, log, caller)
+    order = _order(request)
+    with order.node_lock(name):  # one node's reports in turn: an older List is not taken last
+        node_devices.check_scope(state, name, caller)  # who may report it, before anything
+        outcomes = order.stale(name, body)
+        if outcomes is None:
+            outcomes = node_devices.report(state, extender.kube, name, body, log, caller)
+            order.taken(name, body)
     return DeviceReportResult(node=name, outcomes=outcomes, mismatches=log.counts_of(name))
 
 

@@ -257,6 +257,13 @@ class _Pending:
     truth: allocations.ObservedJob | allocations.ObservedTask
 
 
+def check_scope(state: ServiceState, node: str, caller: Caller) -> None:
+    """404 for a node topoplace does not know, 403 for a caller whose region it is not in
+    (as memory has it; ``report`` checks the stored region again)."""
+    snapshot = _snapshot(state, node)
+    region_scope.check(caller, node, snapshot.region, snapshot.region)
+
+
 def report(
     state: ServiceState,
     kube: Callable[[], KubeApi],
@@ -359,6 +366,17 @@ def _reconcile_pod(
         # An earlier pod of this name (deleted and made again, as a StatefulSet's are): its
         # reservation ends with that pod, and moving it would hand this pod's GPUs to it.
         allocation, reserved = None, []
+    other = _other_resource(allocation, snapshot, pod)
+    if other is not None:
+        outcome.action = "unmatched"
+        outcome.message = (
+            f"the pod's allocation holds its devices of {other}: a pod given devices of"
+            " two resources is reported once per resource, and one report does not move"
+            " the other's devices"
+        )
+        outcome.allocation_id = allocation.id if allocation else None
+        _record(mismatches, node, pod, outcome, reserved, ())
+        return outcome
     annotations = meta.get("annotations") or {}
     if allocation is None and GANG in annotations:
         return _reconcile_member(state, snapshot, by_uuid, pod, found, mismatches, outcome)
@@ -376,6 +394,31 @@ def _reconcile_pod(
         indices = sorted(by_uuid[d] for d in pod.devices)
         job = allocations.gpus_truth(state, job_id, owner, {node: indices}, named, reason, on=on)
     return _Pending(pod, outcome, reserved, job)
+
+
+def _other_resource(
+    allocation: Allocation | None, snapshot: NodeSnapshot, pod: PodDevices
+) -> str | None:
+    """The resource the pod's allocation holds when the reported devices are of another:
+    the plugin reports each resource apart, so the pod holds both (a pod another
+    scheduler bound may ask two MIG profiles, or a GPU and an instance). Its truth is
+    taken over all of a pod's allocations, so moving them onto this report's devices
+    would give up the other resource's, and that resource's report would move them
+    back, each round. None when they are of one resource, or either is unknown."""
+    if allocation is None:
+        return None
+    held = resource_of(allocation, snapshot)
+    reported = _resource_of_devices(snapshot, pod.devices)
+    if reported is None or held.endswith("unknown") or held == reported:
+        return None
+    return held
+
+
+def _resource_of_devices(snapshot: NodeSnapshot, devices: list[str]) -> str | None:
+    """The kubelet resource ``devices`` are advertised as; None when not one."""
+    profiles = {m.uuid: m.profile for m in snapshot.mig_instances}
+    kinds = {MIG_PREFIX + profiles[d] if d in profiles else WHOLE_GPU for d in devices}
+    return next(iter(kinds)) if len(kinds) == 1 else None
 
 
 def _observed(

@@ -1,9 +1,10 @@
 """What a Pod asks of topoplace: GPUs or MIG instances from its resources, and how from annotations.
 
 The count comes from the containers' ``nvidia.com/gpu`` limits (or a MIG
-resource such as ``nvidia.com/mig-1g.10gb``), summed over containers, or the
-largest init container's if that is more: the scheduler's own rule for
-effective requests. Annotations shape the request:
+resource such as ``nvidia.com/mig-1g.10gb``), summed over containers and
+sidecars (init containers with ``restartPolicy: Always``), or the largest
+init container's (with the sidecars started before it) if that is more: the
+scheduler's own rule for effective requests. Annotations shape the request:
 
 | annotation | values |
 |---|---|
@@ -149,12 +150,15 @@ def _plain(value: str, where: str) -> str:
     return value
 
 
-def _container_counts(containers: Any, kind: str) -> list[dict[str, int]]:
-    out: list[dict[str, int]] = []
+def _container_counts(containers: Any, kind: str) -> list[tuple[dict[str, int], bool]]:
+    """Each container's device counts, and whether it is a sidecar (an init container
+    with ``restartPolicy: Always``)."""
+    out: list[tuple[dict[str, int], bool]] = []
     if containers is not None and not isinstance(containers, list):
         raise BadPodRequest(f"spec {kind} must be a list")
     for container in containers or ():
-        resources = _object(_object(container, "a container").get("resources"), "resources")
+        body = _object(container, "a container")
+        resources = _object(body.get("resources"), "resources")
         # Extended resources must be set as limits; requests default to them.
         amounts = _object(resources.get("limits") or resources.get("requests"), "resources limits")
         counts = {
@@ -162,19 +166,31 @@ def _container_counts(containers: Any, kind: str) -> list[dict[str, int]]:
             for name, value in amounts.items()
             if name == GPU_RESOURCE or name.startswith(MIG_PREFIX)
         }
-        out.append(counts)
+        out.append((counts, body.get("restartPolicy") == "Always"))
     return out
 
 
 def device_counts(spec: dict[str, Any]) -> dict[str, int]:
-    """Effective device requests: the sum over containers, or an init container's if larger."""
+    """Effective device requests, as kube-scheduler counts them (``host_requests``' rule):
+    the containers' sum plus the sidecars', or an init container's own plus the sidecars
+    started before it if larger. The kubelet keeps a sidecar's devices for the pod's
+    life (it never hands them on to the app containers as a plain init container's),
+    so a pod counted without them is reserved fewer GPUs than it is given."""
     total: dict[str, int] = {}
-    for counts in _container_counts(spec.get("containers"), "containers"):
-        for name, n in counts.items():
-            total[name] = total.get(name, 0) + n
-    for counts in _container_counts(spec.get("initContainers"), "initContainers"):
-        for name, n in counts.items():
-            total[name] = max(total.get(name, 0), n)
+    for counts, _ in _container_counts(spec.get("containers"), "containers"):
+        _add(total, counts)
+    sidecars: dict[str, int] = {}
+    init_need: dict[str, int] = {}
+    for counts, sidecar in _container_counts(spec.get("initContainers"), "initContainers"):
+        if sidecar:
+            _add(total, counts)
+            need = dict(_add(sidecars, counts))
+        else:
+            need = _add(dict(counts), sidecars)
+        for name, n in need.items():
+            init_need[name] = max(init_need.get(name, 0), n)
+    for name, n in init_need.items():
+        total[name] = max(total.get(name, 0), n)
     return {name: n for name, n in total.items() if n > 0}
 
 
