@@ -21,7 +21,7 @@ from service.errors import (
 )
 from service.event_loop import off_loop
 from service.federation import ranking, region_url, store
-from service.federation.forward import LOOKED_UP, Forwarded, Outcome, answer_limit, forward
+from service.federation.forward import LOOKED_UP, Asked, Forwarded, Outcome, forward
 from service.federation.registry import Registry
 from service.federation.schemas import FederatedPlaceRequest
 from service.federation.store import RegionRecord
@@ -296,8 +296,8 @@ async def _forward_in_turn(
         sent = forward_body(body, chosen)
         # At most half the deadline each: a region that hangs leaves time for the next.
         wait = min(left, body.federation.deadline_s / 2)
-        limit = answer_limit(body.tasks)
-        result = await forward(client, record.url, record.forward_token, sent, key, wait, limit)
+        asked = Asked(tasks=body.tasks, gpus=body.gpus)
+        result = await forward(client, record.url, record.forward_token, sent, key, wait, asked)
         forwards_s += time.perf_counter() - sent_at
         attempts.append(_attempt(chosen.region, result.status, result.outcome, result.detail))
         if result.outcome is Outcome.PLACED:
