@@ -157,11 +157,13 @@ async def forward(
     answer counts as placed only when it is the allocation ``asked``."""
     # Asked uncompressed (and a compressed answer is not read): a few KiB of gzip could
     # unpack to any size at once, past the bound on what is read.
-    headers = {"Content-Type": "application/json", "Accept-Encoding": "identity"}
+    headers = [(b"Content-Type", b"application/json"), (b"Accept-Encoding", b"identity")]
     if token:
-        headers["Authorization"] = f"Bearer {token}"
+        headers.append((b"Authorization", f"Bearer {token}".encode("ascii")))
     if key is not None:
-        headers["Idempotency-Key"] = key
+        # The caller's bytes again: the key was read from its header as Latin-1 (as every
+        # header is), and httpx encodes a str as ASCII, raising on a key past it.
+        headers.append((b"Idempotency-Key", key.encode("latin-1")))
     # httpx's timeouts are per step (connecting, each read): an answer trickled in a
     # byte at a time never reaches them, so the whole exchange has a time of its own.
     # Connecting gets a little less, so that a region not reached within the time is
