@@ -22,6 +22,8 @@ from typing import Any
 import httpx
 import orjson
 
+from service.federation import bearer
+
 
 class Outcome(enum.StrEnum):
     PLACED = "placed"
@@ -157,6 +159,9 @@ async def forward(
     answer counts as placed only when it is the allocation ``asked``."""
     # Asked uncompressed (and a compressed answer is not read): a few KiB of gzip could
     # unpack to any size at once, past the bound on what is read.
+    if token and (bad := bearer.problem(token)) is not None:
+        # Stored before the check: no header can carry it, so nothing is sent.
+        return Forwarded(Outcome.UNREACHABLE, None, f"not sent: {bad}")
     headers = [(b"Content-Type", b"application/json"), (b"Accept-Encoding", b"identity")]
     if token:
         headers.append((b"Authorization", f"Bearer {token}".encode("ascii")))
