@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from dataclasses import replace
@@ -22,6 +21,7 @@ from service.errors import (
 from service.event_loop import off_loop
 from service.federation import ranking, region_url, store
 from service.federation.forward import LOOKED_UP, Asked, Forwarded, Outcome, forward
+from service.federation.forward_request import request_text, same_request
 from service.federation.registry import Registry
 from service.federation.schemas import FederatedPlaceRequest
 from service.federation.store import RegionRecord
@@ -124,16 +124,6 @@ def _pinned(region: str, model: str, candidates: list[ranking.Candidate]) -> ran
 HOLD_MARGIN_S = 10.0
 
 
-def request_text(body: FederatedPlaceRequest) -> str:
-    """The request a key is kept for, to tell a retry from another request under the same
-    key. The region sees only the forward (no federation options, the model the key was
-    priced on), so it cannot tell them apart itself. Without ``deadline_s``: the caller's
-    patience, which a retry may well raise. Keys sorted: labels in another order are the
-    same request (a JSON object, or a map in a client's memory, keeps no order)."""
-    fields = body.model_dump(mode="json", exclude={"federation": {"deadline_s"}})
-    return json.dumps(fields, sort_keys=True, separators=(",", ":"))
-
-
 class KeyHold:
     """A keyed request's hold on its Idempotency-Key's row (service/federation/store.py):
     held from the first read to the end of the request, so that a twin request, on this
@@ -166,6 +156,7 @@ class KeyHold:
                 self.clock(),
                 self.until,
                 self.request,
+                same_request,
             )
         except store.OtherRequest:
             raise Conflict(
