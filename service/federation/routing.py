@@ -248,13 +248,8 @@ async def _forward_in_turn(
     deadline = started + body.federation.deadline_s
     for turn, chosen in enumerate(fitting):
         went_before = recorded is not None and turn == 0
-        left = deadline - time.perf_counter()
-        if left <= 0:
-            attempts.append(_attempt(chosen.region, None, "skipped", "the deadline passed"))
-            if went_before:
-                # Never asked, the key's region may hold its allocation: the key stays
-                # there (dropped, the next retry would reserve again elsewhere).
-                raise _not_asked(chosen.region, body.federation.deadline_s, attempts)
+        if time.perf_counter() >= deadline:
+            _skip_late(chosen.region, went_before, body.federation.deadline_s, attempts)
             continue
         record = await _live_record(registry, chosen.region)
         if record is None:
@@ -283,6 +278,12 @@ async def _forward_in_turn(
             continue
         if hold is not None and not went_before:
             await hold.point(chosen.region, chosen.gpu_model)
+        # Checked again after the reads above: the key is held only until the deadline
+        # (and a margin), and a forward sent past that may race a retry that took it.
+        left = deadline - time.perf_counter()
+        if left <= 0:
+            _skip_late(chosen.region, went_before, body.federation.deadline_s, attempts)
+            continue
         sent_at = time.perf_counter()
         sent = forward_body(body, chosen)
         # At most half the deadline each: a region that hangs leaves time for the next.
@@ -356,6 +357,17 @@ def _kept_there(
         " region)",
         detail,
     )
+
+
+def _skip_late(
+    region: str, went_before: bool, deadline_s: float, attempts: list[dict[str, Any]]
+) -> None:
+    """A region not asked because the deadline passed first."""
+    attempts.append(_attempt(region, None, "skipped", "the deadline passed"))
+    if went_before:
+        # Never asked, the key's region may hold its allocation: the key stays there
+        # (dropped, the next retry would reserve again elsewhere).
+        raise _not_asked(region, deadline_s, attempts)
 
 
 def _not_asked(region: str, deadline_s: float, attempts: list[dict[str, Any]]) -> RegionUnavailable:
