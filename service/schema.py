@@ -358,8 +358,8 @@ federation_forwards = sa.Table(
     sa.Column("idempotency_key", sa.String(256), primary_key=True),
     sa.Column("region", sa.String(63), nullable=False),
     sa.Column("gpu_model", sa.String(128), nullable=False),  # what the forward asked for
-    # The request the key was sent for, as routing.request_text writes it: the key sent
-    # again for another request is refused. NULL: forwarded before it was kept (0016).
+    # The request the key was sent for, as federation/forward_request.py writes it: the
+    # key sent again for another request is refused. NULL: forwarded before it was kept (0016).
     sa.Column("request", sa.Text, nullable=True),
     sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
     # The request forwarding it now, and until when (service/federation/store.py): a

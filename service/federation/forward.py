@@ -22,6 +22,8 @@ from typing import Any
 import httpx
 import orjson
 
+from service.federation import bearer
+
 
 class Outcome(enum.StrEnum):
     PLACED = "placed"
@@ -67,6 +69,19 @@ REFUSAL_BYTES = 64 << 10
 def answer_limit(tasks: int) -> int:
     """The most a placed answer of ``tasks`` tasks may take."""
     return ANSWER_BASE_BYTES + tasks * ANSWER_TASK_BYTES
+
+
+@dataclass(frozen=True)
+class Asked:
+    """The job forwarded, as its placed answer must hold it: ``tasks`` tasks of ``gpus``
+    whole GPUs each (federated jobs take no shares or MIG), no GPU twice."""
+
+    tasks: int
+    gpus: int
+
+    @property
+    def max_bytes(self) -> int:
+        return answer_limit(self.tasks)
 
 
 def region_client() -> httpx.AsyncClient:
@@ -115,6 +130,22 @@ def allocation_of(content: bytes) -> dict[str, Any] | None:
     return answer
 
 
+def unlike(answer: dict[str, Any], asked: Asked) -> str | None:
+    """How the region's allocation differs from the job asked, or None when it is that
+    job. Passed on, a gang short of a task, or two tasks given one GPU, would be launched
+    as if placed; the region's own /v1/place never answers one."""
+    tasks = answer["tasks"]
+    if len(tasks) != asked.tasks:
+        return f"{len(tasks)} task(s), asked {asked.tasks}"
+    for task in tasks:
+        if len(task["gpu_uuids"]) != asked.gpus:
+            return f"a task of {len(task['gpu_uuids'])} GPU(s), asked {asked.gpus} a task"
+    uuids = [u for task in tasks for u in task["gpu_uuids"]]
+    if len(set(uuids)) != len(uuids):
+        return "a GPU given twice"
+    return None
+
+
 async def forward(
     client: httpx.AsyncClient,
     url: str,
@@ -122,16 +153,22 @@ async def forward(
     body: dict[str, Any],
     key: str | None,
     timeout_s: float,
-    max_bytes: int,
+    asked: Asked,
 ) -> Forwarded:
-    """Send the placement and read the answer, all of it within ``timeout_s``."""
+    """Send the placement and read the answer, all of it within ``timeout_s``; a placed
+    answer counts as placed only when it is the allocation ``asked``."""
     # Asked uncompressed (and a compressed answer is not read): a few KiB of gzip could
     # unpack to any size at once, past the bound on what is read.
-    headers = {"Content-Type": "application/json", "Accept-Encoding": "identity"}
+    if token and (bad := bearer.problem(token)) is not None:
+        # Stored before the check: no header can carry it, so nothing is sent.
+        return Forwarded(Outcome.UNREACHABLE, None, f"not sent: {bad}")
+    headers = [(b"Content-Type", b"application/json"), (b"Accept-Encoding", b"identity")]
     if token:
-        headers["Authorization"] = f"Bearer {token}"
+        headers.append((b"Authorization", f"Bearer {token}".encode("ascii")))
     if key is not None:
-        headers["Idempotency-Key"] = key
+        # The caller's bytes again: the key was read from its header as Latin-1 (as every
+        # header is), and httpx encodes a str as ASCII, raising on a key past it.
+        headers.append((b"Idempotency-Key", key.encode("latin-1")))
     # httpx's timeouts are per step (connecting, each read): an answer trickled in a
     # byte at a time never reaches them, so the whole exchange has a time of its own.
     # Connecting gets a little less, so that a region not reached within the time is
@@ -147,7 +184,7 @@ async def forward(
                 timeout=steps,
             ) as response:
                 placed = response.status_code in (200, 201)
-                content = await _read(response, max_bytes if placed else REFUSAL_BYTES)
+                content = await _read(response, asked.max_bytes if placed else REFUSAL_BYTES)
     except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
         return Forwarded(Outcome.UNREACHABLE, None, f"not reachable: {exc!r}")
     except httpx.TransportError as exc:
@@ -163,5 +200,10 @@ async def forward(
     answer = allocation_of(content)
     if answer is None:
         return Forwarded(Outcome.AMBIGUOUS, status, "placed, but its answer is no allocation")
+    differs = unlike(answer, asked)
+    if differs is not None:
+        # The region may hold whatever it did reserve: an answer lost, as above.
+        detail = f"placed, but its answer is not the allocation asked: {differs}"
+        return Forwarded(Outcome.AMBIGUOUS, status, detail)
     replayed = response.headers.get("Idempotent-Replayed") == "true"
     return Forwarded(Outcome.PLACED, status, "placed", answer, replayed)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from dataclasses import replace
@@ -21,7 +20,8 @@ from service.errors import (
 )
 from service.event_loop import off_loop
 from service.federation import ranking, region_url, store
-from service.federation.forward import LOOKED_UP, Forwarded, Outcome, answer_limit, forward
+from service.federation.forward import LOOKED_UP, Asked, Forwarded, Outcome, forward
+from service.federation.forward_request import request_text, same_request
 from service.federation.registry import Registry
 from service.federation.schemas import FederatedPlaceRequest
 from service.federation.store import RegionRecord
@@ -124,16 +124,6 @@ def _pinned(region: str, model: str, candidates: list[ranking.Candidate]) -> ran
 HOLD_MARGIN_S = 10.0
 
 
-def request_text(body: FederatedPlaceRequest) -> str:
-    """The request a key is kept for, to tell a retry from another request under the same
-    key. The region sees only the forward (no federation options, the model the key was
-    priced on), so it cannot tell them apart itself. Without ``deadline_s``: the caller's
-    patience, which a retry may well raise. Keys sorted: labels in another order are the
-    same request (a JSON object, or a map in a client's memory, keeps no order)."""
-    fields = body.model_dump(mode="json", exclude={"federation": {"deadline_s"}})
-    return json.dumps(fields, sort_keys=True, separators=(",", ":"))
-
-
 class KeyHold:
     """A keyed request's hold on its Idempotency-Key's row (service/federation/store.py):
     held from the first read to the end of the request, so that a twin request, on this
@@ -166,6 +156,7 @@ class KeyHold:
                 self.clock(),
                 self.until,
                 self.request,
+                same_request,
             )
         except store.OtherRequest:
             raise Conflict(
@@ -257,13 +248,8 @@ async def _forward_in_turn(
     deadline = started + body.federation.deadline_s
     for turn, chosen in enumerate(fitting):
         went_before = recorded is not None and turn == 0
-        left = deadline - time.perf_counter()
-        if left <= 0:
-            attempts.append(_attempt(chosen.region, None, "skipped", "the deadline passed"))
-            if went_before:
-                # Never asked, the key's region may hold its allocation: the key stays
-                # there (dropped, the next retry would reserve again elsewhere).
-                raise _not_asked(chosen.region, body.federation.deadline_s, attempts)
+        if time.perf_counter() >= deadline:
+            _skip_late(chosen.region, went_before, body.federation.deadline_s, attempts)
             continue
         record = await _live_record(registry, chosen.region)
         if record is None:
@@ -292,12 +278,18 @@ async def _forward_in_turn(
             continue
         if hold is not None and not went_before:
             await hold.point(chosen.region, chosen.gpu_model)
+        # Checked again after the reads above: the key is held only until the deadline
+        # (and a margin), and a forward sent past that may race a retry that took it.
+        left = deadline - time.perf_counter()
+        if left <= 0:
+            _skip_late(chosen.region, went_before, body.federation.deadline_s, attempts)
+            continue
         sent_at = time.perf_counter()
         sent = forward_body(body, chosen)
         # At most half the deadline each: a region that hangs leaves time for the next.
         wait = min(left, body.federation.deadline_s / 2)
-        limit = answer_limit(body.tasks)
-        result = await forward(client, record.url, record.forward_token, sent, key, wait, limit)
+        asked = Asked(tasks=body.tasks, gpus=body.gpus)
+        result = await forward(client, record.url, record.forward_token, sent, key, wait, asked)
         forwards_s += time.perf_counter() - sent_at
         attempts.append(_attempt(chosen.region, result.status, result.outcome, result.detail))
         if result.outcome is Outcome.PLACED:
@@ -365,6 +357,17 @@ def _kept_there(
         " region)",
         detail,
     )
+
+
+def _skip_late(
+    region: str, went_before: bool, deadline_s: float, attempts: list[dict[str, Any]]
+) -> None:
+    """A region not asked because the deadline passed first."""
+    attempts.append(_attempt(region, None, "skipped", "the deadline passed"))
+    if went_before:
+        # Never asked, the key's region may hold its allocation: the key stays there
+        # (dropped, the next retry would reserve again elsewhere).
+        raise _not_asked(region, deadline_s, attempts)
 
 
 def _not_asked(region: str, deadline_s: float, attempts: list[dict[str, Any]]) -> RegionUnavailable:

@@ -7,6 +7,7 @@ from datetime import datetime
 from typing import Annotated, Any
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -20,7 +21,7 @@ from pydantic.json_schema import SkipJsonSchema
 from agent.signing import decode_public_key
 from placement.text import Text
 from service.allocations.schemas import PlaceRequest
-from service.federation import region_url
+from service.federation import bearer, region_url
 
 REGION_NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
 RegionName = Annotated[str, Field(min_length=1, max_length=63, pattern=REGION_NAME_PATTERN)]
@@ -56,7 +57,20 @@ def _forwardable(value: str) -> str:
 
 
 RegionUrl = Annotated[Text, Field(min_length=1, max_length=2048)]
-ForwardToken = Annotated[Text, Field(min_length=1, max_length=512)]
+
+
+def _bearer(value: str) -> str:
+    found = bearer.problem(value)
+    if found is not None:
+        raise ValueError(found)
+    return value
+
+
+ForwardToken = Annotated[
+    str,
+    AfterValidator(_bearer),
+    Field(min_length=1, max_length=512, json_schema_extra={"pattern": bearer.PATTERN}),
+]
 URL_SAYS = "the region's own topoplace"
 FORWARD_TOKEN_SAYS = (
     "a scheduler token of the region's service, sent when forwarding a placement there"

@@ -6,7 +6,8 @@ Plain functions on an engine (or a connection), called off the event loop.
 from __future__ import annotations
 
 import json
-from collections.abc import Collection
+import operator
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -246,21 +247,21 @@ def take_key(
     now: datetime,
     until: datetime,
     request: str | None = None,
+    same: Callable[[str, str], bool] = operator.eq,
 ) -> tuple[str, str] | None:
     """Hold ``key``'s row: (region, GPU model) it went to before; None when it never went
     anywhere (the row is made by :func:`hold_key`). Raises :class:`OtherRequest` when the
     row names another request than ``request`` (None: not compared; a row made before
-    requests were kept names none), and :class:`KeyHeld` when another request holds it.
-    A row for another request is never taken, so its own retry finds it free."""
+    requests were kept names none), by ``same(kept, request)``, and :class:`KeyHeld`
+    when another request holds it. A row for another request is never taken (the take
+    is rolled back), so its own retry finds it free."""
     t = federation_forwards
-    same = sa.true() if request is None else sa.or_(t.c.request.is_(None), t.c.request == request)
     with engine.begin() as conn:
         taken = conn.execute(
             t.update()
             .where(
                 t.c.idempotency_key == key,
                 sa.or_(t.c.held_until.is_(None), t.c.held_until <= now),
-                same,
             )
             .values(holder=holder, held_until=until)
         ).rowcount
@@ -268,10 +269,10 @@ def take_key(
         found = conn.execute(
             sa.select(t.c.region, t.c.gpu_model, t.c.request).where(t.c.idempotency_key == key)
         ).first()
-    if found is None:
-        return None
-    if request is not None and found[2] is not None and found[2] != request:
-        raise OtherRequest(key)
+        if found is None:
+            return None
+        if request is not None and found[2] is not None and not same(found[2], request):
+            raise OtherRequest(key)  # raised in the transaction: the take is undone
     if not taken:
         raise KeyHeld(key)
     return str(found[0]), str(found[1])

@@ -6,7 +6,9 @@ import asyncio
 
 import orjson
 
-from service.federation.forward import Outcome, forward, region_client
+from service.federation.forward import Asked, Outcome, forward, region_client
+
+ONE_GPU = Asked(tasks=1, gpus=1)
 
 PLACED = orjson.dumps({"id": "a", "tasks": [{"node": "n1", "gpu_uuids": ["GPU-0"]}]})
 
@@ -46,7 +48,9 @@ def test_a_region_that_holds_many_requests_leaves_the_other_regions_theirs() -> 
         fast_url = f"http://127.0.0.1:{fast.sockets[0].getsockname()[1]}"
         async with region_client() as client:
             stuck = [
-                asyncio.create_task(forward(client, slow_url, None, {"gpus": 1}, None, 20.0, 1024))
+                asyncio.create_task(
+                    forward(client, slow_url, None, {"gpus": 1}, None, 20.0, ONE_GPU)
+                )
                 for _ in range(110)
             ]
             for _ in range(200):
@@ -54,7 +58,7 @@ def test_a_region_that_holds_many_requests_leaves_the_other_regions_theirs() -> 
                     break
                 await asyncio.sleep(0.05)
             assert len(accepted) >= 100, f"only {len(accepted)} requests reached the region"
-            result = await forward(client, fast_url, None, {"gpus": 1}, "k", 2.0, 1 << 20)
+            result = await forward(client, fast_url, None, {"gpus": 1}, "k", 2.0, ONE_GPU)
             assert result.outcome is Outcome.PLACED, result
             for task in stuck:
                 task.cancel()

@@ -7,11 +7,10 @@ answers, so each outcome of docs/federation.md's forwarding rules is tried.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -19,98 +18,20 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from agent.signing import NodeKey
 from service.app import create_app
 from service.federation import registry as registry_module
 from service.federation import store
-from service.federation.schemas import RegionSummary
-from service.federation.signing import sign_summary
 from service.schema import regions as regions_table
 from service.settings import Settings
 from tests.service.conftest import ADMIN_TOKEN, FakeClock, secured
-
-KEY = NodeKey.generate()
-# Cheapest first: the ranking tries cheap, then mid, then dear.
-PRICES = {"cheap": 1.0, "mid": 2.0, "dear": 3.0}
-
-Answer = Callable[[httpx.Request], httpx.Response]
-
-
-def allocation(region: str, replayed: bool = False) -> httpx.Response:
-    body = {"id": f"alloc-{region}", "tasks": [{"node": f"{region}-n1", "gpu_uuids": ["GPU-0"]}]}
-    headers = {"Idempotent-Replayed": "true"} if replayed else {}
-    return httpx.Response(200 if replayed else 201, json=body, headers=headers)
-
-
-def answering(region: str, replayed: bool = False) -> Answer:
-    """A region that places every request."""
-    return lambda request: allocation(region, replayed)
-
-
-class Regions:
-    """What each region answers, and the requests each got."""
-
-    def __init__(self) -> None:
-        self.answers: dict[str, Answer] = {}
-        self.seen: list[tuple[str, str | None, dict[str, Any]]] = []
-
-    def handle(self, request: httpx.Request) -> httpx.Response:
-        region = request.url.host.split(".")[0]
-        self.seen.append(
-            (region, request.headers.get("idempotency-key"), json.loads(request.content))
-        )
-        return self.answers[region](request)
-
-
-def add_region(client: TestClient, name: str, price: float) -> None:
-    """Register a region selling H100s at ``price`` and push its summary: one free box."""
-    created = client.post(
-        "/v1/regions",
-        json={
-            "name": name,
-            "cloud": "aws",
-            "url": f"http://{name}.example",
-            "public_key": KEY.public_key,
-            "prices": [{"gpu_model": "H100", "on_demand": price}],
-            "egress": {"region_gb": 0.0, "internet_gb": 0.0},
-        },
-    )
-    assert created.status_code == 201, created.text
-    summary = RegionSummary.model_validate(
-        {
-            "region": name,
-            "seq": time.time_ns(),
-            "sent_at": datetime.now(UTC),
-            "designs": [
-                {
-                    "design": "H100 x8",
-                    "gpu_model": "NVIDIA H100 80GB HBM3",
-                    "gpus_per_node": 8,
-                    "nodes": 1,
-                    "free_gpus": 8,
-                    "island_gbps": 450.0,
-                    "by_island": {"8": 1},
-                }
-            ],
-        }
-    ).model_dump(mode="json")
-    pushed = client.put(
-        f"/v1/regions/{name}/summary",
-        json={"summary": summary, "signature": sign_summary(KEY, summary)},
-        headers={"Authorization": f"Bearer {created.json()['token']}"},
-    )
-    assert pushed.status_code == 200, pushed.text
-
-
-@pytest.fixture
-def regions(client: TestClient) -> Iterator[Regions]:
-    fake = Regions()
-    for name, price in PRICES.items():
-        add_region(client, name, price)
-        fake.answers[name] = answering(name)
-    app: Any = client.app
-    app.state.federation_client = httpx.AsyncClient(transport=httpx.MockTransport(fake.handle))
-    yield fake
+from tests.service.federation.fake_regions import (
+    PRICES,
+    Answer,
+    Regions,
+    add_region,
+    allocation,
+    answering,
+)
 
 
 def refuse(request: httpx.Request) -> httpx.Response:
@@ -145,7 +66,7 @@ def test_the_forward_is_the_callers_request_with_the_priced_model(
     assert region == "cheap" and key == "k-1"
     assert body == {"gpus": 2, "job_id": "j1", "ttl_s": 30.0, "gpu_models": ["H100"]}
     placed = answer.json()
-    assert placed["node"] == "cheap-n1" and placed["gpus"] == ["GPU-0"]
+    assert placed["node"] == "cheap-n1" and placed["gpus"] == ["GPU-0", "GPU-1"]
     assert placed["cost"]["compute"] == 4.0 and placed["timings_ms"]["routing"] >= 0
 
 

@@ -223,6 +223,20 @@ def test_the_same_key_forwarded_twice_is_one_allocation(fed: Federation) -> None
     _release(owner, first.json()["allocation"]["id"])
 
 
+def test_a_key_past_ascii_reaches_the_region_as_sent(fed: Federation) -> None:
+    """The region reads the forwarded key as the global service read the caller's: its
+    retry is replayed there (test_key_bytes.py)."""
+    _all_free(fed)
+    headers = {"Idempotency-Key": b"job-\xe9t\xe9"}
+    first = fed.post("/v1/federation/place", H100_FLOOR, headers=headers)
+    assert first.status_code == 201, first.text
+    again = fed.post("/v1/federation/place", H100_FLOOR, headers=headers)
+    assert again.status_code == 201, again.text
+    assert again.json()["replayed"] is True
+    assert again.json()["allocation"]["id"] == first.json()["allocation"]["id"]
+    _release(fed.regions[first.json()["region"]], first.json()["allocation"]["id"])
+
+
 def test_a_stopped_region_is_skipped_then_stale_then_back(fed: Federation) -> None:
     _all_free(fed)
     aws = fed.regions["aws-east"]
