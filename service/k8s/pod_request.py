@@ -176,22 +176,36 @@ def device_counts(spec: dict[str, Any]) -> dict[str, int]:
     started before it if larger. The kubelet keeps a sidecar's devices for the pod's
     life (it never hands them on to the app containers as a plain init container's),
     so a pod counted without them is reserved fewer GPUs than it is given."""
+    apps = [counts for counts, _ in _container_counts(spec.get("containers"), "containers")]
+    init = _container_counts(spec.get("initContainers"), "initContainers")
+    return {name: n for name, n in _pod_need(apps, init).items() if n > 0}
+
+
+def _pod_need(
+    containers: list[dict[str, int]], init: list[tuple[dict[str, int], bool]]
+) -> dict[str, int]:
+    """kube-scheduler's rule for a pod's need of each resource (k8s.io/component-helpers
+    resource.PodRequests), from each app container's amounts and each init container's
+    with whether it is a sidecar (``restartPolicy: Always``): the containers' sum, to
+    which sidecars are added as they keep running; each init container needs its own
+    amount plus the sidecars started before it, and the pod the largest of those if
+    more than the sum."""
     total: dict[str, int] = {}
-    for counts, _ in _container_counts(spec.get("containers"), "containers"):
-        _add(total, counts)
+    for amounts in containers:
+        _add(total, amounts)
     sidecars: dict[str, int] = {}
     init_need: dict[str, int] = {}
-    for counts, sidecar in _container_counts(spec.get("initContainers"), "initContainers"):
+    for amounts, sidecar in init:
         if sidecar:
-            _add(total, counts)
-            need = dict(_add(sidecars, counts))
+            _add(total, amounts)
+            need = dict(_add(sidecars, amounts))
         else:
-            need = _add(dict(counts), sidecars)
+            need = _add(dict(amounts), sidecars)
         for name, n in need.items():
             init_need[name] = max(init_need.get(name, 0), n)
     for name, n in init_need.items():
         total[name] = max(total.get(name, 0), n)
-    return {name: n for name, n in total.items() if n > 0}
+    return total
 
 
 def _amounts(resources: dict[str, Any], where: str) -> dict[str, int]:
@@ -237,24 +251,16 @@ def host_requests(spec: dict[str, Any]) -> dict[str, int]:
         raise BadPodRequest("spec containers must be a list")
     if init is not None and not isinstance(init, list):
         raise BadPodRequest("spec initContainers must be a list")
-    total: dict[str, int] = {}
+    apps: list[dict[str, int]] = []
     for index, container in enumerate(containers or ()):
         body, where = _named(container, "containers", index)
-        _add(total, _amounts(_object(body.get("resources"), f"{where} resources"), where))
-    sidecars: dict[str, int] = {}
-    init_need: dict[str, int] = {}
+        apps.append(_amounts(_object(body.get("resources"), f"{where} resources"), where))
+    inits: list[tuple[dict[str, int], bool]] = []
     for index, container in enumerate(init or ()):
         body, where = _named(container, "initContainers", index)
         own = _amounts(_object(body.get("resources"), f"{where} resources"), where)
-        if body.get("restartPolicy") == "Always":
-            _add(total, own)
-            need = dict(_add(sidecars, own))
-        else:
-            need = _add(dict(own), sidecars)
-        for name, n in need.items():
-            init_need[name] = max(init_need.get(name, 0), n)
-    for name, n in init_need.items():
-        total[name] = max(total.get(name, 0), n)
+        inits.append((own, body.get("restartPolicy") == "Always"))
+    total = _pod_need(apps, inits)
     pod_level = _object(spec.get("resources"), "spec resources")
     total.update(_amounts(pod_level, "spec"))
     overhead = _object(spec.get("overhead"), "spec overhead")
