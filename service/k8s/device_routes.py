@@ -72,8 +72,10 @@ def post_devices(
     # The caller: a region-scoped agent's report is taken only while the database, not
     # this replica's memory, holds the node in its region (node_devices.report).
     order = _order(request)
+    # Who may report it, before anything: a node topoplace does not know gets no lock
+    # (the locks are one per node known, not one per name a caller sends).
+    node_devices.check_scope(state, name, caller)
     with order.node_lock(name):  # one node's reports in turn: an older List is not taken last
-        node_devices.check_scope(state, name, caller)  # who may report it, before anything
         outcomes = order.stale(name, body)
         if outcomes is None:
             outcomes = node_devices.report(state, extender.kube, name, body, log, caller)

@@ -94,3 +94,14 @@ def test_a_list_older_by_more_than_a_report_is_held_up_is_taken(
     # And the rounds after it, a few seconds apart by the node's clock, as well.
     later = stepped + timedelta(seconds=10)
     assert _report(k8s_client, "two", devices[1:], later)["action"] == "matched"
+
+
+def test_a_report_for_a_node_never_reported_keeps_nothing(k8s_client: TestClient) -> None:
+    """404, and no per-node lock is kept for the name: a caller sending made-up names
+    must not grow the service's memory one name at a time."""
+    body = {"resource": "nvidia.com/gpu", "pods": [], "listed_at": datetime.now(UTC).isoformat()}
+    for i in range(50):
+        answer = k8s_client.post(f"/v1/nodes/ghost-{i}/k8s/devices", json=body)
+        assert answer.status_code == 404, answer.text
+    order = getattr(k8s_client.app.state, "k8s_report_order", None)  # type: ignore[attr-defined]
+    assert order is None or order._nodes == {}
