@@ -12,7 +12,7 @@
     │   ├── ReplayedSnapshot 409 a signed snapshot not newer than the stored one
     │   ├── ReplayedSummary 409  a region's summary not newer than the stored one
     │   ├── RegionBusy    409    retiring a region with live allocations, unforced
-    │   └── RegionRetired 409    a summary for, or a job to, a retired region
+    │   └── RegionRetired 409    a summary for, a job to, or a key kept for a retired region
     ├── Unschedulable     409    nothing fits now; retry later (Retry-After)
     │   └── NoRegion      409    no region fits, or every one that did refused
     ├── RequestTimeout    408    headers or body arrived too slowly (connection closed)

@@ -15,6 +15,7 @@ from service.errors import (
     InvalidRequest,
     KeyInFlight,
     NoRegion,
+    RegionRetired,
     RegionUnavailable,
     ServiceError,
 )
@@ -256,7 +257,10 @@ async def _forward_in_turn(
             attempts.append(_attempt(chosen.region, None, "refused", "not a live region"))
             if went_before:
                 # Its allocation, if any, is there still (a retired region's jobs run on).
-                raise NoRegion(
+                # Not no_region ("nothing fits now", Retry-After): the same key can never
+                # be answered otherwise, so a dispatcher retrying it as told would be
+                # refused for as long as the key is kept.
+                raise RegionRetired(
                     f"region {chosen.region}, where this Idempotency-Key went before, is no"
                     " longer live: its allocation (if any) is there; send the job with a new"
                     " key to route it afresh",

@@ -599,3 +599,22 @@ def test_an_update_made_on_another_replica_is_forwarded_to(
     assert placed.status_code == 201 and placed.json()["region"] == "cheap", placed.text
     assert urls == ["http://cheap.example:9000/v1/place"]
     assert tokens == ["Bearer tpp_other_replica"]
+
+
+def test_a_key_whose_region_was_retired_is_told_to_use_a_new_key_not_to_retry(
+    client: TestClient, regions: Regions
+) -> None:
+    """The key's allocation, if any, is in the retired region, where no forward goes now:
+    the same key can never be answered otherwise. It was answered 409 ``no_region``, the
+    code of "nothing fits now", with Retry-After, so a dispatcher retrying as told got the
+    same answer for as long as the key is kept (a week)."""
+    regions.answers["cheap"] = no_answer
+    assert place(client, "k-retired").status_code == 503  # the key stays at cheap
+    assert client.post("/v1/regions/cheap/retire?force=true").status_code == 200
+    again = place(client, "k-retired")
+    assert again.status_code == 409, again.text
+    error = again.json()["error"]
+    assert error["code"] == "region_retired", error
+    assert "new key" in error["message"] and "cheap" in error["message"]
+    assert "retry-after" not in again.headers
+    assert [a["region"] for a in error["detail"]["attempts"]] == ["cheap"]
