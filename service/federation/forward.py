@@ -33,8 +33,10 @@ class Outcome(enum.StrEnum):
 
 
 # The region's refusals that come after it looked the key up and found no allocation
-# for it (service/allocations/place_flow.py): a key refused so holds nothing there.
-LOOKED_UP = frozenset({"unschedulable", "unresolvable"})
+# for it (service/allocations/place_flow.py), with the status it gives each: a key
+# refused so holds nothing there. The code under another status (a proxy's 502 around
+# it) is no such look-up.
+LOOKED_UP = {"unschedulable": 409, "unresolvable": 422}
 
 
 @dataclass(frozen=True)

@@ -318,7 +318,7 @@ def _key_moves_on(result: Forwarded, pinned: bool) -> bool:
     request away before placing (a 4xx other than the key's own conflicts). A 5xx may
     come after a commit that landed (the region's database lost the answer, a proxy
     timed out): the key stays, and its retry gets that allocation."""
-    if result.outcome is Outcome.REFUSED and result.code in LOOKED_UP:
+    if result.outcome is Outcome.REFUSED and LOOKED_UP.get(result.code or "") == result.status:
         return True
     if pinned:
         return False

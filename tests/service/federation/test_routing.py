@@ -618,3 +618,24 @@ def test_a_key_whose_region_was_retired_is_told_to_use_a_new_key_not_to_retry(
     assert "new key" in error["message"] and "cheap" in error["message"]
     assert "retry-after" not in again.headers
     assert [a["region"] for a in error["detail"]["attempts"]] == ["cheap"]
+
+
+def test_a_looked_up_code_under_a_server_error_keeps_the_key(
+    client: TestClient, regions: Regions
+) -> None:
+    """Only the region's own refusal after looking the key up frees it: ``unschedulable``
+    is 409 and ``unresolvable`` 422 there. The same code under a 5xx (a proxy's or a
+    failing region's answer wrapped in it) is no such look-up, and the allocation the
+    key's first forward may have made is still there: the key stays."""
+    regions.answers["cheap"] = no_answer
+    assert place(client, "k-5xx").status_code == 503
+
+    def wrapped(request: httpx.Request) -> httpx.Response:
+        error = {"code": "unschedulable", "message": "nothing fits now", "detail": {}}
+        return httpx.Response(502, json={"error": error})
+
+    regions.answers["cheap"] = wrapped
+    again = place(client, "k-5xx")
+    assert again.status_code == 503, again.text
+    assert again.json()["error"]["code"] == "region_unavailable"
+    assert {r for r, key, _ in regions.seen if key == "k-5xx"} == {"cheap"}
