@@ -72,12 +72,15 @@ def cluster_view(state: ServiceState) -> ClusterView:
             gpus["unhealthy"] += snap.gpu_count - healthy
             gpus["free"] += free.bit_count()
             gpus["mig_enabled"] += sum(g.mig_enabled for g in snap.gpus)
-            gpus["shared"] += len(entry.shares)
+            # The shared GPUs the snapshot lists, as "total" counts them: a share held on
+            # a GPU the node no longer reports would count one over the node's GPUs.
+            shared = entry.shares_by_index
+            gpus["shared"] += len(shared)
             # Room only where a share can go, as "free" counts only whole GPUs a request
             # can get: an unhealthy (or MIG-mode) shared GPU is given no new share.
             placeable = entry.healthy_mask
             gpus["share_free_milli"] += sum(
-                FULL_SHARE - m for g, m in entry.shares_by_index.items() if placeable >> g & 1
+                FULL_SHARE - m for g, m in shared.items() if placeable >> g & 1
             )
             island_free = [sum(free >> g & 1 for g in i.gpus) for i in entry.islands if i.is_nvlink]
             # A free GPU without NVLink is a job of one by itself.

@@ -33,3 +33,23 @@ def test_room_on_an_unhealthy_shared_gpu_is_not_free(client: TestClient) -> None
     assert second.json()["tasks"][0]["gpu_indices"][0] != sick
     view = client.get("/v1/cluster").json()["gpus"]
     assert view["shared"] == 2 and view["share_free_milli"] == 750, view
+
+
+def test_a_shared_gpu_the_node_no_longer_reports_is_not_counted(client: TestClient) -> None:
+    """``gpus.shared`` counts the GPUs the snapshots list, as ``total`` does: a share on a
+    GPU the node no longer reports (its board replaced: another UUID at its index)
+    counted one shared GPU the node does not have."""
+    snap = add_nodes(client, ("dgx1-v100", "dgx0"))[0]
+    placed = client.post("/v1/place", json={"gpu_fraction": 0.25})
+    assert placed.status_code == 201, placed.text
+    gone = placed.json()["tasks"][0]["gpu_indices"][0]
+    gpus = [
+        g.model_copy(update={"uuid": "GPU-00000000-0000-0000-0000-0000000000aa"})
+        if g.index == gone
+        else g
+        for g in snap.gpus
+    ]
+    answer = report(client, snap.model_copy(update={"seq": snap.seq + 1, "gpus": gpus}))
+    assert answer.status_code == 200, answer.text
+    view = client.get("/v1/cluster").json()["gpus"]
+    assert view["total"] == 8 and view["shared"] == 0 and view["share_free_milli"] == 0, view
