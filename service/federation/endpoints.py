@@ -234,7 +234,10 @@ async def federation_score(body: FederatedPlaceRequest, request: Request) -> Res
 
 
 @router.post(
-    "/v1/federation/place", response_model=FederatedPlacement, status_code=status.HTTP_201_CREATED
+    "/v1/federation/place",
+    response_model=FederatedPlacement,
+    status_code=status.HTTP_201_CREATED,
+    responses={200: {"description": "an Idempotency-Key replay: the allocation made before"}},
 )
 async def federation_place(
     body: FederatedPlaceRequest,
@@ -246,6 +249,11 @@ async def federation_place(
     placed = await routing.place(_registry(request), _client(request), body, idempotency_key)
     # Encoded here, in the documented shape (response_model), without validating it again:
     # routing's own time is what a dispatcher waits for.
+    if placed["replayed"]:
+        # As /v1/place answers a replay: 200 and the header, so a dispatcher that tells
+        # "made now" from "made before" by the status reads both routes alike.
+        headers = {"Idempotent-Replayed": "true"}
+        return Response(orjson.dumps(placed), headers=headers, media_type=JSON)
     return Response(orjson.dumps(placed), status_code=status.HTTP_201_CREATED, media_type=JSON)
 
 

@@ -112,8 +112,10 @@ def test_with_a_key_an_unanswered_region_keeps_the_key(
     # The region did reserve; its answer comes on the retry, from the same region.
     regions.answers["cheap"] = answering("cheap", replayed=True)
     again = place(client, "k-2")
-    assert again.status_code == 201 and again.json()["region"] == "cheap"
+    # A replay is answered as /v1/place answers one: 200 and the header, not "created".
+    assert again.status_code == 200 and again.json()["region"] == "cheap"
     assert again.json()["replayed"] is True
+    assert again.headers["Idempotent-Replayed"] == "true"
 
 
 def test_a_refusal_moves_the_key_to_the_next_region(client: TestClient, regions: Regions) -> None:
@@ -207,7 +209,7 @@ def test_a_keyed_region_that_answers_without_looking_keeps_the_key(
     # Once the region answers for the key, the job is where its key went.
     regions.answers["cheap"] = answering("cheap", replayed=True)
     last = place(client, "k-6")
-    assert last.status_code == 201 and last.json()["region"] == "cheap"
+    assert last.status_code == 200 and last.json()["region"] == "cheap"
 
 
 def test_a_region_whose_database_failed_at_the_commit_keeps_the_key(
@@ -221,7 +223,7 @@ def test_a_region_whose_database_failed_at_the_commit_keeps_the_key(
     assert routed(regions, "k-7") == ["cheap"]
     regions.answers["cheap"] = answering("cheap", replayed=True)
     again = place(client, "k-7")
-    assert again.status_code == 201 and again.json()["region"] == "cheap"
+    assert again.status_code == 200 and again.json()["region"] == "cheap"
     assert again.json()["replayed"] is True
     # Without a key nothing can find that allocation again: the next region is tried.
     regions.answers["cheap"] = error_answer(503, "database_unavailable")
@@ -283,7 +285,7 @@ def test_twin_requests_on_two_replicas_place_the_key_once(
     # Once the first call is done, the key's retry (on either replica) is its answer.
     regions.answers["mid"] = answering("mid", replayed=True)
     again = place(replica, "k-twin")
-    assert again.status_code == 201 and again.json()["region"] == "mid", again.text
+    assert again.status_code == 200 and again.json()["region"] == "mid", again.text
     assert again.json()["replayed"] is True
 
 
@@ -301,7 +303,7 @@ def test_a_key_held_by_a_replica_that_died_is_taken_when_its_time_is_up(
     clock.advance(21)
     regions.answers["mid"] = answering("mid", replayed=True)
     taken = place(client, "k-dead")
-    assert taken.status_code == 201 and taken.json()["region"] == "mid", taken.text
+    assert taken.status_code == 200 and taken.json()["region"] == "mid", taken.text
 
 
 # A region's 201 is trusted only as far as it is an allocation: one that is not JSON, or
@@ -413,7 +415,7 @@ def test_a_key_retried_on_a_replica_that_has_not_read_its_region_goes_there(
         assert place(client, "k-12").status_code == 503
         regions.answers["cheapest"] = answering("cheapest", replayed=True)
         again = place(replica, "k-12")
-        assert again.status_code == 201, again.text[:300]
+        assert again.status_code == 200, again.text[:300]
         assert again.json()["region"] == "cheapest" and again.json()["replayed"] is True
         assert again.json()["cloud"] == "aws"
 
@@ -451,7 +453,7 @@ def test_a_key_sent_again_with_a_longer_deadline_is_the_same_request(
         json={"gpus": 2, "federation": {"deadline_s": 30}},
         headers={"Idempotency-Key": "k-patient"},
     )
-    assert again.status_code == 201, again.text
+    assert again.status_code == 200, again.text
     assert again.json()["region"] == "cheap" and again.json()["replayed"] is True
 
 
