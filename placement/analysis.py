@@ -328,7 +328,9 @@ def _room_stats(
     _, below, largest, stamp = cache
     version = table.slot_version[slots]
     for slot in slots[stamp[slots] != version].tolist():
-        rooms = [FULL_SHARE - held for held in table.shared.get(slot, {}).values()]
+        healthy = int(table.healthy[slot])  # as share_room: no room on an unhealthy GPU
+        shared = table.shared.get(slot, {}).items()
+        rooms = [FULL_SHARE - held for gpu, held in shared if healthy >> gpu & 1]
         below[slot], largest[slot] = room_stats(rooms, sizes)
         stamp[slot] = table.slot_version[slot]  # after the row: a reader sees both or neither
     return below[slots], largest[slots]

@@ -455,7 +455,11 @@ class NodeTable:
             self.shared[entry.slot] = shared
         else:
             self.shared.pop(entry.slot, None)
-        self.share_room[entry.slot] = sum(FULL_SHARE - held for held in shared.values())
+        # Room on an unhealthy shared GPU is no capacity: no share goes there (shares.py
+        # takes healthy GPUs only), so the ranking's figures must not count it either.
+        self.share_room[entry.slot] = sum(
+            FULL_SHARE - held for gpu, held in shared.items() if entry.healthy >> gpu & 1
+        )
 
     def _touch(self, slot: int) -> None:
         self._clock += 1

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from pydantic import ValidationError
 
 from placement import ClusterState, PlacementRequest
+from placement.analysis import _room_stats
 from placement.cluster import AllocationError, SharesUnsupported
 from placement.profiles import build_profile
+from placement.snapshot import Health
 from tests.placement.conftest import dgx1_nodes as cluster
 from tests.placement.conftest import place_applied as place
 
@@ -147,3 +150,24 @@ def test_a_share_is_counted_in_thousandths_rounded_up_and_answered_so() -> None:
         PlacementRequest(gpu_fraction=0.9991)
     placed = cluster("a").place(share(0.3334)).placement
     assert placed is not None and placed.tasks[0].gpu_fraction == 0.334  # what is counted
+
+
+def test_room_on_an_unhealthy_shared_gpu_counts_as_no_capacity() -> None:
+    """The ranking's free capacity (share room, the room per share size) leaves out a
+    shared GPU that went unhealthy: no share can go there, as /place already knows."""
+    state = cluster("a")
+    snap = state.node("a").snapshot
+    state.allocate_share("a", snap.gpus[0].uuid, 0.25)
+    state.allocate_share("a", snap.gpus[1].uuid, 0.5)
+    table = state._table
+    slot = table.slot_of["a"]
+    assert table.share_room[slot] == 750 + 500
+    sick = snap.gpus[0].model_copy(update={"health": Health.UNHEALTHY})
+    state.upsert(snap.model_copy(update={"gpus": [sick, *snap.gpus[1:]]}))
+    assert table.share_room[slot] == 500
+    below, largest = _room_stats(table, np.array([slot]), np.array([250, 600]))
+    assert largest.tolist() == [500]
+    assert below.tolist() == [[0.0, 500.0]]
+    # Healthy again: its room is capacity again.
+    state.upsert(snap)
+    assert table.share_room[slot] == 750 + 500
