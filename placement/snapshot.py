@@ -254,7 +254,8 @@ class NodeSnapshot(_Frozen):
     @field_validator("name")
     @classmethod
     def _valid_name(cls, value: str) -> str:
-        if not _NODE_NAME_RE.match(value):
+        # fullmatch: the pattern's "$" also matches before a final newline.
+        if not _NODE_NAME_RE.fullmatch(value):
             raise ValueError(
                 f"{value!r} is not a valid node name: lower-case letters, digits, '-' and '.',"
                 " starting and ending with a letter or digit"
@@ -265,9 +266,10 @@ class NodeSnapshot(_Frozen):
     @classmethod
     def _valid_labels(cls, value: dict[str, str]) -> dict[str, str]:
         for key, val in value.items():
-            if not _LABEL_KEY_RE.match(key):
+            # fullmatch: "$" alone lets "rack1\n" through, which Kubernetes refuses.
+            if not _LABEL_KEY_RE.fullmatch(key):
                 raise ValueError(f"label key {key!r} is not a valid Kubernetes label key")
-            if not _LABEL_VALUE_RE.match(val):
+            if not _LABEL_VALUE_RE.fullmatch(val):
                 raise ValueError(
                     f"label {key}={val!r}: value is not a valid Kubernetes label value"
                 )

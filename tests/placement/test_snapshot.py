@@ -104,6 +104,21 @@ def test_bad_labels_and_names() -> None:
         NodeSnapshot.model_validate(_base(numa_nodes=[{"id": 0, "cpus": "7-3"}]))
 
 
+def test_a_name_or_label_ending_in_a_newline_is_refused() -> None:
+    """The patterns' ``$`` matches before a final newline in Python: "rack1\\n" passed,
+    a label value Kubernetes refuses and the OpenAPI document's own pattern forbids."""
+    for labels, loc in (
+        ({"topoplace.io/rack": "rack1\n"}, ("labels",)),
+        ({"topoplace.io/rack\n": "rack1"}, ("labels",)),
+    ):
+        with pytest.raises(ValidationError) as exc:
+            NodeSnapshot.model_validate(_base(labels=labels))
+        assert _locs(exc) == [loc]
+    with pytest.raises(ValidationError) as exc:
+        NodeSnapshot.model_validate(_base(name="n1\n"))
+    assert _locs(exc) == [("name",)]
+
+
 def test_mig_instances_must_sit_on_mig_gpus_without_overlap() -> None:
     gpus = _base()["gpus"]
     gpus[0]["mig_enabled"] = True
