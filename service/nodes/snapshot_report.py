@@ -137,7 +137,9 @@ def _report(
         # Memory holds only the devices its snapshot lists (a sync or start leaves out a
         # hold on a device the node stopped reporting), while a degraded allocation keeps
         # its hold in the database: a device reported again is read with its holds, or
-        # this replica would show it free, and place on it, until its next resync.
+        # this replica would show it free, and place on it, until its next resync. A node
+        # new to memory is read back too: a delete that committed after this report and
+        # reached memory first would otherwise be undone here, the node served again.
         state.sync_nodes([name])
     return SnapshotAccepted(node=name, seq=snap.seq, changed=changed)
 
