@@ -336,6 +336,15 @@ def test_a_minor_number_names_one_gpu() -> None:
         NodeSnapshot.model_validate(_base(gpus=gpus))
     assert _locs(exc) == [("gpus", 1, "minor_number")]
     assert "GPU 1 has minor number 3, as GPU 0 has" in str(exc.value)
+    # A GPU without a minor number has /dev/nvidia<index>: another GPU's minor number
+    # equal to that index names the same file, and both jobs would get one GPU.
+    for with_minor in (0, 1):
+        gpus = _base()["gpus"]
+        gpus[with_minor]["minor_number"] = 1 - with_minor
+        with pytest.raises(ValidationError) as exc:
+            NodeSnapshot.model_validate(_base(gpus=gpus))
+        assert _locs(exc) == [("gpus", 1, "minor_number")]
+        assert "/dev/nvidia" in str(exc.value)
     for bad in (-1, "2", True):
         gpus = _base()["gpus"]
         gpus[0]["minor_number"] = bad
