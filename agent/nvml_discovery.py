@@ -171,6 +171,7 @@ def discover(
     _fill_unknown(readings, known or {}, node)
     _refuse_shared_uuids(readings)
     _drop_shared_minors(readings)
+    _drop_minors_of_fallback_files(readings)
     bus_ids = {r.bus_id for r in readings if r.bus_id}
     for reading in readings:
         if not reading.lost:
@@ -481,6 +482,25 @@ def _drop_shared_minors(readings: list[_Reading]) -> None:
         indexes = ", ".join(str(r.index) for r in sharing)
         for r in sharing:
             r.notes.append(f"NVML gives the minor number {minor} for GPUs {indexes}")
+            r.minor_number = None
+
+
+def _drop_minors_of_fallback_files(readings: list[_Reading]) -> None:
+    """A GPU without a minor number is given /dev/nvidia<index>: a minor number naming
+    that file would hand one device file to two GPUs (the service refuses such a
+    snapshot). Which of the two the file is, is unknown, so that minor number is left out
+    too and its GPU falls back to its own index, which may name another GPU's file in
+    turn: repeated until every GPU has a file of its own (indexes are unique)."""
+    while True:
+        fallback = {r.index for r in readings if r.minor_number is None}
+        clashing = [r for r in readings if r.minor_number in fallback]
+        if not clashing:
+            return
+        for r in clashing:
+            r.notes.append(
+                f"the minor number {r.minor_number} is the device file GPU {r.minor_number}"
+                " falls back to (NVML gives it none)"
+            )
             r.minor_number = None
 
 

@@ -254,7 +254,8 @@ class NodeSnapshot(_Frozen):
     @field_validator("name")
     @classmethod
     def _valid_name(cls, value: str) -> str:
-        if not _NODE_NAME_RE.match(value):
+        # fullmatch: the pattern's "$" also matches before a final newline.
+        if not _NODE_NAME_RE.fullmatch(value):
             raise ValueError(
                 f"{value!r} is not a valid node name: lower-case letters, digits, '-' and '.',"
                 " starting and ending with a letter or digit"
@@ -265,9 +266,10 @@ class NodeSnapshot(_Frozen):
     @classmethod
     def _valid_labels(cls, value: dict[str, str]) -> dict[str, str]:
         for key, val in value.items():
-            if not _LABEL_KEY_RE.match(key):
+            # fullmatch: "$" alone lets "rack1\n" through, which Kubernetes refuses.
+            if not _LABEL_KEY_RE.fullmatch(key):
                 raise ValueError(f"label key {key!r} is not a valid Kubernetes label key")
-            if not _LABEL_VALUE_RE.match(val):
+            if not _LABEL_VALUE_RE.fullmatch(val):
                 raise ValueError(
                     f"label {key}={val!r}: value is not a valid Kubernetes label value"
                 )
@@ -384,7 +386,7 @@ def _check_numa(snap: NodeSnapshot) -> list[InitErrorDetails]:
 def _check_gpus(snap: NodeSnapshot) -> Sequence[InitErrorDetails]:
     errors: list[InitErrorDetails] = []
     seen: dict[str, tuple[str | int, ...]] = {}
-    minors: dict[int, int] = {}  # minor number -> the index of the GPU that has it
+    files: dict[int, Gpu] = {}  # the N of /dev/nvidiaN -> the GPU that has it
     numa_ids = {n.id for n in snap.numa_nodes}
     if len(numa_ids) != len(snap.numa_nodes):
         errors.append(_error(("numa_nodes",), "NUMA node ids must be unique", None))
@@ -399,7 +401,7 @@ def _check_gpus(snap: NodeSnapshot) -> Sequence[InitErrorDetails]:
                 )
             )
         errors.extend(_check_uuid(("gpus", pos, "uuid"), gpu.uuid, seen))
-        errors.extend(_check_minor(("gpus", pos, "minor_number"), gpu, minors))
+        errors.extend(_check_minor(("gpus", pos, "minor_number"), gpu, files))
         if gpu.numa_node is not None and numa_ids and gpu.numa_node not in numa_ids:
             errors.append(
                 _error(
@@ -414,15 +416,27 @@ def _check_gpus(snap: NodeSnapshot) -> Sequence[InitErrorDetails]:
 
 
 def _check_minor(
-    loc: tuple[str | int, ...], gpu: Gpu, minors: dict[int, int]
+    loc: tuple[str | int, ...], gpu: Gpu, files: dict[int, Gpu]
 ) -> list[InitErrorDetails]:
-    """A minor number names one device file: two GPUs with one would share a job's GPU."""
-    if gpu.minor_number is None:
+    """A device file names one GPU: two GPUs with one /dev/nvidiaN would share a job's
+    GPU (gres.conf's File=, the device plugin's device specs). A GPU without a minor
+    number has the file of its index, so a minor number equal to that index is one too."""
+    other = files.setdefault(gpu.device_minor, gpu)
+    if other is gpu:
         return []
-    other = minors.setdefault(gpu.minor_number, gpu.index)
-    if other == gpu.index:
-        return []
-    message = f"GPU {gpu.index} has minor number {gpu.minor_number}, as GPU {other} has"
+    file = f"/dev/nvidia{gpu.device_minor}"
+    if gpu.minor_number is not None and other.minor_number is not None:
+        message = f"GPU {gpu.index} has minor number {gpu.minor_number}, as GPU {other.index} has"
+    elif gpu.minor_number is not None:
+        message = (
+            f"GPU {gpu.index} has minor number {gpu.minor_number}, but {file} is GPU"
+            f" {other.index}'s, which has no minor number (its index stands in)"
+        )
+    else:
+        message = (
+            f"GPU {gpu.index} has no minor number, so its index stands in, but {file} is"
+            f" GPU {other.index}'s (minor number {other.minor_number})"
+        )
     return [_error(loc, message, gpu.minor_number)]
 
 

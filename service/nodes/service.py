@@ -110,12 +110,11 @@ def remove_node(state: ServiceState, name: str) -> None:
             f"node {name!r} was given an allocation while it was deleted; release it first",
             {"node": name},
         ) from None
-    with state.lock:
-        if name in state.cluster:
-            state.cluster.remove(name)
-        state.heartbeats.pop(name, None)
-        state.reported.pop(name, None)
-        state.cordoned.discard(name)
+    # Memory takes what the database holds now, read under the state lock, not "gone": a
+    # first report of the node committing after the delete may reach memory before this
+    # line, and removing the node then left the stored node unserved here (on SQLite,
+    # which has no resync, until its next change).
+    state.sync_nodes([name])
 
 
 def _allocations_by_node(state: ServiceState, names: list[str] | None) -> dict[str, list[str]]:

@@ -117,6 +117,7 @@ def _report(
         break
     else:
         raise Conflict(f"node {name!r} was reported concurrently; send the snapshot again")
+    appeared: frozenset[str] = frozenset()
     for attempt in range(PREPARE_TRIES):
         # A new design's tables (0.6 s for 16 GPUs) are built here, not under the lock
         # that every /place and /score of this replica takes.
@@ -125,13 +126,29 @@ def _report(
             if _newer_than_memory(state, snap):
                 if attempt < PREPARE_TRIES - 1 and not state.cluster.has_design(design):
                     continue  # the state was rebuilt or dropped the design meanwhile
+                appeared = snap.device_uuids - _devices_in_memory(state, name)
                 state.cluster.upsert(snap, design)
             if state.cluster.node(name).snapshot == snap:
                 state.reported[name] = now  # what the row says now: a sync has nothing to load
             state.heartbeats[name] = now
             state.refresh_availability([name])
         break
+    if appeared:
+        # Memory holds only the devices its snapshot lists (a sync or start leaves out a
+        # hold on a device the node stopped reporting), while a degraded allocation keeps
+        # its hold in the database: a device reported again is read with its holds, or
+        # this replica would show it free, and place on it, until its next resync. A node
+        # new to memory is read back too: a delete that committed after this report and
+        # reached memory first would otherwise be undone here, the node served again.
+        state.sync_nodes([name])
     return SnapshotAccepted(node=name, seq=snap.seq, changed=changed)
+
+
+def _devices_in_memory(state: ServiceState, name: str) -> frozenset[str]:
+    """The devices memory's snapshot of the node lists (under the lock); none if unknown."""
+    if name not in state.cluster:
+        return frozenset()
+    return state.cluster.node(name).snapshot.device_uuids
 
 
 def _newer_than_memory(state: ServiceState, snap: NodeSnapshot) -> bool:

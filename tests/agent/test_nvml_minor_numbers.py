@@ -82,13 +82,21 @@ def test_a_driver_that_cannot_say_falls_back_to_the_index() -> None:
     assert all(g.health is Health.HEALTHY for g in snap.gpus)
     assert "Type=g2 File=/dev/nvidia2 " in gres_conf_lines(snap)[2]
     assert _device_files(snap, [snap.gpus[2].uuid]) == ["/dev/nvidia2"]
+    # GPUs 6 and 7 have the minor numbers 2 and 3, the files GPUs 2 and 3 fall back to:
+    # was /dev/nvidia2 for GPUs 2 and 6 both, and two jobs given one GPU.
+    assert [g.minor_number for g in snap.gpus[4:]] == [0, 1, None, None]
+    assert "the device file GPU 2 falls back to" in snap.gpus[6].health_reason
+    assert sorted(g.device_minor for g in snap.gpus) == list(range(8))
 
 
 def test_one_minor_number_for_two_gpus_is_said_for_neither() -> None:
     fake, source = _source()
     fake.gpus[6].minor_number = 5
     snap = source.read()  # the node is still reported
-    assert [g.minor_number for g in snap.gpus] == [4, None, 6, 7, 0, 1, None, 3]
+    # GPUs 1 and 6 fall back to /dev/nvidia1 and /dev/nvidia6, GPU 5's and GPU 2's
+    # minor numbers: those are left out too, so no file is given to two GPUs.
+    assert [g.minor_number for g in snap.gpus] == [4, None, None, 7, 0, None, None, 3]
+    assert sorted(g.device_minor for g in snap.gpus) == list(range(8))
     assert "NVML gives the minor number 5 for GPUs 1, 6" in snap.gpus[1].health_reason
     assert snap.gpus[6].health is Health.HEALTHY
 

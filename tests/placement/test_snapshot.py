@@ -104,6 +104,21 @@ def test_bad_labels_and_names() -> None:
         NodeSnapshot.model_validate(_base(numa_nodes=[{"id": 0, "cpus": "7-3"}]))
 
 
+def test_a_name_or_label_ending_in_a_newline_is_refused() -> None:
+    """The patterns' ``$`` matches before a final newline in Python: "rack1\\n" passed,
+    a label value Kubernetes refuses and the OpenAPI document's own pattern forbids."""
+    for labels, loc in (
+        ({"topoplace.io/rack": "rack1\n"}, ("labels",)),
+        ({"topoplace.io/rack\n": "rack1"}, ("labels",)),
+    ):
+        with pytest.raises(ValidationError) as exc:
+            NodeSnapshot.model_validate(_base(labels=labels))
+        assert _locs(exc) == [loc]
+    with pytest.raises(ValidationError) as exc:
+        NodeSnapshot.model_validate(_base(name="n1\n"))
+    assert _locs(exc) == [("name",)]
+
+
 def test_mig_instances_must_sit_on_mig_gpus_without_overlap() -> None:
     gpus = _base()["gpus"]
     gpus[0]["mig_enabled"] = True
@@ -321,6 +336,15 @@ def test_a_minor_number_names_one_gpu() -> None:
         NodeSnapshot.model_validate(_base(gpus=gpus))
     assert _locs(exc) == [("gpus", 1, "minor_number")]
     assert "GPU 1 has minor number 3, as GPU 0 has" in str(exc.value)
+    # A GPU without a minor number has /dev/nvidia<index>: another GPU's minor number
+    # equal to that index names the same file, and both jobs would get one GPU.
+    for with_minor in (0, 1):
+        gpus = _base()["gpus"]
+        gpus[with_minor]["minor_number"] = 1 - with_minor
+        with pytest.raises(ValidationError) as exc:
+            NodeSnapshot.model_validate(_base(gpus=gpus))
+        assert _locs(exc) == [("gpus", 1, "minor_number")]
+        assert "/dev/nvidia" in str(exc.value)
     for bad in (-1, "2", True):
         gpus = _base()["gpus"]
         gpus[0]["minor_number"] = bad

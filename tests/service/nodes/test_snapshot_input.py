@@ -22,6 +22,7 @@ def _put(client: TestClient, name: str, snapshot: dict[str, Any]) -> Any:
         {"seq": True},
         {"seq": "3"},
         {"hostname": "h0\u0000"},
+        {"labels": {"topoplace.io/rack": "rack1\n"}},
     ],
 )
 def test_refused_before_anything_is_stored(client: TestClient, change: dict[str, Any]) -> None:
