@@ -3,8 +3,9 @@
 The format is a contract with every future verifier (docs/agent.md, "Signing
 format"), so it is spelled out here once and nowhere else:
 
-- the signed value is the ``snapshot`` object exactly as the agent sends it
-  in the body of ``PUT /v1/nodes/{name}/snapshot``;
+- the signed value is the ``snapshot`` object of ``PUT /v1/nodes/{name}/snapshot``
+  in the snapshot model's JSON form (every field, defaults included; times in
+  UTC with ``Z``), which is what the agent sends and what the service verifies;
 - its canonical encoding is JSON with object keys sorted by code point, no
   whitespace, non-ASCII characters written as themselves, UTF-8; integers as
   decimal digits, other numbers as Python's ``repr`` of the double (``450.0``,
