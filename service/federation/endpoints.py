@@ -219,6 +219,9 @@ def _push_summary(registry: Registry, region: str, body: SummaryReport) -> dict[
     summary_seq.check(seq, now_ns)
     now = registry.clock()
     binding = summary_seq.binding_up_to(now_ns)
+    # The token revoked while this push waited for a worker thread (a leaked region token
+    # revoked, its region kept): the summary is not kept (service/edge/revoked_meanwhile.py).
+    revoked_meanwhile.refuse_if_revoked()
     if not store.store_summary(registry.engine, region, summary, seq, now, binding):
         raise ReplayedSummary(
             f"seq {seq} is not newer than region {region!r}'s stored summary"

@@ -325,3 +325,26 @@ def test_an_admin_token_revoked_while_its_call_waited_moves_no_region(
     assert retired.status_code == 401, retired.text
     region = client.get("/v1/regions/aws-east").json()
     assert region["url"] == registration()["url"].rstrip("/") and region["retired_at"] is None
+
+
+def test_a_region_token_revoked_while_its_push_waited_stores_no_summary(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An admin who revokes a region's token (leaked; its region kept) stops its pushes: one
+    that was let in before and waited for a worker thread is not stored either."""
+    token = register(client)
+    token_id = client.get("/v1/regions/aws-east").json()["token_id"]
+    registry_of = endpoints._registry
+
+    def revoking(request: Request) -> Registry:
+        registry = registry_of(request)
+        token_store.revoke(registry.engine, token_id)
+        request.app.state.token_check.forget_revoked()
+        return registry
+
+    monkeypatch.setattr(endpoints, "_registry", revoking)
+    pushed = client.put(
+        "/v1/regions/aws-east/summary", json=signed(summary()), headers=bearer(token)
+    )
+    assert pushed.status_code == 401, pushed.text
+    assert client.get("/v1/regions/aws-east").json()["summary"] is None
