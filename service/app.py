@@ -340,6 +340,7 @@ def create_app(
         region_of=region_checker(state),
         max_body_bytes=settings.max_body_bytes,
         routes=app.router.routes,
+        body_timeout_s=settings.body_timeout_s,
     )
     # Outside the token check: a flood of bad tokens is throttled before it costs a hash.
     app.add_middleware(RateLimit, limiter=limiter)

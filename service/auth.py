@@ -32,6 +32,7 @@ or a load balancer cannot present a token, and the schema is not a secret.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -55,7 +56,7 @@ from service.edge.dev_origin import is_own_origin
 from service.edge.failed_token_budget import FailedTokenBudget
 from service.edge.guard import replay_body
 from service.edge.rate_limit import TOKEN_IDENTITY
-from service.errors import RateLimited, ServiceError, TooLarge, Unavailable
+from service.errors import RateLimited, RequestTimeout, ServiceError, TooLarge, Unavailable
 from service.event_loop import off_loop
 from service.responses import error_response
 from service.tokens import secrets, store
@@ -415,11 +416,15 @@ class RequireToken:
         region_of: RegionOf,
         max_body_bytes: int,
         routes: Sequence[BaseRoute] = (),
+        body_timeout_s: float = 30.0,
     ) -> None:
         self.app = app
         self.check = check
         self.region_of = region_of
         self.max_body_bytes = max_body_bytes
+        # The body a region-scoped agent's snapshot is judged on is read here, before the
+        # request guard that holds every other body to this deadline (service/edge/guard.py).
+        self.body_timeout_s = body_timeout_s
         # The application's routes: a request no rule matches and that names none of them
         # is answered 404 or 405, not "needs the admin role" (service/edge/no_route.py).
         self.routes = routes
@@ -475,6 +480,9 @@ class RequireToken:
             response = error_response(refusal)
             if isinstance(refusal, no_route.MethodNotTaken):
                 response.headers["Allow"] = ", ".join(refusal.allow)
+            if isinstance(refusal, TooLarge | RequestTimeout):
+                # The rest of the body is not read: the connection cannot carry another request.
+                response.headers["Connection"] = "close"
             await response(scope, receive, send)
             return
         scope.setdefault("state", {})["principal"] = principal
@@ -520,7 +528,7 @@ class RequireToken:
             return receive, route
         # A region-scoped agent's snapshot: the node must be in the region now (if known)
         # and stay in it, so the body is read here (bounded) and handed on unchanged.
-        body, replay = await _buffer(receive, self.max_body_bytes)
+        body, replay = await _buffer(receive, self.max_body_bytes, self.body_timeout_s)
         claimed = snapshot_region(body)
         field = out_of_scope_by(principal, region, REST_FIELDS)
         if region is not None and claimed != region:
@@ -589,7 +597,21 @@ def _refuse_another_origin(origin: str | None, host: str | None, scheme: str) ->
         )
 
 
-async def _buffer(receive: Receive, limit: int) -> tuple[bytes, Receive]:
+async def _buffer(receive: Receive, limit: int, timeout_s: float) -> tuple[bytes, Receive]:
+    """The whole body (at most ``limit`` bytes, within ``timeout_s``), and a receive that
+    hands it on. Without the deadline a body dripped a byte at a time held its connection
+    for good: the guard's own deadline starts only after this check."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await _read_whole(receive, limit)
+    except TimeoutError:
+        raise RequestTimeout(
+            f"the request's body did not arrive within {timeout_s:g} s (TOPOPLACE_BODY_TIMEOUT_S)",
+            {"limit_s": timeout_s, "part": "body"},
+        ) from None
+
+
+async def _read_whole(receive: Receive, limit: int) -> tuple[bytes, Receive]:
     chunks: list[bytes] = []
     size = 0
     more = True

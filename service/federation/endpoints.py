@@ -20,6 +20,7 @@ from fastapi import APIRouter, Header, Path, Query, Request, Response, status
 from fastapi.exceptions import RequestValidationError
 from pydantic import StringConstraints, TypeAdapter, ValidationError
 
+from service.edge import revoked_meanwhile
 from service.errors import (
     BadSignature,
     Conflict,
@@ -99,6 +100,9 @@ def register_region(body: RegionRequest, request: Request) -> dict[str, Any]:
     """Register a region. The answer holds its region token (``token``), shown only now:
     the region's service pushes its summaries with it (docs/federation.md)."""
     registry = _registry(request)
+    # A route waits for a worker thread after its token check: a token revoked meanwhile
+    # writes nothing (service/edge/revoked_meanwhile.py), here a region and its token.
+    revoked_meanwhile.refuse_if_revoked()
     try:
         record, secret = store.register(
             registry.engine, body.model_dump(mode="json"), registry.clock()
@@ -141,6 +145,7 @@ def update_region(region: RegionPath, body: RegionUpdate, request: Request) -> d
     checks them: a key whose region's URL was wrong goes to the new one on its retry,
     from every replica (each reads the URL before it forwards)."""
     registry = _registry(request)
+    revoked_meanwhile.refuse_if_revoked()  # forwards (and their token) sent elsewhere
     try:
         record = store.update(registry.engine, region, body.changes(), registry.clock())
     except store.Retired:
@@ -171,6 +176,7 @@ def retire_region(
             " them, or retire with force=true (they keep running there, unrouted)",
             {"live_allocations": live},
         )
+    revoked_meanwhile.refuse_if_revoked()
     retired = store.retire(registry.engine, region, registry.clock())
     assert retired is not None
     request.app.state.token_check.drop(retired.token_id)
@@ -213,6 +219,9 @@ def _push_summary(registry: Registry, region: str, body: SummaryReport) -> dict[
     summary_seq.check(seq, now_ns)
     now = registry.clock()
     binding = summary_seq.binding_up_to(now_ns)
+    # The token revoked while this push waited for a worker thread (a leaked region token
+    # revoked, its region kept): the summary is not kept (service/edge/revoked_meanwhile.py).
+    revoked_meanwhile.refuse_if_revoked()
     if not store.store_summary(registry.engine, region, summary, seq, now, binding):
         raise ReplayedSummary(
             f"seq {seq} is not newer than region {region!r}'s stored summary"

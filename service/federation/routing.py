@@ -10,6 +10,7 @@ from typing import Any
 
 import httpx
 
+from service.edge import revoked_meanwhile
 from service.errors import (
     Conflict,
     InvalidRequest,
@@ -280,6 +281,10 @@ async def _forward_in_turn(
             if went_before:
                 raise _unusable_url(chosen.region, bad_url, attempts)
             continue
+        # The forward is this request's write, in another region: a token revoked while
+        # an earlier region hung (up to half of deadline_s) places nothing more, nor
+        # points its key anywhere (service/edge/revoked_meanwhile.py).
+        revoked_meanwhile.refuse_if_revoked()
         if hold is not None and not went_before:
             await hold.point(chosen.region, chosen.gpu_model)
         # Checked again after the reads above: the key is held only until the deadline
@@ -288,6 +293,7 @@ async def _forward_in_turn(
         if left <= 0:
             _skip_late(chosen.region, went_before, body.federation.deadline_s, attempts)
             continue
+        revoked_meanwhile.refuse_if_revoked()  # and while the key was pointed there
         sent_at = time.perf_counter()
         sent = forward_body(body, chosen)
         # At most half the deadline each: a region that hangs leaves time for the next.

@@ -6,6 +6,9 @@ scopes in tests/service/test_access_*.py.
 
 from __future__ import annotations
 
+import json
+import socket
+import time
 from pathlib import Path
 
 import httpx
@@ -20,7 +23,11 @@ from service.auth import Authenticator, Unauthorized
 from service.db import make_engine
 from service.settings import Settings
 from service.tokens import secrets, store
+from tests.live_server import live_server
+from topoplace.serve_cmd import uvicorn_options
 from topoplace_client.api import ApiError, TopoplaceClient
+
+ADMIN = "test-admin-token-0123456789abcdef"
 
 
 def _client(tmp_path: Path, insecure_dev: bool = False, **settings: str) -> TestClient:
@@ -359,3 +366,54 @@ def test_an_empty_authorization_header_is_no_token_for_the_insecure_dev_checks(
         assert client.get("/v1/tokens").json()["tokens"] == []
         # From a loopback host and this origin it is a call without a token, as before.
         assert client.get("/v1/nodes", headers={"Authorization": empty}).status_code == 200
+
+
+def test_a_region_agents_snapshot_body_has_the_body_deadline(tmp_path: Path) -> None:
+    """A region-scoped agent's snapshot is read by the token check itself (the region it
+    claims decides), before the request guard that holds every body to its deadline: a
+    body dripped a byte at a time held the connection for as long as the client liked."""
+    deadline_s = 1.0
+    settings = Settings(
+        database_url=f"sqlite:///{tmp_path / 'drip.sqlite3'}",
+        insecure_dev=False,
+        bootstrap_admin_token=ADMIN,
+        header_timeout_s=deadline_s,
+        body_timeout_s=deadline_s,
+    )
+    app = create_app(settings, background=False)
+    with live_server(app, options=uvicorn_options(settings)) as url:
+        made = httpx.post(
+            f"{url}/v1/tokens",
+            json={"role": "agent", "region": "us-east"},
+            headers={"Authorization": f"Bearer {ADMIN}"},
+        )
+        assert made.status_code == 201, made.text
+        host, port = url.removeprefix("http://").split(":")
+        head = (
+            "PUT /v1/nodes/gpu-001/snapshot HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            f"Authorization: Bearer {made.json()['token']}\r\n"
+            "Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{"
+        )
+        started = time.monotonic()
+        received = b""
+        with socket.create_connection((host, int(port)), timeout=5) as sock:
+            sock.sendall(head.encode())
+            sock.setblocking(False)
+            while time.monotonic() - started < 6 * deadline_s:
+                time.sleep(0.2)
+                try:
+                    chunk = sock.recv(65536)
+                except BlockingIOError:
+                    sock.send(b" ")  # one more byte of a body that never ends
+                    continue
+                if not chunk:
+                    break  # closed by the service
+                received += chunk
+        closed_after = time.monotonic() - started
+    assert closed_after < deadline_s + 1.5, f"the drip was served for {closed_after:.1f} s"
+    head_part, _, body = received.partition(b"\r\n\r\n")
+    assert int(head_part.split(b" ", 2)[1]) == 408, received
+    assert b"connection: close" in head_part.lower()
+    error = json.loads(body)["error"]
+    assert error["code"] == "request_timeout"
+    assert error["detail"] == {"limit_s": deadline_s, "part": "body"}

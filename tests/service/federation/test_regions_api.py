@@ -7,11 +7,15 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from fastapi import Request
 from fastapi.testclient import TestClient
 
 from agent.signing import NodeKey
+from service.federation import endpoints
+from service.federation.registry import Registry
 from service.federation.schemas import RegionSummary
 from service.federation.signing import sign_summary
+from service.tokens import store as token_store
 from tests.service.conftest import FakeClock
 
 KEY = NodeKey.generate()
@@ -275,3 +279,72 @@ def test_a_summary_of_too_many_gpu_models_is_refused(client: TestClient) -> None
     within = {**summary(), "designs": designs[:64]}
     taken = client.put("/v1/regions/aws-east/summary", json=signed(within), headers=bearer(token))
     assert taken.status_code == 200, taken.text[:300]
+
+
+def _revoked_as_it_waits(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """A database admin token whose revocation lands (the database, then this process's
+    poll) after its next call was let in, before its route writes: where a call waits
+    for a worker thread under load."""
+    made = client.post("/v1/tokens", json={"role": "admin", "name": "ops"})
+    assert made.status_code == 201, made.text
+    token_id = made.json()["id"]
+    registry_of = endpoints._registry
+
+    def revoking(request: Request) -> Registry:
+        registry = registry_of(request)
+        token_store.revoke(registry.engine, token_id)
+        request.app.state.token_check.forget_revoked()
+        return registry
+
+    monkeypatch.setattr(endpoints, "_registry", revoking)
+    return {"Authorization": f"Bearer {made.json()['token']}"}
+
+
+def test_an_admin_token_revoked_while_its_call_waited_registers_no_region(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Registering mints a region token: none for a revoked admin token."""
+    headers = _revoked_as_it_waits(client, monkeypatch)
+    made = client.post("/v1/regions", json=registration(), headers=headers)
+    assert made.status_code == 401, made.text
+    assert client.get("/v1/regions/aws-east").status_code == 404
+
+
+def test_an_admin_token_revoked_while_its_call_waited_moves_no_region(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An update points the region's forwards, and its forward token, at another URL;
+    retiring stops routing to it and revokes its token."""
+    assert client.post("/v1/regions", json=registration()).status_code == 201
+    headers = _revoked_as_it_waits(client, monkeypatch)
+    moved = client.patch(
+        "/v1/regions/aws-east", json={"url": "https://elsewhere.example"}, headers=headers
+    )
+    assert moved.status_code == 401, moved.text
+    retired = client.post("/v1/regions/aws-east/retire", headers=headers)
+    assert retired.status_code == 401, retired.text
+    region = client.get("/v1/regions/aws-east").json()
+    assert region["url"] == registration()["url"].rstrip("/") and region["retired_at"] is None
+
+
+def test_a_region_token_revoked_while_its_push_waited_stores_no_summary(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An admin who revokes a region's token (leaked; its region kept) stops its pushes: one
+    that was let in before and waited for a worker thread is not stored either."""
+    token = register(client)
+    token_id = client.get("/v1/regions/aws-east").json()["token_id"]
+    registry_of = endpoints._registry
+
+    def revoking(request: Request) -> Registry:
+        registry = registry_of(request)
+        token_store.revoke(registry.engine, token_id)
+        request.app.state.token_check.forget_revoked()
+        return registry
+
+    monkeypatch.setattr(endpoints, "_registry", revoking)
+    pushed = client.put(
+        "/v1/regions/aws-east/summary", json=signed(summary()), headers=bearer(token)
+    )
+    assert pushed.status_code == 401, pushed.text
+    assert client.get("/v1/regions/aws-east").json()["summary"] is None

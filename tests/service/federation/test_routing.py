@@ -23,6 +23,7 @@ from service.federation import registry as registry_module
 from service.federation import store
 from service.schema import regions as regions_table
 from service.settings import Settings
+from service.tokens import store as token_store
 from tests.service.conftest import ADMIN_TOKEN, FakeClock, secured
 from tests.service.federation.fake_regions import (
     PRICES,
@@ -641,3 +642,29 @@ def test_a_looked_up_code_under_a_server_error_keeps_the_key(
     assert again.status_code == 503, again.text
     assert again.json()["error"]["code"] == "region_unavailable"
     assert {r for r, key, _ in regions.seen if key == "k-5xx"} == {"cheap"}
+
+
+def test_a_token_revoked_while_a_region_hung_forwards_nothing_more(
+    client: TestClient, regions: Regions
+) -> None:
+    """A scheduler token revoked while its job waited on a region that never answered
+    (up to half of deadline_s, 150 s at most) places nothing in the next region: the
+    forward is the request's write, and its token was revoked before it left."""
+    made = client.post("/v1/tokens", json={"role": "scheduler", "name": "dispatcher"})
+    assert made.status_code == 201, made.text
+    token_id, token = made.json()["id"], made.json()["token"]
+    app: Any = client.app
+
+    def revoked_meanwhile(request: httpx.Request) -> httpx.Response:
+        # The revocation lands while the first region hangs (here: as it answers nothing).
+        token_store.revoke(app.state.service.engine, token_id)
+        app.state.token_check.drop(token_id)
+        raise httpx.ReadTimeout("timed out", request=request)
+
+    regions.answers["cheap"] = revoked_meanwhile
+    answer = client.post(
+        "/v1/federation/place", json={"gpus": 2}, headers={"Authorization": f"Bearer {token}"}
+    )
+    assert answer.status_code == 401, answer.text
+    assert answer.json()["error"]["code"] == "unauthorized"
+    assert [region for region, _, _ in regions.seen] == ["cheap"], "forwarded after revocation"
