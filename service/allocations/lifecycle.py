@@ -349,8 +349,32 @@ def gpus_truth(
     request = PlaceRequest(
         gpus=max(counts), tasks=len(gpus), owner=owner, job_id=job_id
     ).model_dump_json()
-    truth = _Truth(holds, (), placement_text, request, tuple(sorted(gpus)), _sorted(rows))
+    truth = _Truth(
+        holds,
+        _instances_of(snapshots, gpus),
+        placement_text,
+        request,
+        tuple(sorted(gpus)),
+        _sorted(rows),
+    )
     return ObservedJob(job_id, owner, tuple(named), truth, started, touch)
+
+
+def _instances_of(
+    snapshots: Mapping[str, NodeSnapshot], gpus: Mapping[str, list[int]]
+) -> tuple[tuple[str, str], ...]:
+    """The MIG instances of the GPUs a truth names whole: a GPU is held by its UUID and
+    its instances by theirs, so the database alone would let a job hold a GPU whole while
+    another holds one of its instances; their holders are stale too (``_take_truth``),
+    as a holder of a parent GPU whole is for a truth of instances (``mig_truth``)."""
+    return tuple(
+        sorted(
+            (node, m.uuid)
+            for node, indices in gpus.items()
+            for m in snapshots[node].mig_instances
+            if m.parent_gpu in indices
+        )
+    )
 
 
 def mig_truth(

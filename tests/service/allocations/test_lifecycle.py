@@ -277,3 +277,28 @@ def test_a_guard_that_saw_the_ttl_passed_while_another_replica_extended_it(
     with state.engine.connect() as conn:
         row = real_by_id(conn, placed.id)
     assert row is not None and row["state"] == answer.state and row["live"]
+
+
+def test_a_job_said_to_run_on_a_mig_gpu_whole_supersedes_its_instances(
+    client: TestClient,
+) -> None:
+    """A scheduler's truth naming a GPU in MIG mode by its index holds the GPU whole: a
+    reservation holding one of its MIG instances is superseded, as a truth of instances
+    supersedes a holder of their parent GPU whole (``mig_truth``). Kept, the one GPU was
+    in two live allocations: the whole GPU's and the instance's, each job told it runs
+    there."""
+    snap = add_nodes(client, ("hgx-h100-mig", "m0"))[0]
+    state: ServiceState = client.app.state.service  # type: ignore[attr-defined]
+    placed = client.post("/v1/place", json={"gpus": 1, "mig_profile": "1g.10gb"})
+    assert placed.status_code == 201, placed.text
+    [instance] = placed.json()["tasks"][0]["mig_uuids"]
+    parent = next(m.parent_gpu for m in snap.mig_instances if m.uuid == instance)
+
+    seen = api.observe(state, "J", "alice", {"m0": [parent]}, [], "slurm prolog", started=True)
+
+    assert seen.action == "created" and seen.superseded == (placed.json()["id"],), seen
+    assert client.get(f"/v1/allocations/{placed.json()['id']}").json()["state"] == "released"
+    engine: sa.Engine = state.engine
+    with engine.connect() as conn:
+        held = conn.execute(sa.select(schema.gpu_holds.c.device, schema.gpu_holds.c.kind)).all()
+    assert [tuple(h) for h in held] == [(snap.gpus[parent].uuid, "gpu")]
