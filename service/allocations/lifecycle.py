@@ -440,7 +440,8 @@ def task_truth(
         raise BadRequest(f"{node} has no GPUs {wrong or gpus}", {"node": node})
     moved_task = observed_placement({node: snapshot}, {node: gpus}, reason)["tasks"][0]
     holds = [(node, snapshot.gpus[i].uuid, "gpu") for i in sorted(gpus)]
-    return ObservedTask(allocation_id, task, node, holds, moved_task, rows[node], job_id)
+    instances = _instances_of({node: snapshot}, {node: gpus})
+    return ObservedTask(allocation_id, task, node, holds, moved_task, rows[node], job_id, instances)
 
 
 def _snapshots(
@@ -546,6 +547,8 @@ class ObservedTask:
     placement: dict[str, Any]
     mapped_on: MappedOn
     job_id: str  # the job the allocation must be of
+    # The MIG instances of the GPUs it moves onto: their holders are stale too.
+    instances: tuple[tuple[str, str], ...] = ()
 
     @property
     def nodes(self) -> tuple[str, ...]:
@@ -799,7 +802,8 @@ def _take_task(
         "cpus": old.get("cpus", []),
     }
     kept = _kept(conn, plan, truth)
-    stale = sorted(a for a in repository.holders(conn, sorted(truth.wanted)) if a != allocation_id)
+    contested = sorted(truth.wanted | set(truth.instances))
+    stale = sorted(a for a in repository.holders(conn, contested) if a != allocation_id)
     superseded, freed = repository.end(conn, stale, "release", now)
     moved, given_up = repository.relocate(
         conn,
