@@ -169,7 +169,7 @@ def test_one_bad_reservation_does_not_fail_its_batch(postgres_url: str) -> None:
             gate.wait(10)
         write(batch)
 
-    committer._write = held_first  # type: ignore[method-assign]
+    committer._write = held_first  # type: ignore[method-assign,assignment]
     errors: dict[str, BaseException] = {}
 
     def submit(device: str, job: str) -> None:
