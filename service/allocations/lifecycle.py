@@ -217,13 +217,15 @@ def _job_ended(
     now: datetime,
     work: Callable[[Connection], list[str] | None],
     quiet: datetime | None = None,
+    named: Sequence[str] | None = None,
 ) -> Ended:
     """End the allocations ``work`` names (None: none; with ``quiet``, only those ``_end``
     would) in a transaction that first holds the job (ended_jobs.lock) and remembers that
     it ended: a report of its start processed after this records nothing
     (``observe_all``, ``ObservedJob.started``). Where ``quiet`` kept every allocation
     named live (a report of the job's start used them since), the end is not
-    remembered: the view that said it is older than that report."""
+    remembered: the view that said it is older than that report. ``named``: the
+    allocations ``work`` names, where it names them by id (None: the job's own)."""
     forget_before = now - timedelta(seconds=state.settings.ended_job_memory_s)
 
     def ending(conn: Connection) -> tuple[list[str], list[repository.FreedHold]]:
@@ -235,10 +237,39 @@ def _job_ended(
         return ended, freed
 
     revoked_meanwhile.refuse_if_revoked()
-    with following(state):
-        ended, freed = in_transaction(state.engine, ending, state.metrics.retried)
+    try:
+        with following(state):  # a commit answer lost: memory reads what the database says
+            ended, freed = in_transaction(state.engine, ending, state.metrics.retried)
+    except DBAPIError as exc:
+        landed = _job_landed(state, job_id, now, named) if exc.connection_invalidated else None
+        if landed is None:
+            raise
+        # Committed, its answer lost with the connection: answered (and told to watchers)
+        # as made, not 503 while the epilog's retry finds nothing left and says nothing.
+        return Ended(tuple(landed))
     _forget(state, freed)
     return Ended(tuple(ended))
+
+
+def _job_landed(
+    state: ServiceState, job_id: str, now: datetime, named: Sequence[str] | None
+) -> list[str] | None:
+    """After a connection lost at the commit of ``_job_ended``: what it released if it
+    committed (its end of the job remembered at ``now``, in its transaction), the
+    allocations ``named`` or, without, the job's; None when it did not or the database
+    cannot say (the error stands). Memory was read already."""
+    try:
+        with state.engine.connect() as conn:
+            if not ended_jobs.said_at(conn, job_id, now):
+                return None
+            ids = repository.ended_by(conn, named, "release", now)
+            if named is not None:
+                return ids
+            return sorted(
+                str(r["id"]) for r in repository.by_ids(conn, ids) if r["job_id"] == job_id
+            )
+    except DBAPIError:
+        return None
 
 
 def release(
@@ -255,7 +286,8 @@ def release(
     if ended_job is None:
         ended = _end(state, [allocation_id], "release", quiet)
     else:
-        ended = _job_ended(state, ended_job, state.clock(), lambda _: [allocation_id], quiet)
+        named = [allocation_id]
+        ended = _job_ended(state, ended_job, state.clock(), lambda _: named, quiet, named)
     if not ended.ids:
         queries.get(state, allocation_id)  # 404 for an unknown id
     return ended

@@ -205,3 +205,29 @@ def test_a_confirm_whose_commit_answer_was_lost_is_answered_as_made(
     again = client.post(f"/v1/allocations/{allocation}/confirm")
     assert again.status_code == 200 and again.json()["state"] == "active"
     assert published == ["confirmed"]
+
+
+def test_a_job_release_whose_commit_answer_was_lost_is_answered_as_made(
+    cut_app: tuple[TestClient, CommitCut, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Slurm epilog's release of its job (POST /v1/jobs/{id}/release), as for the release
+    of one allocation. Was: 503 for a release that had happened; the epilog's retry
+    answered released: [] and no `released` event was ever published."""
+    client, cut, url = cut_app
+    placed = client.post("/v1/place", json={"gpus": 8, "job_id": "j7"})
+    assert placed.status_code == 201, placed.text
+    hub = client.app.state.service.events  # type: ignore[attr-defined]
+    published: list[str] = []
+    monkeypatch.setattr(
+        hub, "unwatched", lambda kind, type_, count: published.extend([type_] * count)
+    )
+    cut.arm()
+    released = client.post("/v1/jobs/j7/release")
+    assert cut.dropped == 1
+    assert _live(url) == []
+    assert released.status_code == 200, released.text
+    assert released.json()["released"] == [placed.json()["id"]]
+    retried = client.post("/v1/jobs/j7/release")
+    assert retried.status_code == 200 and retried.json()["released"] == []
+    assert published == ["released"]
+    assert _free(client) == 8
