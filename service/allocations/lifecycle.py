@@ -350,7 +350,30 @@ def attach(state: ServiceState, allocation_ids: list[str], job_id: str) -> tuple
         return attached
 
     revoked_meanwhile.refuse_if_revoked()
-    return tuple(in_transaction(state.engine, work, state.metrics.retried))
+    try:
+        return tuple(in_transaction(state.engine, work, state.metrics.retried))
+    except DBAPIError as exc:
+        landed = _attached(state, allocation_ids, now) if exc.connection_invalidated else None
+        if landed is None:
+            raise
+        # Committed, its answer lost with the connection: answered (and told to watchers)
+        # as made, not an error while the next try finds the job id there and says nothing.
+        return landed
+
+
+def _attached(
+    state: ServiceState, allocation_ids: list[str], now: datetime
+) -> tuple[str, ...] | None:
+    """After a connection lost at the commit of ``attach``: the ids it gave the job id if
+    it committed (their audit rows, written in its transaction at its own moment); None
+    when it attached none or the database cannot say (the error stands). An attach that
+    changed nothing committed nothing to look up: its next try answers the same."""
+    try:
+        with state.engine.connect() as conn:
+            found = tuple(i for i in allocation_ids if audit.written(conn, i, "attached", now))
+    except DBAPIError:
+        return None
+    return found or None
 
 
 def gpus_truth(

@@ -11,6 +11,7 @@ from fastapi.testclient import TestClient
 
 from placement.profiles import build_profile
 from service import migrate, schema
+from service.allocations import api
 from service.allocations.group_commit import GroupCommitter
 from service.app import create_app
 from service.settings import Settings
@@ -231,3 +232,28 @@ def test_a_job_release_whose_commit_answer_was_lost_is_answered_as_made(
     assert retried.status_code == 200 and retried.json()["released"] == []
     assert published == ["released"]
     assert _free(client) == 8
+
+
+def test_an_attach_whose_commit_answer_was_lost_is_answered_as_made(
+    cut_app: tuple[TestClient, CommitCut, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job id given to a reservation (a pending Slurm job naming it, the reconcile
+    loop). Was: the lost answer raised for a change that had committed, and the next
+    try found the job id there already: attached nothing, and no `attached` event was
+    ever published."""
+    client, cut, _ = cut_app
+    placed = client.post("/v1/place", json={"gpus": 8})
+    assert placed.status_code == 201, placed.text
+    allocation = placed.json()["id"]
+    state = client.app.state.service  # type: ignore[attr-defined]
+    published: list[str] = []
+    monkeypatch.setattr(
+        state.events, "unwatched", lambda kind, type_, count: published.extend([type_] * count)
+    )
+    cut.arm()
+    attached = api.attach(state, [allocation], "j9")
+    assert cut.dropped == 1
+    assert attached == (allocation,)
+    assert api.attach(state, [allocation], "j9") == ()
+    assert published == ["attached"]
+    assert client.get(f"/v1/allocations/{allocation}").json()["job_id"] == "j9"
