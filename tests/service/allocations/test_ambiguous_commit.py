@@ -257,3 +257,31 @@ def test_an_attach_whose_commit_answer_was_lost_is_answered_as_made(
     assert api.attach(state, [allocation], "j9") == ()
     assert published == ["attached"]
     assert client.get(f"/v1/allocations/{allocation}").json()["job_id"] == "j9"
+
+
+def test_a_queued_reservation_of_unknown_outcome_is_written_again_not_refused(
+    cut_app: tuple[TestClient, CommitCut, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The group committer's write (REST /place) whose COMMIT answer was lost, the
+    database unable to say at once whether it landed: written again, it meets its own
+    rows and is answered as made, as a write at once is. Was: 503 while the database
+    held all 8 GPUs for it, and the client's retry without a key found nothing free: a
+    second reservation wherever it fitted, the first pending for its TTL."""
+    client, cut, url = cut_app
+    committer = client.app.state.service.committer  # type: ignore[attr-defined]
+    landed = committer.writer.landed
+    asked: list[int] = []
+
+    def unreachable_once(ids: list[str]) -> bool:
+        asked.append(len(ids))
+        if len(asked) == 1:
+            raise sa.exc.OperationalError("SELECT", {}, Exception("gone a moment"))
+        return bool(landed(ids))
+
+    monkeypatch.setattr(committer.writer, "landed", unreachable_once)
+    cut.arm()
+    response = client.post("/v1/place", json={"gpus": 8, "job_id": "j8"})
+    assert cut.dropped == 1
+    assert response.status_code == 201, response.text
+    assert _live(url) == [(response.json()["id"], 8)]
+    assert _free(client) == 0
