@@ -109,17 +109,32 @@ def _looked_up(
 
 
 def _made(
-    allocation_id: str, action: str, now: datetime
+    allocation_id: str, action: str, now: datetime, verb: str
 ) -> Callable[[Connection], _Outcome | None]:
     """Whether the transition ``action`` of ``now`` committed (its audit row, written in
-    its transaction, is stored), and then the row as it is."""
+    its transaction, is stored), and then the row as it is; or whether the transaction
+    expired the reservation instead, its TTL found passed (``_refused``): then answered
+    so, as the committed transaction would have been, with its ``expired`` event."""
 
     def landed(conn: Connection) -> _Outcome | None:
-        if not audit.written(conn, allocation_id, action, now):
+        if audit.written(conn, allocation_id, action, now):
+            return _Outcome(repository.by_id(conn, allocation_id), True, [])
+        if not audit.written(conn, allocation_id, "expired", now):
             return None
-        return _Outcome(repository.by_id(conn, allocation_id), True, [])
+        row = repository.by_id(conn, allocation_id)
+        assert row is not None  # allocation rows are never deleted
+        refusal = Conflict(_expired_message(allocation_id, row, verb), {"state": row["state"]})
+        return _Outcome(row, False, [], expired=True, refusal=refusal)
 
     return landed
+
+
+def _expired_message(allocation_id: str, row: Mapping[Any, Any], verb: str) -> str:
+    return (
+        f"allocation {allocation_id} expired at {time_text(views.aware(row['ended_at']))}:"
+        " its TTL passed"
+        f" before the {verb}; place the job again"
+    )
 
 
 def _guarded(allocation_id: str, verb: str, attempt: Callable[[], _Outcome | None]) -> _Outcome:
@@ -154,11 +169,7 @@ def _refused(conn: Connection, allocation_id: str, now: datetime, verb: str) -> 
         assert row is not None
         audit.write(conn, [records.allocation_change("expired", now, row)])
         expired = True
-        message = (
-            f"allocation {allocation_id} expired at {time_text(views.aware(row['ended_at']))}:"
-            " its TTL passed"
-            f" before the {verb}; place the job again"
-        )
+        message = _expired_message(allocation_id, row, verb)
     elif verb == "extend" and row["state"] in ("active", "degraded"):
         message = f"allocation {allocation_id} is {row['state']}; only a pending one has a TTL"
     else:
@@ -189,7 +200,7 @@ def confirm(state: ServiceState, allocation_id: str) -> Transition:
     return _transition(
         state,
         lambda conn: _guarded(allocation_id, "confirm", lambda: attempt(conn)),
-        _made(allocation_id, "confirmed", now),
+        _made(allocation_id, "confirmed", now, "confirm"),
     )
 
 
@@ -207,7 +218,7 @@ def extend(state: ServiceState, allocation_id: str, ttl_s: float) -> Transition:
     return _transition(
         state,
         lambda conn: _guarded(allocation_id, "extend", lambda: attempt(conn)),
-        _made(allocation_id, "extended", now),
+        _made(allocation_id, "extended", now, "extend"),
     )
 
 

@@ -285,3 +285,29 @@ def test_a_queued_reservation_of_unknown_outcome_is_written_again_not_refused(
     assert response.status_code == 201, response.text
     assert _live(url) == [(response.json()["id"], 8)]
     assert _free(client) == 0
+
+
+@pytest.mark.parametrize("verb", ["confirm", "extend"])
+def test_a_late_confirm_whose_expiry_commit_answer_was_lost_is_answered_expired(
+    cut_app: tuple[TestClient, CommitCut, str], monkeypatch: pytest.MonkeyPatch, verb: str
+) -> None:
+    """A confirm or extend that found the TTL passed expires the reservation in its own
+    transaction; that commit's answer lost. Was: 503, and the retry answered 409 expired
+    for an expiry nobody was told of: no `expired` event was ever published."""
+    client, cut, url = cut_app
+    state = client.app.state.service  # type: ignore[attr-defined]
+    placed = client.post("/v1/place", json={"gpus": 8, "ttl_s": 10})
+    assert placed.status_code == 201, placed.text
+    allocation = placed.json()["id"]
+    published: list[str] = []
+    monkeypatch.setattr(state.events, "publish", lambda kind, type_, **_: published.append(type_))
+    state.clock.advance(11)
+    cut.arm()
+    body = {"ttl_s": 30} if verb == "extend" else None
+    late = client.post(f"/v1/allocations/{allocation}/{verb}", json=body)
+    assert cut.dropped == 1
+    assert _live(url) == []
+    assert late.status_code == 409, late.text
+    assert "expired" in late.json()["error"]["message"]
+    assert published == ["expired"]
+    assert _free(client) == 8
