@@ -52,3 +52,11 @@ def ended_since(conn: Connection, job_id: str, since: datetime) -> bool:
     """Whether the job's end was said at ``since`` or later."""
     query = sa.select(_T.c.job_id).where(_T.c.job_id == job_id, _T.c.ended_at >= since)
     return conn.execute(query).first() is not None
+
+
+def said_at(conn: Connection, job_id: str, at: datetime) -> bool:
+    """Whether the job's end was remembered at exactly ``at``: a transaction that said it
+    then and whose commit went unanswered finds here that it committed (``at`` is its
+    own moment, to the microsecond)."""
+    query = sa.select(_T.c.job_id).where(_T.c.job_id == job_id, _T.c.ended_at == at)
+    return conn.execute(query).first() is not None

@@ -19,8 +19,9 @@ one order (by key, by node and device) so that two batches rarely wait on
 each other at all. Only a database that does not answer reaches every
 waiter of the batch; a connection lost at the commit is first asked about
 on a new one (the server may have committed and its answer been lost), and
-a batch found stored is answered as written. The writes go through the driver with statements
-compiled once (batch_writer.py).
+a batch found stored is answered as written; one not found (or that the database
+cannot say of) is written once more, and meets its own rows if it committed after
+all. The writes go through the driver with statements compiled once (batch_writer.py).
 
 A caller that is alone by construction may ask for its reservation to be
 written at once, on its own thread (``commit_async(..., at_once=True)``):
@@ -323,10 +324,27 @@ class GroupCommitter:
         try:
             self._insert(batch)
         except OperationalError as exc:
-            if not (exc.connection_invalidated and self._landed(batch)):
+            if not exc.connection_invalidated:
                 raise
+            if not self._landed(batch):
+                self._insert_again(batch)
         except IntegrityError:
             if not (any(r.unsure for r in batch) and self._landed(batch)):
+                raise
+
+    def _insert_again(self, batch: Sequence[_Reservation]) -> None:
+        """A batch whose connection was lost at the commit and that the database did not
+        show stored (it could not say, or the commit was still on its way): written once
+        more, on a new connection, as a write at once of unknown outcome goes to the
+        queue. Committed after all, the write meets its own rows and the batch is made;
+        else this write makes it. Refused as not landed, a keyless caller's retry would
+        reserve a second time while the first, committed, held its GPUs for its TTL."""
+        for reservation in batch:
+            reservation.unsure = True
+        try:
+            self._insert(batch)
+        except IntegrityError:
+            if not self._landed(batch):
                 raise
 
     def _write(self, queued: list[_Reservation]) -> None:

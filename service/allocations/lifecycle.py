@@ -109,17 +109,32 @@ def _looked_up(
 
 
 def _made(
-    allocation_id: str, action: str, now: datetime
+    allocation_id: str, action: str, now: datetime, verb: str
 ) -> Callable[[Connection], _Outcome | None]:
     """Whether the transition ``action`` of ``now`` committed (its audit row, written in
-    its transaction, is stored), and then the row as it is."""
+    its transaction, is stored), and then the row as it is; or whether the transaction
+    expired the reservation instead, its TTL found passed (``_refused``): then answered
+    so, as the committed transaction would have been, with its ``expired`` event."""
 
     def landed(conn: Connection) -> _Outcome | None:
-        if not audit.written(conn, allocation_id, action, now):
+        if audit.written(conn, allocation_id, action, now):
+            return _Outcome(repository.by_id(conn, allocation_id), True, [])
+        if not audit.written(conn, allocation_id, "expired", now):
             return None
-        return _Outcome(repository.by_id(conn, allocation_id), True, [])
+        row = repository.by_id(conn, allocation_id)
+        assert row is not None  # allocation rows are never deleted
+        refusal = Conflict(_expired_message(allocation_id, row, verb), {"state": row["state"]})
+        return _Outcome(row, False, [], expired=True, refusal=refusal)
 
     return landed
+
+
+def _expired_message(allocation_id: str, row: Mapping[Any, Any], verb: str) -> str:
+    return (
+        f"allocation {allocation_id} expired at {time_text(views.aware(row['ended_at']))}:"
+        " its TTL passed"
+        f" before the {verb}; place the job again"
+    )
 
 
 def _guarded(allocation_id: str, verb: str, attempt: Callable[[], _Outcome | None]) -> _Outcome:
@@ -154,11 +169,7 @@ def _refused(conn: Connection, allocation_id: str, now: datetime, verb: str) -> 
         assert row is not None
         audit.write(conn, [records.allocation_change("expired", now, row)])
         expired = True
-        message = (
-            f"allocation {allocation_id} expired at {time_text(views.aware(row['ended_at']))}:"
-            " its TTL passed"
-            f" before the {verb}; place the job again"
-        )
+        message = _expired_message(allocation_id, row, verb)
     elif verb == "extend" and row["state"] in ("active", "degraded"):
         message = f"allocation {allocation_id} is {row['state']}; only a pending one has a TTL"
     else:
@@ -189,7 +200,7 @@ def confirm(state: ServiceState, allocation_id: str) -> Transition:
     return _transition(
         state,
         lambda conn: _guarded(allocation_id, "confirm", lambda: attempt(conn)),
-        _made(allocation_id, "confirmed", now),
+        _made(allocation_id, "confirmed", now, "confirm"),
     )
 
 
@@ -207,7 +218,7 @@ def extend(state: ServiceState, allocation_id: str, ttl_s: float) -> Transition:
     return _transition(
         state,
         lambda conn: _guarded(allocation_id, "extend", lambda: attempt(conn)),
-        _made(allocation_id, "extended", now),
+        _made(allocation_id, "extended", now, "extend"),
     )
 
 
@@ -217,13 +228,15 @@ def _job_ended(
     now: datetime,
     work: Callable[[Connection], list[str] | None],
     quiet: datetime | None = None,
+    named: Sequence[str] | None = None,
 ) -> Ended:
     """End the allocations ``work`` names (None: none; with ``quiet``, only those ``_end``
     would) in a transaction that first holds the job (ended_jobs.lock) and remembers that
     it ended: a report of its start processed after this records nothing
     (``observe_all``, ``ObservedJob.started``). Where ``quiet`` kept every allocation
     named live (a report of the job's start used them since), the end is not
-    remembered: the view that said it is older than that report."""
+    remembered: the view that said it is older than that report. ``named``: the
+    allocations ``work`` names, where it names them by id (None: the job's own)."""
     forget_before = now - timedelta(seconds=state.settings.ended_job_memory_s)
 
     def ending(conn: Connection) -> tuple[list[str], list[repository.FreedHold]]:
@@ -235,10 +248,39 @@ def _job_ended(
         return ended, freed
 
     revoked_meanwhile.refuse_if_revoked()
-    with following(state):
-        ended, freed = in_transaction(state.engine, ending, state.metrics.retried)
+    try:
+        with following(state):  # a commit answer lost: memory reads what the database says
+            ended, freed = in_transaction(state.engine, ending, state.metrics.retried)
+    except DBAPIError as exc:
+        landed = _job_landed(state, job_id, now, named) if exc.connection_invalidated else None
+        if landed is None:
+            raise
+        # Committed, its answer lost with the connection: answered (and told to watchers)
+        # as made, not 503 while the epilog's retry finds nothing left and says nothing.
+        return Ended(tuple(landed))
     _forget(state, freed)
     return Ended(tuple(ended))
+
+
+def _job_landed(
+    state: ServiceState, job_id: str, now: datetime, named: Sequence[str] | None
+) -> list[str] | None:
+    """After a connection lost at the commit of ``_job_ended``: what it released if it
+    committed (its end of the job remembered at ``now``, in its transaction), the
+    allocations ``named`` or, without, the job's; None when it did not or the database
+    cannot say (the error stands). Memory was read already."""
+    try:
+        with state.engine.connect() as conn:
+            if not ended_jobs.said_at(conn, job_id, now):
+                return None
+            ids = repository.ended_by(conn, named, "release", now)
+            if named is not None:
+                return ids
+            return sorted(
+                str(r["id"]) for r in repository.by_ids(conn, ids) if r["job_id"] == job_id
+            )
+    except DBAPIError:
+        return None
 
 
 def release(
@@ -255,7 +297,8 @@ def release(
     if ended_job is None:
         ended = _end(state, [allocation_id], "release", quiet)
     else:
-        ended = _job_ended(state, ended_job, state.clock(), lambda _: [allocation_id], quiet)
+        named = [allocation_id]
+        ended = _job_ended(state, ended_job, state.clock(), lambda _: named, quiet, named)
     if not ended.ids:
         queries.get(state, allocation_id)  # 404 for an unknown id
     return ended
@@ -318,7 +361,30 @@ def attach(state: ServiceState, allocation_ids: list[str], job_id: str) -> tuple
         return attached
 
     revoked_meanwhile.refuse_if_revoked()
-    return tuple(in_transaction(state.engine, work, state.metrics.retried))
+    try:
+        return tuple(in_transaction(state.engine, work, state.metrics.retried))
+    except DBAPIError as exc:
+        landed = _attached(state, allocation_ids, now) if exc.connection_invalidated else None
+        if landed is None:
+            raise
+        # Committed, its answer lost with the connection: answered (and told to watchers)
+        # as made, not an error while the next try finds the job id there and says nothing.
+        return landed
+
+
+def _attached(
+    state: ServiceState, allocation_ids: list[str], now: datetime
+) -> tuple[str, ...] | None:
+    """After a connection lost at the commit of ``attach``: the ids it gave the job id if
+    it committed (their audit rows, written in its transaction at its own moment); None
+    when it attached none or the database cannot say (the error stands). An attach that
+    changed nothing committed nothing to look up: its next try answers the same."""
+    try:
+        with state.engine.connect() as conn:
+            found = tuple(i for i in allocation_ids if audit.written(conn, i, "attached", now))
+    except DBAPIError:
+        return None
+    return found or None
 
 
 def gpus_truth(
@@ -349,8 +415,32 @@ def gpus_truth(
     request = PlaceRequest(
         gpus=max(counts), tasks=len(gpus), owner=owner, job_id=job_id
     ).model_dump_json()
-    truth = _Truth(holds, (), placement_text, request, tuple(sorted(gpus)), _sorted(rows))
+    truth = _Truth(
+        holds,
+        _instances_of(snapshots, gpus),
+        placement_text,
+        request,
+        tuple(sorted(gpus)),
+        _sorted(rows),
+    )
     return ObservedJob(job_id, owner, tuple(named), truth, started, touch)
+
+
+def _instances_of(
+    snapshots: Mapping[str, NodeSnapshot], gpus: Mapping[str, list[int]]
+) -> tuple[tuple[str, str], ...]:
+    """The MIG instances of the GPUs a truth names whole: a GPU is held by its UUID and
+    its instances by theirs, so the database alone would let a job hold a GPU whole while
+    another holds one of its instances; their holders are stale too (``_take_truth``),
+    as a holder of a parent GPU whole is for a truth of instances (``mig_truth``)."""
+    return tuple(
+        sorted(
+            (node, m.uuid)
+            for node, indices in gpus.items()
+            for m in snapshots[node].mig_instances
+            if m.parent_gpu in indices
+        )
+    )
 
 
 def mig_truth(
@@ -416,7 +506,8 @@ def task_truth(
         raise BadRequest(f"{node} has no GPUs {wrong or gpus}", {"node": node})
     moved_task = observed_placement({node: snapshot}, {node: gpus}, reason)["tasks"][0]
     holds = [(node, snapshot.gpus[i].uuid, "gpu") for i in sorted(gpus)]
-    return ObservedTask(allocation_id, task, node, holds, moved_task, rows[node], job_id)
+    instances = _instances_of({node: snapshot}, {node: gpus})
+    return ObservedTask(allocation_id, task, node, holds, moved_task, rows[node], job_id, instances)
 
 
 def _snapshots(
@@ -522,6 +613,8 @@ class ObservedTask:
     placement: dict[str, Any]
     mapped_on: MappedOn
     job_id: str  # the job the allocation must be of
+    # The MIG instances of the GPUs it moves onto: their holders are stale too.
+    instances: tuple[tuple[str, str], ...] = ()
 
     @property
     def nodes(self) -> tuple[str, ...]:
@@ -775,7 +868,8 @@ def _take_task(
         "cpus": old.get("cpus", []),
     }
     kept = _kept(conn, plan, truth)
-    stale = sorted(a for a in repository.holders(conn, sorted(truth.wanted)) if a != allocation_id)
+    contested = sorted(truth.wanted | set(truth.instances))
+    stale = sorted(a for a in repository.holders(conn, contested) if a != allocation_id)
     superseded, freed = repository.end(conn, stale, "release", now)
     moved, given_up = repository.relocate(
         conn,

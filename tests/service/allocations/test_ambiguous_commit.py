@@ -11,6 +11,7 @@ from fastapi.testclient import TestClient
 
 from placement.profiles import build_profile
 from service import migrate, schema
+from service.allocations import api
 from service.allocations.group_commit import GroupCommitter
 from service.app import create_app
 from service.settings import Settings
@@ -205,3 +206,108 @@ def test_a_confirm_whose_commit_answer_was_lost_is_answered_as_made(
     again = client.post(f"/v1/allocations/{allocation}/confirm")
     assert again.status_code == 200 and again.json()["state"] == "active"
     assert published == ["confirmed"]
+
+
+def test_a_job_release_whose_commit_answer_was_lost_is_answered_as_made(
+    cut_app: tuple[TestClient, CommitCut, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Slurm epilog's release of its job (POST /v1/jobs/{id}/release), as for the release
+    of one allocation. Was: 503 for a release that had happened; the epilog's retry
+    answered released: [] and no `released` event was ever published."""
+    client, cut, url = cut_app
+    placed = client.post("/v1/place", json={"gpus": 8, "job_id": "j7"})
+    assert placed.status_code == 201, placed.text
+    hub = client.app.state.service.events  # type: ignore[attr-defined]
+    published: list[str] = []
+    monkeypatch.setattr(
+        hub, "unwatched", lambda kind, type_, count: published.extend([type_] * count)
+    )
+    cut.arm()
+    released = client.post("/v1/jobs/j7/release")
+    assert cut.dropped == 1
+    assert _live(url) == []
+    assert released.status_code == 200, released.text
+    assert released.json()["released"] == [placed.json()["id"]]
+    retried = client.post("/v1/jobs/j7/release")
+    assert retried.status_code == 200 and retried.json()["released"] == []
+    assert published == ["released"]
+    assert _free(client) == 8
+
+
+def test_an_attach_whose_commit_answer_was_lost_is_answered_as_made(
+    cut_app: tuple[TestClient, CommitCut, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job id given to a reservation (a pending Slurm job naming it, the reconcile
+    loop). Was: the lost answer raised for a change that had committed, and the next
+    try found the job id there already: attached nothing, and no `attached` event was
+    ever published."""
+    client, cut, _ = cut_app
+    placed = client.post("/v1/place", json={"gpus": 8})
+    assert placed.status_code == 201, placed.text
+    allocation = placed.json()["id"]
+    state = client.app.state.service  # type: ignore[attr-defined]
+    published: list[str] = []
+    monkeypatch.setattr(
+        state.events, "unwatched", lambda kind, type_, count: published.extend([type_] * count)
+    )
+    cut.arm()
+    attached = api.attach(state, [allocation], "j9")
+    assert cut.dropped == 1
+    assert attached == (allocation,)
+    assert api.attach(state, [allocation], "j9") == ()
+    assert published == ["attached"]
+    assert client.get(f"/v1/allocations/{allocation}").json()["job_id"] == "j9"
+
+
+def test_a_queued_reservation_of_unknown_outcome_is_written_again_not_refused(
+    cut_app: tuple[TestClient, CommitCut, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The group committer's write (REST /place) whose COMMIT answer was lost, the
+    database unable to say at once whether it landed: written again, it meets its own
+    rows and is answered as made, as a write at once is. Was: 503 while the database
+    held all 8 GPUs for it, and the client's retry without a key found nothing free: a
+    second reservation wherever it fitted, the first pending for its TTL."""
+    client, cut, url = cut_app
+    committer = client.app.state.service.committer  # type: ignore[attr-defined]
+    landed = committer.writer.landed
+    asked: list[int] = []
+
+    def unreachable_once(ids: list[str]) -> bool:
+        asked.append(len(ids))
+        if len(asked) == 1:
+            raise sa.exc.OperationalError("SELECT", {}, Exception("gone a moment"))
+        return bool(landed(ids))
+
+    monkeypatch.setattr(committer.writer, "landed", unreachable_once)
+    cut.arm()
+    response = client.post("/v1/place", json={"gpus": 8, "job_id": "j8"})
+    assert cut.dropped == 1
+    assert response.status_code == 201, response.text
+    assert _live(url) == [(response.json()["id"], 8)]
+    assert _free(client) == 0
+
+
+@pytest.mark.parametrize("verb", ["confirm", "extend"])
+def test_a_late_confirm_whose_expiry_commit_answer_was_lost_is_answered_expired(
+    cut_app: tuple[TestClient, CommitCut, str], monkeypatch: pytest.MonkeyPatch, verb: str
+) -> None:
+    """A confirm or extend that found the TTL passed expires the reservation in its own
+    transaction; that commit's answer lost. Was: 503, and the retry answered 409 expired
+    for an expiry nobody was told of: no `expired` event was ever published."""
+    client, cut, url = cut_app
+    state = client.app.state.service  # type: ignore[attr-defined]
+    placed = client.post("/v1/place", json={"gpus": 8, "ttl_s": 10})
+    assert placed.status_code == 201, placed.text
+    allocation = placed.json()["id"]
+    published: list[str] = []
+    monkeypatch.setattr(state.events, "publish", lambda kind, type_, **_: published.append(type_))
+    state.clock.advance(11)
+    cut.arm()
+    body = {"ttl_s": 30} if verb == "extend" else None
+    late = client.post(f"/v1/allocations/{allocation}/{verb}", json=body)
+    assert cut.dropped == 1
+    assert _live(url) == []
+    assert late.status_code == 409, late.text
+    assert "expired" in late.json()["error"]["message"]
+    assert published == ["expired"]
+    assert _free(client) == 8

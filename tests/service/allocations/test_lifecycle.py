@@ -24,6 +24,7 @@ from placement.profiles import build_profile
 from service import schema
 from service.allocations import api, repository
 from service.allocations.group_commit import GroupCommitter
+from service.allocations.results import Observation
 from service.allocations.schemas import PlaceRequest
 from service.app import create_app
 from service.db import make_engine
@@ -168,7 +169,7 @@ def test_one_bad_reservation_does_not_fail_its_batch(postgres_url: str) -> None:
             gate.wait(10)
         write(batch)
 
-    committer._write = held_first  # type: ignore[method-assign]
+    committer._write = held_first  # type: ignore[method-assign,assignment]
     errors: dict[str, BaseException] = {}
 
     def submit(device: str, job: str) -> None:
@@ -277,3 +278,52 @@ def test_a_guard_that_saw_the_ttl_passed_while_another_replica_extended_it(
     with state.engine.connect() as conn:
         row = real_by_id(conn, placed.id)
     assert row is not None and row["state"] == answer.state and row["live"]
+
+
+def test_a_job_said_to_run_on_a_mig_gpu_whole_supersedes_its_instances(
+    client: TestClient,
+) -> None:
+    """A scheduler's truth naming a GPU in MIG mode by its index holds the GPU whole: a
+    reservation holding one of its MIG instances is superseded, as a truth of instances
+    supersedes a holder of their parent GPU whole (``mig_truth``). Kept, the one GPU was
+    in two live allocations: the whole GPU's and the instance's, each job told it runs
+    there."""
+    snap = add_nodes(client, ("hgx-h100-mig", "m0"))[0]
+    state: ServiceState = client.app.state.service  # type: ignore[attr-defined]
+    placed = client.post("/v1/place", json={"gpus": 1, "mig_profile": "1g.10gb"})
+    assert placed.status_code == 201, placed.text
+    [instance] = placed.json()["tasks"][0]["mig_uuids"]
+    parent = next(m.parent_gpu for m in snap.mig_instances if m.uuid == instance)
+
+    seen = api.observe(state, "J", "alice", {"m0": [parent]}, [], "slurm prolog", started=True)
+
+    assert seen.action == "created" and seen.superseded == (placed.json()["id"],), seen
+    assert client.get(f"/v1/allocations/{placed.json()['id']}").json()["state"] == "released"
+    engine: sa.Engine = state.engine
+    with engine.connect() as conn:
+        held = conn.execute(sa.select(schema.gpu_holds.c.device, schema.gpu_holds.c.kind)).all()
+    assert [tuple(h) for h in held] == [(snap.gpus[parent].uuid, "gpu")]
+
+
+def test_a_gang_task_said_to_run_on_a_mig_gpu_whole_supersedes_its_instances(
+    client: TestClient,
+) -> None:
+    """The same for one task of a gang (``task_truth``, the kubelet's report of a member):
+    moved onto a GPU in MIG mode, it holds the GPU whole and the holder of one of its
+    instances is stale."""
+    snap = add_nodes(client, ("dgx-a100-mig", "a0"))[0]
+    state: ServiceState = client.app.state.service  # type: ignore[attr-defined]
+    gang = api.place(state, PlaceRequest(gpus=1, tasks=2, job_id="gang"), None).allocation
+    placed = client.post("/v1/place", json={"gpus": 1, "mig_profile": "1g.10gb"})
+    assert placed.status_code == 201, placed.text
+    [instance] = placed.json()["tasks"][0]["mig_uuids"]
+    parent = next(m.parent_gpu for m in snap.mig_instances if m.uuid == instance)
+    moved = api.task_truth(state, gang.id, 0, "a0", [parent], "the kubelet", job_id="gang")
+
+    (seen,) = api.observe_all(state, [moved])
+
+    assert seen == Observation("moved", gang.id, (placed.json()["id"],)), seen
+    assert client.get(f"/v1/allocations/{placed.json()['id']}").json()["state"] == "released"
+    with state.engine.connect() as conn:
+        held = set(conn.execute(sa.select(schema.gpu_holds.c.device)).scalars())
+    assert instance not in held and snap.gpus[parent].uuid in held
