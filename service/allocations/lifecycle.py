@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Connection, RowMapping
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from placement.snapshot import NodeSnapshot
@@ -922,6 +922,7 @@ def _take_truth(
     # job holding a share of the GPU it runs on was matched, the GPU's other shares kept
     # and more given on it, where a job without one superseded them.
     if ids and repository.holds_of(conn, ids) == set(truth.holds):
+        _runs(conn, ids, now)
         attached = tuple(repository.attach(conn, ids, job_id, now))
         if job.touch:
             # The scheduler has just said the job started on these (attached or not):
@@ -951,6 +952,8 @@ def _take_truth(
             on=job.on,
         )
         freed += given_up
+        if moved is not None:
+            moved = _runs(conn, ids[:1], now).get(ids[0], moved)
         if moved is not None and job.touch:
             # Moved onto the GPUs the job has just started on: as for a match, an older
             # view of the job (a stale squeue answer) must not end it (``quiet``).
@@ -969,6 +972,20 @@ def _take_truth(
         )
         audit.write(conn, [placed])
     return observation, freed
+
+
+def _runs(conn: Connection, ids: list[str], now: datetime) -> dict[str, RowMapping]:
+    """The scheduler says the job runs on these allocations' GPUs: a reservation among
+    them loses its TTL (pending -> active). Left pending, a REST reservation pinned to a
+    job expired under it at its TTL, and the GPUs the job runs on went to the next one.
+    Returns the rows that changed, by id."""
+    changed: dict[str, RowMapping] = {}
+    for allocation_id in ids:
+        row = repository.run(conn, allocation_id, now)
+        if row is not None:
+            changed[allocation_id] = row
+            audit.write(conn, [records.allocation_change("confirmed", now, row)])
+    return changed
 
 
 def _observed_row(

@@ -65,6 +65,11 @@ GUARDS: dict[str, Guard] = {
     "relocate": lambda now: _T.c.state.in_(LIVE),
     # a live reservation is reused (a retried bind, a gang member's claim) and says when
     "touch": lambda now: _T.c.state.in_(LIVE),
+    # a reservation the scheduler says its job runs on loses its TTL, passed or not: the
+    # job holds the GPUs until it ends, whatever the reservation's clock said
+    "run": lambda now: sa.and_(
+        _T.c.state.in_(("pending", "degraded")), _T.c.expires_at.is_not(None)
+    ),
 }
 
 
@@ -95,6 +100,22 @@ def confirm(conn: Connection, allocation_id: str, now: datetime) -> sa.RowMappin
     statement = (
         sa.update(_T)
         .where(_T.c.id == allocation_id, GUARDS["confirm"](now))
+        .values(
+            state=sa.case((_T.c.state == "pending", "active"), else_=_T.c.state),
+            expires_at=None,
+        )
+        .returning(*_T.c)
+    )
+    return conn.execute(statement).mappings().first()
+
+
+def run(conn: Connection, allocation_id: str, now: datetime) -> sa.RowMapping | None:
+    """pending -> active (degraded stays degraded) without a TTL, as ``confirm`` but
+    whether or not the TTL has passed: its job runs on the GPUs (a scheduler's truth).
+    The row, or None when it had no TTL to lose (already active, or ended)."""
+    statement = (
+        sa.update(_T)
+        .where(_T.c.id == allocation_id, GUARDS["run"](now))
         .values(
             state=sa.case((_T.c.state == "pending", "active"), else_=_T.c.state),
             expires_at=None,

@@ -327,3 +327,33 @@ def test_a_gang_task_said_to_run_on_a_mig_gpu_whole_supersedes_its_instances(
     with state.engine.connect() as conn:
         held = set(conn.execute(sa.select(schema.gpu_holds.c.device)).scalars())
     assert instance not in held and snap.gpus[parent].uuid in held
+
+
+@pytest.mark.parametrize("moved", [False, True], ids=["matched", "moved"])
+def test_a_reservation_its_job_runs_on_never_expires_under_it(
+    client: TestClient, clock: FakeClock, moved: bool
+) -> None:
+    """A REST reservation pinned to a scheduler's job (named in its admin comment): the
+    scheduler then says the job runs, on those GPUs or others. The job holds them until
+    it ends, so the reservation loses its TTL. Left pending, it expired under the running
+    job and the next /place was given the GPUs it runs on."""
+    add_nodes(client, ("hgx-h100", "h0"))
+    state: ServiceState = client.app.state.service  # type: ignore[attr-defined]
+    held = client.post("/v1/place", json={"gpus": 2, "ttl_s": 30}).json()
+    indices = held["tasks"][0]["gpu_indices"]
+    runs_on = [i for i in range(8) if i not in indices][:2] if moved else indices
+
+    seen = api.observe(state, "J", "alice", {"h0": runs_on}, [held["id"]], "prolog", True)
+
+    assert seen.action == ("moved" if moved else "attached") and seen.allocation_id == held["id"]
+    now = client.get(f"/v1/allocations/{held['id']}").json()
+    assert now["state"] == "active" and now["expires_at"] is None
+    clock.advance(60)
+    client.post("/v1/nodes/h0/heartbeat")
+    assert api.sweep(state).ids == ()
+    kept = client.get(f"/v1/allocations/{held['id']}").json()
+    assert kept["state"] == "active" and sorted(kept["tasks"][0]["gpu_indices"]) == runs_on
+    assert len(client.get("/v1/nodes/h0").json()["free_gpus"]) == 6
+    # The confirmation is in the audit trail, as a confirm's is.
+    trail = client.get("/v1/audit", params={"allocation_id": held["id"]}).json()["entries"]
+    assert "confirmed" in [e["action"] for e in trail]
