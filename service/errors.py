@@ -173,6 +173,13 @@ class TooManyWatches(ServiceError):
     code = "too_many_watches"
 
 
+class TooManyStreams(ServiceError):
+    """A health Watch or reflection stream past the bound on open ones (a peer's, or all)."""
+
+    status = 429
+    code = "too_many_streams"
+
+
 class SeqAhead(ServiceError):
     status = 422
     code = "seq_ahead"

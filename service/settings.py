@@ -85,6 +85,17 @@ class Settings(BaseSettings):
     max_watches_per_caller: int = Field(
         default=16, ge=1, description="open gRPC Watch streams one token may hold at once"
     )
+    max_open_streams: int = Field(
+        default=1024,
+        ge=1,
+        description="open gRPC streams that need no token (health Watch, server reflection)"
+        " this process serves at once: each holds a call and a task while the client keeps it",
+    )
+    max_open_streams_per_peer: int = Field(
+        default=32,
+        ge=1,
+        description="open gRPC streams that need no token one client address may hold at once",
+    )
     header_timeout_s: float = Field(
         default=10.0,
         gt=0,

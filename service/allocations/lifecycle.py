@@ -327,7 +327,10 @@ def touch(state: ServiceState, allocation_id: str) -> Allocation | None:
     """Stamp a live reservation as reused now, before the caller acts on it (a retried
     bind writes its Binding next): a release guarded by an older ``quiet`` moment then
     leaves it. The allocation as it is, or None when it is no longer live (the caller
-    reserves anew). Changes nothing the allocation's view shows."""
+    reserves anew). Changes nothing the allocation's view shows. A write as any other: the
+    stamp keeps the reservation from the reconciler, so a caller's token revoked while it
+    waited (a bind's read of its pod, a gang's lock) stamps nothing."""
+    revoked_meanwhile.refuse_if_revoked()
     now = state.clock()
     row = in_transaction(
         state.engine, lambda conn: repository.touch(conn, allocation_id, now), state.metrics.retried

@@ -30,6 +30,7 @@ from service.event_loop import off_loop
 from service.grpc.auth import RequireToken
 from service.grpc.gen import topoplace_pb2 as pb
 from service.grpc.gen import topoplace_pb2_grpc as pb_grpc
+from service.grpc.open_streams import OpenStreams
 from service.grpc.rate_limit import RateLimit
 from service.grpc.servicer import TopoplaceServicer
 from service.grpc.slow_clients import MessageDeadline
@@ -135,6 +136,7 @@ class GrpcServer:
         server = grpc.aio.server(
             interceptors=[
                 MessageDeadline(settings.body_timeout_s),  # first: it wraps what the rest chose
+                OpenStreams(settings.max_open_streams, settings.max_open_streams_per_peer),
                 RateLimit(self.limiter),
                 RequireToken(self.check, region_checker(self.state)),
             ],

@@ -25,6 +25,7 @@ of the REST ``detail``), and where they apply:
     idempotent_replay        ALREADY_EXISTS         the Allocation made before
     watch_overflow           RESOURCE_EXHAUSTED     (list again, watch again)
     too_many_watches         RESOURCE_EXHAUSTED     (end a watch, or retry later)
+    too_many_streams         RESOURCE_EXHAUSTED     (end a health Watch or reflection stream)
     unsupported              INVALID_ARGUMENT       BadRequest (a share asked of Score)
     anything else            INTERNAL
 
@@ -77,6 +78,7 @@ CODES: dict[str, grpc.StatusCode] = {
     "idempotent_replay": grpc.StatusCode.ALREADY_EXISTS,
     "watch_overflow": grpc.StatusCode.RESOURCE_EXHAUSTED,
     "too_many_watches": grpc.StatusCode.RESOURCE_EXHAUSTED,
+    "too_many_streams": grpc.StatusCode.RESOURCE_EXHAUSTED,
     # a valid request this service does not serve: asking again as it is never helps
     "unsupported": grpc.StatusCode.INVALID_ARGUMENT,
 }

@@ -29,6 +29,7 @@ from typing import cast
 from service.allocations import api as allocations
 from service.allocations.results import Allocation, TaskPlan
 from service.allocations.schemas import PlaceRequest
+from service.edge import revoked_meanwhile
 from service.errors import Conflict, ServiceError
 from service.event_loop import off_loop
 from service.flows import Flow, drive, drive_async
@@ -38,6 +39,7 @@ from service.k8s.pod_request import PodRequest
 from service.k8s.screening import PREFIX
 from service.k8s.timed_api import TimedKubeApi
 from service.state import ServiceState
+from service.tokens.presented import Unauthorized
 
 log = logging.getLogger("topoplace.k8s")
 
@@ -206,11 +208,22 @@ def _give_back(state: ServiceState, allocation_ids: list[str]) -> None:
         allocations.release(state, allocation_id)
 
 
+def _revoked_meanwhile() -> str | None:
+    """ExtenderBindingResult.Error when the caller's token was revoked since its request
+    was let in (a read of the pod from the API server, a wait on the gang's lock come
+    before this): nothing is then reserved or bound (service/edge/revoked_meanwhile.py)."""
+    refused = revoked_meanwhile.refusal()
+    return None if refused is None else PREFIX + refused.message
+
+
 def _bind_flow(state: ServiceState, pod: PodRequest, node: str, ttl_s: float) -> Flow[str]:
     """One pod's GPUs on ``node``, then its Binding: ExtenderBindingResult.Error ('' when
     bound). A flow (service/flows.py) of the reservation's steps, a ``Post`` and the
     rare blocking steps, driven on a worker thread (``bind_pod``) or on the event loop
     (``bind_pod_async``)."""
+    revoked = _revoked_meanwhile()  # a pod without GPUs is bound with no reservation's check
+    if revoked is not None:
+        return revoked
     if pod.request is None:
         unbound: Refused | None = yield Post(pod, node, {})
         return "" if unbound is None else unbound.message
@@ -284,10 +297,17 @@ def bind_gang_member(
     """A gang member: the gang's reservation first (all of it), then this member's task."""
     assert pod.gang is not None
     with gangs.lock(pod.gang):
+        # After the wait for the lock: a member's claim reuses the gang's reservation,
+        # with no reservation's own check of the token on the way to its Binding.
+        revoked = _revoked_meanwhile()
+        if revoked is not None:
+            return revoked
         try:
             allocation, task = gangs.claim(pod, node, ttl_s)
         except BindRefused as exc:
             return str(exc)
+        except Unauthorized as exc:  # revoked during the claim: its stamp refused it
+            return PREFIX + exc.message
         except GangUnread as exc:  # kube-scheduler binds again later, and it is read again
             return PREFIX + str(exc)
         notes = binding_annotations(allocation, [allocation.tasks[task]])

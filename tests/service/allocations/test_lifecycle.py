@@ -28,10 +28,12 @@ from service.allocations.results import Observation
 from service.allocations.schemas import PlaceRequest
 from service.app import create_app
 from service.db import make_engine
+from service.edge import revoked_meanwhile
 from service.nodes import service as nodes
 from service.nodes.schemas import SnapshotReport
 from service.settings import Settings
 from service.state import ServiceState
+from service.tokens.presented import Unauthorized
 from tests.service.conftest import FakeClock, _truncate, secured
 from tests.service.helpers import add_nodes
 
@@ -357,3 +359,41 @@ def test_a_reservation_its_job_runs_on_never_expires_under_it(
     # The confirmation is in the audit trail, as a confirm's is.
     trail = client.get("/v1/audit", params={"allocation_id": held["id"]}).json()["entries"]
     assert "confirmed" in [e["action"] for e in trail]
+
+
+class _RevokedSince:
+    """A token check that has heard of one revocation since the request was let in: the
+    request's own token."""
+
+    generation = 1
+
+    def revoked_id(self, token_id: str) -> bool:
+        return token_id == "revoked-token"
+
+
+def test_touch_by_a_request_whose_token_was_revoked_stamps_nothing(
+    client: TestClient, clock: FakeClock
+) -> None:
+    """A touch keeps a reservation from the reconciler's release (a retried bind, a gang's
+    next member): a request whose token was revoked while it waited must not."""
+    add_nodes(client, ("hgx-h100", "h0"))
+    placed = client.post("/v1/place", json={"gpus": 2}).json()
+    state: ServiceState = client.app.state.service  # type: ignore[attr-defined]
+
+    def touched_at() -> object:
+        with state.engine.connect() as conn:
+            row = conn.execute(
+                sa.select(schema.allocations.c.touched_at).where(
+                    schema.allocations.c.id == placed["id"]
+                )
+            )
+            return row.scalar_one()
+
+    before = touched_at()
+    clock.advance(5)
+    admission = revoked_meanwhile.Admission(_RevokedSince(), "revoked-token", 0)
+    with revoked_meanwhile.admitted(admission), pytest.raises(Unauthorized):
+        api.touch(state, placed["id"])
+    assert touched_at() == before
+    assert api.touch(state, placed["id"]) is not None  # a request with no token check: done
+    assert touched_at() != before

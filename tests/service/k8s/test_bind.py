@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
 
 from bench.k8s_objects import binding_args, names_args, pod
+from service.app import create_app
 from service.k8s.kube_api import KubeApiError
+from service.k8s.settings import ExtenderSettings
+from service.settings import Settings
+from service.tokens import store
+from tests.service.conftest import ADMIN_TOKEN, FakeClock, secured
 from tests.service.helpers import add_nodes
 from tests.service.k8s.fake_kube import FakeKubeApi
+
+ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 
 
 @pytest.fixture
@@ -213,3 +222,123 @@ def test_a_retried_bind_of_a_pod_filling_its_node_is_a_bind(fleet: TestClient, k
     (allocation,) = _allocations(fleet, p["metadata"]["uid"])
     assert allocation["state"] == "active"
     assert fleet.get("/v1/nodes/h100-a").json()["free_gpus"] == []
+
+
+# -- a scheduler token revoked while its bind is in flight ------------------------------
+
+RING = {"topoplace.io/gang": "ring", "topoplace.io/gang-size": "2"}
+
+
+class RevokingKube(FakeKubeApi):
+    """The API server, slow to answer a read of the pod: the scheduler's token is revoked
+    meanwhile (``revoke``, once armed)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.revoke: Callable[[], None] | None = None
+
+    def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        revoke, self.revoke = self.revoke, None
+        if revoke is not None:
+            revoke()
+        return super().get_pod(namespace, name)
+
+
+@dataclass
+class Guarded:
+    client: TestClient
+    kube: RevokingKube
+    scheduler: dict[str, str]
+    token_id: str
+
+    def bind(self, p: dict[str, Any], node: str) -> str:
+        response = self.client.post(
+            "/k8s/v1/bind", json=binding_args(p, node), headers=self.scheduler
+        )
+        assert response.status_code == 200, response.text
+        error: str = response.json()["Error"]
+        return error
+
+    def revoke_on_read(self) -> None:
+        """The token is revoked (and this process told) while the next read waits."""
+        token_id = self.token_id
+        state = self.client.app.state  # type: ignore[attr-defined]
+
+        def revoke() -> None:
+            assert store.revoke(state.service.engine, token_id) is not None
+            state.token_check.drop(token_id)
+
+        self.kube.revoke = revoke
+
+    def allocations(self) -> list[dict[str, Any]]:
+        answer = self.client.get("/v1/allocations", headers=ADMIN)
+        listed: list[dict[str, Any]] = answer.json()["allocations"]
+        return listed
+
+
+@pytest.fixture
+def guarded(settings: Settings, clock: FakeClock) -> Iterator[Guarded]:
+    app = create_app(secured(settings), clock=clock, background=False)
+    app.state.k8s_settings = ExtenderSettings(reconcile_interval_s=0)
+    kube = RevokingKube()
+    app.state.k8s_api = kube
+    with TestClient(app, headers=ADMIN) as client:
+        add_nodes(client, ("hgx-h100", "h100-a"), ("hgx-h100", "h100-b"))
+        made = client.post("/v1/tokens", json={"role": "scheduler", "name": "kube-scheduler"})
+        assert made.status_code == 201, made.text
+        token = {"Authorization": f"Bearer {made.json()['token']}"}
+        assert client.get("/v1/nodes", headers=token).status_code == 200  # verified once
+        yield Guarded(client, kube, token, made.json()["id"])
+
+
+def _refused_as_revoked(error: str) -> None:
+    assert error.startswith("topoplace: "), error
+    assert "revoked while this request was in flight" in error
+
+
+def test_a_first_bind_whose_token_is_revoked_meanwhile_reserves_and_binds_nothing(
+    guarded: Guarded,
+) -> None:
+    p = guarded.kube.add(pod("trainer-0", 2))
+    guarded.revoke_on_read()
+    _refused_as_revoked(guarded.bind(p, "h100-a"))
+    assert guarded.allocations() == []
+    assert guarded.kube.bindings == []
+
+
+def test_a_pod_without_gpus_whose_token_is_revoked_meanwhile_is_not_bound(
+    guarded: Guarded,
+) -> None:
+    p = guarded.kube.add(pod("sidecar-0"))
+    guarded.revoke_on_read()
+    _refused_as_revoked(guarded.bind(p, "h100-a"))
+    assert guarded.kube.bindings == []
+
+
+def test_a_retried_bind_whose_token_is_revoked_meanwhile_does_not_bind(
+    guarded: Guarded,
+) -> None:
+    """The first Binding's fate was unknown (a 5xx): its reservation stays for the retry.
+    The retry, its token revoked while the pod was read, must not bind on it."""
+    p = guarded.kube.add(pod("trainer-0", 2))
+    guarded.kube.refuse_with = KubeApiError(503, "etcd is slow")
+    assert "etcd is slow" in guarded.bind(p, "h100-a")
+    (kept,) = guarded.allocations()
+    guarded.kube.refuse_with = None
+    guarded.revoke_on_read()
+    _refused_as_revoked(guarded.bind(p, "h100-a"))
+    assert guarded.kube.bindings == []
+    assert guarded.allocations() == [kept]  # not stamped as reused either
+
+
+def test_a_gang_member_whose_token_is_revoked_meanwhile_is_not_bound(
+    guarded: Guarded,
+) -> None:
+    first = guarded.kube.add(pod("ring-0", 8, annotations=RING))
+    second = guarded.kube.add(pod("ring-1", 8, annotations=RING))
+    assert guarded.bind(first, "h100-a") == ""
+    (gang,) = guarded.allocations()
+    guarded.revoke_on_read()
+    _refused_as_revoked(guarded.bind(second, "h100-b"))
+    assert [b["metadata"]["name"] for b in guarded.kube.bindings] == ["ring-0"]
+    assert guarded.allocations() == [gang]
