@@ -194,7 +194,11 @@ def from_validation(exc: ValidationError, prefix: str = "") -> ErrorReply:
     ]
     first = violations[0] if violations else None
     field_name = first.field if first else prefix
-    message = f"{field_name}: {first.description}" if first else "invalid request"
+    if first is None:
+        message = "invalid request"
+    else:  # as REST words it: a rule across fields (no field) is its description alone
+        said = str(errors[0]["msg"])
+        message = f"{field_name}: {said}" if field_name else said
     details: list[Message] = [
         _info("invalid_request", {"field": field_name}),
         error_details_pb2.BadRequest(field_violations=violations),

@@ -216,3 +216,13 @@ def test_a_watch_of_many_unknown_kinds_is_an_invalid_argument(running: Running) 
     assert isinstance(violations, error_details_pb2.BadRequest)
     assert violations.field_violations[0].field == "kinds"
     assert len(str(error.details()).encode()) <= 1024
+
+
+def test_a_refusal_of_the_whole_request_reads_as_over_rest(running: Running) -> None:
+    # A rule across fields names no field: the message began with ": " over gRPC.
+    rest = running.rest.post("/v1/place", json={"gpus": 2, "mig_profile": "1g.10gb"})
+    assert rest.status_code == 422
+    error = _fails(running.stub.Place, pb.PlaceRequest(gpus=2, mig_profile="1g.10gb"))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error.details() == rest.json()["error"]["message"]
+    assert str(error.details()).startswith("Value error, gpus must be 1 with mig_profile")
