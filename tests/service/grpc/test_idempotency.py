@@ -117,3 +117,22 @@ def test_a_gang_replay_too_large_for_the_trailer_still_names_its_allocation(
     assert fetched == first
     listed = running.stub.ListAllocations(pb.ListAllocationsRequest(job_id="gang"))
     assert [a.id for a in listed.allocations] == [first.id]
+
+
+def test_a_key_with_surrounding_spaces_is_the_key_rest_reads(running: Running) -> None:
+    # An HTTP server takes the spaces and tabs around a header's value off (RFC 9110,
+    # uvicorn does), so REST stored "key-1" for "Idempotency-Key: key-1 "; gRPC kept
+    # " key-1 ", and the same key sent over both transports made two reservations.
+    _labelled_node(running)
+    first = running.rest.post("/v1/place", json={"gpus": 2}, headers={"Idempotency-Key": "key-1"})
+    assert first.status_code == 201, first.text
+    with pytest.raises(grpc.RpcError) as replayed:
+        running.stub.Place(pb.PlaceRequest(gpus=2), metadata=(("idempotency-key", " key-1 "),))
+    assert replayed.value.code() == grpc.StatusCode.ALREADY_EXISTS, replayed.value.details()
+    listed = running.stub.ListAllocations(pb.ListAllocationsRequest())
+    assert [a.id for a in listed.allocations] == [first.json()["id"]]
+    # Nothing but spaces is no key, as REST's empty header is not.
+    with pytest.raises(grpc.RpcError) as blank:
+        running.stub.Place(pb.PlaceRequest(gpus=2), metadata=(("idempotency-key", "  "),))
+    assert blank.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert reason(blank.value) == "invalid_request"
