@@ -9,12 +9,13 @@ does not come back, as the cluster is built:
 - a region or labels a node lacks, GPUs of another model or with less memory;
 - fewer GPUs on every node than one task needs ("no node has 16 GPUs; the
   largest has 8"), fewer CPUs than ``cpus_per_task`` ("no node has 4096
-  CPUs; the largest has 224"), a node design without the NVLink or NUMA set
-  a task needs;
+  CPUs; the largest has 224"; under ``numa="required"``, on the NUMA node of
+  the task's GPUs), a node design without the NVLink or NUMA set a task needs;
 - a gang larger than all the nodes it may use together, idle ("the cluster
   has 76 GPUs in all; this gang needs 8000"). Per node that is the sets the
   engine itself gives an idle node, one after another, and no more tasks
-  than the node's CPUs allow; the greedy choice is the engine's own, so what
+  than the node's CPUs allow (under ``numa="required"``, than each NUMA node's
+  GPUs and CPUs allow); the greedy choice is the engine's own, so what
   it cannot hold idle it will never be given.
 - more MIG tasks than instances of the profile.
 
@@ -94,6 +95,10 @@ def never_fits(table: NodeTable, request: PlacementRequest, unknown: tuple[str, 
         cpus = int(table.cpu_count[slots].max())
         if cpus < request.cpus_per_task:
             return _cpu_sentence(request, cpus)
+        if request.numa == "required":
+            near = _most_numa_cpus(table, slots, usable, k)
+            if near is not None and near < request.cpus_per_task:
+                return _numa_cpu_sentence(request, near)
     if request.tasks == 1:
         return None
     ever = _ever_tasks(table, request, slots, usable)
@@ -145,6 +150,9 @@ def _ever_tasks(
             memo[(cid, mask)] = count
         if cpus is not None:
             count = min(count, int(cpus[i]) // request.cpus_per_task)
+            if request.numa == "required":
+                rooms = _numa_rooms(table, int(slots[i]), int(usable[i]))
+                count = min(count, _numa_tasks(rooms, request.gpus, request.cpus_per_task))
         total += count
         if total >= request.tasks:
             break  # enough: the rest need not be counted
@@ -190,6 +198,44 @@ def _nothing_to_consider(table: NodeTable) -> Outcome:
     return Outcome(
         status="unresolvable",
         limit="no node left to consider: the request names none or excludes every one",
+    )
+
+
+def _numa_rooms(table: NodeTable, slot: int, mask: int) -> list[tuple[int, int]]:
+    """(usable GPUs, CPUs) of each NUMA node of a node holding any of ``mask``'s GPUs.
+
+    Under numa="required" a task's GPUs share one NUMA node and its CPUs come from that
+    node alone (placement.numa); a GPU of unknown NUMA node gets none."""
+    snap = table.entry_at(slot).snapshot
+    gpus: dict[int, int] = {}
+    for gpu in snap.gpus:
+        if gpu.numa_node is not None and mask >> gpu.index & 1:
+            gpus[gpu.numa_node] = gpus.get(gpu.numa_node, 0) + 1
+    return [(count, len(snap.numa_cpus(numa))) for numa, count in gpus.items()]
+
+
+def _numa_tasks(rooms: list[tuple[int, int]], k: int, cpus_per_task: int) -> int:
+    """Tasks of ``k`` GPUs and ``cpus_per_task`` CPUs the NUMA nodes hold at most."""
+    return sum(min(gpus // k, cpus // cpus_per_task) for gpus, cpus in rooms)
+
+
+def _most_numa_cpus(
+    table: NodeTable, slots: NDArray[np.int64], usable: NDArray[np.int64], k: int
+) -> int | None:
+    """The most CPUs of one NUMA node holding ``k`` usable GPUs, over the nodes; None
+    where no NUMA node holds them (the design's own cause says so then)."""
+    most: int | None = None
+    for slot, mask in zip(slots.tolist(), usable.tolist(), strict=True):
+        for gpus, cpus in _numa_rooms(table, slot, mask):
+            if gpus >= k and (most is None or cpus > most):
+                most = cpus
+    return most
+
+
+def _numa_cpu_sentence(request: PlacementRequest, most: int) -> str:
+    return (
+        f"{_subject(request)} has {request.cpus_per_task} CPUs on the NUMA node of"
+        f" {_gpus(request.gpus, request, False)} (numa required); the most is {most}"
     )
 
 

@@ -220,3 +220,24 @@ def test_unresolvable_exactly_when_the_idle_cluster_would_refuse(seed: int) -> N
             assert not never, request
             continue
         assert (outcome.status == "unresolvable") == never, (request, outcome.summary())
+
+
+def test_more_cpus_than_any_numa_node_has_under_numa_required_is_unresolvable() -> None:
+    # numa="required" takes a task's CPUs from its GPUs' NUMA node alone. An idle node
+    # whose NUMA nodes have 96 CPUs each never gives 120 (nor three tasks of 64, one per
+    # NUMA node at most): the refusal was unschedulable (409, "retry"), and a scheduler
+    # kept waiting for what never comes.
+    state = ClusterState()
+    state.upsert(build_profile("hgx-h100", "h0"))  # 2 NUMA nodes of 96 CPUs, 4 GPUs each
+    outcome = state.place(PlacementRequest(gpus=1, cpus_per_task=120, numa="required"))
+    assert outcome.status == "unresolvable", outcome.summary()
+    assert outcome.summary() == (
+        "no node has 120 CPUs on the NUMA node of 1 GPU (numa required); the most is 96"
+    )
+    gang = state.place(PlacementRequest(gpus=1, tasks=3, cpus_per_task=64, numa="required"))
+    assert gang.status == "unresolvable", gang.summary()
+    assert "at most 2 tasks" in gang.summary()
+    # What spills to another NUMA node still fits, and so does one per NUMA node.
+    assert state.place(PlacementRequest(gpus=1, tasks=3, cpus_per_task=64)).placement
+    two = PlacementRequest(gpus=1, tasks=2, cpus_per_task=96, numa="required")
+    assert state.place(two).placement is not None
