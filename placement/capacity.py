@@ -17,7 +17,8 @@ does not come back, as the cluster is built:
   than the node's CPUs allow (under ``numa="required"``, than each NUMA node's
   GPUs and CPUs allow); the greedy choice is the engine's own, so what
   it cannot hold idle it will never be given.
-- more MIG tasks than instances of the profile.
+- more MIG tasks than instances of the profile (of the GPU models and memory
+  asked), or than their CPUs allow (as for whole GPUs).
 
 A cluster with no node registered yet is ``unschedulable``: its agents may
 be starting, and nothing is known of its capacity. A request whose own
@@ -163,7 +164,11 @@ def _mig_limit(table: NodeTable, request: PlacementRequest) -> str | None:
     names = request.nodes if request.nodes is not None else table.names()
     skip = set(request.exclude_nodes)
     profile = request.mig_profile
-    count = 0
+    eligible = gpu_eligible(table, request)
+    count = 0  # instances the request may use
+    held = 0  # of them, the tasks the nodes' CPUs allow at most
+    most_cpus: int | None = None  # under numa="required": beside an instance, at most
+    node_cpus = 0  # the most CPUs of a node with an instance
     for name in dict.fromkeys(names):
         entry = table.entries.get(name)
         if entry is None or name in skip:
@@ -173,17 +178,67 @@ def _mig_limit(table: NodeTable, request: PlacementRequest) -> str | None:
             continue
         if any(snap.labels.get(k) != v for k, v in request.node_labels.items()):
             continue
-        count += sum(1 for i in snap.mig_instances if i.profile == profile)
-    if count >= request.tasks:
+        accepted = int(eligible[entry.slot])
+        parents = [
+            i.parent_gpu
+            for i in snap.mig_instances
+            if i.profile == profile and accepted >> i.parent_gpu & 1
+        ]
+        count += len(parents)
+        held += _mig_tasks(table, entry.slot, parents, request)
+        if parents:
+            node_cpus = max(node_cpus, int(table.cpu_count[entry.slot]))
+        if request.cpus_per_task and request.numa == "required":
+            for _, cpus in _numa_rooms(table, entry.slot, _mask(parents)):
+                most_cpus = cpus if most_cpus is None else max(most_cpus, cpus)
+    if held >= request.tasks:
         return None
     if count == 0:
-        return f"{_subject(request)} has a MIG instance of profile {profile}"
+        return f"{_subject(request)} has a MIG instance of profile {profile}{_qualifier(request)}"
     owner, plural = _owner(request)
-    instances = "instance" if count == 1 else "instances"
+    if count < request.tasks:
+        instances = "instance" if count == 1 else "instances"
+        return (
+            f"{owner} {'have' if plural else 'has'} {count} MIG {instances} of profile"
+            f" {profile}{_qualifier(request)} in all; this request needs {request.tasks}"
+        )
+    if most_cpus is not None and most_cpus < request.cpus_per_task:
+        return (
+            f"{_subject(request)} has {request.cpus_per_task} CPUs on the NUMA node of a MIG"
+            f" instance of profile {profile} (numa required); the most is {most_cpus}"
+        )
+    if node_cpus < request.cpus_per_task:
+        return _cpu_sentence(request, node_cpus)
     return (
-        f"{owner} {'have' if plural else 'has'} {count} MIG {instances} of profile {profile}"
-        f" in all; this request needs {request.tasks}"
+        f"{owner} {'hold' if plural else 'holds'} at most {held} MIG instances of profile"
+        f" {profile}{_qualifier(request)}{_task_terms(request)} even when idle;"
+        f" this request needs {request.tasks}"
     )
+
+
+def _mask(indices: list[int]) -> int:
+    out = 0
+    for i in indices:
+        out |= 1 << i
+    return out
+
+
+def _mig_tasks(table: NodeTable, slot: int, parents: list[int], request: PlacementRequest) -> int:
+    """MIG tasks a node holds at most, its instances' GPUs ``parents`` (one per instance):
+    no more than its CPUs allow, under numa="required" than the CPUs of each instance's
+    NUMA node allow."""
+    if not request.cpus_per_task:
+        return len(parents)
+    if request.numa != "required":
+        return min(len(parents), int(table.cpu_count[slot]) // request.cpus_per_task)
+    snap = table.entry_at(slot).snapshot
+    per_numa: dict[int, int] = {}
+    for gpu in parents:
+        numa = snap.gpus[gpu].numa_node
+        if numa is not None:
+            per_numa[numa] = per_numa.get(numa, 0) + 1
+    rooms = [(n, len(snap.numa_cpus(numa))) for numa, n in per_numa.items()]
+    return _numa_tasks(rooms, 1, request.cpus_per_task)
 
 
 def _nothing_to_consider(table: NodeTable) -> Outcome:

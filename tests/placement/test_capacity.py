@@ -196,6 +196,15 @@ REQUESTS = (
     PlacementRequest(gpus=8, tasks=2, nodes=("v0", "ghost")),
     PlacementRequest(mig_profile="1g.10gb", tasks=9),
     PlacementRequest(mig_profile="1g.10gb", tasks=10),
+    PlacementRequest(gpus=2, cpus_per_task=40, numa="required"),
+    PlacementRequest(gpus=2, cpus_per_task=41, numa="required"),
+    PlacementRequest(gpus=1, tasks=5, cpus_per_task=40, numa="required"),
+    PlacementRequest(mig_profile="1g.10gb", gpu_models=("H100",)),
+    PlacementRequest(mig_profile="1g.10gb", tasks=2, cpus_per_task=32, numa="required"),
+    PlacementRequest(mig_profile="1g.10gb", tasks=3, cpus_per_task=32, numa="required"),
+    PlacementRequest(mig_profile="1g.10gb", cpus_per_task=33, numa="required"),
+    PlacementRequest(mig_profile="1g.10gb", tasks=2, cpus_per_task=128),
+    PlacementRequest(mig_profile="1g.10gb", tasks=3, cpus_per_task=128),
 )
 
 
@@ -241,3 +250,27 @@ def test_more_cpus_than_any_numa_node_has_under_numa_required_is_unresolvable() 
     assert state.place(PlacementRequest(gpus=1, tasks=3, cpus_per_task=64)).placement
     two = PlacementRequest(gpus=1, tasks=2, cpus_per_task=96, numa="required")
     assert state.place(two).placement is not None
+
+
+def test_mig_tasks_past_what_the_instances_cpus_allow_are_unresolvable() -> None:
+    # MIG tasks reserve CPUs near their GPU: 1g.10gb instances sit on GPUs 0 and 1 (NUMA
+    # node 3) and GPU 3 (NUMA node 1), NUMA nodes of 32 CPUs. What their CPUs can never
+    # give was unschedulable, counted as if CPUs were no matter.
+    state = ClusterState()
+    state.upsert(build_profile("dgx-a100-mig", "m0"))
+    wide = state.place(PlacementRequest(mig_profile="1g.10gb", numa="required", cpus_per_task=33))
+    assert wide.status == "unresolvable"
+    assert wide.summary() == (
+        "no node has 33 CPUs on the NUMA node of a MIG instance of profile 1g.10gb"
+        " (numa required); the most is 32"
+    )
+    three = state.place(
+        PlacementRequest(mig_profile="1g.10gb", numa="required", tasks=3, cpus_per_task=32)
+    )
+    assert three.status == "unresolvable"
+    assert three.summary() == (
+        "the cluster holds at most 2 MIG instances of profile 1g.10gb (on one NUMA node,"
+        " with 32 CPUs each) even when idle; this request needs 3"
+    )
+    h100 = state.place(PlacementRequest(mig_profile="1g.10gb", gpu_models=("H100",)))
+    assert h100.summary() == "no node has a MIG instance of profile 1g.10gb of model H100"
