@@ -10,23 +10,36 @@ left, ``spread`` the most. A gang of MIG tasks is all or nothing.
 
 ``gpu_models`` and ``min_gpu_memory_mib`` are read of an instance's GPU, as for
 whole GPUs; ``cpus_per_task`` reserves CPUs near it (placement.numa), counting
-those the gang's earlier tasks on the node take.
+those the gang's earlier tasks on the node take; ``cpu_milli`` and
+``memory_mib`` need the node's free host room (placement.host), the gang's
+earlier tasks on the node counted, and the task holds them.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from placement.capacity import refuse
 from placement.eligibility import gpu_eligible, model_matches
 from placement.explain import refusal
+from placement.host import free_room
 from placement.node_entry import NodeEntry
 from placement.numa import CpuChoice, choose_cpus, gpus_beside_free_cpus
 from placement.outcome import Cause, NodeVerdict, Outcome, Placement, ScoreParts, TaskPlacement
 from placement.request import PlacementRequest
 from placement.snapshot import Health, MigInstance
 from placement.table import NodeTable
+
+
+@dataclass
+class _Plan:
+    """Per node, what the request's earlier tasks took: instances (with the node's own
+    holds), CPUs, and how many tasks."""
+
+    held: dict[str, set[str]] = field(default_factory=dict)
+    cpus: dict[str, set[int]] = field(default_factory=dict)
+    tasks: Counter[str] = field(default_factory=Counter)
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,14 +153,10 @@ Option = tuple[tuple[int, ...], NodeEntry, _Pick, CpuChoice | None]
 
 
 def _assess(
-    table: NodeTable,
-    request: PlacementRequest,
-    held: dict[str, set[str]],
-    cpus_held: dict[str, set[int]],
+    table: NodeTable, request: PlacementRequest, plan: _Plan
 ) -> tuple[list[Option], list[tuple[NodeEntry, Cause]]]:
     """Every candidate node's best instance with its rank key (smaller first) and its CPUs
-    (None where none are asked), or its cause. ``held``/``cpus_held``: per node, what the
-    request's earlier tasks took."""
+    (None where none are asked), or its cause."""
     profile = request.mig_profile or ""
     eligible = gpu_eligible(table, request)
     options: list[Option] = []
@@ -155,14 +164,16 @@ def _assess(
     for entry in _candidates(table, request):
         accepted = int(eligible[entry.slot])
         cause = _static_cause(table, entry, request, accepted)
+        if cause is None and not _host_fits(table, entry.slot, request, plan.tasks[entry.name]):
+            cause = Cause.HOST
         pick = None
         cpus = None
         if cause is None:
             # Whole and shared holds too: an instance whose UUID a GPU hold has (an
             # earlier report listed it as a GPU) is that held device.
-            taken = held.setdefault(entry.name, entry.held_any_way())
+            taken = plan.held.setdefault(entry.name, entry.held_any_way())
             pick, cpus, cause = _pick_with_cpus(
-                entry, request, profile, taken, accepted, cpus_held.get(entry.name, set())
+                entry, request, profile, taken, accepted, plan.cpus.get(entry.name, set())
             )
         if pick is None:
             refused.append((entry, cause or Cause.NO_FREE_MIG))
@@ -172,6 +183,18 @@ def _assess(
         options.append(((*order, entry.slot), entry, pick, cpus))
     options.sort(key=lambda option: option[0])
     return options, refused
+
+
+def _host_fits(table: NodeTable, slot: int, request: PlacementRequest, planned: int) -> bool:
+    """Whether the node's known free host room holds one more task of the request, its
+    ``planned`` earlier ones on the node counted (as placement.analysis does)."""
+    if not request.counts_host:
+        return True
+    cpu, memory = request.cpu_milli or 0, request.memory_mib or 0
+    at = slice(slot, slot + 1)
+    cpu_free = float(free_room(table.host_cpu_cap[at], table.host_cpu_used[at])[0])
+    memory_free = float(free_room(table.host_memory_cap[at], table.host_memory_used[at])[0])
+    return cpu_free - planned * cpu >= cpu and memory_free - planned * memory >= memory
 
 
 def _pick_with_cpus(
@@ -203,7 +226,9 @@ def _pick_with_cpus(
     return None, None, Cause.CPUS
 
 
-def _task(entry: NodeEntry, pick: _Pick, task: int, cpus: CpuChoice | None) -> TaskPlacement:
+def _task(
+    entry: NodeEntry, pick: _Pick, task: int, cpus: CpuChoice | None, request: PlacementRequest
+) -> TaskPlacement:
     inst = pick.instance
     gpu = entry.snapshot.gpus[inst.parent_gpu]
     numa: tuple[int, ...] = (gpu.numa_node,) if gpu.numa_node is not None else ()
@@ -234,23 +259,25 @@ def _task(entry: NodeEntry, pick: _Pick, task: int, cpus: CpuChoice | None) -> T
             f"MIG {inst.profile} at slice {inst.placement_start} of GPU {gpu.index}"
             f" on {entry.name}; {pick.free_slices_after} free slices left on the node"
         ),
+        cpu_milli=request.cpu_milli or 0,
+        memory_mib=request.memory_mib or 0,
     )
 
 
 def place_mig(table: NodeTable, request: PlacementRequest) -> Outcome:
     """Tasks one by one, each on the best node at that point; all or nothing."""
-    held: dict[str, set[str]] = {}
-    cpus_held: dict[str, set[int]] = {}
-    options, refused = _assess(table, request, held, cpus_held)
+    plan = _Plan()
+    options, refused = _assess(table, request, plan)
     causes = Counter(cause for _, cause in refused)
     tasks: list[TaskPlacement] = []
     while options and len(tasks) < request.tasks:
         _, entry, pick, cpus = options[0]
-        held[entry.name].add(pick.instance.uuid)
+        plan.held[entry.name].add(pick.instance.uuid)
         if cpus is not None:
-            cpus_held.setdefault(entry.name, set()).update(cpus.cpus)
-        tasks.append(_task(entry, pick, len(tasks), cpus))
-        options, _ = _assess(table, request, held, cpus_held)
+            plan.cpus.setdefault(entry.name, set()).update(cpus.cpus)
+        plan.tasks[entry.name] += 1
+        tasks.append(_task(entry, pick, len(tasks), cpus, request))
+        options, _ = _assess(table, request, plan)
     if len(tasks) < request.tasks:
         if tasks:
             causes[Cause.GANG] += 1
@@ -267,7 +294,7 @@ def place_mig(table: NodeTable, request: PlacementRequest) -> Outcome:
 
 
 def mig_verdicts(table: NodeTable, request: PlacementRequest) -> list[NodeVerdict]:
-    options, refused = _assess(table, request, {}, {})
+    options, refused = _assess(table, request, _Plan())
     total = len(options)
     ranked = [
         NodeVerdict(
@@ -275,7 +302,7 @@ def mig_verdicts(table: NodeTable, request: PlacementRequest) -> list[NodeVerdic
             fits=True,
             rank=i + 1,
             score=round(100.0 * (total - i) / total, 3),
-            task=_task(entry, pick, 0, cpus),
+            task=_task(entry, pick, 0, cpus, request),
         )
         for i, (_, entry, pick, cpus) in enumerate(options)
     ]

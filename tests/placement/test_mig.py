@@ -224,3 +224,23 @@ def test_a_mig_task_gets_the_cpus_it_asks_near_its_gpu() -> None:
     assert [r.cause for r in refused.reasons] == [Cause.CPUS]
     too_many = state.place(PlacementRequest(mig_profile="1g.10gb", cpus_per_task=4096))
     assert too_many.status == "unresolvable"
+
+
+def test_a_mig_task_counts_its_host_cpu_and_memory() -> None:
+    # cpu_milli and memory_mib were not read for MIG: a task asking more host CPU than the
+    # node has was placed, and held none, so whole-GPU tasks were placed on CPU it used.
+    state = _state()
+    state.set_host_capacity("mig0", 10_000, 100_000)
+    too_much = state.place(PlacementRequest(mig_profile="1g.10gb", cpu_milli=20_000))
+    assert too_much.status == "unschedulable"
+    assert [r.cause for r in too_much.reasons] == [Cause.HOST]
+    gang = state.place(PlacementRequest(mig_profile="1g.10gb", tasks=2, cpu_milli=6_000))
+    assert gang.status == "unschedulable", gang.summary()
+    one = state.place(PlacementRequest(mig_profile="1g.10gb", cpu_milli=6_000, memory_mib=512))
+    assert one.placement is not None
+    task = one.placement.tasks[0]
+    assert (task.cpu_milli, task.memory_mib) == (6_000, 512)
+    state.apply(one.placement)
+    assert state.host_used("mig0") == (6_000, 512)
+    after = state.place(PlacementRequest(gpus=1, cpu_milli=6_000))
+    assert after.status == "unschedulable" and after.reasons[0].cause is Cause.HOST
