@@ -121,13 +121,38 @@ class ErrorReply:
         room = status_room(message)
         status = status_pb2.Status(code=self.code.value[0], message=message)
         for detail in self.details:
-            packed = any_pb2.Any()
-            packed.Pack(detail)
-            # A repeated field's entry costs its size and a few bytes of tag and length.
-            if status.details and status.ByteSize() + packed.ByteSize() + 8 > room:
-                continue
-            status.details.append(packed)
+            # ErrorInfo, the first, always; the others where they fit.
+            packed = _fitted(detail, room - status.ByteSize() if status.details else None)
+            if packed is not None:
+                status.details.append(packed)
         return status
+
+
+# The details whose entries may be cut to make them fit: the first ones are kept.
+_ENTRIES = {"BadRequest": "field_violations", "PlacementRefusal": "reasons"}
+
+
+def _fitted(detail: Message, room: int | None) -> any_pb2.Any | None:
+    """``detail`` packed, within ``room`` bytes of the Status (None: whatever its size); a
+    list of field violations or refusal reasons cut to its first entries that fit; None
+    when nothing fits."""
+    packed = any_pb2.Any()
+    packed.Pack(detail)
+    # A repeated field's entry costs its size and a few bytes of tag and length.
+    if room is None or packed.ByteSize() + 8 <= room:
+        return packed
+    entries = _ENTRIES.get(detail.DESCRIPTOR.name)
+    if entries is None:
+        return None
+    cut = type(detail)()
+    cut.CopyFrom(detail)
+    items = getattr(cut, entries)
+    while len(items) > 1:
+        del items[(len(items) + 1) // 2 :]
+        packed.Pack(cut)
+        if packed.ByteSize() + 8 <= room:
+            return packed
+    return None
 
 
 def status_room(message: str) -> int:

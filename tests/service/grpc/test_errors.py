@@ -226,3 +226,15 @@ def test_a_refusal_of_the_whole_request_reads_as_over_rest(running: Running) -> 
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert error.details() == rest.json()["error"]["message"]
     assert str(error.details()).startswith("Value error, gpus must be 1 with mig_profile")
+
+
+def test_many_field_violations_are_cut_to_the_first_that_fit(running: Running) -> None:
+    # 128 violations make 9.5 KB of BadRequest, past what the trailers carry: the first
+    # ones are sent, never none.
+    request = pb.PlaceRequest(gpus=1, gpu_models=[""] * 64, regions=[""] * 64)
+    error = _fails(running.stub.Place, request)
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    violations = details(error)["BadRequest"]
+    assert isinstance(violations, error_details_pb2.BadRequest)
+    assert 1 <= len(violations.field_violations) < 128
+    assert violations.field_violations[0].field == "gpu_models.0"
