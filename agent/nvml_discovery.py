@@ -559,10 +559,18 @@ def _pair_label(nvml: Nvml, a: _Reading, b: _Reading) -> str:
 
 
 def _node_fabric(readings: list[_Reading]) -> Fabric | None:
+    """The node's fabric: the first registered GPU's, vouched for only where every GPU
+    that reports one agrees. The engine gives a node's GPUs to a gang as members of the
+    node's domain; taken from the first GPU alone, a node with a GPU in another clique,
+    unhealthy or still registering was placed as if all its GPUs reached the domain."""
     fabrics = [r.fabric for r in readings if r.fabric is not None and not r.lost]
     completed = [f for f in fabrics if f.state == "completed"]
     chosen = completed or fabrics
-    return chosen[0] if chosen else None
+    if not chosen:
+        return None
+    first = chosen[0]
+    agreed = all(f.usable and f.domain == first.domain for f in fabrics)
+    return first if agreed or not first.usable else first.model_copy(update={"healthy": False})
 
 
 def _system(fn: Callable[[], T]) -> T | None:

@@ -12,7 +12,7 @@ search, one by one.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from itertools import repeat
 
@@ -154,10 +154,13 @@ def analyse(
     free_all: I64 | None = None,
     need: float | None = None,
     planned: int = 0,
+    planned_cpus: Mapping[int, Collection[int]] | None = None,
 ) -> Analysis:
     """free_all: per-slot free masks to use instead of the live ones (gang planning);
     planned: tasks of this request already planned on each node (gang planning: their
-    host CPU and memory count as used).
+    host CPU and memory count as used);
+    planned_cpus: slot -> CPUs this request's earlier tasks take there (gang planning:
+    the NUMA rule counts them as used).
     need: the GPU capacity the task takes, where it is not k whole GPUs (a share opening
     a whole GPU takes its fraction), for the host term."""
     q = query_for(request, k)
@@ -205,7 +208,9 @@ def analyse(
     now = Cause.NO_NVLINK_SET_NOW if q.require_nvlink else Cause.NO_NUMA_SET_NOW
     mark(chosen == NO_SET, now)
     if request.cpus_per_task and q.numa_required:
-        chosen = _with_cpus(table, request, q, cids, slots, free, chosen, cause == FITS)
+        chosen = _with_cpus(
+            table, request, q, cids, slots, free, chosen, cause == FITS, planned_cpus or {}
+        )
         mark(chosen == NO_SET, Cause.CPUS)
     stranded = np.zeros(slots.size)
     expected: NDArray[np.float64] | None = None
@@ -352,6 +357,7 @@ def _with_cpus(
     free: I64,
     chosen: I64,
     fits: NDArray[np.bool_],
+    planned_cpus: Mapping[int, Collection[int]],
 ) -> I64:
     """``chosen``, where a node's best set cannot get the CPUs asked under numa="required",
     replaced by its best set among the GPUs whose NUMA node has them (NO_SET: none).
@@ -361,8 +367,11 @@ def _with_cpus(
     only changes where it would have been refused."""
     out = chosen.copy()
     for i in np.flatnonzero(fits & (chosen != NO_SET)).tolist():
-        entry = table.entry_at(int(slots[i]))
-        near = gpus_beside_free_cpus(entry.snapshot, request.cpus_per_task, entry.used_cpus)
+        slot = int(slots[i])
+        entry = table.entry_at(slot)
+        planned = planned_cpus.get(slot)
+        used = entry.used_cpus | set(planned) if planned else entry.used_cpus
+        near = gpus_beside_free_cpus(entry.snapshot, request.cpus_per_task, used)
         if int(chosen[i]) & ~near:
             masks = np.array([int(free[i]) & near], dtype=np.int64)
             out[i] = _choose(table, q, cids[i : i + 1], masks, np.ones(1, dtype=np.bool_))[0]

@@ -9,14 +9,16 @@ does not come back, as the cluster is built:
 - a region or labels a node lacks, GPUs of another model or with less memory;
 - fewer GPUs on every node than one task needs ("no node has 16 GPUs; the
   largest has 8"), fewer CPUs than ``cpus_per_task`` ("no node has 4096
-  CPUs; the largest has 224"), a node design without the NVLink or NUMA set
-  a task needs;
+  CPUs; the largest has 224"; under ``numa="required"``, on the NUMA node of
+  the task's GPUs), a node design without the NVLink or NUMA set a task needs;
 - a gang larger than all the nodes it may use together, idle ("the cluster
   has 76 GPUs in all; this gang needs 8000"). Per node that is the sets the
   engine itself gives an idle node, one after another, and no more tasks
-  than the node's CPUs allow; the greedy choice is the engine's own, so what
+  than the node's CPUs allow (under ``numa="required"``, than each NUMA node's
+  GPUs and CPUs allow); the greedy choice is the engine's own, so what
   it cannot hold idle it will never be given.
-- more MIG tasks than instances of the profile.
+- more MIG tasks than instances of the profile (of the GPU models and memory
+  asked), or than their CPUs allow (as for whole GPUs).
 
 A cluster with no node registered yet is ``unschedulable``: its agents may
 be starting, and nothing is known of its capacity. A request whose own
@@ -94,6 +96,10 @@ def never_fits(table: NodeTable, request: PlacementRequest, unknown: tuple[str, 
         cpus = int(table.cpu_count[slots].max())
         if cpus < request.cpus_per_task:
             return _cpu_sentence(request, cpus)
+        if request.numa == "required":
+            near = _most_numa_cpus(table, slots, usable, k)
+            if near is not None and near < request.cpus_per_task:
+                return _numa_cpu_sentence(request, near)
     if request.tasks == 1:
         return None
     ever = _ever_tasks(table, request, slots, usable)
@@ -145,6 +151,9 @@ def _ever_tasks(
             memo[(cid, mask)] = count
         if cpus is not None:
             count = min(count, int(cpus[i]) // request.cpus_per_task)
+            if request.numa == "required":
+                rooms = _numa_rooms(table, int(slots[i]), int(usable[i]))
+                count = min(count, _numa_tasks(rooms, request.gpus, request.cpus_per_task))
         total += count
         if total >= request.tasks:
             break  # enough: the rest need not be counted
@@ -155,7 +164,11 @@ def _mig_limit(table: NodeTable, request: PlacementRequest) -> str | None:
     names = request.nodes if request.nodes is not None else table.names()
     skip = set(request.exclude_nodes)
     profile = request.mig_profile
-    count = 0
+    eligible = gpu_eligible(table, request)
+    count = 0  # instances the request may use
+    held = 0  # of them, the tasks the nodes' CPUs allow at most
+    most_cpus: int | None = None  # under numa="required": beside an instance, at most
+    node_cpus = 0  # the most CPUs of a node with an instance
     for name in dict.fromkeys(names):
         entry = table.entries.get(name)
         if entry is None or name in skip:
@@ -165,17 +178,67 @@ def _mig_limit(table: NodeTable, request: PlacementRequest) -> str | None:
             continue
         if any(snap.labels.get(k) != v for k, v in request.node_labels.items()):
             continue
-        count += sum(1 for i in snap.mig_instances if i.profile == profile)
-    if count >= request.tasks:
+        accepted = int(eligible[entry.slot])
+        parents = [
+            i.parent_gpu
+            for i in snap.mig_instances
+            if i.profile == profile and accepted >> i.parent_gpu & 1
+        ]
+        count += len(parents)
+        held += _mig_tasks(table, entry.slot, parents, request)
+        if parents:
+            node_cpus = max(node_cpus, int(table.cpu_count[entry.slot]))
+        if request.cpus_per_task and request.numa == "required":
+            for _, cpus in _numa_rooms(table, entry.slot, _mask(parents)):
+                most_cpus = cpus if most_cpus is None else max(most_cpus, cpus)
+    if held >= request.tasks:
         return None
     if count == 0:
-        return f"{_subject(request)} has a MIG instance of profile {profile}"
+        return f"{_subject(request)} has a MIG instance of profile {profile}{_qualifier(request)}"
     owner, plural = _owner(request)
-    instances = "instance" if count == 1 else "instances"
+    if count < request.tasks:
+        instances = "instance" if count == 1 else "instances"
+        return (
+            f"{owner} {'have' if plural else 'has'} {count} MIG {instances} of profile"
+            f" {profile}{_qualifier(request)} in all; this request needs {request.tasks}"
+        )
+    if most_cpus is not None and most_cpus < request.cpus_per_task:
+        return (
+            f"{_subject(request)} has {request.cpus_per_task} CPUs on the NUMA node of a MIG"
+            f" instance of profile {profile} (numa required); the most is {most_cpus}"
+        )
+    if node_cpus < request.cpus_per_task:
+        return _cpu_sentence(request, node_cpus)
     return (
-        f"{owner} {'have' if plural else 'has'} {count} MIG {instances} of profile {profile}"
-        f" in all; this request needs {request.tasks}"
+        f"{owner} {'hold' if plural else 'holds'} at most {held} MIG instances of profile"
+        f" {profile}{_qualifier(request)}{_task_terms(request)} even when idle;"
+        f" this request needs {request.tasks}"
     )
+
+
+def _mask(indices: list[int]) -> int:
+    out = 0
+    for i in indices:
+        out |= 1 << i
+    return out
+
+
+def _mig_tasks(table: NodeTable, slot: int, parents: list[int], request: PlacementRequest) -> int:
+    """MIG tasks a node holds at most, its instances' GPUs ``parents`` (one per instance):
+    no more than its CPUs allow, under numa="required" than the CPUs of each instance's
+    NUMA node allow."""
+    if not request.cpus_per_task:
+        return len(parents)
+    if request.numa != "required":
+        return min(len(parents), int(table.cpu_count[slot]) // request.cpus_per_task)
+    snap = table.entry_at(slot).snapshot
+    per_numa: dict[int, int] = {}
+    for gpu in parents:
+        numa = snap.gpus[gpu].numa_node
+        if numa is not None:
+            per_numa[numa] = per_numa.get(numa, 0) + 1
+    rooms = [(n, len(snap.numa_cpus(numa))) for numa, n in per_numa.items()]
+    return _numa_tasks(rooms, 1, request.cpus_per_task)
 
 
 def _nothing_to_consider(table: NodeTable) -> Outcome:
@@ -190,6 +253,44 @@ def _nothing_to_consider(table: NodeTable) -> Outcome:
     return Outcome(
         status="unresolvable",
         limit="no node left to consider: the request names none or excludes every one",
+    )
+
+
+def _numa_rooms(table: NodeTable, slot: int, mask: int) -> list[tuple[int, int]]:
+    """(usable GPUs, CPUs) of each NUMA node of a node holding any of ``mask``'s GPUs.
+
+    Under numa="required" a task's GPUs share one NUMA node and its CPUs come from that
+    node alone (placement.numa); a GPU of unknown NUMA node gets none."""
+    snap = table.entry_at(slot).snapshot
+    gpus: dict[int, int] = {}
+    for gpu in snap.gpus:
+        if gpu.numa_node is not None and mask >> gpu.index & 1:
+            gpus[gpu.numa_node] = gpus.get(gpu.numa_node, 0) + 1
+    return [(count, len(snap.numa_cpus(numa))) for numa, count in gpus.items()]
+
+
+def _numa_tasks(rooms: list[tuple[int, int]], k: int, cpus_per_task: int) -> int:
+    """Tasks of ``k`` GPUs and ``cpus_per_task`` CPUs the NUMA nodes hold at most."""
+    return sum(min(gpus // k, cpus // cpus_per_task) for gpus, cpus in rooms)
+
+
+def _most_numa_cpus(
+    table: NodeTable, slots: NDArray[np.int64], usable: NDArray[np.int64], k: int
+) -> int | None:
+    """The most CPUs of one NUMA node holding ``k`` usable GPUs, over the nodes; None
+    where no NUMA node holds them (the design's own cause says so then)."""
+    most: int | None = None
+    for slot, mask in zip(slots.tolist(), usable.tolist(), strict=True):
+        for gpus, cpus in _numa_rooms(table, slot, mask):
+            if gpus >= k and (most is None or cpus > most):
+                most = cpus
+    return most
+
+
+def _numa_cpu_sentence(request: PlacementRequest, most: int) -> str:
+    return (
+        f"{_subject(request)} has {request.cpus_per_task} CPUs on the NUMA node of"
+        f" {_gpus(request.gpus, request, False)} (numa required); the most is {most}"
     )
 
 

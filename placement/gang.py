@@ -27,7 +27,8 @@ from numpy.typing import NDArray
 
 from placement.analysis import Analysis, analyse, requested_slots
 from placement.capacity import refuse
-from placement.node_choice import indices_to_mask
+from placement.node_choice import indices_to_mask, mask_to_indices
+from placement.numa import choose_cpus
 from placement.outcome import Cause, Outcome, Placement, ReasonGroup, TaskPlacement
 from placement.request import PlacementRequest
 from placement.table import NodeTable
@@ -69,11 +70,18 @@ def _capacity(table: NodeTable, request: PlacementRequest, slots: NDArray[np.int
     nodes: dict[int, _NodeSets] = {}
     active = slots
     first_causes: dict[Cause, int] = {}
+    # slot -> CPUs the sets planned there so far take: the next round's NUMA rule counts
+    # them as used, as the tasks built from these sets will (build_task, in this order).
+    planned_cpus: dict[int, set[int]] = defaultdict(set)
     for round_no in range(request.tasks):
         if not active.size:
             break
         # round r plans each node's (r+1)-th task: the r before it hold their host room
-        analysis = analyse(table, request, request.gpus, active, free, planned=round_no)
+        analysis = analyse(
+            table, request, request.gpus, active, free, planned=round_no, planned_cpus=planned_cpus
+        )
+        if request.cpus_per_task:
+            _plan_cpus(table, request, analysis, planned_cpus)
         if round_no == 0:
             first_causes = analysis.cause_counts()
         fits = np.flatnonzero(analysis.fits())
@@ -90,6 +98,28 @@ def _capacity(table: NodeTable, request: PlacementRequest, slots: NDArray[np.int
         free[analysis.slots[fits]] &= ~analysis.chosen[fits]
         active = analysis.slots[fits]
     return _Capacity(nodes, first_causes)
+
+
+def _plan_cpus(
+    table: NodeTable,
+    request: PlacementRequest,
+    analysis: Analysis,
+    planned_cpus: dict[int, set[int]],
+) -> None:
+    """Add to the plan the CPUs each fitting set takes beside those planned before it on its
+    node; a set that cannot get them is refused for CPUs, and its node offers no more sets.
+    Counting a set whose task cannot be built let a node with the CPUs of one task offer
+    two, and a gang that chose that node alone was refused while other nodes had room."""
+    for i in np.flatnonzero(analysis.fits()).tolist():
+        slot = int(analysis.slots[i])
+        entry = table.entry_at(slot)
+        used = entry.used_cpus | planned_cpus[slot]
+        indices = mask_to_indices(int(analysis.chosen[i]))
+        cpus = choose_cpus(entry.snapshot, indices, request.cpus_per_task, used, request.numa)
+        if cpus is None:
+            analysis.set_cause(i, Cause.CPUS)
+        else:
+            planned_cpus[slot].update(cpus.cpus)
 
 
 def _domain(table: NodeTable, slot: int) -> str | None:

@@ -78,6 +78,14 @@ def _metadata(context: Context, key: str) -> str | None:
     return None
 
 
+def _idempotency_key(context: Context) -> str | None:
+    """The key as REST reads its header: an HTTP server takes the spaces and tabs around
+    a header's value off (RFC 9110), so " k " over REST is "k". Kept over gRPC, the same
+    key sent over both transports was two keys, and made two reservations."""
+    key = _metadata(context, IDEMPOTENCY_KEY)
+    return None if key is None else key.strip(" \t")
+
+
 def _check_key(key: str) -> None:
     """The idempotency key as REST's header: 1-256 characters, no control characters."""
     problem = None
@@ -213,7 +221,7 @@ class TopoplaceServicer(pb_grpc.TopoplaceServicer):
 
     async def Place(self, request: pb.PlaceRequest, context: Context) -> pb.Allocation:
         await self._bounded(request, context)
-        key = _metadata(context, IDEMPOTENCY_KEY)
+        key = _idempotency_key(context)
         # Without a key, a reservation whose call ends before its answer is released
         # (abandoned.py); with one, the retry under the key is answered with it.
         handover = abandoned.Handover() if key is None else None

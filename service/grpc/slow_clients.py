@@ -12,6 +12,11 @@ request stream: the same bytes on the wire), so that the read has the
 deadline; past it the call ends with DEADLINE_EXCEEDED, reason
 ``request_timeout``, as REST answers 408. The connection's own idleness is
 grpc's ``max_connection_idle`` (server.py).
+
+The message is parsed here too, not by grpc: a message protobuf cannot read (a
+string field that is no UTF-8) ended the call with UNKNOWN and no details,
+where REST answers a body it cannot parse 400 ``bad_request``; it is
+INVALID_ARGUMENT, reason ``bad_request``.
 """
 
 from __future__ import annotations
@@ -22,8 +27,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import grpc
+from google.protobuf.message import DecodeError
 
-from service.errors import RequestTimeout
+from service.errors import BadRequest, RequestTimeout
 from service.grpc import status_map
 
 if TYPE_CHECKING:
@@ -47,11 +53,17 @@ class MessageDeadline(grpc.aio.ServerInterceptor):
             return handler
         return self._reading(handler)
 
-    async def _request(self, requests: AsyncIterator[Any], context: Context) -> Any:
-        """The call's one message, read within the deadline (else the call ends)."""
+    async def _request(
+        self, requests: AsyncIterator[Any], context: Context, parse: Callable[[bytes], Any] | None
+    ) -> Any:
+        """The call's one message, read within the deadline and parsed (else the call ends)."""
         try:
             async with asyncio.timeout(self.timeout_s):
-                return await anext(requests)
+                raw = await anext(requests)
+            return parse(raw) if parse is not None else raw
+        except DecodeError as exc:
+            unreadable = BadRequest(f"the request message could not be parsed: {exc}")
+            await status_map.abort(context, status_map.from_service_error(unreadable))
         except TimeoutError:
             late = RequestTimeout(
                 f"the request's message did not arrive within {self.timeout_s:g} s"
@@ -65,15 +77,14 @@ class MessageDeadline(grpc.aio.ServerInterceptor):
         raise AssertionError("abort returns only by raising")
 
     def _reading(self, handler: Handler) -> Handler:
-        options = {
-            "request_deserializer": handler.request_deserializer,
-            "response_serializer": handler.response_serializer,
-        }
+        # The bytes come in as they are (no deserializer) and _request parses them.
+        options: dict[str, Any] = {"response_serializer": handler.response_serializer}
+        parse: Any = handler.request_deserializer
         unary: Any = handler.unary_unary  # the inner coroutine (the stubs say sync)
         if unary is not None:
 
             async def one(requests: AsyncIterator[Any], context: Context) -> Any:
-                return await unary(await self._request(requests, context), context)
+                return await unary(await self._request(requests, context, parse), context)
 
             return grpc.stream_unary_rpc_method_handler(one, **options)
         streaming: Any = handler.unary_stream
@@ -81,12 +92,12 @@ class MessageDeadline(grpc.aio.ServerInterceptor):
         if not inspect.isasyncgenfunction(streaming):  # one that writes (health's Watch)
 
             async def writes(requests: AsyncIterator[Any], context: Context) -> None:
-                await streaming(await self._request(requests, context), context)
+                await streaming(await self._request(requests, context, parse), context)
 
             return grpc.stream_stream_rpc_method_handler(writes, **options)
 
         async def many(requests: AsyncIterator[Any], context: Context) -> AsyncIterator[Any]:
-            stream = streaming(await self._request(requests, context), context)
+            stream = streaming(await self._request(requests, context, parse), context)
             try:
                 async for message in stream:
                     yield message

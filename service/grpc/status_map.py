@@ -56,6 +56,19 @@ log = logging.getLogger("topoplace.grpc")
 
 DOMAIN = "topoplace"
 DETAILS_KEY = "grpc-status-details-bin"
+# A refusal travels in the trailers, which gRPC clients bound: grpc-core refuses a value
+# past 16 KiB, grpc-java takes 8 KiB of metadata in all; the client then reads
+# RESOURCE_EXHAUSTED "Stream removed" with no details at all (retry later, where the
+# refusal may have said "change the request" or "here is your allocation"). The message
+# is sent twice (grpc-message, percent-encoded: 3 bytes for each byte past printable
+# ASCII; and in the Status) and the Status in base64, so the message is cut to
+# MAX_MESSAGE_BYTES of UTF-8 and the Status gets what is left of TRAILER_BYTES; a detail
+# that does not fit is left out (ErrorInfo, the first, always stays).
+TRAILER_BYTES = 7168  # under 8 KiB with the other headers and HPACK's 32 bytes per entry
+MAX_MESSAGE_BYTES = 768
+# An entry of a detail: a PlacementRefusal's reason (one sentence per cause, naming a few
+# of the request's labels, models or regions), a field violation's description.
+MAX_ENTRY_BYTES = 256
 
 CODES: dict[str, grpc.StatusCode] = {
     "invalid_request": grpc.StatusCode.INVALID_ARGUMENT,
@@ -96,13 +109,66 @@ class ErrorReply:
     def code(self) -> grpc.StatusCode:
         return CODES.get(self.reason, grpc.StatusCode.INTERNAL)
 
+    @property
+    def wire_message(self) -> str:
+        """The message as sent: bounded, so the trailers reach the client (see above)."""
+        return shortened(self.message, MAX_MESSAGE_BYTES)
+
     def trailing_metadata(self) -> tuple[tuple[str, bytes], ...]:
-        status = status_pb2.Status(code=self.code.value[0], message=self.message)
+        return ((DETAILS_KEY, self.status().SerializeToString()),)
+
+    def status(self) -> status_pb2.Status:
+        """The Status sent, with the details that fit beside the message."""
+        message = self.wire_message
+        room = status_room(message)
+        status = status_pb2.Status(code=self.code.value[0], message=message)
         for detail in self.details:
-            packed = any_pb2.Any()
-            packed.Pack(detail)
-            status.details.append(packed)
-        return ((DETAILS_KEY, status.SerializeToString()),)
+            # ErrorInfo, the first, always; the others where they fit.
+            packed = _fitted(detail, room - status.ByteSize() if status.details else None)
+            if packed is not None:
+                status.details.append(packed)
+        return status
+
+
+# The details whose entries may be cut to make them fit: the first ones are kept.
+_ENTRIES = {"BadRequest": "field_violations", "PlacementRefusal": "reasons"}
+
+
+def _fitted(detail: Message, room: int | None) -> any_pb2.Any | None:
+    """``detail`` packed, within ``room`` bytes of the Status (None: whatever its size); a
+    list of field violations or refusal reasons cut to its first entries that fit; None
+    when nothing fits."""
+    packed = any_pb2.Any()
+    packed.Pack(detail)
+    # A repeated field's entry costs its size and a few bytes of tag and length.
+    if room is None or packed.ByteSize() + 8 <= room:
+        return packed
+    entries = _ENTRIES.get(detail.DESCRIPTOR.name)
+    if entries is None:
+        return None
+    cut = type(detail)()
+    cut.CopyFrom(detail)
+    items = getattr(cut, entries)
+    while len(items) > 1:
+        del items[(len(items) + 1) // 2 :]
+        packed.Pack(cut)
+        if packed.ByteSize() + 8 <= room:
+            return packed
+    return None
+
+
+def status_room(message: str) -> int:
+    """Bytes the serialized Status may take beside ``message`` sent as grpc-message."""
+    encoded = sum(1 if 0x20 <= b <= 0x7E and b != 0x25 else 3 for b in message.encode())
+    return (TRAILER_BYTES - encoded) * 3 // 4  # base64: 4 characters for 3 bytes
+
+
+def shortened(text: str, limit: int) -> str:
+    """``text`` cut to at most ``limit`` bytes of UTF-8 (never inside a character), marked."""
+    data = text.encode()
+    if len(data) <= limit:
+        return text
+    return data[: limit - 4].decode(errors="ignore") + " ..."
 
 
 def _info(reason: str, detail: dict[str, Any]) -> error_details_pb2.ErrorInfo:
@@ -116,7 +182,7 @@ def _refusal(reasons: list[dict[str, Any]]) -> pb.PlacementRefusal:
             pb.RefusalReason(
                 cause=str(r["cause"]),
                 nodes=int(r["nodes"]),
-                message=str(r["message"]),
+                message=shortened(str(r["message"]), MAX_ENTRY_BYTES),
                 resolvable=bool(r["resolvable"]),
             )
             for r in reasons
@@ -131,7 +197,8 @@ def from_service_error(error: ServiceError) -> ErrorReply:
         details.append(error_details_pb2.RetryInfo(retry_delay=delay))
     if "field" in error.detail:
         violation = error_details_pb2.BadRequest.FieldViolation(
-            field=str(error.detail["field"]), description=error.message
+            field=str(error.detail["field"]),
+            description=shortened(error.message, MAX_ENTRY_BYTES),
         )
         details.append(error_details_pb2.BadRequest(field_violations=[violation]))
     if error.code in ("unschedulable", "unresolvable"):
@@ -147,12 +214,18 @@ def from_validation(exc: ValidationError, prefix: str = "") -> ErrorReply:
 
     errors = exc.errors()
     violations = [
-        error_details_pb2.BadRequest.FieldViolation(field=name(e["loc"]), description=e["msg"])
+        error_details_pb2.BadRequest.FieldViolation(
+            field=name(e["loc"]), description=shortened(e["msg"], MAX_ENTRY_BYTES)
+        )
         for e in errors
     ]
     first = violations[0] if violations else None
     field_name = first.field if first else prefix
-    message = f"{field_name}: {first.description}" if first else "invalid request"
+    if first is None:
+        message = "invalid request"
+    else:  # as REST words it: a rule across fields (no field) is its description alone
+        said = str(errors[0]["msg"])
+        message = f"{field_name}: {said}" if field_name else said
     details: list[Message] = [
         _info("invalid_request", {"field": field_name}),
         error_details_pb2.BadRequest(field_violations=violations),
@@ -161,7 +234,9 @@ def from_validation(exc: ValidationError, prefix: str = "") -> ErrorReply:
 
 
 def invalid_field(field_name: str, message: str) -> ErrorReply:
-    violation = error_details_pb2.BadRequest.FieldViolation(field=field_name, description=message)
+    violation = error_details_pb2.BadRequest.FieldViolation(
+        field=field_name, description=shortened(message, MAX_ENTRY_BYTES)
+    )
     details: list[Message] = [
         _info("invalid_request", {"field": field_name}),
         error_details_pb2.BadRequest(field_violations=[violation]),
@@ -170,13 +245,20 @@ def invalid_field(field_name: str, message: str) -> ErrorReply:
 
 
 def replay(allocation: pb.Allocation) -> ErrorReply:
-    """An idempotency-key replay: ALREADY_EXISTS, with the allocation made before."""
+    """An idempotency-key replay: ALREADY_EXISTS, with the allocation made before where it
+    fits the trailers; a larger one (a gang of some tens of tasks) is named by its id, and
+    GetAllocation returns it."""
     info = _info("idempotent_replay", {"allocation_id": allocation.id})
+    said = f"this idempotency-key already placed allocation {allocation.id};"
+    reply = ErrorReply(
+        "idempotent_replay", f"{said} it is in the status details", [info, allocation]
+    )
+    if len(reply.status().details) == 2:
+        return reply
     return ErrorReply(
         "idempotent_replay",
-        f"this idempotency-key already placed allocation {allocation.id};"
-        " it is in the status details",
-        [info, allocation],
+        f"{said} it is too large for the status details: GetAllocation returns it",
+        [info],
     )
 
 
@@ -203,4 +285,4 @@ def from_exception(exc: BaseException) -> ErrorReply:
 
 async def abort(context: grpc.aio.ServicerContext[Any, Any], reply: ErrorReply) -> None:
     """End the call with this refusal (raises, as grpc.aio's abort does)."""
-    await context.abort(reply.code, reply.message, trailing_metadata=reply.trailing_metadata())
+    await context.abort(reply.code, reply.wire_message, trailing_metadata=reply.trailing_metadata())

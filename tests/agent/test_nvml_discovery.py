@@ -415,3 +415,22 @@ def test_a_driver_that_knows_only_the_v2_fabric_info_still_gives_the_fabric(
     got = source.read()
     assert got.fabric == snap.fabric
     assert all(g.health_reason == "" for g in got.gpus)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [{"clique_id": 7}, {"healthy": False}, {"state": "in_progress"}],
+    ids=["another-clique", "unhealthy", "registering"],
+)
+def test_a_node_whose_gpus_disagree_on_the_fabric_is_in_no_domain(
+    change: dict[str, Any],
+) -> None:
+    # The node took its first GPU's fabric: with GPU 2 in another clique, its fabric
+    # unhealthy or still registering, the node was reported healthy in GPU 0's clique, and
+    # a gang was planned over NVLink to a GPU outside that domain.
+    fake, source, snap = _source("gb200-tray")
+    fabric = fake.gpus[2].fabric
+    assert fabric is not None and snap.fabric_domain() is not None
+    fake.gpus[2].fabric = fabric.model_copy(update=change)
+    got = source.read()
+    assert got.fabric is not None and got.fabric_domain() is None

@@ -196,6 +196,15 @@ REQUESTS = (
     PlacementRequest(gpus=8, tasks=2, nodes=("v0", "ghost")),
     PlacementRequest(mig_profile="1g.10gb", tasks=9),
     PlacementRequest(mig_profile="1g.10gb", tasks=10),
+    PlacementRequest(gpus=2, cpus_per_task=40, numa="required"),
+    PlacementRequest(gpus=2, cpus_per_task=41, numa="required"),
+    PlacementRequest(gpus=1, tasks=5, cpus_per_task=40, numa="required"),
+    PlacementRequest(mig_profile="1g.10gb", gpu_models=("H100",)),
+    PlacementRequest(mig_profile="1g.10gb", tasks=2, cpus_per_task=32, numa="required"),
+    PlacementRequest(mig_profile="1g.10gb", tasks=3, cpus_per_task=32, numa="required"),
+    PlacementRequest(mig_profile="1g.10gb", cpus_per_task=33, numa="required"),
+    PlacementRequest(mig_profile="1g.10gb", tasks=2, cpus_per_task=128),
+    PlacementRequest(mig_profile="1g.10gb", tasks=3, cpus_per_task=128),
 )
 
 
@@ -220,3 +229,48 @@ def test_unresolvable_exactly_when_the_idle_cluster_would_refuse(seed: int) -> N
             assert not never, request
             continue
         assert (outcome.status == "unresolvable") == never, (request, outcome.summary())
+
+
+def test_more_cpus_than_any_numa_node_has_under_numa_required_is_unresolvable() -> None:
+    # numa="required" takes a task's CPUs from its GPUs' NUMA node alone. An idle node
+    # whose NUMA nodes have 96 CPUs each never gives 120 (nor three tasks of 64, one per
+    # NUMA node at most): the refusal was unschedulable (409, "retry"), and a scheduler
+    # kept waiting for what never comes.
+    state = ClusterState()
+    state.upsert(build_profile("hgx-h100", "h0"))  # 2 NUMA nodes of 96 CPUs, 4 GPUs each
+    outcome = state.place(PlacementRequest(gpus=1, cpus_per_task=120, numa="required"))
+    assert outcome.status == "unresolvable", outcome.summary()
+    assert outcome.summary() == (
+        "no node has 120 CPUs on the NUMA node of 1 GPU (numa required); the most is 96"
+    )
+    gang = state.place(PlacementRequest(gpus=1, tasks=3, cpus_per_task=64, numa="required"))
+    assert gang.status == "unresolvable", gang.summary()
+    assert "at most 2 tasks" in gang.summary()
+    # What spills to another NUMA node still fits, and so does one per NUMA node.
+    assert state.place(PlacementRequest(gpus=1, tasks=3, cpus_per_task=64)).placement
+    two = PlacementRequest(gpus=1, tasks=2, cpus_per_task=96, numa="required")
+    assert state.place(two).placement is not None
+
+
+def test_mig_tasks_past_what_the_instances_cpus_allow_are_unresolvable() -> None:
+    # MIG tasks reserve CPUs near their GPU: 1g.10gb instances sit on GPUs 0 and 1 (NUMA
+    # node 3) and GPU 3 (NUMA node 1), NUMA nodes of 32 CPUs. What their CPUs can never
+    # give was unschedulable, counted as if CPUs were no matter.
+    state = ClusterState()
+    state.upsert(build_profile("dgx-a100-mig", "m0"))
+    wide = state.place(PlacementRequest(mig_profile="1g.10gb", numa="required", cpus_per_task=33))
+    assert wide.status == "unresolvable"
+    assert wide.summary() == (
+        "no node has 33 CPUs on the NUMA node of a MIG instance of profile 1g.10gb"
+        " (numa required); the most is 32"
+    )
+    three = state.place(
+        PlacementRequest(mig_profile="1g.10gb", numa="required", tasks=3, cpus_per_task=32)
+    )
+    assert three.status == "unresolvable"
+    assert three.summary() == (
+        "the cluster holds at most 2 MIG instances of profile 1g.10gb (on one NUMA node,"
+        " with 32 CPUs each) even when idle; this request needs 3"
+    )
+    h100 = state.place(PlacementRequest(mig_profile="1g.10gb", gpu_models=("H100",)))
+    assert h100.summary() == "no node has a MIG instance of profile 1g.10gb of model H100"

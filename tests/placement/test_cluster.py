@@ -237,9 +237,11 @@ def test_numa_required_takes_the_numa_node_that_has_the_cpus() -> None:
     assert len(task.cpus) == 4
     [verdict] = state.evaluate(PlacementRequest(gpus=2, cpus_per_task=4, numa="required"))
     assert verdict.fits and verdict.task is not None and verdict.task.numa_nodes == (1,)
-    # Too many CPUs for either NUMA node's free ones: refused for CPUs, nothing else.
+    # Too many CPUs for either NUMA node's free ones: refused for CPUs, nothing else; and
+    # more than either NUMA node has at all, so it never fits.
     refused = state.place(PlacementRequest(gpus=2, cpus_per_task=41, numa="required"))
-    assert refused.status == "unschedulable" and refused.reasons[0].cause is Cause.CPUS
+    assert refused.status == "unresolvable" and refused.reasons[0].cause is Cause.CPUS
+    assert refused.summary().startswith("no node has 41 CPUs on the NUMA node of 2 GPUs")
 
 
 def test_a_verdict_built_for_one_cpu_count_is_not_the_answer_for_another() -> None:

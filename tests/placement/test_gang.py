@@ -141,3 +141,50 @@ def test_gang_scores_only_the_sets_it_takes(monkeypatch: pytest.MonkeyPatch) -> 
     outcome = state.place(PlacementRequest(gpus=1, tasks=4, locality="any"))
     assert outcome.placement is not None and len(outcome.placement.tasks) == 4
     assert built <= 4
+
+
+def test_gang_tasks_on_one_node_do_not_count_the_same_numa_cpus_twice() -> None:
+    # Each NUMA node has the CPUs of one task. The first task takes NUMA node 0's CPUs;
+    # the second was planned beside them (the NUMA rule saw NUMA node 0's CPUs free), its
+    # CPUs were then missing and the gang was refused while NUMA node 1 had GPUs and CPUs.
+    state = ClusterState()
+    state.upsert(build_profile("hgx-h100", "h0"))
+    snap = state.node("h0").snapshot
+    per_numa = len(snap.numa_cpus(0))
+    for gpus in (1, 2):
+        request = PlacementRequest(gpus=gpus, tasks=2, cpus_per_task=per_numa, numa="required")
+        outcome = state.place(request)
+        assert outcome.placement is not None, outcome.summary()
+        a, b = outcome.placement.tasks
+        assert {a.numa_nodes, b.numa_nodes} == {(0,), (1,)}
+        assert not set(a.cpus) & set(b.cpus)
+    # Three such tasks cannot fit the node, even idle.
+    refused = state.place(
+        PlacementRequest(gpus=1, tasks=3, cpus_per_task=per_numa, numa="required")
+    )
+    assert refused.status == "unresolvable"
+    assert "at most 2 tasks" in refused.summary()
+
+
+def test_gang_capacity_counts_the_cpus_its_earlier_tasks_take() -> None:
+    # Spilling NUMA rule: a node with the CPUs of one task offered two (its GPUs had
+    # room), the gang chose that node alone and was refused for CPUs although one task on
+    # each node fits.
+    state = ClusterState()
+    state.upsert(build_profile("hgx-h100", "h0"))
+    state.upsert(build_profile("hgx-h100", "h1"))
+    total = sum(len(state.node("h0").snapshot.numa_cpus(n)) for n in (0, 1))
+    outcome = state.place(PlacementRequest(gpus=1, tasks=2, cpus_per_task=total - 8))
+    assert outcome.placement is not None, outcome.summary()
+    assert sorted(outcome.placement.nodes) == ["h0", "h1"]
+
+
+def test_gang_refused_for_cpus_says_so() -> None:
+    # A node whose free CPUs hold no task is refused for CPUs, not left out unexplained.
+    state = ClusterState()
+    state.upsert(build_profile("hgx-h100", "h0"))
+    snap = state.node("h0").snapshot
+    state.allocate("h0", cpus=(snap.numa_cpus(0) + snap.numa_cpus(1))[:-10])
+    outcome = state.place(PlacementRequest(gpus=1, tasks=2, cpus_per_task=20))
+    assert outcome.status == "unschedulable"
+    assert [r.cause for r in outcome.reasons] == [Cause.CPUS]

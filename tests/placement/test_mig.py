@@ -174,3 +174,73 @@ def test_free_slices_are_read_once_per_node_not_per_candidate() -> None:
     assert outcome.placement is not None
     assert candidates >= 8
     assert _CountingInstances.walks <= 6, _CountingInstances.walks
+
+
+def test_a_mig_request_runs_only_on_the_gpu_models_and_memory_it_accepts() -> None:
+    # Both nodes offer 1g.10gb instances; the request's models and memory were not read for
+    # MIG, so a job that accepts only H100s got an instance of an A100.
+    state = _state()
+    state.upsert(build_profile("hgx-h100-mig", "h100"))
+    for policy in ("pack", "spread"):
+        for models, node in ((("H100",), "h100"), (("A100",), "mig0")):
+            request = PlacementRequest(mig_profile="1g.10gb", gpu_models=models, policy=policy)
+            outcome = state.place(request)
+            assert outcome.placement is not None, outcome.summary()
+            assert outcome.placement.tasks[0].node == node
+    a100 = state.node("mig0").snapshot.gpus[0].memory_mib
+    roomy = state.place(PlacementRequest(mig_profile="1g.10gb", min_gpu_memory_mib=a100))
+    assert roomy.placement is not None and roomy.placement.nodes == ("mig0",)
+    none = state.place(PlacementRequest(mig_profile="1g.10gb", gpu_models=("B200",)))
+    assert none.status == "unresolvable"
+    assert {r.cause for r in none.reasons} == {Cause.GPU_MODEL}
+    verdicts = {
+        v.node: v
+        for v in state.evaluate(PlacementRequest(mig_profile="1g.10gb", gpu_models=("H100",)))
+    }
+    assert verdicts["h100"].fits and verdicts["mig0"].cause is Cause.GPU_MODEL
+
+
+def test_a_mig_task_gets_the_cpus_it_asks_near_its_gpu() -> None:
+    # cpus_per_task was not read for MIG: the task reserved no CPU at all.
+    state = _state()
+    snap = state.node("mig0").snapshot
+    per_numa = len(snap.numa_cpus(3))  # GPUs 0 and 1 (1g.10gb on each), as GPU 3 on NUMA 1
+    request = PlacementRequest(
+        mig_profile="1g.10gb", tasks=2, cpus_per_task=per_numa, numa="required"
+    )
+    outcome = state.place(request)
+    assert outcome.placement is not None, outcome.summary()
+    a, b = outcome.placement.tasks
+    assert len(a.cpus) == len(b.cpus) == per_numa and not set(a.cpus) & set(b.cpus)
+    assert {a.numa_nodes, b.numa_nodes} == {(3,), (1,)}
+    for task in (a, b):
+        gpu = snap.gpus[task.gpu_indices[0]]
+        assert set(task.cpus) <= set(snap.numa_cpus(gpu.numa_node or 0))
+    state.apply(outcome.placement)
+    refused = state.place(
+        PlacementRequest(mig_profile="1g.10gb", cpus_per_task=per_numa, numa="required")
+    )
+    assert refused.status == "unschedulable"
+    assert [r.cause for r in refused.reasons] == [Cause.CPUS]
+    too_many = state.place(PlacementRequest(mig_profile="1g.10gb", cpus_per_task=4096))
+    assert too_many.status == "unresolvable"
+
+
+def test_a_mig_task_counts_its_host_cpu_and_memory() -> None:
+    # cpu_milli and memory_mib were not read for MIG: a task asking more host CPU than the
+    # node has was placed, and held none, so whole-GPU tasks were placed on CPU it used.
+    state = _state()
+    state.set_host_capacity("mig0", 10_000, 100_000)
+    too_much = state.place(PlacementRequest(mig_profile="1g.10gb", cpu_milli=20_000))
+    assert too_much.status == "unschedulable"
+    assert [r.cause for r in too_much.reasons] == [Cause.HOST]
+    gang = state.place(PlacementRequest(mig_profile="1g.10gb", tasks=2, cpu_milli=6_000))
+    assert gang.status == "unschedulable", gang.summary()
+    one = state.place(PlacementRequest(mig_profile="1g.10gb", cpu_milli=6_000, memory_mib=512))
+    assert one.placement is not None
+    task = one.placement.tasks[0]
+    assert (task.cpu_milli, task.memory_mib) == (6_000, 512)
+    state.apply(one.placement)
+    assert state.host_used("mig0") == (6_000, 512)
+    after = state.place(PlacementRequest(gpus=1, cpu_milli=6_000))
+    assert after.status == "unschedulable" and after.reasons[0].cause is Cause.HOST

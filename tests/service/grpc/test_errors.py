@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import grpc
 import pytest
+from google.rpc import error_details_pb2
 
 from service.grpc.gen import topoplace_pb2 as pb
 from tests.service.grpc.conftest import Running, details, reason, snapshot_request
@@ -180,3 +181,60 @@ def test_heartbeat_counters_that_are_refused_keep_nothing(running: Running) -> N
         assert details(error)["BadRequest"].field_violations[0].field == field, report
     assert running.rest.get("/v1/nodes/dgx0/nvlink").json()["links"] == []
     assert running.rest.get("/v1/nodes/dgx0").json()["heartbeat_at"] == before
+
+
+def test_a_refusal_too_long_for_the_trailer_keeps_its_code(running: Running) -> None:
+    # Label keys are up to 317 characters and a refusal names five of them, in the
+    # message and in each reason: with letters past ASCII, percent-encoded in grpc-message
+    # and base64 in the details, the trailer passed the 16 KiB a gRPC client takes. The
+    # client read RESOURCE_EXHAUSTED "Stream removed" (retry later) where REST says
+    # unresolvable (change the request).
+    running.stub.ReportSnapshot(snapshot_request("hgx-h100", "h0"))
+    labels = {("é" * 300) + str(i): "ü" * 63 for i in range(10)}
+    rest = running.rest.post("/v1/place", json={"gpus": 1, "node_labels": labels})
+    assert rest.status_code == 422 and rest.json()["error"]["code"] == "unresolvable"
+    error = _fails(running.stub.Place, pb.PlaceRequest(gpus=1, node_labels=labels))
+    assert error.code() == grpc.StatusCode.FAILED_PRECONDITION, error.details()
+    assert reason(error) == "unresolvable"
+    refusal = details(error)["PlacementRefusal"]
+    assert isinstance(refusal, pb.PlacementRefusal)
+    [group] = refusal.reasons
+    assert group.cause == "labels" and not group.resolvable
+    assert str(error.details()).startswith("the cluster can never hold this request")
+
+
+def test_a_watch_of_many_unknown_kinds_is_an_invalid_argument(running: Running) -> None:
+    # The refusal listed every unknown kind: 100,000 of them made 3.4 MB of status
+    # message, and the client read RESOURCE_EXHAUSTED "Stream removed".
+    kinds = [f"kind-{i:08d}" for i in range(100_000)]
+    with pytest.raises(grpc.RpcError) as caught:
+        next(iter(running.stub.Watch(pb.WatchRequest(kinds=kinds), timeout=10)))
+    error = caught.value
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error.details()
+    assert reason(error) == "invalid_request"
+    violations = details(error)["BadRequest"]
+    assert isinstance(violations, error_details_pb2.BadRequest)
+    assert violations.field_violations[0].field == "kinds"
+    assert len(str(error.details()).encode()) <= 1024
+
+
+def test_a_refusal_of_the_whole_request_reads_as_over_rest(running: Running) -> None:
+    # A rule across fields names no field: the message began with ": " over gRPC.
+    rest = running.rest.post("/v1/place", json={"gpus": 2, "mig_profile": "1g.10gb"})
+    assert rest.status_code == 422
+    error = _fails(running.stub.Place, pb.PlaceRequest(gpus=2, mig_profile="1g.10gb"))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error.details() == rest.json()["error"]["message"]
+    assert str(error.details()).startswith("Value error, gpus must be 1 with mig_profile")
+
+
+def test_many_field_violations_are_cut_to_the_first_that_fit(running: Running) -> None:
+    # 128 violations make 9.5 KB of BadRequest, past what the trailers carry: the first
+    # ones are sent, never none.
+    request = pb.PlaceRequest(gpus=1, gpu_models=[""] * 64, regions=[""] * 64)
+    error = _fails(running.stub.Place, request)
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    violations = details(error)["BadRequest"]
+    assert isinstance(violations, error_details_pb2.BadRequest)
+    assert 1 <= len(violations.field_violations) < 128
+    assert violations.field_violations[0].field == "gpu_models.0"

@@ -8,6 +8,7 @@ from typing import Any
 
 import grpc
 import pytest
+from google.rpc import error_details_pb2
 
 from placement.profiles import build_profile
 from service.allocations import api as allocations
@@ -86,3 +87,52 @@ def test_a_place_cut_off_by_its_deadline_is_found_again_by_its_key(
     assert found is not None, "the cut-off call's reservation was never found"
     listed = running.stub.ListAllocations(pb.ListAllocationsRequest(job_id="cut"))
     assert [a.id for a in listed.allocations] == [found.id]
+
+
+def test_a_gang_replay_too_large_for_the_trailer_still_names_its_allocation(
+    running: Running,
+) -> None:
+    # The replay put the whole Allocation into the status trailer. A gang of 64 tasks made
+    # 23 KB of trailer, past what a gRPC client takes (16 KiB, refused at random past
+    # 8 KiB): the client got RESOURCE_EXHAUSTED "Stream removed" and no details, so it
+    # could not learn its reservation and a retry policy kept asking.
+    for i in range(8):
+        snap = build_profile("hgx-h100", f"h{i}")
+        running.stub.ReportSnapshot(
+            pb.ReportSnapshotRequest(node=snap.name, snapshot_json=snap.model_dump_json())
+        )
+    key = (("idempotency-key", "gang-64"),)
+    request = pb.PlaceRequest(gpus=1, tasks=64, cpus_per_task=2, job_id="gang")
+    first = running.stub.Place(request, metadata=key)
+    with pytest.raises(grpc.RpcError) as replayed:
+        running.stub.Place(request, metadata=key)
+    error = replayed.value
+    assert error.code() == grpc.StatusCode.ALREADY_EXISTS, error.details()
+    assert reason(error) == "idempotent_replay"
+    info = details(error)["ErrorInfo"]
+    assert isinstance(info, error_details_pb2.ErrorInfo)
+    assert info.metadata["allocation_id"] == first.id
+    assert "GetAllocation" in str(error.details())
+    fetched = running.stub.GetAllocation(pb.GetAllocationRequest(id=first.id))
+    assert fetched == first
+    listed = running.stub.ListAllocations(pb.ListAllocationsRequest(job_id="gang"))
+    assert [a.id for a in listed.allocations] == [first.id]
+
+
+def test_a_key_with_surrounding_spaces_is_the_key_rest_reads(running: Running) -> None:
+    # An HTTP server takes the spaces and tabs around a header's value off (RFC 9110,
+    # uvicorn does), so REST stored "key-1" for "Idempotency-Key: key-1 "; gRPC kept
+    # " key-1 ", and the same key sent over both transports made two reservations.
+    _labelled_node(running)
+    first = running.rest.post("/v1/place", json={"gpus": 2}, headers={"Idempotency-Key": "key-1"})
+    assert first.status_code == 201, first.text
+    with pytest.raises(grpc.RpcError) as replayed:
+        running.stub.Place(pb.PlaceRequest(gpus=2), metadata=(("idempotency-key", " key-1 "),))
+    assert replayed.value.code() == grpc.StatusCode.ALREADY_EXISTS, replayed.value.details()
+    listed = running.stub.ListAllocations(pb.ListAllocationsRequest())
+    assert [a.id for a in listed.allocations] == [first.json()["id"]]
+    # Nothing but spaces is no key, as REST's empty header is not.
+    with pytest.raises(grpc.RpcError) as blank:
+        running.stub.Place(pb.PlaceRequest(gpus=2), metadata=(("idempotency-key", "  "),))
+    assert blank.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert reason(blank.value) == "invalid_request"

@@ -15,12 +15,13 @@ import struct
 import time
 from collections.abc import Iterator
 
+import grpc
 import pytest
 
 from service.grpc.gen import topoplace_pb2 as pb
 from service.settings import Settings
 from tests.service.conftest import secured
-from tests.service.grpc.conftest import Running, snapshot_request, start
+from tests.service.grpc.conftest import Running, details, reason, snapshot_request, start
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 DATA, HEADERS, RST_STREAM, SETTINGS, GOAWAY = 0, 1, 3, 4, 7
@@ -133,3 +134,30 @@ def test_prompt_calls_and_an_open_watch_outlive_both_deadlines(impatient: Runnin
     assert [n.name for n in stub.ListNodes(pb.ListNodesRequest(), metadata=metadata).nodes] == [
         "n1"
     ]
+
+
+def test_a_message_that_does_not_parse_is_a_bad_request(running: Running) -> None:
+    # A string field that is no UTF-8 (or any message protobuf cannot read) ended the call
+    # with UNKNOWN "Unexpected DecodeError" and no ErrorInfo; REST answers a body it
+    # cannot parse 400 bad_request.
+    running.stub.ReportSnapshot(snapshot_request("hgx-h100", "h0"))
+    job_id = bytes([0x8A, 0x01, 0x02, 0xFF, 0xFE])  # field 17 (job_id), 2 bytes, not UTF-8
+    raw = pb.PlaceRequest(gpus=1).SerializeToString() + job_id
+    place = running.channel.unary_unary(
+        "/topoplace.v1.Topoplace/Place",
+        request_serializer=lambda b: b,
+        response_deserializer=pb.Allocation.FromString,
+    )
+    with pytest.raises(grpc.RpcError) as caught:
+        place(raw)
+    error = caught.value
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error.details()
+    assert reason(error) == "bad_request"
+    assert "ErrorInfo" in details(error)
+    rest = running.rest.post(
+        "/v1/place",
+        content=b'{"gpus": 1, "job_id": "\xff\xfe"}',
+        headers={"content-type": "application/json"},
+    )
+    assert rest.status_code == 400 and rest.json()["error"]["code"] == "bad_request"
+    assert running.stub.ListAllocations(pb.ListAllocationsRequest()).allocations == []
