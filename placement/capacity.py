@@ -18,7 +18,10 @@ does not come back, as the cluster is built:
   GPUs and CPUs allow); the greedy choice is the engine's own, so what
   it cannot hold idle it will never be given.
 - more MIG tasks than instances of the profile (of the GPU models and memory
-  asked), or than their CPUs allow (as for whole GPUs).
+  asked), or than their CPUs allow (as for whole GPUs);
+- a task's host CPU or memory (``cpu_milli``, ``memory_mib``) above every
+  node's capacity, where every node the request may use reports it (a node
+  whose capacity is not known is never short).
 
 A cluster with no node registered yet is ``unschedulable``: its agents may
 be starting, and nothing is known of its capacity. A request whose own
@@ -38,6 +41,7 @@ from numpy.typing import NDArray
 from placement.analysis import query_for, requested_slots, unknown_names
 from placement.eligibility import gpu_eligible, labels_ok, region_ok
 from placement.explain import group_reasons, models
+from placement.host import UNKNOWN
 from placement.node_choice import NO_SET
 from placement.outcome import Cause, Outcome, ReasonGroup
 from placement.request import PlacementRequest
@@ -78,6 +82,9 @@ def never_fits(table: NodeTable, request: PlacementRequest, unknown: tuple[str, 
     """Why the request could never fit the nodes it may use, or None when it could."""
     if unknown and request.nodes is not None and len(unknown) == len(set(request.nodes)):
         return _unknown_sentence(unknown)
+    host = _host_limit(table, request, _scope(table, request))
+    if host is not None:
+        return host
     if request.mig_profile is not None:
         return _mig_limit(table, request)
     slots = _scope(table, request)
@@ -118,6 +125,26 @@ def never_fits(table: NodeTable, request: PlacementRequest, unknown: tuple[str, 
         f" {_gpus(k, request, False)}{_task_terms(request)} even when idle;"
         f" this gang needs {request.tasks}"
     )
+
+
+def _host_limit(
+    table: NodeTable, request: PlacementRequest, slots: NDArray[np.int64]
+) -> str | None:
+    """A task's host CPU or memory above every node's capacity: the node filter's
+    ``host`` cause may clear as tasks end, but no task ending makes a node larger."""
+    if not slots.size:
+        return None
+    asked = (
+        (request.cpu_milli, table.host_cpu_cap[slots], "milli-CPUs of host CPU (cpu_milli)"),
+        (request.memory_mib, table.host_memory_cap[slots], "MiB of host memory (memory_mib)"),
+    )
+    for figure, caps, unit in asked:
+        if not figure or bool((caps == UNKNOWN).any()):
+            continue
+        most = int(caps.max())
+        if most < figure:
+            return f"{_subject(request)} has {figure} {unit}; the largest has {most}"
+    return None
 
 
 def _scope(table: NodeTable, request: PlacementRequest) -> NDArray[np.int64]:

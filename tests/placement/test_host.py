@@ -36,10 +36,33 @@ def test_a_node_without_the_host_room_is_not_a_candidate() -> None:
     # 60000 MiB of its 65536, so a task of 8000 MiB fits only on the other
     full = place(state, PlacementRequest(memory_mib=60000))[0]
     assert place(state, PlacementRequest(memory_mib=8000))[0] == {"a": "b", "b": "a"}[full]
-    refused = state.place(PlacementRequest(cpu_milli=100_000))
+    refused = state.place(PlacementRequest(cpu_milli=60_000))
     assert refused.placement is None
     assert [r.cause for r in refused.reasons] == [Cause.HOST]
     assert refused.status == "unschedulable"  # host room may come back: resolvable
+
+
+@pytest.mark.parametrize("tasks", [1, 2])
+def test_more_host_room_than_any_node_has_is_unresolvable(tasks: int) -> None:
+    """Room taken comes back as tasks end; a node never grows. A task asking more CPU or
+    memory than every node has was refused as unschedulable: a scheduler waited for
+    ever on an idle cluster."""
+    state = cluster("a", "b")
+    state.set_host_capacity("a", 8000, 65536)
+    state.set_host_capacity("b", 64000, 131072)
+    refused = state.place(PlacementRequest(cpu_milli=100_000, tasks=tasks))
+    assert refused.status == "unresolvable"
+    assert refused.summary() == (
+        "no node has 100000 milli-CPUs of host CPU (cpu_milli); the largest has 64000"
+    )
+    memory = state.place(PlacementRequest(memory_mib=200_000, tasks=tasks))
+    assert memory.status == "unresolvable"
+    assert memory.summary() == (
+        "no node has 200000 MiB of host memory (memory_mib); the largest has 131072"
+    )
+    # A node whose capacity is not known may hold it: never "never".
+    state.set_host_capacity("a", None, None)
+    assert state.place(PlacementRequest(cpu_milli=100_000, gpus=8)).placed
 
 
 def test_unknown_capacity_is_never_short() -> None:

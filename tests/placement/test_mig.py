@@ -232,7 +232,7 @@ def test_a_mig_task_counts_its_host_cpu_and_memory() -> None:
     state = _state()
     state.set_host_capacity("mig0", 10_000, 100_000)
     too_much = state.place(PlacementRequest(mig_profile="1g.10gb", cpu_milli=20_000))
-    assert too_much.status == "unschedulable"
+    assert too_much.status == "unresolvable"  # more than the node has: never
     assert [r.cause for r in too_much.reasons] == [Cause.HOST]
     gang = state.place(PlacementRequest(mig_profile="1g.10gb", tasks=2, cpu_milli=6_000))
     assert gang.status == "unschedulable", gang.summary()
