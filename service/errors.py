@@ -190,6 +190,15 @@ class TooLarge(ServiceError):
     code = "payload_too_large"
 
 
+class AnswerTooLarge(ServiceError):
+    """A reservation whose answer the client said it cannot receive (gRPC's receive
+    limit): refused before it is committed, so nothing is held that the client cannot
+    learn of."""
+
+    status = 400
+    code = "answer_too_large"
+
+
 class UriTooLong(ServiceError):
     status = 414
     code = "uri_too_long"

@@ -144,6 +144,7 @@ def placing(
     idempotency_key: str | None,
     active: bool = False,
     replay_first: bool = True,
+    answerable: place_flow.AnswerCheck | None = None,
 ) -> Flow[Placed]:
     """The /place flow with its event, for a caller that drives a flow of its own (the
     Slurm filter takes its reservations with ``yield from``) and for the two drivers
@@ -152,7 +153,7 @@ def placing(
     the commit instead of by a read before it (place_flow.py)."""
     try:
         placed = yield from place_flow.place_flow(
-            state, body, idempotency_key, active, replay_first
+            state, body, idempotency_key, active, replay_first, answerable
         )
     except (Unschedulable, Unresolvable) as refused:
         causes = [str(r["cause"]) for r in refused.detail.get("reasons", ())]
@@ -172,11 +173,13 @@ def place(
     active: bool = False,
     replay_first: bool = True,
     at_once: bool = False,
+    answerable: place_flow.AnswerCheck | None = None,
 ) -> Placed:
     """Choose and reserve, blocking on the database (worker threads: gRPC, Kubernetes).
     ``at_once``: the reservation written on this thread where SQLite allows it
     (group_commit.py), for callers that wait on one reservation alone."""
-    return run(state, placing(state, body, idempotency_key, active, replay_first), at_once)
+    flow = placing(state, body, idempotency_key, active, replay_first, answerable)
+    return run(state, flow, at_once)
 
 
 async def place_async(

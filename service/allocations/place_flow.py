@@ -51,7 +51,7 @@ from sqlalchemy.exc import IntegrityError, OperationalError, SQLAlchemyError
 from placement import Outcome, Placement
 from placement.cluster import share_milli
 from service.allocations import ending, repository, views
-from service.allocations.results import Placed
+from service.allocations.results import Allocation, Placed
 from service.allocations.schemas import PlaceRequest
 from service.allocations.stored_request import same_request
 from service.audit import actor as audit_actor
@@ -91,6 +91,8 @@ class Commit:
 
 
 Step = Blocking | Commit
+# Raises where the reservation's answer cannot reach the caller (place_flow).
+AnswerCheck = Callable[[Allocation], None]
 Result = TypeVar("Result")
 Flow = Generator[Step, Any, Result]
 
@@ -202,13 +204,15 @@ def place_flow(
     idempotency_key: str | None,
     active: bool,
     replay_first: bool = True,
+    answerable: AnswerCheck | None = None,
 ) -> Flow[Placed]:
     """Choose and reserve. ``active``: active at once instead of pending until confirmed,
     for a scheduler that owns the job from the answer on (Slurm). ``replay_first=False``:
     the caller expects the key to be new (a bind's first reservation), so the read that
     looks for an earlier use is skipped; the key's unique index still refuses a reuse
     at the commit, and that reservation is then replayed (or refused) as it would be
-    here."""
+    here. ``answerable``: raises where the caller cannot deliver this answer (gRPC's
+    receive limit), called before the commit, so the choice is undone, not held."""
     request_json = body.model_dump_json()
     if idempotency_key is not None and replay_first:
         replay = yield functools.partial(_replay, state, idempotency_key, request_json)
@@ -284,6 +288,13 @@ def place_flow(
             request_json,
             str(row["placement"]),
         )
+        answer = views.allocation(row, tasks, placement)
+        if answerable is not None:
+            try:
+                answerable(answer)
+            except BaseException:
+                _undo(state, placement, devices, shares, allocation_id, idempotency_key)
+                raise
         try:
             # The committer checks the token once more just before the rows are written
             # (group_commit.py): revoked while this waited for it, Unauthorized, undone below.
@@ -316,7 +327,7 @@ def place_flow(
             raise
         with state.lock:
             state.end_inflight(devices, shares, allocation_id, idempotency_key)
-        return Placed(views.allocation(row, tasks, placement), True)
+        return Placed(answer, True)
     raced = Unschedulable(
         f"other replicas took the chosen GPUs, or the chosen nodes reported new snapshots"
         f" or were cordoned, {PLACE_ATTEMPTS} times in a row; retry",

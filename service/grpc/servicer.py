@@ -20,11 +20,12 @@ from placement.request import node_names_problem
 from placement.text import forbidden_character
 from service.admin_actions import Caller
 from service.allocations import api as allocations
+from service.allocations.results import Allocation
 from service.allocations.schemas import ExtendRequest, PlaceRequest, ScoreRequest
 from service.audit import actor as audit_actor
 from service.auth import GRPC_FIELDS, Authenticator
 from service.edge.guard import PLACEMENT_LIMIT_SETTING
-from service.errors import TooLarge, TooManyWatches
+from service.errors import AnswerTooLarge, TooLarge, TooManyWatches
 from service.event_loop import off_loop
 from service.grpc import abandoned, convert, status_map
 from service.grpc.gen import topoplace_pb2 as pb
@@ -45,6 +46,11 @@ MAX_KEY_LENGTH = 256  # as REST's Idempotency-Key header
 # unset string as "", and a ReleaseJob without a job id must not release every
 # allocation placed with job_id "" (REST has no route for an empty one).
 MAX_ALLOCATION_ID = 64
+# What a gRPC client receives unless told otherwise (grpc-core, grpc-go and grpc-java
+# alike: 4 MiB); a client that raised its limit says so in this metadata.
+RECEIVE_LIMIT = "max-receive-message-length"
+DEFAULT_RECEIVE_BYTES = 4 * 1024 * 1024
+MAX_RECEIVE_BYTES = 2**31 - 1  # gRPC's own ceiling on a message
 MAX_JOB_ID = 256
 
 
@@ -84,6 +90,37 @@ def _idempotency_key(context: Context) -> str | None:
     key sent over both transports was two keys, and made two reservations."""
     key = _metadata(context, IDEMPOTENCY_KEY)
     return None if key is None else key.strip(" \t")
+
+
+def _receive_limit(context: Context) -> int:
+    """The largest answer the client says it can receive (default: gRPC's 4 MiB)."""
+    text = _metadata(context, RECEIVE_LIMIT)
+    if text is None:
+        return DEFAULT_RECEIVE_BYTES
+    text = text.strip(" \t")
+    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= MAX_RECEIVE_BYTES:
+        problem = f"a whole number of bytes from 1 to {MAX_RECEIVE_BYTES}"
+        raise Refused(status_map.invalid_field(RECEIVE_LIMIT, problem))
+    return int(text)
+
+
+def _answerable(limit: int) -> Callable[[Allocation], None]:
+    """A Place answer the client can read, checked before the reservation is committed:
+    past its receive limit the client gets RESOURCE_EXHAUSTED and no allocation id, so a
+    reservation made anyway stays held unseen, and a retry without a key reserves again."""
+
+    def check(allocation: Allocation) -> None:
+        size = convert.allocation(allocation).ByteSize()
+        if size > limit:
+            raise AnswerTooLarge(
+                f"the answer to this Place is {size} bytes, over the {limit} bytes this"
+                f" client receives; nothing was reserved. Raise the client's max receive"
+                f" message length and send it in the metadata {RECEIVE_LIMIT!r}, or place"
+                " it over REST",
+                {"size": size, "limit": limit, "metadata": RECEIVE_LIMIT},
+            )
+
+    return check
 
 
 def _check_key(key: str) -> None:
@@ -229,8 +266,9 @@ class TopoplaceServicer(pb_grpc.TopoplaceServicer):
         def call() -> tuple[pb.Allocation, bool]:
             if key is not None:
                 _check_key(key)
+            answerable = _answerable(_receive_limit(context))
             body = _validate(PlaceRequest, convert.request_fields(request))
-            placed = allocations.place(self.state, body, key)
+            placed = allocations.place(self.state, body, key, answerable=answerable)
             if handover is not None and handover.made(placed.allocation.id):
                 abandoned.release(self.state, placed.allocation.id)
             return convert.allocation(placed.allocation), placed.created

@@ -19,6 +19,7 @@ of the REST ``detail``), and where they apply:
     unschedulable            RESOURCE_EXHAUSTED     RetryInfo 5 s, PlacementRefusal
     unresolvable             FAILED_PRECONDITION    PlacementRefusal (change the request)
     payload_too_large        RESOURCE_EXHAUSTED
+    answer_too_large         INVALID_ARGUMENT       (a Place answer past the client's receive limit)
     request_timeout          DEADLINE_EXCEEDED      (the message did not arrive in time)
     database_unavailable     UNAVAILABLE            RetryInfo 5 s
     database_full            RESOURCE_EXHAUSTED     (no space to write: free the disk)
@@ -94,6 +95,7 @@ CODES: dict[str, grpc.StatusCode] = {
     "too_many_streams": grpc.StatusCode.RESOURCE_EXHAUSTED,
     # a valid request this service does not serve: asking again as it is never helps
     "unsupported": grpc.StatusCode.INVALID_ARGUMENT,
+    "answer_too_large": grpc.StatusCode.INVALID_ARGUMENT,
 }
 
 

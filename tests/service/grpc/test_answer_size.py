@@ -1,0 +1,92 @@
+"""A Place answer the client cannot receive is refused before anything is reserved.
+
+A gRPC client receives at most 4 MiB unless its channel says otherwise; a large
+gang's answer is more. Committed anyway, the reservation was held while the client
+read RESOURCE_EXHAUSTED and no allocation id, and its retry reserved a second set.
+"""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from placement import NodeSnapshot
+from placement.profiles import build_profile
+from service.grpc.gen import topoplace_pb2 as pb
+from service.grpc.gen import topoplace_pb2_grpc as pb_grpc
+from tests.service.grpc.conftest import Running, details, reason
+from tests.service.helpers import report
+
+# The metadata a client names its raised receive limit in, and gRPC's default.
+RECEIVE_LIMIT = "max-receive-message-length"
+DEFAULT_RECEIVE_BYTES = 4 * 1024 * 1024
+# Long node names and GPU UUIDs (within their bounds) make each 16-GPU task about
+# 7 KB, so a gang past 4 MiB needs some 600 nodes instead of thousands.
+NODES = 620
+
+
+def _long_node(index: int) -> NodeSnapshot:
+    snap = build_profile("dgx2-v100", f"n{index}-".ljust(200, "x"))
+    gpus = [
+        gpu.model_copy(update={"uuid": f"GPU-{index}-{k}-".ljust(128, "0")})
+        for k, gpu in enumerate(snap.gpus)
+    ]
+    return snap.model_copy(update={"gpus": gpus})
+
+
+def _allocations(running: Running) -> list[str]:
+    listed = running.rest.get("/v1/allocations")
+    assert listed.status_code == 200, listed.text
+    return [a["id"] for a in listed.json()["allocations"]]
+
+
+def test_a_gang_past_the_default_receive_limit_is_refused_and_nothing_is_held(
+    running: Running,
+) -> None:
+    for index in range(NODES):
+        response = report(running.rest, _long_node(index))
+        assert response.status_code == 200, response.text
+    gang = pb.PlaceRequest(gpus=16, tasks=NODES, job_id="big")
+    for metadata in ((), (("idempotency-key", "k-big"),)):
+        # A default client, as a retrying scheduler sends it: with and without a key.
+        for _ in range(2):
+            with pytest.raises(grpc.RpcError) as refused:
+                running.stub.Place(gang, metadata=metadata)
+            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT, refused.value.details()
+            assert reason(refused.value) == "answer_too_large"
+            info = details(refused.value)["ErrorInfo"]
+            assert info.metadata["limit"] == str(DEFAULT_RECEIVE_BYTES)  # type: ignore[attr-defined]
+            assert RECEIVE_LIMIT in (refused.value.details() or "")
+    assert _allocations(running) == []
+    # Every GPU is still free: the same gang is placed for a client that can read it.
+    raised = 64 * 1024 * 1024
+    options = [("grpc.max_receive_message_length", raised)]
+    with grpc.insecure_channel(f"127.0.0.1:{running.server.port}", options=options) as channel:
+        stub = pb_grpc.TopoplaceStub(channel)
+        placed = stub.Place(gang, metadata=((RECEIVE_LIMIT, str(raised)),))
+    assert len(placed.tasks) == NODES
+    assert placed.ByteSize() > DEFAULT_RECEIVE_BYTES
+    assert _allocations(running) == [placed.id]
+
+
+def test_the_limit_a_client_declares_is_the_one_kept(running: Running) -> None:
+    report(running.rest, build_profile("dgx2-v100", "a"))
+    request = pb.PlaceRequest(gpus=16, job_id="j")
+    small = ((RECEIVE_LIMIT, "1000"), ("idempotency-key", "k-1"))
+    with pytest.raises(grpc.RpcError) as refused:
+        running.stub.Place(request, metadata=small)
+    assert reason(refused.value) == "answer_too_large"
+    assert _allocations(running) == []
+    # The key was not spent on the refusal: under it, the next try reserves.
+    placed = running.stub.Place(request, metadata=(("idempotency-key", "k-1"),))
+    assert _allocations(running) == [placed.id]
+
+
+@pytest.mark.parametrize("value", ["", "0", "-1", "4 MiB", "2147483648"])
+def test_a_bad_receive_limit_is_refused(running: Running, value: str) -> None:
+    report(running.rest, build_profile("dgx2-v100", "a"))
+    with pytest.raises(grpc.RpcError) as refused:
+        running.stub.Place(pb.PlaceRequest(gpus=1), metadata=((RECEIVE_LIMIT, value),))
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert reason(refused.value) == "invalid_request"
+    assert _allocations(running) == []
