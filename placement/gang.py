@@ -199,7 +199,8 @@ def place_gang(
             cause=Cause.GANG,
             nodes=len(cap.nodes),
             message=(
-                f"together they hold only {have} of {request.tasks} tasks of {request.gpus} GPUs"
+                f"{'together they hold' if len(cap.nodes) > 1 else 'it holds'} only {have} of"
+                f" {request.tasks} tasks of {request.gpus} GPUs"
             ),
             resolvable=True,
         )

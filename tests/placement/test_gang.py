@@ -7,6 +7,7 @@ import pytest
 from placement import Cause, ClusterState, PlacementRequest
 from placement.gang import _NodeSets
 from placement.profiles import build_profile, gb200_nvl72_rack
+from tests.placement.conftest import dgx1_nodes
 
 
 def _rack_cluster() -> ClusterState:
@@ -188,3 +189,15 @@ def test_gang_refused_for_cpus_says_so() -> None:
     outcome = state.place(PlacementRequest(gpus=1, tasks=2, cpus_per_task=20))
     assert outcome.status == "unschedulable"
     assert [r.cause for r in outcome.reasons] == [Cause.CPUS]
+
+
+def test_a_gang_refusal_speaks_of_one_node_as_one() -> None:
+    state = dgx1_nodes("a", "b")
+    state.allocate("b", [g.uuid for g in state.node("b").snapshot.gpus])
+    outcome = state.place(PlacementRequest(gpus=8, tasks=2))
+    assert outcome.summary().startswith("1 node: it holds only 1 of 2 tasks of 8 GPUs")
+    state.release("b", [g.uuid for g in state.node("b").snapshot.gpus])
+    state.upsert(build_profile("dgx1-v100", "c"))
+    state.allocate("c", [g.uuid for g in state.node("c").snapshot.gpus][:4])
+    wide = state.place(PlacementRequest(gpus=8, tasks=3))
+    assert "2 nodes: together they hold only 2 of 3 tasks of 8 GPUs" in wide.summary()
