@@ -307,6 +307,8 @@ class NodeTable:
             raise AllocationError(f"node {node} has no GPU {gpu_uuid}")
         if gpu_uuid in entry.busy or gpu_uuid in entry.busy_mig:
             raise AllocationError(f"GPU {gpu_uuid} on {node} is held whole")
+        if entry.mig_parent_held(gpu_uuid):
+            raise AllocationError(f"GPU {gpu_uuid} on {node} has a MIG instance held")
         held = entry.shares.get(gpu_uuid, 0)
         if held + milli > FULL_SHARE:
             raise AllocationError(
