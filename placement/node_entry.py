@@ -51,7 +51,7 @@ class NodeEntry:
             1 << g.index for g in snap.gpus if not g.mig_enabled and g.health is Health.HEALTHY
         )
         self._learn_parents(self.busy_mig)
-        self.busy_bits = self._held_bits()
+        self.busy_bits = self.held_bits()
 
     @property
     def name(self) -> str:
@@ -68,7 +68,7 @@ class NodeEntry:
             if inst.uuid in migs and inst.parent_gpu < len(gpus):
                 self.mig_parents[inst.uuid] = gpus[inst.parent_gpu].uuid
 
-    def _held_bits(self) -> int:
+    def held_bits(self) -> int:
         """Bits of the GPUs not free for whole-GPU requests: a GPU held whole, holding
         shares, or whose UUID is held as a MIG instance (an earlier report listed it so:
         the store keys holds by UUID, and the holding job may still run on it), and the
@@ -88,18 +88,18 @@ class NodeEntry:
 
     def drop(self, gpus: set[str]) -> None:
         self.busy -= gpus
-        self.busy_bits = self._held_bits()
+        self.busy_bits = self.held_bits()
 
     def hold_migs(self, migs: set[str]) -> None:
         self.busy_mig |= migs
         self._learn_parents(migs)
-        self.busy_bits = self._held_bits()
+        self.busy_bits = self.held_bits()
 
     def drop_migs(self, migs: set[str]) -> None:
         self.busy_mig -= migs
         for uuid in migs:
             self.mig_parents.pop(uuid, None)
-        self.busy_bits = self._held_bits()
+        self.busy_bits = self.held_bits()
 
     def mig_parent_held(self, gpu_uuid: str) -> bool:
         """Whether a held MIG instance is (or was, when last listed) on this GPU."""
@@ -128,4 +128,4 @@ class NodeEntry:
             self.shares[uuid] = left
             return
         self.shares.pop(uuid, None)
-        self.busy_bits = self._held_bits()
+        self.busy_bits = self.held_bits()
