@@ -257,6 +257,11 @@ class ClusterState:
         self._table.allocate(node, gpus, migs, cpus)
         self._table.hold_host(node, cpu_milli, memory_mib, len(gpus) + len(migs))
 
+    def keep_unlisted_migs(self, node: str, parents: dict[str, str]) -> None:
+        """Hold MIG instances (UUID -> their GPU's UUID) the node's snapshot no longer
+        lists: a process that never saw them listed learns their GPU from the store."""
+        self._table.keep_unlisted_migs(node, parents)
+
     def release(
         self,
         node: str,

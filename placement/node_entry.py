@@ -16,6 +16,9 @@ class NodeEntry:
     available: bool = True
     busy: set[str] = field(default_factory=set)  # GPU UUIDs held by allocations
     busy_mig: set[str] = field(default_factory=set)  # MIG instance UUIDs held
+    # Held MIG instance UUID -> its GPU's UUID, as the latest snapshot listing it said:
+    # a report without the instance (MIG turned off) must not free the GPU under its job.
+    mig_parents: dict[str, str] = field(default_factory=dict)
     used_cpus: set[int] = field(default_factory=set)
     shares: dict[str, int] = field(default_factory=dict)  # GPU UUID -> thousandths held
     island_list: tuple[Island, ...] = ()
@@ -47,10 +50,8 @@ class NodeEntry:
         self.healthy = sum(
             1 << g.index for g in snap.gpus if not g.mig_enabled and g.health is Health.HEALTHY
         )
-        # A shared GPU is not free for whole-GPU requests: its bit counts as busy. So does
-        # a GPU whose UUID is held as a MIG instance (an earlier report listed it so): the
-        # store keys holds by UUID, and the holding job may still run on it.
-        self.busy_bits = sum(self.bit_of.get(u, 0) for u in self.held_any_way())
+        self._learn_parents(self.busy_mig)
+        self.busy_bits = self.held_bits()
 
     @property
     def name(self) -> str:
@@ -59,6 +60,27 @@ class NodeEntry:
     def free_mask(self) -> int:
         return self.healthy & ~self.busy_bits
 
+    def _learn_parents(self, migs: set[str]) -> None:
+        """Note the GPU of each of these held instances that the snapshot lists; one it
+        no longer lists keeps the GPU an earlier snapshot gave."""
+        gpus = self.snapshot.gpus
+        for inst in self.snapshot.mig_instances:
+            if inst.uuid in migs and inst.parent_gpu < len(gpus):
+                self.mig_parents[inst.uuid] = gpus[inst.parent_gpu].uuid
+
+    def held_bits(self) -> int:
+        """Bits of the GPUs not free for whole-GPU requests: a GPU held whole, holding
+        shares, or whose UUID is held as a MIG instance (an earlier report listed it so:
+        the store keys holds by UUID, and the holding job may still run on it), and the
+        GPU of a held MIG instance (reported since with MIG off, its job still runs)."""
+        bit_of = self.bit_of
+        bits = 0
+        for uuid in self.held_any_way():
+            bits |= bit_of.get(uuid, 0)
+        for gpu in self.mig_parents.values():
+            bits |= bit_of.get(gpu, 0)
+        return bits
+
     def hold(self, gpus: set[str]) -> None:
         self.busy |= gpus
         for uuid in gpus:
@@ -66,18 +88,22 @@ class NodeEntry:
 
     def drop(self, gpus: set[str]) -> None:
         self.busy -= gpus
-        for uuid in gpus:
-            self.busy_bits &= ~self.bit_of.get(uuid, 0)
+        self.busy_bits = self.held_bits()
 
     def hold_migs(self, migs: set[str]) -> None:
         self.busy_mig |= migs
-        for uuid in migs:
-            self.busy_bits |= self.bit_of.get(uuid, 0)
+        self._learn_parents(migs)
+        self.busy_bits = self.held_bits()
 
     def drop_migs(self, migs: set[str]) -> None:
         self.busy_mig -= migs
         for uuid in migs:
-            self.busy_bits &= ~self.bit_of.get(uuid, 0)
+            self.mig_parents.pop(uuid, None)
+        self.busy_bits = self.held_bits()
+
+    def mig_parent_held(self, gpu_uuid: str) -> bool:
+        """Whether a held MIG instance is (or was, when last listed) on this GPU."""
+        return gpu_uuid in self.mig_parents.values()
 
     def held_any_way(self) -> set[str]:
         """Every device UUID held: whole, in shares or as a MIG instance."""
@@ -102,4 +128,4 @@ class NodeEntry:
             self.shares[uuid] = left
             return
         self.shares.pop(uuid, None)
-        self.busy_bits &= ~self.bit_of.get(uuid, 0)
+        self.busy_bits = self.held_bits()

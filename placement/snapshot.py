@@ -68,6 +68,16 @@ MAX_NICS = 1024
 # Node labels, copied into Slurm features and Kubernetes node labels; an operator sets
 # a handful.
 MAX_LABELS = 256
+# A device UUID is printable ASCII without spaces or commas. UUIDs are joined with commas
+# into CUDA_VISIBLE_DEVICES, NVIDIA_VISIBLE_DEVICES and the Kubernetes device
+# annotations: a GPU reported as "GPU-a,GPU-b" would show GPU-b to whichever job is given
+# it. NVML's are "GPU-<uuid>", "MIG-<uuid>" and, before R470, "MIG-GPU-<uuid>/<gi>/<ci>".
+DEVICE_UUID_PATTERN = r"^[\x21-\x2b\x2d-\x7e]+$"
+_DEVICE_UUID_RE = re.compile(DEVICE_UUID_PATTERN)
+DeviceUuid = Annotated[
+    Text,
+    Field(min_length=1, max_length=128, json_schema_extra={"pattern": DEVICE_UUID_PATTERN}),
+]
 # Held CPUs are stored beside held GPU and MIG UUIDs, named "cpu:<id>" (the service's
 # gpu_holds.device): a device UUID spelled so would be read back as a CPU.
 CPU_DEVICE_PREFIX = "cpu:"
@@ -126,7 +136,7 @@ class NumaNode(_Frozen):
 
 class Gpu(_Frozen):
     index: NonNegInt
-    uuid: Text = Field(min_length=1, max_length=128)
+    uuid: DeviceUuid
     model: Text = Field(min_length=1, max_length=128)
     memory_mib: NonNegInt = 0
     pci_bus_id: Text = Field(default="", max_length=64)
@@ -151,7 +161,7 @@ class Gpu(_Frozen):
 
 
 class MigInstance(_Frozen):
-    uuid: Text = Field(min_length=1, max_length=128)
+    uuid: DeviceUuid
     parent_gpu: NonNegInt
     profile: Text = Field(
         max_length=64, description="MIG profile name, e.g. '1g.10gb' or '3g.40gb'"
@@ -443,8 +453,15 @@ def _check_minor(
 def _check_uuid(
     loc: tuple[str | int, ...], uuid: str, seen: dict[str, tuple[str | int, ...]]
 ) -> list[InitErrorDetails]:
-    """A device UUID: unique in the snapshot, and not one a held CPU could have."""
+    """A device UUID: unique in the snapshot, one word of a comma-separated device list,
+    and not one a held CPU could have."""
     errors: list[InitErrorDetails] = []
+    if not _DEVICE_UUID_RE.match(uuid):
+        message = (
+            f"UUID {uuid!r} has a comma, a space or a character outside printable ASCII;"
+            " device UUIDs are listed with commas in the environment a job runs with"
+        )
+        errors.append(_error(loc, message, uuid))
     if uuid in seen:
         errors.append(_error(loc, f"duplicate UUID {uuid!r}", uuid))
     if uuid.startswith(CPU_DEVICE_PREFIX):

@@ -281,6 +281,20 @@ class NodeTable:
         entry.used_cpus |= cpu_set
         self._sync(entry)
 
+    def keep_unlisted_migs(self, node: str, parents: dict[str, str]) -> None:
+        """Hold MIG instances the snapshot no longer lists (MIG turned off under them), each
+        with the UUID of the GPU it was on, as the store says: that GPU is not free while
+        the instance is held. Instances held already are left as they are."""
+        entry = self.entry(node)
+        listed = {m.uuid for m in entry.snapshot.mig_instances}
+        new = {m: gpu for m, gpu in parents.items() if m not in entry.busy_mig and m not in listed}
+        if not new:
+            return
+        entry.busy_mig |= new.keys()
+        entry.mig_parents.update(new)
+        entry.busy_bits = entry.held_bits()
+        self._sync(entry)
+
     def release(
         self, node: str, gpu_uuids: Iterable[str], mig_uuids: Iterable[str], cpus: Iterable[int]
     ) -> None:
@@ -307,6 +321,8 @@ class NodeTable:
             raise AllocationError(f"node {node} has no GPU {gpu_uuid}")
         if gpu_uuid in entry.busy or gpu_uuid in entry.busy_mig:
             raise AllocationError(f"GPU {gpu_uuid} on {node} is held whole")
+        if entry.mig_parent_held(gpu_uuid):
+            raise AllocationError(f"GPU {gpu_uuid} on {node} has a MIG instance held")
         held = entry.shares.get(gpu_uuid, 0)
         if held + milli > FULL_SHARE:
             raise AllocationError(

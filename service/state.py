@@ -251,6 +251,8 @@ class ServiceState:
                 self.reported[name] = _aware(row["reported_at"])
                 try:
                     self._sync_row(row, held.get(name, set()), pools.get(name, {}), committed)
+                    unlisted = self._unlisted_mig_parents(conn, name, held.get(name, set()))
+                    self.cluster.keep_unlisted_migs(name, unlisted)
                     self._sync_host(name, host.get(name, (0, 0)), committed)
                 except AllocationError:
                     # The rules above leave nothing to refuse; if memory still refused the
@@ -479,6 +481,43 @@ class ServiceState:
         for device, milli in shares.items():
             if shares_now.get(device) != milli and entry.has_gpu(device):
                 self.cluster.set_share(name, device, milli)
+
+    def _unlisted_mig_parents(
+        self, conn: sa.Connection, name: str, held: set[str]
+    ) -> dict[str, str]:
+        """Held MIG instances the node's snapshot no longer lists (MIG turned off under
+        them) and memory does not hold yet -> the UUID of the GPU each was on, from its
+        allocation's placement (under the lock). The GPU stays busy while the instance is
+        held; a process started after the report knew neither (the database's MIG hold
+        names the instance only) and gave the GPU whole under the instance's job."""
+        entry = self.cluster.node(name)
+        listed = {m.uuid for m in entry.snapshot.mig_instances}
+        unlisted = {
+            d
+            for d in held
+            if not d.startswith(CPU_PREFIX)
+            and not entry.has_gpu(d)
+            and d not in listed
+            and d not in entry.held_migs
+        }
+        if not unlisted:
+            return {}
+        holds, rows = schema.gpu_holds, schema.allocations
+        query = (
+            sa.select(holds.c.device, rows.c.placement)
+            .join(rows, rows.c.id == holds.c.allocation_id)
+            .where(
+                holds.c.node == name, holds.c.kind == "mig", holds.c.device.in_(sorted(unlisted))
+            )
+        )
+        parents: dict[str, str] = {}
+        for device, placement in conn.execute(query):
+            for task in json.loads(placement).get("tasks", ()):
+                if task.get("node") == name and device in task.get("mig_uuids", ()):
+                    gpus = task.get("gpu_uuids") or ()
+                    if gpus:
+                        parents[str(device)] = str(gpus[0])
+        return parents
 
     def _sync_host(self, name: str, stored: tuple[int, int], committed: set[str]) -> None:
         """A node's host use: its live allocations' figures in the database, plus those

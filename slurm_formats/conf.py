@@ -14,7 +14,9 @@ job asks for some, so what it chooses always satisfies ``--constraint``.
 
 from __future__ import annotations
 
+import hashlib
 import re
+import uuid
 
 from placement import NodeSnapshot, islands
 from placement.cpuset import format_cpuset
@@ -36,6 +38,21 @@ def gpu_model_token(model: str) -> str:
     return _feature(model) or "gpu"
 
 
+def cluster_token(cluster_uuid: str) -> str:
+    """A multi-node NVLink cluster UUID as a feature word, one per cluster: its 32 hex
+    digits when NVML's spelling of a UUID, else a hash of it. Its first 8 characters were
+    shared by two racks now and then, and a ``--constraint`` naming the one domain let
+    Slurm start a job across both; the same hash of any other text keeps "rack-a" and
+    "RACK_A", which the engine keeps apart, apart here too."""
+    try:
+        parsed = uuid.UUID(cluster_uuid)
+    except ValueError:
+        parsed = None
+    if parsed is not None and str(parsed) == cluster_uuid:
+        return parsed.hex
+    return hashlib.sha256(cluster_uuid.encode("utf-8")).hexdigest()[:32]
+
+
 def features(snap: NodeSnapshot) -> list[str]:
     """Node features: gpu_<model>, nvlink, nvisland<size of the largest island>,
     nvdomain_<clique> for a multi-node NVLink domain, block_<label value>."""
@@ -49,7 +66,8 @@ def features(snap: NodeSnapshot) -> list[str]:
             out += ["nvlink", f"nvisland{largest}"]
     domain = snap.fabric_domain()
     if domain is not None and snap.fabric is not None:
-        out.append(_feature(f"nvdomain_{snap.fabric.cluster_uuid[:8]}_{snap.fabric.clique_id}"))
+        cluster = cluster_token(snap.fabric.cluster_uuid)
+        out.append(f"nvdomain_{cluster}_{snap.fabric.clique_id}")
     for key in BLOCK_LABELS:
         if key in snap.labels:
             out.append(_feature(f"block_{snap.labels[key]}"))

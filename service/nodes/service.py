@@ -25,6 +25,7 @@ from service.edge import revoked_meanwhile
 from service.errors import Conflict, NotFound
 from service.lost_commit import following
 from service.nodes import region_scope, repository
+from service.nodes.loadable import check_loadable
 from service.nodes.schemas import (
     IslandView,
     NodeGpuView,
@@ -61,6 +62,25 @@ def heartbeat(state: ServiceState, name: str, caller: Caller = INTERNAL) -> None
         state.refresh_availability([name])
 
 
+def _refuse_unloadable(state: ServiceState, name: str) -> None:
+    """NotFound for a stored node the engine cannot load (a row from before snapshots were
+    checked so, or edited by hand): the API knows no such node, and a cordon written
+    under the 404 that follows it (and audited) came back with the node once its agent
+    repaired it. Judged on the stored row, not memory, which may not have loaded a node
+    another replica stored a moment ago; without the state lock, which a cordon takes
+    only after its commit (see set_cordoned)."""
+    with state.engine.connect() as conn:
+        body = conn.execute(
+            sa.select(schema.nodes.c.snapshot).where(schema.nodes.c.name == name)
+        ).scalar_one_or_none()
+    if body is None:
+        return  # the write finds no row and says so
+    try:
+        check_loadable(NodeSnapshot.model_validate_json(body), state.cluster)
+    except Exception:  # whatever the row holds, this replica serves no such node
+        raise NotFound(f"no node named {name!r}") from None
+
+
 def set_cordoned(state: ServiceState, name: str, cordoned: bool) -> NodeView:
     """Cordon or uncordon. The node's reservations' holds follow the cordon (ON UPDATE
     CASCADE, service/schema.py), so a reservation committing at the same moment may
@@ -74,6 +94,7 @@ def set_cordoned(state: ServiceState, name: str, cordoned: bool) -> NodeView:
         audit.write(conn, [records.record("admin", action, state.clock(), nodes=[name])])
 
     revoked_meanwhile.refuse_if_revoked()
+    _refuse_unloadable(state, name)
     with following(state):  # a commit answer lost: memory reads what the database says
         in_transaction(state.engine, write)
     # Memory takes the stored row, read under the state lock, not this call's value: a

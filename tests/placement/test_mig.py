@@ -110,6 +110,38 @@ def test_no_instance_of_a_gpu_held_whole_or_in_shares_when_it_turns_mig() -> Non
     assert parents and not parents & {0, 1}
 
 
+def test_a_gpu_with_a_held_instance_is_not_free_when_it_turns_mig_off() -> None:
+    """A GPU one of whose MIG instances a job holds is reported with MIG off (its
+    instances gone) while the job still runs: it is not given whole nor in shares until
+    that instance is released, and back as a MIG GPU its held instance is not given
+    again."""
+    state = _state()
+    snap = state.node("mig0").snapshot
+    outcome = state.place(PlacementRequest(mig_profile="3g.40gb"))
+    assert outcome.placement is not None
+    state.apply(outcome.placement)
+    task = outcome.placement.tasks[0]
+    parent, instance = task.gpu_uuids[0], task.mig_uuids[0]
+    gpus = [g.model_copy(update={"mig_enabled": False}) for g in snap.gpus]
+    flat = snap.model_copy(update={"seq": 1, "gpus": gpus, "mig_instances": []})
+    state.upsert(flat)
+    given: list[str] = []
+    while (placed := state.place(PlacementRequest(gpus=1))).placement is not None:
+        state.apply(placed.placement)
+        given += placed.placement.tasks[0].gpu_uuids
+    assert parent not in given and len(given) == len(gpus) - 1
+    with pytest.raises(AllocationError):
+        state.allocate_share("mig0", parent, 0.5)
+    # Back in MIG mode the instance is still held; released, its GPU is free again.
+    state.upsert(snap.model_copy(update={"seq": 2}))
+    with pytest.raises(AllocationError):
+        state.allocate("mig0", (), [instance])
+    state.release("mig0", (), [instance])
+    state.upsert(flat.model_copy(update={"seq": 3}))
+    placed = state.place(PlacementRequest(gpus=1))
+    assert placed.placement is not None and placed.placement.tasks[0].gpu_uuids == (parent,)
+
+
 def test_a_held_uuid_reported_as_the_other_kind_stays_held() -> None:
     """Held as a MIG instance, listed next as a GPU (and the reverse): not free as the new
     kind, and not given again as such."""
@@ -124,7 +156,9 @@ def test_a_held_uuid_reported_as_the_other_kind_stays_held() -> None:
         for g in snap.gpus
     ]
     state.upsert(snap.model_copy(update={"seq": 1, "gpus": gpus, "mig_instances": []}))
-    for _ in range(len(gpus) - 1):
+    # GPU 0 is the held device; the instance's own GPU is held too (its job may run on).
+    busy = {0, outcome.placement.tasks[0].gpu_indices[0]}
+    for _ in range(len(gpus) - len(busy)):
         placed = state.place(PlacementRequest(gpus=1))
         assert placed.placement is not None and held not in placed.placement.tasks[0].gpu_uuids
         state.apply(placed.placement)

@@ -83,6 +83,39 @@ def test_a_device_uuid_may_not_read_as_a_held_cpu() -> None:
     assert NodeSnapshot.model_validate(_base(gpus=gpus)).gpus[1].uuid == "GPU-cpu:1"
 
 
+@pytest.mark.parametrize("uuid", ["GPU-a,GPU-b", "GPU-a GPU-b", "GPU-a\u00a0", "GPU-\u00e9"])
+def test_a_device_uuid_may_not_carry_a_list_separator(uuid: str) -> None:
+    """UUIDs are joined with commas into CUDA_VISIBLE_DEVICES, NVIDIA_VISIBLE_DEVICES and
+    the Kubernetes device annotations: a GPU reported as "GPU-a,GPU-b" beside a GPU
+    "GPU-b" would expose GPU-b to the job given the first and to the job given the second."""
+    gpus = _base()["gpus"]
+    gpus[0]["uuid"] = uuid
+    with pytest.raises(ValidationError) as exc:
+        NodeSnapshot.model_validate(_base(gpus=gpus))
+    assert _locs(exc) == [("gpus", 0, "uuid")]
+    mig = build_profile("hgx-h100-mig", "m0").model_dump(mode="json")
+    mig["mig_instances"][1]["uuid"] = uuid
+    with pytest.raises(ValidationError) as exc:
+        NodeSnapshot.model_validate(mig)
+    assert _locs(exc) == [("mig_instances", 1, "uuid")]
+
+
+@pytest.mark.parametrize(
+    "uuid",
+    [
+        "GPU-8e4b1f0a-7c3d-5b2e-9f61-0a1b2c3d4e5f",
+        "MIG-0c6d5f4e-3b2a-5918-8776-f5e4d3c2b1a0",
+        # MIG UUIDs of drivers before R470: the parent GPU's UUID, GPU and compute instance.
+        "MIG-GPU-8e4b1f0a-7c3d-5b2e-9f61-0a1b2c3d4e5f/1/0",
+        "GPU-unreadable-0-0123456789abcdef",
+    ],
+)
+def test_real_device_uuids_are_accepted(uuid: str) -> None:
+    gpus = _base()["gpus"]
+    gpus[0]["uuid"] = uuid
+    assert NodeSnapshot.model_validate(_base(gpus=gpus)).gpus[0].uuid == uuid
+
+
 def test_index_gap_and_bad_numa_reference() -> None:
     gpus = _base()["gpus"]
     gpus[1]["index"] = 3

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import re
+
 from placement.profiles import build_profile
 from slurm_formats.conf import features, gpu_model_token, gres_conf_lines, node_conf_line
 
@@ -36,3 +38,27 @@ def test_model_tokens() -> None:
     assert gpu_model_token("Tesla V100-SXM2-32GB") == "v100"
     assert gpu_model_token("NVIDIA H100 80GB HBM3") == "h100"
     assert gpu_model_token("NVIDIA RTX A6000") == "a6000"
+
+
+def _domain_feature(cluster_uuid: str, clique_id: int = 1) -> str:
+    tray = build_profile("gb200-tray", "tray1")
+    assert tray.fabric is not None
+    fabric = tray.fabric.model_copy(update={"cluster_uuid": cluster_uuid, "clique_id": clique_id})
+    snap = tray.model_copy(update={"fabric": fabric})
+    (found,) = (f for f in features(snap) if f.startswith("nvdomain_"))
+    return found
+
+
+def test_each_nvlink_domain_has_its_own_feature() -> None:
+    """`--constraint=nvdomain_...` keeps a job in one domain: two racks whose cluster UUIDs
+    share their first 8 characters (or differ only in case or punctuation) must not share
+    a feature, or a multi-node job could be started across both."""
+    first = "1a2b3c4d-0000-4000-8000-000000000001"
+    second = "1a2b3c4d-0000-4000-8000-000000000002"
+    assert _domain_feature(first) != _domain_feature(second)
+    assert _domain_feature(first) == "nvdomain_1a2b3c4d000040008000000000000001_1"
+    assert _domain_feature(first, 1) != _domain_feature(first, 11)
+    assert len({_domain_feature(u) for u in ("rack-a", "rack_a", "RACK-A", "racka")}) == 4
+    for uuid in (first, "rack-a", "RACK-A", "x" * 64):
+        feature = _domain_feature(uuid, 2**31 - 1)
+        assert re.fullmatch(r"nvdomain_[a-z0-9]+_[0-9]+", feature), feature

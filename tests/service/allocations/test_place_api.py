@@ -324,3 +324,28 @@ def test_host_use_is_counted_and_rebuilt_from_the_stored_requests(
     service.sync_nodes([node])  # what a notification or resync does
     assert service.cluster.host_used(node) == (0, 0)
     assert client.post("/v1/place", json=body).json()["tasks"][0]["node"] == node
+
+
+def test_a_gpu_turning_mig_off_under_a_held_instance_is_not_given_whole(
+    client: TestClient, settings: Settings, clock: FakeClock
+) -> None:
+    """A GPU one of whose MIG instances is held, reported next with MIG off: not given
+    whole by this process, nor by one started after the report (a restart); free again
+    once the instance is released."""
+    snap = add_nodes(client, ("dgx-a100-mig", "mig0"))[0]
+    held = client.post("/v1/place", json={"mig_profile": "3g.40gb"})
+    assert held.status_code == 201, held.text
+    parent = held.json()["tasks"][0]["gpu_uuids"][0]
+    gpus = [g.model_copy(update={"mig_enabled": False}) for g in snap.gpus]
+    flat = snap.model_copy(update={"seq": 1, "gpus": gpus, "mig_instances": []})
+    assert report(client, flat).status_code == 200
+    with TestClient(create_app(settings, clock=clock, background=False)) as restarted:
+        for replica in (client, restarted):
+            given = replica.post("/v1/place", json={"gpus": len(gpus), "nodes": ["mig0"]})
+            assert given.status_code == 409, given.text
+            one = replica.post("/v1/score", json={"gpus": 1, "nodes": ["mig0"]})
+            assert one.status_code == 200 and parent not in one.text, one.text
+        released = restarted.post(f"/v1/allocations/{held.json()['id']}/release")
+        assert released.status_code == 200, released.text
+        whole = restarted.post("/v1/place", json={"gpus": len(gpus), "nodes": ["mig0"]})
+        assert whole.status_code == 201, whole.text

@@ -7,8 +7,11 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from placement.profiles import build_profile
+from service.settings import Settings
 from tests.service.conftest import FakeClock
-from tests.service.helpers import add_nodes
+from tests.service.deaf_replicas import deaf_listener, replica  # noqa: F401
+from tests.service.helpers import add_nodes, report
 
 NODE = "nv-dgx1"
 
@@ -112,3 +115,26 @@ def test_a_viewer_reads_the_counters_and_cannot_send_them(dgx1: TestClient) -> N
     assert dgx1.get(f"/v1/nodes/{NODE}/nvlink", headers=viewer).status_code == 200
     sent = dgx1.post(f"/v1/nodes/{NODE}/heartbeat", json={"nvlink": []}, headers=viewer)
     assert sent.status_code == 403
+
+
+@pytest.mark.usefixtures("deaf_listener")
+def test_a_replica_behind_judges_gpu_indexes_by_the_stored_snapshot(
+    settings: Settings, clock: FakeClock
+) -> None:
+    """A replica that has not loaded the node's latest snapshot neither refuses a valid
+    heartbeat (the node grew from 4 to 8 GPUs) nor keeps counters of GPUs the stored
+    snapshot does not have (the node is not in its memory at all)."""
+    with replica(settings, clock) as first, replica(settings, clock) as behind:
+        add_nodes(first, ("gb200-tray", "nv"))
+        assert "nv" not in behind.app.state.service.cluster  # type: ignore[attr-defined]
+        refused = _beat(behind, [_link(4)], node="nv")
+        assert refused.status_code == 422, refused.text
+        assert refused.json()["error"]["detail"]["field"] == "nvlink.0.gpu"
+        behind.app.state.service.sync_nodes(["nv"])  # type: ignore[attr-defined]
+        grown = build_profile("hgx-h100", "nv", seq=1)
+        assert report(first, grown).status_code == 200
+        assert behind.get("/v1/nodes/nv").json()["gpu_count"] == 4  # still behind
+        assert _beat(behind, [_link(6)], node="nv").status_code == 204
+        assert [e["gpu"] for e in behind.get("/v1/nodes/nv/nvlink").json()["links"]] == [6]
+        clock.advance(30)
+        assert _beat(behind, [_link(8)], node="nv").status_code == 422

@@ -41,3 +41,16 @@ def test_the_largest_seq_a_bigint_holds_is_accepted(client: TestClient) -> None:
 def test_a_node_key_name_must_be_plain(client: TestClient) -> None:
     response = client.put("/v1/nodes/n%00/key", json={"public_key": "A" * 43 + "="})
     assert response.status_code == 422
+
+
+def test_a_gpu_uuid_carrying_a_comma_is_refused_naming_it(client: TestClient) -> None:
+    """A UUID is joined with commas into the devices a job sees: "GPU-x,<GPU 1's UUID>"
+    as GPU 0 would show GPU 1 to the job given GPU 0 and to the job given GPU 1."""
+    snapshot = build_profile("hgx-h100", "h0").model_dump(mode="json")
+    snapshot["gpus"][0]["uuid"] = "GPU-x," + snapshot["gpus"][1]["uuid"]
+    response = _put(client, "h0", snapshot)
+    assert response.status_code == 422, response.text
+    error = response.json()["error"]
+    assert error["code"] == "invalid_request"
+    assert "gpus.0.uuid" in response.text
+    assert client.get("/v1/nodes").json()["nodes"] == []

@@ -97,3 +97,27 @@ def test_a_bad_row_seen_by_a_sync_is_skipped_too(
     assert state.cluster.names() == ["good"]
     assert len(_errors_naming(caplog, "nogpu")) == 2  # once per sync that met it
     assert client.post("/v1/place", json={"gpus": 8}).status_code == 201
+
+
+def test_a_cordon_of_a_node_it_cannot_load_writes_nothing(
+    client: TestClient, settings: Settings
+) -> None:
+    """The node is unknown to the API (404), so its cordon is refused before anything is
+    written: no cordoned row left for the node to come back with once it is repaired, and
+    no audit line saying it was cordoned."""
+    _store_rows(settings, {"nogpu": (1, NO_GPUS)})
+    answer = client.post("/v1/nodes/nogpu/cordon")
+    assert answer.status_code == 404, answer.text
+    assert answer.json()["error"]["code"] == "not_found"
+    engine = sa.create_engine(settings.database_url)
+    with engine.connect() as conn:
+        cordoned = conn.execute(
+            sa.select(schema.nodes.c.cordoned).where(schema.nodes.c.name == "nogpu")
+        ).scalar_one()
+        actions = conn.execute(sa.select(schema.audit_log.c.action)).scalars().all()
+    engine.dispose()
+    assert not cordoned
+    assert "node_cordoned" not in actions
+    repaired = build_profile("hgx-b200", "nogpu", seq=5).model_dump(mode="json")
+    assert client.put("/v1/nodes/nogpu/snapshot", json={"snapshot": repaired}).status_code == 200
+    assert client.get("/v1/nodes/nogpu").json()["state"] == "ready"
