@@ -87,7 +87,7 @@ class Follower(Protocol):
     @property
     def events(self) -> EventHub: ...
 
-    def resync(self) -> None: ...
+    def resync(self) -> list[str]: ...
 
     def sync_nodes(self, names: list[str] | None) -> None: ...
 
@@ -122,7 +122,7 @@ class Listener:
                 with psycopg.connect(self.dsn, autocommit=True) as conn:
                     conn.execute(f"LISTEN {CHANNEL}")
                     # Anything missed while we were not listening: read it all once.
-                    self.state.resync()
+                    caught_up(self.state)
                     self.ready.set()
                     self._listen(conn)
             except Exception:
@@ -152,11 +152,13 @@ class Listener:
                     reload_all = True
                 else:
                     wanted.update(nodes)
-            if reload_all or time.monotonic() - last_resync >= RESYNC_S:
+            if reload_all:  # another replica changed many nodes: watchers list again
                 self.state.resync()
                 last_resync = time.monotonic()
-                if reload_all:  # another replica changed many nodes: watchers list again
-                    self.state.events.publish("node", "resync")
+                self.state.events.publish("node", "resync")
+            elif time.monotonic() - last_resync >= RESYNC_S:
+                caught_up(self.state)
+                last_resync = time.monotonic()
             elif wanted:
                 self.state.sync_nodes(sorted(wanted))
                 # Another replica changed these (holds, snapshot, cordon): tell watchers.
@@ -165,6 +167,20 @@ class Listener:
                 applied = time.time()
                 for at in sent:
                     self.on_lag(applied - at)
+
+
+def caught_up(state: Follower) -> None:
+    """Resync, and tell watchers of the nodes it found changed (``changed``; ``resync``
+    past ``_MAX_NODES``, as a message naming that many would). A resync finds what no
+    notification told this process (one missed while its listener reconnected, or
+    lost): without an event a watcher kept, for good, a picture the
+    database no longer holds, such as GPUs held by an allocation another replica ended.
+    """
+    changed = state.resync()
+    if len(changed) > _MAX_NODES:
+        state.events.publish("node", "resync")
+    elif changed:
+        state.events.nodes("changed", changed)
 
 
 def psycopg_dsn(database_url: str) -> str:

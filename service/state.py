@@ -367,8 +367,9 @@ class ServiceState:
             and self.reported.get(name) == _aware(row["reported_at"])
         )
 
-    def resync(self, chunk: int = RESYNC_CHUNK) -> None:
-        """Compare every node with the database; sync the ones that differ.
+    def resync(self, chunk: int = RESYNC_CHUNK) -> list[str]:
+        """Compare every node with the database; sync the ones that differ, and name them
+        (in name order: the listener tells watchers of them, service/notify.py).
 
         A resync is the safety net behind notifications and almost always
         finds nothing to fix, yet syncing everything 200 nodes at a time held
@@ -404,6 +405,7 @@ class ServiceState:
         differ.sort()  # name order: every replica breaks ties the same way
         for start in range(0, len(differ), chunk):
             self.sync_nodes(differ[start : start + chunk])
+        return differ
 
     def _looks_synced(self, row: sa.RowMapping, held: set[str], pools: dict[str, int]) -> bool:
         """Whether memory already has this node as the row, holds and share pools show it

@@ -1,0 +1,85 @@
+"""The replica listener: what a resync finds reaches this process's watchers."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import psycopg
+import pytest
+
+from service import notify
+from service.events import EventHub
+
+
+class _State:
+    """A follower whose database differs from memory on the nodes it is given."""
+
+    def __init__(self, differ: list[str]) -> None:
+        self.events = EventHub()
+        self.differ = differ
+
+    def resync(self) -> list[str]:
+        return list(self.differ)
+
+    def sync_nodes(self, names: list[str] | None) -> None:
+        pass
+
+
+class _Connection:
+    """LISTENs, then hears nothing: the listener stops at its first wait."""
+
+    def __init__(self, listener: notify.Listener) -> None:
+        self.listener = listener
+
+    def __enter__(self) -> _Connection:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def execute(self, *args: Any) -> None:
+        pass
+
+    def notifies(self, timeout: float, stop_after: int) -> list[Any]:
+        self.listener._stop.set()
+        return []
+
+
+def _heard(differ: list[str], monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str | None]]:
+    """The events a watcher sees while the listener connects (and resyncs) once."""
+    state = _State(differ)
+    listener = notify.Listener("postgresql://unused", state)
+    monkeypatch.setattr(psycopg, "connect", lambda *a, **k: _Connection(listener))
+
+    async def run() -> list[tuple[str, str | None]]:
+        sub = state.events.subscribe(["node"])
+        await sub.next()  # started
+        await asyncio.to_thread(listener._run)
+        state.events.publish("node", "reported", node="end")  # a marker: all before it came
+        seen = []
+        while (event := await sub.next()) is not None and event.node != "end":
+            seen.append((event.type, event.node))
+        sub.close()
+        return seen
+
+    return asyncio.run(run())
+
+
+def test_a_change_missed_while_reconnecting_reaches_watchers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Another replica released GPUs on h1 while this one's listener was reconnecting:
+    the resync at reconnect reads it, and a watcher hears of it (it kept them held)."""
+    assert _heard(["h1", "h2"], monkeypatch) == [("changed", "h1"), ("changed", "h2")]
+
+
+def test_a_resync_that_finds_many_nodes_changed_asks_watchers_to_list_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    many = [f"n{i:04d}" for i in range(notify._MAX_NODES + 1)]
+    assert _heard(many, monkeypatch) == [("resync", None)]
+
+
+def test_a_resync_that_finds_nothing_tells_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert _heard([], monkeypatch) == []
