@@ -213,17 +213,28 @@ class EventHub:
         sent = self._stages.get(allocation.id)
         if sent is not None and stage < sent:
             return True
-        self._stages[allocation.id] = stage if sent is None else max(stage, sent)
-        self._stages.move_to_end(allocation.id)
-        if len(self._stages) > REMEMBERED_ALLOCATIONS:
-            self._stages.popitem(last=False)
+        self._remember(allocation.id, stage)
         return False
 
-    def unwatched(self, kind: EventKind, type_: str, count: int) -> None:
+    def _remember(self, allocation_id: str, stage: int) -> None:
+        """That an event at ``stage`` went out for this allocation; with the lock held."""
+        sent = self._stages.get(allocation_id)
+        self._stages[allocation_id] = stage if sent is None else max(stage, sent)
+        self._stages.move_to_end(allocation_id)
+        if len(self._stages) > REMEMBERED_ALLOCATIONS:
+            self._stages.popitem(last=False)
+
+    def unwatched(self, kind: EventKind, type_: str, count: int, ended: Iterable[str] = ()) -> None:
         """``count`` events that nobody watches, tallied without being built: a publisher
-        whose events cost a read to build (service/allocations/api.py) skips the read."""
+        whose events cost a read to build (service/allocations/api.py) skips the read.
+        ``ended``: the allocations these events end, remembered as ended all the same: a
+        watcher that subscribes next and lists sees them ended, and a late ``placed``
+        published for one of them must not show it to that watcher pending again."""
         if self._tally is not None and count:
             self._tally(kind, type_, count)
+        with self._lock:
+            for allocation_id in ended:
+                self._remember(allocation_id, STAGES["released"])
 
     def close_all(self) -> None:
         """End every subscription (the server is stopping): their streams end cleanly."""

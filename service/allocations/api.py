@@ -99,7 +99,8 @@ def _publish_ids(state: ServiceState, type_: EventType, ids: Sequence[str]) -> N
         for allocation in queries.by_ids(state, ids):
             _publish(state, type_, allocation)
     else:  # nobody watches: the events are tallied (/metrics), not read and built
-        state.events.unwatched("allocation", type_, len(ids))
+        ended = ids if type_ in ("released", "expired") else ()
+        state.events.unwatched("allocation", type_, len(ids), ended=ended)
 
 
 # ---- reads ----------------------------------------------------------------------

@@ -220,7 +220,7 @@ def test_a_job_release_whose_commit_answer_was_lost_is_answered_as_made(
     hub = client.app.state.service.events  # type: ignore[attr-defined]
     published: list[str] = []
     monkeypatch.setattr(
-        hub, "unwatched", lambda kind, type_, count: published.extend([type_] * count)
+        hub, "unwatched", lambda kind, type_, count, ended=(): published.extend([type_] * count)
     )
     cut.arm()
     released = client.post("/v1/jobs/j7/release")
@@ -248,7 +248,9 @@ def test_an_attach_whose_commit_answer_was_lost_is_answered_as_made(
     state = client.app.state.service  # type: ignore[attr-defined]
     published: list[str] = []
     monkeypatch.setattr(
-        state.events, "unwatched", lambda kind, type_, count: published.extend([type_] * count)
+        state.events,
+        "unwatched",
+        lambda kind, type_, count, ended=(): published.extend([type_] * count),
     )
     cut.arm()
     attached = api.attach(state, [allocation], "j9")

@@ -289,6 +289,41 @@ def test_a_release_published_before_its_place_leaves_the_watcher_at_released(
     assert watcher.since_last(one_per_audit_row=False) == [("released", allocation, "released")]
 
 
+def test_a_release_nobody_watched_still_outranks_a_late_place(
+    k8s_client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As above, with nobody watching when the release published (its event tallied,
+    not built): a watcher that subscribes then, and lists, sees the allocation released;
+    the late ``placed`` must not tell it the allocation is pending again."""
+    add_nodes(k8s_client, ("hgx-h100", "h0"))
+    state: ServiceState = k8s_client.app.state.service  # type: ignore[attr-defined]
+    committed = threading.Event()
+    released = threading.Event()
+    publish = api._publish
+
+    def late(state: ServiceState, type_: api.EventType, allocation: Allocation) -> None:
+        if type_ == "placed":
+            committed.set()
+            assert released.wait(10)
+        publish(state, type_, allocation)
+
+    monkeypatch.setattr(api, "_publish", late)
+    placing = threading.Thread(target=api.place, args=(state, PlaceRequest(gpus=2), None))
+    placing.start()
+    assert committed.wait(10)
+    [allocation] = [a.id for a in api.live(state)]
+    assert api.release(state, allocation).ids == (allocation,)
+    watcher = Watcher(state.events, state.engine)  # subscribes now, after the release
+    try:
+        assert api.get(state, allocation).state == "released"  # what it lists
+        released.set()
+        placing.join(10)
+        assert watcher.since_last(one_per_audit_row=False) == []
+    finally:
+        released.set()
+        watcher.close()
+
+
 def test_calls_that_change_nothing_publish_nothing(
     k8s_client: TestClient, watcher: Watcher, clock: FakeClock
 ) -> None:
