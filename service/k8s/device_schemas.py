@@ -15,7 +15,16 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 DeviceId = str  # a GPU UUID or a MIG UUID, as NVML and the kubelet name it
 _ID = Field(min_length=1, max_length=128)
-_K8S_NAME = Field(min_length=1, max_length=253)
+# What Kubernetes lets a namespace (a DNS-1123 label) and a pod (a DNS-1123 subdomain) be
+# called. A report's names are the node's word: they go into the API server's path (where
+# a "/" would name another object) and the service's log (where a line break forges lines),
+# so a name no pod can have is refused with the field named.
+_NAMESPACE = Field(min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_POD_NAME = Field(
+    min_length=1,
+    max_length=253,
+    pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$",
+)
 
 
 class PodReservation(BaseModel):
@@ -42,8 +51,8 @@ class NodeReservations(BaseModel):
 class PodDevices(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    namespace: str = _K8S_NAME
-    name: str = _K8S_NAME
+    namespace: str = _NAMESPACE
+    name: str = _POD_NAME
     devices: list[str] = Field(min_length=1, max_length=64)
 
 

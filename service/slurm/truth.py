@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from placement.snapshot import MAX_GPUS
+from placement.text import forbidden_character
 from service.allocations import api as allocations
 from service.allocations.results import Observation
 from service.slurm.schemas import MAX_USER_NAME
@@ -78,6 +79,11 @@ def _user(value: object) -> str:
     user = str(value or "unknown")
     if len(user) > MAX_USER_NAME:
         raise TruthError(f"a user name of more than {MAX_USER_NAME} characters")
+    # The user becomes the allocation's owner, which the owner field refuses control
+    # characters in (placement/text.py): met there, deep in the write, it was a 500.
+    bad = forbidden_character(user)
+    if bad is not None:
+        raise TruthError(f"a user name with a control character (U+{ord(bad):04X})")
     return user
 
 

@@ -410,6 +410,38 @@ def test_malformed_reports_are_refused(fleet: TestClient, body: dict[str, Any]):
     assert response.json()["error"]["code"] == "invalid_request"
 
 
+@pytest.mark.parametrize(
+    ("namespace", "name", "field"),
+    [
+        # A line break would forge lines of the service's log, which names the pod.
+        ("ml-team\n2026-01-01 CRITICAL forged", "first", "namespace"),
+        ("ml-team", "first\x1b[2Jhidden", "name"),
+        # A slash is kept by the API path's quoting: another object's path than the pod's.
+        ("ml-team/pods/first/..", "first", "namespace"),
+        ("ml-team", "Not_A_Pod", "name"),
+    ],
+)
+def test_a_pod_name_kubernetes_cannot_have_is_refused(
+    fleet: TestClient,
+    kube: FakeKubeApi,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    namespace: str,
+    name: str,
+    field: str,
+) -> None:
+    """The report is the node's word; the names in it reach the service's log and the
+    API server's path, so they are what Kubernetes allows or refused whole."""
+    monkeypatch.setattr(node_devices, "_unreadable_logged", LogGate())
+    kube.get_pod = _refuse  # type: ignore[method-assign]  # a failed read logs the names
+    caplog.set_level(logging.WARNING, logger="topoplace.k8s")
+    response = _report(fleet, [{"namespace": namespace, "name": name, "devices": _uuids()[:1]}])
+    assert response.status_code == 422, response.text
+    assert response.json()["error"]["code"] == "invalid_request"
+    assert f"pods.0.{field}" in response.text
+    assert "forged" not in caplog.text and "hidden" not in caplog.text
+
+
 def test_an_unknown_node_is_a_404(fleet: TestClient):
     response = fleet.get("/v1/nodes/nowhere/k8s/reservations")
     assert response.status_code == 404

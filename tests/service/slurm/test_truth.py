@@ -345,6 +345,25 @@ def test_a_user_name_longer_than_an_owner_is_refused_cleanly(dgx1: TestClient) -
     assert dgx1.get("/v1/allocations").json()["allocations"] == []
 
 
+@pytest.mark.parametrize("user", ["\x1b]52;c;cm0gLXJmIH4K\x07", "bob\x00", "eve\x1b[2K"])
+def test_a_user_name_with_control_characters_is_refused_cleanly(
+    dgx1: TestClient, user: str
+) -> None:
+    """A user name becomes the allocation's owner, which ``topoplace allocations`` prints
+    in an operator's terminal (an escape there sets the clipboard or rewrites the screen)
+    and Postgres cannot store with a NUL: no system user is called so, so the report is
+    refused before any write, and a squeue job with one is skipped."""
+    text = show_job(52, "gpu:1(IDX:0)", user=user)
+    response = dgx1.post("/v1/slurm/job-started", json={"show_job": text, "job_name": "train"})
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["code"] == "bad_request"
+    running = {"job_id": 53, "job_state": "RUNNING", "user_name": user, "nodes": "node2"}
+    running["gres_detail"] = ["gpu:2(IDX:3-4)"]
+    response = dgx1.post("/v1/slurm/reconcile", json={"jobs": [running]})
+    assert response.status_code == 200, response.text
+    assert dgx1.get("/v1/allocations").json()["allocations"] == []
+
+
 @pytest.mark.parametrize("state", ["COMPLETED", "CANCELLED", "NODE_FAIL"])
 def test_a_report_of_a_job_that_has_ended_records_nothing(dgx1: TestClient, state: str) -> None:
     """A report read after the job ended (a prolog run again by hand, a late retry) says
