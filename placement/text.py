@@ -16,11 +16,17 @@ from typing import Annotated
 
 from pydantic import AfterValidator, Field
 
-# Unicode category Cc (C0 controls, DEL, C1 controls) and the surrogate range.
-_FORBIDDEN = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+# Unicode category Cc (C0 controls, DEL, C1 controls), the bidirectional controls
+# (embeddings, overrides, isolates and marks: a name carrying one is printed by a
+# terminal or a log viewer in another order than it is stored, so a hostile agent's
+# hostname could make an operator read another node's) and the surrogate range.
+_BIDI = "\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
+_FORBIDDEN = re.compile(f"[\x00-\x1f\x7f-\x9f{_BIDI}\ud800-\udfff]")
 # The same rule as the OpenAPI document states it (JSON text cannot carry a lone
 # surrogate, so the controls are the whole rule there).
-PLAIN_PATTERN = "^[^\\u0000-\\u001f\\u007f-\\u009f]*$"
+PLAIN_PATTERN = (
+    "^[^\\u0000-\\u001f\\u007f-\\u009f\\u061c\\u200e\\u200f\\u202a-\\u202e\\u2066-\\u2069]*$"
+)
 
 
 def forbidden_character(value: str) -> str | None:

@@ -14,7 +14,27 @@ def test_control_characters_and_lone_surrogates_are_found(text: str) -> None:
     assert forbidden_character(text) is not None
 
 
-@pytest.mark.parametrize("text", ["h100-node-7", "ünïcode", "GPU 0: NVIDIA H100", "\U0001f680"])
+@pytest.mark.parametrize("mark", ["\u202e", "\u202a", "\u2066", "\u2069", "\u200f", "\u061c"])
+def test_bidirectional_controls_are_found(mark: str) -> None:
+    """'gpu-\u202e7-edon' prints as 'gpu-node-7' in a terminal: an agent's hostname or a
+    job's reason could show an operator another name than the one stored."""
+    assert forbidden_character(f"gpu-{mark}7-edon") == mark
+    with pytest.raises(ValidationError) as caught:
+        NodeSnapshot.model_validate({"name": "n0", "hostname": f"n0{mark}"})
+    assert caught.value.errors()[0]["loc"] == ("hostname",)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "h100-node-7",
+        "ünïcode",
+        "GPU 0: NVIDIA H100",
+        "\U0001f680",
+        "\u05e9\u05dc\u05d5\u05dd",
+        "👨\u200d👩",
+    ],
+)
 def test_plain_text_passes(text: str) -> None:
     assert forbidden_character(text) is None
 
