@@ -259,15 +259,11 @@ def test_a_sweep_expiry_publishes_one_event(
     assert watcher.since_last() == []
 
 
-def test_a_release_published_before_its_place_leaves_the_watcher_at_released(
-    k8s_client: TestClient, watcher: Watcher, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Each change publishes after its own commit: a release committed and published
-    while the place that made the allocation has yet to publish ``placed``. The late
-    ``placed`` must not tell the watcher that a released allocation is pending again."""
-    add_nodes(k8s_client, ("hgx-h100", "h0"))
-    state: ServiceState = k8s_client.app.state.service  # type: ignore[attr-defined]
-    watcher.since_last()
+def _place_publishing_late(
+    state: ServiceState, monkeypatch: pytest.MonkeyPatch
+) -> tuple[str, threading.Event, threading.Thread]:
+    """A place committed whose ``placed`` waits to be published until the event is set:
+    its allocation's id, the event, and the thread to join."""
     committed = threading.Event()
     released = threading.Event()
     publish = api._publish
@@ -283,6 +279,19 @@ def test_a_release_published_before_its_place_leaves_the_watcher_at_released(
     placing.start()
     assert committed.wait(10)
     [allocation] = [a.id for a in api.live(state)]
+    return allocation, released, placing
+
+
+def test_a_release_published_before_its_place_leaves_the_watcher_at_released(
+    k8s_client: TestClient, watcher: Watcher, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each change publishes after its own commit: a release committed and published
+    while the place that made the allocation has yet to publish ``placed``. The late
+    ``placed`` must not tell the watcher that a released allocation is pending again."""
+    add_nodes(k8s_client, ("hgx-h100", "h0"))
+    state: ServiceState = k8s_client.app.state.service  # type: ignore[attr-defined]
+    watcher.since_last()
+    allocation, released, placing = _place_publishing_late(state, monkeypatch)
     assert api.release(state, allocation).ids == (allocation,)
     released.set()
     placing.join(10)
@@ -297,21 +306,7 @@ def test_a_release_nobody_watched_still_outranks_a_late_place(
     the late ``placed`` must not tell it the allocation is pending again."""
     add_nodes(k8s_client, ("hgx-h100", "h0"))
     state: ServiceState = k8s_client.app.state.service  # type: ignore[attr-defined]
-    committed = threading.Event()
-    released = threading.Event()
-    publish = api._publish
-
-    def late(state: ServiceState, type_: api.EventType, allocation: Allocation) -> None:
-        if type_ == "placed":
-            committed.set()
-            assert released.wait(10)
-        publish(state, type_, allocation)
-
-    monkeypatch.setattr(api, "_publish", late)
-    placing = threading.Thread(target=api.place, args=(state, PlaceRequest(gpus=2), None))
-    placing.start()
-    assert committed.wait(10)
-    [allocation] = [a.id for a in api.live(state)]
+    allocation, released, placing = _place_publishing_late(state, monkeypatch)
     assert api.release(state, allocation).ids == (allocation,)
     watcher = Watcher(state.events, state.engine)  # subscribes now, after the release
     try:
