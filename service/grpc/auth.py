@@ -51,6 +51,9 @@ PRESENTED: ContextVar[tuple[grpc.HandlerCallDetails, bytes] | None] = ContextVar
 # revocation reaches this process within REVOCATION_POLL_S (service/auth.py), so a quiet
 # stream of a revoked token ends within the two together.
 REVOCATION_RECHECK_S = 1.0
+# How long a stream revoked while it waits to send has its status go out before the server
+# stops waiting on the client (see _watch_revocation): the status itself is queued already.
+STATUS_GRACE_S = 0.1
 if TYPE_CHECKING:  # generic only in the stubs
     Handler = grpc.RpcMethodHandler[Any, Any]
 
@@ -134,6 +137,8 @@ class RequireToken(grpc.aio.ServerInterceptor):
             request: Any, context: grpc.aio.ServicerContext[Any, Any]
         ) -> AsyncIterator[Any]:
             stream = inner(request, context)
+            sending = asyncio.current_task()  # the server's task, which sends what is yielded
+            assert sending is not None
             # Each message is awaited in a task, so that the wait can be cut short for a
             # check; the tasks share one context, as one task iterating would.
             shared = contextvars.copy_context()
@@ -156,7 +161,19 @@ class RequireToken(grpc.aio.ServerInterceptor):
                     pending = None
                     if check.revoked(principal):
                         await _refuse_revoked(context)
-                    yield message
+                    # Sending waits while the client reads nothing (its flow-control window
+                    # full): a watchdog ends the call if the token is revoked meanwhile.
+                    ending = asyncio.Event()  # set once the watchdog starts ending the call
+                    watchdog = asyncio.create_task(
+                        _watch_revocation(check, principal, context, sending, ending)
+                    )
+                    try:
+                        yield message
+                    finally:
+                        if not ending.is_set():
+                            watchdog.cancel()
+                    if ending.is_set():  # the call is ended with UNAUTHENTICATED already
+                        return
             finally:
                 if pending is not None and not pending.done():  # the client went away
                     pending.cancel()
@@ -199,6 +216,32 @@ class RequireToken(grpc.aio.ServerInterceptor):
 
 async def _next(stream: AsyncIterator[Any]) -> Any:
     return await anext(stream)
+
+
+async def _watch_revocation(
+    check: Authenticator,
+    principal: Principal,
+    context: grpc.aio.ServicerContext[Any, Any],
+    sending: asyncio.Task[Any],
+    ending: asyncio.Event,
+) -> None:
+    """Ends the call once ``principal``'s token is revoked; run while the stream waits to
+    send a message, where its own check between messages cannot run. The status goes out
+    after the messages already queued, which a client that reads nothing never takes: the
+    server's ``sending`` task is then cancelled, so that the stream closes (and frees its
+    watch slot) without waiting for the client."""
+    while True:  # checked just before the message was yielded
+        await asyncio.sleep(REVOCATION_RECHECK_S)
+        if check.revoked(principal):
+            break
+    ending.set()
+    refusing = asyncio.create_task(_refuse_revoked(context))
+    await asyncio.wait({refusing}, timeout=STATUS_GRACE_S)
+    if not refusing.done():  # the status waits behind messages the client does not take
+        sending.cancel()
+        refusing.cancel()
+    with contextlib.suppress(asyncio.CancelledError, grpc.aio.AbortError):
+        await refusing
 
 
 async def _refuse_revoked(context: grpc.aio.ServicerContext[Any, Any]) -> None:
@@ -252,7 +295,11 @@ def _acting_stream(handler: Handler, actor: audit_actor.Actor) -> Handler:
                 yield message
         finally:
             await stream.aclose()
-            audit_actor.leave(entered)
+            # A stream whose task was cancelled while it waited to send (a revoked token,
+            # _watch_revocation) is closed by the loop's finalizer, in another context:
+            # the actor was never set there.
+            with contextlib.suppress(ValueError):
+                audit_actor.leave(entered)
 
     return grpc.unary_stream_rpc_method_handler(
         streaming,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +15,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from service.grpc.gen import topoplace_pb2 as pb
+from service.grpc.gen import topoplace_pb2_grpc as pb_grpc
 from service.settings import Settings
 from service.tokens import store
 from tests.service.grpc.conftest import Running, details, reason, snapshot_request, start
@@ -235,3 +237,49 @@ def test_watches_are_bounded_per_token_and_in_all(few_watches: Running) -> None:
     for stream in (a2, b1, b2):
         assert next(stream).type == "reported"
         stream.cancel()
+
+
+def test_a_watch_whose_client_stopped_reading_ends_when_its_token_is_revoked(
+    guarded: Running, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A stream blocked writing to a client that reads nothing (its flow-control window
+    full) never came back to its revocation check: on a quiet cluster it kept the revoked
+    token's watch, and its slot under TOPOPLACE_MAX_WATCHES, for good."""
+    admin = "Bearer s3cret-0123456789abcdef"
+    made = guarded.rest.post(
+        "/v1/tokens", json={"role": "viewer", "name": "dashboard"}, headers={"Authorization": admin}
+    ).json()
+    viewer = (("authorization", f"Bearer {made['token']}"),)
+    hub = guarded.state.events
+    loop = guarded.server.loop
+    assert loop is not None
+    # No BDP probing: the client's window stays at its initial size while it reads nothing.
+    options = [("grpc.http2.bdp_probe", 0)]
+    with grpc.insecure_channel(f"127.0.0.1:{guarded.server.port}", options=options) as channel:
+        stream = pb_grpc.TopoplaceStub(channel).Watch(
+            pb.WatchRequest(), metadata=viewer, timeout=30
+        )
+        assert next(stream).type == "started"
+        (subscription,) = hub._subscriptions
+        # 200 events of some 8 KiB each: far more than the window holds, fewer than the
+        # watcher buffers, so the stream is not ended for falling behind.
+        names = [f"n{i}-" + "x" * 8192 for i in range(200)]
+        loop.call_soon_threadsafe(lambda: hub.nodes("reported", names))
+        deadline = time.monotonic() + 5
+        while len(subscription._buffer) < 100 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)
+        assert subscription._buffer, "the stream is not blocked writing"
+        assert store.revoke(guarded.state.engine, made["id"]) is not None
+        deadline = time.monotonic() + 5
+        while hub.watched and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not hub.watched, "the revoked token's blocked watch still holds its slot"
+        # What was sent before the revocation may still be read; then the stream ends.
+        with pytest.raises(grpc.RpcError) as caught:
+            for _ in stream:
+                pass
+        assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED, caught.value.details()
+        assert "revoked" in (caught.value.details() or "")
+    # Its generators closed cleanly, though not on the server's task that ran them.
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
