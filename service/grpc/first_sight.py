@@ -15,6 +15,7 @@ the token is verified and allowed.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -65,12 +66,9 @@ def verified_in_call(
             principal = await principal_of(context)
             assert principal is not None
             inner: Any = admit(principal).unary_stream  # an async generator
-            stream = inner(request, context)
-            try:
+            async with contextlib.aclosing(inner(request, context)) as stream:
                 async for message in stream:
                     yield message
-            finally:
-                await stream.aclose()
 
         return grpc.unary_stream_rpc_method_handler(
             streaming,

@@ -16,6 +16,7 @@ The server's calls all run on its one event loop: the counts need no lock.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -109,12 +110,9 @@ class OpenStreams(grpc.aio.ServerInterceptor):
         async def many(request: Any, context: Context) -> AsyncIterator[Any]:
             peer = await self._take(context)
             try:
-                stream = inner(request, context)
-                try:
+                async with contextlib.aclosing(inner(request, context)) as stream:
                     async for message in stream:
                         yield message
-                finally:
-                    await stream.aclose()
             finally:
                 self._give_back(peer)
 

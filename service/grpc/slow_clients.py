@@ -22,6 +22,7 @@ INVALID_ARGUMENT, reason ``bad_request``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
@@ -97,11 +98,9 @@ class MessageDeadline(grpc.aio.ServerInterceptor):
             return grpc.stream_stream_rpc_method_handler(writes, **options)
 
         async def many(requests: AsyncIterator[Any], context: Context) -> AsyncIterator[Any]:
-            stream = streaming(await self._request(requests, context, parse), context)
-            try:
+            parsed = await self._request(requests, context, parse)
+            async with contextlib.aclosing(streaming(parsed, context)) as stream:
                 async for message in stream:
                     yield message
-            finally:
-                await stream.aclose()
 
         return grpc.stream_stream_rpc_method_handler(many, **options)
