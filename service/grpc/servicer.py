@@ -38,6 +38,7 @@ from service.state import ServiceState
 
 T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
+M2 = TypeVar("M2", bound=Message)
 if TYPE_CHECKING:  # generic only in the stubs
     Context = grpc.aio.ServicerContext[Any, Any]
 IDEMPOTENCY_KEY = "idempotency-key"
@@ -104,21 +105,29 @@ def _receive_limit(context: Context) -> int:
     return int(text)
 
 
+def _fitting(answer: M2, limit: int, what: str, advice: str, **detail: str) -> M2:
+    """``answer``, if the client can read it: past its receive limit a client reads
+    RESOURCE_EXHAUSTED "Received message larger than max" and nothing else, so it is
+    refused instead with ``answer_too_large``, its size, the limit and ``advice``."""
+    size = answer.ByteSize()
+    if size > limit:
+        raise AnswerTooLarge(
+            f"{what} is {size} bytes, over the {limit} bytes this client receives; {advice}."
+            f" Raise the client's max receive message length and send it in the metadata"
+            f" {RECEIVE_LIMIT!r}",
+            {**detail, "size": size, "limit": limit, "metadata": RECEIVE_LIMIT},
+        )
+    return answer
+
+
 def _answerable(limit: int) -> Callable[[Allocation], None]:
     """A Place answer the client can read, checked before the reservation is committed:
     past its receive limit the client gets RESOURCE_EXHAUSTED and no allocation id, so a
     reservation made anyway stays held unseen, and a retry without a key reserves again."""
 
     def check(allocation: Allocation) -> None:
-        size = convert.allocation(allocation).ByteSize()
-        if size > limit:
-            raise AnswerTooLarge(
-                f"the answer to this Place is {size} bytes, over the {limit} bytes this"
-                f" client receives; nothing was reserved. Raise the client's max receive"
-                f" message length and send it in the metadata {RECEIVE_LIMIT!r}, or place"
-                " it over REST",
-                {"size": size, "limit": limit, "metadata": RECEIVE_LIMIT},
-            )
+        advice = "nothing was reserved (REST's /place has no such bound)"
+        _fitting(convert.allocation(allocation), limit, "the answer to this Place", advice)
 
     return check
 
@@ -310,21 +319,31 @@ class TopoplaceServicer(pb_grpc.TopoplaceServicer):
     async def GetAllocation(
         self, request: pb.GetAllocationRequest, context: Context
     ) -> pb.Allocation:
-        return await self._run(
-            request,
-            context,
-            lambda: convert.allocation(allocations.get(self.state, _allocation_id(request.id))),
-        )
+        def call() -> pb.Allocation:
+            allocation_id = _allocation_id(request.id)
+            limit = _receive_limit(context)
+            answer = convert.allocation(allocations.get(self.state, allocation_id))
+            what = f"allocation {allocation_id}"
+            advice = f"GET /v1/allocations/{allocation_id} over REST returns it"
+            return _fitting(answer, limit, what, advice, allocation_id=allocation_id)
+
+        return await self._run(request, context, call)
 
     async def ListAllocations(
         self, request: pb.ListAllocationsRequest, context: Context
     ) -> pb.ListAllocationsResponse:
         def call() -> pb.ListAllocationsResponse:
+            limit = _receive_limit(context)
             query = _validate(convert.ListQuery, convert.request_fields(request))
             views = allocations.listing(
                 self.state, query.job_id, query.node, query.state, query.limit
             )
-            return pb.ListAllocationsResponse(allocations=[convert.allocation(v) for v in views])
+            answer = pb.ListAllocationsResponse(allocations=[convert.allocation(v) for v in views])
+            # The listing has no pages (nor has REST's), so a cut one could not be told
+            # from a whole one: refused, and a smaller limit or a filter is answered.
+            advice = "ask for fewer (limit, job_id, node, state), or list over REST"
+            what = f"this listing of {len(views)} allocations"
+            return _fitting(answer, limit, what, advice)
 
         return await self._run(request, context, call)
 

@@ -90,3 +90,48 @@ def test_a_bad_receive_limit_is_refused(running: Running, value: str) -> None:
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert reason(refused.value) == "invalid_request"
     assert _allocations(running) == []
+
+
+def _placed(running: Running) -> pb.Allocation:
+    """One 16-GPU allocation, on a node of its own reported for it."""
+    name = f"node-{len(_allocations(running))}"
+    assert report(running.rest, build_profile("dgx2-v100", name)).status_code == 200
+    return running.stub.Place(pb.PlaceRequest(gpus=16, job_id="j"))
+
+
+def test_get_allocation_past_the_limit_names_the_id_and_size(running: Running) -> None:
+    """A stored allocation (say, a gang placed over REST) past the client's limit used to
+    reach it as RESOURCE_EXHAUSTED "Received message larger than max", with nothing said."""
+    placed = _placed(running)
+    small = ((RECEIVE_LIMIT, "1000"),)
+    with pytest.raises(grpc.RpcError) as refused:
+        running.stub.GetAllocation(pb.GetAllocationRequest(id=placed.id), metadata=small)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT, refused.value.details()
+    assert reason(refused.value) == "answer_too_large"
+    info = details(refused.value)["ErrorInfo"]
+    assert info.metadata["allocation_id"] == placed.id  # type: ignore[attr-defined]
+    assert info.metadata["size"] == str(placed.ByteSize())  # type: ignore[attr-defined]
+    assert info.metadata["limit"] == "1000"  # type: ignore[attr-defined]
+    assert placed.id in (refused.value.details() or "")
+    # Within the declared limit (or the default one) it is answered.
+    assert running.stub.GetAllocation(pb.GetAllocationRequest(id=placed.id)) == placed
+
+
+def test_list_allocations_past_the_limit_is_refused_not_cut(running: Running) -> None:
+    """The listing has no pages (as REST's), so a cut answer could not be told from a whole
+    one: refused, naming its size, and a smaller ``limit`` is answered."""
+    _placed(running)
+    _placed(running)
+    one = pb.ListAllocationsResponse(allocations=[_placed(running)]).ByteSize()
+    limit = str(one + 10)
+    with pytest.raises(grpc.RpcError) as refused:
+        running.stub.ListAllocations(
+            pb.ListAllocationsRequest(), metadata=((RECEIVE_LIMIT, limit),)
+        )
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT, refused.value.details()
+    assert reason(refused.value) == "answer_too_large"
+    assert details(refused.value)["ErrorInfo"].metadata["limit"] == limit  # type: ignore[attr-defined]
+    listed = running.stub.ListAllocations(
+        pb.ListAllocationsRequest(limit=1), metadata=((RECEIVE_LIMIT, limit),)
+    )
+    assert len(listed.allocations) == 1
