@@ -73,10 +73,21 @@ def parse(payload: str) -> list[str] | None:
         body = json.loads(payload)
     except json.JSONDecodeError:
         return None
+    # Anyone who may connect can NOTIFY: a payload not of our shape is ignored, not raised
+    # (which dropped this connection, and the changes sent until it was back).
+    if not isinstance(body, dict):
+        log.warning("notification ignored: not a JSON object (%.80r)", payload)
+        return []
     if body.get("origin") == ORIGIN:
         return []
     nodes = body.get("nodes")
-    return None if nodes is None else [str(n) for n in nodes]
+    if nodes is None:
+        return None
+    if not isinstance(nodes, list) or not all(isinstance(n, str) for n in nodes):
+        # A string would be read as one node per character.
+        log.warning("notification ignored: nodes is not a list of names (%.80r)", payload)
+        return []
+    return nodes
 
 
 class Follower(Protocol):

@@ -3,6 +3,7 @@ global /v1/federation/place and /score requests and answers."""
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Annotated, Any
 
@@ -206,6 +207,8 @@ MAX_SUMMARY_CLIQUES = 10_000
 # The GPU models one summary may name: each is matched against each model a job asks
 # for (up to 64) on every federated request, on the event loop.
 MAX_SUMMARY_MODELS = 64
+# An island size as the summary writes it (summary.py): str(size), 0 to 64.
+_ISLAND_SIZE = re.compile(r"0|[1-9][0-9]?")
 
 
 class DesignSummary(_Strict):
@@ -225,7 +228,9 @@ class DesignSummary(_Strict):
     @classmethod
     def _sizes(cls, value: dict[str, int]) -> dict[str, int]:
         for size in value:
-            if not size.isdigit() or int(size) > 64:
+            # ASCII decimal, no leading zero: str.isdigit() took "\u0663" and "\u00b2", and
+            # "08" is read back (registry.py) as the same size as "8", one count lost.
+            if _ISLAND_SIZE.fullmatch(size) is None or int(size) > 64:
                 raise ValueError(f"island sizes are whole numbers of GPUs up to 64, not {size!r}")
         return value
 

@@ -9,11 +9,16 @@ service's allocations follow the truth. Field names are the plugin's JSON.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
+from placement.snapshot import DEVICE_UUID_PATTERN, DeviceUuid
+
 DeviceId = str  # a GPU UUID or a MIG UUID, as NVML and the kubelet name it
+# A device a node reports: as a snapshot's UUIDs are (placement/snapshot.py checks the
+# pattern itself, here pydantic does, so the refusal names pods.N.devices.M).
+_ReportedDevice = Annotated[DeviceUuid, Field(pattern=DEVICE_UUID_PATTERN)]
 _ID = Field(min_length=1, max_length=128)
 # What Kubernetes lets a namespace (a DNS-1123 label) and a pod (a DNS-1123 subdomain) be
 # called. A report's names are the node's word: they go into the API server's path (where
@@ -53,7 +58,9 @@ class PodDevices(BaseModel):
 
     namespace: str = _NAMESPACE
     name: str = _POD_NAME
-    devices: list[str] = Field(min_length=1, max_length=64)
+    # Bounded and spelled as a snapshot's UUIDs are: a refused device is echoed in the
+    # answer's detail and the log, so one a GPU cannot be named is refused with its field.
+    devices: list[_ReportedDevice] = Field(min_length=1, max_length=64)
 
 
 class DeviceReport(BaseModel):

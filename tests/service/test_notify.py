@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import psycopg
@@ -83,3 +84,26 @@ def test_a_resync_that_finds_many_nodes_changed_asks_watchers_to_list_again(
 
 def test_a_resync_that_finds_nothing_tells_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     assert _heard([], monkeypatch) == []
+
+
+@pytest.mark.parametrize(
+    "payload", ["[]", "1", '"x"', "null", '{"nodes": "gpu-a"}', '{"nodes": 5}', '{"nodes": [1]}']
+)
+def test_a_payload_not_naming_nodes_is_ignored_with_one_warning(
+    payload: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Anyone who can connect to the database can NOTIFY the channel: JSON that is not
+    an object raised AttributeError, which dropped the listener's connection (changes
+    were missed until it reconnected), and a string of nodes was read as one node per
+    character. Such a payload names no node to sync and is logged."""
+    with caplog.at_level(logging.WARNING, logger="topoplace.notify"):
+        assert notify.parse(payload) == []
+    assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 1
+
+
+def test_a_payload_naming_nodes_names_them() -> None:
+    assert notify.parse('{"origin": "elsewhere", "nodes": ["gpu-a", "gpu-b"]}') == [
+        "gpu-a",
+        "gpu-b",
+    ]
+    assert notify.parse('{"origin": "elsewhere"}') is None

@@ -281,6 +281,25 @@ def test_a_summary_of_too_many_gpu_models_is_refused(client: TestClient) -> None
     assert taken.status_code == 200, taken.text[:300]
 
 
+@pytest.mark.parametrize("size", ["\u0663", "\u00b2", "\uff18", "08", "65", "-8", " 8", ""])
+def test_an_island_size_that_is_not_a_plain_number_is_refused(
+    client: TestClient, size: str
+) -> None:
+    """An island size is a key of text, read back as an int: "\u0663" (Arabic-Indic three)
+    passed str.isdigit() and was stored as a key no producer writes, and "08" was read
+    back as the same size as "8", one count overwriting the other. Only the ASCII
+    decimal spelling of a size from 0 to 64 is taken."""
+    token = register(client)
+    body = summary()
+    body["designs"][0]["by_island"] = {size: 1}
+    answer = client.put("/v1/regions/aws-east/summary", json=signed(body), headers=bearer(token))
+    assert answer.status_code == 422, answer.text[:300]
+    error = answer.json()["error"]
+    assert error["code"] == "invalid_request", error
+    assert error["detail"]["field"] == "summary.designs.0.by_island", error
+    assert client.get("/v1/regions/aws-east").json()["summary"] is None
+
+
 def _revoked_as_it_waits(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     """A database admin token whose revocation lands (the database, then this process's
     poll) after its next call was let in, before its route writes: where a call waits

@@ -442,6 +442,23 @@ def test_a_pod_name_kubernetes_cannot_have_is_refused(
     assert "forged" not in caplog.text and "hidden" not in caplog.text
 
 
+@pytest.mark.parametrize(
+    "device",
+    ["GPU-" + "a" * 200, "GPU-a\n2026-01-01 CRITICAL forged", "GPU-a\u202ehidden", "GPU-a,GPU-b"],
+)
+def test_a_device_no_gpu_can_be_named_is_refused(fleet: TestClient, device: str) -> None:
+    """A reported device is echoed in the detail of a refusal: it is bounded and
+    spelled as a device UUID is (placement/snapshot.py), or refused with its field."""
+    first = _uuids()[0]
+    response = _report(
+        fleet, [{"namespace": "ml-team", "name": "first", "devices": [first, device]}]
+    )
+    assert response.status_code == 422, response.text[:300]
+    assert response.json()["error"]["code"] == "invalid_request"
+    assert "pods.0.devices.1" in response.text
+    assert "forged" not in response.text and "hidden" not in response.text
+
+
 def test_an_unknown_node_is_a_404(fleet: TestClient):
     response = fleet.get("/v1/nodes/nowhere/k8s/reservations")
     assert response.status_code == 404
