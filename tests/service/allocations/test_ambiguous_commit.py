@@ -48,6 +48,24 @@ def _live(url: str) -> list[tuple[str, int]]:
     return sorted((str(a), int(n)) for a, n in rows)
 
 
+def _landed_unanswered_once(
+    monkeypatch: pytest.MonkeyPatch, committer: GroupCommitter
+) -> list[int]:
+    """The committer's look-up of whether a batch landed fails once (the database gone a
+    moment), then answers; the sizes of the batches it was asked about."""
+    landed = committer.writer.landed
+    asked: list[int] = []
+
+    def unreachable_once(ids: list[str]) -> bool:
+        asked.append(len(ids))
+        if len(asked) == 1:
+            raise sa.exc.OperationalError("SELECT", {}, Exception("gone a moment"))
+        return bool(landed(ids))
+
+    monkeypatch.setattr(committer.writer, "landed", unreachable_once)
+    return asked
+
+
 def _free(client: TestClient) -> int:
     return len(client.get("/v1/nodes/h0").json()["free_gpus"])
 
@@ -165,16 +183,7 @@ def test_a_write_at_once_of_unknown_outcome_meeting_its_own_rows_in_the_queue_is
         through = url.set(host="127.0.0.1", port=cut.port).render_as_string(hide_password=False)
         engine = sa.create_engine(through)
         committer = GroupCommitter(engine)
-        landed = committer.writer.landed
-        asked: list[int] = []
-
-        def unreachable_once(ids: list[str]) -> bool:
-            asked.append(len(ids))
-            if len(asked) == 1:
-                raise sa.exc.OperationalError("SELECT", {}, Exception("gone a moment"))
-            return landed(ids)
-
-        monkeypatch.setattr(committer.writer, "landed", unreachable_once)
+        asked = _landed_unanswered_once(monkeypatch, committer)
         try:
             cut.arm()
             row = _row("g0")
@@ -271,16 +280,7 @@ def test_a_queued_reservation_of_unknown_outcome_is_written_again_not_refused(
     second reservation wherever it fitted, the first pending for its TTL."""
     client, cut, url = cut_app
     committer = client.app.state.service.committer  # type: ignore[attr-defined]
-    landed = committer.writer.landed
-    asked: list[int] = []
-
-    def unreachable_once(ids: list[str]) -> bool:
-        asked.append(len(ids))
-        if len(asked) == 1:
-            raise sa.exc.OperationalError("SELECT", {}, Exception("gone a moment"))
-        return bool(landed(ids))
-
-    monkeypatch.setattr(committer.writer, "landed", unreachable_once)
+    _landed_unanswered_once(monkeypatch, committer)
     cut.arm()
     response = client.post("/v1/place", json={"gpus": 8, "job_id": "j8"})
     assert cut.dropped == 1

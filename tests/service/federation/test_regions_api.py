@@ -306,7 +306,13 @@ def _revoked_as_it_waits(client: TestClient, monkeypatch: pytest.MonkeyPatch) ->
     for a worker thread under load."""
     made = client.post("/v1/tokens", json={"role": "admin", "name": "ops"})
     assert made.status_code == 201, made.text
-    token_id = made.json()["id"]
+    _revoke_before_the_write(monkeypatch, made.json()["id"])
+    return {"Authorization": f"Bearer {made.json()['token']}"}
+
+
+def _revoke_before_the_write(monkeypatch: pytest.MonkeyPatch, token_id: str) -> None:
+    """The token is revoked (the database, then this process's poll) as the route reads
+    its registry: after the call was let in, before it writes."""
     registry_of = endpoints._registry
 
     def revoking(request: Request) -> Registry:
@@ -316,7 +322,6 @@ def _revoked_as_it_waits(client: TestClient, monkeypatch: pytest.MonkeyPatch) ->
         return registry
 
     monkeypatch.setattr(endpoints, "_registry", revoking)
-    return {"Authorization": f"Bearer {made.json()['token']}"}
 
 
 def test_an_admin_token_revoked_while_its_call_waited_registers_no_region(
@@ -352,16 +357,7 @@ def test_a_region_token_revoked_while_its_push_waited_stores_no_summary(
     """An admin who revokes a region's token (leaked; its region kept) stops its pushes: one
     that was let in before and waited for a worker thread is not stored either."""
     token = register(client)
-    token_id = client.get("/v1/regions/aws-east").json()["token_id"]
-    registry_of = endpoints._registry
-
-    def revoking(request: Request) -> Registry:
-        registry = registry_of(request)
-        token_store.revoke(registry.engine, token_id)
-        request.app.state.token_check.forget_revoked()
-        return registry
-
-    monkeypatch.setattr(endpoints, "_registry", revoking)
+    _revoke_before_the_write(monkeypatch, client.get("/v1/regions/aws-east").json()["token_id"])
     pushed = client.put(
         "/v1/regions/aws-east/summary", json=signed(summary()), headers=bearer(token)
     )
