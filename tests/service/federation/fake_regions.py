@@ -53,6 +53,19 @@ class Regions:
         return self.answers[region](request)
 
 
+def free_h100_node(design: str) -> dict[str, Any]:
+    """A summary's design line: one idle 8-GPU H100 node, one NVLink island of 8."""
+    return {
+        "design": design,
+        "gpu_model": "NVIDIA H100 80GB HBM3",
+        "gpus_per_node": 8,
+        "nodes": 1,
+        "free_gpus": 8,
+        "island_gbps": 450.0,
+        "by_island": {"8": 1},
+    }
+
+
 def add_region(client: TestClient, name: str, price: float) -> None:
     """Register a region selling H100s at ``price`` and push its summary: one free box."""
     created = client.post(
@@ -72,17 +85,7 @@ def add_region(client: TestClient, name: str, price: float) -> None:
             "region": name,
             "seq": time.time_ns(),
             "sent_at": datetime.now(UTC),
-            "designs": [
-                {
-                    "design": "H100 x8",
-                    "gpu_model": "NVIDIA H100 80GB HBM3",
-                    "gpus_per_node": 8,
-                    "nodes": 1,
-                    "free_gpus": 8,
-                    "island_gbps": 450.0,
-                    "by_island": {"8": 1},
-                }
-            ],
+            "designs": [free_h100_node("H100 x8")],
         }
     ).model_dump(mode="json")
     pushed = client.put(

@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from agent.signing import NodeKey
+from tests.service.federation.fake_regions import free_h100_node
 from tests.service.federation.loopback import (
     STALE_S,
     Federation,
@@ -175,17 +176,7 @@ def test_a_refusal_fails_over_to_the_next_region(fed: Federation) -> None:
     # ahead of the region's own): the global service believes it, the region refuses.
     old = summary_body(
         "gcp-central",
-        [
-            {
-                "design": "NVIDIA H100 80GB HBM3 x8 nvl[8]",
-                "gpu_model": "NVIDIA H100 80GB HBM3",
-                "gpus_per_node": 8,
-                "nodes": 1,
-                "free_gpus": 8,
-                "island_gbps": 450.0,
-                "by_island": {"8": 1},
-            }
-        ],
+        [free_h100_node("NVIDIA H100 80GB HBM3 x8 nvl[8]")],
         ahead_ns=3_000_000_000,
     )
     assert fed.push("gcp-central", old, gcp.key, gcp.token).status_code == 200
