@@ -925,7 +925,7 @@ def _take_truth(
     # job holding a share of the GPU it runs on was matched, the GPU's other shares kept
     # and more given on it, where a job without one superseded them.
     if ids and repository.holds_of(conn, ids) == set(truth.holds):
-        _runs(conn, ids, now)
+        _runs(conn, rows, now)
         attached = tuple(repository.attach(conn, ids, job_id, now))
         if job.touch:
             # The scheduler has just said the job started on these (attached or not):
@@ -956,7 +956,7 @@ def _take_truth(
         )
         freed += given_up
         if moved is not None:
-            moved = _runs(conn, ids[:1], now).get(ids[0], moved)
+            moved = _runs(conn, rows[:1], now).get(ids[0], moved)
         if moved is not None and job.touch:
             # Moved onto the GPUs the job has just started on: as for a match, an older
             # view of the job (a stale squeue answer) must not end it (``quiet``).
@@ -977,13 +977,14 @@ def _take_truth(
     return observation, freed
 
 
-def _runs(conn: Connection, ids: list[str], now: datetime) -> dict[str, RowMapping]:
+def _runs(conn: Connection, rows: Sequence[RowMapping], now: datetime) -> dict[str, RowMapping]:
     """The scheduler says the job runs on these allocations' GPUs: a reservation among
     them loses its TTL (pending -> active). Left pending, a REST reservation pinned to a
     job expired under it at its TTL, and the GPUs the job runs on went to the next one.
-    Returns the rows that changed, by id."""
+    Only rows read with a TTL are written (a job's active allocation, the usual case,
+    costs no statement). Returns the rows that changed, by id."""
     changed: dict[str, RowMapping] = {}
-    for allocation_id in ids:
+    for allocation_id in [str(r["id"]) for r in rows if r["expires_at"] is not None]:
         row = repository.run(conn, allocation_id, now)
         if row is not None:
             changed[allocation_id] = row
