@@ -191,9 +191,9 @@ class TooLarge(ServiceError):
 
 
 class AnswerTooLarge(ServiceError):
-    """A reservation whose answer the client said it cannot receive (gRPC's receive
-    limit): refused before it is committed, so nothing is held that the client cannot
-    learn of."""
+    """A reservation, or a confirm or extend of one, whose answer the client said it
+    cannot receive (gRPC's receive limit): refused before it is committed, so nothing
+    is held or changed that the client cannot learn of."""
 
     status = 400
     code = "answer_too_large"

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 from google.protobuf.message import Message
+from google.protobuf.timestamp_pb2 import Timestamp
 from pydantic import BaseModel, ValidationError
 
 from placement.request import node_names_problem
@@ -130,6 +131,29 @@ def _answerable(limit: int) -> Callable[[Allocation], None]:
         _fitting(convert.allocation(allocation), limit, "the answer to this Place", advice)
 
     return check
+
+
+# The latest moment a google.protobuf.Timestamp holds, to the nanosecond: the widest
+# expiry an answer can carry (a few bytes more than any expiry an extend writes).
+_WIDEST_EXPIRY = Timestamp(seconds=253_402_300_799, nanos=999_999_999)
+
+
+def _change_answerable(
+    state: ServiceState, allocation_id: str, limit: int, verb: str, widen_expiry: bool
+) -> None:
+    """Before a ConfirmAllocation or ExtendAllocation is committed: its answer, which the
+    client can read. Committed anyway, the change took effect while the client read
+    RESOURCE_EXHAUSTED, and may have taken it as failed. The change touches only
+    ``state`` (pending -> active, shorter; degraded kept) and ``expires_at`` (a confirm
+    drops it; an extend moves it): the allocation as read now bounds a confirm's answer,
+    and, with the widest expiry, an extend's. An unknown id is NotFound here as there."""
+    answer = convert.allocation(allocations.get(state, allocation_id))
+    if widen_expiry:
+        answer.expires_at.CopyFrom(_WIDEST_EXPIRY)
+    what = f"the answer to this {verb} of allocation {allocation_id} (bounded before it)"
+    route = f"/v1/allocations/{allocation_id}/{verb.removesuffix('Allocation').lower()}"
+    advice = f"nothing was changed (REST's POST {route} has no such bound)"
+    _fitting(answer, limit, what, advice, allocation_id=allocation_id)
 
 
 def _check_key(key: str) -> None:
@@ -350,11 +374,13 @@ class TopoplaceServicer(pb_grpc.TopoplaceServicer):
     async def ConfirmAllocation(
         self, request: pb.ConfirmAllocationRequest, context: Context
     ) -> pb.Allocation:
-        return await self._run(
-            request,
-            context,
-            lambda: convert.allocation(allocations.confirm(self.state, _allocation_id(request.id))),
-        )
+        def call() -> pb.Allocation:
+            allocation_id = _allocation_id(request.id)
+            limit = _receive_limit(context)
+            _change_answerable(self.state, allocation_id, limit, "ConfirmAllocation", False)
+            return convert.allocation(allocations.confirm(self.state, allocation_id))
+
+        return await self._run(request, context, call)
 
     async def ExtendAllocation(
         self, request: pb.ExtendAllocationRequest, context: Context
@@ -362,6 +388,8 @@ class TopoplaceServicer(pb_grpc.TopoplaceServicer):
         def call() -> pb.Allocation:
             allocation_id = _allocation_id(request.id)
             body = _validate(ExtendRequest, {"ttl_s": request.ttl_s})
+            limit = _receive_limit(context)
+            _change_answerable(self.state, allocation_id, limit, "ExtendAllocation", True)
             return convert.allocation(allocations.extend(self.state, allocation_id, body.ttl_s))
 
         return await self._run(request, context, call)

@@ -135,3 +135,40 @@ def test_list_allocations_past_the_limit_is_refused_not_cut(running: Running) ->
         pb.ListAllocationsRequest(limit=1), metadata=((RECEIVE_LIMIT, limit),)
     )
     assert len(listed.allocations) == 1
+
+
+def _refused_unchanged(running: Running, error: grpc.RpcError, before: pb.Allocation) -> None:
+    """Refused with ``answer_too_large`` naming the allocation, which is as it was."""
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error.details()
+    assert reason(error) == "answer_too_large"
+    info = details(error)["ErrorInfo"]
+    assert info.metadata["allocation_id"] == before.id  # type: ignore[attr-defined]
+    assert info.metadata["limit"] == "1000"  # type: ignore[attr-defined]
+    assert before.id in (error.details() or "")
+    assert running.stub.GetAllocation(pb.GetAllocationRequest(id=before.id)) == before
+
+
+def test_confirm_past_the_limit_is_refused_before_it_takes_effect(running: Running) -> None:
+    """A confirm used to commit, then answer past the client's limit: the client read
+    RESOURCE_EXHAUSTED for an allocation it had in fact confirmed."""
+    placed = _placed(running)
+    request = pb.ConfirmAllocationRequest(id=placed.id)
+    with pytest.raises(grpc.RpcError) as refused:
+        running.stub.ConfirmAllocation(request, metadata=((RECEIVE_LIMIT, "1000"),))
+    _refused_unchanged(running, refused.value, placed)
+    # A client that can read it confirms it; so does one whose limit is the size read
+    # before (a confirmed allocation's answer is no larger: its expiry is dropped).
+    limit = str(placed.ByteSize())
+    confirmed = running.stub.ConfirmAllocation(request, metadata=((RECEIVE_LIMIT, limit),))
+    assert confirmed.state == "active"
+
+
+def test_extend_past_the_limit_is_refused_before_it_takes_effect(running: Running) -> None:
+    """As a confirm: the new expiry was written, and its answer then refused by the client."""
+    placed = _placed(running)
+    request = pb.ExtendAllocationRequest(id=placed.id, ttl_s=600)
+    with pytest.raises(grpc.RpcError) as refused:
+        running.stub.ExtendAllocation(request, metadata=((RECEIVE_LIMIT, "1000"),))
+    _refused_unchanged(running, refused.value, placed)
+    extended = running.stub.ExtendAllocation(request)
+    assert extended.expires_at.ToDatetime() > placed.expires_at.ToDatetime()
