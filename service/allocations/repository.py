@@ -97,25 +97,24 @@ def by_idempotency_key(conn: Connection, key: str) -> sa.RowMapping | None:
 def confirm(conn: Connection, allocation_id: str, now: datetime) -> sa.RowMapping | None:
     """pending -> active (degraded stays degraded) and the TTL is dropped; the row, or
     None when the guard did not hold."""
-    statement = (
-        sa.update(_T)
-        .where(_T.c.id == allocation_id, GUARDS["confirm"](now))
-        .values(
-            state=sa.case((_T.c.state == "pending", "active"), else_=_T.c.state),
-            expires_at=None,
-        )
-        .returning(*_T.c)
-    )
-    return conn.execute(statement).mappings().first()
+    return _without_ttl(conn, allocation_id, "confirm", now)
 
 
 def run(conn: Connection, allocation_id: str, now: datetime) -> sa.RowMapping | None:
-    """pending -> active (degraded stays degraded) without a TTL, as ``confirm`` but
-    whether or not the TTL has passed: its job runs on the GPUs (a scheduler's truth).
-    The row, or None when it had no TTL to lose (already active, or ended)."""
+    """As ``confirm``, whether or not the TTL has passed: its job runs on the GPUs (a
+    scheduler's truth). The row, or None when it had no TTL to lose (already active, or
+    ended)."""
+    return _without_ttl(conn, allocation_id, "run", now)
+
+
+def _without_ttl(
+    conn: Connection, allocation_id: str, transition: str, now: datetime
+) -> sa.RowMapping | None:
+    """pending -> active, degraded stays degraded, the TTL dropped, under the guard of
+    ``transition``."""
     statement = (
         sa.update(_T)
-        .where(_T.c.id == allocation_id, GUARDS["run"](now))
+        .where(_T.c.id == allocation_id, GUARDS[transition](now))
         .values(
             state=sa.case((_T.c.state == "pending", "active"), else_=_T.c.state),
             expires_at=None,
