@@ -121,16 +121,27 @@ def _fitting(answer: M2, limit: int, what: str, advice: str, **detail: str) -> M
     return answer
 
 
-def _answerable(limit: int) -> Callable[[Allocation], None]:
+class _Answerable:
     """A Place answer the client can read, checked before the reservation is committed:
     past its receive limit the client gets RESOURCE_EXHAUSTED and no allocation id, so a
-    reservation made anyway stays held unseen, and a retry without a key reserves again."""
+    reservation made anyway stays held unseen, and a retry without a key reserves again.
+    The message checked is the one sent (``message``): Place converts it once."""
 
-    def check(allocation: Allocation) -> None:
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.checked: tuple[Allocation, pb.Allocation] | None = None
+
+    def __call__(self, allocation: Allocation) -> None:
         advice = "nothing was reserved (REST's /place has no such bound)"
-        _fitting(convert.allocation(allocation), limit, "the answer to this Place", advice)
+        answer = convert.allocation(allocation)
+        _fitting(answer, self.limit, "the answer to this Place", advice)
+        self.checked = (allocation, answer)
 
-    return check
+    def message(self, allocation: Allocation) -> pb.Allocation:
+        """``allocation`` as sent: the message checked, or (a replay) converted now."""
+        if self.checked is not None and self.checked[0] is allocation:
+            return self.checked[1]
+        return convert.allocation(allocation)
 
 
 # The latest moment a google.protobuf.Timestamp holds, to the nanosecond: the widest
@@ -299,12 +310,12 @@ class TopoplaceServicer(pb_grpc.TopoplaceServicer):
         def call() -> tuple[pb.Allocation, bool]:
             if key is not None:
                 _check_key(key)
-            answerable = _answerable(_receive_limit(context))
+            answerable = _Answerable(_receive_limit(context))
             body = _validate(PlaceRequest, convert.request_fields(request))
             placed = allocations.place(self.state, body, key, answerable=answerable)
             if handover is not None and handover.made(placed.allocation.id):
                 abandoned.release(self.state, placed.allocation.id)
-            return convert.allocation(placed.allocation), placed.created
+            return answerable.message(placed.allocation), placed.created
 
         try:
             allocation, created = await self._run(request, context, call)
