@@ -97,6 +97,7 @@ node_snapshots = sa.Table(
 
 LIVE_STATES = ("pending", "active", "degraded")
 SHARED = "shared"  # gpu_holds.kind of a GPU's share pool, and gpu_shares.kind
+MIG_POOL = "migpool"  # gpu_holds.kind of a GPU whose MIG instances are held
 ENDED_STATES = ("released", "expired")
 
 
@@ -117,13 +118,21 @@ ALLOCATIONS_LIVE = (
     " AND anchor_node IS NULL AND anchor_device IS NULL"
     " AND share_node IS NULL AND share_device IS NULL AND ended_at IS NOT NULL)"
 )
-# Two shapes of hold: a share pool (no allocation; 0 to a whole GPU held), or a hold of
-# one allocation (no pool count). A share added to a whole-GPU hold makes a row of
-# neither shape, and so does a pool past a whole GPU: the transaction is refused.
+# Three shapes of hold: a share pool (no allocation; 0 to a whole GPU held), a MIG pool
+# (no allocation; its GPU's instance holds counted), or a hold of one allocation (no
+# pool count; a parent GPU only on a MIG instance's). A share added to a whole-GPU
+# hold or to a MIG pool, or an instance's pool added to a whole-GPU hold or to a share
+# pool, makes a row of none of them, and so does a pool past a whole GPU: the
+# transaction is refused. A whole GPU and one of its instances are thus never held at
+# once, whichever replica writes each.
 HOLD_SHAPE = (
-    "(kind = 'shared' AND allocation_id IS NULL AND share_milli IS NOT NULL"
-    f" AND share_milli >= 0 AND share_milli <= {FULL_SHARE})"
-    " OR (kind <> 'shared' AND allocation_id IS NOT NULL AND share_milli IS NULL)"
+    f"(kind = '{SHARED}' AND allocation_id IS NULL AND share_milli IS NOT NULL"
+    f" AND share_milli >= 0 AND share_milli <= {FULL_SHARE}"
+    " AND instances IS NULL AND parent IS NULL)"
+    f" OR (kind = '{MIG_POOL}' AND allocation_id IS NULL AND share_milli IS NULL"
+    " AND instances IS NOT NULL AND instances >= 0 AND parent IS NULL)"
+    f" OR (kind NOT IN ('{SHARED}', '{MIG_POOL}') AND allocation_id IS NOT NULL"
+    " AND share_milli IS NULL AND instances IS NULL AND (kind = 'mig' OR parent IS NULL))"
 )
 SHARE_SHAPE = f"kind = 'shared' AND live = true AND milli > 0 AND milli <= {FULL_SHARE}"
 
@@ -189,7 +198,8 @@ gpu_holds = sa.Table(
     metadata,
     sa.Column("node", sa.String(253), primary_key=True),
     sa.Column("device", sa.String(128), primary_key=True),  # GPU or MIG instance UUID
-    # gpu | mig | cpu (device "cpu:N") | shared (a GPU's share pool)
+    # gpu | mig | cpu (device "cpu:N") | shared (a GPU's share pool) | migpool (a GPU
+    # whose MIG instances are held: device is the GPU's UUID)
     sa.Column("kind", sa.String(8), nullable=False),
     # The holding allocation; NULL only for a share pool, which gpu_shares' rows hold.
     sa.Column("allocation_id", sa.String(36), nullable=True),
@@ -199,6 +209,11 @@ gpu_holds = sa.Table(
     ),
     # A share pool's thousandths held, the sum of its shares; NULL on every other row.
     sa.Column("share_milli", sa.Integer, nullable=True),
+    # A MIG pool's instance holds, counted; NULL on every other row.
+    sa.Column("instances", sa.Integer, nullable=True),
+    # A MIG instance's hold: the UUID of its GPU, whose pool counts it (NULL on every
+    # other row).
+    sa.Column("parent", sa.String(128), nullable=True),
     # The seq of the node's snapshot the reservation was chosen on, or a scheduler's truth
     # mapped on (NULL: none named, as a hold written before migration 0011). Its foreign
     # key to the node row makes a hold named on a snapshot a newer one replaced fail at
@@ -397,8 +412,8 @@ audit_log = sa.Table(
 
 
 def holdings() -> sa.Subquery:
-    """Every (node, device, kind, allocation_id) an allocation holds: its holds (a share
-    pool, which no allocation holds alone, left out) and its shares, kind ``shared``."""
+    """Every (node, device, kind, allocation_id) an allocation holds: its holds (a share or
+    MIG pool, which no allocation holds alone, left out) and its shares, kind ``shared``."""
     holds, shares = gpu_holds, gpu_shares
     return sa.union_all(
         sa.select(holds.c.node, holds.c.device, holds.c.kind, holds.c.allocation_id).where(

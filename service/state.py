@@ -127,10 +127,11 @@ class ServiceState:
         self.loaded = True
 
     def _check_pools(self) -> None:
-        """Log every share pool whose count is not the sum of its shares. Only the two
-        share statements change either (docs/service.md, "GPU shares in the database"),
-        so a disagreement is a row written by hand or by another program: memory follows
-        the pool's count, which the database's check bounds."""
+        """Log every share pool whose count is not the sum of its shares, and every MIG
+        pool whose count is not its GPU's instance holds. Only the pool statements change
+        either (service/allocations/pools.py), so a disagreement is a row written by hand
+        or by another program: memory follows the pool's count for shares, the instances'
+        holds for MIG."""
         holds, shares = schema.gpu_holds, schema.gpu_shares
         summed = (
             sa.select(shares.c.node, shares.c.device, sa.func.sum(shares.c.milli).label("milli"))
@@ -146,6 +147,30 @@ class ServiceState:
                 sa.or_(summed.c.milli.is_(None), summed.c.milli != holds.c.share_milli),
             )
         )
+        instances = (
+            sa.select(holds.c.node, holds.c.parent, sa.func.count().label("held"))
+            .where(holds.c.kind == "mig", holds.c.parent.is_not(None))
+            .group_by(holds.c.node, holds.c.parent)
+            .subquery()
+        )
+        mig_pools = holds.alias("pools")
+        counted = sa.and_(
+            instances.c.node == mig_pools.c.node, instances.c.parent == mig_pools.c.device
+        )
+        # Both ways: a pool without its instances, and instances without their pool.
+        migs = sa.union_all(
+            sa.select(mig_pools.c.node, mig_pools.c.device, mig_pools.c.instances, instances.c.held)
+            .select_from(mig_pools.outerjoin(instances, counted))
+            .where(
+                mig_pools.c.kind == MIG_POOL,
+                sa.or_(instances.c.held.is_(None), instances.c.held != mig_pools.c.instances),
+            ),
+            sa.select(instances.c.node, instances.c.parent, sa.null(), instances.c.held)
+            .select_from(
+                instances.outerjoin(mig_pools, sa.and_(counted, mig_pools.c.kind == MIG_POOL))
+            )
+            .where(mig_pools.c.node.is_(None)),
+        )
         with self.engine.connect() as conn:
             for node, device, pool, total in conn.execute(query):
                 log.error(
@@ -153,6 +178,14 @@ class ServiceState:
                     device,
                     node,
                     pool,
+                    total or 0,
+                )
+            for node, device, pool, total in conn.execute(migs):
+                log.error(
+                    "GPU %s on %s: its MIG pool counts %s instance(s) but %s are held",
+                    device,
+                    node,
+                    pool or 0,
                     total or 0,
                 )
 
@@ -491,7 +524,8 @@ class ServiceState:
         them) and memory does not hold yet -> the UUID of the GPU each was on, from its
         allocation's placement (under the lock). The GPU stays busy while the instance is
         held; a process started after the report knew neither (the database's MIG hold
-        names the instance only) and gave the GPU whole under the instance's job."""
+        names the instance, and its parent column the GPU) and gave the GPU whole under
+        the instance's job."""
         entry = self.cluster.node(name)
         listed = {m.uuid for m in entry.snapshot.mig_instances}
         unlisted = {
@@ -504,22 +538,14 @@ class ServiceState:
         }
         if not unlisted:
             return {}
-        holds, rows = schema.gpu_holds, schema.allocations
-        query = (
-            sa.select(holds.c.device, rows.c.placement)
-            .join(rows, rows.c.id == holds.c.allocation_id)
-            .where(
-                holds.c.node == name, holds.c.kind == "mig", holds.c.device.in_(sorted(unlisted))
-            )
+        holds = schema.gpu_holds
+        query = sa.select(holds.c.device, holds.c.parent).where(
+            holds.c.node == name,
+            holds.c.kind == "mig",
+            holds.c.device.in_(sorted(unlisted)),
+            holds.c.parent.is_not(None),
         )
-        parents: dict[str, str] = {}
-        for device, placement in conn.execute(query):
-            for task in json.loads(placement).get("tasks", ()):
-                if task.get("node") == name and device in task.get("mig_uuids", ()):
-                    gpus = task.get("gpu_uuids") or ()
-                    if gpus:
-                        parents[str(device)] = str(gpus[0])
-        return parents
+        return {str(device): str(parent) for device, parent in conn.execute(query)}
 
     def _sync_host(self, name: str, stored: tuple[int, int], committed: set[str]) -> None:
         """A node's host use: its live allocations' figures in the database, plus those
@@ -667,6 +693,7 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _FOREVER = datetime(9999, 1, 1, tzinfo=UTC)
 CPU_PREFIX = CPU_DEVICE_PREFIX  # no snapshot's GPU or MIG UUID starts so (placement.snapshot)
 SHARED = schema.SHARED
+MIG_POOL = schema.MIG_POOL
 _NODE_COLUMNS = (
     schema.nodes.c.name,
     schema.nodes.c.seq,
@@ -696,7 +723,7 @@ def _by_node(
     for node, device, kind, milli in rows:
         if kind == SHARED:
             pools[str(node)][str(device)] = int(milli or 0)
-        else:
+        elif kind != MIG_POOL:  # its instances' holds are what memory follows
             held[str(node)].add(str(device))
     return held, pools
 

@@ -25,10 +25,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Dialect, Engine
 
 from service import schema
+from service.allocations import pools
 from service.notify import CHANNEL, message
 
 Params = list[tuple[Any, ...]] | list[dict[str, Any]]
@@ -71,39 +71,11 @@ def _insert(table: sa.Table, dialect: Dialect, skip: tuple[str, ...] = ()) -> _S
     return _Statement(statement, written, dialect)
 
 
-def _pool_add(dialect: Dialect) -> _Statement:
-    """A share added to its GPU's pool: the pool made on a free GPU, or its thousandths
-    added to. On a whole-GPU hold the update makes a row of kind ``shared`` that names an
-    allocation, and past a whole GPU a pool over 1000: the hold shape check refuses both
-    (docs/service.md, "GPU shares in the database"). Each dialect spells the upsert."""
-    holds = schema.gpu_holds
-    written = [
-        holds.c.node,
-        holds.c.device,
-        holds.c.kind,
-        holds.c.live,
-        holds.c.share_milli,
-        holds.c.node_seq,
-        holds.c.node_reported_at,
-        holds.c.node_cordoned,
-    ]
-    dialect_insert = postgresql.insert if dialect.name == "postgresql" else sqlite.insert
-    insert = dialect_insert(holds).values({c.key: sa.bindparam(c.key) for c in written})
-    statement = insert.on_conflict_do_update(
-        index_elements=[holds.c.node, holds.c.device],
-        set_={
-            "kind": insert.excluded.kind,
-            "share_milli": holds.c.share_milli + insert.excluded.share_milli,
-            # The new share's snapshot must be the stored one too (its foreign key).
-            "node_seq": sa.func.coalesce(insert.excluded.node_seq, holds.c.node_seq),
-            # And its node's row, uncordoned: a pool a report or cordon carried along is
-            # checked again on the row the new share was chosen on.
-            "node_reported_at": sa.func.coalesce(
-                insert.excluded.node_reported_at, holds.c.node_reported_at
-            ),
-            "node_cordoned": sa.func.coalesce(insert.excluded.node_cordoned, holds.c.node_cordoned),
-        },
-    )
+def _pool_add(dialect: Dialect, kind: str) -> _Statement:
+    """Added to a pool of ``kind`` (pools.upsert): a share to its GPU's share pool, or a
+    MIG instance's hold to its GPU's MIG pool (docs/service.md, "GPU shares in the
+    database", "MIG instances in the database")."""
+    statement, written = pools.upsert(dialect, kind)
     return _Statement(statement, written, dialect)
 
 
@@ -116,7 +88,8 @@ class BatchWriter:
         self.dialect = dialect
         self.allocations = _insert(schema.allocations, dialect)
         self.holds = _insert(schema.gpu_holds, dialect)
-        self.pools = _pool_add(dialect)
+        self.pools = _pool_add(dialect, pools.SHARED)
+        self.mig_pools = _pool_add(dialect, pools.MIG_POOL)
         self.shares = _insert(schema.gpu_shares, dialect)
         self.audit = _insert(schema.audit_log, dialect, skip=("id",))
         self.notify: str | None = None
@@ -204,8 +177,10 @@ class BatchWriter:
         steps: list[tuple[str, Params]] = [(self.allocations.sql, self.allocations.params(rows))]
         if holds:
             steps.append((self.holds.sql, self.holds.params(holds)))
+            if counted := pools.mig_pools(holds):
+                steps.append((self.mig_pools.sql, self.mig_pools.params(counted)))
         if shares:
-            pools = [
+            share_pools = [
                 {
                     "node": s["node"],
                     "device": s["device"],
@@ -218,7 +193,7 @@ class BatchWriter:
                 }
                 for s in shares
             ]
-            steps.append((self.pools.sql, self.pools.params(pools)))
+            steps.append((self.pools.sql, self.pools.params(share_pools)))
             rows_of_shares = [{**s, "kind": "shared", "live": True} for s in shares]
             steps.append((self.shares.sql, self.shares.params(rows_of_shares)))
         if audits:

@@ -55,6 +55,7 @@ from datetime import datetime
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 
+from service.allocations import pools
 from service.allocations.batch_writer import BatchWriter
 from service.db import is_transient, retry_transient
 from service.edge import revoked_meanwhile
@@ -278,17 +279,23 @@ class GroupCommitter:
         rows = sorted((r.row for r in batch), key=_row_order)
         holds = sorted(
             (
-                {
-                    "node": node,
-                    "device": device,
-                    "kind": kind,
-                    "allocation_id": r.row["id"],
-                    "live": True,
-                    "node_seq": r.seqs.get(node),
-                    **_node_state(r, node),
-                }
+                hold
                 for r in batch
-                for node, device, kind in r.holds
+                for hold in pools.with_parents(
+                    (
+                        {
+                            "node": node,
+                            "device": device,
+                            "kind": kind,
+                            "allocation_id": r.row["id"],
+                            "live": True,
+                            "node_seq": r.seqs.get(node),
+                            **_node_state(r, node),
+                        }
+                        for node, device, kind in r.holds
+                    ),
+                    str(r.row["placement"]),
+                )
             ),
             key=lambda h: (h["node"], h["device"]),
         )

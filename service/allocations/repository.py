@@ -19,6 +19,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from service import schema
+from service.allocations import pools
 from service.allocations.mapped_on import MappedOn
 
 LIVE = schema.LIVE_STATES
@@ -207,13 +208,7 @@ def end_rows(
     ended = [str(r["id"]) for r in rows]
     if not ended:
         return [], []
-    deleted = conn.execute(
-        sa.delete(_H)
-        .where(_H.c.allocation_id.in_(ended))
-        .returning(_H.c.allocation_id, _H.c.node, _H.c.device, _H.c.kind)
-    ).all()
-    freed = [FreedHold(str(a), str(n), str(d), str(k)) for a, n, d, k in deleted]
-    return rows, freed + drop_shares(conn, ended)
+    return rows, drop_holds(conn, ended)
 
 
 def ended_by(
@@ -249,22 +244,7 @@ def drop_shares(conn: Connection, allocation_ids: Sequence[str]) -> list[FreedHo
     given: dict[tuple[str, str], int] = {}
     for _, node, device, milli in deleted:
         given[(str(node), str(device))] = given.get((str(node), str(device)), 0) + int(milli)
-    pool = sa.and_(
-        _H.c.node == sa.bindparam("pool_node"),
-        _H.c.device == sa.bindparam("pool_device"),
-        _H.c.kind == SHARED,
-    )
-    conn.execute(
-        sa.update(_H).where(pool).values(share_milli=_H.c.share_milli - sa.bindparam("given")),
-        [{"pool_node": n, "pool_device": d, "given": m} for (n, d), m in sorted(given.items())],
-    )
-    conn.execute(
-        sa.delete(_H).where(
-            _H.c.kind == SHARED,
-            _H.c.share_milli == 0,
-            sa.tuple_(_H.c.node, _H.c.device).in_(sorted(given)),
-        )
-    )
+    pools.give_back(conn, SHARED, given)
     return [FreedHold(str(a), str(n), str(d), SHARED) for a, n, d, _ in deleted]
 
 
@@ -323,7 +303,7 @@ def relocate(
     if row is None:
         return None, []
     given_up = drop_holds(conn, [allocation_id])
-    insert_holds(conn, allocation_id, holds, on)
+    insert_holds(conn, allocation_id, holds, placement, on)
     return row, given_up
 
 
@@ -332,13 +312,9 @@ def drop_holds(conn: Connection, allocation_ids: Sequence[str]) -> list[FreedHol
     (which gives them new ones, or ends them, before it commits); what was freed."""
     if not allocation_ids:
         return []
-    deleted = conn.execute(
-        sa.delete(_H)
-        .where(_H.c.allocation_id.in_(list(allocation_ids)))
-        .returning(_H.c.allocation_id, _H.c.node, _H.c.device, _H.c.kind)
-    ).all()
-    given_up = drop_shares(conn, allocation_ids)
-    return [FreedHold(str(a), str(n), str(d), str(k)) for a, n, d, k in deleted] + given_up
+    return _deleted(conn, _H.c.allocation_id.in_(list(allocation_ids))) + drop_shares(
+        conn, allocation_ids
+    )
 
 
 def drop_devices(
@@ -348,15 +324,24 @@ def drop_devices(
     caller's transaction, which gives the allocation its new holds before it commits."""
     if not devices:
         return []
-    deleted = conn.execute(
-        sa.delete(_H)
-        .where(
+    return _deleted(
+        conn,
+        sa.and_(
             _H.c.allocation_id == allocation_id,
             sa.tuple_(_H.c.node, _H.c.device).in_(list(devices)),
-        )
-        .returning(_H.c.allocation_id, _H.c.node, _H.c.device, _H.c.kind)
+        ),
+    )
+
+
+def _deleted(conn: Connection, which: sa.ColumnElement[bool]) -> list[FreedHold]:
+    """Delete these holds, giving each MIG instance's back to its GPU's pool."""
+    deleted = conn.execute(
+        sa.delete(_H)
+        .where(which)
+        .returning(_H.c.allocation_id, _H.c.node, _H.c.device, _H.c.kind, _H.c.parent)
     ).all()
-    return [FreedHold(str(a), str(n), str(d), str(k)) for a, n, d, k in deleted]
+    pools.give_back(conn, pools.MIG_POOL, pools.migs_given((n, k, p) for _, n, _, k, p in deleted))
+    return [FreedHold(str(a), str(n), str(d), str(k)) for a, n, d, k, _ in deleted]
 
 
 def insert(
@@ -367,33 +352,40 @@ def insert(
 ) -> None:
     """A new live allocation and its holds (outside the group committer: rare writes)."""
     conn.execute(sa.insert(_T), row)
-    insert_holds(conn, str(row["id"]), holds, on)
+    insert_holds(conn, str(row["id"]), holds, str(row["placement"]), on)
 
 
 def insert_holds(
     conn: Connection,
     allocation_id: str,
     holds: Sequence[tuple[str, str, str]],
+    placement: str,
     on: Mapping[str, MappedOn] | None = None,
 ) -> None:
-    """``on``: node -> its row as the devices were named on; a hold then names it
-    (``gpu_holds.node_seq``, ``node_reported_at``, ``node_cordoned``), and a row that
-    differs at the commit (a snapshot replaced, a cordon changed) fails it."""
+    """``placement``: the allocation's, JSON (a MIG instance's GPU, whose pool counts its
+    hold, is read from it). ``on``: node -> its row as the devices were named on; a hold
+    then names it (``gpu_holds.node_seq``, ``node_reported_at``, ``node_cordoned``), and
+    a row that differs at the commit (a snapshot replaced, a cordon changed) fails it."""
     known = on or {}
     # Every row names the same columns (one multi-row insert): none for a node not named.
     unnamed: dict[str, object] = {"node_seq": None, "node_reported_at": None, "node_cordoned": None}
-    rows = [
-        {
-            "node": n,
-            "device": d,
-            "kind": k,
-            "allocation_id": allocation_id,
-            "live": True,
-            **(known[n].columns() if n in known else unnamed),
-        }
-        for n, d, k in holds
-    ]
+    rows = pools.with_parents(
+        (
+            {
+                "node": n,
+                "device": d,
+                "kind": k,
+                "allocation_id": allocation_id,
+                "live": True,
+                "parent": None,
+                **(known[n].columns() if n in known else unnamed),
+            }
+            for n, d, k in holds
+        ),
+        placement,
+    )
     conn.execute(sa.insert(_H), rows)
+    pools.add_migs(conn, rows)
 
 
 def holders(conn: Connection, devices: Sequence[tuple[str, str]]) -> dict[str, list[str]]:

@@ -18,7 +18,7 @@ FULL_SHARE = 1000
 @dataclass(frozen=True)
 class _Rows:
     allocations: list[tuple[Any, ...]]  # (id, state, placement)
-    holds: list[tuple[Any, ...]]  # (node, device, allocation_id, kind, share_milli)
+    holds: list[tuple[Any, ...]]  # (node, device, allocation_id, kind, share_milli, instances)
     shares: list[tuple[Any, ...]]  # (node, device, allocation_id, milli)
 
 
@@ -37,12 +37,17 @@ def database_shares_view(
     rows = _consistent_read(engine)
     by_allocation: dict[str, set[tuple[str, str]]] = {}
     pools: dict[tuple[str, str], int] = {}
-    for node, device, allocation, kind, milli in rows.holds:
+    mig_pools: dict[tuple[str, str], int] = {}
+    for node, device, allocation, kind, milli, instances in rows.holds:
         if kind == schema.SHARED:
             assert allocation is None, f"the pool of {node}/{device} names an allocation"
             pools[(str(node), str(device))] = int(milli)
+        elif kind == schema.MIG_POOL:
+            assert allocation is None, f"the MIG pool of {node}/{device} names an allocation"
+            mig_pools[(str(node), str(device))] = int(instances)
         else:
             by_allocation.setdefault(str(allocation), set()).add((str(node), str(device)))
+    _check_mig_pools(rows, mig_pools)
     summed: dict[tuple[str, str], int] = {}
     for node, device, allocation, milli in rows.shares:
         by_allocation.setdefault(str(allocation), set()).add((str(node), str(device)))
@@ -64,8 +69,28 @@ def database_shares_view(
         assert by_allocation.get(str(allocation_id), set()) == wanted, (
             f"live allocation {allocation_id} ({state}) holds other devices than it was given"
         )
-    held = {(str(n), str(d)) for n, d, _, _, _ in rows.holds if not str(d).startswith("cpu:")}
+    held = {
+        (str(n), str(d))
+        for n, d, _, kind, _, _ in rows.holds
+        if not str(d).startswith("cpu:") and kind != schema.MIG_POOL
+    }
     return held, pools, states
+
+
+def _check_mig_pools(rows: _Rows, mig_pools: dict[tuple[str, str], int]) -> None:
+    """Each MIG pool counts its GPU's held instances, and a GPU held whole or in shares
+    has none held: the one GPU is never in two live allocations that way either."""
+    counted: dict[tuple[str, str], int] = {}
+    for _, state, placement in rows.allocations:
+        if state not in LIVE:
+            continue
+        for task in json.loads(placement)["tasks"]:
+            for _ in task["mig_uuids"]:
+                key = (str(task["node"]), str(task["gpu_uuids"][0]))
+                counted[key] = counted.get(key, 0) + 1
+    assert counted == mig_pools, f"MIG pools {mig_pools} do not count the instances {counted}"
+    whole = {(str(n), str(d)) for n, d, _, kind, _, _ in rows.holds if kind in ("gpu", "shared")}
+    assert not whole & set(counted), f"GPUs held whole and by instance: {whole & set(counted)}"
 
 
 def replica_view(client: httpx.Client) -> set[tuple[str, str]]:
@@ -93,7 +118,12 @@ def _consistent_read(engine: sa.Engine) -> _Rows:
     allocations, holds, shares = schema.allocations, schema.gpu_holds, schema.gpu_shares
     query = sa.select(allocations.c.id, allocations.c.state, allocations.c.placement)
     hold_query = sa.select(
-        holds.c.node, holds.c.device, holds.c.allocation_id, holds.c.kind, holds.c.share_milli
+        holds.c.node,
+        holds.c.device,
+        holds.c.allocation_id,
+        holds.c.kind,
+        holds.c.share_milli,
+        holds.c.instances,
     )
     share_query = sa.select(shares.c.node, shares.c.device, shares.c.allocation_id, shares.c.milli)
     while True:

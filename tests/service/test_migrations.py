@@ -209,6 +209,113 @@ def test_0017_copies_the_host_figures_out_of_the_stored_requests(database_url: s
         engine.dispose()
 
 
+def test_0018_counts_the_held_instances_of_each_gpu_in_its_pool(database_url: str) -> None:
+    """Instance holds written before the pools get their GPU from their allocation's
+    placement and a pool with their count; a GPU also held whole gets none."""
+    import json
+    from datetime import UTC, datetime
+
+    migrate.upgrade(database_url)
+    config = migrate.alembic_config(database_url)
+    engine = sa.create_engine(database_url)
+    allocations = sa.table(
+        "allocations",
+        *(
+            sa.column(c)
+            for c in (
+                *("id", "state", "request", "placement", "created_at", "live"),
+                *("anchor_node", "anchor_device"),
+            )
+        ),
+    )
+    holds = sa.table(
+        "gpu_holds", *(sa.column(c) for c in ("node", "device", "kind", "allocation_id", "live"))
+    )
+    placed = {  # allocation -> (instance, its GPU)
+        "a": ("MIG-a", "GPU-0"),
+        "b": ("MIG-b", "GPU-0"),
+        "c": ("MIG-c", "GPU-1"),
+        "d": ("MIG-d", "GPU-2"),
+    }
+    now = datetime(2026, 12, 7, tzinfo=UTC)
+    try:
+        command.downgrade(config, "0017")
+        with engine.begin() as conn:
+            for allocation_id, (instance, gpu) in placed.items():
+                task = {"node": "n0", "gpu_uuids": [gpu], "mig_uuids": [instance]}
+                conn.execute(
+                    sa.insert(allocations),
+                    {
+                        "id": allocation_id,
+                        "state": "active",
+                        "request": "{}",
+                        "placement": json.dumps({"tasks": [task]}),
+                        "created_at": now,
+                        "live": True,
+                        "anchor_node": "n0",
+                        "anchor_device": instance,
+                    },
+                )
+                conn.execute(
+                    sa.insert(holds),
+                    {
+                        "node": "n0",
+                        "device": instance,
+                        "kind": "mig",
+                        "allocation_id": allocation_id,
+                        "live": True,
+                    },
+                )
+            whole = {"node": "n0", "gpu_uuids": ["GPU-2"], "mig_uuids": []}
+            conn.execute(
+                sa.insert(allocations),
+                {
+                    "id": "w",
+                    "state": "active",
+                    "request": "{}",
+                    "placement": json.dumps({"tasks": [whole]}),
+                    "created_at": now,
+                    "live": True,
+                    "anchor_node": "n0",
+                    "anchor_device": "GPU-2",
+                },
+            )
+            conn.execute(
+                sa.insert(holds),
+                {
+                    "node": "n0",
+                    "device": "GPU-2",
+                    "kind": "gpu",
+                    "allocation_id": "w",
+                    "live": True,
+                },
+            )
+        command.upgrade(config, "0018")
+        h = schema.gpu_holds
+        with engine.connect() as conn:
+            rows = conn.execute(sa.select(h.c.device, h.c.kind, h.c.instances, h.c.parent)).all()
+        assert sorted(tuple(r) for r in rows) == [
+            ("GPU-0", "migpool", 2, None),
+            ("GPU-1", "migpool", 1, None),
+            ("GPU-2", "gpu", None, None),
+            ("MIG-a", "mig", None, "GPU-0"),
+            ("MIG-b", "mig", None, "GPU-0"),
+            ("MIG-c", "mig", None, "GPU-1"),
+            ("MIG-d", "mig", None, None),
+        ]
+        command.downgrade(config, "0017")
+        assert "instances" not in _columns(engine, "gpu_holds")
+        with engine.connect() as conn:
+            kinds = conn.execute(sa.text("SELECT kind FROM gpu_holds")).scalars().all()
+        assert sorted(kinds) == ["gpu", "mig", "mig", "mig", "mig"]
+    finally:
+        with engine.begin() as conn:
+            conn.execute(sa.text("DELETE FROM gpu_holds"))
+            conn.execute(sa.text("DELETE FROM allocations"))
+        migrate.upgrade(database_url)
+        engine.dispose()
+
+
 def _columns(engine: sa.Engine, table: str) -> set[str]:
     return {str(c["name"]) for c in sa.inspect(engine).get_columns(table)}
 

@@ -61,6 +61,8 @@ def _hold(allocation: dict[str, Any], device: str, kind: str = "gpu") -> dict[st
         "allocation_id": allocation["id"],
         "live": True,
         "share_milli": None,
+        "instances": None,
+        "parent": None,
         "node_seq": None,
         "node_reported_at": None,
         "node_cordoned": None,
