@@ -121,6 +121,19 @@ def _fitting(answer: M2, limit: int, what: str, advice: str, **detail: str) -> M
     return answer
 
 
+def _receivable(event: pb.Event, limit: int) -> pb.Event:
+    """``event``, its allocation without tasks and network blocks (``trimmed``) if the
+    whole would pass the watcher's receive limit: the client would read RESOURCE_EXHAUSTED
+    and lose the stream, every later event with it. Its id and state still say what
+    changed; GetAllocation reads the rest."""
+    if event.ByteSize() <= limit:
+        return event
+    del event.allocation.tasks[:]
+    del event.allocation.network_blocks[:]
+    event.trimmed = True
+    return event
+
+
 class _Answerable:
     """A Place answer the client can read, checked before the reservation is committed:
     past its receive limit the client gets RESOURCE_EXHAUSTED and no allocation id, so a
@@ -434,6 +447,11 @@ class TopoplaceServicer(pb_grpc.TopoplaceServicer):
     async def Watch(self, request: pb.WatchRequest, context: Context) -> AsyncIterator[pb.Event]:
         hub = self.state.events
         try:
+            limit = _receive_limit(context)
+        except Refused as refused:
+            await status_map.abort(context, refused.reply)
+            return
+        try:
             subscription = hub.subscribe(request.kinds, caller=audit_actor.current().token_id)
         except ValueError as exc:
             await status_map.abort(context, status_map.invalid_field("kinds", str(exc)))
@@ -446,7 +464,7 @@ class TopoplaceServicer(pb_grpc.TopoplaceServicer):
                 event = await subscription.next()
                 if event is None:
                     break
-                yield convert.event(event)
+                yield _receivable(convert.event(event), limit)
         finally:
             subscription.close()
         if subscription.overflowed:

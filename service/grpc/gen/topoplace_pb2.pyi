@@ -1288,6 +1288,7 @@ class Event(_message.Message):
     TYPE_FIELD_NUMBER: _builtins.int
     ALLOCATION_FIELD_NUMBER: _builtins.int
     NODE_FIELD_NUMBER: _builtins.int
+    TRIMMED_FIELD_NUMBER: _builtins.int
     seq: _builtins.int
     """increases by one per event in this process"""
     kind: _builtins.str
@@ -1300,6 +1301,11 @@ class Event(_message.Message):
     """
     node: _builtins.str
     """the node's name (node events)"""
+    trimmed: _builtins.bool
+    """true when the allocation is sent without its tasks and network blocks: the
+    whole event would pass the receive limit the Watch call declared (metadata
+    "max-receive-message-length", 4 MiB if none). GetAllocation reads it whole.
+    """
     @_builtins.property
     def at(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
@@ -1315,10 +1321,11 @@ class Event(_message.Message):
         type: _builtins.str = ...,
         allocation: Global___Allocation | None = ...,
         node: _builtins.str = ...,
+        trimmed: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["allocation", b"allocation", "at", b"at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocation", b"allocation", "at", b"at", "kind", b"kind", "node", b"node", "seq", b"seq", "type", b"type"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocation", b"allocation", "at", b"at", "kind", b"kind", "node", b"node", "seq", b"seq", "trimmed", b"trimmed", "type", b"type"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

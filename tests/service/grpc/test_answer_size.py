@@ -172,3 +172,48 @@ def test_extend_past_the_limit_is_refused_before_it_takes_effect(running: Runnin
     _refused_unchanged(running, refused.value, placed)
     extended = running.stub.ExtendAllocation(request)
     assert extended.expires_at.ToDatetime() > placed.expires_at.ToDatetime()
+
+
+def test_a_watch_event_past_the_limit_comes_trimmed_and_the_stream_goes_on(
+    running: Running,
+) -> None:
+    """An allocation event past the watcher's receive limit (a gang placed over REST, say)
+    ended its stream: the client read RESOURCE_EXHAUSTED "Received message larger than
+    max" and every later event was lost. It now comes without the allocation's tasks,
+    marked ``trimmed``, and the stream goes on."""
+    assert report(running.rest, build_profile("dgx2-v100", "a")).status_code == 200
+    limit = 1000
+    options = [("grpc.max_receive_message_length", limit)]
+    with grpc.insecure_channel(f"127.0.0.1:{running.server.port}", options=options) as channel:
+        stub = pb_grpc.TopoplaceStub(channel)
+        stream = stub.Watch(pb.WatchRequest(), metadata=((RECEIVE_LIMIT, str(limit)),), timeout=30)
+        assert next(stream).type == "started"
+        placed = running.rest.post("/v1/place", json={"gpus": 16, "job_id": "j"}).json()
+        small = running.rest.post("/v1/place", json={"gpus": 0, "job_id": "j"})
+        running.rest.post("/v1/nodes/a/cordon")
+        events = [next(stream) for _ in range(2)]
+        stream.cancel()
+    big, cordoned = events
+    assert (big.type, big.allocation.id, big.allocation.state) == (
+        "placed",
+        placed["id"],
+        "pending",
+    )
+    assert big.trimmed and not big.allocation.tasks and big.ByteSize() <= limit
+    assert small.status_code == 422  # not an event
+    assert (cordoned.kind, cordoned.type, cordoned.node, cordoned.trimmed) == (
+        "node",
+        "cordoned",
+        "a",
+        False,
+    )
+    whole = running.stub.GetAllocation(pb.GetAllocationRequest(id=placed["id"]))
+    assert len(whole.tasks) == 1 and whole.ByteSize() > limit
+
+
+def test_a_watch_with_a_bad_receive_limit_is_refused(running: Running) -> None:
+    stream = running.stub.Watch(pb.WatchRequest(), metadata=((RECEIVE_LIMIT, "0"),))
+    with pytest.raises(grpc.RpcError) as refused:
+        next(stream)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert reason(refused.value) == "invalid_request"
