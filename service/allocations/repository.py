@@ -389,16 +389,26 @@ def insert_holds(
 
 
 def holders(conn: Connection, devices: Sequence[tuple[str, str]]) -> dict[str, list[str]]:
-    """Allocation id -> the devices of ``devices`` (node, device) it holds."""
+    """Allocation id -> the devices of ``devices`` (node, device) it holds, a GPU's MIG
+    instances counting as the GPU: an instance held since its GPU turned MIG off (the
+    snapshot lists it no more) still holds the GPU's pool, which a whole hold meets."""
     if not devices:
         return {}
+    named = list(devices)
     held = schema.holdings()  # a shared GPU's holders are its shares' allocations
-    query = sa.select(held.c.allocation_id, held.c.node, held.c.device).where(
-        sa.tuple_(held.c.node, held.c.device).in_(list(devices))
+    query = sa.union_all(
+        sa.select(held.c.allocation_id, held.c.node, held.c.device).where(
+            sa.tuple_(held.c.node, held.c.device).in_(named)
+        ),
+        sa.select(_H.c.allocation_id, _H.c.node, _H.c.device).where(
+            _H.c.kind == "mig", sa.tuple_(_H.c.node, _H.c.parent).in_(named)
+        ),
     )
     found: dict[str, list[str]] = {}
     for allocation_id, node, device in conn.execute(query).all():
-        found.setdefault(str(allocation_id), []).append(f"{node}/{device}")
+        seen = found.setdefault(str(allocation_id), [])
+        if f"{node}/{device}" not in seen:
+            seen.append(f"{node}/{device}")
     return found
 
 

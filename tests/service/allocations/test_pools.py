@@ -26,7 +26,7 @@ from service.app import create_app
 from service.settings import Settings
 from service.state import ServiceState
 from tests.service.conftest import FakeClock
-from tests.service.helpers import add_nodes
+from tests.service.helpers import add_nodes, report
 
 NODE = "m0"
 
@@ -173,3 +173,32 @@ def test_a_truth_whose_read_came_before_an_instance_reservation_supersedes_it(
     holders_now = _live_holders(state, snap)
     assert all(len(ids) == 1 for ids in holders_now.values()), holders_now
     assert {d: k for d, k, _, _ in _rows(state)} == {g.uuid: "gpu" for g in snap.gpus}
+
+
+def test_a_truth_on_a_gpu_turned_mig_off_supersedes_its_instances_still_held(
+    client: TestClient,
+) -> None:
+    """MIG turned off under a held instance: its allocation is degraded and keeps the
+    hold (the job may still run), and the GPU's pool stays. A scheduler then says a job
+    runs on the GPU whole: the truth wins, and the instance's holder, found by its hold's
+    GPU (the snapshot lists the instance no more), is superseded. Looked up by the
+    snapshot's instances only, it was not found, and the pool refused the truth's
+    hold on every try."""
+    (snap,) = add_nodes(client, ("hgx-h100-mig", NODE))
+    state = _state(client)
+    placed = client.post("/v1/place", json={"gpus": 1, "mig_profile": "1g.10gb", "ttl_s": 600})
+    assert placed.status_code == 201, placed.text
+    [instance] = placed.json()["tasks"][0]["mig_uuids"]
+    parent = next(m.parent_gpu for m in snap.mig_instances if m.uuid == instance)
+    gpus = [
+        g.model_copy(update={"mig_enabled": False}) if g.index == parent else g for g in snap.gpus
+    ]
+    instances = [m for m in snap.mig_instances if m.parent_gpu != parent]
+    off = snap.model_copy(update={"seq": snap.seq + 1, "gpus": gpus, "mig_instances": instances})
+    assert report(client, off).status_code == 200
+    assert client.get(f"/v1/allocations/{placed.json()['id']}").json()["state"] == "degraded"
+
+    seen = api.observe(state, "J", "alice", {NODE: [parent]}, [], "slurm prolog", started=True)
+
+    assert seen.action == "created" and seen.superseded == (placed.json()["id"],), seen
+    assert [(d, k) for d, k, _, _ in _rows(state)] == [(snap.gpus[parent].uuid, "gpu")]
