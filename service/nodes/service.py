@@ -108,10 +108,9 @@ def remove_node(state: ServiceState, name: str) -> None:
     revoked_meanwhile.refuse_if_revoked()
     try:
         with state.engine.begin() as conn:
+            holdings = schema.holdings()  # what allocations hold, not the pools counting it
             held = conn.execute(
-                sa.select(sa.func.count())
-                .select_from(schema.gpu_holds)
-                .where(schema.gpu_holds.c.node == name)
+                sa.select(sa.func.count()).select_from(holdings).where(holdings.c.node == name)
             ).scalar_one()
             if held:
                 raise Conflict(

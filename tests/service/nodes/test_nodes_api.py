@@ -175,3 +175,16 @@ def test_a_reservation_committed_while_its_node_is_deleted_keeps_the_node(
     assert answer.status_code == 409, answer.text
     assert answer.json()["error"]["code"] == "conflict"
     assert client.get("/v1/nodes/h0").json()["allocations"] == placed
+
+
+def test_a_node_delete_refused_counts_what_allocations_hold(client: TestClient) -> None:
+    """A MIG instance and a GPU share held: two devices, not the pool rows that count
+    them besides (each a GPU's share or MIG pool)."""
+    add_nodes(client, ("hgx-h100-mig", "m0"), ("hgx-h100", "h0"))
+    mig = client.post("/v1/place", json={"gpus": 1, "mig_profile": "1g.10gb", "nodes": ["m0"]})
+    share = client.post("/v1/place", json={"gpu_fraction": 0.5, "nodes": ["h0"]})
+    assert mig.status_code == 201 and share.status_code == 201, (mig.text, share.text)
+    for node in ("m0", "h0"):
+        refused = client.delete(f"/v1/nodes/{node}")
+        assert refused.status_code == 409, refused.text
+        assert refused.json()["error"]["detail"]["held"] == 1, refused.text
