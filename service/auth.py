@@ -499,8 +499,7 @@ class RequireToken:
     ) -> tuple[Receive, str]:
         """The body's receive (replayed when it was read here) and the route as the audit
         log names it, the rule's template (``POST /v1/allocations/{allocation_id}/confirm``)."""
-        query = scope.get("query_string", b"").decode("latin-1")
-        match = access.rest_rule(scope["method"], path, query)
+        match = access.rest_rule(scope["method"], path, access.query_of(scope))
         if match.rule is None and self.routes:
             no_route.check(self.routes, scope, path)  # then a route with no rule: admin's
         route = f"{scope['method']} {match.rule.path if match.rule else path}"

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from pydantic import TypeAdapter, ValidationError
 
-from service.access import flagged
+from service.access import flagged, query_of
 from service.deps import get_state
 from service.errors import BadRequest, InvalidRequest
 from service.event_loop import off_loop
@@ -54,7 +54,7 @@ async def handle_job_submit(request: Request) -> Response:
     except ValidationError as exc:
         # Answered in the one error shape, as for any route.
         raise RequestValidationError(exc.errors(include_url=False)) from None
-    propose = proposing(request.url.query)
+    propose = proposing(query_of(request.scope))
     return await job_submit(job, await get_state(request), await get_settings(request), propose)
 
 

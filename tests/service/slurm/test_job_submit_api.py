@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from starlette.types import Message
 
 from service.app import create_app
 from service.settings import Settings
@@ -319,3 +321,67 @@ def test_a_propose_repeated_is_a_proposal_if_any_says_so(dgx1: TestClient) -> No
     answer = dgx1.post("/v1/slurm/job-submit?propose=1&propose=0", json=body)
     assert answer.status_code == 200, answer.text
     assert answer.json()["allocation_ids"] == [] and live(dgx1) == []
+
+
+def _raw_post(
+    client: TestClient, path: str, query: bytes, body: Any, token: str
+) -> tuple[int, Any]:
+    """A POST as uvicorn's h11 protocol hands it over: the query string is the request
+    target's bytes after its first '?', a '#' in them included (h11 does not split off a
+    fragment, which no client sends). The test client's URL would drop it."""
+    encoded = json.dumps(body).encode()
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "root_path": "",
+        "query_string": query,
+        "headers": [
+            (b"host", b"testserver"),
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(encoded)).encode()),
+            (b"authorization", f"Bearer {token}".encode()),
+        ],
+        "client": ("127.0.0.1", 50000),
+        "server": ("testserver", 80),
+    }
+    sent = False
+    answer: dict[str, Any] = {"body": b""}
+
+    async def receive() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": encoded, "more_body": False}
+        return {"type": "http.disconnect"}
+
+    async def send(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            answer["status"] = message["status"]
+        elif message["type"] == "http.response.body":
+            answer["body"] += message.get("body", b"")
+
+    async def call() -> None:
+        await client.app(scope, receive, send)
+
+    assert client.portal is not None
+    client.portal.call(call)
+    return answer["status"], json.loads(answer["body"])
+
+
+def test_a_proposal_is_read_from_the_query_the_access_rule_read(dgx1: TestClient) -> None:
+    """The viewer token is let in because the query says propose=true; the handler must
+    read that same query. Read from a URL rebuilt from the request, a '#' in the query
+    cut the rest off as a fragment, and the viewer's call reserved."""
+    created = dgx1.post("/v1/tokens", json={"role": "viewer", "name": "cli_filter"})
+    assert created.status_code == 201, created.text
+    body = {"tres_per_node": "gres:gpu:2", "batch": True, "reserve": True, "min_nodes": NO_VAL}
+    status, answer = _raw_post(
+        dgx1, "/v1/slurm/job-submit", b"x=1#&propose=true", body, created.json()["token"]
+    )
+    assert status == 200, answer
+    assert answer["allocation_ids"] == [] and live(dgx1) == []
