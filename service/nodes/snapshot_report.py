@@ -15,6 +15,7 @@ is no change: no history row, no event.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from datetime import datetime
@@ -28,6 +29,7 @@ from service import schema
 from service.admin_actions import INTERNAL, Caller
 from service.audit import records
 from service.audit import store as audit
+from service.db import retry_transient
 from service.edge import revoked_meanwhile
 from service.errors import BadRequest, Conflict, ReplayedSnapshot, ServiceError
 from service.lost_commit import following
@@ -111,7 +113,16 @@ def _report(
         revoked_meanwhile.refuse_if_revoked()  # the token revoked while the report waited
         try:
             with following(state):  # a commit answer lost: memory reads the stored snapshot
-                changed = _store(state, name, report, body, devices, memory, now, key, caller)
+                # The report takes its node row, then (ON UPDATE CASCADE) the node's holds;
+                # a release or reservation of another replica takes holds, then the row.
+                # Postgres ends one of two such transactions: the report's is run again
+                # (not answered 503 with the database up), whole, as the cordon's is.
+                changed = retry_transient(
+                    functools.partial(
+                        _store, state, name, report, body, devices, memory, now, key, caller
+                    ),
+                    retried=state.metrics.retried,
+                )
         except IntegrityError:
             continue  # another first report of this node was inserted meanwhile
         break
