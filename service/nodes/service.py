@@ -220,6 +220,10 @@ def get_node(state: ServiceState, name: str) -> NodeView:
         raise NotFound(f"no node named {name!r}")
     allocations = _allocations_by_node(state, [name]).get(name, [])
     with state.lock:
+        # Asked again: a delete heard between the two holds of the lock (this replica's,
+        # or another's through the listener) took the node out of memory meanwhile.
+        if name not in state.cluster:
+            raise NotFound(f"no node named {name!r}")
         return _view(state, name, times[name], allocations)
 
 

@@ -14,7 +14,9 @@ from __future__ import annotations
 import pytest
 
 from placement.profiles import build_profile
+from service.nodes import service as node_service
 from service.settings import Settings
+from service.state import ServiceState
 from tests.service.conftest import FakeClock
 from tests.service.deaf_replicas import deaf_listener, held, replica  # noqa: F401
 from tests.service.helpers import add_nodes, report
@@ -56,3 +58,33 @@ def test_a_replica_behind_a_delete_and_a_new_report_under_the_old_seq_holds_no_g
             # finds one GPU of eight taken.
             rest = first.post("/v1/place", json={"gpus": 8, "nodes": ["h0"]})
             assert rest.status_code == 409, rest.text
+
+
+@pytest.mark.parametrize("call", ["GET", "cordon", "uncordon"])
+def test_a_node_deleted_while_a_replica_reads_it_is_not_found(
+    settings: Settings, clock: FakeClock, monkeypatch: pytest.MonkeyPatch, call: str
+) -> None:
+    """The node view is read in two holds of the state lock, the database read between
+    them; a delete through another replica, heard here meanwhile (the listener, a
+    resync), took the node out of memory in between, and the view answered 500."""
+    with replica(settings, clock) as first:
+        add_nodes(first, ("hgx-h100", "h0"))
+        with replica(settings, clock) as behind:
+            state: ServiceState = behind.app.state.service  # type: ignore[attr-defined]
+            read = node_service._allocations_by_node
+
+            def deleted_meanwhile(
+                state_: ServiceState, names: list[str] | None
+            ) -> dict[str, list[str]]:
+                found = read(state_, names)
+                assert first.delete("/v1/nodes/h0").status_code == 204
+                state.sync_nodes(["h0"])  # what the notification makes this replica do
+                return found
+
+            monkeypatch.setattr(node_service, "_allocations_by_node", deleted_meanwhile)
+            if call == "GET":
+                answer = behind.get("/v1/nodes/h0")
+            else:
+                answer = behind.post(f"/v1/nodes/h0/{call}")
+            assert answer.status_code == 404, answer.text
+            assert answer.json()["error"]["code"] == "not_found"
