@@ -45,6 +45,7 @@ import sqlalchemy as sa
 from starlette.routing import BaseRoute
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from placement import UnknownNodeError
 from service import access
 from service.access import OPEN_PATHS, Permission, Role
 from service.audit import actor as audit_actor
@@ -395,10 +396,12 @@ def region_checker(state: Any) -> RegionOf:
     """The stored region of a node, from the service's in-memory cluster; None if unknown."""
 
     def region_of(node: str) -> str | None:
-        cluster = state.cluster
-        if node not in cluster:
+        # One read, not "in" then "node": read without the state lock, a delete heard
+        # between the two (the listener's thread) raised, and the request answered 500.
+        try:
+            region: str = state.cluster.node(node).snapshot.region
+        except UnknownNodeError:
             return None
-        region: str = cluster.node(node).snapshot.region
         return region
 
     return region_of

@@ -10,12 +10,16 @@ import json
 import socket
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import httpx
 import pytest
 import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
+from placement import ClusterState
+from placement.node_view import NodeView
+from placement.profiles import build_profile
 from service import auth, migrate
 from service.access import Role
 from service.app import NoTokenSource, create_app
@@ -417,3 +421,28 @@ def test_a_region_agents_snapshot_body_has_the_body_deadline(tmp_path: Path) -> 
     error = json.loads(body)["error"]
     assert error["code"] == "request_timeout"
     assert error["detail"] == {"limit_s": deadline_s, "part": "body"}
+
+
+class _RemovedWhileRead:
+    """A cluster whose node is removed (a delete heard by the listener thread) after a
+    request's auth has seen it there, before it reads the node."""
+
+    def __init__(self, cluster: ClusterState) -> None:
+        self.cluster = cluster
+
+    def __contains__(self, name: object) -> bool:
+        return True  # there when asked
+
+    def node(self, name: str) -> NodeView:
+        self.cluster.remove(name)  # gone when read
+        return self.cluster.node(name)
+
+
+def test_a_node_removed_while_its_region_is_read_has_none() -> None:
+    """Every REST call naming a node reads its region from memory, without the state lock
+    (its own thread may be the event loop's): a node removed between the two reads raised
+    UnknownNodeError, answered 500, where the node is now unknown (no region)."""
+    cluster = ClusterState()
+    cluster.upsert(build_profile("hgx-h100", "h0"))
+    state = SimpleNamespace(cluster=_RemovedWhileRead(cluster))
+    assert auth.region_checker(state)("h0") is None
