@@ -167,13 +167,18 @@ class Listener:
                 self.state.resync()
                 last_resync = time.monotonic()
                 self.state.events.publish("node", "resync")
-            elif time.monotonic() - last_resync >= RESYNC_S:
-                caught_up(self.state)
-                last_resync = time.monotonic()
-            elif wanted:
+                wanted.clear()
+            if wanted:
+                # Read and told even when the resync falls due now: it re-reads only the
+                # nodes that look different (snapshot, cordon, held devices), not one
+                # this replica read already (its lost race reads the winner's holds) or
+                # whose change left those alike, and watchers never heard of it.
                 self.state.sync_nodes(sorted(wanted))
                 # Another replica changed these (holds, snapshot, cordon): tell watchers.
                 self.state.events.nodes("changed", sorted(wanted))
+            if not reload_all and time.monotonic() - last_resync >= RESYNC_S:
+                caught_up(self.state)
+                last_resync = time.monotonic()
             if self.on_lag is not None:
                 applied = time.time()
                 for at in sent:

@@ -107,3 +107,59 @@ def test_a_payload_naming_nodes_names_them() -> None:
         "gpu-b",
     ]
     assert notify.parse('{"origin": "elsewhere"}') is None
+
+
+class _Following(_State):
+    """A follower that records the nodes it is asked to read again."""
+
+    def __init__(self) -> None:
+        super().__init__([])
+        self.synced: list[list[str] | None] = []
+
+    def sync_nodes(self, names: list[str] | None) -> None:
+        self.synced.append(names)
+
+
+class _OneMessage(_Connection):
+    """Hears one message from another replica naming h1, then nothing."""
+
+    def __init__(self, listener: notify.Listener) -> None:
+        super().__init__(listener)
+        self.sent = False
+
+    def notifies(self, timeout: float, stop_after: int) -> list[Any]:
+        if timeout == 0.0:
+            return []
+        if self.sent:
+            return super().notifies(timeout, stop_after)
+        self.sent = True
+        payload = '{"origin": "another replica", "nodes": ["h1"], "at": 1.0}'
+        return [psycopg.Notify(notify.CHANNEL, payload, 1)]
+
+
+def test_a_message_heard_as_the_resync_falls_due_is_read_and_told(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every 30 s the resync fell due in an iteration that had heard messages, and ran
+    instead of reading their nodes: a resync re-reads only nodes whose snapshot, cordon
+    or held devices look different, so a node this replica had read already (its own
+    lost race reads the winner's holds) or whose change left those alike (host figures)
+    was not read, and its watchers never heard that another replica changed it."""
+    monkeypatch.setattr(notify, "RESYNC_S", 0.0)
+    state = _Following()
+    listener = notify.Listener("postgresql://unused", state)
+    monkeypatch.setattr(psycopg, "connect", lambda *a, **k: _OneMessage(listener))
+
+    async def run() -> list[tuple[str, str | None]]:
+        sub = state.events.subscribe(["node"])
+        await sub.next()  # started
+        await asyncio.to_thread(listener._run)
+        state.events.publish("node", "reported", node="end")
+        seen = []
+        while (event := await sub.next()) is not None and event.node != "end":
+            seen.append((event.type, event.node))
+        sub.close()
+        return seen
+
+    assert asyncio.run(run()) == [("changed", "h1")]
+    assert state.synced == [["h1"]]
