@@ -294,6 +294,15 @@ class GangCoordinator:
                 known.allocation = touched
         mine = known.task_of(pod.uid)
         if mine is not None and known.allocation is not None:
+            held = known.allocation.tasks[mine].node
+            if held != node:
+                # The member may run there already (an earlier bind's answer lost): its
+                # Binding elsewhere would carry that node's GPUs, and its refusal (the
+                # pod is bound) would drop the claim of a task the pod runs on.
+                raise BindRefused(
+                    f"{PREFIX}this member of gang {gang.name} holds its task on {held},"
+                    f" not on {node}"
+                )
             return known.allocation, mine
         if known.allocation is None:
             with self._lock:

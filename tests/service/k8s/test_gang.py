@@ -254,3 +254,25 @@ def test_claims_are_rebuilt_only_from_members_bound_to_their_task(
     answer = fleet.post("/k8s/v1/filter", json=names_args(copied, NODES))
     assert answer.status_code == 200, answer.text
     assert answer.json()["NodeNames"] == []
+
+
+def test_a_bound_members_bind_to_another_node_keeps_its_task(
+    fleet: TestClient, kube: FakeKubeApi
+) -> None:
+    """A member already bound (its first bind's answer lost, a second scheduler's bind in
+    flight) bound again to another node: the pod runs on its task's GPUs, so its claim
+    stays and no later pod of the gang is given that task; no Binding names one node's
+    GPUs for another."""
+    first = kube.add(pod("ring-0", 8, annotations=RING))
+    second = kube.add(pod("ring-1", 8, annotations=RING))
+    assert _bind(fleet, first, "h100-a") == ""
+    error = _bind(fleet, first, "h100-b")
+    assert error.startswith("topoplace: ") and "holds its task on h100-a" in error
+    assert len(kube.bindings) == 1
+    assert _bind(fleet, second, "h100-b") == ""
+    # A pod of the gang made later (a member replaced by its controller while ring-0
+    # runs) finds no task: both are held by running members.
+    extra = kube.add(pod("ring-2", 8, annotations=RING))
+    assert _filter(fleet, extra)["NodeNames"] == []
+    assert "no free task" in _bind(fleet, extra, "h100-a")
+    assert len(kube.bindings) == 2
