@@ -41,7 +41,7 @@ from service import schema
 from service.allocations import api as allocations
 from service.allocations.results import Allocation, Task
 from service.allocations.schemas import PlaceRequest
-from service.errors import ServiceError
+from service.errors import Conflict, NotFound, ServiceError
 from service.flows import Flow
 from service.k8s.kube_api import KubeApi, KubeApiError, KubeConfigError
 from service.k8s.pod_request import Gang, PodRequest, gang_of
@@ -330,11 +330,18 @@ class GangCoordinator:
 
     def _extended(self, allocation: Allocation, ttl_s: float) -> Allocation | None:
         """The pending reservation with ``ttl_s`` from now; None when its TTL has passed
-        (the extend expires it) or it ended meanwhile."""
+        (the extend expires it) or it ended meanwhile. One confirmed since the stamp (the
+        reconciler saw a bound member carry it, another replica's member bound) has no
+        TTL left to give and is kept as it is now: taken for ended, the gang forgot the
+        reservation its members run on and could never be reserved again over its GPUs.
+        Any other failure (the database unreachable) is raised: it says nothing of
+        whether the reservation lives."""
         try:
             return allocations.extend(self.state, allocation.id, ttl_s)
-        except ServiceError:
-            return None
+        except (Conflict, NotFound):
+            pass
+        now = allocations.by_ids(self.state, [allocation.id])
+        return now[0] if now and now[0].state in LIVE else None
 
     def unclaim(self, pod: PodRequest, task: int) -> None:
         assert pod.gang is not None
