@@ -455,11 +455,12 @@ def mig_truth(
     named: list[str],
     reason: str,
     on: Mapping[str, NodeSnapshot] | None = None,
+    started: bool = False,
 ) -> ObservedJob:
     """A job's truth for ``observe_all``: ``job_id`` runs on these MIG instances of ``node``.
     Besides the allocations holding one of these instances, one holding a parent GPU
     whole is stale too (a GPU split into instances is not given whole), so neither is
-    ever held twice. ``on`` as for ``gpus_truth``."""
+    ever held twice. ``on`` and ``started`` as for ``gpus_truth``."""
     snapshots, rows = _snapshots(state, [node], on)
     snapshot = snapshots[node]
     by_uuid = {m.uuid: m for m in snapshot.mig_instances}
@@ -482,7 +483,7 @@ def mig_truth(
         gpus=1, tasks=len(chosen), mig_profile=profiles[0], owner=owner, job_id=job_id
     ).model_dump_json()
     truth = _Truth(holds, parents, placement_text, request, (node,), _sorted(rows))
-    return ObservedJob(job_id, owner, tuple(named), truth)
+    return ObservedJob(job_id, owner, tuple(named), truth, started)
 
 
 def task_truth(

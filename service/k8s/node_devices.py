@@ -388,11 +388,18 @@ def _reconcile_pod(
     named = [allocation.id] if allocation is not None else []
     reason = f"observed: the kubelet gave pod {pod.namespace}/{pod.name} these devices"
     on = {node: snapshot}  # the snapshot the devices were checked on
+    # Read while the pod ran, taken perhaps after it ended (the watch released it at its
+    # end, and its GPUs went on): then nothing is written for it (``started``), or it
+    # would hold a gone pod's GPUs and release what holds them now as stale.
     if mig:
-        job = allocations.mig_truth(state, job_id, owner, node, mig, named, reason, on)
+        job = allocations.mig_truth(
+            state, job_id, owner, node, mig, named, reason, on, started=True
+        )
     else:
         indices = sorted(by_uuid[d] for d in pod.devices)
-        job = allocations.gpus_truth(state, job_id, owner, {node: indices}, named, reason, on=on)
+        job = allocations.gpus_truth(
+            state, job_id, owner, {node: indices}, named, reason, started=True, on=on
+        )
     return _Pending(pod, outcome, reserved, job)
 
 
@@ -432,6 +439,10 @@ def _observed(
         _record(mismatches, node, p.pod, outcome, p.reserved, ())
         return
     observation = answer
+    if observation.action == "ended":  # its end was said after the report read it
+        outcome.action = "deferred"
+        outcome.message = "the pod ended while its report was taken: nothing is held for it"
+        return
     outcome.action = "moved" if observation.action == "moved" else "matched"
     if observation.action == "created":
         outcome.action = "created"

@@ -234,7 +234,9 @@ class PodWatcher:
 
     async def _release(self, uid: str, kept: Followed) -> None:
         if kept.gang is None:
-            ended = await off_loop(allocations.release_job, self.state, uid)
+            # Said as the pod's end (a UID never runs again): a device report read while
+            # it ran and taken after this then writes nothing for it (node_devices.py).
+            ended = await off_loop(allocations.release_job, self.state, uid, ended=True)
             self._count(ended.ids, f"pod {kept.name} ended")
             return
         key = kept.gang.key
