@@ -47,6 +47,7 @@ GPUS_ANNOTATION = "topoplace.io/gpus"
 INDICES_ANNOTATION = "topoplace.io/gpu-indices"
 ALLOCATION_ANNOTATION = "topoplace.io/allocation"
 CPUSET_ANNOTATION = "topoplace.io/cpuset"
+FINISHED = ("Succeeded", "Failed")
 
 
 def binding_annotations(allocation: Allocation, tasks: Sequence[TaskPlan]) -> dict[str, str]:
@@ -75,6 +76,10 @@ def _bound_here(kube: KubeApi, pod: PodRequest, node: str) -> bool | None:
     if current is None:
         return False
     if pod.uid and (current.get("metadata") or {}).get("uid") != pod.uid:
+        return False
+    if (current.get("status") or {}).get("phase") in FINISHED:
+        # Bound here once and finished since (a retry come after the pod's end): it runs
+        # on nothing, so what this bind reserved again goes back now.
         return False
     return (current.get("spec") or {}).get("nodeName") == node
 

@@ -16,6 +16,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from bench.k8s_objects import binding_args, names_args, pod
+from service.allocations import api as allocations
 from service.k8s.kube_api import KubeApiError
 from service.k8s.reconcile import reconcile_once
 from tests.service.conftest import FakeClock
@@ -222,3 +223,22 @@ def test_binds_of_one_pod_to_two_nodes_keep_the_reservation_it_runs_on(
     assert kube.pods[("ml-team", "trainer-0")]["spec"]["nodeName"] == lands_first
     assert (first == "", second == "") == (lands_first == "node-a", lands_first == "node-b")
     assert _live(fleet, p["metadata"]["uid"]) == [lands_first]
+
+
+def test_a_late_retried_bind_of_a_pod_that_finished_holds_nothing(
+    fleet: TestClient, kube: ScriptedKube
+) -> None:
+    """Bind #1's Binding was applied and its answer lost; the pod ran, finished and its
+    reservation was released at its end. kube-scheduler's retry of the bind comes after:
+    the pod is on the node, but it runs on nothing any more, so the GPUs the retry
+    reserved again go back at once, not after the reconciler's grace."""
+    p = kube.add(pod("trainer-0", 4))
+    uid = p["metadata"]["uid"]
+    kube.script = [_lost]
+    assert _bind(fleet, p, "node-a") == ""
+    kube.pods[("ml-team", "trainer-0")]["status"] = {"phase": "Succeeded"}
+    service: Any = fleet.app
+    released = allocations.release_job(service.state.service, uid, ended=True)  # the watch
+    assert len(released.ids) == 1
+    assert _bind(fleet, p, "node-a") != ""
+    assert _live(fleet, uid) == []
