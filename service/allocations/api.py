@@ -61,6 +61,7 @@ __all__ = [
     "await_step",
     "by_ids",
     "confirm",
+    "count_for_job",
     "extend",
     "get",
     "gpus_truth",
@@ -107,6 +108,7 @@ def _publish_ids(state: ServiceState, type_: EventType, ids: Sequence[str]) -> N
 
 get = queries.get
 listing = queries.listing
+count_for_job = queries.count_for_job
 by_ids = queries.by_ids
 live = queries.live
 used_since = queries.used_since

@@ -27,6 +27,13 @@ def listing(
     return [views.allocation(r) for r in rows]
 
 
+def count_for_job(state: ServiceState, job_id: str) -> int:
+    """How many allocations, live or ended, ever carried ``job_id``: unlike a listing,
+    not capped."""
+    with state.engine.connect() as conn:
+        return repository.count_for_job(conn, job_id)
+
+
 def by_ids(state: ServiceState, allocation_ids: Sequence[str]) -> list[Allocation]:
     """These allocations as they are now, in the order asked; unknown ids are left out."""
     if not allocation_ids:

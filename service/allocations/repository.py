@@ -456,6 +456,12 @@ def live_ids_for_job(conn: Connection, job_id: str) -> list[str]:
     return list(conn.execute(query).scalars())
 
 
+def count_for_job(conn: Connection, job_id: str) -> int:
+    """How many allocations, live or ended, ever carried ``job_id``."""
+    query = sa.select(sa.func.count()).select_from(_T).where(_T.c.job_id == job_id)
+    return int(conn.execute(query).scalar_one())
+
+
 def listing(
     conn: Connection, *, job_id: str | None, node: str | None, state: str | None, limit: int
 ) -> list[sa.RowMapping]:

@@ -195,6 +195,7 @@ def _reservation(
     The reservation reused is stamped first (``allocations.touch``): a reconciler pass
     that read the pod unbound before this Binding then leaves it (reconcile.py). One
     that ended meanwhile (that pass released it) is not reused: the pod reserves anew."""
+    # Its newest: the live ones are among them.
     earlier = allocations.listing(state, pod.uid, None, None, 1_000)
     live = [a for a in earlier if a.state in LIVE]
     here = next((a for a in live if a.tasks[0].node == node), None)
@@ -203,7 +204,13 @@ def _reservation(
         touched = allocations.touch(state, here.id)
         if touched is not None:
             return touched, elsewhere
-    placed = allocations.place(state, body, f"k8s-pod:{pod.uid}:{len(earlier)}", True)
+    # The next key: counted, not listed (a listing is capped, and a key counted short
+    # replays an ended reservation, whose GPUs the Binding would then name unheld).
+    key = f"k8s-pod:{pod.uid}:{allocations.count_for_job(state, pod.uid)}"
+    placed = allocations.place(state, body, key, True)
+    if not placed.created and placed.allocation.state not in LIVE:
+        # The key's reservation ended (a racing bind's, given back): none is held here.
+        raise Conflict(f"the pod's reservation under {key} has ended; bind it again")
     return placed.allocation, elsewhere
 
 

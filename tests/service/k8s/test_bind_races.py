@@ -17,6 +17,7 @@ from fastapi.testclient import TestClient
 
 from bench.k8s_objects import binding_args, names_args, pod
 from service.allocations import api as allocations
+from service.allocations.schemas import PlaceRequest
 from service.k8s.kube_api import KubeApiError
 from service.k8s.reconcile import reconcile_once
 from tests.service.conftest import FakeClock
@@ -242,3 +243,54 @@ def test_a_late_retried_bind_of_a_pod_that_finished_holds_nothing(
     assert len(released.ids) == 1
     assert _bind(fleet, p, "node-a") != ""
     assert _live(fleet, uid) == []
+
+
+def test_a_bind_after_a_thousand_refused_binds_reserves_anew(
+    fleet: TestClient, kube: ScriptedKube
+) -> None:
+    """A pod whose Bindings the API server refused for hours (the service's account
+    lacking ``pods/binding``): each try reserved under the next key and gave it back.
+    Once the Binding is allowed, the bind must hold the GPUs it names, not replay an
+    ended reservation under a key counted short (the earlier ones were counted from a
+    listing of at most 1,000)."""
+    p = kube.add(pod("trainer-0", 2))
+    uid = p["metadata"]["uid"]
+    fleet.post("/k8s/v1/filter", json=names_args(p, ["node-a"]))
+    service: Any = fleet.app
+    state = service.state.service
+    extender = service.state.k8s
+    asked = extender._recent[uid].pod  # what the bind reserves with, as _bind_flow says it
+    request = PlaceRequest.model_validate(
+        {
+            **asked.request.model_dump(),
+            "nodes": ["node-a"],
+            "job_id": uid,
+            "owner": asked.owner,
+            "ttl_s": extender.settings.bind_ttl_s,
+        }
+    )
+    for n in range(1_002):  # what 1,002 refused binds left
+        placed = allocations.place(state, request, f"k8s-pod:{uid}:{n}", True)
+        allocations.release(state, placed.allocation.id)
+    assert _bind(fleet, p, "node-a") == ""
+    notes = kube.pods[("ml-team", "trainer-0")]["metadata"]["annotations"]
+    named = fleet.get(f"/v1/allocations/{notes['topoplace.io/allocation']}").json()
+    assert named["state"] == "active"
+    assert len(fleet.get("/v1/nodes/node-a").json()["free_gpus"]) == 6  # its 2 are held
+
+
+def test_a_bind_whose_key_replays_an_ended_reservation_binds_nothing(
+    fleet: TestClient, kube: ScriptedKube, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two binds of one pod counting the same next key, the first's reservation given back
+    (its Binding refused) before the second replays it: the second must not write a
+    Binding naming GPUs nobody holds."""
+    p = kube.add(pod("trainer-0", 2))
+    kube.refuse_with = KubeApiError(403, "forbidden")
+    assert "forbidden" in _bind(fleet, p, "node-a")
+    kube.refuse_with = None
+    monkeypatch.setattr(allocations, "count_for_job", lambda state, job_id: 0)
+    error = _bind(fleet, p, "node-a")
+    assert "has ended" in error
+    assert kube.bindings == []
+    assert _live(fleet, p["metadata"]["uid"]) == []
