@@ -355,7 +355,6 @@ class GangCoordinator:
         request: PlacementRequest = pod.gang_request()
         if plan is not None:  # the placement every member was filtered against
             request = request.model_copy(update={"nodes": tuple(dict.fromkeys(plan))})
-        earlier = allocations.listing(self.state, gang.key, None, None, 10_000)
         body = PlaceRequest.model_validate(
             {
                 **request.model_dump(),
@@ -364,13 +363,18 @@ class GangCoordinator:
                 "ttl_s": ttl_s,
             }
         )
+        # The next key: counted, not listed (a listing is capped, and a key counted short
+        # replays an ended reservation, whose GPUs the members' Bindings would name unheld).
+        key = f"{gang.key}:{pod.uid}:{allocations.count_for_job(self.state, gang.key)}"
         try:
-            key = f"{gang.key}:{pod.uid}:{len(earlier)}"
-            return allocations.place(self.state, body, key).allocation
+            placed = allocations.place(self.state, body, key)
         except ServiceError as exc:
             raise BindRefused(
                 f"{PREFIX}gang {gang.name} cannot be reserved: {exc.message}"
             ) from None
+        if not placed.created and placed.allocation.state not in LIVE:
+            raise BindRefused(f"{PREFIX}gang {gang.name}'s reservation under {key} has ended")
+        return placed.allocation
 
 
 def _claimed_task(pod: dict[str, Any], allocation: Allocation) -> int | None:

@@ -110,3 +110,28 @@ def test_a_claim_whose_ttl_cannot_be_given_for_a_database_blink_forgets_nothing(
     assert _bind(fleet, first, node) == ""
     (after,) = _live(fleet)
     assert (after["id"], after["state"]) == (gang["id"], "active")
+
+
+def test_a_gang_reservation_whose_key_replays_an_ended_one_binds_nothing(
+    fleet: TestClient, kube: FakeKubeApi, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The gang's reservation given back, and the member's next key counted short (two
+    binds of one pod counting at once, or a count past a listing's cap): the key replays
+    the ended reservation, and its Binding would name GPUs nobody holds. It must be
+    refused, nothing bound, and the next count reserve anew."""
+    first = kube.add(pod("ring-0", 8, annotations=RING))
+    node = fleet.post("/k8s/v1/filter", json=names_args(first, NODES)).json()["NodeNames"][0]
+    kube.refuse_with = KubeApiError(403, 'pods "ring-0" is forbidden')
+    assert "forbidden" in _bind(fleet, first, node)
+    kube.refuse_with = None
+    (gang,) = _live(fleet)
+    assert fleet.post(f"/v1/allocations/{gang['id']}/release").status_code == 200
+    count = allocations.count_for_job
+    monkeypatch.setattr(allocations, "count_for_job", lambda state, job_id: 0)
+    assert "has ended" in _bind(fleet, first, node)
+    assert kube.bindings == []
+    assert _live(fleet) == []
+    monkeypatch.setattr(allocations, "count_for_job", count)
+    assert _bind(fleet, first, node) == ""
+    (after,) = _live(fleet)
+    assert after["id"] != gang["id"]
