@@ -76,7 +76,9 @@ async def score(
     body: ScoreRequest,
     state: State,
     limit: Annotated[int | None, Query(ge=1, description="nodes in this page")] = None,
-    offset: Annotated[int, Query(ge=0, description="nodes of the answer skipped")] = 0,
+    offset: Annotated[
+        int, Query(ge=0, le=score_pages.MAX_OFFSET, description="nodes of the answer skipped")
+    ] = 0,
 ) -> Response:
     """Rank nodes for a request without reserving: per node the GPUs it would get, or why not.
 

@@ -24,6 +24,10 @@ import orjson
 from service.allocations.results import NodeScore, ScorePage
 from service.errors import InvalidRequest
 
+# The largest offset a page takes: gRPC's ``offset`` is an int32, and REST asks no more.
+# Unbounded, an offset of 2**64 made the page's encoder fail (500).
+MAX_OFFSET = 2**31 - 1
+
 
 def listed_count(requested: Sequence[str] | None, cluster_size: int) -> int:
     """How many nodes an answer lists: one per requested name, else every node."""

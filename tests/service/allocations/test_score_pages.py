@@ -78,3 +78,17 @@ def test_the_kubernetes_extender_scores_past_the_bound(bounded: TestClient) -> N
     response = bounded.post("/k8s/v1/prioritize", json=names_args(pod("trainer", 1), candidates))
     assert response.status_code == 200, response.text
     assert [h["Host"] for h in response.json()] == candidates
+
+
+def test_an_offset_past_what_grpc_holds_is_refused_not_a_500(bounded: TestClient) -> None:
+    # 2**64 made the page's JSON encoder fail (500); 2**31 was answered, though the page's
+    # ``offset`` is an int32 over gRPC, which cannot be asked for it.
+    for offset in (2**64, 2**31):
+        response = bounded.post(
+            "/v1/score", params={"limit": 1, "offset": offset}, json={"gpus": 1}
+        )
+        assert response.status_code == 422, response.text
+        assert response.json()["error"]["detail"]["field"] == "query.offset"
+    last = bounded.post("/v1/score", params={"limit": 1, "offset": 2**31 - 1}, json={"gpus": 1})
+    assert last.status_code == 200, last.text
+    assert last.json()["nodes"] == [] and last.json()["next_offset"] is None
