@@ -112,10 +112,22 @@ def flagged(query_string: str, flag: str) -> bool:
     return any(v.strip().lower() not in _FALSE for v in values)
 
 
+# Path parameters that may hold "/", as their routes take them (a ``:path`` parameter):
+# a job id (a Kubernetes gang's is "k8s-gang:NAMESPACE/NAME").
+SPANNING = frozenset({"job_id"})
+
+
 def _compile(template: str) -> re.Pattern[str]:
     parts = re.split(r"(\{[^}]+\})", template)
-    regex = "".join(f"(?P<{p[1:-1]}>[^/]+)" if p.startswith("{") else re.escape(p) for p in parts)
+    regex = "".join(_part(p) for p in parts)
     return re.compile(f"^{regex}$")
+
+
+def _part(part: str) -> str:
+    if not part.startswith("{"):
+        return re.escape(part)
+    name = part[1:-1]
+    return f"(?P<{name}>{'.+' if name in SPANNING else '[^/]+'})"
 
 
 R, S, V, A = Permission.REPORT, Permission.SCHEDULE, Permission.READ, Permission.ADMIN

@@ -130,7 +130,9 @@ def release(allocation_id: AllocationId, state: State) -> ReleaseResult:
     return ReleaseResult(released=list(api.release(state, allocation_id).ids))
 
 
-@router.post("/jobs/{job_id}/release", response_model=ReleaseResult)
+# ``:path``: a job id may hold "/" (a Kubernetes gang's is "k8s-gang:NAMESPACE/NAME"), and
+# a client's %2F reaches the router decoded; without it such a job had no route here.
+@router.post("/jobs/{job_id:path}/release", response_model=ReleaseResult)
 def release_job(job_id: JobId, state: State) -> ReleaseResult:
     """Release every live allocation of a job (e.g. from a Slurm epilog). The job is
     remembered as ended for TOPOPLACE_ENDED_JOB_MEMORY_S: a Slurm prolog's report of its

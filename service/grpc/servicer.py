@@ -46,7 +46,7 @@ IDEMPOTENCY_KEY = "idempotency-key"
 MAX_KEY_LENGTH = 256  # as REST's Idempotency-Key header
 # As REST's path parameters bound them (allocations/endpoints.py): proto3 sends an
 # unset string as "", and a ReleaseJob without a job id must not release every
-# allocation placed with job_id "" (REST has no route for an empty one).
+# allocation placed with job_id "" (REST refuses an empty one).
 MAX_ALLOCATION_ID = 64
 # What a gRPC client receives unless told otherwise (grpc-core, grpc-go and grpc-java
 # alike: 4 MiB); a client that raised its limit says so in this metadata.

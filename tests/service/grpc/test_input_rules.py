@@ -73,7 +73,7 @@ def test_a_count_sent_as_true_over_rest_has_no_grpc_twin(running: Running) -> No
 def test_ids_are_bounded_as_rest_bounds_them(
     running: Running, method: str, message: object, field: str
 ) -> None:
-    # REST has no route for an empty job id and refuses one over 256 characters (an
+    # REST refuses an empty job id and one over 256 characters (an
     # allocation id over 64); a message that leaves job_id unset must not release
     # anything, nor can an allocation be placed with job_id "" (refused as REST does).
     running.stub.ReportSnapshot(snapshot_request("hgx-h100", "h0"))
@@ -82,7 +82,9 @@ def test_ids_are_bounded_as_rest_bounds_them(
     assert details(empty)["BadRequest"].field_violations[0].field == "job_id"
     placed = running.rest.post("/v1/place", json={"gpus": 1, "job_id": "j1"})
     assert placed.status_code == 201, placed.text
-    assert running.rest.post("/v1/jobs//release").status_code == 404
+    empty_job = running.rest.post("/v1/jobs//release")
+    assert empty_job.status_code == 422, empty_job.text
+    assert empty_job.json()["error"]["detail"]["field"] == "path.job_id"
     error = _fails(getattr(running.stub, method), message)
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error.details()
     assert reason(error) == "invalid_request"
