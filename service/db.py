@@ -77,11 +77,15 @@ def _session_options(database_url: str, idle_in_transaction_s: float) -> dict[st
     the frozen process, thawed, answers 503 like any connection lost. Options the URL
     gives (``?options=-c ...``) are kept, before this one."""
     ms = round(idle_in_transaction_s * 1000)
-    if ms <= 0:
-        return {}
     given = sa.make_url(database_url).query.get("options", "")
     given = given if isinstance(given, str) else " ".join(given)
-    return {"options": f"{given} -c idle_in_transaction_session_timeout={ms}".strip()}
+    # UTC, after what the URL gives: a server, database or role whose TimeZone is another
+    # hands timestamps back in its offset, and the API wrote "+05:30" where it documents
+    # UTC with "Z" (service/allocations/encoding.py).
+    options = [given, "-c TimeZone=UTC"]
+    if ms > 0:
+        options.append(f"-c idle_in_transaction_session_timeout={ms}")
+    return {"options": " ".join(options).strip()}
 
 
 # libpq waits for a connection without limit by default: a database host that

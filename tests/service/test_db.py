@@ -129,3 +129,24 @@ def test_the_idle_in_transaction_timeout_fits_postgres() -> None:
     assert Settings(database_idle_in_transaction_s=2_147_483).database_idle_in_transaction_s
     with pytest.raises(ValueError, match="less than or equal"):
         Settings(database_idle_in_transaction_s=2_147_484)
+
+
+def test_times_are_answered_in_utc_whatever_the_servers_time_zone(postgres_url: str) -> None:
+    """A server (or database, or role) whose TimeZone is not UTC handed every timestamp
+    back in its own offset: the API wrote "2026-06-01T17:30:00+05:30" where it documents
+    UTC with "Z" (service/allocations/encoding.py). Each session is in UTC now."""
+    from tests.service.conftest import _truncate
+    from tests.service.helpers import add_nodes
+
+    _truncate(postgres_url)
+    elsewhere = sa.make_url(postgres_url).update_query_dict({"options": "-c TimeZone=Asia/Kolkata"})
+    settings = Settings(database_url=elsewhere.render_as_string(hide_password=False))
+    with TestClient(create_app(settings, background=False)) as client:
+        add_nodes(client, ("hgx-h100", "h0"))
+        placed = client.post("/v1/place", json={"gpus": 1, "ttl_s": 30})
+        assert placed.status_code == 201, placed.text
+        read = client.get(f"/v1/allocations/{placed.json()['id']}").json()
+        for answer in (placed.json(), read):
+            assert answer["created_at"].endswith("Z"), answer["created_at"]
+            assert answer["expires_at"].endswith("Z"), answer["expires_at"]
+    _truncate(postgres_url)
