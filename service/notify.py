@@ -203,6 +203,23 @@ def psycopg_dsn(database_url: str) -> str:
     """The libpq form of a SQLAlchemy URL (drop the +driver), with the service's
     connection limits: a LISTEN connection whose peer vanished would otherwise wait
     for notifications that never come (``service.db.postgres_connect_args``)."""
-    limits = {k: str(v) for k, v in postgres_connect_args(database_url).items()}
-    url = sa.make_url(database_url).set(drivername="postgresql").update_query_dict(limits)
-    return url.render_as_string(hide_password=False)
+    url = sa.make_url(database_url)
+    # A conninfo string, not a URI: a URI's query is written with "+" for a space, which
+    # libpq reads as a "+", so ?options=-c a=b failed every connection of the listener.
+    params: dict[str, str | int | None] = {
+        "host": url.host,
+        "port": url.port,
+        "user": url.username,
+        "password": url.password,
+        "dbname": url.database,
+    }
+    params.update({k: _conninfo_value(k, v) for k, v in url.query.items()})
+    params.update({k: str(v) for k, v in postgres_connect_args(database_url).items()})
+    return psycopg.conninfo.make_conninfo("", **params)  # None: left out
+
+
+def _conninfo_value(key: str, value: str | tuple[str, ...]) -> str:
+    """A query parameter given several times: options add up; hosts and ports are lists."""
+    if isinstance(value, str):
+        return value
+    return (" " if key == "options" else ",").join(value)

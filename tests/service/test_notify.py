@@ -163,3 +163,15 @@ def test_a_message_heard_as_the_resync_falls_due_is_read_and_told(
 
     assert asyncio.run(run()) == [("changed", "h1")]
     assert state.synced == [["h1"]]
+
+
+def test_the_listener_connects_with_the_options_the_url_gives(postgres_url: str) -> None:
+    # A URL's ?options=-c statement_timeout=5000 reached libpq as "-c+statement_timeout=5000"
+    # (a URI's query does not read "+" as a space): the server refused every connection,
+    # and the replica's listener reconnected for ever, hearing no other replica.
+    import sqlalchemy as sa
+
+    given = sa.make_url(postgres_url).update_query_dict({"options": "-c statement_timeout=5000"})
+    dsn = notify.psycopg_dsn(given.render_as_string(hide_password=False))
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        assert conn.execute("SHOW statement_timeout").fetchone() == ("5s",)
