@@ -8,6 +8,9 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 DEFAULT_DATABASE_URL = "sqlite:///./topoplace.sqlite3"
 # Postgres counts idle_in_transaction_session_timeout in milliseconds, in a 32-bit int.
 IDLE_IN_TRANSACTION_MAX_S = 2_147_483
+# The longest default reservation TTL: as a request's ttl_s (allocations/schemas.py's
+# MAX_TTL_S, about 31 years), an expiry the database and a datetime hold.
+MAX_DEFAULT_TTL_S = 1e9
 
 
 class Settings(BaseSettings):
@@ -318,6 +321,24 @@ class Settings(BaseSettings):
                     f"cannot read the region token file {self.region_token_file}: {exc.strerror}"
                 ) from None
         return ""
+
+    @model_validator(mode="after")
+    def _default_ttl_within_bounds(self) -> Settings:
+        """The TTL a /place without ``ttl_s`` gets, within the bounds a request's must
+        meet: outside them every such request was refused (400) or failed (500, an expiry
+        past what a datetime holds), naming a ``ttl_s`` the client never sent."""
+        ttl, low, high = (
+            self.reservation_ttl_s,
+            self.min_reservation_ttl_s,
+            self.max_reservation_ttl_s,
+        )
+        if not low <= ttl <= min(high, MAX_DEFAULT_TTL_S):
+            raise ValueError(
+                f"TOPOPLACE_RESERVATION_TTL_S ({ttl:g}) must be within"
+                f" TOPOPLACE_MIN_RESERVATION_TTL_S ({low:g}) and"
+                f" TOPOPLACE_MAX_RESERVATION_TTL_S ({high:g}), and at most {MAX_DEFAULT_TTL_S:g}"
+            )
+        return self
 
     @model_validator(mode="after")
     def _tls_pair(self) -> Settings:
