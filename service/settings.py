@@ -11,6 +11,9 @@ IDLE_IN_TRANSACTION_MAX_S = 2_147_483
 # The longest default reservation TTL: as a request's ttl_s (allocations/schemas.py's
 # MAX_TTL_S, about 31 years), an expiry the database and a datetime hold.
 MAX_DEFAULT_TTL_S = 1e9
+# The longest memory of ended jobs (about 31 years): its start, now minus it, must be a
+# datetime. "inf" was taken, and every release by job id failed (500).
+MAX_ENDED_JOB_MEMORY_S = 1e9
 
 
 class Settings(BaseSettings):
@@ -154,6 +157,7 @@ class Settings(BaseSettings):
     ended_job_memory_s: float = Field(
         default=3600.0,
         gt=0,
+        le=MAX_ENDED_JOB_MEMORY_S,
         description="how long a job released by job id (a Slurm epilog's POST"
         " /v1/jobs/{job_id}/release) or released by the Slurm reconcile loop because it"
         " ended is remembered as ended: a Slurm prolog report of its start processed"

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from fastapi.testclient import TestClient
 
-from service.settings import Settings
+from service.app import create_app
+from service.settings import MAX_ENDED_JOB_MEMORY_S, Settings
+from tests.service.conftest import FakeClock
 
 
 @pytest.mark.parametrize(
@@ -27,3 +30,22 @@ def test_a_default_ttl_the_bounds_refuse_is_refused_at_start(given: dict[str, fl
 def test_a_default_ttl_within_the_bounds_is_taken() -> None:
     assert Settings(reservation_ttl_s=60, max_reservation_ttl_s=60).reservation_ttl_s == 60
     assert Settings(reservation_ttl_s=0.1, min_reservation_ttl_s=0.1).reservation_ttl_s == 0.1
+
+
+@pytest.mark.parametrize("memory", ["inf", "nan", "1e12"])
+def test_an_ended_job_memory_past_a_datetime_is_refused_at_start(
+    memory: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # "inf" (remember for ever) was taken, and every POST /v1/jobs/{job_id}/release then
+    # failed 500: the memory's start, now minus it, is no datetime.
+    monkeypatch.setenv("TOPOPLACE_ENDED_JOB_MEMORY_S", memory)
+    with pytest.raises(ValueError, match="ended_job_memory_s"):
+        Settings()
+
+
+def test_a_release_by_job_remembers_it_for_as_long_as_the_bound_allows(
+    settings: Settings, clock: FakeClock
+) -> None:
+    longest = settings.model_copy(update={"ended_job_memory_s": MAX_ENDED_JOB_MEMORY_S})
+    with TestClient(create_app(longest, clock=clock, background=False)) as client:
+        assert client.post("/v1/jobs/j1/release").json() == {"released": []}
