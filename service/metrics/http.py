@@ -89,7 +89,9 @@ class RequestMetrics:
     def _observers(self, scope: Scope, status: int, code: str) -> list[Histogram]:
         method = scope["method"] if scope["method"] in METHODS else "other"
         route = scope.get("route")
-        template = getattr(route, "path", None)
+        # The template without convertors ("{job_id}", not "{job_id:path}"): as the
+        # OpenAPI document and the access table write it.
+        template = getattr(route, "path_format", None) or getattr(route, "path", None)
         if template is None:
             path = route_path(scope)
             template = path if (method, path) in self.direct else UNMATCHED

@@ -29,3 +29,10 @@ def test_a_job_id_with_a_slash_is_released_by_its_job(client: TestClient) -> Non
         assert released.json() == {"released": expected}
     listed = client.get("/v1/allocations", params={"job_id": GANG_JOB}).json()["allocations"]
     assert [a["state"] for a in listed] == ["released"]
+
+
+def test_the_route_keeps_its_template_in_the_metrics(client: TestClient) -> None:
+    assert client.post("/v1/jobs/j1/release").status_code == 200
+    metrics = client.get("/metrics").text
+    assert 'route="/v1/jobs/{job_id}/release"' in metrics
+    assert "{job_id:path}" not in metrics
