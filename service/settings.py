@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from pydantic import Field, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
+
+from service.duration_bound import DurationBound
 
 DEFAULT_DATABASE_URL = "sqlite:///./topoplace.sqlite3"
 # Postgres counts idle_in_transaction_session_timeout in milliseconds, in a 32-bit int.
@@ -16,7 +18,7 @@ MAX_DEFAULT_TTL_S = 1e9
 MAX_ENDED_JOB_MEMORY_S = 1e9
 
 
-class Settings(BaseSettings):
+class Settings(DurationBound):
     model_config = SettingsConfigDict(env_prefix="TOPOPLACE_", extra="ignore")
 
     database_url: str = Field(

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
+
+from service.duration_bound import DurationBound
 
 
-class ExtenderSettings(BaseSettings):
+class ExtenderSettings(DurationBound):
     model_config = SettingsConfigDict(env_prefix="TOPOPLACE_K8S_", extra="ignore")
 
     extender_open: bool = Field(

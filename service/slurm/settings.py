@@ -9,12 +9,13 @@ from __future__ import annotations
 import shutil
 
 from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 
 from placement.request import Locality, NumaMode, Objective, Policy
+from service.duration_bound import DurationBound
 
 
-class SlurmSettings(BaseSettings):
+class SlurmSettings(DurationBound):
     model_config = SettingsConfigDict(env_prefix="TOPOPLACE_SLURM_", extra="ignore")
 
     locality: Locality = Field(
