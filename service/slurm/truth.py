@@ -184,6 +184,10 @@ def from_squeue_job(job: dict[str, Any]) -> JobTruth:
     """A job of ``squeue --json`` (API v0.0.38: ``nodes``, ``gres_detail`` per node)."""
     nodes = hostlist.expand(str(job.get("nodes") or ""))
     details = job.get("gres_detail") or []
+    if not isinstance(details, list):
+        # One entry per node: anything else (a number failed the zip below with a
+        # TypeError, which the reconcile's skip of one unreadable job does not catch).
+        raise TruthError(f"gres_detail is no list: {str(details)[:80]!r}")
     gpus: dict[str, list[int]] = {}
     for node, gres in zip(nodes, details, strict=False):
         indices = gpu_indices(str(gres))

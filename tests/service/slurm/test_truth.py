@@ -247,6 +247,23 @@ def test_one_running_job_that_cannot_be_recorded_does_not_stop_the_others(
     assert of_job(dgx1, 30) == []
 
 
+@pytest.mark.parametrize("details", [5, True, 1.5, "gpu:2(IDX:6-7)", {"node2": "gpu:2(IDX:6-7)"}])
+def test_a_running_job_whose_gres_detail_is_no_list_does_not_stop_the_others(
+    dgx1: TestClient, clock: FakeClock, details: object
+) -> None:
+    """squeue gives ``gres_detail`` as a list, one entry per node: anything else is that
+    job's text the service cannot read, skipped like the others above. A number there
+    failed the whole reconcile (500), every release with it, for as long as it ran."""
+    cancelled = submit(dgx1, tres_per_node="gres:gpu:1")
+    odd = {"job_id": 30, "job_state": "RUNNING", "nodes": "node2", "gres_detail": details}
+    gone = {"job_id": 31, "job_state": "CANCELLED"}
+    gone["admin_comment"] = cancelled["set"]["admin_comment"]
+    response = dgx1.post("/v1/slurm/reconcile", params=read_now(clock), json={"jobs": [odd, gone]})
+    assert response.status_code == 200, response.text
+    assert response.json()["released"] == cancelled["allocation_ids"]
+    assert of_job(dgx1, 30) == []
+
+
 @pytest.mark.parametrize(
     "gres",
     [
