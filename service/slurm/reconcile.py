@@ -368,6 +368,9 @@ class Reconciler:
     async def tick(self) -> None:
         command = self._command
         if not command:
+            # squeue is pushed: no loop runs early, so the filter's notes are dropped
+            # here, or the note of every reservation would be kept for good.
+            FRESH.due(0)
             return
         now = time.monotonic()
         # Early runs at most once per grace period (and 0.1 s): under a stream of

@@ -11,6 +11,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from service.slurm import reconcile as reconcile_module
+from service.slurm.fresh import FRESH
 from service.slurm.reconcile import Reconciler
 from service.slurm.settings import SlurmSettings
 from tests.service.conftest import FakeClock
@@ -245,3 +246,16 @@ def test_a_job_moved_by_a_newer_report_while_squeue_was_read_is_not_moved_back(
     assert made and sorted(live(client)) == sorted([allocation_id, *made]), (
         "the next job's reservation was released for a stale answer"
     )
+
+
+def test_without_a_command_the_notes_of_fresh_reservations_are_not_kept(
+    client: TestClient,
+) -> None:
+    """Where squeue is pushed (no TOPOPLACE_SLURM_SQUEUE_COMMAND) no loop runs early for
+    a fresh reservation: the filter's note of each one was kept for good (a float a job,
+    for as long as the service ran), the loop's step returning before it read them."""
+    add_nodes(client, ("dgx1-v100", "node1"))
+    for _ in range(3):
+        client.post("/v1/slurm/job-submit", json={"tres_per_node": "gres:gpu:1"})
+    asyncio.run(_reconciler(client, "").tick())
+    assert not FRESH.due(0)
