@@ -7,6 +7,7 @@ partition's ``nodes``); job_submit.lua cannot expand them, so the service does.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 
 # Far more nodes than any cluster has: a list naming more is refused before it is
 # expanded, so that one short text (``n[0-99999999999]``) cannot take the memory and
@@ -60,38 +61,53 @@ def _ranges(body: str, item: str) -> list[tuple[str, int, int]]:
     return ranges
 
 
-def _expand_one(item: str, budget: int) -> list[str]:
-    """The names of one item; more than ``budget`` of them is refused, counted first."""
+def _count(item: str) -> int:
+    """How many names one item makes, counted without making them."""
     start = item.find("[")
     if start < 0:
-        return [item]
+        return 1
+    end = item.index("]", start)
+    ranges = _ranges(item[start + 1 : end], item)
+    rest = item[end + 1 :]
+    return sum(high - low + 1 for _, low, high in ranges) * (_count(rest) if rest else 1)
+
+
+def _names(item: str) -> Iterator[str]:
+    """The names of one item, in order, each made only when it is read."""
+    start = item.find("[")
+    if start < 0:
+        yield item
+        return
     end = item.index("]", start)
     prefix, body, rest = item[:start], item[start + 1 : end], item[end + 1 :]
-    ranges = _ranges(body, item)
-    count = sum(high - low + 1 for _, low, high in ranges)
-    if count > budget:
-        raise _too_many(item)
-    tails = _expand_one(rest, budget // count) if rest else [""]
-    names: list[str] = []
-    for written, low, high in ranges:
+    for written, low, high in _ranges(body, item):
         width = len(written)  # node[01-10] keeps the zero padding
         for number in range(low, high + 1):
-            names += [f"{prefix}{number:0{width}d}{tail}" for tail in tails]
-    return names
+            head = f"{prefix}{number:0{width}d}"
+            if rest:
+                yield from (head + tail for tail in _names(rest))
+            else:
+                yield head
 
 
-def expand(text: str | None) -> list[str]:
+def expand(text: str | None, limit: int | None = None) -> list[str]:
     """Every name of a host list, in order, without duplicates; ``None`` or ``""``: none.
-    A list of more than ``MAX_NAMES`` names is refused (HostlistError) unexpanded."""
+    A list of more than ``MAX_NAMES`` names is refused (HostlistError) unexpanded.
+    ``limit``: only the first that many names are made (a caller that pairs the names
+    with a shorter list of its own), the whole list checked all the same."""
     if not text:
         return []
-    seen: dict[str, None] = {}
+    items = _split_top(text)
     made = 0
-    for item in _split_top(text):
-        names = _expand_one(item, MAX_NAMES - made)
-        made += len(names)
-        if made > MAX_NAMES:  # plain names, one per item
-            raise _too_many(text)
-        for name in names:
-            seen.setdefault(name, None)
+    for item in items:
+        made += _count(item)
+        if made > MAX_NAMES:
+            raise _too_many(text if len(items) > 1 else item)
+    seen: dict[str, None] = {}
+    if limit is not None and limit <= 0:
+        return []
+    for name in (name for item in items for name in _names(item)):
+        seen.setdefault(name, None)
+        if limit is not None and len(seen) >= limit:
+            break
     return list(seen)

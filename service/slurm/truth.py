@@ -145,10 +145,17 @@ def from_show_job(text: str, job_name: str) -> tuple[JobTruth, str]:
     # The per-node lines come after the restart count, as does no text a user writes
     # (the wckey comes before it).
     gpus: dict[str, list[int]] = {}
+    named_nodes = 0
     for nodes, gres in _NODE_GRES.findall(fields, restarts.end() if restarts else 0):
         indices = gpu_indices(gres)
         if indices:
-            for node in hostlist.expand(nodes):
+            names = hostlist.expand(nodes)
+            # Each node is on one line: more nodes in all than a list may name is no
+            # job's (each line may name that many, and making them takes 50 ms).
+            named_nodes += len(names)
+            if named_nodes > hostlist.MAX_NAMES:
+                raise TruthError(f"the per-node lines name more than {hostlist.MAX_NAMES} nodes")
+            for node in names:
                 gpus[node] = indices
     # `scontrol show job` gives each record a line: the admin comments read are this
     # record's, not the next one's (a het job's leader id, or an array's id, shows every
@@ -182,12 +189,13 @@ def users_own(state: ServiceState, truth: JobTruth) -> JobTruth:
 
 def from_squeue_job(job: dict[str, Any]) -> JobTruth:
     """A job of ``squeue --json`` (API v0.0.38: ``nodes``, ``gres_detail`` per node)."""
-    nodes = hostlist.expand(str(job.get("nodes") or ""))
     details = job.get("gres_detail") or []
     if not isinstance(details, list):
         # One entry per node: anything else (a number failed the zip below with a
         # TypeError, which the reconcile's skip of one unreadable job does not catch).
         raise TruthError(f"gres_detail is no list: {str(details)[:80]!r}")
+    # Only the nodes the entries pair with are made: a short list can name 65,536.
+    nodes = hostlist.expand(str(job.get("nodes") or ""), limit=len(details))
     gpus: dict[str, list[int]] = {}
     for node, gres in zip(nodes, details, strict=False):
         indices = gpu_indices(str(gres))

@@ -50,3 +50,13 @@ def test_a_list_at_the_limit_expands() -> None:
 def test_plain_names_count_towards_the_limit() -> None:
     with pytest.raises(HostlistError, match="more than"):
         expand(",".join(f"n{i}" for i in range(MAX_NAMES + 1)))
+
+
+def test_a_limit_makes_only_the_first_names_and_checks_the_whole_list() -> None:
+    assert expand(f"node[1-{MAX_NAMES}]", limit=2) == ["node1", "node2"]
+    assert expand("a,a,r[1-2]n[1-2]", limit=3) == ["a", "r1n1", "r1n2"]
+    assert expand("node[1-3]", limit=0) == []
+    assert expand("node[1-3]", limit=9) == ["node1", "node2", "node3"]
+    for text in (f"a,node[1-{MAX_NAMES}]", "a,node[3-1]"):
+        with pytest.raises(HostlistError):
+            expand(text, limit=1)

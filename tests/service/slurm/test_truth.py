@@ -12,7 +12,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from service.slurm.fresh import FRESH
-from service.slurm.reconcile import EARLY_GAP_S, Reconciler
+from service.slurm.reconcile import EARLY_GAP_S, Reconciler, reconcile
 from service.slurm.settings import SlurmSettings
 from service.slurm.truth import TruthError, from_show_job, gpu_indices
 from tests.service.conftest import FakeClock
@@ -293,6 +293,39 @@ def test_a_report_with_lists_no_cluster_has_is_refused_with_nothing_written(
     response = dgx1.post("/v1/slurm/job-started", json=body)
     assert response.status_code == 400, response.text
     assert response.json()["error"]["detail"] == {"field": "show_job"}
+    assert dgx1.get("/v1/allocations").json()["allocations"] == []
+
+
+# A short host list naming as many nodes as a list may (slurm_formats/hostlist.py): ten
+# bytes of a job's text that make 65,536 names, in 50-80 ms.
+_WIDE = "a[1-65536]"
+
+
+def test_host_lists_are_not_made_into_more_names_than_a_job_uses(dgx1: TestClient) -> None:
+    """squeue pairs a job's nodes with its ``gres_detail``, one entry a node: the names
+    past those entries were made all the same, so 300 jobs of 90 bytes (27 KB of a
+    pushed answer) held the reconcile, and the GIL, for 18-24 s; a prolog's text of 300
+    per-node lines (16 KB), each naming the most nodes a list may, for 39 s."""
+    app: Any = dgx1.app
+    state = app.state.service
+    jobs = [
+        {
+            "job_id": 1000 + i,
+            "job_state": "RUNNING",
+            "nodes": _WIDE,
+            "gres_detail": ["gpu:1(IDX:0)"],
+        }
+        for i in range(300)
+    ]
+    began = time.monotonic()
+    reconcile(state, SlurmSettings(), {"jobs": jobs})
+    assert time.monotonic() - began < 3
+    line = f"   Nodes={_WIDE} CPU_IDs=0 Mem=0 GRES=gpu:1(IDX:0)"
+    text = show_job(41, "gpu:1(IDX:0)", "node1").replace("   Nodes=", line * 300 + "   Nodes=")
+    began = time.monotonic()
+    response = dgx1.post("/v1/slurm/job-started", json={"show_job": text, "job_name": "train"})
+    assert time.monotonic() - began < 3
+    assert response.status_code == 400 and "nodes" in response.text, response.text
     assert dgx1.get("/v1/allocations").json()["allocations"] == []
 
 
