@@ -28,7 +28,11 @@ def _stored_gpu_count(state: ServiceState, name: str) -> int | None:
         ).scalar_one_or_none()
     if body is None:
         return None
-    gpus = json.loads(body).get("gpus")
+    try:
+        stored = json.loads(body)
+    except ValueError:
+        return 0  # a row that is no snapshot's JSON (service/nodes/loadable.py): no GPU
+    gpus = stored.get("gpus") if isinstance(stored, dict) else None
     return len(gpus) if isinstance(gpus, list) else 0
 
 
@@ -51,10 +55,9 @@ def check(state: ServiceState, name: str, report: HeartbeatReport) -> tuple[Link
     links = []
     for i, entry in enumerate(report.nvlink):
         if gpus is not None and entry.gpu >= gpus:
+            has = f"{gpus} GPUs (indexes 0-{gpus - 1})" if gpus else "no GPU the service can read"
             raise InvalidRequest(
-                f"nvlink.{i}.gpu",
-                f"node {name!r} has {gpus} GPUs (indexes 0-{gpus - 1}); GPU {entry.gpu}"
-                " is not one of them",
+                f"nvlink.{i}.gpu", f"node {name!r} has {has}; GPU {entry.gpu} is not one of them"
             )
         links.append(LinkCounters(**entry.model_dump()))
     return tuple(sorted(links, key=lambda c: (c.gpu, c.link)))

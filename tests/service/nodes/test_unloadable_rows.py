@@ -121,3 +121,19 @@ def test_a_cordon_of_a_node_it_cannot_load_writes_nothing(
     repaired = build_profile("hgx-b200", "nogpu", seq=5).model_dump(mode="json")
     assert client.put("/v1/nodes/nogpu/snapshot", json={"snapshot": repaired}).status_code == 200
     assert client.get("/v1/nodes/nogpu").json()["state"] == "ready"
+
+
+@pytest.mark.parametrize("body", ["{not json", "[1, 2]", NO_GPUS])
+def test_counters_sent_for_a_node_it_cannot_load_are_refused(
+    client: TestClient, settings: Settings, body: str
+) -> None:
+    """Memory lacks such a node, so its heartbeat's NVLink counters are judged by the
+    stored row: one that is no JSON object was a 500 (internal_error) at every beat."""
+    _store_rows(settings, {"bad": (1, body)})
+    link = {"gpu": 0, "link": 0, "tx_bytes": 1}
+    answer = client.post("/v1/nodes/bad/heartbeat", json={"nvlink": [link]})
+    assert answer.status_code == 422, answer.text
+    error = answer.json()["error"]
+    assert error["detail"]["field"] == "nvlink.0.gpu"
+    assert "has no GPU the service can read" in error["message"], error
+    assert client.post("/v1/nodes/bad/heartbeat").status_code == 204
