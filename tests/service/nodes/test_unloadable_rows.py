@@ -137,3 +137,17 @@ def test_counters_sent_for_a_node_it_cannot_load_are_refused(
     assert error["detail"]["field"] == "nvlink.0.gpu"
     assert "has no GPU the service can read" in error["message"], error
     assert client.post("/v1/nodes/bad/heartbeat").status_code == 204
+
+
+@pytest.mark.parametrize("body", ["{not json", "[1, 2]", '"x"'])
+def test_a_row_that_is_no_json_object_is_repaired_by_a_later_snapshot(
+    client: TestClient, settings: Settings, body: str
+) -> None:
+    """As a node the engine cannot load is: the report compared the row with the new
+    snapshot as JSON objects, and every report of such a node was a 500."""
+    _store_rows(settings, {"bad": (1, body)})
+    repaired = build_profile("hgx-b200", "bad", seq=5).model_dump(mode="json")
+    answer = client.put("/v1/nodes/bad/snapshot", json={"snapshot": repaired})
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["changed"] is True
+    assert client.get("/v1/nodes/bad").json()["gpu_count"] == 8
