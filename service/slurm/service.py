@@ -17,6 +17,7 @@ from collections import defaultdict
 from collections.abc import Mapping
 from typing import Any
 
+from placement.request import MAX_TASK_GPUS
 from service.allocations import api as allocations
 from service.allocations.results import Allocation
 from service.allocations.schemas import PlaceRequest, ScoreRequest
@@ -110,6 +111,13 @@ def _decide_flow(state: ServiceState, settings: SlurmSettings, job: JobSubmit) -
         node_count, candidates, excluded = _nodes(state, job, down)
         if per_job and node_count > 1:
             raise _LeaveAlone("--gpus over several nodes is left to Slurm; use --gpus-per-node")
+        if ask.count > MAX_TASK_GPUS:
+            # A request holds at most this many (a node has at most MAX_GPUS): past it,
+            # the request below failed its validation, a 500 the script took for an error.
+            raise Unresolvable(
+                f"the cluster can never hold this request: no node has {ask.count} GPUs;"
+                f" a node has at most {MAX_TASK_GPUS}"
+            )
         base: dict[str, Any] = {
             "gpus": ask.count,
             "locality": options.locality,

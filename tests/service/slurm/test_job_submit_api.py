@@ -103,6 +103,15 @@ def test_srun_jobs_get_no_environment_and_a_proposal_reserves_nothing(dgx1: Test
             "unchanged",
             "more than",
         ),
+        # More GPUs than a request may hold (a node has at most 64): was a 500.
+        ({"tres_per_node": "gres:gpu:65"}, "refuse", "no node has 65 GPUs"),
+        ({"tres_per_node": "gres:gpu:4294967295"}, "refuse", "never hold"),
+        ({"tres_per_job": "gres:gpu:65"}, "unchanged", "no single node"),
+        (
+            {"tres_per_node": "gres:gpu:65", "reserve": False, "batch": False},
+            "refuse",
+            "never hold",
+        ),
     ],
 )
 def test_jobs_left_to_slurm_or_refused_say_why_and_hold_nothing(
