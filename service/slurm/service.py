@@ -17,6 +17,8 @@ from collections import defaultdict
 from collections.abc import Mapping
 from typing import Any
 
+from pydantic import ValidationError
+
 from placement.request import MAX_TASK_GPUS
 from service.allocations import api as allocations
 from service.allocations.results import Allocation
@@ -137,6 +139,13 @@ def _decide_flow(state: ServiceState, settings: SlurmSettings, job: JobSubmit) -
             placed = yield from _place_nodes(state, base, node_count, owner)
     except _LeaveAlone as exc:
         return _unchanged(str(exc))
+    except ValidationError as exc:
+        # A job no request can say (a GPU type longer than a model name, more nodes than
+        # a gang has tasks), met before anything is reserved: it was a 500, which the
+        # script logs as the service failing.
+        first = exc.errors()[0]
+        why = f"{'.'.join(str(p) for p in first['loc'])}: {first['msg']}"
+        return _unchanged(f"the job cannot be asked of topoplace ({why}); left to Slurm")
     except Unschedulable as exc:
         return _unchanged(f"nothing fits now, Slurm queues the job as asked ({exc.message})")
     except Unresolvable as exc:

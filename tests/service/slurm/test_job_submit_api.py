@@ -112,6 +112,10 @@ def test_srun_jobs_get_no_environment_and_a_proposal_reserves_nothing(dgx1: Test
             "refuse",
             "never hold",
         ),
+        # What no reservation's request can say (a GPU type longer than a model name, more
+        # nodes than a gang's tasks): was a 500, now left to Slurm saying why.
+        ({"tres_per_node": f"gres:gpu:{'a' * 300}:1"}, "unchanged", "cannot be asked"),
+        ({"tres_per_node": "gres:gpu:1", "min_nodes": 100000}, "unchanged", "cannot be asked"),
     ],
 )
 def test_jobs_left_to_slurm_or_refused_say_why_and_hold_nothing(
