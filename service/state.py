@@ -513,8 +513,11 @@ class ServiceState:
         want_gpus = {d for d in wanted - gpus_now - migs_now if entry.has_gpu(d)}
         want_migs = {d for d in wanted - gpus_now - migs_now if d in migs}
         self.cluster.allocate(name, want_gpus, want_migs, cpus - cpus_now)
+        # A shared GPU the snapshot no longer lists is set too, by UUID, as the process
+        # that saw it go keeps it: left out, a process started meanwhile found the node
+        # short of its pool at every resync, synced it again and told watchers so.
         for device, milli in shares.items():
-            if shares_now.get(device) != milli and entry.has_gpu(device):
+            if shares_now.get(device) != milli:
                 self.cluster.set_share(name, device, milli)
 
     def _unlisted_mig_parents(

@@ -434,6 +434,29 @@ def test_a_share_is_still_held_in_memory_when_its_gpu_comes_back(client: TestCli
     assert memory == {gpu: 500}, f"memory {memory} != database pool {{{gpu!r}: 500}}"
 
 
+def test_a_restarted_service_keeps_the_shares_of_a_gpu_gone_from_the_report(
+    settings: Settings, clock: FakeClock
+) -> None:
+    """A process started while a shared GPU is off the bus holds its shares by UUID, as
+    the process that saw it go does: else every resync found the node changed (memory
+    short of the pool), synced it again and told watchers so, every time."""
+    headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    app = create_app(secured(settings), clock=clock, background=False)
+    with TestClient(app, headers=headers) as c:
+        snap = add_nodes(c, ("workstation-2x-a6000", "ws"))[0]
+        gpu = _share(c, 0.5)["tasks"][0]["gpu_uuids"][0]
+        assert report(c, _without(snap, gpu, 1)).status_code == 200
+        before = dict(_state(c).cluster.node("ws").shares)
+        assert before == {gpu: 500} and _state(c).resync() == []
+    app = create_app(secured(settings), clock=clock, background=False)
+    with TestClient(app, headers=headers) as c:
+        assert dict(_state(c).cluster.node("ws").shares) == before
+        assert _state(c).resync() == []
+        assert report(c, snap.model_copy(update={"seq": 2})).status_code == 200  # back
+        assert dict(_state(c).cluster.node("ws").shares) == before
+        assert c.get("/v1/cluster").json()["gpus"]["shared"] == 1
+
+
 def test_the_other_replica_keeps_serving_the_node(
     replicas: tuple[ServiceState, ServiceState],
 ) -> None:
