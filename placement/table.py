@@ -337,11 +337,19 @@ class NodeTable:
 
     def release_share(self, node: str, gpu_uuid: str, fraction: float, cpus: Iterable[int]) -> None:
         entry = self.entries.get(node)
-        if entry is None or gpu_uuid not in entry.shares:
+        if entry is None:
             return
-        entry.drop_share(gpu_uuid, share_milli(fraction))
-        entry.used_cpus -= set(cpus)
-        self._index_shares(entry)
+        # The CPUs are the task's whether or not its GPU still counts the share: a store's
+        # set_share(0) (another writer's hold came first) leaves them, and an undo that
+        # skipped them kept them held under nobody.
+        shared = gpu_uuid in entry.shares
+        cpu_set = set(cpus) & entry.used_cpus
+        if not (shared or cpu_set):
+            return  # nothing held changes: the node's answers stay cached
+        if shared:
+            entry.drop_share(gpu_uuid, share_milli(fraction))
+            self._index_shares(entry)
+        entry.used_cpus -= cpu_set
         self._sync(entry)
 
     def set_share(self, node: str, gpu_uuid: str, milli: int) -> None:

@@ -171,3 +171,18 @@ def test_room_on_an_unhealthy_shared_gpu_counts_as_no_capacity() -> None:
     # Healthy again: its room is capacity again.
     state.upsert(snap)
     assert table.share_room[slot] == 750 + 500
+
+
+def test_unapplying_a_share_the_store_set_to_none_frees_its_cpus() -> None:
+    """The store said the GPU holds no shares (set_share 0: another writer's hold came
+    first) before the share's placement was undone: its CPUs, which set_share leaves
+    alone, are the task's and go with it."""
+    state = cluster("a")
+    outcome = state.place(PlacementRequest(gpu_fraction=0.5, cpus_per_task=2))
+    assert outcome.placement is not None
+    state.apply(outcome.placement)
+    task = outcome.placement.tasks[0]
+    assert state.node("a").held_cpus == set(task.cpus)
+    state.set_share("a", task.gpu_uuids[0], 0)
+    state.unapply(outcome.placement)
+    assert state.node("a").held_cpus == frozenset()
