@@ -29,7 +29,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from placement import NodeSnapshot
+from placement import NodeSnapshot, NodeView
 from placement.islands import Island
 from service import schema
 from service.database_time import DatabaseTime
@@ -82,6 +82,11 @@ class _Reading:
     free: int
     held: int
     condition: str
+
+
+def _held_listed(entry: NodeView) -> int:
+    """The GPUs held whole that the node's snapshot lists."""
+    return sum(entry.has_gpu(uuid) for uuid in entry.held_gpus)
 
 
 def _add(group: _Group, reading: _Reading, design: _Design) -> None:
@@ -151,8 +156,10 @@ class ClusterCollector(Collector):
                             entry.islands,
                             entry.free_mask,
                             # A GPU holding shares is in use too: left out, it read as
-                            # unavailable and a cluster of shares as idle.
-                            len(entry.held_gpus) + len(entry.shares_by_index),
+                            # unavailable and a cluster of shares as idle. Only the GPUs
+                            # the snapshot lists, as for shares: one held by UUID while
+                            # off the bus made the design's GPUs more than its nodes have.
+                            _held_listed(entry) + len(entry.shares_by_index),
                             condition,
                         )
                     )

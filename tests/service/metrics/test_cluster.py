@@ -63,3 +63,18 @@ def test_a_shared_gpu_is_held_not_unavailable() -> None:
     cluster.allocate_share("n1", snap.gpus[2].uuid, 0.25)
     [group] = ClusterCollector(_state(cluster))._groups().values()
     assert group.gpus == {"free": 5, "held": 3, "unavailable": 0}
+
+
+def test_a_held_gpu_the_node_no_longer_reports_is_not_counted() -> None:
+    # Held by UUID while it is off the bus (its allocation degraded), as a share's GPU
+    # is: counted, it made the design's GPUs one more than its nodes report.
+    cluster = ClusterState()
+    snap = build_profile("workstation-2x-a6000", "ws")
+    cluster.upsert(snap)
+    gone = snap.gpus[0].uuid
+    cluster.allocate("ws", [gone])
+    kept = [snap.gpus[1].model_copy(update={"index": 0})]
+    cluster.upsert(snap.model_copy(update={"seq": 1, "gpus": kept, "links": [["X"]]}))
+    assert gone in cluster.node("ws").held_gpus
+    [group] = ClusterCollector(_state(cluster))._groups().values()
+    assert group.gpus == {"free": 1, "held": 0, "unavailable": 0}
