@@ -262,6 +262,12 @@ class ClusterState:
         lists: a process that never saw them listed learns their GPU from the store."""
         self._table.keep_unlisted_migs(node, parents)
 
+    def keep_unlisted_gpus(self, node: str, uuids: Iterable[str]) -> None:
+        """Hold devices (UUIDs) the node's snapshot lists neither as GPUs nor as MIG
+        instances, as held whole: a process that never saw them listed learns from the
+        store what a process that did keeps across snapshots."""
+        self._table.keep_unlisted_gpus(node, uuids)
+
     def release(
         self,
         node: str,

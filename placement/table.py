@@ -295,6 +295,19 @@ class NodeTable:
         entry.busy_bits = entry.held_bits()
         self._sync(entry)
 
+    def keep_unlisted_gpus(self, node: str, uuids: Iterable[str]) -> None:
+        """Hold by UUID the devices of ``uuids`` the snapshot lists neither as a GPU nor as
+        a MIG instance (off the bus), as the store says: a process that saw them go keeps
+        their holds across the snapshot (``upsert``); one started since learns them here.
+        No GPU of this snapshot is taken. Devices held already are left as they are."""
+        entry = self.entry(node)
+        listed = entry.bit_of.keys() | {m.uuid for m in entry.snapshot.mig_instances}
+        new = set(uuids) - listed - entry.held_any_way()
+        if not new:
+            return
+        entry.busy |= new
+        self._touch(entry.slot)
+
     def release(
         self, node: str, gpu_uuids: Iterable[str], mig_uuids: Iterable[str], cpus: Iterable[int]
     ) -> None:

@@ -286,6 +286,13 @@ class ServiceState:
                     self._sync_row(row, held.get(name, set()), pools.get(name, {}), committed)
                     unlisted = self._unlisted_mig_parents(conn, name, held.get(name, set()))
                     self.cluster.keep_unlisted_migs(name, unlisted)
+                    # The other holds the snapshot does not list (a GPU off the bus): by
+                    # UUID, as a process that saw it go keeps them; left out, every
+                    # resync found the node changed and told watchers so.
+                    kept, _ = self._wanted(
+                        name, held.get(name, set()), pools.get(name, {}), committed
+                    )
+                    self.cluster.keep_unlisted_gpus(name, kept)
                     self._sync_host(name, host.get(name, (0, 0)), committed)
                 except AllocationError:
                     # The rules above leave nothing to refuse; if memory still refused the

@@ -457,6 +457,29 @@ def test_a_restarted_service_keeps_the_shares_of_a_gpu_gone_from_the_report(
         assert c.get("/v1/cluster").json()["gpus"]["shared"] == 1
 
 
+def test_a_restarted_service_keeps_a_whole_gpu_gone_from_the_report(
+    settings: Settings, clock: FakeClock
+) -> None:
+    """Control: the same for a GPU held whole, which a process that saw it go holds by
+    UUID (the engine keeps holds across snapshots) and one started since did not."""
+    headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    app = create_app(secured(settings), clock=clock, background=False)
+    with TestClient(app, headers=headers) as c:
+        snap = add_nodes(c, ("workstation-2x-a6000", "ws"))[0]
+        placed = c.post("/v1/place", json={"gpus": 1})
+        assert placed.status_code == 201, placed.text
+        gpu = placed.json()["tasks"][0]["gpu_uuids"][0]
+        assert report(c, _without(snap, gpu, 1)).status_code == 200
+        assert set(_state(c).cluster.node("ws").held_gpus) == {gpu}
+        assert _state(c).resync() == []
+    app = create_app(secured(settings), clock=clock, background=False)
+    with TestClient(app, headers=headers) as c:
+        assert set(_state(c).cluster.node("ws").held_gpus) == {gpu}
+        assert _state(c).resync() == []
+        assert report(c, snap.model_copy(update={"seq": 2})).status_code == 200  # back
+        assert c.get("/v1/cluster").json()["gpus"]["free"] == 1
+
+
 def test_the_other_replica_keeps_serving_the_node(
     replicas: tuple[ServiceState, ServiceState],
 ) -> None:
