@@ -138,6 +138,7 @@ class ResourcePlugin(pb_grpc.DevicePluginServicer):
             if reservations is None:
                 reservations = self._read_reservations(reuse=False)
             with self.claims.lock:
+                self.claims.asked(self.resource, must)
                 # Offers are not excluded: the kubelet admits one pod at a time, so an offer
                 # not yet given is this pod's own, asked again after a failed admission.
                 chosen = matching.pick(

@@ -108,6 +108,14 @@ class Claims:
         """Under ``lock``: what the latest Allocate of ``resource`` gave."""
         self._last[resource] = (self._clock(), reservation)
 
+    def asked(self, resource: str, must_include: list[str]) -> None:
+        """Under ``lock``: the kubelet asks for a container's devices of ``resource``. An
+        app container handed its init container's devices has them as must-include; one
+        asking with none reuses nothing, so it is another pod's (the previous admission
+        failed and freed them), and what the previous Allocate gave is not its own."""
+        if not must_include:
+            self._last.pop(resource, None)
+
     def reused(self, resource: str, devices: set[str]) -> Reservation | None:
         """Under ``lock``: the reservation the previous Allocate of ``resource`` gave, just
         now, when it holds all of ``devices``: an app container the kubelet hands its init
