@@ -203,6 +203,7 @@ class ResourcePlugin(pb_grpc.DevicePluginServicer):
         wanted = set(ids)
         with self.claims.lock:
             chosen = self.claims.offered(self.resource, wanted)
+            self.claims.declined(self.resource, wanted)
         if chosen is None:
             reservations = self._read_reservations(reuse=True)
             with self.claims.lock:

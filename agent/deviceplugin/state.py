@@ -79,6 +79,9 @@ class Claims:
         # Per resource: when the latest Allocate was, and the reservation it gave (None:
         # the kubelet's own choice).
         self._last: dict[str, tuple[float, Reservation | None]] = {}
+        # Per resource: the offer the latest GetPreferredAllocation made, until the
+        # Allocate that follows it (the kubelet calls the two in a row per container).
+        self._answered: dict[str, Reservation] = {}
 
     def taken(self) -> set[str]:
         """Under ``lock``: every id not to offer again now."""
@@ -93,6 +96,18 @@ class Claims:
 
     def offer(self, reservation: Reservation) -> None:
         self._offered[reservation.allocation_id] = (self._clock() + OFFER_TTL_S, reservation)
+        self._answered[reservation.resource] = reservation
+
+    def declined(self, resource: str, devices: set[str]) -> None:
+        """Under ``lock``: an Allocate of ``resource`` got ``devices``. When they are not
+        what the GetPreferredAllocation just before it offered, the kubelet chose others
+        for the very pod that offer was for: that reservation is given (its pod now holds
+        devices, as the truth will say), not left offered to the next pod admitted."""
+        answered = self._answered.pop(resource, None)
+        if answered is None or set(answered.devices) == devices:
+            return
+        if answered.allocation_id in self._offered:
+            self.give(answered)
 
     def offered(self, resource: str, devices: set[str]) -> Reservation | None:
         """Under ``lock``: the offered reservation of exactly these devices, while its offer
@@ -115,6 +130,7 @@ class Claims:
         failed and freed them), and what the previous Allocate gave is not its own."""
         if not must_include:
             self._last.pop(resource, None)
+        self._answered.pop(resource, None)
 
     def reused(self, resource: str, devices: set[str]) -> Reservation | None:
         """Under ``lock``: the reservation the previous Allocate of ``resource`` gave, just

@@ -47,3 +47,54 @@ def test_an_allocate_after_the_offer_expired_does_not_get_its_reservation() -> N
     # Was: TOPOPLACE_ALLOCATION=alloc-a, and alloc-a marked given.
     assert "TOPOPLACE_ALLOCATION" not in allocated.container_responses[0].envs
     assert "alloc-a" not in claims.given
+
+
+def test_an_offer_the_kubelet_chose_against_is_not_offered_to_the_next_pod() -> None:
+    listed = [
+        Reservation("alloc-b", "ns", "pb", GPU, ("g0",), False, ()),
+        Reservation("alloc-c", "ns", "pc", GPU, ("g1",), False, ()),
+    ]
+    devices = Devices()
+    devices.update(GPU, [Device(f"g{i}", True, 0, i) for i in range(3)])
+    plugin = ResourcePlugin(
+        GPU,
+        devices,
+        Claims(),
+        ReservationCache(lambda: list(listed)),
+        ContainerOptions(),
+        lambda: None,
+        lambda: False,
+    )
+
+    def admit(available: list[str], choose: str | None = None) -> tuple[str, dict[str, str]]:
+        ask = pb.ContainerPreferredAllocationRequest(
+            available_deviceIDs=available, allocation_size=1
+        )
+        preferred = plugin.GetPreferredAllocation(
+            pb.PreferredAllocationRequest(container_requests=[ask]), cast(Any, None)
+        )
+        chosen = choose or preferred.container_responses[0].deviceIDs[0]
+        allocated = plugin.Allocate(
+            pb.AllocateRequest(
+                container_requests=[pb.ContainerAllocateRequest(devices_ids=[chosen])]
+            ),
+            cast(Any, None),
+        )
+        return chosen, dict(allocated.container_responses[0].envs)
+
+    # pb is offered g0, but the kubelet gives it g2 (its own choice, e.g. for alignment).
+    assert admit(["g0", "g1", "g2"], choose="g2") == ("g2", admit_envs("g2"))
+    # pc, admitted next (before any truth round), gets its own reservation. Was: g0 and
+    # TOPOPLACE_ALLOCATION=alloc-b, the offer of pb's reservation standing for 30 s.
+    assert admit(["g0", "g1"]) == ("g1", admit_envs("g1", "alloc-c"))
+
+
+def admit_envs(device: str, allocation: str | None = None) -> dict[str, str]:
+    envs = {
+        "NVIDIA_VISIBLE_DEVICES": device,
+        "CUDA_VISIBLE_DEVICES": device,
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+    }
+    if allocation is not None:
+        envs["TOPOPLACE_ALLOCATION"] = allocation
+    return envs
