@@ -68,11 +68,7 @@ class ResourcePlugin(pb_grpc.DevicePluginServicer):
     def _known(self) -> dict[str, Device]:
         return self.devices.by_id(self.resource)
 
-    def _read_reservations(self, reuse: bool) -> list[Reservation]:
-        if reuse:
-            recent = self.reservations.recent()
-            if recent is not None:
-                return recent
+    def _read_reservations(self) -> list[Reservation]:
         try:
             return self.reservations.fresh()
         except Exception as exc:  # any failure of the service: the kubelet is answered anyway
@@ -136,7 +132,7 @@ class ResourcePlugin(pb_grpc.DevicePluginServicer):
                     f" available ones and at most allocation_size",
                 )
             if reservations is None:
-                reservations = self._read_reservations(reuse=False)
+                reservations = self._read_reservations()
             with self.claims.lock:
                 self.claims.asked(self.resource, must)
                 # Offers are not excluded: the kubelet admits one pod at a time, so an offer
@@ -197,6 +193,23 @@ class ResourcePlugin(pb_grpc.DevicePluginServicer):
                 + " are not known, and without them the container cannot open the instance",
             )
 
+    def _exact(self, ids: list[str]) -> Reservation | None:
+        """The free reservation of exactly ``ids``: from the list the GetPreferredAllocation
+        just before read, and when that has none, from a list read now. The kubelet
+        allocates without asking when it has no choice, and the pod may have been bound
+        since that list was read: matched against it alone, it got no reservation."""
+        recent = self.reservations.recent()
+        for reservations in ([recent] if recent is not None else []) + [None]:
+            if reservations is None:
+                reservations = self._read_reservations()
+            with self.claims.lock:
+                found = matching.exact(
+                    reservations, self.claims.taken(), self.resource, ids, self.claims.parts
+                )
+            if found is not None:
+                return found
+        return None
+
     def _allocate_one(
         self, ids: list[str], known: dict[str, Device]
     ) -> pb.ContainerAllocateResponse:
@@ -205,11 +218,7 @@ class ResourcePlugin(pb_grpc.DevicePluginServicer):
             chosen = self.claims.offered(self.resource, wanted)
             self.claims.declined(self.resource, wanted)
         if chosen is None:
-            reservations = self._read_reservations(reuse=True)
-            with self.claims.lock:
-                chosen = matching.exact(
-                    reservations, self.claims.taken(), self.resource, ids, self.claims.parts
-                )
+            chosen = self._exact(ids)
         with self.claims.lock:
             if chosen is not None:
                 self.claims.give(chosen)
