@@ -4,7 +4,7 @@ Checked where a region registers (422 naming ``url``) and again before each
 forward, for a URL stored before the check was this strict: httpx took one
 without a scheme or host as a request sent and unanswered (the key kept in a
 region nothing was ever sent to), and raised out of routing (a 500) on one
-with a tab or a bad port.
+with a tab, a bad port or a host that is no IDNA name (``xn--a``).
 """
 
 from __future__ import annotations
@@ -35,7 +35,9 @@ def problem(url: str) -> str | None:
         # ``/v1/place`` is appended to the URL: after a query or fragment it is no path.
         return f"{USAGE}, without a query or fragment"
     try:
-        httpx.URL(url)
-    except httpx.InvalidURL as exc:
+        # The host read as httpx reads it to connect: a label such as "xn--a" parses, but
+        # is no IDNA name, and raised out of the forward (a 500) rather than here.
+        httpx.URL(url).host  # noqa: B018
+    except (httpx.InvalidURL, ValueError) as exc:  # idna's errors are ValueErrors
         return f"{USAGE} ({exc})"
     return None

@@ -101,6 +101,7 @@ def test_a_region_registers_and_gets_a_region_token(client: TestClient) -> None:
         ({"url": "https://admin:secret@topoplace.example"}, "url"),
         ({"url": "https://topoplace.example:99999"}, "url"),
         ({"url": "https://topoplace.example/?via=proxy"}, "url"),
+        ({"url": "https://xn--a.example"}, "url"),
         ({"public_key": "not-a-key"}, "public_key"),
         ({"public_key": "AAAA"}, "public_key"),
         ({"prices": []}, "prices"),
