@@ -174,6 +174,7 @@ class Candidate:
     predicted_gbps: float = 0.0
     cost: Cost | None = None
     rank_key: float = 0.0
+    design_model: str | None = None  # the design's GPU model, as the region's nodes name it
 
 
 # Routing asks the same few (model, GPU name) questions for every region on every
@@ -256,6 +257,7 @@ def _design_choice(
             gpu_model=price.gpu_model,
             predicted_gbps=gbps,
             cost=Cost(rate, spot, gpu_hours, gpu_hours * rate, egress),
+            design_model=design.gpu_model,
         )
     if best is not None:
         return best, ""
@@ -326,6 +328,7 @@ def rank(job: Job, regions: Sequence[Region]) -> list[Candidate]:
                 c.predicted_gbps,
                 c.cost,
                 key,
+                c.design_model,
             )
         )
     keyed.sort(key=lambda c: (c.rank_key, c.cost.total if c.cost else 0.0, c.region))

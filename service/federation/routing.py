@@ -10,6 +10,7 @@ from typing import Any
 
 import httpx
 
+from placement.eligibility import model_matches_name
 from service.edge import revoked_meanwhile
 from service.errors import (
     Conflict,
@@ -21,11 +22,11 @@ from service.errors import (
     ServiceError,
 )
 from service.event_loop import off_loop
-from service.federation import ranking, region_url, store
+from service.federation import ranking, region_url, store, summary_limits
 from service.federation.forward import LOOKED_UP, Asked, Forwarded, Outcome, forward
 from service.federation.forward_request import request_text, same_request
 from service.federation.registry import Registry
-from service.federation.schemas import FederatedPlaceRequest
+from service.federation.schemas import MAX_GPU_MODEL_NAME, FederatedPlaceRequest
 from service.federation.store import RegionRecord
 
 # The region's answers that the key is in use there: its first request still committing,
@@ -103,17 +104,39 @@ async def ranked(registry: Registry, body: FederatedPlaceRequest) -> list[rankin
     return ranking.rank(job_of(body), regions)
 
 
+def forward_model(body: FederatedPlaceRequest, chosen: ranking.Candidate) -> str:
+    """The GPU model the forward asks the region for: the one the ranking priced. The
+    price's model ("H100") names every GPU it covers, an H100 NVL as an H100 80GB HBM3:
+    a job whose models do not take all of them ("H100 80GB") goes for the chosen
+    design's own model, which it named and which is priced (a region matches a model as
+    a whole token of the GPU's name: the whole name takes that model alone). A name the
+    region shortened to fit its summary names no GPU: the price's model then."""
+    price = chosen.gpu_model
+    assert price is not None  # a fitting candidate is priced
+    design = chosen.design_model
+    if not body.gpu_models or design is None:
+        return price
+    if any(model_matches_name(m, price) for m in body.gpu_models):
+        return price  # a model of the job's is a token of the price's: it takes them all
+    if summary_limits.is_shortened(design, MAX_GPU_MODEL_NAME):
+        return price
+    return design
+
+
 def forward_body(body: FederatedPlaceRequest, chosen: ranking.Candidate) -> dict[str, Any]:
     sent = body.model_dump(mode="json", exclude={"federation"}, exclude_unset=True)
     # The region places on the model the ranking priced, not on whatever else it has.
-    sent["gpu_models"] = [chosen.gpu_model]
+    sent["gpu_models"] = [forward_model(body, chosen)]
     return sent
 
 
-def _pinned(region: str, model: str, candidates: list[ranking.Candidate]) -> ranking.Candidate:
-    """The candidate of the region a key went to before, with the model it went with."""
+def _pinned(
+    region: str, model: str, candidates: list[ranking.Candidate], body: FederatedPlaceRequest
+) -> ranking.Candidate:
+    """The candidate of the region a key went to before, forwarded with the model it went
+    with (a key sent as the price's model before forwards named the design's goes so)."""
     for c in candidates:
-        if c.region == region and c.fits and c.gpu_model == model:
+        if c.region == region and c.fits and forward_model(body, c) == model:
             return c
     cloud = next((c.cloud for c in candidates if c.region == region), "")
     return ranking.Candidate(
@@ -222,7 +245,8 @@ async def place(
         # This key went there before: there first, where the allocation (if any) is, and
         # with the same GPU model, so the region sees the same request and replays it.
         region, model = recorded
-        fitting = [_pinned(region, model, candidates)] + [c for c in fitting if c.region != region]
+        pinned = _pinned(region, model, candidates, body)
+        fitting = [pinned] + [c for c in fitting if c.region != region]
     try:
         return await _forward_in_turn(
             registry, client, body, hold, recorded, fitting, candidates, started
@@ -286,7 +310,7 @@ async def _forward_in_turn(
         # points its key anywhere (service/edge/revoked_meanwhile.py).
         revoked_meanwhile.refuse_if_revoked()
         if hold is not None and not went_before:
-            await hold.point(chosen.region, chosen.gpu_model)
+            await hold.point(chosen.region, forward_model(body, chosen))
         # Checked again after the reads above: the key is held only until the deadline
         # (and a margin), and a forward sent past that may race a retry that took it.
         left = deadline - time.perf_counter()

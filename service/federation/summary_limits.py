@@ -22,6 +22,7 @@ the region on the global service. Pure: no I/O, no clock.
 from __future__ import annotations
 
 import hashlib
+import re
 from collections import Counter
 from typing import Any
 
@@ -43,6 +44,14 @@ def shortened(name: str, limit: int) -> str:
         return name
     digest = hashlib.sha256(name.encode()).hexdigest()[:HASH_CHARS]
     return f"{name[: limit - HASH_CHARS - 1]}~{digest}"
+
+
+def is_shortened(name: str, limit: int) -> bool:
+    """Whether ``name`` is one :func:`shortened` cut to ``limit``: not the name itself."""
+    return len(name) == limit and _HASHED.fullmatch(name[-HASH_CHARS - 1 :]) is not None
+
+
+_HASHED = re.compile(f"~[0-9a-f]{{{HASH_CHARS}}}")
 
 
 def _most_free_designs(designs: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -19,8 +19,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 from service.app import create_app
+from service.federation import ranking, routing, store, summary_limits
 from service.federation import registry as registry_module
-from service.federation import store
+from service.federation.schemas import MAX_GPU_MODEL_NAME, FederatedPlaceRequest
 from service.schema import regions as regions_table
 from service.settings import Settings
 from service.tokens import store as token_store
@@ -670,3 +671,54 @@ def test_a_token_revoked_while_a_region_hung_forwards_nothing_more(
     assert answer.status_code == 401, answer.text
     assert answer.json()["error"]["code"] == "unauthorized"
     assert [region for region, _, _ in regions.seen] == ["cheap"], "forwarded after revocation"
+
+
+def test_a_job_naming_models_is_forwarded_for_the_design_chosen_not_all_the_price_covers(
+    client: TestClient, regions: Regions
+) -> None:
+    """The price "H100" covers every H100 the region has (80GB HBM3, NVL...): forwarded as
+    the price's model alone, a job that asked for "H100 80GB" could be placed on an H100
+    NVL. It goes for the design's own model, which it asked for and which is priced."""
+    job = {"gpus": 2, "gpu_models": ["H100 80GB"]}
+    answer = client.post("/v1/federation/place", json=job, headers={"Idempotency-Key": "k-m"})
+    assert answer.status_code == 201, answer.text
+    assert answer.json()["gpu_model"] == "H100"  # what was priced
+    again = client.post("/v1/federation/place", json=job, headers={"Idempotency-Key": "k-m"})
+    assert again.status_code == 201, again.text
+    sent = [(region, body["gpu_models"]) for region, _, body in regions.seen]
+    assert sent == [("cheap", ["NVIDIA H100 80GB HBM3"])] * 2  # the retry asks the same
+    # A job naming no model, or one that takes every model the price covers, goes for
+    # the price's model, as before.
+    assert place(client).status_code == 201
+    assert regions.seen[-1][2]["gpu_models"] == ["H100"]
+    both = {"gpus": 2, "gpu_models": ["A100", "h100"]}
+    assert client.post("/v1/federation/place", json=both).status_code == 201
+    assert regions.seen[-1][2]["gpu_models"] == ["H100"]
+
+
+def test_a_key_sent_for_the_priced_model_before_is_sent_so_again(
+    client: TestClient, regions: Regions
+) -> None:
+    """A key forwarded as the price's model (before forwards named the design's) is
+    forwarded so on its retry: the region replays only the request it stored."""
+    app: Any = client.app
+    engine = app.state.federation.engine
+    now = datetime.now(UTC)
+    assert store.hold_key(engine, "k-old", "cheap", "H100", "old", now, now)
+    store.let_go_key(engine, "k-old", "old")
+    job = {"gpus": 2, "gpu_models": ["H100 80GB"]}
+    answer = client.post("/v1/federation/place", json=job, headers={"Idempotency-Key": "k-old"})
+    assert answer.status_code == 201, answer.text
+    assert [(r, b["gpu_models"]) for r, _, b in regions.seen] == [("cheap", ["H100"])]
+
+
+def test_a_design_model_shortened_to_fit_is_forwarded_as_the_price_model() -> None:
+    """A GPU model the region shortened (its start, '~' and a hash) names no GPU there."""
+    long_model = "NVIDIA H100 " + "x" * 200
+    job = FederatedPlaceRequest.model_validate({"gpus": 2, "gpu_models": ["NVIDIA H100"]})
+    for model, sent in (
+        ("NVIDIA H100 80GB HBM3", "NVIDIA H100 80GB HBM3"),
+        (summary_limits.shortened(long_model, MAX_GPU_MODEL_NAME), "H100"),
+    ):
+        chosen = ranking.Candidate("r", "aws", True, "fits", gpu_model="H100", design_model=model)
+        assert routing.forward_model(job, chosen) == sent
