@@ -117,6 +117,7 @@ class Region:
     summary: Summary | None
     stale: bool = False
     labels: Mapping[str, str] = field(default_factory=dict)  # its capabilities
+    summary_problem: str | None = None  # why its stored summary is not read (summary None)
     # each design's price, in the summary's order, found once per summary
     priced: tuple[Price | None, ...] = field(init=False, repr=False, compare=False)
 
@@ -291,7 +292,7 @@ def candidate(job: Job, region: Region, regions: Mapping[str, Region]) -> Candid
     if missing:
         return _with_reason(refused, f"lacks the label(s) {', '.join(sorted(missing))}")
     if region.summary is None:
-        return _with_reason(refused, "no summary pushed yet")
+        return _with_reason(refused, region.summary_problem or "no summary pushed yet")
     if region.stale:
         return _with_reason(refused, "stale: no summary within the staleness limit")
     best, reason = _design_choice(job, region, region.summary, egress_cost(job, region, regions))

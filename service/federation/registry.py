@@ -61,7 +61,28 @@ def summary_of(body: dict[str, Any]) -> ranking.Summary:
     )
 
 
+def _readable_summary(record: RegionRecord) -> tuple[ranking.Summary | None, str | None]:
+    """The region's stored summary as the ranking takes it, or why it cannot be read. A
+    summary stored before a check it now fails (island sizes were once checked by
+    str.isdigit(), which takes "²") would otherwise raise out of every read of the table,
+    a 500 for every federated call, on every replica, until the region pushed again."""
+    if record.summary is None:
+        return None, None
+    try:
+        return summary_of(record.summary), None
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        log.warning(
+            "region %s's stored summary (seq %s) cannot be read, so it is not routed to until"
+            " its next push: %r",
+            record.name,
+            record.summary_seq,
+            exc,
+        )
+        return None, f"its stored summary cannot be read ({exc!r}); waiting for its next push"
+
+
 def region_of(record: RegionRecord) -> ranking.Region:
+    summary, problem = _readable_summary(record)
     return ranking.Region(
         name=record.name,
         cloud=record.cloud,
@@ -69,8 +90,9 @@ def region_of(record: RegionRecord) -> ranking.Region:
             ranking.Price(p["gpu_model"], p["on_demand"], p.get("spot")) for p in record.prices
         ),
         egress=ranking.Egress(record.egress["region_gb"], record.egress["internet_gb"]),
-        summary=None if record.summary is None else summary_of(record.summary),
+        summary=summary,
         labels=record.labels,
+        summary_problem=problem,
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -9,6 +10,7 @@ from fastapi.testclient import TestClient
 
 from service.federation import store
 from service.federation.registry import Registry
+from service.schema import regions
 from tests.service.federation.test_regions_api import bearer, register, signed, summary
 
 
@@ -86,3 +88,39 @@ def test_two_summaries_taken_at_once_leave_the_newer_in_memory(client: TestClien
     registry.put(older)  # the older push's thread, last
     kept = registry.record("east")
     assert kept is not None and kept.summary_seq == seq
+
+
+def test_a_summary_stored_before_its_checks_costs_only_its_own_region(
+    client: TestClient,
+) -> None:
+    """A summary taken when island sizes were checked by str.isdigit() ("²" passed it) can
+    no longer be read into the ranking: it left that region unroutable, and failed every
+    replica's read of the table, so every federated call was a 500 until it was replaced."""
+    app: Any = client.app
+    registry: Registry = app.state.federation
+    tokens = {name: register(client, name) for name in ("east", "west")}
+    for name, token in tokens.items():
+        push(client, name, token, 8)
+    body = summary("east", 8)
+    body["designs"][0]["by_island"] = {"\u00b2": 1}
+    with registry.engine.begin() as conn:
+        conn.execute(
+            regions.update()
+            .where(regions.c.name == "east")
+            .values(summary=json.dumps(body), summary_seq=body["seq"])
+        )
+    registry.invalidate()
+    scored = client.post("/v1/federation/score", json={"gpus": 8})
+    assert scored.status_code == 200, scored.text
+    candidates = {c["region"]: c for c in scored.json()["candidates"]}
+    assert candidates["west"]["fits"] and not candidates["east"]["fits"]
+    assert "cannot be read" in candidates["east"]["reason"]
+    other = Registry(registry.engine, 30.0, registry.clock)  # another replica's follow
+    other.refresh()
+    assert [r.name for r in other.regions()] == ["east", "west"]
+    # Its next push replaces it, and it is routed to again.
+    push(client, "east", tokens["east"], 8)
+    scored = client.post(
+        "/v1/federation/score", json={"gpus": 8, "federation": {"regions": ["east"]}}
+    )
+    assert scored.json()["candidates"][0]["fits"], scored.text
