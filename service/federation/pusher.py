@@ -35,6 +35,8 @@ from service.settings import Settings
 from service.state import ServiceState
 
 log = logging.getLogger("topoplace.federation")
+# What is read of the global service's answer: its refusals are a few hundred bytes.
+ANSWER_BYTES = 64 << 10
 
 
 def live_allocations(engine: sa.Engine) -> int:
@@ -88,26 +90,42 @@ class SummaryPusher:
             self._last_key = key
             return
         body = {"summary": summary, "signature": sign_summary(self.key, summary)}
-        response = await client.put(
-            f"{self.url}/v1/regions/{self.region}/summary",
-            json=body,
-            headers={"Authorization": f"Bearer {self.token}"},
-            timeout=max(1.0, self.check_s * 4),
-        )
-        if response.status_code != 200:
+        status, answer = await self._send(client, body)
+        if status != 200:
             log.warning(
                 "the global service refused region %s's summary: %s %s",
                 self.region,
-                response.status_code,
-                response.text[:300],
+                status,
+                answer[:300].decode("utf-8", "replace"),
             )
-            self._learn_stored_seq(response)
+            self._learn_stored_seq(answer)
             return
         self._seq = summary["seq"]
         self._last_key = key
         self._last_content = content
         self._last_push = time.monotonic()
         self.pushed += 1
+
+    async def _send(self, client: httpx.AsyncClient, body: dict[str, Any]) -> tuple[int, bytes]:
+        """PUT the summary: the answer's status and at most ANSWER_BYTES of its body, the
+        whole exchange within the push's time. httpx's timeouts are per read: an answer
+        trickled a byte at a time held this push, and every one after it, for as long as
+        it trickled, and a body of any size was read whole."""
+        limit = max(1.0, self.check_s * 4)
+        async with asyncio.timeout(limit):
+            async with client.stream(
+                "PUT",
+                f"{self.url}/v1/regions/{self.region}/summary",
+                json=body,
+                headers={"Authorization": f"Bearer {self.token}", "Accept-Encoding": "identity"},
+                timeout=limit,
+            ) as response:
+                read = bytearray()
+                async for chunk in response.aiter_bytes():
+                    read += chunk
+                    if len(read) >= ANSWER_BYTES:
+                        break
+                return response.status_code, bytes(read[:ANSWER_BYTES])
 
     def _tell_cut(self, cut: dict[str, int] | None) -> None:
         """Warn when the summary is cut to fit the global service's limits, once each
@@ -125,13 +143,13 @@ class SummaryPusher:
             )
         self._last_cut = cut
 
-    def _learn_stored_seq(self, response: httpx.Response) -> None:
+    def _learn_stored_seq(self, answer: bytes) -> None:
         """A summary refused as a replay: the global service holds a later seq, sent when
         this region's clock was ahead (before a restart, or a correction). The next seq
         goes past it, rather than waiting, stale, until the clock catches up; only this
         region's key signs a summary, so skipping seqs gives nobody anything."""
         try:
-            error = orjson.loads(response.content)["error"]
+            error = orjson.loads(answer)["error"]
             stored = error["detail"]["stored_seq"] if error["code"] == "replayed_summary" else None
         except (orjson.JSONDecodeError, KeyError, TypeError):
             return

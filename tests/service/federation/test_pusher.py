@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from pathlib import Path
 from typing import Any
@@ -71,3 +72,40 @@ def test_a_region_whose_clock_went_back_pushes_past_its_stored_seq(
     assert len(seqs) == 2 and seqs[0] <= stored
     region.state.engine.dispose()
     assert seqs[1] > stored and region.pushed == 1
+
+
+def test_a_push_answered_a_byte_at_a_time_is_cut_at_its_time(
+    tmp_path: Path, database_url: str
+) -> None:
+    """httpx's timeouts are per read: a global service (or a proxy before it) trickling
+    its answer held the push, and every push after it, for as long as it trickled; the
+    region went stale though alive. A push has a time of its own, and the next is sent."""
+    calls: list[int] = []
+
+    async def trickle() -> Any:
+        while True:
+            await asyncio.sleep(0.05)
+            yield b" "
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        calls.append(1)
+        if len(calls) == 1:
+            return httpx.Response(200, content=trickle())
+        seq = orjson.loads(request.content)["summary"]["seq"]
+        return httpx.Response(200, json={"region": "aws-east", "seq": seq})
+
+    region = pusher(tmp_path, database_url)
+    region.check_s = 0.1  # a push's time: max(1 s, 4 checks)
+
+    async def ticks() -> None:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handle)) as client:
+            for _ in range(2):
+                # As run() does: the failed push is logged, and the next check pushes.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(region.tick(client), 5.0)
+
+    started = time.monotonic()
+    asyncio.run(ticks())
+    region.state.engine.dispose()
+    assert time.monotonic() - started < 5.0, "the trickled push was not cut"
+    assert len(calls) == 2 and region.pushed == 1
