@@ -4,14 +4,9 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-from agent.deviceplugin.container import ContainerOptions
-from agent.deviceplugin.devices import Device
 from agent.deviceplugin.gen.deviceplugin.v1beta1 import api_pb2 as pb
 from agent.deviceplugin.matching import Reservation
-from agent.deviceplugin.plugin import ResourcePlugin
-from agent.deviceplugin.state import Claims, Devices, ReservationCache
-
-GPU = "nvidia.com/gpu"
+from tests.agent.deviceplugin.plugin_harness import GPU, plugin_on
 
 
 def test_a_pod_bound_after_the_last_read_gets_its_reservation_without_asking() -> None:
@@ -23,17 +18,7 @@ def test_a_pod_bound_after_the_last_read_gets_its_reservation_without_asking() -
         reads[0] += 1
         return list(listed)
 
-    devices = Devices()
-    devices.update(GPU, [Device("g0", True, 0, 0), Device("g1", True, 0, 1)])
-    plugin = ResourcePlugin(
-        GPU,
-        devices,
-        Claims(lambda: now[0]),
-        ReservationCache(fetch, lambda: now[0]),
-        ContainerOptions(),
-        lambda: None,
-        lambda: False,
-    )
+    plugin, _ = plugin_on(2, fetch, now)
 
     def allocate(device: str) -> dict[str, str]:
         answer = plugin.Allocate(

@@ -4,31 +4,16 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-from agent.deviceplugin.container import ContainerOptions
-from agent.deviceplugin.devices import Device
 from agent.deviceplugin.gen.deviceplugin.v1beta1 import api_pb2 as pb
 from agent.deviceplugin.matching import Reservation
-from agent.deviceplugin.plugin import ResourcePlugin
-from agent.deviceplugin.state import OFFER_TTL_S, Claims, Devices, ReservationCache
-
-GPU = "nvidia.com/gpu"
+from agent.deviceplugin.state import OFFER_TTL_S
+from tests.agent.deviceplugin.plugin_harness import GPU, plugin_on
 
 
 def test_an_allocate_after_the_offer_expired_does_not_get_its_reservation() -> None:
     now = [0.0]
     listed = [Reservation("alloc-a", "ns", "pa", GPU, ("g0",), False, ())]
-    devices = Devices()
-    devices.update(GPU, [Device("g0", True, 0, 0), Device("g1", True, 0, 1)])
-    claims = Claims(lambda: now[0])
-    plugin = ResourcePlugin(
-        GPU,
-        devices,
-        claims,
-        ReservationCache(lambda: list(listed), lambda: now[0]),
-        ContainerOptions(),
-        lambda: None,
-        lambda: False,
-    )
+    plugin, claims = plugin_on(2, lambda: list(listed), now)
     ask = pb.ContainerPreferredAllocationRequest(
         available_deviceIDs=["g0", "g1"], allocation_size=1
     )
@@ -54,17 +39,7 @@ def test_an_offer_the_kubelet_chose_against_is_not_offered_to_the_next_pod() -> 
         Reservation("alloc-b", "ns", "pb", GPU, ("g0",), False, ()),
         Reservation("alloc-c", "ns", "pc", GPU, ("g1",), False, ()),
     ]
-    devices = Devices()
-    devices.update(GPU, [Device(f"g{i}", True, 0, i) for i in range(3)])
-    plugin = ResourcePlugin(
-        GPU,
-        devices,
-        Claims(),
-        ReservationCache(lambda: list(listed)),
-        ContainerOptions(),
-        lambda: None,
-        lambda: False,
-    )
+    plugin, _ = plugin_on(3, lambda: list(listed))
 
     def admit(available: list[str], choose: str | None = None) -> tuple[str, dict[str, str]]:
         ask = pb.ContainerPreferredAllocationRequest(

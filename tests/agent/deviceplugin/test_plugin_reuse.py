@@ -4,30 +4,15 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-from agent.deviceplugin.container import ContainerOptions
-from agent.deviceplugin.devices import Device
 from agent.deviceplugin.gen.deviceplugin.v1beta1 import api_pb2 as pb
 from agent.deviceplugin.matching import Reservation
 from agent.deviceplugin.plugin import ResourcePlugin
-from agent.deviceplugin.state import Claims, Devices, ReservationCache
-
-GPU = "nvidia.com/gpu"
+from agent.deviceplugin.state import Claims
+from tests.agent.deviceplugin.plugin_harness import GPU, plugin_on
 
 
 def _plugin(listed: list[Reservation], now: list[float]) -> tuple[ResourcePlugin, Claims]:
-    devices = Devices()
-    devices.update(GPU, [Device("g0", True, 0, 0), Device("g1", True, 0, 1)])
-    claims = Claims(lambda: now[0])
-    plugin = ResourcePlugin(
-        GPU,
-        devices,
-        claims,
-        ReservationCache(lambda: list(listed), lambda: now[0]),
-        ContainerOptions(),
-        lambda: None,
-        lambda: False,
-    )
-    return plugin, claims
+    return plugin_on(2, lambda: list(listed), now)
 
 
 def _prefer(plugin: ResourcePlugin, must: list[str]) -> list[str]:
