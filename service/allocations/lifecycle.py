@@ -664,7 +664,8 @@ class _Changed(Exception):
 @dataclass(frozen=True)
 class _TaskPlan:
     """What a task's truth finds in the database before anything is written: the task's
-    place in its allocation's placement and its GPUs then; or why it is not taken."""
+    place in its allocation's placement and the devices it held then (``was``: its GPUs, or
+    its MIG instances); or why it is not taken."""
 
     index: int = 0
     was: frozenset[str] = frozenset()
@@ -822,11 +823,16 @@ def _plan_task(conn: Connection, truth: ObservedTask) -> _TaskPlan:
             {"id": allocation_id},
         )
         return _TaskPlan(refusal=refusal)
-    was = frozenset(str(d) for d in tasks[found[0]]["gpu_uuids"])
+    # The devices the task holds: its MIG instances where it has them (its GPU is then
+    # only their parent, held by no hold of its own), else its GPUs.
+    old = tasks[found[0]]
+    was = frozenset(str(d) for d in (old.get("mig_uuids") or old["gpu_uuids"]))
     plan = _TaskPlan(found[0], was)
     if was == {d for _, d in truth.wanted}:
         return plan  # moved before: nothing to do
-    own = {(n, d) for n, d, _ in _kept(conn, plan, truth)} & truth.wanted
+    # Another task's instance of a GPU it moves onto counts too: the GPU's pool would
+    # refuse its whole hold on every try.
+    own = {(n, d) for n, d, _ in _kept(conn, plan, truth)} & (truth.wanted | set(truth.instances))
     if own:
         refusal = Conflict(
             f"another task of allocation {allocation_id} holds {sorted(d for _, d in own)}",
@@ -841,11 +847,12 @@ def _moves(plan: _TaskPlan, truth: ObservedTask) -> bool:
 
 
 def _kept(conn: Connection, plan: _TaskPlan, truth: ObservedTask) -> list[tuple[str, str, str]]:
-    """The allocation's holds but the task's old GPUs: its other tasks', and CPUs."""
+    """The allocation's holds but the task's old GPUs or MIG instances: its other
+    tasks', and CPUs."""
     return [
         h
         for h in repository.holds_with_kind(conn, truth.allocation_id)
-        if not (h[0] == truth.node and h[2] == "gpu" and h[1] in plan.was)
+        if not (h[0] == truth.node and h[2] in ("gpu", "mig") and h[1] in plan.was)
     ]
 
 

@@ -22,6 +22,8 @@ from fastapi.testclient import TestClient
 from placement import NodeSnapshot
 from service import schema
 from service.allocations import api, repository
+from service.allocations.results import Observation
+from service.allocations.schemas import PlaceRequest
 from service.app import create_app
 from service.settings import Settings
 from service.state import ServiceState
@@ -202,3 +204,34 @@ def test_a_truth_on_a_gpu_turned_mig_off_supersedes_its_instances_still_held(
 
     assert seen.action == "created" and seen.superseded == (placed.json()["id"],), seen
     assert [(d, k) for d, k, _, _ in _rows(state)] == [(snap.gpus[parent].uuid, "gpu")]
+
+
+@pytest.mark.parametrize("onto", ["another GPU", "its own GPU"])
+def test_a_mig_gang_task_moved_onto_a_gpu_whole_gives_up_its_instance(
+    client: TestClient, onto: str
+) -> None:
+    """A MIG gang's member the kubelet gave a whole GPU instead (``task_truth``): the
+    task moves onto it and gives up its instance, whose GPU's pool counts it no more.
+    Only the task's whole-GPU holds were given up, so its instance stayed held, with no
+    GPU named and in no pool; moved onto the instance's own GPU it was taken as moved
+    before (its placement names that GPU) and kept the instance, not the GPU."""
+    (snap,) = add_nodes(client, ("hgx-h100-mig", NODE))
+    state = _state(client)
+    request = PlaceRequest(gpus=1, tasks=2, mig_profile="1g.10gb", job_id="gang")
+    gang = api.place(state, request, None).allocation
+    first, second = gang.tasks
+    parent = first.gpu_indices[0]
+    whole = next(g.index for g in snap.gpus if g.index not in (parent, second.gpu_indices[0]))
+    target = parent if onto == "its own GPU" else whole
+    moved = api.task_truth(state, gang.id, 0, NODE, [target], "the kubelet", job_id="gang")
+
+    (seen,) = api.observe_all(state, [moved])
+
+    assert seen == Observation("moved", gang.id), seen
+    assert sorted(_rows(state)) == sorted(
+        [
+            (snap.gpus[target].uuid, "gpu", None, None),
+            (second.mig_uuids[0], "mig", second.gpu_uuids[0], None),
+            (second.gpu_uuids[0], "migpool", None, 1),
+        ]
+    )
