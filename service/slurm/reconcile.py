@@ -24,7 +24,7 @@ from typing import Any
 from service.allocations import api as allocations
 from service.allocations.results import Allocation
 from service.audit.actor import acting, service_task
-from service.errors import BadRequest, Conflict
+from service.errors import BadRequest, Conflict, NotFound
 from service.event_loop import off_loop
 from service.slurm import truth
 from service.slurm.fresh import FRESH
@@ -280,10 +280,11 @@ def reconcile(
                 attached,
                 partial(_changed_since, state, current, taken_at=taken_at, before=before),
             )
-        except (ValueError, BadRequest, Conflict) as exc:
+        except (ValueError, BadRequest, Conflict, NotFound) as exc:
             # One job Slurm shows in terms the service cannot record (a GPU its node's
-            # snapshot lacks, text it cannot read) is left as it is, its allocations
-            # kept: the others' records and releases go on.
+            # snapshot lacks, text it cannot read, a node deleted while it was recorded)
+            # is left as it is, its allocations kept: the others' records and releases go
+            # on.
             log.warning("reconcile: job %s not recorded: %s", job.get("job_id"), exc)
     if observed:
         current = allocations.live(state)

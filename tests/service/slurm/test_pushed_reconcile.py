@@ -7,17 +7,19 @@ import shutil
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 from fastapi.testclient import TestClient
 
+from service.allocations import api as allocations
 from service.app import create_app
 from service.settings import Settings
 from service.slurm.settings import SlurmSettings
 from tests.live_server import live_server
 from tests.service.conftest import ADMIN_TOKEN, FakeClock
-from tests.service.slurm.squeue import live, running
+from tests.service.slurm.squeue import live, read_now, running
 from tests.service.slurm.test_truth import show_job
 from tests.slurm_cron import documented_cron_command
 
@@ -264,3 +266,33 @@ def test_the_documented_cron_line_keeps_a_reservation_made_while_squeue_ran(
         states = {row["id"]: row["state"] for row in rows}
         assert states[orphan[0]] == "released", "the orphan older than squeue's read was kept"
         assert states[made[0]] == "active", "a reservation made while squeue ran was released"
+
+
+def test_a_node_deleted_while_a_job_of_it_is_recorded_skips_that_job_alone(
+    dgx1: TestClient, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """node2 is deleted between the answer's read of what runs on it and the record of
+    its job: that job is left, as one whose GPUs cannot be named is; the other job's
+    GPUs are recorded and the orphan released. The node's NotFound ended the whole
+    answer, which then recorded and released nothing."""
+    orphan = _reserve(dgx1)
+    [task] = dgx1.get(f"/v1/allocations/{orphan[0]}").json()["tasks"]
+    free = next(i for i in range(8) if task["node"] != "node1" or i not in task["gpu_indices"])
+    clock.advance(60)
+    real_observe = allocations.observe
+
+    def deleted_first(state: Any, job_id: str, *args: Any, **kwargs: Any) -> Any:
+        if job_id == "7":
+            assert dgx1.delete("/v1/nodes/node2").status_code == 204
+        return real_observe(state, job_id, *args, **kwargs)
+
+    monkeypatch.setattr(allocations, "observe", deleted_first)
+    gone = {**running(7, "", ["gpu:g0:1(IDX:0)"]), "nodes": "node2"}
+    runs = running(8, "", [f"gpu:g{free}:1(IDX:{free})"])
+    answer = {"jobs": [gone, runs]}
+    pushed = dgx1.post("/v1/slurm/reconcile", params=read_now(clock), json=answer)
+
+    assert pushed.status_code == 200, pushed.text
+    assert pushed.json()["released"] == orphan, pushed.json()
+    [recorded] = live(dgx1)
+    assert dgx1.get(f"/v1/allocations/{recorded}").json()["job_id"] == "8"
