@@ -286,6 +286,7 @@ def observe(
     reason: str,
     started: bool = False,
     touch: bool = False,
+    run: int | None = None,
 ) -> Observation:
     """The scheduler runs ``job_id`` on ``gpus`` (node -> indices): make it so here
     (lifecycle.gpus_truth, taken alone by ``observe_all``). Events: the allocations it
@@ -294,10 +295,12 @@ def observe(
     processed after the job ended: then nothing is written (action ``ended``,
     lifecycle.ObservedJob). ``touch``: a report that the job has just started (any run),
     which stamps the job's allocations as used where it matches them (ObservedJob).
+    ``run``: which run of the job it is (a requeued job's restart count): a report of an
+    earlier run than one recorded is ``ended`` too.
     Indices are named again on the node's snapshot when the one they were mapped on was
     replaced meanwhile (lifecycle.NodeChanged)."""
     for attempt in range(lifecycle.OBSERVE_ATTEMPTS):
-        truth = gpus_truth(state, job_id, owner, gpus, named, reason, started, touch=touch)
+        truth = gpus_truth(state, job_id, owner, gpus, named, reason, started, touch=touch, run=run)
         try:
             (observation,) = observe_all(state, [truth])
         except NodeChanged:

@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeGuard
 
 from sqlalchemy.engine import Connection, RowMapping
 from sqlalchemy.exc import DBAPIError, IntegrityError
@@ -400,10 +400,13 @@ def gpus_truth(
     started: bool = False,
     on: Mapping[str, NodeSnapshot] | None = None,
     touch: bool = False,
+    run: int | None = None,
 ) -> ObservedJob:
     """A job's truth for ``observe_all``: ``job_id`` runs on ``gpus`` (node -> indices).
     ``started``: read as the job started (a prolog's), perhaps processed after it ended;
-    ``touch``: its allocations stamped as used even where it matches them (``ObservedJob``).
+    ``touch``: its allocations stamped as used even where it matches them (``ObservedJob``);
+    ``run``: which run of the job it is (a requeued Slurm job's restart count), stored
+    with the placement it records.
     ``on``: the snapshots to map indices on (the caller's, still
     those in memory; this replica's memory otherwise); the truth is recorded only while
     the node rows they were read with are the stored ones (``observe_all``)."""
@@ -413,7 +416,10 @@ def gpus_truth(
         if wrong or not indices:
             raise BadRequest(f"{node} has no GPU {wrong or '(none named)'}", {"node": node})
     holds = [(n, snapshots[n].gpus[i].uuid, "gpu") for n in sorted(gpus) for i in sorted(gpus[n])]
-    placement_text = json.dumps(observed_placement(snapshots, gpus, reason))
+    placement = observed_placement(snapshots, gpus, reason)
+    if run is not None:
+        placement[RUN] = run
+    placement_text = json.dumps(placement)
     counts = {len(v) for v in gpus.values()}
     request = PlaceRequest(
         gpus=max(counts), tasks=len(gpus), owner=owner, job_id=job_id
@@ -426,7 +432,7 @@ def gpus_truth(
         tuple(sorted(gpus)),
         _sorted(rows),
     )
-    return ObservedJob(job_id, owner, tuple(named), truth, started, touch)
+    return ObservedJob(job_id, owner, tuple(named), truth, started, touch, run)
 
 
 def _instances_of(
@@ -576,7 +582,9 @@ class ObservedJob:
     only if the job's end was not said within TOPOPLACE_ENDED_JOB_MEMORY_S
     (``release_job(ended=True)``, ``release(ended_job=...)``) or one of the job's
     allocations is live (a job id given again: a new job's); else nothing is written
-    and the job's observation is ``ended``.
+    and the job's observation is ``ended``. Nor is it taken when one of the job's live
+    allocations was recorded for a later ``run`` (a requeued job's next run, whose
+    report came first): it is an earlier run's, ended.
 
     ``touch``: the job's allocations are stamped as used now (``touch``) where the truth
     changes nothing in them (``matched``): a scheduler's report that the job has just
@@ -590,6 +598,7 @@ class ObservedJob:
     truth: _Truth
     started: bool = False
     touch: bool = False
+    run: int | None = None
 
     @property
     def nodes(self) -> tuple[str, ...]:
@@ -766,6 +775,9 @@ def _kept_changing(truths: Sequence[Truth]) -> Conflict:
     )
 
 
+# The placement JSON's key for the run of its job a truth was recorded for (``gpus_truth``).
+RUN = "run"
+
 # Observations that change no hold.
 _UNCHANGED = ("matched", "attached", "ended")
 
@@ -782,26 +794,50 @@ def _ended_before_taken(
     conn: Connection, state: ServiceState, now: datetime, truths: Sequence[Truth]
 ) -> set[str]:
     """The ``started`` jobs whose end was said already, and none of whose allocations is
-    live: their truth is older than their end. Read after holding the jobs
-    (ended_jobs.lock), first in the transaction, so that an end said on another replica
-    either committed before this read or waits for this transaction and then ends what
-    it wrote."""
-    starting = [t for t in truths if isinstance(t, ObservedJob) and t.started]
+    live: their truth is older than their end; and the jobs whose truth names an earlier
+    ``run`` than one of their live allocations was recorded for. Read after holding the
+    jobs (ended_jobs.lock), first in the transaction, so that an end said on another
+    replica either committed before this read or waits for this transaction and then
+    ends what it wrote."""
+    starting = [t for t in truths if _of_a_start(t)]
     if not starting:
         return set()
     since = now - timedelta(seconds=state.settings.ended_job_memory_s)
     ended_jobs.lock(conn, [job.job_id for job in starting], since)
-    return {
-        job.job_id
-        for job in starting
-        if ended_jobs.ended_since(conn, job.job_id, since)
-        and not repository.live_for_job(conn, job.job_id, list(job.named))
-    }
+    ended: set[str] = set()
+    for job in starting:
+        said = job.started and ended_jobs.ended_since(conn, job.job_id, since)
+        if not said and job.run is None:
+            continue
+        live = repository.live_for_job(conn, job.job_id, list(job.named))
+        if (said and not live) or _later_run_live(live, job.run):
+            ended.add(job.job_id)
+    return ended
+
+
+def _of_a_start(truth: Truth) -> TypeGuard[ObservedJob]:
+    """A job's truth read as a run of it started: perhaps older than its end, or than a
+    later run's."""
+    return isinstance(truth, ObservedJob) and (truth.started or truth.run is not None)
+
+
+def _later_run_live(live: Sequence[RowMapping], run: int | None) -> bool:
+    """Whether one of these live allocations was recorded for a later run of the job than
+    ``run`` (a requeued job's next run, reported first): a report of ``run`` is then of
+    a run that has ended, and moving the job back onto its GPUs would release their
+    holder and leave the GPUs the job runs on looking free."""
+    if run is None:
+        return False
+    for row in live:
+        recorded = json.loads(str(row["placement"])).get(RUN)
+        if isinstance(recorded, int) and recorded > run:
+            return True
+    return False
 
 
 def _is_ended(truth: Truth, ended: set[str]) -> bool:
     """A started job's truth found older than its end (``_ended_before_taken``)."""
-    return isinstance(truth, ObservedJob) and truth.started and truth.job_id in ended
+    return _of_a_start(truth) and truth.job_id in ended
 
 
 def _plan_task(conn: Connection, truth: ObservedTask) -> _TaskPlan:

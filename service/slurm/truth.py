@@ -231,6 +231,9 @@ def record(state: ServiceState, truth: JobTruth, started: bool = False) -> Obser
         f"observed: Slurm runs job {truth.job_id} on these GPUs",
         started and truth.restarts == 0,
         touch=started,
+        # A prolog's report says which run started: one of an earlier run than the job's
+        # allocation was recorded for (a requeued run reported first) moves nothing back.
+        run=truth.restarts if started else None,
     )
     if observation.action == "ended":
         log.info("job %s: a report of its start came after its end; nothing recorded", truth.job_id)

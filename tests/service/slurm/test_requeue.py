@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from fastapi.testclient import TestClient
 
 from tests.service.slurm.test_late_prolog import _epilog, _ignored
@@ -115,3 +116,28 @@ def test_gpus_written_in_the_wckey_are_not_read_as_slurms(dgx1: TestClient) -> N
     assert answer["action"] == "created" and answer["superseded"] == [], answer
     [allocation] = of_job(dgx1, 87)
     assert gpus(allocation) == {"node1": [0, 1]}
+
+
+@pytest.mark.parametrize("first", [0, 1], ids=["first run", "requeued run"])
+def test_an_earlier_runs_report_after_the_requeued_runs_moves_nothing_back(
+    dgx1: TestClient, first: int
+) -> None:
+    """An earlier run's prolog report (``Restarts=0``, or 1 before a second requeue),
+    processed only after the requeued run's was: the job runs on the requeued run's
+    GPUs, and another job holds the earlier run's. The job's live allocation (the
+    requeued run's) made the late report look like one of a new job under the same id:
+    it moved the job back onto the earlier run's GPUs, releasing their holder, and left
+    the GPUs the job runs on looking free."""
+    text = show_job(83, _typed(list(range(8))), "node1", restarts=first)
+    _epilog(dgx1, 83)
+    again = started(dgx1, show_job(83, "gpu:2(IDX:4-5)", "node2", restarts=first + 1))
+    assert again["action"] == "created", again
+    successor = submit(dgx1, tres_per_node="gres:gpu:8", req_nodes="node1")
+    assert successor["action"] == "modify", successor
+
+    _ignored(started(dgx1, text))
+
+    [allocation] = of_job(dgx1, 83)
+    assert gpus(allocation) == {"node2": [4, 5]}
+    for allocation_id in successor["allocation_ids"]:
+        assert dgx1.get(f"/v1/allocations/{allocation_id}").json()["state"] != "released"
