@@ -10,12 +10,6 @@ from service.duration_bound import DurationBound
 DEFAULT_DATABASE_URL = "sqlite:///./topoplace.sqlite3"
 # Postgres counts idle_in_transaction_session_timeout in milliseconds, in a 32-bit int.
 IDLE_IN_TRANSACTION_MAX_S = 2_147_483
-# The longest default reservation TTL: as a request's ttl_s (allocations/schemas.py's
-# MAX_TTL_S, about 31 years), an expiry the database and a datetime hold.
-MAX_DEFAULT_TTL_S = 1e9
-# The longest memory of ended jobs (about 31 years): its start, now minus it, must be a
-# datetime. "inf" was taken, and every release by job id failed (500).
-MAX_ENDED_JOB_MEMORY_S = 1e9
 
 
 class Settings(DurationBound):
@@ -159,7 +153,6 @@ class Settings(DurationBound):
     ended_job_memory_s: float = Field(
         default=3600.0,
         gt=0,
-        le=MAX_ENDED_JOB_MEMORY_S,
         description="how long a job released by job id (a Slurm epilog's POST"
         " /v1/jobs/{job_id}/release) or released by the Slurm reconcile loop because it"
         " ended is remembered as ended: a Slurm prolog report of its start processed"
@@ -331,18 +324,19 @@ class Settings(DurationBound):
     @model_validator(mode="after")
     def _default_ttl_within_bounds(self) -> Settings:
         """The TTL a /place without ``ttl_s`` gets, within the bounds a request's must
-        meet: outside them every such request was refused (400) or failed (500, an expiry
-        past what a datetime holds), naming a ``ttl_s`` the client never sent."""
+        meet: outside them every such request was refused (400), naming a ``ttl_s`` the
+        client never sent. (One past what a datetime holds, a 500 then, is refused with
+        every duration: duration_bound.py.)"""
         ttl, low, high = (
             self.reservation_ttl_s,
             self.min_reservation_ttl_s,
             self.max_reservation_ttl_s,
         )
-        if not low <= ttl <= min(high, MAX_DEFAULT_TTL_S):
+        if not low <= ttl <= high:
             raise ValueError(
                 f"TOPOPLACE_RESERVATION_TTL_S ({ttl:g}) must be within"
                 f" TOPOPLACE_MIN_RESERVATION_TTL_S ({low:g}) and"
-                f" TOPOPLACE_MAX_RESERVATION_TTL_S ({high:g}), and at most {MAX_DEFAULT_TTL_S:g}"
+                f" TOPOPLACE_MAX_RESERVATION_TTL_S ({high:g})"
             )
         return self
 

@@ -6,7 +6,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from service.app import create_app
-from service.settings import MAX_ENDED_JOB_MEMORY_S, Settings
+from service.duration_bound import MAX_DURATION_S
+from service.settings import Settings
 from tests.service.conftest import FakeClock
 
 
@@ -46,6 +47,6 @@ def test_an_ended_job_memory_past_a_datetime_is_refused_at_start(
 def test_a_release_by_job_remembers_it_for_as_long_as_the_bound_allows(
     settings: Settings, clock: FakeClock
 ) -> None:
-    longest = settings.model_copy(update={"ended_job_memory_s": MAX_ENDED_JOB_MEMORY_S})
+    longest = settings.model_copy(update={"ended_job_memory_s": MAX_DURATION_S})
     with TestClient(create_app(longest, clock=clock, background=False)) as client:
         assert client.post("/v1/jobs/j1/release").json() == {"released": []}
