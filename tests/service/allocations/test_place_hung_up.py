@@ -3,58 +3,21 @@ no reservation: the client cannot learn it, and its retry would reserve a second
 
 from __future__ import annotations
 
-import json
-
 from fastapi.testclient import TestClient
-from starlette.types import Message
 
 from placement.profiles import build_profile
 from tests.service.conftest import ADMIN_TOKEN
 from tests.service.helpers import report
+from tests.service.raw_asgi import raw_post
 
 
 def _place_then_hang_up(rest: TestClient, body: dict[str, object], key: str | None) -> None:
     """The request as uvicorn hands it over from a client gone before the answer: the
     body, then the disconnect."""
-    encoded = json.dumps(body).encode()
-    headers = [
-        (b"content-type", b"application/json"),
-        (b"host", b"testserver"),
-        (b"authorization", f"Bearer {ADMIN_TOKEN}".encode()),
-    ]
+    headers = [(b"authorization", f"Bearer {ADMIN_TOKEN}".encode())]
     if key is not None:
         headers.append((b"idempotency-key", key.encode()))
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": "POST",
-        "scheme": "http",
-        "path": "/v1/place",
-        "raw_path": b"/v1/place",
-        "root_path": "",
-        "query_string": b"",
-        "headers": headers,
-        "client": ("127.0.0.1", 50000),
-        "server": ("testserver", 80),
-    }
-    sent = False
-
-    async def receive() -> Message:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": encoded, "more_body": False}
-        return {"type": "http.disconnect"}
-
-    async def send(message: Message) -> None:
-        return None  # nobody to answer
-
-    async def call() -> None:
-        await rest.app(scope, receive, send)  # type: ignore[arg-type]
-
-    assert rest.portal is not None
-    rest.portal.call(call)
+    raw_post(rest, "/v1/place", body, headers)
 
 
 def _states(client: TestClient, job_id: str) -> list[str]:

@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from starlette.types import Message
 
 from service.app import create_app
 from service.settings import Settings
@@ -16,6 +15,7 @@ from service.slurm import service as slurm_service
 from service.slurm.settings import SlurmSettings
 from tests.service.conftest import FakeClock
 from tests.service.loop_watch import LoopWatch
+from tests.service.raw_asgi import raw_post
 from tests.service.slurm.squeue import read_now
 
 NO_VAL = 4294967294
@@ -342,48 +342,10 @@ def _raw_post(
     """A POST as uvicorn's h11 protocol hands it over: the query string is the request
     target's bytes after its first '?', a '#' in them included (h11 does not split off a
     fragment, which no client sends). The test client's URL would drop it."""
-    encoded = json.dumps(body).encode()
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": "POST",
-        "scheme": "http",
-        "path": path,
-        "raw_path": path.encode(),
-        "root_path": "",
-        "query_string": query,
-        "headers": [
-            (b"host", b"testserver"),
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(encoded)).encode()),
-            (b"authorization", f"Bearer {token}".encode()),
-        ],
-        "client": ("127.0.0.1", 50000),
-        "server": ("testserver", 80),
-    }
-    sent = False
-    answer: dict[str, Any] = {"body": b""}
-
-    async def receive() -> Message:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": encoded, "more_body": False}
-        return {"type": "http.disconnect"}
-
-    async def send(message: Message) -> None:
-        if message["type"] == "http.response.start":
-            answer["status"] = message["status"]
-        elif message["type"] == "http.response.body":
-            answer["body"] += message.get("body", b"")
-
-    async def call() -> None:
-        await client.app(scope, receive, send)
-
-    assert client.portal is not None
-    client.portal.call(call)
-    return answer["status"], json.loads(answer["body"])
+    bearer = [(b"authorization", f"Bearer {token}".encode())]
+    status, answer = raw_post(client, path, body, bearer, query)
+    assert status is not None
+    return status, json.loads(answer)
 
 
 def test_a_proposal_is_read_from_the_query_the_access_rule_read(dgx1: TestClient) -> None:
