@@ -6,7 +6,8 @@ short human-readable view, or with ``--json`` the service's JSON unchanged.
 Exit status, for scripts:
 
 - 0: done;
-- 1: the service refused (unschedulable, unresolvable, conflict, not found);
+- 1: the service refused (unschedulable, unresolvable, conflict, not found), or
+  ``place`` replayed an Idempotency-Key whose allocation has ended;
 - 2: a usage error, whether argparse or the service's own validation saw it;
 - 3: try later: no answer from the service, or it answered that it cannot serve
   (5xx, e.g. its database is down) or is rate limiting this caller (429 rate_limited;
@@ -50,8 +51,8 @@ TASKS_SHOWN = 3
 
 EXIT_HELP = (
     "exit status: 0 done; 1 the service refused (unschedulable, unresolvable, conflict,"
-    " not found); 2 usage error; 3 try later: the service could not be reached, cannot"
-    " serve (5xx) or is rate limiting (429)"
+    " not found, an Idempotency-Key's allocation ended); 2 usage error; 3 try later:"
+    " the service could not be reached, cannot serve (5xx) or is rate limiting (429)"
 )
 
 Action = Callable[["TopoplaceClient", argparse.Namespace], None]
@@ -561,8 +562,27 @@ def show_topology(client: TopoplaceClient, args: argparse.Namespace) -> None:
         print(_bandwidth_matrix(topo["gpus"], topo["bandwidth_gbps"]))
 
 
+# The states in which an allocation holds its GPUs (the service's LIVE_STATES).
+LIVE_STATES = frozenset({"pending", "active", "degraded"})
+
+
 def do_place(client: TopoplaceClient, args: argparse.Namespace) -> None:
+    from topoplace_client.api import ApiError
+
     allocation = client.place(place_request(args), idempotency_key=args.idempotency_key)
+    if allocation.get("state") not in LIVE_STATES:
+        # Only a replayed key answers an ended allocation: its GPUs are no longer held
+        # for this job and may be another's now. Printed as placed (exit 0), a launcher
+        # retrying with the same key ran on them.
+        state = allocation.get("state")
+        raise ApiError(
+            "allocation_ended",
+            f"allocation {allocation.get('id')} that this Idempotency-Key made is {state}:"
+            " its GPUs are no longer held for it; place again with a new Idempotency-Key",
+            200,
+            {"allocation_id": allocation.get("id"), "state": state},
+            allocation,
+        )
     if args.json:
         print_json(allocation)
         return

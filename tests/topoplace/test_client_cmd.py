@@ -22,6 +22,7 @@ import pytest
 
 from service.app import create_app
 from service.demo import demo_snapshots
+from service.schema import LIVE_STATES
 from service.settings import Settings
 from tests.live_server import live_server
 from topoplace import client_cmd
@@ -140,6 +141,26 @@ def test_place_returns_gpus_and_honours_the_idempotency_key(cli: Cli) -> None:
 
     code, _, err = cli("place", "--gpus", "2", "--idempotency-key", "idem-key-1")
     assert code == 1 and err.startswith("error: conflict: ")
+
+
+def test_a_replayed_key_whose_allocation_ended_names_no_gpus_as_placed(cli: Cli) -> None:
+    # A wrapper retrying `place` on exit 3 with the same key, after the reservation was
+    # released (or expired): the replay is the ended allocation, whose GPUs another job
+    # may hold now. It was printed as placed (exit 0, CUDA_VISIBLE_DEVICES of those GPUs).
+    args = ("--gpus", "8", "--locality", "nvlink", "--model", "H100", "--job-id", "ended-job")
+    first = _place(cli, *args, "--idempotency-key", "ended-key")
+    assert cli.json("release", first["id"]) == {"released": [first["id"]]}
+    other = _place(cli, *args[:-1], "ended-other")
+    assert other["tasks"][0]["gpu_uuids"] == first["tasks"][0]["gpu_uuids"]
+
+    code, out, err = cli("place", *args, "--idempotency-key", "ended-key")
+    assert code == 1 and out == ""
+    assert err.startswith(f"error: allocation_ended: allocation {first['id']} ")
+    assert "released" in err and "new Idempotency-Key" in err
+    code, out, err = cli("place", *args, "--idempotency-key", "ended-key", "--json")
+    assert code == 1 and json.loads(out)["id"] == first["id"]
+    assert json.loads(out)["state"] == "released" and "allocation_ended" in err
+    assert set(LIVE_STATES) == client_cmd.LIVE_STATES  # the service's, copied
 
 
 def test_place_prints_what_a_launcher_needs(cli: Cli) -> None:
