@@ -474,7 +474,8 @@ class TopoplaceClient:
         self, request: Mapping[str, Any], idempotency_key: str | None = None
     ) -> JSONObject:
         """POST /v1/federation/place: the region, node, GPUs, cost and alternatives."""
-        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
+        # ``is not None``, as ``place``: an empty key dropped here was no key at all.
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key is not None else None
         return self._post("/v1/federation/place", dict(request), headers=headers)
 
     def federation_score(self, request: Mapping[str, Any]) -> JSONObject:

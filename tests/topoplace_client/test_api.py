@@ -91,3 +91,15 @@ def test_try_later_is_a_rate_limit_or_a_failing_service(status: int, later: bool
     assert error.try_later is later
     assert error.line() == "some_code: said so" + ("; try again later (Retry-After: 3)" * later)
     assert ApiError("c", "m", status).line() == "c: m"  # no Retry-After, none named
+
+
+def test_an_empty_key_reaches_both_place_routes(server: str) -> None:
+    # An empty key (an unset variable passed on) is refused by the service, not dropped:
+    # dropped, the federated place went out with no key, and a retry of it, after an
+    # answer lost, could place the job a second time; /v1/place's refused it.
+    with TopoplaceClient(server, timeout=5) as api:
+        for place in (api.place, api.federation_place):
+            with pytest.raises(ApiError) as refused:
+                place({"gpus": 1}, idempotency_key="")
+            assert refused.value.code == "invalid_request", refused.value.line()
+            assert refused.value.detail["field"] == "header.idempotency-key"
