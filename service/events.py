@@ -78,10 +78,17 @@ class Subscription:
             return
         if len(self._buffer) >= self.maxsize:
             self.overflowed = True
-            self.close()
+            self._end()
             return
         self._buffer.append(event)
         self._ready.set()
+
+    def _end(self) -> None:
+        """No more events, and the buffer freed; still counted until :meth:`close`."""
+        self.closed = True
+        self._buffer.clear()
+        self._ready.set()
+        self.hub._unsubscribe(self)
 
     async def next(self) -> Event | None:
         """The next event; None once the subscription is closed (see ``overflowed``)."""
@@ -93,9 +100,8 @@ class Subscription:
         return self._buffer.popleft()
 
     def close(self) -> None:
-        self.closed = True
-        self._buffer.clear()
-        self._ready.set()
+        """The watcher is done with it (its stream ended): it no longer counts."""
+        self._end()
         self.hub._drop(self)
 
 
@@ -117,7 +123,12 @@ class EventHub:
         self.max_watches = max_watches
         self.max_per_caller = max_per_caller
         self._lock = threading.Lock()
-        self._subscriptions: list[Subscription] = []
+        self._subscriptions: list[Subscription] = []  # handed events
+        # Counted against the bounds, from subscribe to close: one that fell behind is
+        # handed no more events, but its stream is open until its watcher reads to the
+        # end (a client that reads nothing keeps it blocked writing): uncounted, a token
+        # held as many such streams as it opened.
+        self._open: list[Subscription] = []
         self._seq = itertools.count(1)
         self._stages: OrderedDict[str, int] = OrderedDict()
 
@@ -140,19 +151,20 @@ class EventHub:
         with self._lock:
             self._admit(caller)
             self._subscriptions.append(sub)
+            self._open.append(sub)
             started = self._event("watch", "started")
         sub._offer(started)
         return sub
 
     def _admit(self, caller: str | None) -> None:
         """Refuse one more subscription past a bound; called with the lock held."""
-        if len(self._subscriptions) >= self.max_watches:
+        if len(self._open) >= self.max_watches:
             raise TooManyWatches(
                 f"this service already serves {self.max_watches} watches, its bound"
                 " (TOPOPLACE_MAX_WATCHES); retry later, or share one watch between readers",
                 {"limit": self.max_watches, "scope": "service"},
             )
-        mine = sum(1 for s in self._subscriptions if s.caller == caller)
+        mine = sum(1 for s in self._open if s.caller == caller)
         if mine >= self.max_per_caller:
             raise TooManyWatches(
                 f"this token already holds {self.max_per_caller} open watches, its bound"
@@ -161,10 +173,17 @@ class EventHub:
                 {"limit": self.max_per_caller, "scope": "caller"},
             )
 
+    def _unsubscribe(self, sub: Subscription) -> None:
+        with self._lock:
+            if sub in self._subscriptions:
+                self._subscriptions.remove(sub)
+
     def _drop(self, sub: Subscription) -> None:
         with self._lock:
             if sub in self._subscriptions:
                 self._subscriptions.remove(sub)
+            if sub in self._open:
+                self._open.remove(sub)
 
     def _event(
         self,
@@ -199,6 +218,8 @@ class EventHub:
                     sub.loop.call_soon_threadsafe(sub._offer, event)
                 except RuntimeError:  # its loop is closed: the watcher is gone
                     self._subscriptions.remove(sub)
+                    if sub in self._open:
+                        self._open.remove(sub)
 
     def _stale(self, allocation: Allocation) -> bool:
         """Whether this allocation event is older than one already published for it;
@@ -239,7 +260,7 @@ class EventHub:
     def close_all(self) -> None:
         """End every subscription (the server is stopping): their streams end cleanly."""
         with self._lock:
-            subscriptions = list(self._subscriptions)
+            subscriptions = list(self._open)
         for sub in subscriptions:
             try:
                 sub.loop.call_soon_threadsafe(sub.close)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Iterator
 
 import grpc
 import pytest
@@ -16,8 +17,9 @@ from service.app import create_app
 from service.grpc.gen import topoplace_pb2 as pb
 from service.grpc.gen import topoplace_pb2_grpc as pb_grpc
 from service.notify import CHANNEL
+from service.settings import Settings
 from tests.service.conftest import FakeClock
-from tests.service.grpc.conftest import Running, details, snapshot_request
+from tests.service.grpc.conftest import Running, details, snapshot_request, start
 
 
 def _kinds(events: list[pb.Event]) -> list[tuple[str, str]]:
@@ -139,3 +141,64 @@ def test_watch_streams_end_when_the_server_stops(settings, clock: FakeClock) -> 
     with channel:
         assert list(stream) == []  # ended cleanly, without an error
     assert time.monotonic() - began < 4, "a watcher must not hold the shutdown for its grace"
+
+
+@pytest.fixture
+def one_watch(settings: Settings, clock: FakeClock) -> Iterator[Running]:
+    # --insecure-dev: every call is the one caller without a token
+    yield from start(settings.model_copy(update={"max_watches_per_caller": 1}), clock)
+
+
+def test_a_watch_that_fell_behind_counts_until_its_call_ends(one_watch: Running) -> None:
+    """A Watch blocked sending to a client that reads nothing (its flow-control window
+    full) left the hub when it fell behind, and its slot with it, while its call stayed
+    open, blocked on the write for as long as the connection lived: a token bounded to
+    one watch held as many stalled streams as it opened (each a call, three tasks and
+    the events in flight). Now it counts against the bounds until its call ends."""
+    hub = one_watch.state.events
+    loop = one_watch.server.loop
+    assert loop is not None
+    # No BDP probing: the client's window stays at its initial size while it reads nothing.
+    options = [("grpc.http2.bdp_probe", 0)]
+    with grpc.insecure_channel(f"127.0.0.1:{one_watch.server.port}", options=options) as channel:
+        stalled = pb_grpc.TopoplaceStub(channel).Watch(pb.WatchRequest(kinds=["node"]), timeout=60)
+        assert next(stalled).type == "started"
+        (subscription,) = hub._subscriptions
+        # Events of some 8 KiB each, far more than the window holds: the stream blocks
+        # writing, with events left in the watcher's buffer.
+        names = [f"n{i}-" + "x" * 8192 for i in range(200)]
+        loop.call_soon_threadsafe(lambda: hub.nodes("reported", names))
+        deadline = time.monotonic() + 5
+        while len(subscription._buffer) < 100 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)
+        assert subscription._buffer, "the stream is not blocked writing"
+        # Then more than the buffer holds: the watcher has fallen behind.
+        more = [f"m{i}" for i in range(hub.buffer + 1)]
+        loop.call_soon_threadsafe(lambda: hub.nodes("reported", more))
+        deadline = time.monotonic() + 5
+        while not subscription.overflowed and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert subscription.overflowed and not subscription._buffer
+        assert not hub.watched  # handed no more events
+        # Its call is still open, so it still holds the caller's one watch.
+        with pytest.raises(grpc.RpcError) as caught:
+            next(one_watch.stub.Watch(pb.WatchRequest(), timeout=10))
+        assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert details(caught.value)["ErrorInfo"].reason == "too_many_watches"
+        # Read, it ends as a watcher that fell behind ends, and gives its slot back.
+        with pytest.raises(grpc.RpcError) as caught:
+            for _ in stalled:
+                pass
+        assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert details(caught.value)["ErrorInfo"].reason == "watch_overflow"
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            fresh = one_watch.stub.Watch(pb.WatchRequest(), timeout=10)
+            assert next(fresh).type == "started"
+            break
+        except grpc.RpcError:
+            assert time.monotonic() < deadline, "the ended watch still holds its slot"
+            time.sleep(0.05)  # the ended call leaves the hub on the server's loop
+    fresh.cancel()
