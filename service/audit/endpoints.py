@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
@@ -18,6 +19,10 @@ from service.state import ServiceState
 router = APIRouter(prefix="/v1/audit", tags=["audit"])
 State = Annotated[ServiceState, Depends(get_state)]
 MAX_LIMIT = 1000
+# The largest row id either database stores (a signed 64-bit integer): a cursor past it
+# was never given out, and the drivers refuse to send it (SQLite: OverflowError; Postgres:
+# out of range for bigint), which was a 500.
+MAX_CURSOR = 2**63 - 1
 Short = Annotated[str | None, Query(min_length=1, max_length=256)]
 
 
@@ -36,7 +41,9 @@ def _aware(value: datetime) -> datetime:
 def _cursor(text: str | None) -> int | None:
     if text is None:
         return None
-    if not text.isdigit() or int(text) < 1 or len(text) > 19:
+    # ASCII digits only: str.isdigit() also takes '²' (int() then raised: a 500) and other
+    # scripts' digits, which no cursor given out is written in.
+    if not re.fullmatch(r"[0-9]{1,19}", text) or not 1 <= int(text) <= MAX_CURSOR:
         raise InvalidRequest("cursor", "not a cursor this service gave out (next_cursor)")
     return int(text)
 
