@@ -28,7 +28,9 @@ def _port_of_host(header: str) -> int | None:
         port = rest[1:] if rest.startswith(":") else ""
     else:
         _, _, port = value.partition(":")
-    return int(port) if port.isdigit() else None
+    # ASCII digits only: str.isdigit() also takes '²' (a Host byte 0xB2 read as latin-1),
+    # which int() then raised on: a 500 for any tokenless write naming an Origin.
+    return int(port) if port.isascii() and port.isdigit() else None
 
 
 def is_own_origin(origin: str, host: str | None, scheme: str) -> bool:

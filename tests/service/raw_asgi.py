@@ -1,6 +1,7 @@
 """A POST handed to the application as uvicorn hands it over, for what a test client
-cannot send: a query with a '#' in it (h11 passes one on), a client gone before its answer
-(the body, then the disconnect)."""
+cannot send: a query with a '#' in it (h11 passes one on), a Host header's bytes as sent
+(the test client re-encodes them), a client gone before its answer (the body, then the
+disconnect)."""
 
 from __future__ import annotations
 
@@ -17,9 +18,11 @@ def raw_post(
     body: Any,
     headers: list[tuple[bytes, bytes]],
     query: bytes = b"",
+    host: bytes = b"testserver",
 ) -> tuple[int | None, bytes]:
     """POST ``body`` as JSON to ``client``'s application; then the client is gone. The
-    answer's status and body (None and nothing if none was sent)."""
+    answer's status and body (None and nothing if none was sent). ``host``: the ``Host``
+    header's bytes, as the server passes them on (h11 lets any byte past 0x7F through)."""
     encoded = json.dumps(body).encode()
     scope = {
         "type": "http",
@@ -32,7 +35,7 @@ def raw_post(
         "root_path": "",
         "query_string": query,
         "headers": [
-            (b"host", b"testserver"),
+            (b"host", host),
             (b"content-type", b"application/json"),
             (b"content-length", str(len(encoded)).encode()),
             *headers,

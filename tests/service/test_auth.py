@@ -28,6 +28,7 @@ from service.db import make_engine
 from service.settings import Settings
 from service.tokens import secrets, store
 from tests.live_server import live_server
+from tests.service.raw_asgi import raw_post
 from topoplace.serve_cmd import uvicorn_options
 from topoplace_client.api import ApiError, TopoplaceClient
 
@@ -257,6 +258,24 @@ def test_insecure_dev_refuses_tokenless_writes_from_another_origin(
         # the upstream's Host on, the service's own pages name the proxy's origin.
         proxied = {"Origin": "http://proxy.localhost:9000", "Sec-Fetch-Site": "same-origin"}
         assert client.post("/v1/score", json={"gpus": 1}, headers=proxied).status_code == 200
+
+
+def test_insecure_dev_reads_a_host_port_of_any_bytes(settings: Settings) -> None:
+    """A Host whose port is a byte past 0x7F that Python calls a digit (0xB2, '²' in
+    latin-1): h11 passes it on, and the Origin check's int() raised, a 500 for a tokenless
+    write naming an Origin. It is no port: the Origin is another one, refused as such."""
+    demo_settings = settings.model_copy(update={"insecure_dev": True})
+    with TestClient(create_app(demo_settings, demo=True, background=False)) as client:
+        origin = [(b"origin", b"http://localhost:8000")]
+        for host in (b"localhost:\xb2", b"localhost:\xb9\xb2\xb3"):
+            status, body = raw_post(client, "/v1/nodes/h100-b/cordon", None, origin, host=host)
+            assert status == 403, (host, body)
+            error = json.loads(body)["error"]
+            assert (
+                error["code"] == "forbidden" and error["detail"]["origin"] == origin[0][1].decode()
+            )
+        nodes = client.get("/v1/nodes").json()["nodes"]
+        assert not [n["name"] for n in nodes if n["state"] == "cordoned"]
 
 
 def test_insecure_dev_still_serves_its_own_pages_and_programs(settings: Settings) -> None:

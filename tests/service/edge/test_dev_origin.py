@@ -36,6 +36,7 @@ def test_the_services_own_origin(origin: str, host: str, scheme: str) -> None:
         ("http://[::1]:8000", "[::1]:9000", "http"),
         ("http://localhost:8000/page", "localhost:8000", "http"),  # no origin has a path
         ("http://localhost:80x", "localhost", "http"),
+        ("http://localhost:8000", "localhost:\u00b2", "http"),  # a digit int() cannot read
         ("http://localhost:8000", None, "http"),  # no Host to compare with
         ("http://localhost.evil.example:8000", "localhost:8000", "http"),
     ],
