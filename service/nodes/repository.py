@@ -160,11 +160,20 @@ def touch_heartbeat(
     return bool(result.rowcount)
 
 
-def set_cordoned(conn: Connection, name: str, cordoned: bool) -> bool:
+def set_cordoned(conn: Connection, name: str, cordoned: bool) -> bool | None:
+    """True: the node's cordon changed; False: it was so already (nothing written); None:
+    no such node. A call racing another that sets the same value waits on the row and then
+    finds it so (Postgres re-reads the row it waited on), so only one of them changes it."""
+    nodes = schema.nodes
     result = conn.execute(
-        sa.update(schema.nodes).where(schema.nodes.c.name == name).values(cordoned=cordoned)
+        sa.update(nodes)
+        .where(nodes.c.name == name, nodes.c.cordoned.is_not(cordoned))
+        .values(cordoned=cordoned)
     )
-    return bool(result.rowcount)
+    if result.rowcount:
+        return True
+    found = conn.execute(sa.select(nodes.c.name).where(nodes.c.name == name)).first()
+    return None if found is None else False
 
 
 def delete(conn: Connection, name: str) -> bool:

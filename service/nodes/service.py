@@ -87,8 +87,13 @@ def set_cordoned(state: ServiceState, name: str, cordoned: bool) -> NodeView:
     deadlock with it on Postgres: the transaction is then run again."""
 
     def write(conn: Connection) -> None:
-        if not repository.set_cordoned(conn, name, cordoned):
+        changed = repository.set_cordoned(conn, name, cordoned)
+        if changed is None:
             raise NotFound(f"no node named {name!r}")
+        if not changed:
+            # Cordoned (or not) already: no change, so no audit row (docs/security.md:
+            # an admin action that changed nothing leaves none) and nothing to tell.
+            return
         publish(conn, [name])
         action = "node_cordoned" if cordoned else "node_uncordoned"
         audit.write(conn, [records.record("admin", action, state.clock(), nodes=[name])])

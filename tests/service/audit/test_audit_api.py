@@ -122,7 +122,10 @@ def test_admin_actions_are_recorded_with_the_admin(client: TestClient) -> None:
     assert replaced.status_code == 200
     assert client.delete("/v1/nodes/h1/key").status_code == 204
     assert client.post("/v1/nodes/h0/cordon").status_code == 200
+    cordoned = client.post("/v1/nodes/h0/cordon")  # cordoned before: nothing changes
+    assert cordoned.status_code == 200 and cordoned.json()["state"] == "cordoned"
     assert client.post("/v1/nodes/h0/uncordon").status_code == 200
+    assert client.post("/v1/nodes/h0/uncordon").status_code == 200  # uncordoned before
     assert client.delete("/v1/nodes/h0").status_code == 204
     entries = _audit(client, kind="admin")[::-1]
     assert [(e["action"], e["nodes"]) for e in entries] == [
