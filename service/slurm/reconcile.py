@@ -252,7 +252,7 @@ def reconcile(
     named_by_finished = {
         i: str(j.get("job_id"))
         for j in finished
-        if str(j.get("job_id")).isdigit()
+        if truth.ascii_digits(str(j.get("job_id")))
         for i in allocation_ids(str(j.get("admin_comment") or ""))
     }
     finished_ids = {str(j.get("job_id")) for j in finished} - unfinished

@@ -34,7 +34,8 @@ _NODE_GRES = re.compile(r"\bNodes=(\S+) CPU_IDs=\S+ Mem=\S+ GRES=(\S*)")
 # own, with its own id), never text a user wrote.
 _HEAD = re.compile(
     r"\s*JobId=(\d+) (?:ArrayJobId=\d+ ArrayTaskId=\S+ (?:ArrayTaskThrottle=\d+ )?"
-    r"|HetJobId=\d+ HetJobOffset=\d+ )?JobName="
+    r"|HetJobId=\d+ HetJobOffset=\d+ )?JobName=",
+    re.ASCII,  # \d: Slurm's digits only, not "\u0661\u0662", which int() reads as 12
 )
 # A het job component's name is followed by the het job's ids (Slurm's), then the user.
 _USER = re.compile(r"(?: HetJobIdSet=[0-9,\-]+)? UserId=([^\s(]+)")
@@ -44,7 +45,7 @@ _STATE = re.compile(r" JobState=(\S+) Reason=")
 # Slurm prints the restart count in this run of its own fields, after the account, QOS
 # and wckey (``--wckey``, as the user wrote it, where TrackWCKey=yes): a user's text
 # can imitate the run, so the last one before MinCPUsNode= is Slurm's.
-_RESTARTS = re.compile(r" Requeue=\d+ Restarts=(\d{1,9}) BatchFlag=\d+ ")
+_RESTARTS = re.compile(r" Requeue=\d+ Restarts=(\d{1,9}) BatchFlag=\d+ ", re.ASCII)
 # Slurm 22.05 prints this field right after the per-node lines, and no text a user
 # writes between the job's name and it.
 _AFTER_NODES = " MinCPUsNode="
@@ -67,10 +68,17 @@ class TruthError(ValueError):
 _MAX_JOB_ID = 2**32 - 1  # Slurm's job ids are 32-bit
 
 
+def ascii_digits(text: str) -> bool:
+    """Whether ``text`` is a whole number in ASCII digits: str.isdigit() also takes
+    "\u0661\u0662" (read by int() as 12, another job's id) and "\u00b2" (which int()
+    refuses)."""
+    return text.isascii() and text.isdigit()
+
+
 def _job_id(value: object) -> str:
     """A job id as Slurm gives it (a whole number, in JSON or text), as the service keeps it."""
     text = str(value) if isinstance(value, int) and not isinstance(value, bool) else value
-    if not isinstance(text, str) or not text.isdigit() or int(text[:12]) > _MAX_JOB_ID:
+    if not isinstance(text, str) or not ascii_digits(text) or int(text[:12]) > _MAX_JOB_ID:
         raise TruthError(f"not a Slurm job id: {str(value)[:40]!r}")
     return str(int(text))
 

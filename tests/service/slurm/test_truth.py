@@ -371,7 +371,17 @@ def test_a_report_whose_job_name_is_not_the_texts_is_refused(dgx1: TestClient) -
     assert of_job(dgx1, 10) == []
 
 
-@pytest.mark.parametrize("job_id", [None, "", "12; x", [12], True, -3])
+def test_a_report_whose_job_id_is_in_other_digits_is_refused(dgx1: TestClient) -> None:
+    """Slurm prints job ids in ASCII digits: "\u0661\u0662" (Arabic-Indic 12) is no job
+    id, though int() reads it as 12, another job's. Taken so, the report recorded job 12
+    on the GPUs named."""
+    text = show_job(12, "gpu:1(IDX:0)").replace("JobId=12 ", "JobId=\u0661\u0662 ", 1)
+    response = dgx1.post("/v1/slurm/job-started", json={"show_job": text, "job_name": "train"})
+    assert response.status_code in (400, 422), response.text
+    assert of_job(dgx1, 12) == []
+
+
+@pytest.mark.parametrize("job_id", [None, "", "12; x", [12], True, -3, "\u0661\u0662", "\u00b2"])
 def test_a_squeue_job_without_a_job_id_records_nothing(dgx1: TestClient, job_id: Any) -> None:
     running = {"job_state": "RUNNING", "nodes": "node2", "gres_detail": ["gpu:2(IDX:3-4)"]}
     if job_id is not None:
