@@ -1026,13 +1026,20 @@ def _runs(conn: Connection, rows: Sequence[RowMapping], now: datetime) -> dict[s
     them loses its TTL (pending -> active). Left pending, a REST reservation pinned to a
     job expired under it at its TTL, and the GPUs the job runs on went to the next one.
     Only rows read with a TTL are written (a job's active allocation, the usual case,
-    costs no statement). Returns the rows that changed, by id."""
+    costs no statement). Returns the rows that changed, by id. A row ended since it was
+    read (its TTL passed and the sweep, here or on another replica, expired it between
+    this transaction's read of the job's holds and this statement) raises ``_Changed``:
+    answered ``matched``, the GPUs the job runs on were left free for the next /place."""
     changed: dict[str, RowMapping] = {}
     for allocation_id in [str(r["id"]) for r in rows if r["expires_at"] is not None]:
         row = repository.run(conn, allocation_id, now)
-        if row is not None:
-            changed[allocation_id] = row
-            audit.write(conn, [records.allocation_change("confirmed", now, row)])
+        if row is None:
+            current = repository.by_id(conn, allocation_id)
+            if current is None or current["state"] not in repository.LIVE:
+                raise _Changed(allocation_id)
+            continue  # confirmed meanwhile: live, without a TTL, as this would leave it
+        changed[allocation_id] = row
+        audit.write(conn, [records.allocation_change("confirmed", now, row)])
     return changed
 
 

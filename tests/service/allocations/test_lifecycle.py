@@ -397,3 +397,37 @@ def test_touch_by_a_request_whose_token_was_revoked_stamps_nothing(
     assert touched_at() == before
     assert api.touch(state, placed["id"]) is not None  # a request with no token check: done
     assert touched_at() != before
+
+
+def test_a_truth_whose_reservation_expires_as_it_runs_holds_the_gpus(
+    client: TestClient, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The scheduler says a job runs on its reservation's GPUs just as the reservation's
+    TTL passes: the sweep (here or on another replica) commits the expiry after the
+    truth read the job's holds and before it took the TTL away. The truth then found
+    nothing to confirm and answered ``matched``, and the GPUs the job runs on were
+    left free for the next /place."""
+    add_nodes(client, ("hgx-h100", "h0"))
+    state: ServiceState = client.app.state.service  # type: ignore[attr-defined]
+    held = client.post("/v1/place", json={"gpus": 2, "ttl_s": 30}).json()
+    indices = held["tasks"][0]["gpu_indices"]
+    clock.advance(30)
+    client.post("/v1/nodes/h0/heartbeat")
+    real_run = repository.run
+    swept: list[tuple[str, ...]] = []
+
+    def run_after_the_sweep(conn: sa.Connection, allocation_id: str, now: datetime) -> object:
+        if not swept:  # the sweep's transaction, on a connection of its own, commits first
+            swept.append(api.sweep(state).ids)
+        return real_run(conn, allocation_id, now)
+
+    monkeypatch.setattr(repository, "run", run_after_the_sweep)
+
+    seen = api.observe(state, "J", "alice", {"h0": indices}, [held["id"]], "kubelet")
+
+    assert swept == [(held["id"],)]
+    assert seen.action == "created", seen
+    now = client.get(f"/v1/allocations/{seen.allocation_id}").json()
+    assert now["state"] == "active" and now["job_id"] == "J"
+    assert sorted(now["tasks"][0]["gpu_indices"]) == sorted(indices)
+    assert _holds(client) == 2 and _free(client, "h0") == 6
