@@ -975,9 +975,12 @@ def _take_truth(
             # The scheduler has just said the job started on these (attached or not):
             # stamped, so that a release decided from an older view of the job (a Slurm
             # reconcile's squeue answer that saw it held, finished or absent) leaves
-            # them (``quiet``).
+            # them (``quiet``). One such release that committed after this transaction
+            # read the job's holds leaves nothing to stamp: answered ``matched``, the
+            # GPUs the job runs on were free, so the truth is taken again on what is left.
             for allocation_id in ids:
-                repository.touch(conn, allocation_id, now)
+                if repository.touch(conn, allocation_id, now) is None:
+                    raise _Changed(allocation_id)
         if attached:
             audit.write_allocations(conn, "attached", attached, now)
             return Observation("attached", ids[0], attached=attached), []

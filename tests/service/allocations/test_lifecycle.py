@@ -431,3 +431,43 @@ def test_a_truth_whose_reservation_expires_as_it_runs_holds_the_gpus(
     assert now["state"] == "active" and now["job_id"] == "J"
     assert sorted(now["tasks"][0]["gpu_indices"]) == sorted(indices)
     assert _holds(client) == 2 and _free(client, "h0") == 6
+
+
+def test_a_start_report_met_by_a_release_from_an_older_view_holds_the_gpus(
+    client: TestClient, database_url: str, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Slurm reconcile decided from an answer read before the job started (it saw the
+    job held) releases the job's allocation, quiet from that answer's moment; the
+    prolog's report of the start, which stamps the allocation so that such a release
+    leaves it, read the job's holds just before the release committed and stamped
+    after. The stamp found nothing live, the report answered ``matched``, and the GPUs
+    the job runs on were free for the next /place. (SQLite: the report holds the one
+    write lock from its first statement, so no release commits inside it.)"""
+    if database_url.startswith("sqlite"):
+        pytest.skip("one writer: nothing commits between a transaction's two statements")
+    add_nodes(client, ("hgx-h100", "h0"))
+    state: ServiceState = client.app.state.service  # type: ignore[attr-defined]
+    held = api.place(state, PlaceRequest(gpus=2, job_id="7"), None, active=True).allocation
+    indices = list(held.tasks[0].gpu_indices)
+    seen_held_at = clock()  # the reconcile's squeue answer: job 7 held
+    clock.advance(5)
+    real_touch = repository.touch
+    released: list[tuple[str, ...]] = []
+
+    def touch_after_the_release(
+        conn: sa.Connection, allocation_id: str, now: datetime
+    ) -> sa.RowMapping | None:
+        if not released:  # the reconcile's release, on a connection of its own, commits first
+            released.append(api.release(state, allocation_id, quiet=seen_held_at).ids)
+        return real_touch(conn, allocation_id, now)
+
+    monkeypatch.setattr(repository, "touch", touch_after_the_release)
+
+    seen = api.observe(state, "7", "slurm:alice", {"h0": indices}, [], "prolog", True, touch=True)
+
+    assert released == [(held.id,)]
+    assert seen.action == "created", seen
+    now = client.get(f"/v1/allocations/{seen.allocation_id}").json()
+    assert now["state"] == "active" and now["job_id"] == "7"
+    assert sorted(now["tasks"][0]["gpu_indices"]) == sorted(indices)
+    assert _holds(client) == 2 and _free(client, "h0") == 6
