@@ -930,6 +930,9 @@ def _take_task(
     )
     if moved is None:
         raise _Changed(allocation_id)
+    # A member runs on the task: a gang's reservation still pending (its first member's
+    # confirm failed) loses its TTL, or the sweep ends it under the running members.
+    moved = _runs(conn, [row], now).get(allocation_id, moved)
     audit.write_allocations(conn, "released", superseded, now)
     audit.write(conn, [records.allocation_change("moved", now, moved)])
     return Observation("moved", allocation_id, tuple(superseded)), freed + given_up
