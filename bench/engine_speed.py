@@ -13,6 +13,11 @@ Workloads (printed with the machine they ran on):
    above the exact tables), for random free sets: the first ask of a free
    set searches (what every ask cost before large-node answers were kept),
    asking again finds the kept answer.
+4. ``place`` of 1 or 8 GPUs across 20 HGX H100 nodes beside one 63-GPU node
+   (NVLink islands of 8) whose free GPUs change before every ask, so that
+   its answer is never kept: with the seed-by-seed search the large node had
+   (every seed grown one GPU at a time in Python, every grown set's ring
+   computed) and with the engine's, same states, same run.
 
 The baseline, measured in the same run on the same states: a per-node loop
 that asks every node for its best set directly (no cross-node arrays, no
@@ -28,11 +33,13 @@ import argparse
 import random
 import time
 from collections import deque
+from functools import lru_cache, partial
 
 import numpy as np
 
 from bench.machine import describe
 from placement import ClusterState, Placement, PlacementRequest
+from placement.large_node import LARGE_ANSWERS, LargeClass
 from placement.node_choice import NO_SET, SetQuery, best_set, indices_to_mask
 from placement.profiles import build_profile, gb200_nvl72_rack
 from placement.snapshot import NodeSnapshot
@@ -281,6 +288,55 @@ def large_node_section(samples: int) -> list[str]:
     return rows
 
 
+BESIDE_HEADER = (
+    "\n| place beside a churning 63-GPU node, k | seed-by-seed search p50 / p99 ms"
+    " | engine p50 / p99 ms | ratio p50 / p99 |\n|---|---|---|---|"
+)
+
+
+def beside_large_node_section(asks: int) -> list[str]:
+    from tests.placement.reference import large_best_set
+
+    rows = []
+    for k in (1, 8):
+        timings = {}
+        for name, search in (
+            ("seed-by-seed", large_best_set),
+            ("engine", LargeClass._best_set_uncached),
+        ):
+            state = ClusterState()
+            for i in range(20):
+                state.upsert(build_profile("hgx-h100", f"hgx{i}"))
+            snap = large_node(63, "big")
+            state.upsert(snap)
+            tc = state.topology_class("big")
+            assert isinstance(tc, LargeClass)
+            # An instance attribute: only this state's node searches the other way.
+            tc._best = lru_cache(maxsize=LARGE_ANSWERS)(partial(search, tc))
+            rng = random.Random(k)
+            request = PlacementRequest(gpus=k)
+            state.place(request)
+            latencies = []
+            for _ in range(asks):
+                gpu = rng.choice(snap.gpus).uuid
+                if gpu in state.node("big").held_gpus:
+                    state.release("big", [gpu])
+                else:
+                    state.allocate("big", [gpu])
+                t0 = time.perf_counter()
+                state.place(request)
+                latencies.append(time.perf_counter() - t0)
+            timings[name] = (percentile(latencies, 50) * 1e3, percentile(latencies, 99) * 1e3)
+        (b50, b99), (e50, e99) = timings["seed-by-seed"], timings["engine"]
+        row = (
+            f"| {k} | {b50:.1f} / {b99:.1f} | {e50:.2f} / {e99:.2f} "
+            f"| {b50 / e50:,.0f}x / {b99 / e99:,.0f}x |"
+        )
+        print(row)
+        rows.append(row)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="small run for a smoke test")
@@ -300,6 +356,8 @@ def main() -> None:
     rows16 = sixteen_gpu_section(40 if args.quick else 200)
     print(LARGE_HEADER)
     rows_large = large_node_section(20 if args.quick else 100)
+    print(BESIDE_HEADER)
+    rows_beside = beside_large_node_section(40 if args.quick else 200)
     print("\n--- markdown ---")
     print(header)
     print("\n".join(rows))
@@ -307,6 +365,8 @@ def main() -> None:
     print("\n".join(rows16))
     print(LARGE_HEADER)
     print("\n".join(rows_large))
+    print(BESIDE_HEADER)
+    print("\n".join(rows_beside))
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 import numpy as np
 
@@ -90,3 +91,68 @@ def best_value(
         if best is None or value > best:
             best = value
     return best
+
+
+def large_best_set(tc: Any, free: int, query: Any) -> int:
+    """The large-node search as first written, one seed and one candidate GPU at a time:
+    grow a set greedily from every free GPU, keep the best by (ring, pair, pair left
+    free, lowest mask). ``tc`` is a placement.large_node.LargeClass."""
+    free_idx = [i for i in range(tc.n) if free >> i & 1]
+    if query.k < 1 or len(free_idx) < query.k:
+        return -1
+    bw, nvlink, numa = tc.wiring.bw, tc.wiring.nvlink, tc.wiring.gpu_numa
+    best: tuple[float, float, float, int] | None = None
+    for seed in free_idx:
+        chosen = [seed]
+        while len(chosen) < query.k:
+            pick: tuple[float, float, int] | None = None
+            for v in free_idx:
+                if v in chosen:
+                    continue
+                if query.numa_required and numa[v] != numa[seed]:
+                    continue
+                if query.require_nvlink and not any(nvlink[v, c] for c in chosen):
+                    continue
+                links = [float(bw[v, c]) for c in chosen]
+                step = (min(links), sum(links), -v)
+                if pick is None or step > pick:
+                    pick = step
+            if pick is None:
+                break
+            chosen.append(-pick[2])
+        if len(chosen) < query.k:
+            continue
+        mask = sum(1 << i for i in chosen)
+        members = tuple(sorted(chosen))
+        if query.require_nvlink and not nvlink_connected(nvlink, members):
+            continue
+        if query.numa_required and len({numa[i] for i in members}) > 1:
+            continue
+        found = (_large_ring(bw, members), tc.pair(mask), tc.pair(free & ~mask), -mask)
+        if best is None or found > best:
+            best = found
+    return -1 if best is None else -best[3]
+
+
+def _large_ring(bw: np.ndarray, members: tuple[int, ...]) -> float:
+    """The ring a large node reports: exact up to 12 GPUs, else a greedy tour's."""
+    from placement.topology_class import _ring_bottlenecks
+
+    k = len(members)
+    sub = bw[np.ix_(members, members)]
+    if k < 2:
+        return 0.0
+    if k == 2:
+        return float(sub[0, 1])
+    if k <= 12:
+        masks = np.arange(1 << k, dtype=np.int64)
+        popcount = np.array([bin(m).count("1") for m in range(1 << k)], dtype=np.int64)
+        return float(_ring_bottlenecks(sub, masks, popcount)[-1])
+    tour = [0]
+    left = set(range(1, k))
+    while left:
+        last = tour[-1]
+        nxt = max(left, key=lambda v: (sub[last, v], -v))
+        tour.append(nxt)
+        left.remove(nxt)
+    return float(min(sub[tour[i], tour[(i + 1) % k]] for i in range(k)))
