@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -14,6 +15,7 @@ from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
 from service.app import create_app
+from service.events import Subscription
 from service.grpc.gen import topoplace_pb2 as pb
 from service.grpc.gen import topoplace_pb2_grpc as pb_grpc
 from service.grpc.server import GrpcServer
@@ -82,3 +84,23 @@ def reason(error: grpc.RpcError) -> str:
     assert isinstance(info, error_details_pb2.ErrorInfo)
     assert info.domain == "topoplace"
     return info.reason
+
+
+# No BDP probing: a client's window stays at its initial size while it reads nothing.
+UNPROBED = [("grpc.http2.bdp_probe", 0)]
+
+
+def block_writing(running: Running, subscription: Subscription) -> None:
+    """Publish 200 events of some 8 KiB each (far more than an UNPROBED client's window
+    holds, fewer than a watcher buffers) and wait until ``subscription``'s stream is
+    blocked writing, events left in its buffer."""
+    hub = running.state.events
+    loop = running.server.loop
+    assert loop is not None
+    names = [f"n{i}-" + "x" * 8192 for i in range(200)]
+    loop.call_soon_threadsafe(lambda: hub.nodes("reported", names))
+    deadline = time.monotonic() + 5
+    while len(subscription._buffer) < 100 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)
+    assert subscription._buffer, "the stream is not blocked writing"

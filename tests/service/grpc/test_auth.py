@@ -18,7 +18,15 @@ from service.grpc.gen import topoplace_pb2 as pb
 from service.grpc.gen import topoplace_pb2_grpc as pb_grpc
 from service.settings import Settings
 from service.tokens import store
-from tests.service.grpc.conftest import Running, details, reason, snapshot_request, start
+from tests.service.grpc.conftest import (
+    UNPROBED,
+    Running,
+    block_writing,
+    details,
+    reason,
+    snapshot_request,
+    start,
+)
 
 ADMIN = "Bearer s3cret-0123456789abcdef"
 
@@ -251,25 +259,14 @@ def test_a_watch_whose_client_stopped_reading_ends_when_its_token_is_revoked(
     ).json()
     viewer = (("authorization", f"Bearer {made['token']}"),)
     hub = guarded.state.events
-    loop = guarded.server.loop
-    assert loop is not None
-    # No BDP probing: the client's window stays at its initial size while it reads nothing.
-    options = [("grpc.http2.bdp_probe", 0)]
-    with grpc.insecure_channel(f"127.0.0.1:{guarded.server.port}", options=options) as channel:
+    with grpc.insecure_channel(f"127.0.0.1:{guarded.server.port}", options=UNPROBED) as channel:
         stream = pb_grpc.TopoplaceStub(channel).Watch(
             pb.WatchRequest(), metadata=viewer, timeout=30
         )
         assert next(stream).type == "started"
         (subscription,) = hub._subscriptions
-        # 200 events of some 8 KiB each: far more than the window holds, fewer than the
-        # watcher buffers, so the stream is not ended for falling behind.
-        names = [f"n{i}-" + "x" * 8192 for i in range(200)]
-        loop.call_soon_threadsafe(lambda: hub.nodes("reported", names))
-        deadline = time.monotonic() + 5
-        while len(subscription._buffer) < 100 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        time.sleep(0.5)
-        assert subscription._buffer, "the stream is not blocked writing"
+        # Not ended for falling behind: the events fit the watcher's buffer.
+        block_writing(guarded, subscription)
         assert store.revoke(guarded.state.engine, made["id"]) is not None
         deadline = time.monotonic() + 5
         while hub.watched and time.monotonic() < deadline:

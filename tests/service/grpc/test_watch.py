@@ -19,7 +19,14 @@ from service.grpc.gen import topoplace_pb2_grpc as pb_grpc
 from service.notify import CHANNEL
 from service.settings import Settings
 from tests.service.conftest import FakeClock
-from tests.service.grpc.conftest import Running, details, snapshot_request, start
+from tests.service.grpc.conftest import (
+    UNPROBED,
+    Running,
+    block_writing,
+    details,
+    snapshot_request,
+    start,
+)
 
 
 def _kinds(events: list[pb.Event]) -> list[tuple[str, str]]:
@@ -158,21 +165,11 @@ def test_a_watch_that_fell_behind_counts_until_its_call_ends(one_watch: Running)
     hub = one_watch.state.events
     loop = one_watch.server.loop
     assert loop is not None
-    # No BDP probing: the client's window stays at its initial size while it reads nothing.
-    options = [("grpc.http2.bdp_probe", 0)]
-    with grpc.insecure_channel(f"127.0.0.1:{one_watch.server.port}", options=options) as channel:
+    with grpc.insecure_channel(f"127.0.0.1:{one_watch.server.port}", options=UNPROBED) as channel:
         stalled = pb_grpc.TopoplaceStub(channel).Watch(pb.WatchRequest(kinds=["node"]), timeout=60)
         assert next(stalled).type == "started"
         (subscription,) = hub._subscriptions
-        # Events of some 8 KiB each, far more than the window holds: the stream blocks
-        # writing, with events left in the watcher's buffer.
-        names = [f"n{i}-" + "x" * 8192 for i in range(200)]
-        loop.call_soon_threadsafe(lambda: hub.nodes("reported", names))
-        deadline = time.monotonic() + 5
-        while len(subscription._buffer) < 100 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        time.sleep(0.5)
-        assert subscription._buffer, "the stream is not blocked writing"
+        block_writing(one_watch, subscription)
         # Then more than the buffer holds: the watcher has fallen behind.
         more = [f"m{i}" for i in range(hub.buffer + 1)]
         loop.call_soon_threadsafe(lambda: hub.nodes("reported", more))
