@@ -152,6 +152,11 @@ def judge_mig(cluster: ClusterState, request: PlacementRequest, names: list[str]
             else:
                 target = failed if v.resolvable else unresolvable
                 target[v.node] = PREFIX + v.message
+        # evaluate() gives no verdict for a node it does not know: without a reason here
+        # kube-scheduler drops it silently from the pod's FailedScheduling event.
+        for name in names:
+            if name not in cluster:
+                failed[name] = NOT_REPORTED
         return Judgement(passing, failed, unresolvable, lambda: priorities, _lookup(chosen))
     return _judge_each(cluster, request, names)
 

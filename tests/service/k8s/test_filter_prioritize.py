@@ -196,3 +196,28 @@ def test_prioritize_after_the_cluster_changed_asks_the_engine_again(fleet: TestC
     scores = {h["Host"]: h["Score"] for h in _post(fleet, "prioritize", names_args(p, passed))}
     assert scores["h100-a"] == 0
     assert max(scores.values()) == 10
+
+
+@pytest.mark.parametrize("mode", ["names", "nodes"])
+@pytest.mark.parametrize(
+    ("gpus", "resource"),
+    [(2, "nvidia.com/gpu"), (1, "nvidia.com/mig-1g.10gb"), (2, "nvidia.com/mig-1g.10gb")],
+)
+def test_every_node_sent_is_passed_or_given_a_reason(
+    k8s_client: TestClient, mode: str, gpus: int, resource: str
+):
+    # kube-scheduler reports the reasons in the pod's FailedScheduling event: a node that
+    # is neither passed nor failed is dropped with none ("0/3 nodes are available: 1 ...,
+    # 1 ..." counting two). A single MIG instance's judgement left out the unreported node.
+    add_nodes(k8s_client, ("dgx-a100-mig", "a100-mig"), ("hgx-h100", "h100-a"))
+    p = pod("infer", gpus, resource=resource)
+    sent = ["a100-mig", "h100-a", "ghost-d"]
+    build = names_args if mode == "names" else nodes_args
+    result = _post(k8s_client, "filter", build(p, sent))
+    if mode == "names":
+        passing = result["NodeNames"]
+    else:
+        passing = [n["metadata"]["name"] for n in result["Nodes"]["items"]]
+    failed, unresolvable = result["FailedNodes"], result["FailedAndUnresolvableNodes"]
+    assert sorted([*passing, *failed, *unresolvable]) == sorted(sent)
+    assert failed["ghost-d"] == "topoplace: no topoplace agent has reported this node"
