@@ -134,9 +134,18 @@ class Extender:
                     self._recent.popitem(last=False)
         return recent
 
-    def _pod_for_bind(self, namespace: str, name: str, uid: str) -> PodRequest:
+    def _remembered(self, namespace: str, name: str, uid: str) -> _Recent | None:
+        """The pod filter saw under ``uid``, if it is the one the bind names: a UID with
+        another pod's name would otherwise bind the pod filter saw, not the one named,
+        and answer that the named one was bound."""
         with self._recent_lock:
             recent = self._recent.get(uid)
+        if recent is None or (recent.pod.namespace, recent.pod.name) != (namespace, name):
+            return None
+        return recent
+
+    def _pod_for_bind(self, namespace: str, name: str, uid: str) -> PodRequest:
+        recent = self._remembered(namespace, name, uid)
         if recent is not None:
             return recent.pod
         pod = self.kube().get_pod(namespace, name)
@@ -282,8 +291,7 @@ class Extender:
         a gang member under its gang's lock, the first bind, which connects) is bound
         on a worker thread by ``bind``."""
         args = binding_args(body)
-        with self._recent_lock:
-            recent = self._recent.get(args["PodUID"])
+        recent = self._remembered(args["PodNamespace"], args["PodName"], args["PodUID"])
         kube = self._timed
         if recent is None or kube is None or recent.pod.gang is not None:
             return await off_loop(self.bind, body)

@@ -342,3 +342,32 @@ def test_a_gang_member_whose_token_is_revoked_meanwhile_is_not_bound(
     _refused_as_revoked(guarded.bind(second, "h100-b"))
     assert [b["metadata"]["name"] for b in guarded.kube.bindings] == ["ring-0"]
     assert guarded.allocations() == [gang]
+
+
+@pytest.mark.parametrize("connected", [False, True])
+def test_a_bind_naming_one_pod_with_another_pods_uid_binds_neither(
+    fleet: TestClient, kube: FakeKubeApi, connected: bool
+):
+    # ExtenderBindingArgs names the pod by PodNamespace/PodName and its incarnation by
+    # PodUID. The UID alone picked the pod filter had seen: 'b' with 'a''s UID bound 'a'
+    # and answered that 'b' was bound. The first bind connects on a worker thread; once
+    # connected, a remembered pod's bind runs on the event loop: both are checked.
+    if connected:
+        assert _bind(fleet, kube.add(pod("web", 0)), "h100-a") == ""
+    a = kube.add(pod("a", 2))
+    b = kube.add(pod("b", 2))
+    assert fleet.post("/k8s/v1/filter", json=names_args(a, ["h100-a"])).status_code == 200
+    mixed = {**binding_args(b, "h100-a"), "PodUID": a["metadata"]["uid"]}
+    assert "ml-team/b is now another pod" in _bind_args(fleet, mixed)
+    assert [x["metadata"]["name"] for x in kube.bindings] == ["web"] * connected
+    kube.bindings.clear()
+    assert _allocations(fleet, a["metadata"]["uid"]) == []
+    assert _bind(fleet, a, "h100-a") == ""
+    assert [x["metadata"]["name"] for x in kube.bindings] == ["a"]
+
+
+def _bind_args(client: TestClient, args: dict[str, str]) -> str:
+    response = client.post("/k8s/v1/bind", json=args)
+    assert response.status_code == 200, response.text
+    error: str = response.json()["Error"]
+    return error
