@@ -179,6 +179,8 @@ local function pre_submit(options, offset)
     dependency = option(options, "dependency"),
     begin_in_s = begin,
     held = options["hold"] == "set", -- --hold: "set" or "unset"
+    -- --exclusive: "exclusive" ("user", "mcs", "oversubscribe" share the node's GPUs)
+    exclusive = options["exclusive"] == "exclusive",
     batch = false,
     reserve = false,
   })

@@ -80,6 +80,8 @@ local function submit(job_desc, part_list)
     begin_in_s = begin_in_s(job_desc.begin_time),
     -- --hold (sbatch -H) arrives as priority 0: the job waits for scontrol release.
     held = job_desc.priority == 0,
+    -- --exclusive (shared 0, JOB_SHARED_NONE): Slurm gives it every GPU of an idle node.
+    exclusive = job_desc.shared == 0,
     user_name = job_desc.user_name,
     name = job_desc.name,
     comment = job_desc.comment,

@@ -61,6 +61,12 @@ class JobSubmit(BaseModel):
         description="--hold (priority 0): the job waits for scontrol release, so it is left"
         " to Slurm with nothing reserved",
     )
+    exclusive: bool = Field(
+        default=False,
+        strict=True,
+        description="--exclusive: Slurm gives the job every GPU of a node no other job uses,"
+        " so it is left to Slurm with nothing reserved",
+    )
     user_name: Text | None = Field(default=None, max_length=MAX_USER_NAME)
     name: Text | None = Field(default=None, description="job name")
     comment: Text | None = Field(default=None, description="may carry 'topoplace:' options")

@@ -101,6 +101,11 @@ def _decide_flow(state: ServiceState, settings: SlurmSettings, job: JobSubmit) -
         )
     if (deferred := _deferred(job)) is not None:
         return _unchanged(deferred)
+    if job.exclusive:
+        # Slurm gives such a job every GPU of a node no other job uses, whatever it asks
+        # for: there is nothing to choose, and a job pinned beside another one waited for
+        # that job's end while other nodes sat idle. The prolog records its GPUs.
+        return _unchanged("--exclusive takes every GPU of an idle node; left to Slurm")
     if job.reserve and not job.batch and ask.per_gpu_indices is None:
         # cli_filter.lua names the GPUs of every srun/salloc it saw. Without it, the
         # job's steps keep a plain count (--gres=gpu:N), which Slurm 22.05 refuses

@@ -116,6 +116,14 @@ def test_srun_jobs_get_no_environment_and_a_proposal_reserves_nothing(dgx1: Test
         # nodes than a gang's tasks): was a 500, now left to Slurm saying why.
         ({"tres_per_node": f"gres:gpu:{'a' * 300}:1"}, "unchanged", "cannot be asked"),
         ({"tres_per_node": "gres:gpu:1", "min_nodes": 100000}, "unchanged", "cannot be asked"),
+        # --exclusive: Slurm gives every GPU of an idle node; pinned beside another job it
+        # waited for that job's end (tests/integrations/slurm/test_exclusive_jobs.py).
+        ({"tres_per_job": "gres:gpu:2", "exclusive": True}, "unchanged", "--exclusive"),
+        (
+            {"tres_per_node": "gres:gpu:1", "exclusive": True, "reserve": False, "batch": False},
+            "unchanged",
+            "--exclusive",
+        ),
     ],
 )
 def test_jobs_left_to_slurm_or_refused_say_why_and_hold_nothing(
