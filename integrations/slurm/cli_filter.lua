@@ -181,6 +181,7 @@ local function pre_submit(options, offset)
     held = options["hold"] == "set", -- --hold: "set" or "unset"
     -- --exclusive: "exclusive" ("user", "mcs", "oversubscribe" share the node's GPUs)
     exclusive = options["exclusive"] == "exclusive",
+    reservation = option(options, "reservation"),
     batch = false,
     reserve = false,
   })

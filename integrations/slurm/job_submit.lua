@@ -82,6 +82,7 @@ local function submit(job_desc, part_list)
     held = job_desc.priority == 0,
     -- --exclusive (shared 0, JOB_SHARED_NONE): Slurm gives it every GPU of an idle node.
     exclusive = job_desc.shared == 0,
+    reservation = job_desc.reservation,
     user_name = job_desc.user_name,
     name = job_desc.name,
     comment = job_desc.comment,

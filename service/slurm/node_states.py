@@ -1,7 +1,7 @@
 """Which nodes Slurm will not start jobs on now, read from ``sinfo --json``.
 
 The filter must not pin a job to a node Slurm has down, drained or draining,
-failed, in a maintenance reservation or not responding: the job would wait
+failed, in a reservation (maintenance or another) or not responding: the job would wait
 there, pending with ``ReqNodeNotAvail``, holding its reservation, while other
 nodes sit idle. The topoplace agent on such a node may still report it
 healthy (a drain is an administrator's decision, not a fault the agent sees).
@@ -28,9 +28,21 @@ from typing import Any
 from service.slurm.json_command import run_json_command
 
 # Base states and flags (upper case) after which Slurm starts no job on the node.
+# RESERVED: in an advance reservation now, where Slurm starts only the jobs that name
+# it (--reservation), and those the filter leaves to Slurm (service.py).
 UNAVAILABLE_STATES = frozenset({"DOWN"})
 UNAVAILABLE_FLAGS = frozenset(
-    {"DRAIN", "DRAINED", "DRAINING", "FAIL", "FAILING", "MAINT", "MAINTENANCE", "NOT_RESPONDING"}
+    {
+        "DRAIN",
+        "DRAINED",
+        "DRAINING",
+        "FAIL",
+        "FAILING",
+        "MAINT",
+        "MAINTENANCE",
+        "NOT_RESPONDING",
+        "RESERVED",
+    }
 )
 # A read is trusted this long when the next ones fail: a slurmctld that does not
 # answer takes no submissions either, and once it is back a stale read would keep

@@ -61,6 +61,11 @@ class JobSubmit(BaseModel):
         description="--hold (priority 0): the job waits for scontrol release, so it is left"
         " to Slurm with nothing reserved",
     )
+    reservation: Text | None = Field(
+        default=None,
+        description="--reservation: its nodes are the reservation's, so the job is left to"
+        " Slurm with nothing reserved",
+    )
     exclusive: bool = Field(
         default=False,
         strict=True,
@@ -102,6 +107,7 @@ class JobSubmit(BaseModel):
         "partition_nodes",
         "array_inx",
         "dependency",
+        "reservation",
         "comment",
         mode="before",
     )

@@ -106,6 +106,13 @@ def _decide_flow(state: ServiceState, settings: SlurmSettings, job: JobSubmit) -
         # for: there is nothing to choose, and a job pinned beside another one waited for
         # that job's end while other nodes sat idle. The prolog records its GPUs.
         return _unchanged("--exclusive takes every GPU of an idle node; left to Slurm")
+    if job.reservation is not None:
+        # Slurm starts it only on its reservation's nodes, which topoplace does not know:
+        # pinned elsewhere, the submission was refused. The nodes in a reservation are
+        # left out for every other job (node_states.py: RESERVED).
+        return _unchanged(
+            f"--reservation={job.reservation[:100]}: only its nodes may run the job; left to Slurm"
+        )
     if job.reserve and not job.batch and ask.per_gpu_indices is None:
         # cli_filter.lua names the GPUs of every srun/salloc it saw. Without it, the
         # job's steps keep a plain count (--gres=gpu:N), which Slurm 22.05 refuses

@@ -124,6 +124,14 @@ def test_srun_jobs_get_no_environment_and_a_proposal_reserves_nothing(dgx1: Test
             "unchanged",
             "--exclusive",
         ),
+        # --reservation: Slurm runs it on the reservation's nodes alone; pinned elsewhere
+        # it was refused (tests/integrations/slurm/test_node_states.py).
+        ({"tres_per_node": "gres:gpu:1", "reservation": "maint1"}, "unchanged", "maint1"),
+        (
+            {"tres_per_job": "gres:gpu:1", "reservation": "r", "reserve": False, "batch": False},
+            "unchanged",
+            "--reservation=r",
+        ),
     ],
 )
 def test_jobs_left_to_slurm_or_refused_say_why_and_hold_nothing(

@@ -53,7 +53,12 @@ def test_later_api_versions_give_the_state_as_a_list() -> None:
             {"name": "d", "state": ["IDLE", "RESERVED", "POWERED_DOWN"]},
         ]
     }
-    assert unavailable_nodes(sinfo) == {"a": "IDLE+DRAIN: r", "b": "DOWN+NOT_RESPONDING"}
+    assert unavailable_nodes(sinfo) == {
+        "a": "IDLE+DRAIN: r",
+        "b": "DOWN+NOT_RESPONDING",
+        # In an advance reservation: Slurm starts only the jobs that name it there.
+        "d": "IDLE+RESERVED+POWERED_DOWN",
+    }
 
 
 @pytest.mark.parametrize(
