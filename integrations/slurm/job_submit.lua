@@ -46,6 +46,29 @@ local function partition_nodes(job_desc, part_list)
   return table.concat(lists, ",")
 end
 
+-- Whether a partition the job may use gives every job whole nodes (OverSubscribe=EXCLUSIVE:
+-- max_share 0), as --exclusive does: Slurm then gives the job every GPU of a node no other
+-- job uses, so a job pinned beside another one would wait for it while other nodes sit idle.
+local function exclusive_partition(job_desc, part_list)
+  local function exclusive(part)
+    return part ~= nil and part.max_share == 0
+  end
+  if job_desc.partition ~= nil then
+    for name in string.gmatch(job_desc.partition, "[^,]+") do
+      if exclusive(part_list[name]) then
+        return true
+      end
+    end
+    return false
+  end
+  for _, part in pairs(part_list) do
+    if part.flag_default == 1 and exclusive(part) then
+      return true
+    end
+  end
+  return false
+end
+
 -- Seconds from now to the job's --begin, nil when it has none (0). A job that may
 -- start only later, like one with a --dependency or one held, is left to Slurm
 -- unreserved.
@@ -80,8 +103,9 @@ local function submit(job_desc, part_list)
     begin_in_s = begin_in_s(job_desc.begin_time),
     -- --hold (sbatch -H) arrives as priority 0: the job waits for scontrol release.
     held = job_desc.priority == 0,
-    -- --exclusive (shared 0, JOB_SHARED_NONE): Slurm gives it every GPU of an idle node.
-    exclusive = job_desc.shared == 0,
+    -- --exclusive (shared 0, JOB_SHARED_NONE), or a partition with OverSubscribe=EXCLUSIVE:
+    -- Slurm gives it every GPU of an idle node.
+    exclusive = job_desc.shared == 0 or exclusive_partition(job_desc, part_list),
     reservation = job_desc.reservation,
     user_name = job_desc.user_name,
     name = job_desc.name,

@@ -69,7 +69,8 @@ class JobSubmit(BaseModel):
     exclusive: bool = Field(
         default=False,
         strict=True,
-        description="--exclusive: Slurm gives the job every GPU of a node no other job uses,"
+        description="--exclusive, or a partition with OverSubscribe=EXCLUSIVE: Slurm gives"
+        " the job every GPU of a node no other job uses,"
         " so it is left to Slurm with nothing reserved",
     )
     user_name: Text | None = Field(default=None, max_length=MAX_USER_NAME)

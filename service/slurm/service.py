@@ -105,7 +105,10 @@ def _decide_flow(state: ServiceState, settings: SlurmSettings, job: JobSubmit) -
         # Slurm gives such a job every GPU of a node no other job uses, whatever it asks
         # for: there is nothing to choose, and a job pinned beside another one waited for
         # that job's end while other nodes sat idle. The prolog records its GPUs.
-        return _unchanged("--exclusive takes every GPU of an idle node; left to Slurm")
+        return _unchanged(
+            "--exclusive (or an OverSubscribe=EXCLUSIVE partition) takes every GPU of an"
+            " idle node; left to Slurm"
+        )
     if job.reservation is not None:
         # Slurm starts it only on its reservation's nodes, which topoplace does not know:
         # pinned elsewhere, the submission was refused. The nodes in a reservation are

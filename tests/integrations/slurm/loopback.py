@@ -234,6 +234,7 @@ MinJobAge=600
 EpilogSlurmctld={root / "epilog.sh"}
 {plugins}{chr(10).join(node_lines)}
 PartitionName=gpu Nodes={",".join(self.nodes)} Default=YES MaxTime=INFINITE State=UP
+PartitionName=whole Nodes={",".join(self.nodes)} OverSubscribe=EXCLUSIVE MaxTime=INFINITE State=UP
 """
         )
         self.write_filter_config(self.service.url)
@@ -349,7 +350,8 @@ PartitionName=gpu Nodes={",".join(self.nodes)} Default=YES MaxTime=INFINITE Stat
         afterwards is killed by its PID.
         """
         if any(d.name == "slurmctld" and d.process.poll() is None for d in self.daemons):
-            self.run("scancel", "--full", "--quiet", "--partition=gpu", timeout_s=10)
+            for partition in ("gpu", "whole"):
+                self.run("scancel", "--full", "--quiet", f"--partition={partition}", timeout_s=10)
             deadline = time.monotonic() + 10
             while time.monotonic() < deadline:
                 active = self.run("squeue", "-h", "-t", "R,CG,CF,S", "-o", "%i", timeout_s=10)

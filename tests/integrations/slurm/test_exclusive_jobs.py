@@ -48,3 +48,26 @@ def test_an_exclusive_job_runs_at_once_on_an_idle_node_and_is_recorded_whole(
 
 def _holds(service: Service, job: str, truth: dict[str, list[int]]) -> bool:
     return held(of_job(service, job)) == truth
+
+
+def test_a_job_in_an_exclusive_partition_runs_at_once_on_an_idle_node(
+    cluster: LoopbackCluster, service: Service, jobs: list[str]
+) -> None:
+    """A partition with OverSubscribe=EXCLUSIVE gives every job whole nodes, as
+    --exclusive does: pinned beside a running job, it waited there (PD Resources)."""
+    busy = cluster.sbatch("--gres=gpu:1", script="sleep 60")
+    jobs.append(busy.id)
+    assert busy.returncode == 0, busy.stderr
+    cluster.wait_state(busy.id, ("RUNNING",))
+    [busy_node] = gres_indices(cluster.show_job(busy.id))
+
+    job = cluster.sbatch("--partition=whole", "--gpus=2", script="sleep 60")
+    jobs.append(job.id)
+    assert job.returncode == 0, job.stderr
+    cluster.wait_state(job.id, ("RUNNING",), timeout_s=10)  # not PD beside the busy one
+    shown = cluster.show_job(job.id)
+    assert not allocation_ids(shown), shown  # nothing to choose: left to Slurm
+    truth = gres_indices(shown)
+    [node] = truth
+    assert node != busy_node and truth[node] == list(range(8)), truth
+    eventually(partial(_holds, service, job.id, truth), "its 8 GPUs recorded", 2)
