@@ -57,9 +57,13 @@ PARKED_REASONS = frozenset(
 # MaxJobsPerAccount and some hundred more): the job waits until the user's,
 # account's or QOS's other jobs end, whatever GPUs are free.
 _LIMIT_PREFIXES = ("Assoc", "QOS", "Max")
-# ReqNodeNotAvail also covers nodes reserved for a job of higher priority (a wait for
-# its turn); only with nodes that are down, drained or not responding does it park.
+# ReqNodeNotAvail: a node the job requires is down, drained or not responding
+# ("UnavailableNodes:node2"), or in an advance reservation the job may not use ("May be
+# reserved for other job", "Reserved for maintenance", Slurm 22.05's select_nodes): the job
+# starts only once the node is back or the reservation is over, perhaps hours later, which
+# a job pinned there before the drain or the reservation waits for holding its GPUs.
 _UNAVAILABLE = "UnavailableNodes:"
+_RESERVED = ("May be reserved for other job", "Reserved for maintenance")
 
 
 def parked_reason(job: dict[str, Any]) -> str | None:
@@ -72,5 +76,8 @@ def parked_reason(job: dict[str, Any]) -> str | None:
     if reason == "ReqNodeNotAvail":
         described = str(job.get("state_description") or "")
         nodes = described.partition(_UNAVAILABLE)[2].strip()
-        return f"{reason} ({nodes})" if nodes else None
+        if nodes:
+            return f"{reason} ({nodes})"
+        reserved = next((r for r in _RESERVED if r in described), None)
+        return f"{reason} ({reserved})" if reserved else None
     return None

@@ -54,3 +54,49 @@ def test_a_held_job_frees_its_gpus_and_is_recorded_when_it_starts(
     eventually(lambda: held(of_job(service, parked.id)) == truth, "the job's GPUs recorded", 2)
     [recorded] = of_job(service, parked.id)
     assert recorded["id"] != reserved and recorded["owner"] == "slurm:root"
+
+
+def test_a_job_pinned_to_a_node_reserved_after_it_gives_its_gpus_back(
+    cluster: LoopbackCluster, service: Service, jobs: list[str]
+) -> None:
+    """An advance reservation made on a node after the filter pinned a job there: Slurm
+    starts the job only once the reservation is over (`ReqNodeNotAvail, May be reserved
+    for other job`), so its reservation went on keeping 8 GPUs from every other job."""
+    node = NODES[2]
+    whole = every_cpu(cluster, node, jobs)
+    pinned = cluster.sbatch("--gpus=8", "-w", node, script="sleep 60")
+    jobs.append(pinned.id)
+    assert pinned.returncode == 0, pinned.stderr
+    [reserved] = allocation_ids(cluster.show_job(pinned.id))  # the filter placed it
+    name = f"later{pinned.id}"
+    created = cluster.run(
+        "scontrol",
+        "create",
+        "reservation",
+        f"reservationname={name}",
+        f"nodes={node}",
+        "users=root",
+        "starttime=now+60minutes",
+        "duration=10",
+        "flags=ignore_jobs",  # the node's running job has no time limit
+    )
+    assert created.returncode == 0, created.stderr
+    try:
+        cluster.run("scancel", whole)  # its GPUs and CPUs free: only the reservation blocks it
+        cluster.wait_state(whole, ("CANCELLED", "COMPLETED"))
+        eventually(
+            lambda: "May_be_reserved_for_other_job" in cluster.show_job(pinned.id),
+            "the job blocked by the reservation",
+            INTERVAL_S,
+        )
+        eventually(
+            lambda: allocation(service, reserved)["state"] == "released",
+            "the blocked job's reservation released",
+            INTERVAL_S + 0.5,
+        )
+        assert cluster.job_state(pinned.id) == "PENDING"
+    finally:
+        cluster.run("scancel", pinned.id)
+        cluster.wait_state(pinned.id, ("CANCELLED",))
+        deleted = cluster.run("scontrol", "delete", f"reservationname={name}")
+        assert deleted.returncode == 0, deleted.stderr

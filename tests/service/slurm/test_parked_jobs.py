@@ -26,6 +26,9 @@ from tests.service.slurm.test_truth import gpus, of_job, show_job, started, subm
         ("AssocMaxJobsLimit", ""),
         ("QOSMaxGRESPerUser", ""),
         ("ReqNodeNotAvail", "ReqNodeNotAvail, UnavailableNodes:node2"),  # as 22.05.8 prints it
+        # Its node is in an advance reservation (made after the job was pinned there).
+        ("ReqNodeNotAvail", "ReqNodeNotAvail, May be reserved for other job"),
+        ("ReqNodeNotAvail", "ReqNodeNotAvail, Reserved for maintenance"),
     ],
 )
 def test_a_held_or_blocked_job_gives_its_gpus_back(
@@ -49,8 +52,7 @@ def test_a_held_or_blocked_job_gives_its_gpus_back(
         ("Priority", ""),
         ("None", ""),
         ("SchedDefer", ""),
-        # Its nodes are kept for a job of higher priority: a wait for its turn.
-        ("ReqNodeNotAvail", "ReqNodeNotAvail, May be reserved for other job"),
+        ("ReqNodeNotAvail", ""),  # no description: nothing says the job is blocked
     ],
 )
 def test_a_job_waiting_for_gpus_or_its_turn_keeps_its_reservation(
