@@ -118,6 +118,33 @@ local function begin_in_s(value)
   return at - os.time()
 end
 
+-- Whether a partition the job may use (those it names, else the default one) gives
+-- every job whole nodes (OverSubscribe=EXCLUSIVE), as --exclusive does: Slurm then gives
+-- the job every GPU of a node no other job uses, so a node named for it beside another
+-- job would keep it waiting while other nodes sit idle. job_submit.lua sees the
+-- partition's settings; a client sees them only through scontrol (one call per srun or
+-- salloc that asks for GPUs outside a job).
+local function exclusive_partition(named)
+  local pipe = io.popen("scontrol show partition -o 2>/dev/null")
+  if pipe == nil then
+    return false
+  end
+  local shown = pipe:read("*a") or ""
+  pipe:close()
+  local wanted = {}
+  for name in string.gmatch(named or "", "[^,]+") do
+    wanted[name] = true
+  end
+  for line in string.gmatch(shown, "[^\n]+") do
+    local name = line:match("^PartitionName=(%S+)")
+    local mine = named == nil and line:find(" Default=YES", 1, true) or wanted[name]
+    if mine and line:find(" OverSubscribe=EXCLUSIVE", 1, true) then
+      return true
+    end
+  end
+  return false
+end
+
 -- A heterogeneous job (salloc A : B, srun A : B) is submitted in one process that
 -- calls pre_submit once per component, in order (offset 0, 1, ...). Slurm refuses
 -- components named onto one node, and salloc excludes each other component's node
@@ -180,7 +207,8 @@ local function pre_submit(options, offset)
     begin_in_s = begin,
     held = options["hold"] == "set", -- --hold: "set" or "unset"
     -- --exclusive: "exclusive" ("user", "mcs", "oversubscribe" share the node's GPUs)
-    exclusive = options["exclusive"] == "exclusive",
+    exclusive = options["exclusive"] == "exclusive"
+      or exclusive_partition(option(options, "partition")),
     reservation = option(options, "reservation"),
     batch = false,
     reserve = false,

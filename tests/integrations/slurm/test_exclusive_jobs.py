@@ -71,3 +71,13 @@ def test_a_job_in_an_exclusive_partition_runs_at_once_on_an_idle_node(
     [node] = truth
     assert node != busy_node and truth[node] == list(range(8)), truth
     eventually(partial(_holds, service, job.id, truth), "its 8 GPUs recorded", 2)
+    cluster.run("scancel", job.id)
+    cluster.wait_state(job.id, ("CANCELLED",))
+
+    # srun through cli_filter.lua: proposed nowhere either, so it does not wait either.
+    show = "scontrol -d show job -o $SLURM_JOB_ID"
+    done = cluster.run("srun", "-p", "whole", "--gres=gpu:1", "sh", "-c", show, timeout_s=20)
+    assert done.returncode == 0, done.stderr
+    [record] = [line for line in done.stdout.splitlines() if line.startswith("JobId=")]
+    truth = gres_indices(record)
+    assert busy_node not in truth and list(truth.values()) == [list(range(8))], record
