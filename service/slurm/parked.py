@@ -24,6 +24,8 @@ PARKED_REASONS = frozenset(
         "JobHeldUser",
         "JobHeldAdmin",
         "JobHoldMaxRequeue",
+        # Held by Slurm when the reservation it was given (scontrol update) is deleted.
+        "ReservationDeleted",
         # A held, requeued job after a failed launch shows why it was held.
         "JobLaunchFailure",
         "SystemFailure",

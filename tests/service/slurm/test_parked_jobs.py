@@ -20,6 +20,8 @@ from tests.service.slurm.test_truth import gpus, of_job, show_job, started, subm
     [
         ("JobHeldUser", ""),  # sbatch --hold, scontrol uhold
         ("JobHeldAdmin", ""),  # scontrol hold by an administrator
+        # Held by Slurm when the reservation it was given is deleted: until scontrol release.
+        ("ReservationDeleted", "Reservation r1 was deleted"),
         ("PartitionNodeLimit", ""),
         ("PartitionConfig", ""),
         ("BadConstraints", ""),
