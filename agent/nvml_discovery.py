@@ -537,6 +537,12 @@ def _link_matrix(nvml: Nvml, readings: list[_Reading]) -> list[list[str]]:
         for j in range(i + 1, n):
             label = _pair_label(nvml, readings[i], readings[j])
             links[i][j] = links[j][i] = label
+    # A GPU lost while the pairs were read: its pairs read before then say SYS too.
+    for r in readings:
+        if r.lost:
+            for j in range(n):
+                if j != r.index:
+                    links[r.index][j] = links[j][r.index] = "SYS"
     return links
 
 
@@ -552,10 +558,30 @@ def _pair_label(nvml: Nvml, a: _Reading, b: _Reading) -> str:
         return f"NV{direct}"
     try:
         level = nvml.nvmlDeviceGetTopologyCommonAncestor(a.handle, b.handle)
+    except pynvml.NVMLError_GpuIsLost as exc:
+        # Which of the two fell off the bus is asked of each alone; that one is lost,
+        # not reported healthy with its pairs noted on every other GPU.
+        for r in (a, b):
+            if _gone(nvml, r):
+                r.lost = f"GPU is lost: {exc} (nvmlDeviceGetTopologyCommonAncestor)"
+        if not (a.lost or b.lost):
+            a.notes.append(f"PCIe relation to GPU {b.index} unknown: {exc}")
+        return "SYS"
     except pynvml.NVMLError as exc:
         a.notes.append(f"PCIe relation to GPU {b.index} unknown: {exc}")
         return "SYS"
     return _LEVEL_LABELS.get(level, "SYS")
+
+
+def _gone(nvml: Nvml, reading: _Reading) -> bool:
+    """Whether NVML says the GPU is lost when asked about it alone."""
+    try:
+        call("nvmlDeviceGetUUID", nvml.nvmlDeviceGetUUID, reading.handle)
+    except GpuLost:
+        return True
+    except (pynvml.NVMLError, Unusable):
+        return False
+    return False
 
 
 def _node_fabric(readings: list[_Reading]) -> Fabric | None:
