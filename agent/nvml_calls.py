@@ -3,14 +3,19 @@ strings NVML answers that a snapshot cannot carry."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import pynvml  # type: ignore[import-untyped]
 
+from placement.snapshot import CPU_DEVICE_PREFIX, DEVICE_UUID_PATTERN
 from placement.text import forbidden_character
 
 T = TypeVar("T")
+
+_DEVICE_UUID = re.compile(DEVICE_UUID_PATTERN)
+UUID_LIMIT = 128  # the longest device UUID a snapshot carries
 
 # Errors that mean "this device has no such feature".
 ABSENT = (
@@ -69,6 +74,18 @@ def text(name: str, value: object, max_length: int) -> str:
     if not found or len(found) > max_length or forbidden_character(found) is not None:
         # repr: the reason lands in health_reason, which carries no control characters.
         raise Unusable(f"{name} answered {found[:40]!r}, which a snapshot cannot carry")
+    return found
+
+
+def device_uuid(name: str, value: object) -> str:
+    """A GPU's or MIG device's UUID, as a snapshot and a job's device list can carry it (one
+    word of printable ASCII without a comma, not a CPU's name); ``Unusable`` otherwise.
+
+    Checked here, not left to the snapshot's validation: that refuses the whole node.
+    """
+    found = text(name, value, UUID_LIMIT)
+    if not _DEVICE_UUID.match(found) or found.startswith(CPU_DEVICE_PREFIX):
+        raise Unusable(f"{name} answered {found[:40]!r}, which no device list can carry")
     return found
 
 

@@ -53,6 +53,7 @@ from agent.nvml_calls import (
     GpuLost,
     Unusable,
     call,
+    device_uuid,
     field_text,
     optional,
     text,
@@ -204,7 +205,7 @@ def _read_gpu(
         reading.handle = call("nvmlDeviceGetHandleByIndex", nvml.nvmlDeviceGetHandleByIndex, index)
         handle = reading.handle
         uuid = call("nvmlDeviceGetUUID", nvml.nvmlDeviceGetUUID, handle)
-        reading.uuid = text("nvmlDeviceGetUUID", uuid, TEXT_LIMIT)
+        reading.uuid = device_uuid("nvmlDeviceGetUUID", uuid)
         model = call("nvmlDeviceGetName", nvml.nvmlDeviceGetName, handle)
         reading.model = text("nvmlDeviceGetName", model, TEXT_LIMIT)
         memory = call("nvmlDeviceGetMemoryInfo", nvml.nvmlDeviceGetMemoryInfo, handle)

@@ -29,7 +29,7 @@ import pynvml  # type: ignore[import-untyped]
 from pydantic import ValidationError
 
 from agent.nvml_api import Nvml
-from agent.nvml_calls import GpuLost, call
+from agent.nvml_calls import GpuLost, Unusable, call, device_uuid
 from placement.snapshot import MAX_MIG_SLICES, MigInstance
 from placement.text import forbidden_character
 
@@ -93,7 +93,7 @@ def read_migs(
                 nvml.nvmlDeviceGetGpuInstanceById(parent, instance_id)
             )
             found[instance_id] = MigInstance(
-                uuid=str(nvml.nvmlDeviceGetUUID(mig)),
+                uuid=device_uuid("nvmlDeviceGetUUID", nvml.nvmlDeviceGetUUID(mig)),
                 parent_gpu=gpu_index,
                 profile=names.get(int(info.profileId)) or _profile_from_name(nvml, mig),
                 placement_start=int(info.placement.start),
@@ -103,9 +103,10 @@ def read_migs(
             computes[instance_id] = None if compute is None else [compute]
         except pynvml.NVMLError_GpuIsLost as exc:
             raise GpuLost("MIG device", exc) from None
-        except (pynvml.NVMLError, ValueError) as exc:
-            # ValueError: an answer the instance cannot carry (an odd UUID or profile name,
-            # bytes that are not UTF-8); one device left out, not the node's round failed.
+        except (pynvml.NVMLError, ValueError, Unusable) as exc:
+            # ValueError, Unusable: an answer the instance or a job's device list cannot
+            # carry (an odd UUID or profile name, bytes that are not UTF-8); one device
+            # left out, not the node's round failed.
             notes.append(f"MIG device {slot}: {_short(exc)}")
     instances = sorted(found.values(), key=lambda m: m.placement_start)
     problem = _misplaced(instances)

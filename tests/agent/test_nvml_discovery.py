@@ -260,7 +260,7 @@ def test_a_mig_device_with_an_unusable_uuid_is_left_out_and_noted() -> None:
     odd = fake.gpus[3].migs[0].uuid
     fake.gpus[3].migs[0].uuid = "MIG-\x07"
     got = source.read()
-    assert "MIG device 0: uuid: Value error, control characters" in got.gpus[3].health_reason
+    assert "MIG device 0: nvmlDeviceGetUUID answered 'MIG-\\x07'" in got.gpus[3].health_reason
     assert got.gpus[3].health is Health.HEALTHY
     assert [m.uuid for m in got.mig_instances] == [
         m.uuid for m in snap.mig_instances if m.uuid != odd

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from agent.nvml_fake import FakeNvml, fake_host
 from agent.sources import Identity, NvmlSource
 from placement import Health, NodeSnapshot
@@ -38,3 +40,38 @@ def test_a_gpu_lost_while_the_pcie_relations_are_read_is_unhealthy() -> None:
     others = [g for g in got.gpus if g.index != 5]
     assert all(g.health is Health.HEALTHY and not g.health_reason for g in others)
     assert got.links[0][1] == snap.links[0][1]
+
+
+@pytest.mark.parametrize("uuid", ["GPU-1 2", "GPU-1,GPU-2", "GPU-\u00e9", "cpu:0"])
+def test_a_gpu_uuid_no_device_list_can_carry_is_unhealthy_not_a_failed_round(uuid: str) -> None:
+    fake, source, _ = _source("dgx1-v100")
+    first = source.read()
+    fake.gpus[3].uuid = uuid
+    got = source.read()  # was: DiscoveryError, no snapshot and no heartbeat for 8 GPUs
+    assert got.gpus[3].health is Health.UNHEALTHY
+    assert "nvmlDeviceGetUUID" in got.gpus[3].health_reason
+    assert got.gpus[3].uuid == first.gpus[3].uuid  # as the last report had it
+    assert all(g.health is Health.HEALTHY for g in got.gpus if g.index != 3)
+
+
+@pytest.mark.parametrize("uuid", ["MIG-1 2", "MIG-1,MIG-2", "cpu:0"])
+def test_a_mig_uuid_no_device_list_can_carry_leaves_that_device_out(uuid: str) -> None:
+    fake, source, snap = _source("dgx-a100-mig")
+    odd = fake.gpus[1].migs[0].uuid
+    fake.gpus[1].migs[0].uuid = uuid
+    got = source.read()  # was: DiscoveryError, the node and its other instances hidden
+    assert "MIG device 0: nvmlDeviceGetUUID answered" in got.gpus[1].health_reason
+    assert [m.uuid for m in got.mig_instances] == [
+        m.uuid for m in snap.mig_instances if m.uuid != odd
+    ]
+
+
+def test_a_mig_uuid_answered_as_bytes_is_read_as_text() -> None:
+    # Older nvidia-ml-py answers bytes; a GPU's UUID was decoded, a MIG device's was not.
+    fake, source, snap = _source("dgx-a100-mig")
+    said = fake.gpus[1].migs[0].uuid
+    fake.gpus[1].migs[0].uuid = said.encode()  # type: ignore[assignment]
+    got = source.read()
+    uuids = {m.uuid for m in got.mig_instances}
+    assert said in uuids and f"b'{said}'" not in uuids  # was: b'MIG-...' given to a job
+    assert uuids == {m.uuid for m in snap.mig_instances}
