@@ -177,6 +177,7 @@ def discover(
     for reading in readings:
         if not reading.lost:
             _read_optional(nvml, reading, bus_ids)
+    _drop_shared_mig_uuids(readings)
     _count_untyped_links(readings)
     links = _link_matrix(nvml, readings)  # first: it may add notes to the GPUs
     return NvmlReport(
@@ -467,6 +468,20 @@ def _refuse_shared_uuids(readings: list[_Reading]) -> None:
                 " names one GPU, so no snapshot is sent until the driver tells them apart"
                 " (compare nvidia-smi -L)"
             )
+
+
+def _drop_shared_mig_uuids(readings: list[_Reading]) -> None:
+    """MIG instances whose UUID another device of the node also says (another instance, a
+    GPU): which is which is unknown, so each such instance is left out and noted, not the
+    node's snapshot refused (the service keys devices by UUID) with every other GPU."""
+    counts = Counter(r.uuid for r in readings)
+    counts.update(m.uuid for r in readings if not r.lost for m in r.migs)
+    for r in readings:
+        shared = [m for m in r.migs if counts[m.uuid] > 1]
+        for mig in shared:
+            r.notes.append(f"MIG instance {mig.uuid} has a UUID another device has: left out")
+            r.mig_ids.pop(mig.uuid, None)
+        r.migs = [m for m in r.migs if counts[m.uuid] == 1]
 
 
 def _drop_shared_minors(readings: list[_Reading]) -> None:

@@ -75,3 +75,20 @@ def test_a_mig_uuid_answered_as_bytes_is_read_as_text() -> None:
     uuids = {m.uuid for m in got.mig_instances}
     assert said in uuids and f"b'{said}'" not in uuids  # was: b'MIG-...' given to a job
     assert uuids == {m.uuid for m in snap.mig_instances}
+
+
+def test_mig_uuids_another_device_also_has_leave_those_instances_out() -> None:
+    fake, source, snap = _source("dgx-a100-mig")
+    shared, gpu_said = fake.gpus[0].migs[0].uuid, fake.gpus[2].uuid
+    fake.gpus[1].migs[0].uuid = shared  # two MIG devices, one UUID
+    fake.gpus[1].migs[1].uuid = gpu_said  # a MIG device with a GPU's UUID
+    # was: DiscoveryError 'duplicate UUID', no snapshot and no heartbeat for the node
+    got = source.read()
+    left_out = {shared, snap.mig_instances[7].uuid, snap.mig_instances[8].uuid}
+    assert [m.uuid for m in got.mig_instances] == [
+        m.uuid for m in snap.mig_instances if m.uuid not in left_out
+    ]
+    assert shared in got.gpus[0].health_reason and shared in got.gpus[1].health_reason
+    assert gpu_said in got.gpus[1].health_reason
+    assert all(g.health is Health.HEALTHY for g in got.gpus)
+    assert got.gpus[2].uuid == gpu_said
