@@ -102,7 +102,7 @@ class GroupCommitter:
     ) -> None:
         """``on_batch``: told the size of each batch taken from the queue; ``on_retry``: of
         each transaction run again (both feed /metrics)."""
-        self.writer = BatchWriter(engine)
+        self.writer = BatchWriter(engine, own_pool=True)
         self.max_batch = max_batch
         self._on_batch = on_batch
         self._on_retry = on_retry
