@@ -13,7 +13,6 @@ from typing import Any
 import sqlalchemy as sa
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
-from sqlalchemy.exc import OperationalError
 
 from service import cluster_view, front_page, migrate
 from service.allocations import api as allocations
@@ -24,6 +23,7 @@ from service.audit.actor import acting, service_task
 from service.auth import REVOCATION_POLL_S, Authenticator, RequireToken, region_checker
 from service.console import endpoints as console_routes
 from service.database_time import MEASURE_INTERVAL_S, DatabaseTime, database_reader
+from service.database_unreachable import NOT_ANSWERING
 from service.db import checkpoint, make_engine
 from service.demo import heartbeat_demo_cluster, register_demo_cluster
 from service.direct_routes import DirectRoutes
@@ -367,7 +367,7 @@ def create_app(
         try:
             with engine.connect() as conn:
                 conn.execute(sa.text("SELECT 1"))
-        except OperationalError as exc:
+        except NOT_ANSWERING as exc:
             return database_down(exc)
         if not state.loaded:
             return JSONResponse({"status": "loading"}, status_code=503)

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import logging
 
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from service.errors import DatabaseFull, ServiceError, Unavailable
 from service.log_gate import LOG_EVERY_S, LogGate
@@ -31,6 +32,12 @@ FULL_MESSAGE = (
 # SQLite's SQLITE_FULL; Postgres's disk_full (class 53, insufficient resources).
 _SQLITE_FULL = 13
 _PG_DISK_FULL = "53100"
+
+# What a caller is told the database did not answer for: the driver's lost or refused
+# connection, or no connection of the pool free within its wait (30 s: every one held by
+# requests in flight; FastAPI runs 40 at once on 15 or 20 connections). The second was
+# known to no handler and answered 500 internal_error, a fault, for an overload.
+NOT_ANSWERING: tuple[type[OperationalError], type[PoolTimeout]] = (OperationalError, PoolTimeout)
 
 _logged = LogGate(LOG_EVERY_S)  # a test's own gate (and clock) may stand in
 

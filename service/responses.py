@@ -15,6 +15,7 @@ import orjson
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException
 
 from placement.cluster import SharesUnsupported
@@ -61,7 +62,7 @@ def unsupported(_: SharesUnsupported) -> JSONResponse:
     return error_response(share_unsupported())
 
 
-def database_down(exc: OperationalError) -> JSONResponse:
+def database_down(exc: OperationalError | PoolTimeout) -> JSONResponse:
     return error_response(unavailable(exc))
 
 
@@ -98,6 +99,7 @@ _ANSWERS: dict[type[Exception], Callable[[Any], JSONResponse]] = {
     ServiceError: error_response,
     RequestValidationError: validation_response,
     OperationalError: database_down,
+    PoolTimeout: database_down,  # no pooled connection free within the pool's wait
     SharesUnsupported: unsupported,
     HTTPException: http_error,
 }

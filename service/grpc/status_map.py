@@ -46,10 +46,9 @@ from google.protobuf import any_pb2, duration_pb2
 from google.protobuf.message import Message
 from google.rpc import error_details_pb2, status_pb2
 from pydantic import ValidationError
-from sqlalchemy.exc import OperationalError
 
 from placement.cluster import SharesUnsupported
-from service.database_unreachable import unavailable
+from service.database_unreachable import NOT_ANSWERING, unavailable
 from service.errors import ServiceError, share_unsupported
 from service.grpc.gen import topoplace_pb2 as pb
 
@@ -277,7 +276,7 @@ def from_exception(exc: BaseException) -> ErrorReply:
         return from_service_error(exc)
     if isinstance(exc, ValidationError):
         return from_validation(exc)
-    if isinstance(exc, OperationalError):
+    if isinstance(exc, NOT_ANSWERING):
         return from_service_error(unavailable(exc))
     if isinstance(exc, SharesUnsupported):
         return from_service_error(share_unsupported())
