@@ -110,6 +110,12 @@ class Settings(DurationBound):
         description="a request's whole body must arrive within this many seconds of its"
         " headers, else 408 and the connection is closed",
     )
+    send_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="a client that reads nothing of its answer for this many seconds has"
+        " its connection aborted, the rest of the answer dropped",
+    )
     keep_alive_timeout_s: int = Field(
         default=5, ge=1, description="an idle kept-alive connection is closed after this"
     )

@@ -237,10 +237,10 @@ def _taken(host: str, port: int) -> bool:
     return False
 
 
-def header_deadline_protocol(seconds: float) -> type:
+def header_deadline_protocol(seconds: float, stalled_reader_s: float = 30.0) -> type:
     from service.edge.slow_headers import with_header_deadline
 
-    return with_header_deadline(seconds)
+    return with_header_deadline(seconds, stalled_reader_s)
 
 
 def uvicorn_options(settings: Settings) -> dict[str, Any]:
@@ -254,7 +254,7 @@ def uvicorn_options(settings: Settings) -> dict[str, Any]:
         # An idle kept-alive connection is closed after this; a slow request's headers
         # and body have their own deadline in the request guard (service/edge).
         "timeout_keep_alive": settings.keep_alive_timeout_s,
-        "http": header_deadline_protocol(settings.header_timeout_s),
+        "http": header_deadline_protocol(settings.header_timeout_s, settings.send_timeout_s),
     }
     if settings.tls:
         options["ssl_certfile"] = settings.tls_cert

@@ -25,6 +25,7 @@ from typing import Any
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from service.edge.one_segment import hold_heads
+from service.edge.stalled_reader import StalledReaderDeadline
 from service.errors import BadRequest, RequestTimeout, ServiceError
 
 _REASONS = {400: b"Bad Request", 408: b"Request Timeout"}
@@ -44,11 +45,17 @@ def raw_error_response(error: ServiceError) -> bytes:
     return head + body
 
 
-def with_header_deadline(seconds: float) -> type[HttpToolsProtocol]:
-    """uvicorn's httptools protocol with a ``seconds`` deadline on every request's headers."""
+def with_header_deadline(seconds: float, stalled_reader_s: float = 30.0) -> type[HttpToolsProtocol]:
+    """uvicorn's httptools protocol with a ``seconds`` deadline on every request's headers,
+    and a connection whose client reads nothing of its answer for ``stalled_reader_s``
+    aborted (stalled_reader.py)."""
 
-    class HeaderDeadline(HttpToolsProtocol):
+    stall_s = stalled_reader_s
+
+    class HeaderDeadline(StalledReaderDeadline, HttpToolsProtocol):
         header_timeout_s = seconds
+        # A class body reads its own names, not the function's: hence ``stall_s``.
+        stalled_reader_s = stall_s
         _header_timer: asyncio.TimerHandle | None = None
 
         def connection_made(self, transport: Any) -> None:
@@ -75,7 +82,7 @@ def with_header_deadline(seconds: float) -> type[HttpToolsProtocol]:
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
-            super().connection_lost(exc)
+            super().connection_lost(exc)  # the stalled-reader watch, then uvicorn's
 
         def _arm(self) -> None:
             self._disarm()
