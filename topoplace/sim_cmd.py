@@ -9,6 +9,7 @@ bound and where the report goes. Exit status: 0 done (also when
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from pathlib import Path
@@ -124,8 +125,8 @@ def _fleet(args: argparse.Namespace) -> list[FleetNode]:
 def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     try:
-        if args.max_seconds <= 0:
-            raise ValueError("--max-seconds must be more than 0")
+        if not 0 < args.max_seconds < math.inf:  # NaN too: it would bound nothing
+            raise ValueError("--max-seconds must be a finite number of seconds, more than 0")
         if args.limit is not None and args.limit < 1:
             raise ValueError("--limit must be at least 1")
         policies = [p.strip() for p in args.policies.split(",") if p.strip()]

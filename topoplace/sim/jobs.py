@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -138,22 +139,36 @@ def whole_amount(row: Mapping[str, object], key: str) -> int:
     return value
 
 
+def _seconds(row: Mapping[str, object], key: str) -> float | None:
+    """A time or duration in seconds; None when empty. Infinite or NaN is refused: an
+    infinite submit time kept the timed replay from ever ending, and NaN compares false
+    with everything, so the replay's figures would mean nothing."""
+    text = _text(row, key)
+    if not text:
+        return None
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{key} must be a finite number of seconds, not {text!r}")
+    return value
+
+
 def _alibaba(row: Mapping[str, object], i: int) -> tuple[Job | None, bool]:
     gpus = int(_text(row, "num_gpu"))
     milli = int(_text(row, "gpu_milli") or FULL)
-    created = _text(row, "creation_time")
+    created = _seconds(row, "creation_time")
+    scheduled = _seconds(row, "scheduled_time")
+    deleted = _seconds(row, "deletion_time")
     if gpus < 0:
         raise ValueError("num_gpu must be >= 0")
     if gpus == 0 or milli < 1:
         gpus, milli = 0, FULL
     if gpus > 1 and milli < FULL:
         milli = FULL  # a multi-GPU share is not a share: FGD counts such pods whole
-    submit = float(created) if created else float(i)
+    submit = created if created is not None else float(i)
     duration = None
-    deleted = _text(row, "deletion_time")
-    if created and deleted:
-        start = float(_text(row, "scheduled_time") or 0) or submit
-        duration = max(0.0, float(deleted) - start)
+    if created is not None and deleted is not None:
+        start = scheduled or submit
+        duration = max(0.0, deleted - start)
     job = Job(
         name=_text(row, "name") or f"job-{i}",
         gpus=gpus,
@@ -164,7 +179,7 @@ def _alibaba(row: Mapping[str, object], i: int) -> tuple[Job | None, bool]:
         cpu_milli=whole_amount(row, "cpu_milli"),
         memory_mib=whole_amount(row, "memory_mib"),
     )
-    return job, bool(created)
+    return job, created is not None
 
 
 def _ours(row: Mapping[str, object], i: int) -> tuple[Job | None, bool]:
@@ -180,9 +195,8 @@ def _ours(row: Mapping[str, object], i: int) -> tuple[Job | None, bool]:
         if gpus != 1:
             raise ValueError("gpu_fraction is a share of one GPU: gpus must be 1")
         milli = max(1, round(f * FULL))
-    submit_text = _text(row, "submit")
-    duration_text = _text(row, "duration")
-    duration = float(duration_text) if duration_text else None
+    submit = _seconds(row, "submit")
+    duration = _seconds(row, "duration")
     if duration is not None and duration < 0:
         raise ValueError("duration must be >= 0")
     job = Job(
@@ -190,9 +204,9 @@ def _ours(row: Mapping[str, object], i: int) -> tuple[Job | None, bool]:
         gpus=gpus,
         milli=milli,
         models=_models(_text(row, "gpu_models")),
-        submit=float(submit_text) if submit_text else float(i),
+        submit=submit if submit is not None else float(i),
         duration=duration,
         cpu_milli=whole_amount(row, "cpu_milli"),
         memory_mib=whole_amount(row, "memory_mib"),
     )
-    return job, bool(submit_text)
+    return job, submit is not None

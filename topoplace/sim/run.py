@@ -239,6 +239,7 @@ def _timed(
     horizon = max((j.submit for j in jobs), default=0.0)
     step = horizon / SAMPLES if horizon > 0 else 1.0
     next_sample = 0.0
+    sampled = 0  # at most SAMPLES + 1: a step that rounds to 0 must not sample forever
     arrived = 0
     counter = len(jobs)
     # Shapes that failed since the last release: nothing freed, so they fail again;
@@ -278,9 +279,10 @@ def _timed(
             result.truncated = True
             break
         now, kind, _, i = heapq.heappop(events)
-        while now >= next_sample and next_sample <= horizon:
+        while sampled <= SAMPLES and now >= next_sample and next_sample <= horizon:
             result.timeline.append((next_sample, meter.rate(), meter.fragmentation()))
             next_sample += step
+            sampled += 1
         if kind == 0:
             blocked.clear()
             placed = running.pop(i)
