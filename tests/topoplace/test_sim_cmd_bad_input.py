@@ -85,3 +85,66 @@ def test_a_tiny_positive_horizon_does_not_spin() -> None:
     worker.join(60)
     assert done, "the replay of two jobs did not end"
     assert done[0].started == 2 and len(done[0].timeline) <= SAMPLES + 2
+
+
+NODE_LIST = "sn,cpu_milli,memory_mib,gpu,model\n"
+
+
+@pytest.mark.parametrize(
+    ("fleet", "content", "named"),
+    [
+        ("--nodes", NODE_LIST, "no GPU nodes"),
+        ("--snapshots", "[]", "no GPU nodes"),
+        ("--snapshots", '{"nodes": []}', "no GPU nodes"),
+        ("--nodes", NODE_LIST + "n1,1000,1000,8,V100M16\n" * 2, "node 'n1' is listed twice"),
+    ],
+    ids=["header-only-node-list", "empty-list", "empty-export", "duplicate-node"],
+)
+def test_a_fleet_of_no_nodes_or_a_name_twice_is_bad_input(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    fleet: str,
+    content: str,
+    named: str,
+) -> None:
+    # No node failed inside the replay with a numpy TypeError traceback; a node listed
+    # twice was one node to the engine and two to the baselines, compared as one fleet.
+    trace = tmp_path / "jobs.csv"
+    trace.write_text(HEADER + "a,1,,,0,10\n")
+    path = tmp_path / "fleet"
+    path.write_text(content)
+    code = main(["sim", "--trace", str(trace), fleet, str(path), "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2 and f"{fleet}: {path}: {named}" in err and len(err.splitlines()) == 1
+
+
+def test_a_what_if_that_removes_every_node_is_bad_input(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = tmp_path / "jobs.csv"
+    trace.write_text(HEADER + "a,1,,,0,10\n")
+    assert sim(trace, "--what-if", "-1 dgx1-v100") == 2
+    err = capsys.readouterr().err
+    assert "--what-if: '-1 dgx1-v100': no GPU nodes" in err and len(err.splitlines()) == 1
+
+
+def test_two_what_ifs_adding_one_design_add_two_sets_of_nodes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Both changes named their node whatif-dgx1-v100-0000: the engine got 2 nodes of the
+    # 3 the report named, and started 2 of 3 8-GPU jobs where first-fit started 3.
+    trace = tmp_path / "jobs.csv"
+    trace.write_text(HEADER + "".join(f"j{i},8,,,{i},\n" for i in range(3)))
+    code = sim(
+        trace, "--what-if", "+1 dgx1-v100", "--what-if", "+1 dgx1-v100",
+        "--mode", "fill", "--policies", "topoplace,first-fit",
+    )  # fmt: skip
+    assert code == 0
+    what_if = capsys.readouterr().out.split("\nwhat if")[-1]
+    assert "3 nodes, 24 GPUs" in what_if
+    started = {
+        cells[0]: cells[2]
+        for cells in (line.split() for line in what_if.splitlines())
+        if cells and cells[0] in ("topoplace", "first-fit")
+    }
+    assert started == {"topoplace": "3", "first-fit": "3"}

@@ -110,10 +110,13 @@ def trace_nodes(path: Path) -> list[FleetNode]:
         snaps = build_cluster(listed)
     except (KeyError, ValueError) as exc:
         raise FleetError(f"--nodes: {path}: not an openb node list ({exc})") from exc
-    return [
-        FleetNode(s, profile_for(n.gpus, n.model), cpu, memory)
-        for s, n, (cpu, memory) in zip(snaps, listed, hosts, strict=True)
-    ]
+    return checked(
+        f"--nodes: {path}",
+        [
+            FleetNode(s, profile_for(n.gpus, n.model), cpu, memory)
+            for s, n, (cpu, memory) in zip(snaps, listed, hosts, strict=True)
+        ],
+    )
 
 
 def snapshot_nodes(path: Path) -> list[FleetNode]:
@@ -129,7 +132,21 @@ def snapshot_nodes(path: Path) -> list[FleetNode]:
     for s in sorted(snaps, key=lambda s: s.name):
         design = s.labels.get(PROFILE_LABEL) or (s.gpus[0].model if s.gpus else "no-gpu")
         out.append(_node(s, design))
-    return out
+    return checked(f"--snapshots: {path}", out)
+
+
+def checked(source: str, nodes: list[FleetNode]) -> list[FleetNode]:
+    """``nodes`` when there is one and every name is its own. The engine keeps one node per
+    name and the baselines every row, so a name listed twice replayed the policies over
+    different fleets; no node at all failed in the middle of the replay."""
+    if not nodes:
+        raise FleetError(f"{source}: no GPU nodes to replay the trace over")
+    seen: set[str] = set()
+    for n in nodes:
+        if n.snapshot.name in seen:
+            raise FleetError(f"{source}: node {n.snapshot.name!r} is listed twice")
+        seen.add(n.snapshot.name)
+    return nodes
 
 
 def apply_what_if(nodes: list[FleetNode], change: str) -> list[FleetNode]:
@@ -139,14 +156,21 @@ def apply_what_if(nodes: list[FleetNode], change: str) -> list[FleetNode]:
         raise FleetError(f"--what-if: {change!r} is not +N PROFILE or -N DESIGN")
     sign, count, design = m.group(1), int(m.group(2)), m.group(3)
     if sign == "+":
-        added = build_design(design, count, "whatif-")
+        # A second change adding the same design gets names of its own (whatif2-...).
+        taken = [n.snapshot.name for n in nodes]
+        prefix, k = "whatif-", 1
+        while any(name.startswith(prefix) for name in taken):
+            k += 1
+            prefix = f"whatif{k}-"
+        added = build_design(design, count, prefix)
         return sorted([*nodes, *added], key=lambda n: n.snapshot.name)
     if design == NVL72:
         racks = sorted({_rack(n) for n in nodes if n.design == NVL72})
         if count > len(racks):
             raise FleetError(f"--what-if: {change!r}: the fleet has {len(racks)} {NVL72} racks")
         gone = set(racks[len(racks) - count :])
-        return [n for n in nodes if not (n.design == NVL72 and _rack(n) in gone)]
+        left = [n for n in nodes if not (n.design == NVL72 and _rack(n) in gone)]
+        return checked(f"--what-if: {change!r}", left)
     of_design = [n for n in nodes if n.design == design]
     if count > len(of_design):
         have = sorted({n.design for n in nodes})
@@ -155,7 +179,9 @@ def apply_what_if(nodes: list[FleetNode], change: str) -> list[FleetNode]:
             f" (designs: {', '.join(have)})"
         )
     gone_names = {n.snapshot.name for n in of_design[len(of_design) - count :]}
-    return [n for n in nodes if n.snapshot.name not in gone_names]
+    return checked(
+        f"--what-if: {change!r}", [n for n in nodes if n.snapshot.name not in gone_names]
+    )
 
 
 def _rack(node: FleetNode) -> str:
