@@ -7,6 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from placement.model_demand import MAX_LISTS
+from placement.task_mix import MAX_TYPES
+from placement.workload_mix import parse
 from topoplace.cli import main
 from topoplace.sim.fleet import parse_cluster
 from topoplace.sim.jobs import Job
@@ -148,3 +151,22 @@ def test_two_what_ifs_adding_one_design_add_two_sets_of_nodes(
         if cells and cells[0] in ("topoplace", "first-fit")
     }
     assert started == {"topoplace": "3", "first-fit": "3"}
+
+
+def test_a_trace_of_more_task_types_and_model_lists_than_the_engine_keeps(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # 300 CPU figures (task types) and 100 model lists: the engine's policy failed to build
+    # with a ValueError traceback (at most 256 types, 64 model lists); --write-mix refused
+    # the trace's mix. The engine keeps the most frequent, as when it observes requests.
+    rows = "".join(f"j{i},1,,M{i % 100}|v100,{i},,{i + 1}\n" for i in range(300))
+    trace = tmp_path / "jobs.csv"
+    trace.write_text("name,gpus,gpu_fraction,gpu_models,submit,duration,cpu_milli\n" + rows)
+    mix = tmp_path / "mix.json"
+    code = sim(trace, "--policies", "topoplace", "--write-mix", str(mix))
+    assert code == 0, capsys.readouterr().err
+    written = parse(mix.read_text())
+    assert written.task_mix is not None and len(written.task_mix) == MAX_TYPES
+    assert written.model_demand is not None
+    assert sum(written.model_demand.values()) == 300  # every GPU asked, in some list
+    assert len([m for m in written.model_demand if m]) == MAX_LISTS

@@ -35,8 +35,10 @@ from bench.cluster_policies import POLICIES, BaselineFleet, Held, HostCapacity, 
 from bench.fgd import TaskType
 from placement import ClusterState, NodeSnapshot, PlacementRequest
 from placement.bandwidth import DEFAULT_BANDWIDTH
+from placement.model_demand import MAX_LISTS, model_list
 from placement.node_choice import indices_to_mask
 from placement.outcome import Cause, Outcome, Placement
+from placement.task_mix import MAX_TYPES
 from placement.task_mix import TaskType as EngineType
 from placement.topology_class import EXACT_LIMIT, TopologyClass, build_class, wiring_of
 from placement.workload_mix import WorkloadMix
@@ -268,7 +270,10 @@ def engine_types(jobs: Sequence[Job]) -> dict[EngineType, float] | None:
         if job.gpus and (job.cpu_milli or job.memory_mib):
             t = (job.gpus, job.milli, job.cpu_milli, job.memory_mib)
             mix[t] = mix.get(t, 0.0) + 1.0
-    return mix or None
+    # The engine keeps at most MAX_TYPES types, as it does observing: the most frequent
+    # (the first seen among equals; sorted is stable).
+    kept = sorted(mix, key=lambda t: -mix[t])[:MAX_TYPES]
+    return {t: mix[t] for t in kept} or None
 
 
 def model_demand(jobs: Sequence[Job]) -> dict[tuple[str, ...], float] | None:
@@ -278,8 +283,16 @@ def model_demand(jobs: Sequence[Job]) -> dict[tuple[str, ...], float] | None:
     demand: dict[tuple[str, ...], float] = {}
     for job in jobs:
         if job.gpus:
-            demand[job.models] = demand.get(job.models, 0.0) + job.gpu_demand
-    return demand if any(models for models in demand) else None
+            key = model_list(job.models)
+            demand[key] = demand.get(key, 0.0) + job.gpu_demand
+    if not any(models for models in demand):
+        return None
+    # At most MAX_LISTS model lists, as the engine keeps observing: the most asked. The
+    # GPUs of the others stay in the total, as any-model demand.
+    named = sorted((m for m in demand if m), key=lambda m: -demand[m])
+    rest = sum(demand[m] for m in named[MAX_LISTS:]) + demand.get((), 0.0)
+    kept = {m: demand[m] for m in named[:MAX_LISTS]}
+    return {**kept, (): rest} if rest else kept
 
 
 def per_gpu_host(jobs: Sequence[Job]) -> tuple[float, float] | None:
