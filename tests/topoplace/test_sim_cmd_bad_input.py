@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -170,3 +171,47 @@ def test_a_trace_of_more_task_types_and_model_lists_than_the_engine_keeps(
     assert written.model_demand is not None
     assert sum(written.model_demand.values()) == 300  # every GPU asked, in some list
     assert len([m for m in written.model_demand if m]) == MAX_LISTS
+
+
+@pytest.mark.parametrize("option", ["--trace", "--nodes", "--snapshots"])
+@pytest.mark.parametrize(
+    ("make", "named"),
+    [
+        (lambda p: p.mkdir(), "a directory, not a file"),
+        (lambda p: p.write_bytes(b"gpus\n\xff\xfe1\n"), "not UTF-8 text (byte 5 is 0xff)"),
+    ],
+    ids=["directory", "not-utf8"],
+)
+def test_an_unreadable_input_file_is_one_line_naming_it(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    option: str,
+    make: Callable[[Path], object],
+    named: str,
+) -> None:
+    # A directory ended in an IsADirectoryError traceback (exit 1); bytes that are not
+    # UTF-8 printed "error: 'utf-8' codec can't decode byte 0xff..." naming no file.
+    trace = tmp_path / "jobs.csv"
+    trace.write_text(HEADER + "a,1,,,0,10\n")
+    bad = tmp_path / "bad"
+    make(bad)
+    args = {"--trace": str(trace), "--cluster": "1xdgx1-v100"}
+    if option == "--trace":
+        args["--trace"] = str(bad)
+    else:
+        del args["--cluster"]
+        args[option] = str(bad)
+    code = main(["sim", "--no-progress", *(x for kv in args.items() for x in kv)])
+    err = capsys.readouterr().err
+    assert code == 2 and f"{bad}: {named}" in err and len(err.splitlines()) == 1
+    if option != "--trace":
+        assert err.startswith(f"error: {option}: ")
+
+
+def test_a_spreadsheet_csv_with_a_byte_order_mark_reads_its_first_column(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = tmp_path / "jobs.csv"
+    trace.write_bytes(b"\xef\xbb\xbfgpus,submit,duration\n2,0,10\n")
+    assert sim(trace) == 0
+    assert "1 GPU jobs" in capsys.readouterr().out

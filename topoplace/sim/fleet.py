@@ -24,6 +24,7 @@ model.
 from __future__ import annotations
 
 import csv
+import io
 import json
 import re
 from dataclasses import dataclass
@@ -33,7 +34,7 @@ from pydantic import ValidationError
 
 from placement.profiles import PROFILE_NAMES, build_profile, gb200_nvl72_rack
 from placement.snapshot import NodeSnapshot
-from topoplace.sim.jobs import whole_amount
+from topoplace.sim.jobs import file_text, whole_amount
 
 NVL72 = "gb200-nvl72"
 PROFILE_LABEL = "topoplace.io/profile"
@@ -97,11 +98,12 @@ def parse_cluster(spec: str) -> list[FleetNode]:
 def trace_nodes(path: Path) -> list[FleetNode]:
     from bench.trace import TraceNode, build_cluster, profile_for
 
-    if not path.exists():
-        raise FleetError(f"--nodes: {path}: no such file")
     try:
-        with path.open(newline="") as fh:
-            rows = [row for row in csv.DictReader(fh) if int(row["gpu"]) > 0]
+        text = file_text(path)
+    except ValueError as exc:
+        raise FleetError(f"--nodes: {path}: {exc}") from None
+    try:
+        rows = [row for row in csv.DictReader(io.StringIO(text, newline="")) if int(row["gpu"]) > 0]
         listed = [
             TraceNode(name=row["sn"], gpus=int(row["gpu"]), model=row["model"].strip())
             for row in rows
@@ -121,11 +123,13 @@ def trace_nodes(path: Path) -> list[FleetNode]:
 
 def snapshot_nodes(path: Path) -> list[FleetNode]:
     try:
-        data = json.loads(path.read_text())
+        text = file_text(path)
+    except ValueError as exc:
+        raise FleetError(f"--snapshots: {path}: {exc}") from None
+    try:
+        data = json.loads(text)
         items = data["nodes"] if isinstance(data, dict) else data
         snaps = [NodeSnapshot.model_validate(item) for item in items]
-    except FileNotFoundError as exc:
-        raise FleetError(f"--snapshots: {path}: no such file") from exc
     except (json.JSONDecodeError, KeyError, TypeError, ValidationError) as exc:
         raise FleetError(f"--snapshots: {path}: not a snapshot export: {exc}") from exc
     out = []

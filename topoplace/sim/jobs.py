@@ -25,6 +25,7 @@ times (multigpuNN) get the row number as submit time and no end.
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 from collections import Counter
@@ -72,19 +73,37 @@ class JobTrace:
         return dict(Counter(j.gpus for j in self.jobs if j.gpus))
 
 
-def read_trace(path: Path) -> JobTrace:
-    if not path.exists():
-        raise TraceError(f"{path}: no such file")
-    if path.suffix.lower() == ".json":
-        return _from_rows(path, _json_rows(path))
-    with path.open(newline="") as fh:
-        rows = list(csv.DictReader(fh))
-    return _from_rows(path, rows)
-
-
-def _json_rows(path: Path) -> list[dict[str, object]]:
+def file_text(path: Path) -> str:
+    """The text of an input file; ValueError saying, for a person, why it cannot be read
+    (a directory, no permission, not UTF-8). A UTF-8 byte order mark (a spreadsheet's
+    CSV) is not part of the first column's name."""
     try:
-        data = json.loads(path.read_text())
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise ValueError("no such file") from None
+    except IsADirectoryError:
+        raise ValueError("a directory, not a file") from None
+    except OSError as exc:
+        raise ValueError(f"cannot read it: {exc.strerror or exc}") from None
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"not UTF-8 text (byte {exc.start} is 0x{data[exc.start]:02x})") from None
+
+
+def read_trace(path: Path) -> JobTrace:
+    try:
+        text = file_text(path)
+    except ValueError as exc:
+        raise TraceError(f"{path}: {exc}") from None
+    if path.suffix.lower() == ".json":
+        return _from_rows(path, _json_rows(path, text))
+    return _from_rows(path, list(csv.DictReader(io.StringIO(text, newline=""))))
+
+
+def _json_rows(path: Path, text: str) -> list[dict[str, object]]:
+    try:
+        data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise TraceError(f"{path}: not JSON: {exc}") from exc
     if isinstance(data, dict):
