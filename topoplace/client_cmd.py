@@ -58,6 +58,11 @@ EXIT_HELP = (
 Action = Callable[["TopoplaceClient", argparse.Namespace], None]
 
 
+class UsageError(Exception):
+    """A command's own argument found wrong while it ran (an output file that cannot be
+    written): exit 2, one line."""
+
+
 # -- argument parsing ---------------------------------------------------------
 
 
@@ -315,6 +320,9 @@ def run(action: Action, args: argparse.Namespace) -> int:
     except ServiceUnreachable as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_UNREACHABLE
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     return EXIT_OK
 
 

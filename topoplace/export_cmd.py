@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from topoplace.client_cmd import EXIT_HELP, _service_options, run
+from topoplace.client_cmd import EXIT_HELP, UsageError, _service_options, run
+from topoplace.output_file import write_whole
 
 if TYPE_CHECKING:
     from topoplace_client.api import TopoplaceClient
@@ -27,17 +28,28 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def export(client: TopoplaceClient, args: argparse.Namespace) -> None:
-    """GET /v1/nodes, then each node's newest stored snapshot."""
+    """GET /v1/nodes, then each node's newest stored snapshot; ``-o`` is written whole or
+    left as it was."""
+    from topoplace_client.api import ApiError
+
     listed = client.nodes().get("nodes", [])
     names = sorted(str(n["name"]) for n in listed if isinstance(n, dict))
     snapshots = []
     for name in names:
         history = client.snapshots(name)
         if history:
-            snapshots.append(history[0]["snapshot"])
+            newest = history[0]
+            if not isinstance(newest, dict) or not isinstance(newest.get("snapshot"), dict):
+                raise ApiError(
+                    "invalid_response", f"node {name}'s snapshot history holds no snapshot", 200
+                )
+            snapshots.append(newest["snapshot"])
     text = json.dumps({"nodes": snapshots}, indent=1)
     if args.output is None:
         print(text)
-    else:
-        args.output.write_text(text + "\n")
-        print(f"wrote {len(snapshots)} node snapshots to {args.output}", file=sys.stderr)
+        return
+    try:
+        write_whole(args.output, text + "\n")
+    except OSError as exc:
+        raise UsageError(f"-o: cannot write {args.output}: {exc.strerror or exc}") from None
+    print(f"wrote {len(snapshots)} node snapshots to {args.output}", file=sys.stderr)
