@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from placement.workload_mix import WorkloadMixError, to_text
+from topoplace.output_file import write_whole
 from topoplace.sim.fleet import (
     FleetError,
     FleetNode,
@@ -136,6 +137,14 @@ def run(args: argparse.Namespace) -> int:
                 f"--policies: unknown {', '.join(unknown) or '(none)'}; known: "
                 + ", ".join(ALL_POLICIES)
             )
+        if args.out is not None:
+            # Before the replay, which may take --max-seconds: not after it.
+            try:
+                args.out.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise ValueError(
+                    f"--out: cannot make the directory {args.out}: {exc.strerror}"
+                ) from None
         trace = read_trace(args.trace)
         base = _fleet(args)
         fleets: list[tuple[str, list[FleetNode]]] = [("present fleet", base)]
@@ -158,7 +167,7 @@ def run(args: argparse.Namespace) -> int:
         # Before the replay, so that a run cut short still leaves the file; the mix is the
         # trace's alone (every fleet's engine gets the same one).
         try:
-            args.write_mix.write_text(to_text(trace_mix(jobs)), encoding="utf-8")
+            write_whole(args.write_mix, to_text(trace_mix(jobs)))
         except WorkloadMixError as exc:
             print(f"error: --write-mix: the trace's mix: {exc}", file=sys.stderr)
             return EXIT_BAD_INPUT
@@ -203,9 +212,16 @@ def run(args: argparse.Namespace) -> int:
             " replayed so far)"
         )
     if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "report.md").write_text(markdown("topoplace sim", header, runs))
-        written = plot(runs, args.out)
+        report = args.out / "report.md"
+        try:
+            write_whole(report, markdown("topoplace sim", header, runs))
+            written = plot(runs, args.out)
+        except OSError as exc:
+            print(
+                f"error: --out: cannot write {exc.filename or report}: {exc.strerror}",
+                file=sys.stderr,
+            )
+            return EXIT_BAD_INPUT
         if not written:
             print("(matplotlib not installed: no plots; `pip install topoplace[sim]`)")
         print(f"report: {args.out / 'report.md'}" + "".join(f", {p}" for p in written))

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import resource
+import signal
+import subprocess
+import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -215,3 +220,51 @@ def test_a_spreadsheet_csv_with_a_byte_order_mark_reads_its_first_column(
     trace.write_bytes(b"\xef\xbb\xbfgpus,submit,duration\n2,0,10\n")
     assert sim(trace) == 0
     assert "1 GPU jobs" in capsys.readouterr().out
+
+
+def test_an_out_that_is_a_file_is_refused_before_the_replay(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Was: the whole replay, its tables printed, then a FileExistsError traceback, exit 1.
+    trace = tmp_path / "jobs.csv"
+    trace.write_text(HEADER + "a,1,,,0,10\n")
+    out = tmp_path / "report"
+    out.write_text("")
+    assert sim(trace, "--out", str(out)) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == f"error: --out: cannot make the directory {out}: File exists\n"
+
+
+def _small_file_limit() -> None:
+    # Writes past 1 KiB fail with EFBIG, as on a full disk (SIGXFSZ ignored: an error).
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1024, 1024))
+
+
+@pytest.mark.parametrize("written", ["allocation.png", "mix.json"])
+def test_a_plot_or_mix_that_cannot_be_written_whole_leaves_the_old_one(
+    tmp_path: Path, written: str
+) -> None:
+    # Was: the plot or the mix truncated to its first 1024 bytes and an OSError
+    # traceback ([Errno 27] File too large), exit 1.
+    trace = tmp_path / "jobs.csv"
+    trace.write_text(
+        "name,gpus,submit,duration,cpu_milli\n"
+        + "".join(f"j{i},1,{i},5,{1000 + i}\n" for i in range(200))
+    )
+    out = tmp_path / "out"
+    out.mkdir()
+    target = out / written
+    target.write_text("old\n")
+    option = ["--out", str(out)] if written.endswith(".png") else ["--write-mix", str(target)]
+    result = subprocess.run(
+        [sys.executable, "-m", "topoplace", "sim", "--trace", str(trace), "--cluster",
+         "1xdgx1-v100", "--no-progress", "--policies", "first-fit", *option],
+        capture_output=True, text=True, preexec_fn=_small_file_limit, timeout=120,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])},
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.endswith(f"cannot write {target}: File too large\n")
+    assert target.read_text() == "old\n"
+    assert {p.name for p in out.iterdir()} <= {written, "report.md"}

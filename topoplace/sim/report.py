@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import io
 from collections.abc import Sequence
 from pathlib import Path
 
+from topoplace.output_file import write_whole
 from topoplace.sim.run import SimResult
 
 
@@ -121,9 +123,13 @@ def plot(runs: Sequence[tuple[str, Sequence[SimResult]]], out_dir: Path) -> list
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8)
         fig.tight_layout()
-        for ext in ("png", "svg"):
-            path = out_dir / f"{figure}.{ext}"
-            fig.savefig(path)
-            written.append(path)
-        plt.close(fig)
+        try:
+            for ext in ("png", "svg"):
+                path = out_dir / f"{figure}.{ext}"
+                image = io.BytesIO()
+                fig.savefig(image, format=ext)
+                write_whole(path, image.getvalue())  # whole or not at all, as report.md
+                written.append(path)
+        finally:
+            plt.close(fig)
     return written
