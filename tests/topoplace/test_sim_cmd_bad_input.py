@@ -268,3 +268,23 @@ def test_a_plot_or_mix_that_cannot_be_written_whole_leaves_the_old_one(
     assert result.stderr.endswith(f"cannot write {target}: File too large\n")
     assert target.read_text() == "old\n"
     assert {p.name for p in out.iterdir()} <= {written, "report.md"}
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "named"),
+    [
+        ("--cluster", "100000000xdgx1-v100", "--cluster: '100000000xdgx1-v100': 100000000 nodes"),
+        ("--what-if", "+6000 gb200-nvl72", "--what-if: '+6000 gb200-nvl72': 108001 nodes"),
+    ],
+    ids=["cluster", "what-if"],
+)
+def test_a_fleet_too_large_to_build_is_refused_at_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], option: str, value: str, named: str
+) -> None:
+    # Was: building 100,000,000 DGX-1 snapshots, days past --max-seconds and out of memory.
+    trace = tmp_path / "jobs.csv"
+    trace.write_text(HEADER + "a,1,,,0,10\n")
+    args = ["--cluster", "1xdgx1-v100"] if option == "--what-if" else []
+    code = main(["sim", "--trace", str(trace), "--no-progress", *args, option, value])
+    err = capsys.readouterr().err
+    assert code == 2 and named in err and "at most 100000" in err

@@ -33,6 +33,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from placement.profiles import PROFILE_NAMES, build_profile, gb200_nvl72_rack
+from placement.profiles.gb200 import TRAYS_PER_RACK
 from placement.snapshot import NodeSnapshot
 from topoplace.sim.jobs import file_text, whole_amount
 
@@ -40,6 +41,18 @@ NVL72 = "gb200-nvl72"
 PROFILE_LABEL = "topoplace.io/profile"
 _TERM = re.compile(r"^\s*(\d+)\s*[xX*]\s*([A-Za-z0-9._-]+)\s*$")
 _WHAT_IF = re.compile(r"^\s*([+-])\s*(\d+)\s*[xX*]?\s*([A-Za-z0-9._-]+)\s*$")
+
+
+# A fleet's nodes, at most: a profile node takes ~2 ms and ~50 KiB to build, so 100,000
+# is minutes; a count beyond it (a typo, 100000000xdgx1-v100) built for days, unbounded
+# by --max-seconds, and ran out of memory.
+MAX_FLEET_NODES = 100_000
+
+
+def _fits(have: int, design: str, count: int, where: str) -> None:
+    nodes = count * (TRAYS_PER_RACK if design == NVL72 else 1)
+    if have + nodes > MAX_FLEET_NODES:
+        raise FleetError(f"{where}: {have + nodes} nodes; a fleet has at most {MAX_FLEET_NODES}")
 
 
 class FleetError(ValueError):
@@ -89,6 +102,7 @@ def parse_cluster(spec: str) -> list[FleetNode]:
         m = _TERM.match(term)
         if not m:
             raise FleetError(f"--cluster: {term!r} is not COUNTxPROFILE (e.g. 100xdgx1-v100)")
+        _fits(len(nodes), m.group(2), int(m.group(1)), f"--cluster: {term!r}")
         nodes += build_design(m.group(2), int(m.group(1)), "")
     if not nodes:
         raise FleetError("--cluster: no nodes")
@@ -166,6 +180,7 @@ def apply_what_if(nodes: list[FleetNode], change: str) -> list[FleetNode]:
         while any(name.startswith(prefix) for name in taken):
             k += 1
             prefix = f"whatif{k}-"
+        _fits(len(nodes), design, count, f"--what-if: {change!r}")
         added = build_design(design, count, prefix)
         return sorted([*nodes, *added], key=lambda n: n.snapshot.name)
     if design == NVL72:
