@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from topoplace_client.arguments import int_at_least, positive_seconds
+from topoplace_client.arguments import finite_number, int_at_least, positive_seconds
 
 if TYPE_CHECKING:
     # Imported where a command runs instead: httpx takes a noticeable share of
@@ -194,7 +194,7 @@ def _add_place_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mig-profile", metavar="P", help="a MIG instance per task, e.g. 1g.10gb")
     p.add_argument(
         "--gpu-fraction",
-        type=float,
+        type=finite_number,
         metavar="F",
         help="a share of one GPU for one task, 0 < F < 1 (0.25: a quarter)",
     )

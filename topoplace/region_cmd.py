@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from topoplace import client_cmd
+from topoplace_client.arguments import finite_number
 
 if TYPE_CHECKING:
     from topoplace_client.api import TopoplaceClient
@@ -102,14 +103,14 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     register.add_argument(
         "--egress-region",
-        type=float,
+        type=finite_number,
         required=True,
         metavar="PER_GB",
         help="egress price per GB to another region of the same cloud",
     )
     register.add_argument(
         "--egress-internet",
-        type=float,
+        type=finite_number,
         required=True,
         metavar="PER_GB",
         help="egress price per GB to another cloud or the internet",

@@ -26,6 +26,18 @@ def int_at_least(minimum: int) -> Callable[[str], int]:
     return parse
 
 
+def finite_number(text: str) -> float:
+    """A finite number; its range is the service's to check. ``nan`` and ``inf`` are not
+    JSON: the request body could not even be written."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
+    return value
+
+
 def positive_seconds(text: str) -> float:
     """A duration in seconds, more than zero and finite: an ``inf`` wait never ends."""
     try:
