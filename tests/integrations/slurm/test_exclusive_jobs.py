@@ -15,39 +15,11 @@ from tests.integrations.slurm.test_slurm_truth import held, of_job
 def test_an_exclusive_job_runs_at_once_on_an_idle_node_and_is_recorded_whole(
     cluster: LoopbackCluster, service: Service, jobs: list[str]
 ) -> None:
-    # One GPU in use on a node the filter chose: the pack policy's first pick after it.
-    busy = cluster.sbatch("--gres=gpu:1", script="sleep 60")
-    jobs.append(busy.id)
-    assert busy.returncode == 0, busy.stderr
-    cluster.wait_state(busy.id, ("RUNNING",))
-    [busy_node] = gres_indices(cluster.show_job(busy.id))
-
+    busy_node = _one_gpu_busy(cluster, jobs)
     for argv in (["--exclusive", "--gpus=2"], ["--exclusive", "--gres=gpu:1"]):
-        job = cluster.sbatch(*argv, script="sleep 60")
-        jobs.append(job.id)
-        assert job.returncode == 0, job.stderr
-        cluster.wait_state(job.id, ("RUNNING",), timeout_s=10)  # not PD beside the busy one
-        shown = cluster.show_job(job.id)
-        assert not allocation_ids(shown), shown  # nothing to choose: left to Slurm
-        truth = gres_indices(shown)
-        [node] = truth
-        assert node != busy_node and truth[node] == list(range(8)), truth
-        recorded = partial(_holds, service, job.id, truth)
-        eventually(recorded, "its 8 GPUs recorded", 2)
-        cluster.run("scancel", job.id)
-        cluster.wait_state(job.id, ("CANCELLED",))
-
+        _runs_whole_elsewhere(cluster, service, jobs, argv, busy_node)
     # srun through cli_filter.lua: proposed nowhere either, so it does not wait either.
-    show = "scontrol -d show job -o $SLURM_JOB_ID"
-    done = cluster.run("srun", "--exclusive", "--gres=gpu:1", "sh", "-c", show, timeout_s=20)
-    assert done.returncode == 0, done.stderr
-    [record] = [line for line in done.stdout.splitlines() if line.startswith("JobId=")]
-    truth = gres_indices(record)
-    assert busy_node not in truth and list(truth.values()) == [list(range(8))], record
-
-
-def _holds(service: Service, job: str, truth: dict[str, list[int]]) -> bool:
-    return held(of_job(service, job)) == truth
+    _srun_runs_whole_elsewhere(cluster, ["--exclusive", "--gres=gpu:1"], busy_node)
 
 
 def test_a_job_in_an_exclusive_partition_runs_at_once_on_an_idle_node(
@@ -55,13 +27,28 @@ def test_a_job_in_an_exclusive_partition_runs_at_once_on_an_idle_node(
 ) -> None:
     """A partition with OverSubscribe=EXCLUSIVE gives every job whole nodes, as
     --exclusive does: pinned beside a running job, it waited there (PD Resources)."""
+    busy_node = _one_gpu_busy(cluster, jobs)
+    _runs_whole_elsewhere(cluster, service, jobs, ["--partition=whole", "--gpus=2"], busy_node)
+    _srun_runs_whole_elsewhere(cluster, ["-p", "whole", "--gres=gpu:1"], busy_node)
+
+
+def _one_gpu_busy(cluster: LoopbackCluster, jobs: list[str]) -> str:
+    """One GPU in use on a node the filter chose (the pack policy's first pick after it
+    is beside it): that node."""
     busy = cluster.sbatch("--gres=gpu:1", script="sleep 60")
     jobs.append(busy.id)
     assert busy.returncode == 0, busy.stderr
     cluster.wait_state(busy.id, ("RUNNING",))
     [busy_node] = gres_indices(cluster.show_job(busy.id))
+    return busy_node
 
-    job = cluster.sbatch("--partition=whole", "--gpus=2", script="sleep 60")
+
+def _runs_whole_elsewhere(
+    cluster: LoopbackCluster, service: Service, jobs: list[str], argv: list[str], busy: str
+) -> None:
+    """The job runs at once on a node other than ``busy``, on all its 8 GPUs, left to
+    Slurm by the filter and recorded by the service within 2 s; then it is cancelled."""
+    job = cluster.sbatch(*argv, script="sleep 60")
     jobs.append(job.id)
     assert job.returncode == 0, job.stderr
     cluster.wait_state(job.id, ("RUNNING",), timeout_s=10)  # not PD beside the busy one
@@ -69,15 +56,20 @@ def test_a_job_in_an_exclusive_partition_runs_at_once_on_an_idle_node(
     assert not allocation_ids(shown), shown  # nothing to choose: left to Slurm
     truth = gres_indices(shown)
     [node] = truth
-    assert node != busy_node and truth[node] == list(range(8)), truth
+    assert node != busy and truth[node] == list(range(8)), truth
     eventually(partial(_holds, service, job.id, truth), "its 8 GPUs recorded", 2)
     cluster.run("scancel", job.id)
     cluster.wait_state(job.id, ("CANCELLED",))
 
-    # srun through cli_filter.lua: proposed nowhere either, so it does not wait either.
+
+def _srun_runs_whole_elsewhere(cluster: LoopbackCluster, argv: list[str], busy: str) -> None:
     show = "scontrol -d show job -o $SLURM_JOB_ID"
-    done = cluster.run("srun", "-p", "whole", "--gres=gpu:1", "sh", "-c", show, timeout_s=20)
+    done = cluster.run("srun", *argv, "sh", "-c", show, timeout_s=20)
     assert done.returncode == 0, done.stderr
     [record] = [line for line in done.stdout.splitlines() if line.startswith("JobId=")]
     truth = gres_indices(record)
-    assert busy_node not in truth and list(truth.values()) == [list(range(8))], record
+    assert busy not in truth and list(truth.values()) == [list(range(8))], record
+
+
+def _holds(service: Service, job: str, truth: dict[str, list[int]]) -> bool:
+    return held(of_job(service, job)) == truth
