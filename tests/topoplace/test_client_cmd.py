@@ -13,18 +13,14 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from service.app import create_app
 from service.demo import demo_snapshots
 from service.schema import LIVE_STATES
-from service.settings import Settings
-from tests.live_server import live_server
 from topoplace import client_cmd
 from topoplace.cli import main
 from topoplace_client import api as client_module
@@ -32,14 +28,6 @@ from topoplace_client.api import TopoplaceClient
 
 PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy")
 DEMO = demo_snapshots()
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    db = tmp_path_factory.mktemp("client") / "t.sqlite3"
-    app = create_app(Settings(database_url=f"sqlite:///{db}"), demo=True)
-    with live_server(app) as url:
-        yield url
 
 
 @pytest.fixture(autouse=True)

@@ -8,23 +8,11 @@ import resource
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from service.app import create_app
-from service.settings import Settings
-from tests.live_server import live_server
 from topoplace.cli import main
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    db = tmp_path_factory.mktemp("export") / "t.sqlite3"
-    app = create_app(Settings(database_url=f"sqlite:///{db}"), demo=True)
-    with live_server(app) as url:
-        yield url
 
 
 def test_export_writes_every_node(server: str, tmp_path: Path) -> None:
