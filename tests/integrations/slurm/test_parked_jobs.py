@@ -4,7 +4,7 @@ released (a real slurmctld: `scontrol hold`, `scontrol release`)."""
 from __future__ import annotations
 
 from tests.integrations.slurm.conftest import INTERVAL_S, NODES
-from tests.integrations.slurm.loopback import LoopbackCluster, Service
+from tests.integrations.slurm.loopback import Job, LoopbackCluster, Service
 from tests.integrations.slurm.test_slurm_filter import (
     allocation,
     allocation_ids,
@@ -21,11 +21,7 @@ def test_a_held_job_frees_its_gpus_and_is_recorded_when_it_starts(
     Slurm unreserved from the start (test_deferred_jobs.py), so this one waits for
     Resources behind a job that has every CPU of the node, then `scontrol hold`."""
     node = NODES[2]
-    whole = every_cpu(cluster, node, jobs)
-    parked = cluster.sbatch("--gpus=8", "-w", node, script="sleep 60")
-    jobs.append(parked.id)
-    assert parked.returncode == 0, parked.stderr
-    [reserved] = allocation_ids(cluster.show_job(parked.id))  # the filter placed it
+    whole, parked, reserved = _pinned_behind_a_full_node(cluster, node, jobs)
     held_now = cluster.run("scontrol", "hold", parked.id)
     assert held_now.returncode == 0, held_now.stderr
     assert "Reason=JobHeld" in cluster.show_job(parked.id)  # User, or Admin for root
@@ -63,11 +59,7 @@ def test_a_job_pinned_to_a_node_reserved_after_it_gives_its_gpus_back(
     starts the job only once the reservation is over (`ReqNodeNotAvail, May be reserved
     for other job`), so its reservation went on keeping 8 GPUs from every other job."""
     node = NODES[2]
-    whole = every_cpu(cluster, node, jobs)
-    pinned = cluster.sbatch("--gpus=8", "-w", node, script="sleep 60")
-    jobs.append(pinned.id)
-    assert pinned.returncode == 0, pinned.stderr
-    [reserved] = allocation_ids(cluster.show_job(pinned.id))  # the filter placed it
+    whole, pinned, reserved = _pinned_behind_a_full_node(cluster, node, jobs)
     name = f"later{pinned.id}"
     created = cluster.run(
         "scontrol",
@@ -100,3 +92,16 @@ def test_a_job_pinned_to_a_node_reserved_after_it_gives_its_gpus_back(
         cluster.wait_state(pinned.id, ("CANCELLED",))
         deleted = cluster.run("scontrol", "delete", f"reservationname={name}")
         assert deleted.returncode == 0, deleted.stderr
+
+
+def _pinned_behind_a_full_node(
+    cluster: LoopbackCluster, node: str, jobs: list[str]
+) -> tuple[str, Job, str]:
+    """A job with every CPU of ``node``, then an 8-GPU job the filter pins there, waiting
+    behind it: the first job, the pinned one and the pinned one's allocation id."""
+    whole = every_cpu(cluster, node, jobs)
+    pinned = cluster.sbatch("--gpus=8", "-w", node, script="sleep 60")
+    jobs.append(pinned.id)
+    assert pinned.returncode == 0, pinned.stderr
+    [reserved] = allocation_ids(cluster.show_job(pinned.id))  # the filter placed it
+    return whole, pinned, reserved
