@@ -94,9 +94,16 @@ class Patience:
 
     def call(self, fn: Callable[[], T]) -> T:
         backoff = FIRST_WAIT_S
+        reason: str | None = None  # the last try-later answer's, once there is one
         while True:
             if self.spent is None and self.clock() >= self.deadline:
-                self.spent = f"the {self.limit_s:g} s limit was spent before this request"
+                # A wait due before the limit can end past it on a busy machine: the
+                # answer that was being waited out is still the reason.
+                self.spent = (
+                    self._gave_up(reason)
+                    if reason is not None
+                    else f"the {self.limit_s:g} s limit was spent before this request"
+                )
             if self.spent is not None:
                 raise OutOfTime(self.spent)
             try:
@@ -111,9 +118,12 @@ class Patience:
             if self.clock() + wait >= self.deadline:
                 # Waiting less than asked would add to an overloaded service's load, and
                 # waiting past the limit would keep the caller past its own.
-                took = self.clock() - self.started
-                self.spent = f"{reason}; gave up after {self.retries} retries in {took:.1f} s"
+                self.spent = self._gave_up(reason)
                 raise OutOfTime(self.spent)
             self.sleep(wait)
             self.retries += 1
             backoff *= 2
+
+    def _gave_up(self, reason: str) -> str:
+        took = self.clock() - self.started
+        return f"{reason}; gave up after {self.retries} retries in {took:.1f} s"

@@ -77,3 +77,22 @@ def test_no_call_starts_past_the_limit() -> None:
     with pytest.raises(OutOfTime, match="limit was spent"):
         waiting.call(call)
     assert calls == [0]
+
+
+def test_a_wait_that_overruns_the_limit_still_names_the_last_answer() -> None:
+    """A busy machine's sleep can end past the limit though the wait was due before it:
+    the next try does not start, and what is said is still why it was waiting. It used
+    to be only 'the 1.5 s limit was spent before this request', the service's 429
+    (rate_limited) lost from the epilog's line."""
+    clock = Clock()
+    waiting = patience(clock, limit_s=1.5)
+    overslept = clock.sleep
+
+    def late(seconds: float) -> None:
+        overslept(seconds + 1.0)
+
+    waiting.sleep = late
+    calls, call = raising([ApiError("rate_limited", "slow down", 429, retry_after="1")])
+    with pytest.raises(OutOfTime, match=r"rate_limited.*gave up after 1 retries in 2\.0 s"):
+        waiting.call(call)
+    assert calls == [1]

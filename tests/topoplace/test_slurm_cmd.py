@@ -199,6 +199,7 @@ def test_the_epilog_gives_up_in_time_and_says_what_is_left_held(
     a line per thing left held. It used to exit 0 with the allocation 'left alone'."""
     server, front = fronted
     allocation_id, comment = _reserve(server, "alice")
+    front.seen.clear()
     for _ in range(20):
         front.answer(*answer)
     config = _config(tmp_path, server, comment)
@@ -209,7 +210,13 @@ def test_the_epilog_gives_up_in_time_and_says_what_is_left_held(
     front.answers.clear()
     out, err = capsys.readouterr()
     assert code == 3, (out, err)
-    assert took < 1.5 + 0.5, took
+    # The limit, not the clock, is what is checked: within 1.5 s the 429's Retry-After
+    # (1 s) leaves room for 2 tries and the 503's backoff (0.25 s, doubling) for 3; the
+    # default 5 s would have made 5. A slow machine makes fewer, never more. Wall time
+    # is only bounded against a hang: a busy machine took 3.1 s where a quiet one takes
+    # 1.6 (the limit plus the last request, docs/slurm.md).
+    assert 1 <= len(front.seen) <= 3, front.seen
+    assert took < 10, took
     assert f"allocation {allocation_id} left held (try later: " in err
     assert str(answer[2]["error"]["code"]) in err
     assert "the allocations carrying job 7 left held" in err and "left alone" not in out
