@@ -94,7 +94,7 @@ class Service:
         }
         log = open(self.root / "service.log", "wb")  # noqa: SIM115 - the process owns it
         process = subprocess.Popen(
-            [sys.executable, "-m", "topoplace", "serve", "--port", str(port)],
+            [sys.executable, "-m", "topoplace", "serve", "--port", str(port), "--no-grpc"],
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -9,9 +9,6 @@ is left (prioritize is skipped then). The reconciler runs for real too.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +20,7 @@ import pytest
 from bench.k8s_objects import binding_args, names_args, nodes_args, pod
 from placement.profiles import build_profile
 from tests.service.k8s.fake_api_server import FakeApiServer
-from tests.service.replica_processes import free_port, wait_ready
+from tests.service.replica_processes import start, stop, wait_ready
 
 TOKEN = "scheduler-sa-token"
 
@@ -57,22 +54,15 @@ contexts:
     user: scheduler
 """
     )
-    port = free_port()
     env = {
-        **os.environ,
-        "TOPOPLACE_DATABASE_URL": database_url,
         "TOPOPLACE_HEARTBEAT_TTL_S": "3600",
         "TOPOPLACE_K8S_KUBECONFIG": str(kubeconfig),
         "TOPOPLACE_K8S_RECONCILE_INTERVAL_S": "0.3",
         "TOPOPLACE_K8S_RECONCILE_GRACE_S": "0",
     }
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "topoplace", "serve", "--port", str(port)],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    url = f"http://127.0.0.1:{port}"
+    # REST only, on a free port: a service still stopping (a slow machine) held the
+    # default gRPC port, and the next test's service exited 2 on it.
+    url, proc = start(database_url, env)
     try:
         wait_ready(url, proc)
         for profile, name in (
@@ -87,8 +77,7 @@ contexts:
             assert reply.status_code == 200, reply.text
         yield url
     finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+        stop(proc)
 
 
 def _call(url: str, verb: str, body: dict[str, Any]) -> Any:
