@@ -679,6 +679,7 @@ class _TaskPlan:
     index: int = 0
     was: frozenset[str] = frozenset()
     refusal: ServiceError | None = None
+    row: RowMapping | None = None  # the allocation as read, for its TTL
 
 
 def observe_all(state: ServiceState, truths: Sequence[Truth]) -> list[Observation | NotObserved]:
@@ -863,7 +864,7 @@ def _plan_task(conn: Connection, truth: ObservedTask) -> _TaskPlan:
     # only their parent, held by no hold of its own), else its GPUs.
     old = tasks[found[0]]
     was = frozenset(str(d) for d in (old.get("mig_uuids") or old["gpu_uuids"]))
-    plan = _TaskPlan(found[0], was)
+    plan = _TaskPlan(found[0], was, row=row)
     if was == {d for _, d in truth.wanted}:
         return plan  # moved before: nothing to do
     # Another task's instance of a GPU it moves onto counts too: the GPU's pool would
@@ -899,6 +900,10 @@ def _take_task(
     if plan.refusal is not None:
         return NotObserved(allocation_id, plan.refusal.message), []
     if not _moves(plan, truth):
+        # Nothing moves, yet the member runs: a gang's reservation still pending loses
+        # its TTL here too, or the sweep ends it under the running members.
+        if plan.row is not None:
+            _runs(conn, [plan.row], now)
         return Observation("matched", allocation_id), []
     # Read again: another task of the allocation may have moved in this transaction.
     row = repository.by_id(conn, allocation_id)

@@ -473,25 +473,29 @@ def test_a_start_report_met_by_a_release_from_an_older_view_holds_the_gpus(
     assert _holds(client) == 2 and _free(client, "h0") == 6
 
 
-def test_a_gang_reservation_a_member_is_moved_on_never_expires_under_it(
-    client: TestClient, clock: FakeClock
+@pytest.mark.parametrize("moves", [True, False], ids=["moved", "where-given"])
+def test_a_gang_reservation_a_member_is_reported_on_never_expires_under_it(
+    client: TestClient, clock: FakeClock, moves: bool
 ) -> None:
     """A gang's reservation still pending (the first member's confirm failed after its
     Binding): the kubelet's report of a member gave it other GPUs, and its task moved
-    there. The member runs, so the reservation loses its TTL, as a job's reservation a
-    scheduler's truth moves does. Left pending, the sweep ended it under the running
-    members at its TTL, and their GPUs went to the next /place."""
+    there, or the very GPUs its task was given, and nothing moved. The member runs, so
+    the reservation loses its TTL either way, as a job's reservation a scheduler's truth
+    matches or moves does. Left pending (after a move; and answered ``matched``), the
+    sweep ended it under the running members at its TTL, all 4 GPUs free for the next
+    /place."""
     add_nodes(client, ("hgx-h100", "h0"))
     state: ServiceState = client.app.state.service  # type: ignore[attr-defined]
     request = PlaceRequest(gpus=2, tasks=2, job_id="gang", ttl_s=30)
     gang = api.place(state, request, None).allocation
     held = {g for t in gang.tasks for g in t.gpu_indices}
-    runs_on = [g for g in range(8) if g not in held][:2]
-    moved = api.task_truth(state, gang.id, 0, "h0", runs_on, "the kubelet", job_id="gang")
+    given = sorted(gang.tasks[0].gpu_indices)
+    runs_on = [g for g in range(8) if g not in held][:2] if moves else given
+    report = api.task_truth(state, gang.id, 0, "h0", runs_on, "the kubelet", job_id="gang")
 
-    (seen,) = api.observe_all(state, [moved])
+    (seen,) = api.observe_all(state, [report])
 
-    assert seen == Observation("moved", gang.id), seen
+    assert seen == Observation("moved" if moves else "matched", gang.id), seen
     clock.advance(60)
     client.post("/v1/nodes/h0/heartbeat")
     assert api.sweep(state).ids == ()
