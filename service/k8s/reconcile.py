@@ -87,8 +87,8 @@ def reconcile_once(
     by_uid = {str((p.get("metadata") or {}).get("uid", "")): p for p in pods}
     gangs_alive, gangs_bound = _gang_members(pods)
 
-    def release(allocation_id: str) -> tuple[str, ...]:
-        return allocations.release(state, allocation_id, quiet=cutoff).ids
+    def release(allocation_id: str, ended_job: str | None = None) -> tuple[str, ...]:
+        return allocations.release(state, allocation_id, quiet=cutoff, ended_job=ended_job).ids
 
     released: list[str] = []
     for allocation in ours:
@@ -108,7 +108,11 @@ def reconcile_once(
         pod = by_uid.get(str(allocation.job_id))
         if pod is None:
             if not young:
-                released += release(allocation.id)
+                # No unfinished pod has its UID: the pod ended. Said as the end of that
+                # UID, as the watch says it: a device report that read the pod running
+                # and is taken after this then writes nothing for it (before, it made the
+                # gone pod an allocation on its old GPUs and released their new holder).
+                released += release(allocation.id, ended_job=str(allocation.job_id))
             continue
         bound_to = (pod.get("spec") or {}).get("nodeName")
         notes = (pod.get("metadata") or {}).get("annotations") or {}
