@@ -401,12 +401,14 @@ def gpus_truth(
     on: Mapping[str, NodeSnapshot] | None = None,
     touch: bool = False,
     run: int | None = None,
+    by_task: tuple[str, ...] = (),
 ) -> ObservedJob:
     """A job's truth for ``observe_all``: ``job_id`` runs on ``gpus`` (node -> indices).
     ``started``: read as the job started (a prolog's), perhaps processed after it ended;
     ``touch``: its allocations stamped as used even where it matches them (``ObservedJob``);
     ``run``: which run of the job it is (a requeued Slurm job's restart count), stored
-    with the placement it records.
+    with the placement it records. ``by_task``: owners (prefixes) whose allocations'
+    tasks are each their own pod's (``ObservedJob``).
     ``on``: the snapshots to map indices on (the caller's, still
     those in memory; this replica's memory otherwise); the truth is recorded only while
     the node rows they were read with are the stored ones (``observe_all``)."""
@@ -432,7 +434,7 @@ def gpus_truth(
         tuple(sorted(gpus)),
         _sorted(rows),
     )
-    return ObservedJob(job_id, owner, tuple(named), truth, started, touch, run)
+    return ObservedJob(job_id, owner, tuple(named), truth, started, touch, run, by_task)
 
 
 def _instances_of(
@@ -462,11 +464,12 @@ def mig_truth(
     reason: str,
     on: Mapping[str, NodeSnapshot] | None = None,
     started: bool = False,
+    by_task: tuple[str, ...] = (),
 ) -> ObservedJob:
     """A job's truth for ``observe_all``: ``job_id`` runs on these MIG instances of ``node``.
     Besides the allocations holding one of these instances, one holding a parent GPU
     whole is stale too (a GPU split into instances is not given whole), so neither is
-    ever held twice. ``on`` and ``started`` as for ``gpus_truth``."""
+    ever held twice. ``on``, ``started`` and ``by_task`` as for ``gpus_truth``."""
     snapshots, rows = _snapshots(state, [node], on)
     snapshot = snapshots[node]
     by_uuid = {m.uuid: m for m in snapshot.mig_instances}
@@ -489,7 +492,7 @@ def mig_truth(
         gpus=1, tasks=len(chosen), mig_profile=profiles[0], owner=owner, job_id=job_id
     ).model_dump_json()
     truth = _Truth(holds, parents, placement_text, request, (node,), _sorted(rows))
-    return ObservedJob(job_id, owner, tuple(named), truth, started)
+    return ObservedJob(job_id, owner, tuple(named), truth, started, by_task=by_task)
 
 
 def task_truth(
@@ -502,13 +505,15 @@ def task_truth(
     on: Mapping[str, NodeSnapshot] | None = None,
     *,
     job_id: str,
+    by_task: tuple[str, ...] = (),
 ) -> ObservedTask:
     """A task's truth for ``observe_all``: task number ``task`` of live allocation
     ``allocation_id`` (a gang member's pod) runs on ``gpus`` of ``node`` rather than on
     the GPUs it holds. Its other tasks, and this task's CPUs, are kept. ``on`` as for
     ``gpus_truth``. ``job_id``: the job the allocation must be of (the gang of the pod
     that names it): the allocation is named by the pod's annotations, which whoever
-    made the pod wrote, so an allocation of another job is not moved."""
+    made the pod wrote, so an allocation of another job is not moved. ``by_task`` as for
+    ``gpus_truth``."""
     snapshots, rows = _snapshots(state, [node], on)
     snapshot = snapshots[node]
     wrong = [i for i in gpus if not 0 <= i < snapshot.gpu_count]
@@ -517,7 +522,9 @@ def task_truth(
     moved_task = observed_placement({node: snapshot}, {node: gpus}, reason)["tasks"][0]
     holds = [(node, snapshot.gpus[i].uuid, "gpu") for i in sorted(gpus)]
     instances = _instances_of({node: snapshot}, {node: gpus})
-    return ObservedTask(allocation_id, task, node, holds, moved_task, rows[node], job_id, instances)
+    return ObservedTask(
+        allocation_id, task, node, holds, moved_task, rows[node], job_id, instances, by_task
+    )
 
 
 def _snapshots(
@@ -590,7 +597,14 @@ class ObservedJob:
     changes nothing in them (``matched``): a scheduler's report that the job has just
     started on them (a Slurm prolog's, of any run), which a release decided from an
     older view of the job (a reconcile's squeue answer that saw it held) must leave
-    (``quiet``). Not for periodic reports (a node's devices): a write each time."""
+    (``quiet``). Not for periodic reports (a node's devices): a write each time.
+
+    ``by_task``: owners (prefixes) of allocations whose tasks are each a pod of its own
+    (a Kubernetes gang's): such an allocation holding some of these devices, and others
+    besides, gives up only those (``_end_stale``). The kubelet gave them to this job, so
+    the task holding them has no container on them, while its other tasks hold the
+    GPUs its running members use. Any other holder is ended whole, as a scheduler
+    that runs a job on a device says the job that held it has ended."""
 
     job_id: str
     owner: str
@@ -599,6 +613,7 @@ class ObservedJob:
     started: bool = False
     touch: bool = False
     run: int | None = None
+    by_task: tuple[str, ...] = ()
 
     @property
     def nodes(self) -> tuple[str, ...]:
@@ -628,6 +643,7 @@ class ObservedTask:
     job_id: str  # the job the allocation must be of
     # The MIG instances of the GPUs it moves onto: their holders are stale too.
     instances: tuple[tuple[str, str], ...] = ()
+    by_task: tuple[str, ...] = ()  # as ObservedJob's
 
     @property
     def nodes(self) -> tuple[str, ...]:
@@ -921,8 +937,8 @@ def _take_task(
     }
     kept = _kept(conn, plan, truth)
     contested = sorted(truth.wanted | set(truth.instances))
-    stale = sorted(a for a in repository.holders(conn, contested) if a != allocation_id)
-    superseded, freed = repository.end(conn, stale, "release", now)
+    stale = {a: d for a, d in repository.holders(conn, contested).items() if a != allocation_id}
+    superseded, freed = _end_stale(conn, stale, truth.by_task, now)
     moved, given_up = repository.relocate(
         conn,
         allocation_id,
@@ -994,8 +1010,8 @@ def _take_truth(
             return Observation("attached", ids[0], attached=attached), []
         return Observation("matched", ids[0]), []
     contested = sorted(wanted | set(truth.also_stale))
-    stale = sorted(a for a in repository.holders(conn, contested) if a not in ids)
-    superseded, freed = repository.end(conn, stale, "release", now)
+    stale = {a: d for a, d in repository.holders(conn, contested).items() if a not in ids}
+    superseded, freed = _end_stale(conn, stale, job.by_task, now)
     merged, freed_merged = repository.end(conn, ids[1:], "release", now)
     freed += freed_merged
     moved = None
@@ -1030,6 +1046,37 @@ def _take_truth(
         )
         audit.write(conn, [placed])
     return observation, freed
+
+
+def _end_stale(
+    conn: Connection, stale: Mapping[str, list[str]], by_task: tuple[str, ...], now: datetime
+) -> tuple[list[str], list[repository.FreedHold]]:
+    """End the allocations holding devices a truth takes (``stale``: id -> the devices,
+    ``node/device``, it holds of them): the ids ended and the holds freed. One whose
+    owner starts with a ``by_task`` prefix (a Kubernetes gang's: each task a pod of its
+    own) and that holds other devices besides gives up only those, and stays live: the
+    kubelet gave them to another pod, so no member runs on them, while its other tasks
+    hold the GPUs its running members use (ended whole, those looked free under them)."""
+    whole = sorted(stale)
+    partial: dict[str, list[tuple[str, str]]] = {}
+    if by_task and stale:
+        whole = []
+        rows = {str(r["id"]): r for r in repository.by_ids(conn, sorted(stale))}
+        for allocation_id in sorted(stale):
+            row = rows.get(allocation_id)
+            taken_names = set(stale[allocation_id])
+            if row is not None and str(row["owner"] or "").startswith(by_task):
+                holds = repository.holds_with_kind(conn, allocation_id)
+                taken = [(n, d) for n, d, _ in holds if f"{n}/{d}" in taken_names]
+                # Every device named is a hold of its own (not a share), and some are left.
+                if len(taken) == len(taken_names) and len(taken) < len(holds):
+                    partial[allocation_id] = taken
+                    continue
+            whole.append(allocation_id)
+    superseded, freed = repository.end(conn, whole, "release", now)
+    for allocation_id, devices in partial.items():
+        freed += repository.drop_devices(conn, allocation_id, devices)
+    return superseded, freed
 
 
 def _runs(conn: Connection, rows: Sequence[RowMapping], now: datetime) -> dict[str, RowMapping]:

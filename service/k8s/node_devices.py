@@ -39,7 +39,7 @@ from service.k8s.device_schemas import (
 from service.k8s.gang import TASK_ANNOTATION, task_number
 from service.k8s.kube_api import KubeApi, KubeApiError, KubeConfigError
 from service.k8s.pod_request import GANG, gang_of
-from service.k8s.reconcile import POD_OWNER
+from service.k8s.reconcile import GANG_OWNER, POD_OWNER
 from service.k8s.wire import Pod
 from service.log_gate import LogGate
 from service.nodes import region_scope
@@ -62,6 +62,9 @@ MISMATCH_LOG_EVERY_S = 600.0
 _UNMOVED_KEPT = 10_000
 # Reads of one report, each on the snapshot the one before found replaced.
 _ATTEMPTS = 3
+# A gang's allocation: each task a member pod of its own. A pod the kubelet gave GPUs of
+# a task whose member is not on them takes those alone, not the gang's other tasks.
+_BY_TASK = (GANG_OWNER,)
 
 
 def resource_of(allocation: Allocation, snapshot: NodeSnapshot) -> str:
@@ -393,12 +396,20 @@ def _reconcile_pod(
     # would hold a gone pod's GPUs and release what holds them now as stale.
     if mig:
         job = allocations.mig_truth(
-            state, job_id, owner, node, mig, named, reason, on, started=True
+            state, job_id, owner, node, mig, named, reason, on, started=True, by_task=_BY_TASK
         )
     else:
         indices = sorted(by_uuid[d] for d in pod.devices)
         job = allocations.gpus_truth(
-            state, job_id, owner, {node: indices}, named, reason, started=True, on=on
+            state,
+            job_id,
+            owner,
+            {node: indices},
+            named,
+            reason,
+            started=True,
+            on=on,
+            by_task=_BY_TASK,
         )
     return _Pending(pod, outcome, reserved, job)
 
@@ -601,6 +612,7 @@ def _reconcile_member(
         f"observed: the kubelet gave gang member {pod.namespace}/{pod.name} these GPUs",
         {node: snapshot},
         job_id=gang.key,
+        by_task=_BY_TASK,
     )
     return _Pending(pod, outcome, was, truth)
 
