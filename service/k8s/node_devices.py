@@ -25,7 +25,7 @@ from placement.snapshot import NodeSnapshot
 from service.admin_actions import Caller
 from service.allocations import api as allocations
 from service.allocations.results import Allocation, NotObserved, Observation
-from service.errors import BadRequest, NotFound
+from service.errors import BadRequest, Conflict, NotFound
 from service.k8s.bind import ALLOCATION_ANNOTATION, GPUS_ANNOTATION
 from service.k8s.device_schemas import (
     DeviceReport,
@@ -597,6 +597,7 @@ def _reconcile_member(
         _record(mismatches, node, pod, outcome, was, ())
         return outcome
     if set(was) == set(pod.devices):
+        _runs_on(state, allocation_id, gang.key)
         return outcome
     if any(d not in by_uuid for d in pod.devices):
         outcome.action = "unmatched"
@@ -615,6 +616,21 @@ def _reconcile_member(
         by_task=_BY_TASK,
     )
     return _Pending(pod, outcome, was, truth)
+
+
+def _runs_on(state: ServiceState, allocation_id: str, job_id: str) -> None:
+    """A member runs on the GPUs its task was given: the gang's allocation it names, when
+    live and still waiting for a member with its TTL (its first member's confirm failed),
+    is confirmed, or the sweep would end it under the running member (a member moved
+    onto other GPUs takes the TTL away with its move). One whose TTL passed, or that
+    ended meanwhile, is left as it is."""
+    found = allocations.by_ids(state, [allocation_id])
+    if not found or found[0].job_id != job_id or found[0].state != "pending":
+        return
+    try:
+        allocations.confirm(state, allocation_id)
+    except (Conflict, NotFound) as exc:
+        log.info("gang allocation %s not confirmed by its member's report: %s", allocation_id, exc)
 
 
 def _record(
