@@ -709,9 +709,10 @@ def observe_all(state: ServiceState, truths: Sequence[Truth]) -> list[Observatio
     is relocated onto them (its others end), or one is created. A task's truth moves
     that task of its allocation alone, the same way; a task whose allocation ended,
     that is not on the node, or whose new GPUs another task of its own allocation
-    holds is not taken (``NotObserved``, the others are). Those that move give up
-    their holds first, so two that swapped devices (two same-size pods, or a pod and a
-    gang member, the kubelet admitted the other way round) each keep their own
+    holds and does not move off in the same call is not taken (``NotObserved``, the
+    others are). Those that move give up their holds first, so two that swapped
+    devices (two same-size pods, a pod and a gang member, or two members of one gang,
+    the kubelet admitted the other way round) each keep their own
     allocation, and none is released as another's stale holder. A hold taken meanwhile
     by another replica fails the insert; the whole transaction is then tried again.
     Each hold names the node row its truth's devices were named on (``MappedOn``): a
@@ -729,7 +730,7 @@ def observe_all(state: ServiceState, truths: Sequence[Truth]) -> list[Observatio
         now = state.clock()
         ended = _ended_before_taken(conn, state, now, truths)
         taken = {i: t for i, t in enumerate(truths) if not _is_ended(t, ended)}
-        plans = {i: _plan_task(conn, t) for i, t in taken.items() if isinstance(t, ObservedTask)}
+        plans = _plan_tasks(conn, taken)
         freed = _give_up_moving(conn, taken, plans)
         answers: list[Observation | NotObserved] = []
         for i, truth in enumerate(truths):
@@ -737,7 +738,7 @@ def observe_all(state: ServiceState, truths: Sequence[Truth]) -> list[Observatio
                 answers.append(Observation("ended", ""))
                 continue
             if isinstance(truth, ObservedTask):
-                answer, given_up = _take_task(conn, now, truth, plans[i])
+                answer, given_up = _take_task(conn, now, truth, plans[i], len(taken) > 1)
             else:
                 answer, given_up = _take_truth(conn, now, truth)
             answers.append(answer)
@@ -857,8 +858,52 @@ def _is_ended(truth: Truth, ended: set[str]) -> bool:
     return _of_a_start(truth) and truth.job_id in ended
 
 
-def _plan_task(conn: Connection, truth: ObservedTask) -> _TaskPlan:
-    """Read what a task's truth moves, and whether it may: before anything is written."""
+def _plan_tasks(conn: Connection, truths: Mapping[int, Truth]) -> dict[int, _TaskPlan]:
+    """The task truths' plans (``_plan_task``), read before anything is written. A task
+    moving onto devices another task of its allocation holds is refused, unless that
+    task moves off them in this same call (two members of one gang the kubelet admitted
+    onto each other's GPUs, or one given GPUs the other's task leaves): those holds are
+    given up first (``_give_up_moving``). Refusing it while the other moved left the
+    GPUs its member runs on held by nobody. Settled until no refusal changes another."""
+    plans: dict[int, _TaskPlan] = {}
+    own: dict[int, set[tuple[str, str]]] = {}
+    for i, truth in truths.items():
+        if isinstance(truth, ObservedTask):
+            plans[i], own[i] = _plan_task(conn, truth)
+    while True:
+        leaving = {
+            (truth.allocation_id, truth.node, d)
+            for i, plan in plans.items()
+            if _moves(plan, truth := _task_truth(truths[i]))
+            for d in plan.was
+        }
+        refused = [
+            i
+            for i, plan in plans.items()
+            if plan.refusal is None
+            and own[i]
+            and not all((_task_truth(truths[i]).allocation_id, n, d) in leaving for n, d in own[i])
+        ]
+        if not refused:
+            return plans
+        for i in refused:
+            truth = _task_truth(truths[i])
+            message = (
+                f"another task of allocation {truth.allocation_id} holds"
+                f" {sorted(d for _, d in own[i])}"
+            )
+            plans[i] = _TaskPlan(refusal=Conflict(message, {"id": truth.allocation_id}))
+
+
+def _task_truth(truth: Truth) -> ObservedTask:
+    assert isinstance(truth, ObservedTask)
+    return truth
+
+
+def _plan_task(conn: Connection, truth: ObservedTask) -> tuple[_TaskPlan, set[tuple[str, str]]]:
+    """Read what a task's truth moves, and whether it may: before anything is written.
+    With the plan, the devices it moves onto that other tasks of its allocation hold
+    (``_plan_tasks`` refuses it unless those move off them in the same call)."""
     allocation_id, node = truth.allocation_id, truth.node
     row = repository.by_id(conn, allocation_id)
     tasks: list[dict[str, Any]] = []
@@ -875,24 +920,18 @@ def _plan_task(conn: Connection, truth: ObservedTask) -> _TaskPlan:
             f" {truth.task} on {node}: nothing moved",
             {"id": allocation_id},
         )
-        return _TaskPlan(refusal=refusal)
+        return _TaskPlan(refusal=refusal), set()
     # The devices the task holds: its MIG instances where it has them (its GPU is then
     # only their parent, held by no hold of its own), else its GPUs.
     old = tasks[found[0]]
     was = frozenset(str(d) for d in (old.get("mig_uuids") or old["gpu_uuids"]))
     plan = _TaskPlan(found[0], was, row=row)
     if was == {d for _, d in truth.wanted}:
-        return plan  # moved before: nothing to do
+        return plan, set()  # moved before: nothing to do
     # Another task's instance of a GPU it moves onto counts too: the GPU's pool would
     # refuse its whole hold on every try.
     own = {(n, d) for n, d, _ in _kept(conn, plan, truth)} & (truth.wanted | set(truth.instances))
-    if own:
-        refusal = Conflict(
-            f"another task of allocation {allocation_id} holds {sorted(d for _, d in own)}",
-            {"id": allocation_id},
-        )
-        return _TaskPlan(refusal=refusal)
-    return plan
+    return plan, own
 
 
 def _moves(plan: _TaskPlan, truth: ObservedTask) -> bool:
@@ -910,7 +949,7 @@ def _kept(conn: Connection, plan: _TaskPlan, truth: ObservedTask) -> list[tuple[
 
 
 def _take_task(
-    conn: Connection, now: datetime, truth: ObservedTask, plan: _TaskPlan
+    conn: Connection, now: datetime, truth: ObservedTask, plan: _TaskPlan, dropped: bool
 ) -> tuple[Observation | NotObserved, list[repository.FreedHold]]:
     allocation_id = truth.allocation_id
     if plan.refusal is not None:
@@ -935,7 +974,10 @@ def _take_task(
         "cpuset": old.get("cpuset", ""),
         "cpus": old.get("cpus", []),
     }
-    kept = _kept(conn, plan, truth)
+    # With other truths in the call its old devices were given up first
+    # (``_give_up_moving``): every hold left is the other tasks' (one of which may have
+    # moved onto a device this task left) or CPUs. Alone, they are still its own.
+    kept = repository.holds_with_kind(conn, allocation_id) if dropped else _kept(conn, plan, truth)
     contested = sorted(truth.wanted | set(truth.instances))
     stale = {a: d for a, d in repository.holders(conn, contested).items() if a != allocation_id}
     superseded, freed = _end_stale(conn, stale, truth.by_task, now)
