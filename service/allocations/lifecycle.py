@@ -22,7 +22,7 @@ from sqlalchemy.engine import Connection, RowMapping
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from placement.snapshot import NodeSnapshot
-from service.allocations import ended_jobs, queries, repository, views
+from service.allocations import ended_jobs, queries, repository, stale_holders, views
 from service.allocations.encoding import time_text
 from service.allocations.ending import end as _end
 from service.allocations.ending import ending as _ending
@@ -402,13 +402,14 @@ def gpus_truth(
     touch: bool = False,
     run: int | None = None,
     by_task: tuple[str, ...] = (),
+    confined: bool = False,
 ) -> ObservedJob:
     """A job's truth for ``observe_all``: ``job_id`` runs on ``gpus`` (node -> indices).
     ``started``: read as the job started (a prolog's), perhaps processed after it ended;
     ``touch``: its allocations stamped as used even where it matches them (``ObservedJob``);
     ``run``: which run of the job it is (a requeued Slurm job's restart count), stored
     with the placement it records. ``by_task``: owners (prefixes) whose allocations'
-    tasks are each their own pod's (``ObservedJob``).
+    tasks are each their own pod's; ``confined``: a node's own report (``ObservedJob``).
     ``on``: the snapshots to map indices on (the caller's, still
     those in memory; this replica's memory otherwise); the truth is recorded only while
     the node rows they were read with are the stored ones (``observe_all``)."""
@@ -434,7 +435,7 @@ def gpus_truth(
         tuple(sorted(gpus)),
         _sorted(rows),
     )
-    return ObservedJob(job_id, owner, tuple(named), truth, started, touch, run, by_task)
+    return ObservedJob(job_id, owner, tuple(named), truth, started, touch, run, by_task, confined)
 
 
 def _instances_of(
@@ -465,11 +466,12 @@ def mig_truth(
     on: Mapping[str, NodeSnapshot] | None = None,
     started: bool = False,
     by_task: tuple[str, ...] = (),
+    confined: bool = False,
 ) -> ObservedJob:
     """A job's truth for ``observe_all``: ``job_id`` runs on these MIG instances of ``node``.
     Besides the allocations holding one of these instances, one holding a parent GPU
     whole is stale too (a GPU split into instances is not given whole), so neither is
-    ever held twice. ``on``, ``started`` and ``by_task`` as for ``gpus_truth``."""
+    ever held twice. ``on``, ``started``, ``by_task`` and ``confined`` as for ``gpus_truth``."""
     snapshots, rows = _snapshots(state, [node], on)
     snapshot = snapshots[node]
     by_uuid = {m.uuid: m for m in snapshot.mig_instances}
@@ -492,7 +494,9 @@ def mig_truth(
         gpus=1, tasks=len(chosen), mig_profile=profiles[0], owner=owner, job_id=job_id
     ).model_dump_json()
     truth = _Truth(holds, parents, placement_text, request, (node,), _sorted(rows))
-    return ObservedJob(job_id, owner, tuple(named), truth, started, by_task=by_task)
+    return ObservedJob(
+        job_id, owner, tuple(named), truth, started, by_task=by_task, confined=confined
+    )
 
 
 def task_truth(
@@ -506,14 +510,15 @@ def task_truth(
     *,
     job_id: str,
     by_task: tuple[str, ...] = (),
+    confined: bool = False,
 ) -> ObservedTask:
     """A task's truth for ``observe_all``: task number ``task`` of live allocation
     ``allocation_id`` (a gang member's pod) runs on ``gpus`` of ``node`` rather than on
     the GPUs it holds. Its other tasks, and this task's CPUs, are kept. ``on`` as for
     ``gpus_truth``. ``job_id``: the job the allocation must be of (the gang of the pod
     that names it): the allocation is named by the pod's annotations, which whoever
-    made the pod wrote, so an allocation of another job is not moved. ``by_task`` as for
-    ``gpus_truth``."""
+    made the pod wrote, so an allocation of another job is not moved. ``by_task`` and
+    ``confined`` as for ``gpus_truth``."""
     snapshots, rows = _snapshots(state, [node], on)
     snapshot = snapshots[node]
     wrong = [i for i in gpus if not 0 <= i < snapshot.gpu_count]
@@ -523,7 +528,16 @@ def task_truth(
     holds = [(node, snapshot.gpus[i].uuid, "gpu") for i in sorted(gpus)]
     instances = _instances_of({node: snapshot}, {node: gpus})
     return ObservedTask(
-        allocation_id, task, node, holds, moved_task, rows[node], job_id, instances, by_task
+        allocation_id,
+        task,
+        node,
+        holds,
+        moved_task,
+        rows[node],
+        job_id,
+        instances,
+        by_task,
+        confined,
     )
 
 
@@ -604,7 +618,12 @@ class ObservedJob:
     besides, gives up only those (``_end_stale``). The kubelet gave them to this job, so
     the task holding them has no container on them, while its other tasks hold the
     GPUs its running members use. Any other holder is ended whole, as a scheduler
-    that runs a job on a device says the job that held it has ended."""
+    that runs a job on a device says the job that held it has ended.
+
+    ``confined``: the truth is a node's own report (its agent token's, the device
+    plugin's): it may change what that node holds and no other node's, so another job's
+    allocation it would end whole that also holds devices on another node is not ended
+    for it (``NotObserved``; ``_reaching``; service/allocations/stale_holders.py)."""
 
     job_id: str
     owner: str
@@ -614,6 +633,7 @@ class ObservedJob:
     touch: bool = False
     run: int | None = None
     by_task: tuple[str, ...] = ()
+    confined: bool = False
 
     @property
     def nodes(self) -> tuple[str, ...]:
@@ -644,6 +664,7 @@ class ObservedTask:
     # The MIG instances of the GPUs it moves onto: their holders are stale too.
     instances: tuple[tuple[str, str], ...] = ()
     by_task: tuple[str, ...] = ()  # as ObservedJob's
+    confined: bool = False  # as ObservedJob's: its own allocation may span nodes (a gang)
 
     @property
     def nodes(self) -> tuple[str, ...]:
@@ -730,10 +751,16 @@ def observe_all(state: ServiceState, truths: Sequence[Truth]) -> list[Observatio
         now = state.clock()
         ended = _ended_before_taken(conn, state, now, truths)
         taken = {i: t for i, t in enumerate(truths) if not _is_ended(t, ended)}
+        # A node's own report that would end another node's holds: not taken.
+        declined = {i: found for i, t in taken.items() if (found := _reaching(conn, t))}
+        taken = {i: t for i, t in taken.items() if i not in declined}
         plans = _plan_tasks(conn, taken)
         freed = _give_up_moving(conn, taken, plans)
         answers: list[Observation | NotObserved] = []
         for i, truth in enumerate(truths):
+            if i in declined:
+                answers.append(_across_nodes(declined[i]))
+                continue
             if i not in taken:
                 answers.append(Observation("ended", ""))
                 continue
@@ -980,7 +1007,10 @@ def _take_task(
     kept = repository.holds_with_kind(conn, allocation_id) if dropped else _kept(conn, plan, truth)
     contested = sorted(truth.wanted | set(truth.instances))
     stale = {a: d for a, d in repository.holders(conn, contested).items() if a != allocation_id}
-    superseded, freed = _end_stale(conn, stale, truth.by_task, now)
+    found = stale_holders.split(conn, stale, truth.by_task)
+    if truth.confined and stale_holders.beyond(conn, found, truth.nodes):
+        raise _Changed(allocation_id)  # taken since the check: judged again, declined
+    superseded, freed = stale_holders.end(conn, found, now)
     moved, given_up = repository.relocate(
         conn,
         allocation_id,
@@ -1053,7 +1083,10 @@ def _take_truth(
         return Observation("matched", ids[0]), []
     contested = sorted(wanted | set(truth.also_stale))
     stale = {a: d for a, d in repository.holders(conn, contested).items() if a not in ids}
-    superseded, freed = _end_stale(conn, stale, job.by_task, now)
+    found = stale_holders.split(conn, stale, job.by_task)
+    if job.confined and (reaching := stale_holders.beyond(conn, found, job.nodes)):
+        raise _Changed(reaching[0])  # taken since the check: judged again, declined
+    superseded, freed = stale_holders.end(conn, found, now)
     merged, freed_merged = repository.end(conn, ids[1:], "release", now)
     freed += freed_merged
     moved = None
@@ -1090,35 +1123,35 @@ def _take_truth(
     return observation, freed
 
 
-def _end_stale(
-    conn: Connection, stale: Mapping[str, list[str]], by_task: tuple[str, ...], now: datetime
-) -> tuple[list[str], list[repository.FreedHold]]:
-    """End the allocations holding devices a truth takes (``stale``: id -> the devices,
-    ``node/device``, it holds of them): the ids ended and the holds freed. One whose
-    owner starts with a ``by_task`` prefix (a Kubernetes gang's: each task a pod of its
-    own) and that holds other devices besides gives up only those, and stays live: the
-    kubelet gave them to another pod, so no member runs on them, while its other tasks
-    hold the GPUs its running members use (ended whole, those looked free under them)."""
-    whole = sorted(stale)
-    partial: dict[str, list[tuple[str, str]]] = {}
-    if by_task and stale:
-        whole = []
-        rows = {str(r["id"]): r for r in repository.by_ids(conn, sorted(stale))}
-        for allocation_id in sorted(stale):
-            row = rows.get(allocation_id)
-            taken_names = set(stale[allocation_id])
-            if row is not None and str(row["owner"] or "").startswith(by_task):
-                holds = repository.holds_with_kind(conn, allocation_id)
-                taken = [(n, d) for n, d, _ in holds if f"{n}/{d}" in taken_names]
-                # Every device named is a hold of its own (not a share), and some are left.
-                if len(taken) == len(taken_names) and len(taken) < len(holds):
-                    partial[allocation_id] = taken
-                    continue
-            whole.append(allocation_id)
-    superseded, freed = repository.end(conn, whole, "release", now)
-    for allocation_id, devices in partial.items():
-        freed += repository.drop_devices(conn, allocation_id, devices)
-    return superseded, freed
+def _reaching(conn: Connection, truth: Truth) -> str | None:
+    """For a ``confined`` truth (a node's own report): an allocation of another job that
+    taking it would end whole as stale and that holds devices on another node too; None
+    when there is none (service/allocations/stale_holders.py)."""
+    if not truth.confined:
+        return None
+    if isinstance(truth, ObservedTask):
+        contested = sorted(truth.wanted | set(truth.instances))
+        own = {truth.allocation_id}
+    else:
+        # The job's own allocations move with it (the pod runs on this node, as the
+        # Kubernetes API says): only another job's, ended as stale, is judged.
+        rows = repository.live_for_job(conn, truth.job_id, list(truth.named))
+        own = {str(r["id"]) for r in rows}
+        wanted = {(n, d) for n, d, _ in truth.truth.holds}
+        contested = sorted(wanted | set(truth.truth.also_stale))
+    stale = {a: d for a, d in repository.holders(conn, contested).items() if a not in own}
+    found = stale_holders.beyond(conn, stale_holders.split(conn, stale, truth.by_task), truth.nodes)
+    return found[0] if found else None
+
+
+def _across_nodes(allocation_id: str) -> NotObserved:
+    """Not named in the message: the reporting node's token learns no allocation of other
+    nodes (docs/kubernetes.md)."""
+    return NotObserved(
+        allocation_id,
+        "another job's allocation holds these devices, and devices of another node too: a"
+        " node's report does not end it (its scheduler releases it)",
+    )
 
 
 def _runs(conn: Connection, rows: Sequence[RowMapping], now: datetime) -> dict[str, RowMapping]:

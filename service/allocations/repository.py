@@ -412,6 +412,19 @@ def holders(conn: Connection, devices: Sequence[tuple[str, str]]) -> dict[str, l
     return found
 
 
+def beyond(conn: Connection, allocation_ids: Sequence[str], nodes: Sequence[str]) -> list[str]:
+    """Those of ``allocation_ids`` that hold, or share, a device on a node not in ``nodes``."""
+    if not allocation_ids:
+        return []
+    held = schema.holdings()
+    query = (
+        sa.select(held.c.allocation_id)
+        .where(held.c.allocation_id.in_(list(allocation_ids)), held.c.node.not_in(list(nodes)))
+        .distinct()
+    )
+    return sorted(str(a) for a in conn.execute(query).scalars())
+
+
 def live_for_job(
     conn: Connection, job_id: str, allocation_ids: Sequence[str]
 ) -> list[sa.RowMapping]:

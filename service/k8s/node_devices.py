@@ -393,10 +393,21 @@ def _reconcile_pod(
     on = {node: snapshot}  # the snapshot the devices were checked on
     # Read while the pod ran, taken perhaps after it ended (the watch released it at its
     # end, and its GPUs went on): then nothing is written for it (``started``), or it
-    # would hold a gone pod's GPUs and release what holds them now as stale.
+    # would hold a gone pod's GPUs and release what holds them now as stale. ``confined``:
+    # a node's report ends no allocation that holds another node's devices too.
     if mig:
         job = allocations.mig_truth(
-            state, job_id, owner, node, mig, named, reason, on, started=True, by_task=_BY_TASK
+            state,
+            job_id,
+            owner,
+            node,
+            mig,
+            named,
+            reason,
+            on,
+            started=True,
+            by_task=_BY_TASK,
+            confined=True,
         )
     else:
         indices = sorted(by_uuid[d] for d in pod.devices)
@@ -410,6 +421,7 @@ def _reconcile_pod(
             started=True,
             on=on,
             by_task=_BY_TASK,
+            confined=True,
         )
     return _Pending(pod, outcome, reserved, job)
 
@@ -614,6 +626,7 @@ def _reconcile_member(
         {node: snapshot},
         job_id=gang.key,
         by_task=_BY_TASK,
+        confined=True,
     )
     return _Pending(pod, outcome, was, truth)
 

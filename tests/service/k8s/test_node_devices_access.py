@@ -101,3 +101,54 @@ def test_a_region_agent_reports_no_devices_of_a_node_moved_to_another_region_on_
 def _devices(pod_name: str, device: str) -> dict[str, Any]:
     pods = [{"namespace": "ml-team", "name": pod_name, "devices": [device]}]
     return {"resource": "nvidia.com/gpu", "pods": pods}
+
+
+@pytest.fixture
+def guarded(settings: Settings, clock: FakeClock, kube: FakeKubeApi) -> Iterator[TestClient]:
+    """The service behind its token check (no token: 401), with the fake Kubernetes API."""
+    app = create_app(secured(settings), clock=clock, background=False)
+    app.state.k8s_settings = ExtenderSettings(reconcile_interval_s=0)
+    app.state.k8s_api = kube
+    with TestClient(app) as c:
+        yield c
+
+
+def test_a_nodes_device_report_ends_no_allocation_it_shares_with_another_node(
+    guarded: TestClient, kube: FakeKubeApi
+) -> None:
+    """Node a's agent token reports a pod of node a on a GPU that a two-node allocation holds
+    there. Taking that truth ended the whole allocation, node b's 8 GPUs freed under its
+    running task: node a's token changed node b. The pod's report is unmatched instead, and
+    the allocation keeps both nodes."""
+    client = guarded
+    for name in ("node-a", "node-b"):
+        answer = client.put(f"/v1/nodes/{name}/snapshot", json=snapshot_body(name), headers=ADMIN)
+        assert answer.status_code == 200, answer.text
+    scheduler = bearer(new_token(client, role="scheduler"))
+    both = client.post(
+        "/v1/place", json={"gpus": 8, "tasks": 2, "job_id": "wide"}, headers=scheduler
+    ).json()
+    assert sorted(t["node"] for t in both["tasks"]) == ["node-a", "node-b"]
+    assert client.post(f"/v1/allocations/{both['id']}/confirm", headers=scheduler).is_success
+    p = pod("web-0", 1)
+    p["spec"]["nodeName"] = "node-a"
+    p["status"]["startTime"] = "2026-11-29T10:21:09Z"
+    kube.add(p)
+    on_a = next(t for t in both["tasks"] if t["node"] == "node-a")["gpu_uuids"][0]
+    agent = bearer(new_token(client, role="agent", nodes=["node-a"]))
+
+    answer = client.post(
+        "/v1/nodes/node-a/k8s/devices", json=_devices("web-0", on_a), headers=agent
+    )
+
+    assert answer.status_code == 200, answer.text
+    (outcome,) = answer.json()["outcomes"]
+    assert outcome["action"] == "unmatched", outcome
+    assert "another node" in outcome["message"]
+    assert both["id"] not in outcome["message"]  # nothing learnt of another node's jobs
+    after = client.get(f"/v1/allocations/{both['id']}", headers=scheduler).json()
+    assert after["state"] == "active"
+    assert after["tasks"] == both["tasks"]
+    # Node b's GPUs are still held: a job asking for them there does not fit.
+    refused = client.post("/v1/place", json={"gpus": 8, "nodes": ["node-b"]}, headers=scheduler)
+    assert refused.status_code == 409, refused.text

@@ -209,3 +209,35 @@ def test_two_nodes_reports_moving_two_members_of_one_gang_at_once_keep_both_move
     assert k8s_client.post("/k8s/v1/bind", json=binding_args(nxt, node_0)).json() == {"Error": ""}
     given = kube.get_pod("ml-team", "next") or {}
     assert not set(_devices(given)) & set(truth_0), "two pods on one GPU"
+
+
+def test_a_member_given_gpus_of_a_two_node_allocation_ends_none_of_it(
+    k8s_client: TestClient, kube: FakeKubeApi
+) -> None:
+    """A gang member's move onto GPUs that another job's allocation holds on this node and
+    on another: the node's report ended that allocation whole, and its GPUs on the other
+    node were free under its running task. It is unmatched instead; nothing moves."""
+    add_nodes(k8s_client, ("hgx-h100", NODE), ("hgx-h100", "h100-b"))
+    first, _ = (
+        _bound(k8s_client, kube, "pair-0", 2, **GANG),
+        _bound(k8s_client, kube, "pair-1", 2, **GANG),
+    )
+    gang_id = first["metadata"]["annotations"]["topoplace.io/allocation"]
+    gang_before = _allocation(k8s_client, gang_id)
+    filler = {"gpus": 4, "job_id": "filler", "nodes": ["h100-b"]}
+    assert k8s_client.post("/v1/place", json=filler).status_code == 201  # 4 left on each node
+    wide = k8s_client.post(
+        "/v1/place", json={"gpus": 4, "tasks": 2, "job_id": "wide", "nodes": [NODE, "h100-b"]}
+    ).json()
+    assert sorted(t["node"] for t in wide["tasks"]) == [NODE, "h100-b"], wide
+    here = next(t for t in wide["tasks"] if t["node"] == NODE)["gpu_uuids"]
+
+    body = _report(k8s_client, {"pair-0": sorted(here[:2])})
+
+    assert body.status_code == 200, body.text
+    (outcome,) = body.json()["outcomes"]
+    assert outcome["action"] == "unmatched", outcome
+    assert "another node" in outcome["message"]
+    after = _allocation(k8s_client, wide["id"])
+    assert after["state"] == wide["state"] and after["tasks"] == wide["tasks"]
+    assert _allocation(k8s_client, gang_id)["tasks"] == gang_before["tasks"]
