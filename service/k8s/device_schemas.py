@@ -93,7 +93,7 @@ class PodOutcome(BaseModel):
         description="matched: the reservation is what the kubelet gave; moved: the pod's"
         " allocation now holds the devices it really got; created: a pod without a reservation"
         " got one; deferred: nothing changed now, reported again later (the pod could not be"
-        " read from the Kubernetes API, or it is bound to another node there); unmatched:"
+        " read from the Kubernetes API, or it is not bound to this node there); unmatched:"
         " differs, but is not moved here (a gang member given its gang's other GPUs, or MIG"
         " instances of one): counted, see message"
     )

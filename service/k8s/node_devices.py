@@ -511,7 +511,7 @@ def _pod_here(
         return None
     if found is None:
         outcome.action = "deferred"
-        outcome.message = "the pod is gone from the Kubernetes API"
+        outcome.message = _not_here(node)
         return None
     why = _not_running_here(found, node, listed_at)
     if why is not None:
@@ -521,17 +521,23 @@ def _pod_here(
     return found
 
 
+def _not_here(node: str) -> str:
+    """Why a pod the API does not show bound to ``node`` is not taken: one answer whether it
+    is gone, not bound, or bound to another node. Which of them is not this node's to
+    learn: the pod is read with the service's account, and a node's agent token would
+    learn which pod names exist in every namespace, and which are bound (a node's
+    kubelet may read the pods bound to it only)."""
+    return (
+        f"no pod of this name is bound to {node} in the Kubernetes API: the report is of an"
+        " earlier pod of that name (gone, or made again elsewhere)"
+    )
+
+
 def _not_running_here(found: Pod, node: str, listed_at: datetime | None) -> str | None:
     """Why the pod read from the API is not one this node's kubelet runs devices for,
     or not the one the report's List showed under its name; None when it is."""
-    bound_to = (found.get("spec") or {}).get("nodeName")
-    if bound_to != node:
-        # Which other node it is bound to is not this node's to learn: a node's agent
-        # token would map where any pod name runs.
-        return (
-            f"the pod of this name is {'bound to another node' if bound_to else 'not bound'},"
-            f" not to {node}: the report is of an earlier pod of that name"
-        )
+    if (found.get("spec") or {}).get("nodeName") != node:
+        return _not_here(node)
     phase = (found.get("status") or {}).get("phase")
     if phase in _FINISHED:
         return (

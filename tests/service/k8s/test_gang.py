@@ -206,7 +206,7 @@ def test_a_member_reported_from_another_node_moves_nothing(fleet: TestClient, ku
     outcome = _report(fleet, other, "ring-0", free[:2])
     assert outcome["action"] == "deferred", outcome
     # The node the member runs on is not the reporting node's to learn.
-    assert f"bound to another node, not to {other}" in outcome["message"]
+    assert f"no pod of this name is bound to {other}" in outcome["message"]
     assert node not in outcome["message"]
     assert _gang(fleet)["tasks"] == before["tasks"]
     assert fleet.get("/v1/k8s/mismatches").json()["counts"]["moved"] == 0

@@ -148,7 +148,7 @@ def test_a_pod_bound_to_another_node_is_not_moved_onto_this_one(
     (outcome,) = body.json()["outcomes"]
     assert outcome["action"] == "deferred", outcome
     # Where the pod runs is another node's fact: the message names only this node.
-    assert "bound to another node, not to h100-a" in outcome["message"]
+    assert "no pod of this name is bound to h100-a" in outcome["message"]
     assert "h100-c" not in body.text
     after = fleet.get(f"/v1/allocations/{before['id']}").json()
     assert (after["state"], after["tasks"]) == (before["state"], before["tasks"])
@@ -161,7 +161,7 @@ def test_an_unbound_pod_is_deferred(fleet: TestClient, kube: FakeKubeApi):
     body = _report(fleet, [{"namespace": "ml-team", "name": "unbound", "devices": _uuids()[:1]}])
     (outcome,) = body.json()["outcomes"]
     assert outcome["action"] == "deferred", outcome
-    assert "not bound, not to h100-a" in outcome["message"]
+    assert "no pod of this name is bound to h100-a" in outcome["message"]
     assert fleet.get("/v1/allocations", params={"node": NODE}).json()["allocations"] == []
 
 
@@ -240,7 +240,7 @@ def test_a_report_of_a_pod_whose_name_is_now_bound_elsewhere_moves_nothing(
     )
     (outcome,) = body.json()["outcomes"]
     assert outcome["action"] == "deferred", outcome
-    assert "bound to another node, not to h100-a" in outcome["message"]
+    assert "no pod of this name is bound to h100-a" in outcome["message"]
     assert "h100-b" not in body.text
     kept = fleet.get(f"/v1/allocations/{elsewhere['id']}").json()
     assert [t["node"] for t in kept["tasks"]] == ["h100-b"], "its reservation stays where it runs"

@@ -152,3 +152,33 @@ def test_a_nodes_device_report_ends_no_allocation_it_shares_with_another_node(
     # Node b's GPUs are still held: a job asking for them there does not fit.
     refused = client.post("/v1/place", json={"gpus": 8, "nodes": ["node-b"]}, headers=scheduler)
     assert refused.status_code == 409, refused.text
+
+
+def test_a_nodes_report_learns_nothing_of_pods_that_do_not_run_there(
+    guarded: TestClient, kube: FakeKubeApi
+) -> None:
+    """A node's agent token may name any pod in its report, and the service reads each from
+    the Kubernetes API with its own account: the answer told apart a pod that exists
+    nowhere ("gone"), one not bound ("not bound") and one bound to another node, so the
+    token learnt which pod names exist in every namespace, which the node's own kubelet
+    may not read. One answer for the three now."""
+    client = guarded
+    answer = client.put("/v1/nodes/node-a/snapshot", json=snapshot_body("node-a"), headers=ADMIN)
+    assert answer.status_code == 200, answer.text
+    elsewhere, unbound = pod("elsewhere", 1), pod("unbound", 1)
+    elsewhere["spec"]["nodeName"] = "node-b"
+    elsewhere["status"]["startTime"] = "2026-11-29T10:21:09Z"
+    kube.add(elsewhere)
+    kube.add(unbound)
+    device = snapshot_body("node-a")["snapshot"]["gpus"][0]["uuid"]
+    agent = bearer(new_token(client, role="agent", nodes=["node-a"]))
+    messages = {}
+    for name in ("elsewhere", "unbound", "nowhere"):
+        body = _devices(name, device)
+        answer = client.post("/v1/nodes/node-a/k8s/devices", json=body, headers=agent)
+        assert answer.status_code == 200, answer.text
+        (outcome,) = answer.json()["outcomes"]
+        assert outcome["action"] == "deferred", outcome
+        messages[name] = outcome["message"]
+    assert len(set(messages.values())) == 1, messages
+    assert "node-a" in messages["nowhere"]
