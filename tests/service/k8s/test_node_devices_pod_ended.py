@@ -1,4 +1,5 @@
-"""A device report read while a pod ran, taken after the pod ended and its GPUs went on."""
+"""A device report read while a pod ran, taken after the pod ended (the watch or the
+reconciler released it) and its GPUs went on."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from fastapi.testclient import TestClient
 from bench.k8s_objects import binding_args, names_args, pod
 from placement.profiles import build_profile
 from service.k8s.pod_watch import PodWatcher, followed
+from service.k8s.reconcile import reconcile_once
 from service.state import ServiceState
 from tests.service.helpers import add_nodes
 from tests.service.k8s.fake_kube import FakeKubeApi
@@ -48,13 +50,17 @@ def _state_of(client: TestClient, allocation_id: str) -> str:
     return found
 
 
+@pytest.mark.parametrize("ended_by", ["watch", "reconciler"])
 def test_a_report_of_a_pod_that_ended_meanwhile_holds_nothing_for_it(
-    fleet: TestClient, kube: FakeKubeApi
+    fleet: TestClient, kube: FakeKubeApi, ended_by: str
 ) -> None:
     """The report reads the pod (running), then the pod is deleted: the watch releases its
-    reservation and the node's GPUs go to other work. The report's truth of the pod,
-    taken after, must write nothing: no allocation for a pod that is gone, and none of
-    the work now on those GPUs released as the dead pod's stale holder."""
+    reservation (or, with no watch, the reconciler's pass does) and the node's GPUs go
+    to other work. The report's truth of the pod, taken after, must write nothing: no
+    allocation for a pod that is gone, and none of the work now on those GPUs released
+    as the dead pod's stale holder. With the reconciler, the gone pod was made an
+    allocation on the GPUs the kubelet had given it, and one of the two 2-GPU
+    allocations placed since was released."""
     first = _bound(fleet, kube, "first", 2)
     uid = first["metadata"]["uid"]
     reserved = first["metadata"]["annotations"]["topoplace.io/gpus"].split(",")
@@ -67,7 +73,7 @@ def test_a_report_of_a_pod_that_ended_meanwhile_holds_nothing_for_it(
     watcher.pods[uid] = kept  # the watch follows the bound pod
     held = set(_gpus_of(fleet, others)) | set(reserved)
     given = [g.uuid for g in build_profile("hgx-h100", NODE).gpus if g.uuid not in held]
-    assert len(given) == 2
+    assert len(given) == 2  # the kubelet chose otherwise than reserved
     after: list[str] = []
     read = kube.get_pod
 
@@ -75,7 +81,11 @@ def test_a_report_of_a_pod_that_ended_meanwhile_holds_nothing_for_it(
         found = read(namespace, name)
         if name == "first" and not after:
             kube.delete(namespace, name)
-            asyncio.run(watcher._event({"type": "DELETED", "object": first}))
+            if ended_by == "watch":
+                asyncio.run(watcher._event({"type": "DELETED", "object": first}))
+            else:
+                released = reconcile_once(state, kube, extender.gangs, 0.0)
+                assert len(released) == 1
             after.extend([_place(fleet, 2), _place(fleet, 2)])  # the freed GPUs go on
         return found
 
@@ -87,7 +97,7 @@ def test_a_report_of_a_pod_that_ended_meanwhile_holds_nothing_for_it(
     }
     answer = fleet.post(f"/v1/nodes/{NODE}/k8s/devices", json=body)
     assert answer.status_code == 200, answer.text
-    assert all(_state_of(fleet, a) in LIVE for a in [others, *after])
+    assert [_state_of(fleet, a) in LIVE for a in [others, *after]] == [True] * 3
     (outcome,) = answer.json()["outcomes"]
     assert outcome["action"] == "deferred", outcome
     found = fleet.get("/v1/allocations", params={"job_id": uid}).json()["allocations"]
