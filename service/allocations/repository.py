@@ -333,6 +333,37 @@ def drop_devices(
     )
 
 
+def keep_anchor(conn: Connection, allocation_id: str) -> None:
+    """Name one of the allocation's holds left as its anchor where the hold it named was
+    just deleted (``drop_devices`` giving up some of a live allocation's devices and
+    keeping the rest): else the deferred foreign key failed the whole transaction at
+    its commit."""
+    row = conn.execute(
+        sa.select(_T.c.anchor_node, _T.c.anchor_device).where(_T.c.id == allocation_id)
+    ).first()
+    if row is None or row.anchor_node is None:
+        return  # ended, or anchored on its share row
+    named = sa.and_(
+        _H.c.allocation_id == allocation_id,
+        _H.c.node == row.anchor_node,
+        _H.c.device == row.anchor_device,
+    )
+    if conn.execute(sa.select(_H.c.device).where(named)).first() is not None:
+        return
+    left = conn.execute(
+        sa.select(_H.c.node, _H.c.device)
+        .where(_H.c.allocation_id == allocation_id)
+        .order_by(_H.c.node, _H.c.device)
+        .limit(1)
+    ).first()
+    if left is not None:
+        conn.execute(
+            sa.update(_T)
+            .where(_T.c.id == allocation_id)
+            .values(anchor_node=left.node, anchor_device=left.device)
+        )
+
+
 def _deleted(conn: Connection, which: sa.ColumnElement[bool]) -> list[FreedHold]:
     """Delete these holds, giving each MIG instance's back to its GPU's pool."""
     deleted = conn.execute(

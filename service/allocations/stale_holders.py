@@ -69,4 +69,5 @@ def end(
     superseded, freed = repository.end(conn, found.whole, "release", now)
     for allocation_id, devices in found.partial.items():
         freed += repository.drop_devices(conn, allocation_id, devices)
+        repository.keep_anchor(conn, allocation_id)
     return superseded, freed
