@@ -252,8 +252,13 @@ def test_the_prolog_gives_up_in_time_and_exits_0(
     front.answers.clear()
     out, err = capsys.readouterr()
     assert code == 0 and out == "", (out, err)
-    assert took < 1.5 + 0.5, took
-    assert 20 - asked >= 2, asked  # asked again before giving up
+    # The limit, not the clock, is what is checked: within 1.5 s the 429's Retry-After
+    # (1 s) leaves room for 2 tries and the 503's backoff (0.25 s, doubling) for 3; the
+    # default 5 s would have made 5. A slow machine makes fewer, never more (the retry
+    # itself: test_a_service_that_asks_to_be_asked_later_is_asked_again). Wall time is
+    # only bounded against a hang.
+    assert 1 <= 20 - asked <= 3, asked
+    assert took < 10, took
     assert "job 7 not reported: try later: HTTP " in err and answer[2]["error"]["code"] in err
 
 
@@ -272,7 +277,10 @@ def test_a_service_that_never_answers_is_given_up_on_within_the_limit(
         listener.close()
     err = capsys.readouterr().err
     assert code == 0 and "job 7 not reported: try later: no answer" in err, err
-    assert took < 2 * 1 + 0.5, took
+    # One try of at most 1 s, and no second (the backoff would end past the limit): about
+    # 1 s on a quiet machine. The default 5 s limit, with tries of 2 s, takes 5 s or
+    # more; the margin is a slow machine's.
+    assert took < 4.5, took
 
 
 def test_the_prolog_loads_no_http_client_library() -> None:

@@ -375,7 +375,9 @@ def test_a_region_that_answers_a_byte_at_a_time_is_cut_at_its_time(
     )
     took = time.monotonic() - began
     assert answer.status_code == 503, answer.text[:300]
-    assert took < 2.5, f"the forward took {took:.1f} s of a 1 s deadline"
+    # Cut near its 1 s deadline, well before the whole answer's 4 s (the margin is a slow
+    # machine's); the pieces sent say the same.
+    assert took < 3.5, f"the forward took {took:.1f} s of a 1 s deadline"
     assert stream.sent < 40
 
 

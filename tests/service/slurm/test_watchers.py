@@ -94,7 +94,9 @@ def test_a_read_under_way_at_shutdown_is_killed_not_waited_for(
         stopping = time.monotonic()
     took = time.monotonic() - stopping
     left = [int(pid) for line in _lines(pids) for pid in line.split() if _running(int(pid))]
-    assert took < 2.0, f"the service took {took:.1f} s to stop"
+    # Killed at once: well under the reads' 10 s timeout, which the stop used to wait for
+    # (the margin is a slow machine's).
+    assert took < 6.0, f"the service took {took:.1f} s to stop"
     assert left == [], f"still running: {left}"
 
 
