@@ -615,15 +615,15 @@ class ObservedJob:
 
     ``by_task``: owners (prefixes) of allocations whose tasks are each a pod of its own
     (a Kubernetes gang's): such an allocation holding some of these devices, and others
-    besides, gives up only those (``_end_stale``). The kubelet gave them to this job, so
-    the task holding them has no container on them, while its other tasks hold the
-    GPUs its running members use. Any other holder is ended whole, as a scheduler
-    that runs a job on a device says the job that held it has ended.
+    besides, gives up only those (service/allocations/stale_holders.py). The kubelet
+    gave them to this job, so the task holding them has no container on them, while its
+    other tasks hold the GPUs its running members use. Any other holder is ended whole,
+    as a scheduler that runs a job on a device says the job that held it has ended.
 
     ``confined``: the truth is a node's own report (its agent token's, the device
     plugin's): it may change what that node holds and no other node's, so another job's
     allocation it would end whole that also holds devices on another node is not ended
-    for it (``NotObserved``; ``_reaching``; service/allocations/stale_holders.py)."""
+    for it (``NotObserved``; ``_reaching``)."""
 
     job_id: str
     owner: str
@@ -646,6 +646,11 @@ class ObservedJob:
     @property
     def label(self) -> str:
         return f"job {self.job_id}"
+
+    @property
+    def contested(self) -> list[tuple[str, str]]:
+        """The devices whose other holders are stale: the job's, and ``also_stale``."""
+        return sorted({(n, d) for n, d, _ in self.truth.holds} | set(self.truth.also_stale))
 
 
 @dataclass(frozen=True)
@@ -681,6 +686,11 @@ class ObservedTask:
     @property
     def wanted(self) -> set[tuple[str, str]]:
         return {(n, d) for n, d, _ in self.holds}
+
+    @property
+    def contested(self) -> list[tuple[str, str]]:
+        """The devices whose other holders are stale: the task's, and their instances."""
+        return sorted(self.wanted | set(self.instances))
 
 
 Truth = ObservedJob | ObservedTask
@@ -1005,12 +1015,7 @@ def _take_task(
     # (``_give_up_moving``): every hold left is the other tasks' (one of which may have
     # moved onto a device this task left) or CPUs. Alone, they are still its own.
     kept = repository.holds_with_kind(conn, allocation_id) if dropped else _kept(conn, plan, truth)
-    contested = sorted(truth.wanted | set(truth.instances))
-    stale = {a: d for a, d in repository.holders(conn, contested).items() if a != allocation_id}
-    found = stale_holders.split(conn, stale, truth.by_task)
-    if truth.confined and stale_holders.beyond(conn, found, truth.nodes):
-        raise _Changed(allocation_id)  # taken since the check: judged again, declined
-    superseded, freed = stale_holders.end(conn, found, now)
+    superseded, freed = _end_stale(conn, truth, {allocation_id}, now)
     moved, given_up = repository.relocate(
         conn,
         allocation_id,
@@ -1058,7 +1063,6 @@ def _take_truth(
     conn: Connection, now: datetime, job: ObservedJob
 ) -> tuple[Observation, list[repository.FreedHold]]:
     job_id, owner, truth = job.job_id, job.owner, job.truth
-    wanted = {(n, d) for n, d, _ in truth.holds}
     rows = repository.live_for_job(conn, job_id, list(job.named))
     ids = [str(r["id"]) for r in rows]
     # Kinds compared too: a scheduler's truth is of whole GPUs (or MIG instances), and a
@@ -1081,12 +1085,7 @@ def _take_truth(
             audit.write_allocations(conn, "attached", attached, now)
             return Observation("attached", ids[0], attached=attached), []
         return Observation("matched", ids[0]), []
-    contested = sorted(wanted | set(truth.also_stale))
-    stale = {a: d for a, d in repository.holders(conn, contested).items() if a not in ids}
-    found = stale_holders.split(conn, stale, job.by_task)
-    if job.confined and (reaching := stale_holders.beyond(conn, found, job.nodes)):
-        raise _Changed(reaching[0])  # taken since the check: judged again, declined
-    superseded, freed = stale_holders.end(conn, found, now)
+    superseded, freed = _end_stale(conn, job, set(ids), now)
     merged, freed_merged = repository.end(conn, ids[1:], "release", now)
     freed += freed_merged
     moved = None
@@ -1130,18 +1129,33 @@ def _reaching(conn: Connection, truth: Truth) -> str | None:
     if not truth.confined:
         return None
     if isinstance(truth, ObservedTask):
-        contested = sorted(truth.wanted | set(truth.instances))
         own = {truth.allocation_id}
     else:
         # The job's own allocations move with it (the pod runs on this node, as the
         # Kubernetes API says): only another job's, ended as stale, is judged.
         rows = repository.live_for_job(conn, truth.job_id, list(truth.named))
         own = {str(r["id"]) for r in rows}
-        wanted = {(n, d) for n, d, _ in truth.truth.holds}
-        contested = sorted(wanted | set(truth.truth.also_stale))
-    stale = {a: d for a, d in repository.holders(conn, contested).items() if a not in own}
-    found = stale_holders.beyond(conn, stale_holders.split(conn, stale, truth.by_task), truth.nodes)
+    found = stale_holders.beyond(conn, _stale(conn, truth, own), truth.nodes)
     return found[0] if found else None
+
+
+def _stale(conn: Connection, truth: Truth, own: set[str]) -> stale_holders.Split:
+    """The holders of the devices the truth takes, but its own allocations ``own``."""
+    held = repository.holders(conn, truth.contested)
+    stale = {a: devices for a, devices in held.items() if a not in own}
+    return stale_holders.split(conn, stale, truth.by_task)
+
+
+def _end_stale(
+    conn: Connection, truth: Truth, own: set[str], now: datetime
+) -> tuple[list[str], list[repository.FreedHold]]:
+    """End the holders ``_stale`` finds (``stale_holders.end``). A confined truth's that
+    reach another node were found since ``_reaching`` looked: the transaction is run
+    again, and declines the truth then."""
+    found = _stale(conn, truth, own)
+    if truth.confined and (reaching := stale_holders.beyond(conn, found, truth.nodes)):
+        raise _Changed(reaching[0])
+    return stale_holders.end(conn, found, now)
 
 
 def _across_nodes(allocation_id: str) -> NotObserved:
