@@ -323,6 +323,18 @@ ended_jobs = sa.Table(
     sa.Index("ix_ended_jobs_ended_at", "ended_at"),
 )
 
+# The newest List a node's device reports of one kubelet resource were taken from (the
+# plugin's ``listed_at``, by the node's clock): a report whose List is older, by less
+# than REORDER_S, changes nothing, on whichever replica it is answered. Checked and
+# advanced in the transaction that takes the report (service/k8s/report_order.py).
+k8s_report_order = sa.Table(
+    "k8s_report_order",
+    metadata,
+    sa.Column("node", sa.String(253), primary_key=True),
+    sa.Column("resource", sa.String(253), primary_key=True),
+    sa.Column("listed_at", sa.DateTime(timezone=True), nullable=False),
+)
+
 # API tokens (service/tokens/): only the scrypt hash of each secret is kept. The
 # scope is JSON ({"nodes": [...], "region": ...}) and empty for every role but agent
 # and region.

@@ -33,9 +33,11 @@ changes nothing an allocation's view shows: no event, no audit row.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Literal
+
+from sqlalchemy.engine import Connection
 
 from service.allocations import lifecycle, place_flow, queries, score_pages, scoring
 from service.allocations.place_flow import Flow, Step, run, run_async
@@ -313,13 +315,16 @@ def observe(
 
 
 def observe_all(
-    state: ServiceState, truths: Sequence[ObservedJob | ObservedTask]
+    state: ServiceState,
+    truths: Sequence[ObservedJob | ObservedTask],
+    first: Callable[[Connection], None] | None = None,
 ) -> list[Observation | NotObserved]:
     """Several truths taken in one transaction (lifecycle.observe_all): jobs'
     (``gpus_truth``, ``mig_truth``) and gang tasks' (``task_truth``: one task of an
     allocation moved, event ``moved``), with the events of ``observe`` for each; a task
-    that cannot be moved is answered ``NotObserved`` and changes nothing."""
-    answers = lifecycle.observe_all(state, truths)
+    that cannot be moved is answered ``NotObserved`` and changes nothing. ``first``: the
+    caller's check and write, first in that transaction (a device report's order)."""
+    answers = lifecycle.observe_all(state, truths, first)
     for answer in answers:
         if isinstance(answer, Observation):
             _publish_observation(state, answer)

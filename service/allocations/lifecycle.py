@@ -729,9 +729,17 @@ class _TaskPlan:
     row: RowMapping | None = None  # the allocation as read, for its TTL
 
 
-def observe_all(state: ServiceState, truths: Sequence[Truth]) -> list[Observation | NotObserved]:
+def observe_all(
+    state: ServiceState,
+    truths: Sequence[Truth],
+    first: Callable[[Connection], None] | None = None,
+) -> list[Observation | NotObserved]:
     """Several jobs (and gang tasks) run on what their truths say: make it so here, in
     one transaction, one answer per truth in order.
+
+    ``first``, when given, runs first in that transaction (and in each try of it), even
+    with no truths: the caller's own check and write, taken or refused with the truths.
+    It raises to take nothing; the error goes to the caller.
 
     A job's live allocations are those carrying its id or ``named`` by it. When
     they hold exactly its devices, they only learn the job id. Otherwise the truth
@@ -752,12 +760,16 @@ def observe_all(state: ServiceState, truths: Sequence[Truth]) -> list[Observatio
     not heard of, fails the commit too, and then ``NodeChanged`` asks the caller to name
     them again on the row now in memory.
     """
-    if not truths:
+    if not truths and first is None:
         return []
 
     def work(
         conn: Connection,
     ) -> tuple[list[Observation | NotObserved], list[repository.FreedHold]]:
+        if first is not None:
+            first(conn)
+        if not truths:
+            return [], []
         now = state.clock()
         ended = _ended_before_taken(conn, state, now, truths)
         taken = {i: t for i, t in enumerate(truths) if not _is_ended(t, ended)}

@@ -23,7 +23,7 @@ from service.k8s.device_schemas import (
     NodeReservations,
 )
 from service.k8s.extender import Extender
-from service.k8s.report_order import ReportOrder
+from service.k8s.report_order import NodeLocks
 from service.state import ServiceState
 
 router = APIRouter(tags=["kubernetes"])
@@ -43,13 +43,13 @@ def _mismatches(request: Request) -> node_devices.MismatchLog:
         return found
 
 
-def _order(request: Request) -> ReportOrder:
-    """The application's record of the newest List each node's reports were taken from."""
+def _locks(request: Request) -> NodeLocks:
+    """The application's per-node locks over device reports."""
     with _CREATE:
-        found: ReportOrder | None = getattr(request.app.state, "k8s_report_order", None)
+        found: NodeLocks | None = getattr(request.app.state, "k8s_report_locks", None)
         if found is None:
-            found = ReportOrder()
-            request.app.state.k8s_report_order = found
+            found = NodeLocks()
+            request.app.state.k8s_report_locks = found
         return found
 
 
@@ -71,15 +71,14 @@ def post_devices(
     log = _mismatches(request)
     # The caller: a region-scoped agent's report is taken only while the database, not
     # this replica's memory, holds the node in its region (node_devices.report).
-    order = _order(request)
+    locks = _locks(request)
     # Who may report it, before anything: a node topoplace does not know gets no lock
     # (the locks are one per node known, not one per name a caller sends).
     node_devices.check_scope(state, name, caller)
-    with order.node_lock(name):  # one node's reports in turn: an older List is not taken last
-        outcomes = order.stale(name, body)
-        if outcomes is None:
-            outcomes = node_devices.report(state, extender.kube, name, body, log, caller)
-            order.taken(name, body)
+    # One node's reports in turn on this replica; their order across replicas is the
+    # database's (node_devices.report).
+    with locks.node_lock(name):
+        outcomes = node_devices.report(state, extender.kube, name, body, log, caller)
     return DeviceReportResult(node=name, outcomes=outcomes, mismatches=log.counts_of(name))
 
 

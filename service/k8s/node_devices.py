@@ -26,6 +26,7 @@ from service.admin_actions import Caller
 from service.allocations import api as allocations
 from service.allocations.results import Allocation, NotObserved, Observation
 from service.errors import BadRequest, Conflict, NotFound
+from service.k8s import report_order
 from service.k8s.bind import ALLOCATION_ANNOTATION, GPUS_ANNOTATION
 from service.k8s.device_schemas import (
     DeviceReport,
@@ -287,17 +288,30 @@ def report(
     move to another region; the snapshot the report is judged on is the one its holds
     name, which the database holds still when they commit (else NodeChanged, and the
     report is judged again on the stored one), so the region checked is the stored
-    one at the write."""
+    one at the write.
+
+    Its List is taken in order (service/k8s/report_order.py): the newest List taken for
+    the node and resource is read before anything else of the report, and a report
+    older than it is deferred whole. The transaction that takes the report first
+    advances it from what was read; when another report was taken meanwhile (on any
+    replica), it takes nothing and the report is read again, after that one."""
     if _names_unknown(_snapshot(state, node), body):
         state.sync_nodes([node])
     for attempt in range(_ATTEMPTS):
+        order = report_order.read(state.engine, node, body)
+        deferred = report_order.stale(order, body)
+        if deferred is not None:
+            return deferred
         snapshot = _snapshot(state, node)
         region_scope.check(caller, node, snapshot.region, snapshot.region)
         try:
-            return _report_on(state, kube, snapshot, body, mismatches)
+            return _report_on(state, kube, snapshot, body, mismatches, order)
         except allocations.NodeChanged:
             if attempt == _ATTEMPTS - 1:
                 raise
+        except report_order.OrderMoved:
+            if attempt == _ATTEMPTS - 1:
+                return report_order.moved_meanwhile(body)
     raise AssertionError("the last attempt returns or raises")
 
 
@@ -307,6 +321,7 @@ def _report_on(
     snapshot: NodeSnapshot,
     body: DeviceReport,
     mismatches: MismatchLog,
+    order: report_order.Order,
 ) -> list[PodOutcome]:
     node = snapshot.name
     by_uuid = _check_devices(snapshot, body)
@@ -321,8 +336,10 @@ def _report_on(
     pending = [f for f in found if isinstance(f, _Pending)]
     # One transaction for every pod and gang member that moves: two the kubelet admitted
     # the other way round swap devices, and each keeps its own allocation; a report that
-    # fails part way leaves nothing of it.
-    answers = allocations.observe_all(state, [p.truth for p in pending])
+    # fails part way leaves nothing of it. The report's order is advanced in it, first,
+    # even when nothing moves: an older report is then not taken after this one.
+    truths = [p.truth for p in pending]
+    answers = allocations.observe_all(state, truths, report_order.advance(order))
     for p, answer in zip(pending, answers, strict=True):
         _observed(p, answer, node, mismatches)
     return [f.outcome if isinstance(f, _Pending) else f for f in found]

@@ -342,6 +342,7 @@ def test_0003_mends_rows_the_lifecycle_races_left(database_url: str) -> None:
             "federation_forwards",
             "audit_log",
             "ended_jobs",
+            "k8s_report_order",
         )
         for table in tables:
             conn.execute(
@@ -405,6 +406,20 @@ def test_0003_mends_rows_the_lifecycle_races_left(database_url: str) -> None:
     assert after["ended"]["state"] == "released" and after["ended"]["live"] is None
 
 
+def test_0019_keeps_the_newest_list_each_node_reported(database_url: str) -> None:
+    migrate.upgrade(database_url)
+    engine = sa.create_engine(database_url)
+    try:
+        keys = sa.inspect(engine).get_pk_constraint("k8s_report_order")["constrained_columns"]
+        assert keys == ["node", "resource"]
+        command.downgrade(migrate.alembic_config(database_url), "0018")
+        assert not sa.inspect(engine).has_table("k8s_report_order")
+        migrate.upgrade(database_url)
+        assert sa.inspect(engine).has_table("k8s_report_order")
+    finally:
+        engine.dispose()
+
+
 def test_0004_adds_and_removes_the_tokens_table(database_url: str) -> None:
     migrate.upgrade(database_url)
     engine = sa.create_engine(database_url)
@@ -426,6 +441,7 @@ def test_0006_keeps_the_tokens_and_takes_the_region_role(database_url: str) -> N
     cascade = " CASCADE" if engine.dialect.name == "postgresql" else ""
     with engine.begin() as conn:
         for table in (
+            "k8s_report_order",
             "ended_jobs",
             "audit_log",
             "federation_forwards",

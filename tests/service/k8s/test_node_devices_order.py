@@ -103,5 +103,5 @@ def test_a_report_for_a_node_never_reported_keeps_nothing(k8s_client: TestClient
     for i in range(50):
         answer = k8s_client.post(f"/v1/nodes/ghost-{i}/k8s/devices", json=body)
         assert answer.status_code == 404, answer.text
-    order = getattr(k8s_client.app.state, "k8s_report_order", None)  # type: ignore[attr-defined]
-    assert order is None or order._nodes == {}
+    locks = getattr(k8s_client.app.state, "k8s_report_locks", None)  # type: ignore[attr-defined]
+    assert locks is None or locks._nodes == {}
