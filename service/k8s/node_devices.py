@@ -220,6 +220,30 @@ def _check_devices(snapshot: NodeSnapshot, report: DeviceReport) -> dict[str, in
     return by_uuid
 
 
+def _mig_unknown(snapshot: NodeSnapshot, report: DeviceReport) -> bool:
+    """Whether the report is of a MIG resource no instance of ``snapshot`` is."""
+    profiles = {MIG_PREFIX + m.profile for m in snapshot.mig_instances}
+    return report.resource.startswith(MIG_PREFIX) and report.resource not in profiles
+
+
+def _order_key(snapshot: NodeSnapshot, report: DeviceReport) -> str:
+    """The name the report's order is kept under (a row per node and name): a MIG
+    resource's own, which must be one of the node's profiles (a 400 otherwise, before
+    anything changes), and ``nvidia.com/gpu`` for whole GPUs, whatever the plugin calls
+    them (``--gpu-resource``). So the rows are bounded by the node's devices, not by the
+    names its agent could invent."""
+    if not report.resource.startswith(MIG_PREFIX):
+        return WHOLE_GPU
+    if _mig_unknown(snapshot, report):
+        profiles = sorted({m.profile for m in snapshot.mig_instances})
+        raise BadRequest(
+            f"node {snapshot.name} has no MIG instance of resource {report.resource!r};"
+            f" its MIG profiles are {', '.join(profiles) or 'none'}",
+            {"field": "resource"},
+        )
+    return report.resource
+
+
 def _names_unknown(snapshot: NodeSnapshot, report: DeviceReport) -> bool:
     """Whether the report names a device that is no GPU or MIG instance of ``snapshot``."""
     known = {g.uuid for g in snapshot.gpus} | {m.uuid for m in snapshot.mig_instances}
@@ -295,10 +319,13 @@ def report(
     older than it is deferred whole. The transaction that takes the report first
     advances it from what was read; when another report was taken meanwhile (on any
     replica), it takes nothing and the report is read again, after that one."""
-    if _names_unknown(_snapshot(state, node), body):
+    known = _snapshot(state, node)
+    if _names_unknown(known, body) or _mig_unknown(known, body):
         state.sync_nodes([node])
     for attempt in range(_ATTEMPTS):
-        order = report_order.read(state.engine, node, body)
+        order = report_order.read(
+            state.engine, node, _order_key(_snapshot(state, node), body), body
+        )
         deferred = report_order.stale(order, body)
         if deferred is not None:
             return deferred

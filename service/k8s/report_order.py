@@ -71,16 +71,18 @@ class Order:
     newest: datetime | None  # the newest List taken, in UTC (None: none yet)
 
 
-def read(engine: Engine, node: str, body: DeviceReport) -> Order:
-    """The report's place: read first, before anything the report is judged on."""
+def read(engine: Engine, node: str, resource: str, body: DeviceReport) -> Order:
+    """The report's place among the node's reports of ``resource`` (the report's, or the
+    name its kind of device is kept under): read first, before anything the report is
+    judged on."""
     listed_at = body.listed_at.astimezone(UTC) if body.listed_at is not None else None
     newest = None
     if listed_at is not None:
-        query = sa.select(_T.c.listed_at).where(_T.c.node == node, _T.c.resource == body.resource)
+        query = sa.select(_T.c.listed_at).where(_T.c.node == node, _T.c.resource == resource)
         with engine.connect() as conn:
             found = conn.execute(query).scalar_one_or_none()
         newest = _aware(found) if found is not None else None
-    return Order(node, body.resource, listed_at, newest)
+    return Order(node, resource, listed_at, newest)
 
 
 def stale(order: Order, body: DeviceReport) -> list[PodOutcome] | None:

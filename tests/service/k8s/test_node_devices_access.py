@@ -8,9 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
 from bench.k8s_objects import pod
+from service import schema
 from service.app import create_app
 from service.k8s.settings import ExtenderSettings
 from service.settings import Settings
@@ -182,3 +184,26 @@ def test_a_nodes_report_learns_nothing_of_pods_that_do_not_run_there(
         messages[name] = outcome["message"]
     assert len(set(messages.values())) == 1, messages
     assert "node-a" in messages["nowhere"]
+
+
+def test_an_agent_adds_no_order_row_per_resource_name_it_invents(client: TestClient) -> None:
+    """Each report's List time is kept per node and resource: were it kept under any name
+    an agent sends, each invented name would add a row. Whole GPUs keep one row whatever
+    the plugin calls them (``--gpu-resource``); a MIG resource is one of the node's."""
+    answer = client.put("/v1/nodes/node-a/snapshot", json=snapshot_body("node-a"), headers=ADMIN)
+    assert answer.status_code == 200, answer.text
+    agent = bearer(new_token(client, role="agent", nodes=["node-a"]))
+    at = "2026-06-01T12:00:00+00:00"
+    for resource in ("nvidia.com/gpu", "example.com/gpu", "example.com/gpu-2"):
+        report: dict[str, Any] = {"resource": resource, "pods": [], "listed_at": at}
+        answer = client.post("/v1/nodes/node-a/k8s/devices", json=report, headers=agent)
+        assert answer.status_code == 200, answer.text
+    report = {"resource": "nvidia.com/mig-9g.99gb", "pods": [], "listed_at": at}
+    answer = client.post("/v1/nodes/node-a/k8s/devices", json=report, headers=agent)
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["error"]["code"] == "bad_request"
+    assert "no MIG instance" in answer.json()["error"]["message"]
+    state: ServiceState = client.app.state.service  # type: ignore[attr-defined]
+    with state.engine.connect() as conn:
+        rows = conn.execute(sa.select(schema.k8s_report_order.c.resource)).scalars().all()
+    assert rows == ["nvidia.com/gpu"]

@@ -43,9 +43,9 @@ def test_a_second_advance_from_the_same_read_takes_nothing_under_any_interleavin
     """Two replicas read the order, then each takes its report: the one whose statement
     comes second, even while the first's transaction is still open (it waits for its
     commit), finds the row moved and takes nothing."""
-    _take(engine, report_order.read(engine, NODE, _body(NOW)))
-    newer = report_order.read(engine, NODE, _body(NOW + timedelta(seconds=20)))
-    older = report_order.read(engine, NODE, _body(NOW + timedelta(seconds=10)))
+    _take(engine, report_order.read(engine, NODE, "nvidia.com/gpu", _body(NOW)))
+    newer = report_order.read(engine, NODE, "nvidia.com/gpu", _body(NOW + timedelta(seconds=20)))
+    older = report_order.read(engine, NODE, "nvidia.com/gpu", _body(NOW + timedelta(seconds=10)))
     first, second = report_order.advance(newer), report_order.advance(older)
     assert first is not None and second is not None
     refused: list[BaseException] = []
@@ -63,14 +63,14 @@ def test_a_second_advance_from_the_same_read_takes_nothing_under_any_interleavin
         thread.start()  # its statement waits for this transaction, or comes after it
     thread.join()
     assert len(refused) == 1
-    again = report_order.read(engine, NODE, _body(NOW + timedelta(seconds=10)))
+    again = report_order.read(engine, NODE, "nvidia.com/gpu", _body(NOW + timedelta(seconds=10)))
     assert again.newest == NOW + timedelta(seconds=20)
     assert report_order.stale(again, _body(NOW + timedelta(seconds=10))) is not None
 
 
 def test_two_first_reports_of_a_node_insert_its_row_once(engine: sa.Engine) -> None:
-    one = report_order.read(engine, NODE, _body(NOW))
-    two = report_order.read(engine, NODE, _body(NOW + timedelta(seconds=1)))
+    one = report_order.read(engine, NODE, "nvidia.com/gpu", _body(NOW))
+    two = report_order.read(engine, NODE, "nvidia.com/gpu", _body(NOW + timedelta(seconds=1)))
     assert one.newest is None and two.newest is None
     _take(engine, one)
     with pytest.raises(report_order.OrderMoved):
@@ -78,6 +78,6 @@ def test_two_first_reports_of_a_node_insert_its_row_once(engine: sa.Engine) -> N
 
 
 def test_a_report_without_its_lists_time_reads_and_writes_no_order(engine: sa.Engine) -> None:
-    order = report_order.read(engine, NODE, _body(None))
+    order = report_order.read(engine, NODE, "nvidia.com/gpu", _body(None))
     assert report_order.advance(order) is None
     assert report_order.stale(order, _body(None)) is None
