@@ -178,6 +178,10 @@ def set_cordoned(conn: Connection, name: str, cordoned: bool) -> bool | None:
 
 def delete(conn: Connection, name: str) -> bool:
     result = conn.execute(sa.delete(schema.nodes).where(schema.nodes.c.name == name))
+    # The order of its device reports goes with it: a machine registered again under the
+    # name, its clock behind the old one's, would have its reports deferred on it.
+    order = schema.k8s_report_order
+    conn.execute(sa.delete(order).where(order.c.node == name))
     return bool(result.rowcount)
 
 

@@ -5,9 +5,11 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 import pytest
+import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
 from placement.profiles import build_profile
+from service import schema
 from tests.service.conftest import FakeClock
 from tests.service.helpers import add_nodes, report
 
@@ -188,3 +190,20 @@ def test_a_node_delete_refused_counts_what_allocations_hold(client: TestClient) 
         refused = client.delete(f"/v1/nodes/{node}")
         assert refused.status_code == 409, refused.text
         assert refused.json()["error"]["detail"]["held"] == 1, refused.text
+
+
+def test_a_deleted_node_leaves_no_device_report_order(client: TestClient) -> None:
+    """The newest List its device reports were taken from goes with the node: a machine
+    registered again under its name, its clock a little behind, is not deferred on it."""
+    add_nodes(client, ("hgx-h100", "h0"), ("hgx-h100", "h1"))
+    state = client.app.state.service  # type: ignore[attr-defined]
+    order = schema.k8s_report_order
+    at = datetime(2026, 6, 1, 12, tzinfo=UTC)
+    with state.engine.begin() as conn:
+        for node in ("h0", "h1"):
+            conn.execute(
+                sa.insert(order).values(node=node, resource="nvidia.com/gpu", listed_at=at)
+            )
+    assert client.delete("/v1/nodes/h0").status_code == 204
+    with state.engine.connect() as conn:
+        assert conn.execute(sa.select(order.c.node)).scalars().all() == ["h1"]
