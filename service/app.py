@@ -32,6 +32,7 @@ from service.edge.failed_token_budget import FailedTokenBudget
 from service.edge.faults import FaultBarrier
 from service.edge.guard import RequestGuard
 from service.edge.headers import SafetyHeaders
+from service.edge.known_query import KNOWN_QUERY
 from service.edge.rate_limit import RateLimit, RateLimiter
 from service.edge.unread_body import CloseUnreadBody
 from service.event_loop import off_loop
@@ -298,19 +299,21 @@ def create_app(
     app.state.federation_client = federation_client
     app.state.summary_refusals = SummaryRefusals(state)
     app.state.pusher = pusher
-    app.include_router(node_routes.router)
-    app.include_router(allocation_routes.router)
-    app.include_router(cluster_view.router)
+    # The general API refuses query parameters its routes do not declare (known_query.py).
+    general = [KNOWN_QUERY]
+    app.include_router(node_routes.router, dependencies=general)
+    app.include_router(allocation_routes.router, dependencies=general)
+    app.include_router(cluster_view.router, dependencies=general)
     app.include_router(slurm_routes.router)
     app.include_router(k8s_routes.router)
     app.include_router(k8s_device_routes.router)
-    app.include_router(token_routes.router)
+    app.include_router(token_routes.router, dependencies=general)
     app.include_router(metrics_route.router)
     app.state.exposition = metrics_route.exposition(state)
     app.include_router(console_routes.router)
     console_routes.mount_assets(app)
-    app.include_router(federation_routes.router)
-    app.include_router(audit_routes.router)
+    app.include_router(federation_routes.router, dependencies=general)
+    app.include_router(audit_routes.router, dependencies=general)
     app.include_router(front_page.router)
 
     async def _handled(_: Request, exc: Exception) -> JSONResponse:
