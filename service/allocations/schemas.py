@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.json_schema import SkipJsonSchema
 from pydantic_core import PydanticCustomError
 
@@ -117,6 +117,9 @@ class ReleaseResult(BaseModel):
 
 
 class ExtendRequest(BaseModel):
+    # An unknown field is refused, not dropped: a misspelt one was read as left out.
+    model_config = ConfigDict(extra="forbid")
+
     ttl_s: float = Field(
         strict=True,
         allow_inf_nan=False,

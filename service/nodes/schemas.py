@@ -7,7 +7,7 @@ import binascii
 from datetime import UTC, datetime
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 from placement import NodeSnapshot
 from placement.snapshot import MAX_GPUS
@@ -26,6 +26,9 @@ UtcTime = Annotated[datetime, AfterValidator(_as_utc)]
 
 class SnapshotReport(BaseModel):
     """What an agent PUTs: its full snapshot and, optionally, its signature over it."""
+
+    # An unknown field is refused, not dropped: a misspelt one was read as left out.
+    model_config = ConfigDict(extra="forbid")
 
     snapshot: NodeSnapshot
     signature: Text | None = Field(
@@ -102,6 +105,9 @@ class TopologyView(BaseModel):
 
 class NodeKeyRegistration(BaseModel):
     """A node's Ed25519 public key, as its agent registers it (docs/agent.md)."""
+
+    # An unknown field is refused, not dropped: a misspelt one was read as left out.
+    model_config = ConfigDict(extra="forbid")
 
     algorithm: Literal["ed25519"] = "ed25519"
     public_key: Text = Field(

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from placement.snapshot import NODE_NAME_PATTERN
 from placement.text import Text
@@ -15,6 +15,9 @@ NodeName = Annotated[str, Field(min_length=1, max_length=253, pattern=NODE_NAME_
 
 
 class TokenRequest(BaseModel):
+    # An unknown field is refused, not dropped: a misspelt one was read as left out.
+    model_config = ConfigDict(extra="forbid")
+
     role: Role
     nodes: list[NodeName] = Field(
         default_factory=list,
