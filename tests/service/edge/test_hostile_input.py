@@ -287,3 +287,34 @@ def test_other_write_bodies(cluster: TestClient) -> None:
                 cluster.request(method, path, content=body, headers=JSON),
                 f"{method} {path} {body[:120]!r}",
             )
+
+
+CONTENT_TYPES = [
+    None,
+    "text/plain",
+    "application/x-www-form-urlencoded",
+    "multipart/form-data; boundary=x",
+    "application/json; charset=latin-1",
+    "application/json; charset=utf-16",
+    "application/merge-patch+json",
+    "application/json, text/plain",
+    "",
+]
+
+
+def test_content_types(cluster: TestClient) -> None:
+    bodies = [b'{"gpus": 1, "owner": "\xe9"}', '{"gpus": 1}'.encode("utf-16"), b"gpus=1"]
+    for content_type in CONTENT_TYPES:
+        headers = {} if content_type is None else {"content-type": content_type}
+        for body in bodies:
+            for method, path in [
+                ("POST", "/v1/place"),
+                ("POST", "/v1/score"),
+                ("POST", "/v1/tokens"),
+                ("PUT", "/v1/nodes/h0/snapshot"),
+                ("POST", "/v1/nodes/h0/heartbeat"),
+                ("PUT", "/v1/nodes/h0/key"),
+                ("POST", "/v1/regions"),
+            ]:
+                response = cluster.request(method, path, content=body, headers=headers)
+                _check(response, f"{method} {path} {content_type} {body[:20]!r}")
