@@ -141,6 +141,12 @@ def _mutations() -> list[tuple[str, Callable[[Snap], None]]]:
     def ts_far(s: Snap) -> None:
         s["timestamp"] = "9999-12-31T23:59:59Z"
 
+    def ts_past_year_9999_in_utc(s: Snap) -> None:
+        s["timestamp"] = "9999-12-31T23:59:59-14:00"
+
+    def ts_before_year_1_in_utc(s: Snap) -> None:
+        s["timestamp"] = "0001-01-01T00:00:00+14:00"
+
     def ts_naive(s: Snap) -> None:
         s["timestamp"] = "2026-01-01T00:00:00"
 
@@ -188,6 +194,8 @@ def _mutations() -> list[tuple[str, Callable[[Snap], None]]]:
             seq_neg,
             ts_bad,
             ts_far,
+            ts_past_year_9999_in_utc,
+            ts_before_year_1_in_utc,
             ts_naive,
             health_bad,
         )
