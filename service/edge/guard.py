@@ -46,6 +46,9 @@ MAX_URL_BYTES = 8 * 1024
 # service keeps or compares, whatever server runs it.
 _HEADER_CONTROL = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
 _READ_HEADERS = frozenset({b"idempotency-key", b"authorization"})
+# Once: of two keys the first was read, so a retry through a proxy that joins them ("a,
+# b", RFC 9110) or keeps the other one reserved a second time.
+_ONCE = b"idempotency-key"
 # Their bodies are parsed and validated on the event loop, about 35 ms a megabyte of
 # node names, while every other request of the process waits: a 4 MB list stalled them
 # for 600 ms. Other routes keep the general limit (snapshots, extender bodies).
@@ -145,13 +148,18 @@ class RequestGuard:
                     "query", f"control characters are not allowed (U+{ord(bad):04X})"
                 )
         limit = self._limit(scope)
+        read: set[bytes] = set()
         for name, value in scope.get("headers", ()):
             if name == b"content-length":
                 if value.isdigit() and int(value) > limit[0]:
                     return _too_large(f"request body of {value.decode()} bytes", limit)
-            elif name in _READ_HEADERS and _HEADER_CONTROL.search(value):
+            elif name in _READ_HEADERS:
                 header = name.decode("latin-1")
-                return InvalidRequest(f"header.{header}", "control characters are not allowed")
+                if _HEADER_CONTROL.search(value):
+                    return InvalidRequest(f"header.{header}", "control characters are not allowed")
+                if name == _ONCE and name in read:
+                    return InvalidRequest(f"header.{header}", "given more than once: send it once")
+                read.add(name)
         return None
 
     async def _read_body(

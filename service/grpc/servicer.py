@@ -90,6 +90,11 @@ def _idempotency_key(context: Context) -> str | None:
     """The key as REST reads its header: an HTTP server takes the spaces and tabs around
     a header's value off (RFC 9110), so " k " over REST is "k". Kept over gRPC, the same
     key sent over both transports was two keys, and made two reservations."""
+    keys = [value for name, value in context.invocation_metadata() or () if name == IDEMPOTENCY_KEY]
+    if len(keys) > 1:  # as REST refuses the header twice (service/edge/guard.py)
+        raise Refused(
+            status_map.invalid_field(IDEMPOTENCY_KEY, "given more than once: send it once")
+        )
     key = _metadata(context, IDEMPOTENCY_KEY)
     return None if key is None else key.strip(" \t")
 
@@ -315,7 +320,10 @@ class TopoplaceServicer(pb_grpc.TopoplaceServicer):
 
     async def Place(self, request: pb.PlaceRequest, context: Context) -> pb.Allocation:
         await self._bounded(request, context)
-        key = _idempotency_key(context)
+        try:
+            key = _idempotency_key(context)
+        except Refused as refused:
+            await status_map.abort(context, refused.reply)
         # Without a key, a reservation whose call ends before its answer is released
         # (abandoned.py); with one, the retry under the key is answered with it.
         handover = abandoned.Handover() if key is None else None

@@ -150,3 +150,14 @@ def test_malformed_json_answers_in_the_error_shape(client: TestClient) -> None:
         "/v1/place", content=b'{"gpus": ', headers={"content-type": "application/json"}
     )
     _error(response, 422, "invalid_request")
+
+
+def test_an_idempotency_key_given_twice_is_refused(client: TestClient) -> None:
+    """Two keys on one request: it was keyed by the first, so its retry through a proxy
+    that joins them ("a, b") or keeps the other made a second reservation."""
+    add_nodes(client, ("hgx-h100", "h0"))
+    both = [("Idempotency-Key", "a"), ("Idempotency-Key", "b")]
+    response = client.post("/v1/place", json={"gpus": 1}, headers=both)
+    assert response.status_code == 422, response.text
+    assert response.json()["error"]["detail"]["field"] == "header.idempotency-key"
+    assert client.get("/v1/allocations").json()["allocations"] == []

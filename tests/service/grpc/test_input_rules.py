@@ -250,3 +250,11 @@ def test_a_gpu_fraction_counted_as_a_whole_gpu_is_refused_and_a_fine_one_rounded
     assert running.stub.ListAllocations(pb.ListAllocationsRequest()).allocations == []
     placed = running.stub.Place(pb.PlaceRequest(gpu_fraction=0.3334))
     assert placed.tasks[0].gpu_fraction == 0.334
+
+
+def test_an_idempotency_key_given_twice_is_refused(running: Running) -> None:
+    running.stub.ReportSnapshot(snapshot_request("hgx-h100", "h0"))
+    both = (("idempotency-key", "a"), ("idempotency-key", "b"))
+    error = _fails(running.stub.Place, pb.PlaceRequest(gpus=1), both)
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error.details()
+    assert running.stub.ListAllocations(pb.ListAllocationsRequest()).allocations == []
