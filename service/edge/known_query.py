@@ -10,7 +10,8 @@ takes. No route of the general API declares a list in its query, so a repeat is
 always a mistake.
 
 A dependency of the general API's routers (service/app.py), not a middleware: the
-route's declared parameters are known only once the router has matched it.
+route's declared parameters are known only once the router has matched it. Routes
+served before the router (service/direct_routes.py) call ``check_query`` with theirs.
 """
 
 from __future__ import annotations
@@ -29,12 +30,8 @@ def _declared(dependant: Dependant) -> frozenset[str]:
     return frozenset(names)
 
 
-def _check(request: Request) -> None:
-    route = request.scope.get("route")
-    dependant = getattr(route, "dependant", None)
-    if dependant is None:  # not a FastAPI route: nothing declared to check against
-        return
-    declared = _declared(dependant)
+def check_query(request: Request, declared: frozenset[str]) -> None:
+    """Refuse a query parameter not in ``declared``, or one given twice."""
     seen: set[str] = set()
     for name, _ in request.query_params.multi_items():
         if name not in declared:
@@ -46,6 +43,14 @@ def _check(request: Request) -> None:
         if name in seen:
             raise InvalidRequest(f"query.{name}", f"{name!r} is given more than once")
         seen.add(name)
+
+
+def _check(request: Request) -> None:
+    route = request.scope.get("route")
+    dependant = getattr(route, "dependant", None)
+    if dependant is None:  # not a FastAPI route: nothing declared to check against
+        return
+    check_query(request, _declared(dependant))
 
 
 KNOWN_QUERY = Depends(_check)

@@ -21,6 +21,7 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import StringConstraints, TypeAdapter, ValidationError
 
 from service.edge import revoked_meanwhile
+from service.edge.known_query import check_query
 from service.errors import (
     BadSignature,
     Conflict,
@@ -311,14 +312,17 @@ def _key(request: Request) -> str | None:
 
 
 async def direct_score(request: Request) -> Response:
+    check_query(request, _NO_QUERY)  # the router's check (known_query.py) is not on this path
     return await federation_score(await _request_body(request), request)
 
 
 async def direct_place(request: Request) -> Response:
+    check_query(request, _NO_QUERY)
     key = _key(request)
     return await federation_place(await _request_body(request), request, key)
 
 
+_NO_QUERY: frozenset[str] = frozenset()
 # Dispatchers wait on these for every job: served before FastAPI's router
 # (service/direct_routes.py), which cost most of the global service's own time on a
 # call; the routes above document them in the OpenAPI schema.

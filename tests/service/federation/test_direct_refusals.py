@@ -41,3 +41,17 @@ def test_an_unknown_region_is_refused_through_the_direct_route(client: TestClien
     answer = client.post("/v1/federation/place", content=body, headers=JSON)
     assert answer.status_code == 422, answer.text
     assert answer.json()["error"]["detail"]["field"] == "federation.regions"
+
+
+@pytest.mark.parametrize("path", ["/v1/federation/place", "/v1/federation/score"])
+@pytest.mark.parametrize("query", ["regions=east", "dry_run=1"])
+def test_a_query_parameter_is_refused_as_the_routers_routes_refuse_it(
+    client: TestClient, path: str, query: str
+) -> None:
+    """Served before the router, these routes get the router's check of the query too: a
+    parameter they do not take (a filter misspelt as a query) is not dropped."""
+    answer = client.post(f"{path}?{query}", content=b'{"gpus": 1}', headers=JSON)
+    assert answer.status_code == 422, answer.text
+    error = answer.json()["error"]
+    assert error["code"] == "invalid_request"
+    assert error["detail"]["field"] == f"query.{query.split('=')[0]}"
