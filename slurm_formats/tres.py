@@ -13,7 +13,12 @@ from dataclasses import dataclass
 
 # Must match what gres_conf writes: one GRES Type per GPU.
 GPU_TYPE_PREFIX = "g"
-_PER_GPU_TYPE = re.compile(rf"^{GPU_TYPE_PREFIX}(\d+)$")
+# ASCII digits, no more than an index has: ``\d`` took "g\u0661" (read as g1) and a
+# type of 5,000 digits, which int() refuses past 4,300 (a 500 for an srun's job-submit).
+_PER_GPU_TYPE = re.compile(rf"^{GPU_TYPE_PREFIX}([0-9]{{1,9}})$")
+# More digits than any count Slurm keeps (64 bits): read as a number, 4,300 digits and
+# more made int() raise a ValueError the caller does not expect (a 500).
+_MAX_COUNT_DIGITS = 20
 
 
 class TresError(ValueError):
@@ -59,9 +64,16 @@ def gpu_ask(tres: str | None) -> GpuAsk | None:
             name_count = parts[2]
         else:
             raise TresError(f"cannot read the GPU request {entry.strip()!r}")
-        if not name_count.isdigit() or int(name_count) < 1:
+        # ASCII digits only: str.isdigit() takes "\u00b2", which int() refuses, and
+        # "\u0661", which int() reads as 1.
+        if (
+            not (name_count.isascii() and name_count.isdigit())
+            or len(name_count) > _MAX_COUNT_DIGITS
+            or int(name_count) < 1
+        ):
             raise TresError(
-                f"GPU count {name_count!r} in {entry.strip()!r} is not a positive number"
+                f"GPU count {name_count[:40]!r} in {entry.strip()[:80]!r} is not a positive"
+                f" number of at most {_MAX_COUNT_DIGITS} digits"
             )
         count += int(name_count)
     return GpuAsk(count, tuple(types)) if count else None

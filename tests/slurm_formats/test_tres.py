@@ -36,3 +36,15 @@ def test_unreadable_gpu_requests_are_refused(tres: str) -> None:
 
 def test_per_gpu_tres_names_each_gpu_once_in_order() -> None:
     assert per_gpu_tres([6, 2]) == "gres:gpu:g2:1,gres:gpu:g6:1"
+
+
+@pytest.mark.parametrize("count", ["9" * 5000, "9" * 21, "\u00b2", "\u0661"])
+def test_a_count_int_would_misread_is_refused_as_unreadable(count: str) -> None:
+    with pytest.raises(TresError, match="GPU count"):
+        gpu_ask(f"gres:gpu:{count}")
+
+
+@pytest.mark.parametrize("gpu_type", [f"g{'1' * 5000}", "g\u0661"])
+def test_a_type_that_names_no_index_is_no_per_gpu_type(gpu_type: str) -> None:
+    ask = gpu_ask(f"gres:gpu:{gpu_type}:1")
+    assert ask is not None and ask.per_gpu_indices is None

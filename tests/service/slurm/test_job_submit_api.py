@@ -106,6 +106,18 @@ def test_srun_jobs_get_no_environment_and_a_proposal_reserves_nothing(dgx1: Test
         # More GPUs than a request may hold (a node has at most 64): was a 500.
         ({"tres_per_node": "gres:gpu:65"}, "refuse", "no node has 65 GPUs"),
         ({"tres_per_node": "gres:gpu:4294967295"}, "refuse", "never hold"),
+        # A count of more digits than int() reads (4,300), or in other digits than ASCII
+        # ones, which int() refuses ("\u00b2") or reads as another number ("\u0661" is 1):
+        # the first two were a 500, the last was placed as one GPU.
+        ({"tres_per_node": f"gres:gpu:{'9' * 5000}"}, "refuse", "GPU count"),
+        ({"tres_per_node": "gres:gpu:\u00b2"}, "refuse", "GPU count"),
+        ({"tres_per_job": "gres:gpu:\u0661"}, "refuse", "GPU count"),
+        # An srun's per-GPU type of as many digits: was a 500; a type that names no GPU.
+        (
+            {"tres_per_node": f"gres:gpu:g{'1' * 5000}:1", "batch": False},
+            "unchanged",
+            "without cli_filter",
+        ),
         ({"tres_per_job": "gres:gpu:65"}, "unchanged", "no single node"),
         (
             {"tres_per_node": "gres:gpu:65", "reserve": False, "batch": False},
