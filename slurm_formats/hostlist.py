@@ -13,7 +13,9 @@ from collections.abc import Iterator
 # expanded, so that one short text (``n[0-99999999999]``) cannot take the memory and
 # the time of the process reading it.
 MAX_NAMES = 65_536
-_RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
+# ASCII digits (``\d`` took "\u0661" for 1), at most 20 of them (any 64-bit number):
+# int() refuses more than 4,300 with a ValueError that is no HostlistError.
+_RANGE = re.compile(r"^([0-9]{1,20})(?:-([0-9]{1,20}))?$")
 
 
 class HostlistError(ValueError):
@@ -53,7 +55,10 @@ def _ranges(body: str, item: str) -> list[tuple[str, int, int]]:
     for piece in body.split(","):
         match = _RANGE.match(piece.strip())
         if match is None:
-            raise HostlistError(f"{piece!r} is not a number or a range in host list {item!r}")
+            raise HostlistError(
+                f"{piece[:40]!r} is not a number (of at most 20 digits) or a range in host"
+                f" list {item[:80]!r}"
+            )
         low, high = match.group(1), match.group(2) or match.group(1)
         if int(high) < int(low):
             raise HostlistError(f"range {piece!r} goes backwards in host list {item!r}")
@@ -61,33 +66,61 @@ def _ranges(body: str, item: str) -> list[tuple[str, int, int]]:
     return ranges
 
 
+Ranges = list[tuple[str, int, int]]
+
+
+def _parts(item: str) -> tuple[list[str], list[Ranges]]:
+    """One item's text between brackets (one more than brackets) and each bracket's
+    ranges, read in a loop: read a bracket a call deeper, 2,000 brackets (8 KB) passed
+    the recursion limit."""
+    texts: list[str] = []
+    brackets: list[Ranges] = []
+    rest = item
+    while (start := rest.find("[")) >= 0:
+        end = rest.index("]", start)
+        texts.append(rest[:start])
+        brackets.append(_ranges(rest[start + 1 : end], item))
+        rest = rest[end + 1 :]
+    texts.append(rest)
+    return texts, brackets
+
+
 def _count(item: str) -> int:
     """How many names one item makes, counted without making them."""
-    start = item.find("[")
-    if start < 0:
-        return 1
-    end = item.index("]", start)
-    ranges = _ranges(item[start + 1 : end], item)
-    rest = item[end + 1 :]
-    return sum(high - low + 1 for _, low, high in ranges) * (_count(rest) if rest else 1)
+    count = 1
+    for ranges in _parts(item)[1]:
+        count *= sum(high - low + 1 for _, low, high in ranges)
+    return count
+
+
+def _numbers(ranges: Ranges) -> Iterator[str]:
+    """A bracket's numbers as written in names (node[01-10] keeps the zero padding)."""
+    for written, low, high in ranges:
+        for number in range(low, high + 1):
+            yield f"{number:0{len(written)}d}"
 
 
 def _names(item: str) -> Iterator[str]:
-    """The names of one item, in order, each made only when it is read."""
-    start = item.find("[")
-    if start < 0:
+    """The names of one item, in order (the first bracket's numbers outermost), each made
+    only when it is read: one iterator per bracket on a stack, not a call per bracket."""
+    texts, brackets = _parts(item)
+    if not brackets:
         yield item
         return
-    end = item.index("]", start)
-    prefix, body, rest = item[:start], item[start + 1 : end], item[end + 1 :]
-    for written, low, high in _ranges(body, item):
-        width = len(written)  # node[01-10] keeps the zero padding
-        for number in range(low, high + 1):
-            head = f"{prefix}{number:0{width}d}"
-            if rest:
-                yield from (head + tail for tail in _names(rest))
-            else:
-                yield head
+    stack = [_numbers(brackets[0])]
+    chosen: list[str] = []  # a number of each bracket but the last one's on the stack
+    while stack:
+        number = next(stack[-1], None)
+        if number is None:  # this bracket is done: the one before it takes its next
+            stack.pop()
+            if chosen:
+                chosen.pop()
+        elif len(stack) < len(brackets):
+            chosen.append(number)
+            stack.append(_numbers(brackets[len(stack)]))
+        else:
+            numbers = [*chosen, number]
+            yield "".join(t + n for t, n in zip(texts, numbers, strict=False)) + texts[-1]
 
 
 def expand(text: str | None, limit: int | None = None) -> list[str]:

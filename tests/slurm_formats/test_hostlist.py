@@ -22,7 +22,20 @@ def test_expand(text: str | None, names: list[str]) -> None:
     assert expand(text) == names
 
 
-@pytest.mark.parametrize("text", ["node[1-", "node]1", "node[a-b]", "node[3-1]"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "node[1-",
+        "node]1",
+        "node[a-b]",
+        "node[3-1]",
+        # A number int() refuses (more than 4,300 digits: a ValueError of its own, which
+        # the job-submit route did not catch), or in digits other than ASCII ones.
+        f"node[{'9' * 5000}]",
+        "node[1-99999999999999999999999]",
+        "node[\u0661-\u0662]",
+    ],
+)
 def test_malformed_lists_are_refused(text: str) -> None:
     with pytest.raises(HostlistError):
         expand(text)
@@ -60,3 +73,12 @@ def test_a_limit_makes_only_the_first_names_and_checks_the_whole_list() -> None:
     for text in (f"a,node[1-{MAX_NAMES}]", "a,node[3-1]"):
         with pytest.raises(HostlistError):
             expand(text, limit=1)
+
+
+def test_a_name_of_many_bracketed_parts_is_read_without_recursion() -> None:
+    """Each bracket of a name was a call deeper: 2,000 of them (8 KB) ended in a
+    RecursionError, a 500 for the job-submit, job-started and reconcile routes."""
+    assert expand("a[1]" * 2000) == ["a1" * 2000]
+    assert expand("x" + "[1-2]" * 3) == [f"x{a}{b}{c}" for a in "12" for b in "12" for c in "12"]
+    with pytest.raises(HostlistError, match="more than"):
+        expand("a[1-2]" * 17)  # 131,072 names

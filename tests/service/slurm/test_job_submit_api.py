@@ -103,6 +103,18 @@ def test_srun_jobs_get_no_environment_and_a_proposal_reserves_nothing(dgx1: Test
             "unchanged",
             "more than",
         ),
+        # A host list int() or the recursion limit cannot read: were a 500.
+        (
+            {"tres_per_node": "gres:gpu:1", "req_nodes": f"n[{'9' * 5000}]"},
+            "unchanged",
+            "is not a number (of at most 20 digits)",
+        ),
+        ({"tres_per_node": "gres:gpu:1", "req_nodes": "a[1]" * 2000}, "unchanged", "no node"),
+        (
+            {"tres_per_node": "gres:gpu:1", "partition_nodes": "a[1]" * 2000},
+            "unchanged",
+            "no node",
+        ),
         # More GPUs than a request may hold (a node has at most 64): was a 500.
         ({"tres_per_node": "gres:gpu:65"}, "refuse", "no node has 65 GPUs"),
         ({"tres_per_node": "gres:gpu:4294967295"}, "refuse", "never hold"),

@@ -219,6 +219,7 @@ def test_the_loop_runs_as_soon_as_a_fresh_reservation_passes_the_grace_period(
         ("node1", "gpu:1(IDX:9)"),  # a GPU the node's snapshot does not have
         ("node1", "gpu:2(IDX:-3)"),  # indices that cannot be read
         ("node[2-1]", "gpu:1(IDX:0)"),  # a host list that cannot be read
+        ("node[1]" * 2000, "gpu:1(IDX:0)"),  # one past the recursion limit: was a 500
     ],
 )
 def test_one_running_job_that_cannot_be_recorded_does_not_stop_the_others(
@@ -284,6 +285,8 @@ def test_gpu_indices_no_node_can_have_are_refused_unexpanded(gres: str) -> None:
         ("node1", "gpu:1(IDX:0-99999999999999999999)"),
         ("node[1-99999999999999999999]", "gpu:1(IDX:0)"),
         ("node1", "gpu:g3:1(IDX:0-2,5),gpu:2(IDX:7-6)"),
+        # int() refused 5,000 digits with a message of its own, quoting them all.
+        (f"node[{'9' * 5000}]", "gpu:1(IDX:0)"),
     ],
 )
 def test_a_report_with_lists_no_cluster_has_is_refused_with_nothing_written(
@@ -293,6 +296,15 @@ def test_a_report_with_lists_no_cluster_has_is_refused_with_nothing_written(
     response = dgx1.post("/v1/slurm/job-started", json=body)
     assert response.status_code == 400, response.text
     assert response.json()["error"]["detail"] == {"field": "show_job"}
+    assert dgx1.get("/v1/allocations").json()["allocations"] == []
+
+
+def test_a_report_naming_a_node_of_many_brackets_is_answered(dgx1: TestClient) -> None:
+    """2,000 brackets in a node's name passed the recursion limit: a 500. It names one
+    node, which topoplace does not know."""
+    text = show_job(40, "gpu:1(IDX:0)", "node[1]" * 2000)
+    answer = started(dgx1, text)
+    assert answer["action"] == "none" and "no GPU of a node" in answer["message"]
     assert dgx1.get("/v1/allocations").json()["allocations"] == []
 
 
