@@ -14,6 +14,7 @@ as taken.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -163,6 +164,17 @@ def _changed_since(
     return bool(allocations.used_since(state, [a.id for a in mine], taken_at))
 
 
+def _running_nodes(jobs: list[dict[str, Any]]) -> set[str]:
+    """The nodes running jobs hold GPUs on, of those jobs that can be read (the others
+    are skipped with a warning where they are taken in)."""
+    nodes: set[str] = set()
+    for job in jobs:
+        if _states(job) & RUNNING:
+            with contextlib.suppress(ValueError):
+                nodes.update(truth.from_squeue_job(job).gpus)
+    return nodes
+
+
 def _take_in(
     state: ServiceState,
     job: dict[str, Any],
@@ -190,7 +202,7 @@ def _take_in(
             # Recorded, if it still runs so, from the next answer: recorded from this one
             # it would move the job back over GPUs since given to another.
             return
-        observation = truth.record(state, found)
+        observation = truth.record(state, found, heard=True)
         if observation is not None and observation.action != "matched":
             (attached if observation.action == "attached" else observed).append(
                 observation.allocation_id
@@ -233,6 +245,8 @@ def reconcile(
     taken_at = taken_at or state.clock()
     cutoff = taken_at - timedelta(seconds=settings.reconcile_grace_s)
     jobs = _jobs(squeue)
+    # Once for the whole answer, not once a job: nodes another replica stored meanwhile.
+    truth.hear_of(state, _running_nodes(jobs))
     live_named, jobs_named = live_allocations(squeue)
     unfinished = {str(j.get("job_id")) for j in jobs if not _holds_nothing(j)}
     # Held or blocked (parked.py): their reservations go back to the others now; the

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -217,14 +218,29 @@ def from_squeue_job(job: dict[str, Any]) -> JobTruth:
     )
 
 
-def record(state: ServiceState, truth: JobTruth, started: bool = False) -> Observation | None:
+def hear_of(state: ServiceState, nodes: Iterable[str]) -> None:
+    """Read into memory those of ``nodes`` it lacks: another replica may have stored a
+    node's first report a moment ago, its notification still on the way. Judged by
+    memory alone, a job Slurm runs there was recorded nowhere, and that replica handed
+    the job's GPUs to another."""
+    unheard = sorted({n for n in nodes if n not in state.cluster})
+    if unheard:
+        state.sync_nodes(unheard)
+
+
+def record(
+    state: ServiceState, truth: JobTruth, started: bool = False, heard: bool = False
+) -> Observation | None:
     """Make the job's allocation match what Slurm runs; None for a job without GPUs here.
     ``started``: read as the job started (the prolog's), so perhaps processed after the
     job ended: then nothing is written (action ``ended``, docs/slurm.md). A requeued
     job's later run (``Restarts=`` above 0) is not held to that: its previous run's end
     is remembered under the same job id, and this run started after it. A report of
     any run's start stamps the allocations it matches (``touch``): a reconcile's answer
-    read before it, that saw the job held, leaves them."""
+    read before it, that saw the job held, leaves them. ``heard``: the caller has read
+    the job's nodes memory lacked (``hear_of``) already."""
+    if not heard:
+        hear_of(state, truth.gpus)
     known = {n: g for n, g in truth.gpus.items() if n in state.cluster}
     if not known:
         return None
