@@ -209,9 +209,11 @@ def job_started(body: JobStarted, state: State) -> JobStartedResult:
         job, job_state = truth.from_show_job(body.show_job, body.job_name)
     except (truth.TruthError, ValueError) as exc:
         raise BadRequest(str(exc), {"field": "show_job"}) from None
-    if job_state in reconcile.FINISHED:
-        # Read after the job ended (a late or repeated report): the job holds nothing,
-        # and recording it would take the GPUs of whichever job has them now.
+    if job_state in reconcile.FINISHED or job_state == reconcile.COMPLETING:
+        # Read after the job ended (a late or repeated report), or as it was leaving its
+        # GPUs (cancelled while its prolog ran): the job holds nothing, and recording it
+        # would take the GPUs of whichever job has them now (a requeued run's report is
+        # not held to the end remembered). The reconcile loop records neither.
         return JobStartedResult(
             action="none",
             job_id=job.job_id,

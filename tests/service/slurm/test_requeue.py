@@ -141,3 +141,20 @@ def test_an_earlier_runs_report_after_the_requeued_runs_moves_nothing_back(
     assert gpus(allocation) == {"node2": [4, 5]}
     for allocation_id in successor["allocation_ids"]:
         assert dgx1.get(f"/v1/allocations/{allocation_id}").json()["state"] != "released"
+
+
+def test_a_report_read_while_the_job_was_completing_records_nothing(dgx1: TestClient) -> None:
+    """A requeued run cancelled while its prolog ran: scontrol shows it ``COMPLETING``
+    (leaving its GPUs), and its report, processed after its epilog, is not held to the
+    end remembered (``Restarts=1``). Recorded, it took the GPUs back from the reservation
+    made on them since, for a job that runs nowhere, as the reconcile loop never records
+    a completing job for that reason."""
+    text = show_job(88, EVERY_GPU, "node1", state="COMPLETING", restarts=1)
+    _epilog(dgx1, 88)
+    successor = submit(dgx1, tres_per_node="gres:gpu:8", req_nodes="node1")
+    assert successor["action"] == "modify", successor
+    answer = started(dgx1, text)
+    assert answer["action"] == "none" and "COMPLETING" in answer["message"], answer
+    assert of_job(dgx1, 88) == []
+    reserved = dgx1.get(f"/v1/allocations/{successor['allocation_ids'][0]}").json()
+    assert reserved["state"] == "active", reserved
