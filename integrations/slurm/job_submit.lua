@@ -111,7 +111,7 @@ local function submit(job_desc, part_list)
     name = job_desc.name,
     comment = job_desc.comment,
     batch = batch,
-  })
+  }, topoplace.new_key())
   if status == nil then
     slurm.log_info("topoplace: no answer (%s); job left unchanged", decision)
     return slurm.SUCCESS

@@ -210,8 +210,36 @@ local function fresh()
   return tcp
 end
 
--- POST a JSON body; returns (status, decoded body, ms) or (nil, why, ms).
-function M.post(path, body)
+-- A new Idempotency-Key, one per submission. A request is sent again only when its
+-- kept connection closed with no answer: mostly a connection the service dropped while
+-- idle, but also a service that committed the reservation and stopped before it could
+-- answer. Under the same key the resend is answered with that reservation instead of a
+-- second one. Unique per slurmctld (its host, pid and start) and per call (a count).
+local key_prefix, key_count = nil, 0
+
+local function process_id()
+  local stat = io.open("/proc/self/stat", "r")
+  if stat == nil then
+    return "0"
+  end
+  local line = stat:read("*l") or ""
+  stat:close()
+  return line:match("^(%d+)") or "0"
+end
+
+function M.new_key()
+  if key_prefix == nil then
+    local host = (socket.dns.gethostname() or "slurmctld"):gsub("[^%w%.%-]", "")
+    key_prefix = string.format("slurm-%s-%s-%.6f", host:sub(1, 64), process_id(),
+      socket.gettime())
+  end
+  key_count = key_count + 1
+  return key_prefix .. "-" .. key_count
+end
+
+-- POST a JSON body, with an Idempotency-Key when ``key`` is given; returns (status,
+-- decoded body, ms) or (nil, why, ms).
+function M.post(path, body, key)
   local started = socket.gettime()
   local function failed(err)
     local elapsed_ms = (socket.gettime() - started) * 1000
@@ -227,6 +255,9 @@ function M.post(path, body)
   if M.token ~= nil and M.token ~= "" then
     headers[#headers + 1] = "Authorization: Bearer " .. M.token
   end
+  if key ~= nil then
+    headers[#headers + 1] = "Idempotency-Key: " .. key
+  end
   local request = table.concat(headers, "\r\n") .. "\r\n\r\n" .. payload
   -- On success: status, body, whether the connection stays open.
   -- On failure: nil, nil, the error, whether nothing at all came back.
@@ -236,8 +267,9 @@ function M.post(path, body)
     if status == nil then
       kept:close()
       kept = nil
-      -- Only a connection the server closed while it sat idle is tried again: the
-      -- request was never read, so sending it again cannot reserve twice. A timeout
+      -- Only a connection that closed with no answer at all is tried again: the
+      -- server dropped it while it sat idle, and never read the request, or it stopped
+      -- after reading it, which a key makes safe to send again (M.new_key). A timeout
       -- or a partial answer is not retried.
       if not (nothing and keep == "closed") then
         return failed(keep)

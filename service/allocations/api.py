@@ -69,6 +69,7 @@ __all__ = [
     "gpus_truth",
     "listing",
     "live",
+    "live_keyed_under",
     "mig_truth",
     "observe",
     "observe_all",
@@ -113,6 +114,7 @@ listing = queries.listing
 count_for_job = queries.count_for_job
 by_ids = queries.by_ids
 live = queries.live
+live_keyed_under = queries.live_keyed_under
 used_since = queries.used_since
 # A job's (or a gang task's) truth taken from what its scheduler runs, for ``observe_all``.
 ObservedJob = lifecycle.ObservedJob

@@ -43,6 +43,13 @@ def by_ids(state: ServiceState, allocation_ids: Sequence[str]) -> list[Allocatio
     return [views.allocation(rows[i]) for i in allocation_ids if i in rows]
 
 
+def live_keyed_under(state: ServiceState, prefix: str) -> list[Allocation]:
+    """The live allocations made under keys that start with ``prefix``."""
+    with state.engine.connect() as conn:
+        rows = repository.live_keyed_under(conn, prefix)
+    return [views.allocation(r) for r in rows]
+
+
 def live(state: ServiceState) -> list[Allocation]:
     """Every live allocation (pending, active, degraded), however many."""
     with state.engine.connect() as conn:

@@ -95,6 +95,17 @@ def by_idempotency_key(conn: Connection, key: str) -> sa.RowMapping | None:
     return conn.execute(query).mappings().first()
 
 
+def live_keyed_under(conn: Connection, prefix: str) -> list[sa.RowMapping]:
+    """Live allocations whose key starts with ``prefix`` (its ``%`` and ``_`` are
+    characters, not patterns), in key order."""
+    query = (
+        sa.select(_T)
+        .where(_T.c.idempotency_key.startswith(prefix, autoescape=True), _T.c.live.is_(True))
+        .order_by(_T.c.idempotency_key)
+    )
+    return list(conn.execute(query).mappings().all())
+
+
 def confirm(conn: Connection, allocation_id: str, now: datetime) -> sa.RowMapping | None:
     """pending -> active (degraded stays degraded) and the TTL is dropped; the row, or
     None when the guard did not hold."""

@@ -18,9 +18,10 @@ import httpx
 import orjson
 from fastapi import APIRouter, Header, Path, Query, Request, Response, status
 from fastapi.exceptions import RequestValidationError
-from pydantic import StringConstraints, TypeAdapter, ValidationError
+from pydantic import ValidationError
 
 from service.edge import revoked_meanwhile
+from service.edge.idempotency_header import KEY_LENGTH, idempotency_key
 from service.edge.known_query import check_query
 from service.errors import (
     BadSignature,
@@ -54,8 +55,6 @@ from service.federation.summary_refusals import SummaryRefusals
 router = APIRouter(tags=["federation"])
 JSON = "application/json"
 RegionPath = Annotated[str, Path(min_length=1, max_length=63, pattern=REGION_NAME_PATTERN)]
-KEY_LENGTH = {"min_length": 1, "max_length": 256}  # an Idempotency-Key, as its Header says
-_KEY = TypeAdapter(Annotated[str, StringConstraints(**KEY_LENGTH)])
 
 
 def _registry(request: Request) -> Registry:
@@ -298,19 +297,6 @@ def _decode_error_at(raw: bytes) -> int:
     return 0
 
 
-def _key(request: Request) -> str | None:
-    key = request.headers.get("idempotency-key")
-    if key is None:
-        return None
-    try:
-        return _KEY.validate_python(key)
-    except ValidationError as exc:
-        errors = exc.errors(include_url=False)
-        raise RequestValidationError(
-            [{**e, "loc": ("header", "idempotency-key")} for e in errors]
-        ) from None
-
-
 async def direct_score(request: Request) -> Response:
     check_query(request, _NO_QUERY)  # the router's check (known_query.py) is not on this path
     return await federation_score(await _request_body(request), request)
@@ -318,7 +304,7 @@ async def direct_score(request: Request) -> Response:
 
 async def direct_place(request: Request) -> Response:
     check_query(request, _NO_QUERY)
-    key = _key(request)
+    key = idempotency_key(request)
     return await federation_place(await _request_body(request), request, key)
 
 

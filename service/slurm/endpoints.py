@@ -6,12 +6,13 @@ import json
 from typing import Annotated, Any
 from urllib.parse import parse_qsl
 
-from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
+from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from pydantic import TypeAdapter, ValidationError
 
 from service.access import flagged, query_of
 from service.deps import get_state
+from service.edge.idempotency_header import KEY_LENGTH, idempotency_key
 from service.errors import BadRequest, InvalidRequest
 from service.event_loop import off_loop
 from service.responses import FastJSON
@@ -55,7 +56,9 @@ async def handle_job_submit(request: Request) -> Response:
         # Answered in the one error shape, as for any route.
         raise RequestValidationError(exc.errors(include_url=False)) from None
     propose = proposing(query_of(request.scope))
-    return await job_submit(job, await get_state(request), await get_settings(request), propose)
+    key = idempotency_key(request)
+    state, settings = await get_state(request), await get_settings(request)
+    return await job_submit(job, state, settings, propose, key)
 
 
 # pydantic's strings for a boolean: ``propose`` is documented as one.
@@ -93,6 +96,15 @@ async def job_submit(
             " read-only (viewer) token may ask this (cli_filter.lua, run as the user)"
         ),
     ] = False,
+    idempotency_key: Annotated[
+        str | None,
+        Header(
+            **KEY_LENGTH,
+            description="one per submission (job_submit.lua sends one): the same submission"
+            " sent again, after its connection closed with no answer, is answered with the"
+            " reservations the first made, not a second set",
+        ),
+    ] = None,
 ) -> FastJSON:
     """Place a job as Slurm's job_submit.lua sees it: the job_desc fields to write
     (exact nodes and GPUs), leave it to Slurm (with the reason), or refuse it.
@@ -101,7 +113,7 @@ async def job_submit(
     the epilog or the reconcile loop ends them."""
     if propose:
         body = body.model_copy(update={"reserve": False})
-    decision = await service.decide(state, settings, body)
+    decision = await service.decide(state, settings, body, idempotency_key)
     return FastJSON(decision.model_dump(mode="json"))
 
 

@@ -12,6 +12,7 @@ same GPU indices; otherwise it is left to Slurm.
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 from collections import defaultdict
 from collections.abc import Mapping
@@ -71,20 +72,52 @@ def _unchanged(message: str) -> JobDecision:
 DecideFlow = allocations.Flow[JobDecision]
 
 
-async def decide(state: ServiceState, settings: SlurmSettings, job: JobSubmit) -> JobDecision:
+async def decide(
+    state: ServiceState, settings: SlurmSettings, job: JobSubmit, key: str | None = None
+) -> JobDecision:
     """What job_submit.lua (or cli_filter.lua, with ``reserve`` false) does with the job.
-    Runs on the event loop; each reservation's commit is awaited."""
-    return await allocations.run_async(state, _decide_flow(state, settings, job), at_once=True)
+    Runs on the event loop; each reservation's commit is awaited. ``key``: the
+    submission's Idempotency-Key, under which its reservations are made (``_keyed``)."""
+    flow = _decide_flow(state, settings, job, key)
+    return await allocations.run_async(state, flow, at_once=True)
 
 
-def _reserve(state: ServiceState, request: PlaceRequest) -> allocations.Flow[Allocation]:
-    """One reservation, active at once: Slurm owns the job from the answer on."""
-    placed = yield from allocations.placing(state, request, None, active=True)
+def _keyed(key: str | None, part: str | None = None) -> str | None:
+    """The key of one reservation of a submission keyed ``key``: the key itself for a
+    one-node job, ``key/gang`` and ``key/node/NAME`` for a multi-node job's gang and
+    nodes. The script sends a submission again only when its connection closed with no
+    answer, which is also a service that committed the reservation and stopped before
+    answering: the resend's reservations are the first's, replayed, not a second set
+    beside them."""
+    if key is None or part is None:
+        return key
+    keyed = f"{key}/{part}"
+    # Past the key's 256 characters, its digest: as unique, and as the same on a resend.
+    return keyed if len(keyed) <= 256 else hashlib.sha256(keyed.encode()).hexdigest()
+
+
+def _reserve(
+    state: ServiceState, request: PlaceRequest, key: str | None
+) -> allocations.Flow[Allocation]:
+    """One reservation, active at once: Slurm owns the job from the answer on. Its key is
+    new but for a resend, so an earlier use is found at the commit (``replay_first``),
+    not by a read before every reservation."""
+    placed = yield from allocations.placing(state, request, key, active=True, replay_first=False)
     FRESH.note()  # the reconcile loop checks soon that a job took it
+    if not placed.created and not placed.allocation.live:
+        raise _LeaveAlone(_RESENT_GONE)
     return placed.allocation
 
 
-def _decide_flow(state: ServiceState, settings: SlurmSettings, job: JobSubmit) -> DecideFlow:
+# A submission sent again whose first reservations are no longer live (undone part way,
+# or released since): pinned to them it would run on GPUs nobody holds for it, and new
+# ones beside what the first left would be a second set.
+_RESENT_GONE = "sent again, and what its first sending reserved is no longer held; left to Slurm"
+
+
+def _decide_flow(
+    state: ServiceState, settings: SlurmSettings, job: JobSubmit, key: str | None
+) -> DecideFlow:
     try:
         options = job_options.parse(job.comment, settings)
         ask, per_job = _gpu_request(job)
@@ -149,9 +182,10 @@ def _decide_flow(state: ServiceState, settings: SlurmSettings, job: JobSubmit) -
             return _proposal(state, base, node_count)
         owner = f"{OWNER_PREFIX}{job.user_name or 'unknown'}"
         if node_count == 1:
-            placed = [(yield from _reserve(state, _place_request({**base, "owner": owner})))]
+            request = _place_request({**base, "owner": owner})
+            placed = [(yield from _reserve(state, request, key))]
         else:
-            placed = yield from _place_nodes(state, base, node_count, owner)
+            placed = yield from _place_nodes(state, base, node_count, owner, key)
     except _LeaveAlone as exc:
         return _unchanged(str(exc))
     except ValidationError as exc:
@@ -286,7 +320,7 @@ def _node_sets(allocation: Allocation) -> dict[str, tuple[int, ...]]:
 
 
 def _place_nodes(
-    state: ServiceState, base: dict[str, Any], node_count: int, owner: str
+    state: ServiceState, base: dict[str, Any], node_count: int, owner: str, key: str | None
 ) -> allocations.Flow[list[Allocation]]:
     """A multi-node job: every node the same GPU indices, all or nothing.
 
@@ -295,7 +329,17 @@ def _place_nodes(
     nodes different GPUs, the nodes that would give the same GPUs are taken
     one by one, each as its own allocation, undone if any fails.
     """
-    gang = yield from _reserve(state, PlaceRequest(**{**base, "tasks": node_count}, owner=owner))
+    gang_request = PlaceRequest(**{**base, "tasks": node_count}, owner=owner)
+    try:
+        gang = yield from _reserve(state, gang_request, _keyed(key, "gang"))
+    except _LeaveAlone:
+        # Sent again, its gang given back: the first sending went on node by node, and its
+        # answer was the nodes it kept (none kept: left to Slurm, as the first was).
+        assert key is not None  # only a replay of a keyed gang is refused so
+        kept = yield functools.partial(allocations.live_keyed_under, state, f"{key}/node/")
+        if not kept:
+            raise
+        return list(kept)
     sets = _node_sets(gang)
     if len(sets) == node_count and len(set(sets.values())) == 1:
         return [gang]
@@ -305,7 +349,7 @@ def _place_nodes(
     try:
         for node in group:
             request = PlaceRequest(**{**base, "nodes": (node,)}, owner=owner)
-            placed.append((yield from _reserve(state, request)))
+            placed.append((yield from _reserve(state, request, _keyed(key, f"node/{node}"))))
             if _node_sets(placed[-1]).get(node) != gpus:
                 raise _LeaveAlone(f"{node} changed while the job was placed; left to Slurm")
     except (ServiceError, _LeaveAlone):

@@ -10,7 +10,9 @@ from __future__ import annotations
 import itertools
 import re
 import socket
+import sqlite3
 from collections.abc import Callable
+from contextlib import closing
 from typing import Any
 
 import pytest
@@ -262,6 +264,14 @@ def test_srun_gets_the_gpus_the_service_chose(cluster: LoopbackCluster, service:
     assert env_value(done.stdout, "CVD") == ",".join(str(g) for g in task["gpu_indices"])
 
 
+def reservation_keys(service: Service, allocation_ids: list[str]) -> list[str]:
+    """The Idempotency-Keys the service stored these reservations under."""
+    with closing(sqlite3.connect(service.root / "topoplace.sqlite3")) as db:
+        marks = ",".join("?" * len(allocation_ids))
+        query = f"SELECT idempotency_key FROM allocations WHERE id IN ({marks})"
+        return [str(key) for (key,) in db.execute(query, allocation_ids)]
+
+
 def test_a_connection_the_service_closed_while_idle_is_replaced_reserving_once(
     cluster: LoopbackCluster, service: Service, jobs: list[str]
 ) -> None:
@@ -286,5 +296,9 @@ def test_a_connection_the_service_closed_while_idle_is_replaced_reserving_once(
     with service.client() as client:
         after = {a["id"] for a in client.allocations(state="active")["allocations"]}
         assert after - before == set(placed) and len(placed) == 1
+    # Each submission under a key of its own, which a resend would carry again.
+    keys = reservation_keys(service, allocation_ids(cluster.show_job(first.id)) + placed)
+    assert len(set(keys)) == 2 and all(k.startswith("slurm-") for k in keys), keys
+    with service.client() as client:
         for allocation_id in allocation_ids(cluster.show_job(first.id)) + placed:
             client.release(allocation_id)
