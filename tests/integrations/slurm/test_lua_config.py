@@ -6,7 +6,6 @@ log: failing inside slurmctld would fail every submission.
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 from collections.abc import Callable
@@ -15,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from tests.integrations.slurm.loopback import LUA_DIR
-from tests.integrations.slurm.test_lua_tls import LUA, _missing
+from tests.integrations.slurm.test_lua_tls import LUA
+from tests.integrations.slurm.test_lua_tls import _prerequisites as _prerequisites  # Lua only
 
 # The module as job_submit.lua loads it, with slurmctld's slurm.log_error recorded.
 SCRIPT = """
@@ -28,17 +28,6 @@ print(client.timeout_s)
 print(#logged)
 print(logged[1] or "")
 """
-
-
-@pytest.fixture(scope="session")
-def _prerequisites() -> None:
-    """In place of the package's: Lua and its libraries, not a Slurm cluster."""
-    why = _missing()
-    if why is None:
-        return
-    if os.environ.get("TOPOPLACE_REQUIRE_SLURM") == "1":
-        pytest.fail(why)
-    pytest.skip(why)
 
 
 def _load(directory: Path) -> list[str]:

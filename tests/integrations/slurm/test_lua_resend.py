@@ -4,7 +4,6 @@ committed the reservation and stopped before answering replays it to the resend.
 
 from __future__ import annotations
 
-import os
 import shutil
 import socket
 import subprocess
@@ -15,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from tests.integrations.slurm.loopback import LUA_DIR
-from tests.integrations.slurm.test_lua_tls import LUA, _missing
+from tests.integrations.slurm.test_lua_tls import LUA
+from tests.integrations.slurm.test_lua_tls import _prerequisites as _prerequisites  # Lua only
 
 # Two submissions, each under a key of its own, on the module's one kept connection.
 SCRIPT = """
@@ -27,17 +27,6 @@ for _ = 1, 2 do
 end
 """
 ANSWER = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
-
-
-@pytest.fixture(scope="session")
-def _prerequisites() -> None:
-    """In place of the package's: Lua and its libraries, not a Slurm cluster."""
-    why = _missing()
-    if why is None:
-        return
-    if os.environ.get("TOPOPLACE_REQUIRE_SLURM") == "1":
-        pytest.fail(why)
-    pytest.skip(why)
 
 
 def _read_request(conn: socket.socket) -> bytes:

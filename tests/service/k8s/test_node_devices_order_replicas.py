@@ -24,6 +24,7 @@ from tests.service.conftest import FakeClock
 from tests.service.deaf_replicas import replica
 from tests.service.helpers import add_nodes
 from tests.service.k8s.fake_kube import FakeKubeApi
+from tests.service.k8s.test_node_devices_order import _holder as holder
 
 NODE = "h100-a"
 DEVICE = build_profile("hgx-h100", NODE).gpus[0].uuid
@@ -65,16 +66,7 @@ def _report(client: TestClient, name: str, listed_at: datetime) -> Any:
 
 
 def _holder(client: TestClient) -> str | None:
-    listed = client.get("/v1/allocations", params={"node": NODE}).json()["allocations"]
-    owners = [
-        a["owner"]
-        for a in listed
-        if a["state"] in ("pending", "active", "degraded")
-        for t in a["tasks"]
-        if DEVICE in t["gpu_uuids"]
-    ]
-    assert len(owners) <= 1, owners
-    return owners[0] if owners else None
+    return holder(client, DEVICE)
 
 
 def _before_the_write(monkeypatch: pytest.MonkeyPatch, then: Callable[[], None]) -> list[int]:
