@@ -323,14 +323,15 @@ def report(
     if _names_unknown(known, body) or _mig_unknown(known, body):
         state.sync_nodes([node])
     for attempt in range(_ATTEMPTS):
-        order = report_order.read(
-            state.engine, node, _order_key(_snapshot(state, node), body), body
-        )
+        snapshot = _snapshot(state, node)
+        # The caller's region first: a refusal of the resource names the node's profiles.
+        region_scope.check(caller, node, snapshot.region, snapshot.region)
+        # Before the node's allocations and pods are read (a device report changes no
+        # snapshot; one changed meanwhile is NodeChanged at the commit).
+        order = report_order.read(state.engine, node, _order_key(snapshot, body), body)
         deferred = report_order.stale(order, body)
         if deferred is not None:
             return deferred
-        snapshot = _snapshot(state, node)
-        region_scope.check(caller, node, snapshot.region, snapshot.region)
         try:
             return _report_on(state, kube, snapshot, body, mismatches, order)
         except allocations.NodeChanged:
