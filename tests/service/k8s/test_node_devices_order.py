@@ -23,6 +23,14 @@ from tests.service.k8s.fake_kube import FakeKubeApi
 NODE = "h100-a"
 
 
+def bound_and_started(kube: FakeKubeApi, name: str, started: datetime) -> None:
+    """A 1-GPU pod of ``name`` bound to NODE by hand (not through the extender), running
+    since ``started``."""
+    kube.add(pod(name, 1))
+    kube.pods[("ml-team", name)]["spec"]["nodeName"] = NODE
+    kube.start("ml-team", name, started)
+
+
 def _report(client: TestClient, name: str, devices: list[str], listed_at: datetime) -> Any:
     body = {
         "resource": "nvidia.com/gpu",
@@ -60,10 +68,7 @@ def test_an_older_list_answered_after_a_newer_one_moves_nothing_back(
     device = str(kube.pods[("ml-team", "first")]["metadata"]["annotations"]["topoplace.io/gpus"])
     # "first" ended on its node; the API still shows it Running. The kubelet gave its GPU
     # to "next", bound by hand.
-    after = kube.add(pod("next", 1))
-    after["spec"]["nodeName"] = NODE
-    kube.pods[("ml-team", "next")]["spec"]["nodeName"] = NODE
-    kube.start("ml-team", "next", started + timedelta(minutes=5))
+    bound_and_started(kube, "next", started + timedelta(minutes=5))
     now = datetime.now(UTC)
     taken = _report(k8s_client, "next", [device], now)
     assert taken["action"] == "created"
@@ -82,10 +87,7 @@ def test_a_list_older_by_more_than_a_report_is_held_up_is_taken(
     add_nodes(k8s_client, ("hgx-h100", NODE))
     started = datetime.now(UTC) - timedelta(hours=3)
     for name in ("one", "two"):
-        p = kube.add(pod(name, 1))
-        p["spec"]["nodeName"] = NODE
-        kube.pods[("ml-team", name)]["spec"]["nodeName"] = NODE
-        kube.start("ml-team", name, started)
+        bound_and_started(kube, name, started)
     devices = [g.uuid for g in build_profile("hgx-h100", NODE).gpus][:2]
     now = datetime.now(UTC)
     assert _report(k8s_client, "one", devices[:1], now)["action"] == "created"

@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from bench.k8s_objects import pod
 from placement.profiles import build_profile
 from service.allocations import api as allocations_api
 from service.settings import Settings
@@ -25,6 +24,7 @@ from tests.service.deaf_replicas import replica
 from tests.service.helpers import add_nodes
 from tests.service.k8s.fake_kube import FakeKubeApi
 from tests.service.k8s.test_node_devices_order import _holder as holder
+from tests.service.k8s.test_node_devices_order import bound_and_started
 
 NODE = "h100-a"
 DEVICE = build_profile("hgx-h100", NODE).gpus[0].uuid
@@ -45,10 +45,7 @@ def now(k8s_client: TestClient, kube: FakeKubeApi) -> datetime:
     add_nodes(k8s_client, ("hgx-h100", NODE))
     started = datetime.now(UTC) - timedelta(minutes=10)
     for name in ("first", "next"):
-        p = kube.add(pod(name, 1))
-        p["spec"]["nodeName"] = NODE
-        kube.pods[("ml-team", name)]["spec"]["nodeName"] = NODE
-        kube.start("ml-team", name, started)
+        bound_and_started(kube, name, started)
     return datetime.now(UTC)
 
 
